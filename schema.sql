@@ -1,0 +1,181 @@
+-- solos-memory schema. Additive only: every statement is CREATE … IF NOT EXISTS,
+-- so it runs on the fleet's existing solos.db as well as on a fresh file. The
+-- first four tables belong to the fleet and are declared here as the service
+-- expects them; the service never ALTERs, DROPs or adds columns to them.
+-- Timestamps are UTC ISO 8601 with milliseconds ('2026-11-30T06:00:00.000Z'),
+-- so text comparison is time comparison.
+
+-- ==== Fleet tables (existing) ====
+
+CREATE TABLE IF NOT EXISTS agent_registry (
+    agent       TEXT PRIMARY KEY,
+    role        TEXT,
+    created_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+
+-- Identity records keyed like 'persona/<agent>' or 'hermes-migration/...'.
+-- Read-only for the service.
+CREATE TABLE IF NOT EXISTS memory_durable (
+    id          INTEGER PRIMARY KEY,
+    key         TEXT NOT NULL UNIQUE,
+    value       TEXT NOT NULL,
+    updated_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+
+CREATE TABLE IF NOT EXISTS memory_longterm (
+    id          INTEGER PRIMARY KEY,
+    agent       TEXT NOT NULL,
+    topic       TEXT,
+    fact        TEXT NOT NULL,
+    source      TEXT,
+    confidence  REAL,
+    tags        TEXT,            -- JSON array of strings
+    embedding   BLOB,            -- little-endian float32, see memory_embedding_model
+    created_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    updated_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+
+CREATE TABLE IF NOT EXISTS memory_episodic (
+    id          INTEGER PRIMARY KEY,
+    agent       TEXT NOT NULL,
+    event_type  TEXT NOT NULL,
+    summary     TEXT NOT NULL,
+    details     TEXT,
+    outcome     TEXT,
+    duration_s  REAL,
+    timestamp   TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+
+-- Indexes the service's scope filters and recency reads need.
+CREATE INDEX IF NOT EXISTS memory_longterm_agent_updated ON memory_longterm (agent, updated_at);
+CREATE INDEX IF NOT EXISTS memory_longterm_updated ON memory_longterm (updated_at);
+CREATE INDEX IF NOT EXISTS memory_episodic_agent_time ON memory_episodic (agent, timestamp);
+CREATE INDEX IF NOT EXISTS memory_episodic_time ON memory_episodic (timestamp);
+
+-- ==== Service tables ====
+
+-- The service's own schema version and settings; never PRAGMA user_version,
+-- which belongs to the fleet's database.
+CREATE TABLE IF NOT EXISTS solos_memory_meta (
+    key    TEXT PRIMARY KEY,
+    value  TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS memory_short (
+    id          INTEGER PRIMARY KEY,
+    agent       TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    value       TEXT NOT NULL,
+    tags        TEXT,            -- JSON array of strings
+    created_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    expires_at  TEXT NOT NULL,
+    UNIQUE (agent, key)
+);
+CREATE INDEX IF NOT EXISTS memory_short_agent_expiry ON memory_short (agent, expires_at);
+CREATE INDEX IF NOT EXISTS memory_short_expiry ON memory_short (expires_at);
+
+-- Write keys for tiers whose natural key is not a column: long facts are keyed
+-- by a hash of their content, episodic events by the client's idempotency key.
+CREATE TABLE IF NOT EXISTS memory_write_key (
+    agent   TEXT NOT NULL,
+    tier    TEXT NOT NULL,
+    key     TEXT NOT NULL,
+    row_id  INTEGER NOT NULL,
+    PRIMARY KEY (agent, tier, key)
+) WITHOUT ROWID;
+
+-- An author's opt-in to let other agents read its episodic rows.
+CREATE TABLE IF NOT EXISTS episodic_sharing (
+    agent       TEXT PRIMARY KEY,
+    shared      INTEGER NOT NULL CHECK (shared IN (0, 1)),
+    updated_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+
+-- Every foreign episodic row handed to a reader; the author can read it.
+CREATE TABLE IF NOT EXISTS episodic_read_audit (
+    id       INTEGER PRIMARY KEY,
+    reader   TEXT NOT NULL,
+    author   TEXT NOT NULL,
+    row_id   INTEGER NOT NULL,
+    read_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE INDEX IF NOT EXISTS episodic_read_audit_author ON episodic_read_audit (author, id);
+
+-- Vectors for tiers without an embedding column (long facts keep theirs in
+-- memory_longterm.embedding). Same encoding; model names the embedder.
+CREATE TABLE IF NOT EXISTS memory_vector (
+    tier    TEXT NOT NULL,
+    row_id  INTEGER NOT NULL,
+    model   TEXT NOT NULL,
+    vector  BLOB NOT NULL,
+    PRIMARY KEY (tier, row_id)
+) WITHOUT ROWID;
+
+-- ==== Keyword index ====
+-- External-content FTS5 tables kept in step by triggers, so rows the fleet's
+-- other writers insert, update or delete directly are searchable (or gone) on
+-- the very next request. Porter stemming: "planned" finds "plans". The agent
+-- column makes the writer's name searchable.
+
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_longterm_fts USING fts5 (
+    topic, fact, tags, agent,
+    content = 'memory_longterm', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER IF NOT EXISTS memory_longterm_fts_ai AFTER INSERT ON memory_longterm BEGIN
+    INSERT INTO memory_longterm_fts (rowid, topic, fact, tags, agent)
+    VALUES (new.id, new.topic, new.fact, new.tags, new.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_longterm_fts_ad AFTER DELETE ON memory_longterm BEGIN
+    INSERT INTO memory_longterm_fts (memory_longterm_fts, rowid, topic, fact, tags, agent)
+    VALUES ('delete', old.id, old.topic, old.fact, old.tags, old.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_longterm_fts_au
+AFTER UPDATE OF topic, fact, tags, agent ON memory_longterm BEGIN
+    INSERT INTO memory_longterm_fts (memory_longterm_fts, rowid, topic, fact, tags, agent)
+    VALUES ('delete', old.id, old.topic, old.fact, old.tags, old.agent);
+    INSERT INTO memory_longterm_fts (rowid, topic, fact, tags, agent)
+    VALUES (new.id, new.topic, new.fact, new.tags, new.agent);
+END;
+
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_episodic_fts USING fts5 (
+    event_type, summary, details, outcome, agent,
+    content = 'memory_episodic', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER IF NOT EXISTS memory_episodic_fts_ai AFTER INSERT ON memory_episodic BEGIN
+    INSERT INTO memory_episodic_fts (rowid, event_type, summary, details, outcome, agent)
+    VALUES (new.id, new.event_type, new.summary, new.details, new.outcome, new.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_episodic_fts_ad AFTER DELETE ON memory_episodic BEGIN
+    INSERT INTO memory_episodic_fts (memory_episodic_fts, rowid, event_type, summary, details, outcome, agent)
+    VALUES ('delete', old.id, old.event_type, old.summary, old.details, old.outcome, old.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_episodic_fts_au
+AFTER UPDATE OF event_type, summary, details, outcome, agent ON memory_episodic BEGIN
+    INSERT INTO memory_episodic_fts (memory_episodic_fts, rowid, event_type, summary, details, outcome, agent)
+    VALUES ('delete', old.id, old.event_type, old.summary, old.details, old.outcome, old.agent);
+    INSERT INTO memory_episodic_fts (rowid, event_type, summary, details, outcome, agent)
+    VALUES (new.id, new.event_type, new.summary, new.details, new.outcome, new.agent);
+END;
+
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_short_fts USING fts5 (
+    key, value, tags, agent,
+    content = 'memory_short', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER IF NOT EXISTS memory_short_fts_ai AFTER INSERT ON memory_short BEGIN
+    INSERT INTO memory_short_fts (rowid, key, value, tags, agent)
+    VALUES (new.id, new.key, new.value, new.tags, new.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_short_fts_ad AFTER DELETE ON memory_short BEGIN
+    INSERT INTO memory_short_fts (memory_short_fts, rowid, key, value, tags, agent)
+    VALUES ('delete', old.id, old.key, old.value, old.tags, old.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_short_fts_au
+AFTER UPDATE OF key, value, tags, agent ON memory_short BEGIN
+    INSERT INTO memory_short_fts (memory_short_fts, rowid, key, value, tags, agent)
+    VALUES ('delete', old.id, old.key, old.value, old.tags, old.agent);
+    INSERT INTO memory_short_fts (rowid, key, value, tags, agent)
+    VALUES (new.id, new.key, new.value, new.tags, new.agent);
+END;

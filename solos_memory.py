@@ -1,0 +1,1525 @@
+"""solos-memory: shared, attributed memory for an agent fleet, over REST and MCP.
+
+Agents write memory in tiers (short-term key/value with a TTL, long-term facts,
+episodic events) and recall each other's, every row labelled with who wrote it
+and whether it is foreign to the caller. A fourth tier, durable (the fleet's
+`persona/<agent>` records), is read-only and private to its agent.
+
+Run:   python3 solos_memory.py serve --register atlas,sol
+Test:  make test
+
+Data lives in one SQLite file (`--db`, default ./solos.db) shared with the
+fleet's other writers; it is created from schema.sql if missing. REST is served
+under /v1, MCP StreamableHTTP at /mcp, both from the operation table below.
+
+Settings (a flag beats the environment, which beats the default):
+  --db               SOLOS_MEMORY_DB               ./solos.db
+  --host             SOLOS_MEMORY_HOST             127.0.0.1
+  --port             SOLOS_MEMORY_PORT             8437
+  --busy-timeout-ms  SOLOS_MEMORY_BUSY_TIMEOUT_MS  5000
+  --tokens-file      SOLOS_MEMORY_TOKENS_FILE      (none: loopback trust)
+  --model-dir        SOLOS_MEMORY_MODEL_DIR        ./models/all-MiniLM-L6-v2 or "off"
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import logging
+import os
+import queue
+import re
+import secrets
+import socket
+import sqlite3
+import stat
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterator, Mapping
+from urllib.parse import parse_qsl, urlsplit
+
+import mcp_bridge
+
+__version__ = "0.1.0"
+
+# ==== Configuration ====
+
+DEFAULT_PORT = 8437
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting the service reads, loaded once by main()."""
+
+    db: str = "solos.db"
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    busy_timeout_ms: int = 5000
+    allow_remote: bool = False
+    tokens_file: str | None = None
+    model_dir: str | None = None  # None: the carried default; "off": keyword only
+    allowed_origins: tuple[str, ...] = ()
+
+
+def env_default(name: str, default: str | None) -> str | None:
+    """The SOLOS_MEMORY_<NAME> environment value, else the default."""
+    return os.environ.get("SOLOS_MEMORY_" + name, default)
+
+
+def log_event(event: str, **fields: Any) -> None:
+    """One JSON line on stderr (the journal under systemd)."""
+    record = {"ts": utc_now(), "event": event, **fields}
+    sys.stderr.write(json.dumps(record, default=str) + "\n")
+    sys.stderr.flush()
+
+
+def utc_now() -> str:
+    """Now as the schema's timestamp format (UTC, milliseconds, 'Z')."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+# ==== Errors ====
+
+
+class ServiceError(Exception):
+    """Base for expected errors; subclasses set status and code."""
+
+    status, code = 500, "internal"
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.counted = False  # set once Stats.reject has logged and counted it
+
+
+class BadRequest(ServiceError):
+    """A field is missing, of the wrong type, or out of range."""
+
+    status, code = 400, "bad_request"
+
+
+class Unauthorized(ServiceError):
+    """Tokens are enabled and the request carries no valid bearer token."""
+
+    status, code = 401, "unauthorized"
+
+
+class Forbidden(ServiceError):
+    """The caller may not do this (another agent's persona, another agent's identity)."""
+
+    status, code = 403, "forbidden"
+
+
+class NotFound(ServiceError):
+    """No such route, or no such row for this agent."""
+
+    status, code = 404, "not_found"
+
+
+class MethodNotAllowed(ServiceError):
+    """The route exists, the method does not."""
+
+    status, code = 405, "method_not_allowed"
+
+    def __init__(self, message: str, allow: list[str]):
+        super().__init__(message)
+        self.allow = allow
+
+
+class Conflict(ServiceError):
+    """An idempotency key was reused with different content."""
+
+    status, code = 409, "conflict"
+
+
+class LengthRequired(ServiceError):
+    """A body without Content-Length (chunked bodies are not accepted)."""
+
+    status, code = 411, "length_required"
+
+
+class PayloadTooLarge(ServiceError):
+    """The body is over MAX_BODY_BYTES."""
+
+    status, code = 413, "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    """A body that is not application/json."""
+
+    status, code = 415, "unsupported_media_type"
+
+
+class UnknownAgent(ServiceError):
+    """The agent is not in agent_registry: no orphan rows, ever."""
+
+    status, code = 422, "unknown_agent"
+
+
+class Busy(ServiceError):
+    """The database stayed locked through every retry; never an empty success."""
+
+    status, code = 503, "busy"
+    retry_after_s = 1
+
+
+def error_body(error: ServiceError) -> dict:
+    """The one JSON shape every error takes, on REST and inside MCP results."""
+    body: dict[str, Any] = {"code": error.code, "status": error.status, "message": error.message}
+    if error.field:
+        body["field"] = error.field
+    return {"error": body}
+
+
+# ==== Validation ====
+
+# Fields are checked once, here, against the same JSON Schema MCP advertises.
+AGENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+TAGS_SCHEMA = {
+    "type": "array",
+    "maxItems": 32,
+    "items": {"type": "string", "minLength": 1, "maxLength": 64},
+    "description": "Labels, at most 32 strings of 1-64 characters.",
+}
+AGENT_SCHEMA = {
+    "type": "string",
+    "pattern": AGENT_PATTERN,
+    "description": "The calling agent, as registered in agent_registry.",
+}
+JSON_TYPES = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+}
+
+
+def describe(value: Any) -> str:
+    """A short rendering of a bad value for an error message."""
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_value(name: str, schema: dict, value: Any) -> Any:
+    """Check one value against its schema; raise BadRequest naming the field."""
+    kind = schema["type"]
+    is_bool = isinstance(value, bool)
+    if not isinstance(value, JSON_TYPES[kind]) or (is_bool and kind != "boolean"):
+        raise BadRequest(f"{name} must be {article(kind)} {kind}, got {describe(value)}", name)
+    if kind in ("integer", "number"):
+        low, high = schema.get("minimum"), schema.get("maximum")
+        low_open = schema.get("exclusiveMinimum")
+        if (low is not None and value < low) or (high is not None and value > high) or (
+            low_open is not None and value <= low_open
+        ):
+            raise BadRequest(f"{name} must be {kind_range(schema)}, got {describe(value)}", name)
+    if kind == "string":
+        if "enum" in schema and value not in schema["enum"]:
+            raise BadRequest(f"{name} must be one of {', '.join(schema['enum'])}, got {describe(value)}", name)
+        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", 1 << 30):
+            raise BadRequest(
+                f"{name} must be {schema.get('minLength', 0)}-{schema.get('maxLength')} characters, got {len(value)}",
+                name,
+            )
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            raise BadRequest(f"{name} must match {schema['pattern']}, got {describe(value)}", name)
+        if "\x00" in value:
+            raise BadRequest(f"{name} must not contain NUL characters", name)
+    if kind == "array":
+        if len(value) > schema.get("maxItems", 1 << 30):
+            raise BadRequest(f"{name} must have at most {schema['maxItems']} items, got {len(value)}", name)
+        value = [check_value(f"{name}[{i}]", schema["items"], item) for i, item in enumerate(value)]
+        if schema.get("uniqueItems"):
+            value = list(dict.fromkeys(value))
+    return value
+
+
+def article(kind: str) -> str:
+    return "an" if kind[0] in "aeiou" else "a"
+
+
+def kind_range(schema: dict) -> str:
+    """'a number in (0, 31536000]' style description of a numeric range."""
+    low = schema.get("minimum", schema.get("exclusiveMinimum"))
+    left = "[" if "minimum" in schema else "("
+    return f"{article(schema['type'])} {schema['type']} in {left}{low}, {schema.get('maximum')}]"
+
+
+def check_args(schema: dict, args: Any) -> dict:
+    """Validate an argument object; return it with defaults filled in."""
+    if not isinstance(args, dict):
+        raise BadRequest(f"arguments must be a JSON object, got {describe(args)}", "body")
+    properties = schema["properties"]
+    unknown = sorted(set(args) - set(properties))
+    if unknown:
+        raise BadRequest(f"{unknown[0]} is not a known field (known: {', '.join(properties)})", unknown[0])
+    checked = {}
+    for name, spec in properties.items():
+        if name in args and args[name] is not None:
+            checked[name] = check_value(name, spec, args[name])
+        elif name in schema.get("required", ()):
+            raise BadRequest(f"{name} is required", name)
+        else:
+            checked[name] = spec.get("default")
+    return checked
+
+
+def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
+    """Turn query-string pairs into typed arguments, per the operation's schema.
+
+    REST clients send `k=5` and `tiers=long,short`; MCP clients send 5 and
+    ["long", "short"]. Both then meet the same check_args.
+    """
+    args: dict[str, Any] = {}
+    for name, raw in pairs:
+        if name in args:
+            raise BadRequest(f"{name} is given more than once", name)
+        kind = schema["properties"].get(name, {}).get("type")
+        if kind == "integer":
+            args[name] = int(raw) if re.fullmatch(r"-?\d{1,12}", raw) else raw
+        elif kind == "number":
+            args[name] = float(raw) if re.fullmatch(r"-?\d{1,12}(\.\d{1,12})?", raw) else raw
+        elif kind == "boolean":
+            args[name] = {"true": True, "false": False}.get(raw, raw)
+        elif kind == "array":
+            args[name] = [part.strip() for part in raw.split(",") if part.strip()]
+        else:
+            args[name] = raw
+    return args
+
+
+def reject_constant(name: str) -> None:
+    """json.loads hook: NaN and Infinity are not JSON."""
+    raise BadRequest(f"body must be valid JSON: {name} is not a JSON number", "body")
+
+
+def parse_json_body(body: bytes) -> Any:
+    """Decode a request body as strict UTF-8 JSON."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=reject_constant)
+    except UnicodeDecodeError:
+        raise BadRequest("body must be UTF-8 encoded JSON", "body") from None
+    except RecursionError:
+        raise BadRequest("body nests too deeply", "body") from None
+    except json.JSONDecodeError as error:
+        raise BadRequest(f"body must be valid JSON: {error.msg} at line {error.lineno} column {error.colno}", "body") from None
+
+
+def make_fts_query(text: str) -> str | None:
+    """Quote each word of free text for FTS5 MATCH, OR-ed; None if no words.
+
+    Quoting makes every user string a literal: FTS5 operators, column filters
+    and stray quotes in `q` never reach the query parser.
+    """
+    words = list(dict.fromkeys(word.lower() for word in re.findall(r"\w+", text)))[:MAX_QUERY_TERMS]
+    if not words:
+        return None
+    return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
+
+
+# ==== Storage: all SQL lives here ====
+
+MAX_QUERY_TERMS = 64  # longer questions add noise, not recall; 10 KB of junk stays cheap
+BUSY_RETRIES = 3
+POOL_SIZE = 8
+SCHEMA_VERSION = "1"
+
+# What the service reads from the fleet's tables; startup refuses if one is missing.
+REQUIRED_COLUMNS = {
+    "agent_registry": ("agent",),
+    "memory_durable": ("id", "key", "value", "updated_at"),
+    "memory_longterm": (
+        "id", "agent", "topic", "fact", "source", "confidence", "tags", "embedding", "created_at", "updated_at",
+    ),
+    "memory_episodic": ("id", "agent", "event_type", "summary", "details", "outcome", "duration_s", "timestamp"),
+}
+FTS_TABLES = ("memory_longterm_fts", "memory_episodic_fts", "memory_short_fts")
+TIER_TABLES = {"short": "memory_short", "long": "memory_longterm", "episodic": "memory_episodic"}
+
+
+class SchemaMismatch(Exception):
+    """The fleet's database lacks a column the service needs."""
+
+
+def read_resource(name: str) -> bytes:
+    """A file shipped beside this module, also from inside the .pyz."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    loader = globals().get("__loader__")
+    if loader is not None and hasattr(loader, "get_data"):
+        return loader.get_data(path)
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def is_busy(error: sqlite3.Error) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock."""
+    return getattr(error, "sqlite_errorcode", None) in (5, 6) or "locked" in str(error) or "busy" in str(error)
+
+
+FLEET_OWNED_TABLES = ("agent_registry", "memory_durable")
+WRITE_ACTIONS = (sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE)
+
+
+def deny_fleet_writes(action: int, table: str | None, *_: Any) -> int:
+    """SQLite authorizer: the service never writes the fleet's registry or durable records."""
+    if action in WRITE_ACTIONS and table in FLEET_OWNED_TABLES:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+class Store:
+    """The SQLite database: connections, transactions with retry, every query.
+
+    An admin store (the CLI registering agents) may write agent_registry; the
+    serving store cannot, enforced by an authorizer on every connection.
+    """
+
+    def __init__(self, path: str, busy_timeout_ms: int = 5000, admin: bool = False):
+        self.path = path
+        self.busy_timeout_ms = busy_timeout_ms
+        self.admin = admin
+        self.pool: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
+
+    # -- connections --
+
+    def connect(self) -> sqlite3.Connection:
+        """A connection with the fleet's pragmas, read back to be sure they took."""
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_ms / 1000)
+        conn.row_factory = sqlite3.Row
+        # WAL lets agents read while one writes; busy_timeout absorbs the fleet's short write locks.
+        mode = conn.execute("PRAGMA journal_mode=wal").fetchone()[0]
+        if mode != "wal":
+            raise RuntimeError(f"{self.path}: journal_mode is {mode!r}, WAL could not be enabled")
+        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        if conn.execute("PRAGMA busy_timeout").fetchone()[0] != self.busy_timeout_ms:
+            raise RuntimeError(f"{self.path}: busy_timeout did not take")
+        # FULL: an acknowledged write survives power loss, not only a process crash.
+        conn.execute("PRAGMA synchronous=FULL")
+        if not self.admin:
+            conn.set_authorizer(deny_fleet_writes)
+        return conn
+
+    def checkout(self) -> sqlite3.Connection:
+        try:
+            return self.pool.get_nowait()
+        except queue.Empty:
+            return self.connect()
+
+    def checkin(self, conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if self.pool.qsize() < POOL_SIZE:
+            self.pool.put(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        while not self.pool.empty():
+            self.pool.get_nowait().close()
+
+    def run(self, work: Callable[[sqlite3.Connection], Any], write: bool) -> Any:
+        """Run work on one connection, in a short BEGIN IMMEDIATE if it writes.
+
+        A busy database is retried with backoff up to BUSY_RETRIES times, all
+        inside one busy_timeout budget, then refused with Busy (503): never an
+        empty success.
+        """
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        for attempt in range(BUSY_RETRIES + 1):
+            conn = self.checkout()
+            try:
+                if attempt:  # a retry waits only for what is left of the budget
+                    remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                    conn.execute(f"PRAGMA busy_timeout={remaining_ms}")
+                if not write:
+                    return work(conn)
+                conn.execute("BEGIN IMMEDIATE")
+                result = work(conn)
+                conn.execute("COMMIT")
+                return result
+            except sqlite3.OperationalError as error:
+                if not is_busy(error):
+                    raise
+                last_error = error
+            finally:
+                if attempt:
+                    conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+                self.checkin(conn)
+            pause = min(0.05 * 2**attempt, deadline - time.monotonic())
+            if pause <= 0 or attempt == BUSY_RETRIES:
+                break
+            time.sleep(pause)
+        raise Busy(
+            f"database is locked by another writer; gave up after {attempt + 1} attempts "
+            f"in {self.busy_timeout_ms} ms ({last_error})"
+        )
+
+    def read(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        return self.run(work, write=False)
+
+    def write(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        return self.run(work, write=True)
+
+    # -- schema --
+
+    def migrate(self) -> None:
+        """Create what is missing (additive only) after checking what exists."""
+        conn = self.connect()
+        try:
+            if not conn.execute("SELECT sqlite_compileoption_used('ENABLE_FTS5')").fetchone()[0]:
+                raise SchemaMismatch("this SQLite has no FTS5; keyword recall needs it")
+            existing = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+            for table, needed in REQUIRED_COLUMNS.items():
+                if table not in existing:
+                    continue
+                have = {row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))}
+                for column in needed:
+                    if column not in have:
+                        raise SchemaMismatch(f"table {table} has no column {column}; solos-memory needs it")
+            schema = read_resource("schema.sql").decode("utf-8")
+            conn.executescript("BEGIN IMMEDIATE;\n" + schema + "\nCOMMIT;")
+            conn.execute("BEGIN IMMEDIATE")
+            for fts in FTS_TABLES:
+                if fts not in existing:  # new index over rows the fleet already has
+                    conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+            conn.execute(
+                "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (SCHEMA_VERSION,),
+            )
+            conn.execute("COMMIT")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            conn.close()
+
+    def reindex(self) -> None:
+        """Rebuild the keyword indexes from their tables."""
+        def work(conn: sqlite3.Connection) -> None:
+            for fts in FTS_TABLES:
+                conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+        self.write(work)
+
+    # -- agents (admin CLI only; the HTTP service never writes agent_registry) --
+
+    def register_agents(self, names: list[str]) -> list[str]:
+        """Insert agents that are not registered yet; return the ones added."""
+        def work(conn: sqlite3.Connection) -> list[str]:
+            added = []
+            for name in names:
+                cursor = conn.execute("INSERT OR IGNORE INTO agent_registry (agent) VALUES (?)", (name,))
+                if cursor.rowcount:
+                    added.append(name)
+            return added
+        return self.write(work)
+
+    def list_agents(self) -> list[str]:
+        return self.read(lambda conn: [row[0] for row in conn.execute("SELECT agent FROM agent_registry ORDER BY agent")])
+
+    @staticmethod
+    def require_agent(conn: sqlite3.Connection, agent: str) -> None:
+        if conn.execute("SELECT 1 FROM agent_registry WHERE agent = ?", (agent,)).fetchone() is None:
+            raise UnknownAgent(f"agent {agent!r} is not registered in agent_registry", "agent")
+
+    # -- writes --
+
+    def upsert_short(self, agent: str, key: str, value: str, ttl_s: float, tags: list[str]) -> dict:
+        def work(conn: sqlite3.Connection) -> dict:
+            self.require_agent(conn, agent)
+            existing = conn.execute("SELECT id FROM memory_short WHERE agent = ? AND key = ?", (agent, key)).fetchone()
+            row = conn.execute(
+                "INSERT INTO memory_short (agent, key, value, tags, created_at, expires_at) "
+                "VALUES (?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), "
+                "        strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)) "
+                "ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags, "
+                "    created_at = excluded.created_at, expires_at = excluded.expires_at "
+                "RETURNING id, expires_at",
+                (agent, key, value, json.dumps(tags), f"+{ttl_s:.3f} seconds"),
+            ).fetchone()
+            return {"id": row["id"], "status": "updated" if existing else "created", "expires_at": row["expires_at"]}
+        return self.write(work)
+
+    def upsert_long(self, agent: str, topic: str | None, fact: str, source: str | None,
+                    confidence: float | None, tags: list[str]) -> dict:
+        content_key = hashlib.sha256(fact.encode("utf-8")).hexdigest()
+
+        def work(conn: sqlite3.Connection) -> dict:
+            self.require_agent(conn, agent)
+            known = conn.execute(
+                "SELECT l.id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id "
+                "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ?",
+                (agent, content_key, fact),
+            ).fetchone()
+            if known:
+                conn.execute(
+                    "UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, "
+                    "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?",
+                    (topic, source, confidence, json.dumps(tags), known["id"]),
+                )
+                return {"id": known["id"], "status": "updated"}
+            row_id = conn.execute(
+                "INSERT INTO memory_longterm (agent, topic, fact, source, confidence, tags) "
+                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                (agent, topic, fact, source, confidence, json.dumps(tags)),
+            ).fetchone()[0]
+            self.remember_key(conn, agent, "long", content_key, row_id)
+            return {"id": row_id, "status": "created"}
+        return self.write(work)
+
+    def append_episodic(self, agent: str, event: dict, idempotency_key: str | None) -> dict:
+        columns = ("event_type", "summary", "details", "outcome", "duration_s")
+
+        def work(conn: sqlite3.Connection) -> dict:
+            self.require_agent(conn, agent)
+            if idempotency_key:
+                earlier = conn.execute(
+                    "SELECT e.* FROM memory_write_key k JOIN memory_episodic e ON e.id = k.row_id "
+                    "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND e.agent = k.agent",
+                    (agent, idempotency_key),
+                ).fetchone()
+                if earlier:
+                    if any(earlier[c] != event[c] for c in columns):
+                        raise Conflict(
+                            f"idempotency_key {idempotency_key!r} was used for a different event (id {earlier['id']})",
+                            "idempotency_key",
+                        )
+                    return {"id": earlier["id"], "status": "unchanged"}
+            row_id = conn.execute(
+                "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome, duration_s) "
+                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                (agent, *(event[c] for c in columns)),
+            ).fetchone()[0]
+            if idempotency_key:
+                self.remember_key(conn, agent, "episodic", idempotency_key, row_id)
+            return {"id": row_id, "status": "created"}
+        return self.write(work)
+
+    @staticmethod
+    def remember_key(conn: sqlite3.Connection, agent: str, tier: str, key: str, row_id: int) -> None:
+        conn.execute(
+            "INSERT INTO memory_write_key (agent, tier, key, row_id) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (agent, tier, key) DO UPDATE SET row_id = excluded.row_id",
+            (agent, tier, key, row_id),
+        )
+
+    def delete_short(self, agent: str, key: str) -> dict:
+        def work(conn: sqlite3.Connection) -> dict:
+            self.require_agent(conn, agent)
+            row = conn.execute(
+                "DELETE FROM memory_short WHERE agent = ? AND key = ? "
+                "RETURNING id, expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') AS expired",
+                (agent, key),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"agent {agent!r} has no short-term key {key!r}", "key")
+            return {"id": row["id"], "status": "deleted", "was_expired": bool(row["expired"])}
+        return self.write(work)
+
+    def set_sharing(self, agent: str, episodic: bool) -> dict:
+        def work(conn: sqlite3.Connection) -> dict:
+            self.require_agent(conn, agent)
+            existing = conn.execute("SELECT 1 FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
+            conn.execute(
+                "INSERT INTO episodic_sharing (agent, shared) VALUES (?, ?) ON CONFLICT (agent) DO UPDATE "
+                "SET shared = excluded.shared, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+                (agent, int(episodic)),
+            )
+            return {"status": "updated" if existing else "created"}
+        return self.write(work)
+
+    def purge_expired(self, batch: int = 1000) -> int:
+        """Delete expired short rows in short batches, so no write lock is held long."""
+        total = 0
+        while True:
+            removed = self.write(lambda conn: conn.execute(
+                "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
+                "WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') LIMIT ?)", (batch,)
+            ).rowcount)
+            total += removed
+            if removed < batch:
+                return total
+
+    def record_audit(self, reader: str, rows: list[tuple[str, int]]) -> None:
+        """Log foreign episodic rows handed to reader; they are not returned unlogged."""
+        self.write(lambda conn: conn.executemany(
+            "INSERT INTO episodic_read_audit (reader, author, row_id) VALUES (?, ?, ?)",
+            [(reader, author, row_id) for author, row_id in rows],
+        ))
+
+    # -- reads --
+
+    def read_audit(self, author: str, limit: int, before_id: int | None) -> list[dict]:
+        def work(conn: sqlite3.Connection) -> list[dict]:
+            self.require_agent(conn, author)
+            rows = conn.execute(
+                "SELECT id, reader, author, row_id, read_at FROM episodic_read_audit "
+                "WHERE author = ? AND id < ? ORDER BY id DESC LIMIT ?",
+                (author, before_id or (1 << 62), limit),
+            )
+            return [dict(row) for row in rows]
+        return self.read(work)
+
+    def sharing_of(self, conn: sqlite3.Connection, agent: str) -> bool:
+        row = conn.execute("SELECT shared FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
+        return bool(row and row[0])
+
+    def counts(self) -> dict:
+        def work(conn: sqlite3.Connection) -> dict:
+            one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
+            return {
+                "agents": one("SELECT count(*) FROM agent_registry"),
+                "rows": {
+                    "short": one("SELECT count(*) FROM memory_short WHERE expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"),
+                    "short_expired": one("SELECT count(*) FROM memory_short WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"),
+                    "long": one("SELECT count(*) FROM memory_longterm"),
+                    "episodic": one("SELECT count(*) FROM memory_episodic"),
+                    "durable": one("SELECT count(*) FROM memory_durable"),
+                },
+                "episodic_sharing_agents": one("SELECT count(*) FROM episodic_sharing WHERE shared = 1"),
+                "audit_rows": one("SELECT count(*) FROM episodic_read_audit"),
+            }
+        return self.read(work)
+
+    def search_tier(self, conn: sqlite3.Connection, tier: str, caller: str, scope: str,
+                    match: str | None, limit: int) -> list[sqlite3.Row]:
+        """Candidate rows of one tier, filtered by scope and sharing before ranking."""
+        table, fts, select, time_column, weights = TIER_SQL[tier]
+        where, params = [], []
+        if scope == "own":
+            where.append("t.agent = ?")
+            params.append(caller)
+        elif scope == "shared_except_self":
+            where.append("t.agent != ?")
+            params.append(caller)
+        if tier == "episodic":
+            where.append("(t.agent = ? OR t.agent IN (SELECT agent FROM episodic_sharing WHERE shared = 1))")
+            params.append(caller)
+        if tier == "short":
+            where.append("t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
+        if match is None:
+            sql = (f"SELECT {select}, 0.0 AS score FROM {table} t "
+                   f"{'WHERE ' + ' AND '.join(where) if where else ''} "
+                   f"ORDER BY t.{time_column} DESC, t.id DESC LIMIT ?")
+            return conn.execute(sql, (*params, limit)).fetchall()
+        sql = (f"SELECT {select}, -bm25({fts}, {weights}) AS score FROM {fts} "
+               f"JOIN {table} t ON t.id = {fts}.rowid WHERE {fts} MATCH ? "
+               f"{''.join(' AND ' + w for w in where)} ORDER BY bm25({fts}, {weights}) LIMIT ?")
+        return conn.execute(sql, (match, *params, limit)).fetchall()
+
+    def persona(self, conn: sqlite3.Connection, agent: str) -> sqlite3.Row | None:
+        return conn.execute(
+            "SELECT id, key, value, updated_at FROM memory_durable WHERE key = ?", ("persona/" + agent,)
+        ).fetchone()
+
+
+# Per tier: table, FTS table, selected columns, recency column, bm25 column weights.
+TIER_SQL = {
+    "long": ("memory_longterm", "memory_longterm_fts",
+             "t.id, t.agent, t.topic, t.fact, t.source, t.confidence, t.tags, t.created_at, t.updated_at AS ts",
+             "updated_at", "1.0, 1.0, 0.5, 0.5"),
+    "episodic": ("memory_episodic", "memory_episodic_fts",
+                 "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts",
+                 "timestamp", "0.5, 1.0, 0.7, 0.7, 0.5"),
+    "short": ("memory_short", "memory_short_fts",
+              "t.id, t.agent, t.key, t.value, t.tags, t.expires_at, t.created_at AS ts",
+              "created_at", "1.0, 1.0, 0.5, 0.5"),
+}
+
+
+# ==== Operations ====
+
+TIERS = ("short", "long", "episodic", "durable")
+DEFAULT_TIERS = ("long", "short")
+SCOPES = ("own", "shared", "shared_except_self")
+KEYWORD_ONLY_REASON = "keyword-only recall: no embedder is loaded"
+
+
+@dataclass
+class Stats:
+    """Counters since start; /v1/stats shows them so a green 200 is never mistaken for working recall."""
+
+    started: float = field(default_factory=time.time)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    calls: Counter = field(default_factory=Counter)
+    rejections: Counter = field(default_factory=Counter)
+    recall_hits: Counter = field(default_factory=Counter)
+    recall_empty: int = 0
+    duplicates_suppressed: int = 0
+    recent_rejections: list = field(default_factory=list)
+
+    def count(self, counter: str, key: str, amount: int = 1) -> None:
+        with self.lock:
+            getattr(self, counter)[key] += amount
+
+    def reject(self, agent: Any, operation: str, error: ServiceError) -> None:
+        """Log and count a refused call: agent, operation, reason."""
+        record = {"agent": agent, "operation": operation, "code": error.code, "reason": error.message}
+        error.counted = True
+        log_event("rejected", **record)
+        with self.lock:
+            self.rejections[error.code] += 1
+            self.recent_rejections = [{"ts": utc_now(), **record}, *self.recent_rejections[:19]]
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return {
+                "uptime_s": round(time.time() - self.started, 1),
+                "calls": dict(self.calls),
+                "rejections": dict(self.rejections),
+                "recent_rejections": list(self.recent_rejections),
+                "recall_hits": dict(self.recall_hits),
+                "recall_empty": self.recall_empty,
+                "duplicates_suppressed": self.duplicates_suppressed,
+            }
+
+
+class Memory:
+    """What operations work on: the store, the optional embedder, the counters."""
+
+    def __init__(self, store: Store, embedder: Any = None, embedder_error: str | None = None):
+        self.store = store
+        self.embedder = embedder
+        self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
+        self.stats = Stats()
+
+
+def op_recall_memory(memory: Memory, args: dict) -> dict:
+    """Recall memory across agents and tiers, best match first.
+
+    Every result names its writer (`agent`) and says whether it is `foreign`
+    to the caller. With an empty `q` the most recent rows come back. Scope
+    `own` reads only the caller's rows, `shared` everyone's, and
+    `shared_except_self` everyone else's. Tiers default to long + short;
+    `episodic` includes other agents' events only where they opted in (and
+    the read is audited); `durable` is the caller's own persona only.
+    Identical texts are collapsed and counted in `suppressed_duplicates`.
+    `degraded: true` means keyword-only ranking.
+    """
+    caller, k, scope = args["agent"], args["k"], args["scope"]
+    tiers = tuple(dict.fromkeys(args["tiers"] or DEFAULT_TIERS))
+    if "durable" in tiers and scope == "shared_except_self":
+        raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
+    query = args["q"] or ""
+    match = make_fts_query(query)
+    depth = k * 4 + 20  # room for collapsed duplicates without a second query
+
+    def work(conn: sqlite3.Connection) -> tuple[list[dict], list[dict]]:
+        Store.require_agent(conn, caller)
+        candidates: list[dict] = []
+        persona = []
+        if "durable" in tiers:
+            row = memory.store.persona(conn, caller)
+            if row is not None and (not query.strip() or match is None or term_overlap(query, row["value"])):
+                persona.append(durable_result(row, caller, term_overlap(query, row["value"])))
+        if query.strip() and match is None:
+            return persona, []  # words-free text (only punctuation): nothing can match
+        for tier in tiers:
+            if tier != "durable":
+                candidates += [tier_result(tier, row, caller) for row in
+                               memory.store.search_tier(conn, tier, caller, scope, match, depth)]
+        return persona, candidates
+
+    persona, candidates = memory.store.read(work)
+    key = (lambda r: r["score"]) if match else (lambda r: r["ts"] or "")
+    candidates.sort(key=key, reverse=True)
+    results, suppressed = collapse_duplicates(persona + candidates, k)
+    audit = [(r["agent"], r["id"]) for r in results if r["tier"] == "episodic" and r["foreign"]]
+    if audit:
+        memory.store.record_audit(caller, audit)
+    stats = memory.stats
+    with stats.lock:
+        stats.duplicates_suppressed += suppressed
+        stats.recall_hits.update(r["tier"] for r in results)
+        stats.recall_empty += not results
+    return {
+        "agent": caller,
+        "q": query,
+        "k": k,
+        "scope": scope,
+        "tiers": list(tiers),
+        "count": len(results),
+        "results": results,
+        "suppressed_duplicates": suppressed,
+        "degraded": memory.embedder is None,
+        "degraded_reason": memory.embedder_error,
+        "ranking": "bm25" if match else "recency",
+    }
+
+
+def term_overlap(query: str, text: str) -> int:
+    """How many distinct query words occur in text (case-insensitive)."""
+    words = set(re.findall(r"\w+", text.lower()))
+    return len({w for w in re.findall(r"\w+", query.lower())} & words)
+
+
+def parse_tags(raw: Any) -> list[str]:
+    """Tags as stored: a JSON array from this service, maybe a comma list from other writers."""
+    if not raw:
+        return []
+    try:
+        tags = json.loads(raw)
+    except (TypeError, ValueError):
+        return [part.strip() for part in str(raw).split(",") if part.strip()]
+    return [str(tag) for tag in tags] if isinstance(tags, list) else [str(tags)]
+
+
+def tier_result(tier: str, row: sqlite3.Row, caller: str) -> dict:
+    """One recalled row, labelled with tier, writer, time, score, source and foreign."""
+    base = {"id": row["id"], "tier": tier, "agent": row["agent"], "ts": row["ts"],
+            "score": round(row["score"], 6), "foreign": row["agent"] != caller}
+    if tier == "long":
+        return {**base, "source": row["source"] or f"memory_longterm#{row['id']}", "text": row["fact"],
+                "topic": row["topic"], "fact": row["fact"], "confidence": row["confidence"],
+                "tags": parse_tags(row["tags"])}
+    if tier == "episodic":
+        return {**base, "source": f"memory_episodic#{row['id']}", "text": row["summary"],
+                "event_type": row["event_type"], "summary": row["summary"], "details": row["details"],
+                "outcome": row["outcome"], "duration_s": row["duration_s"]}
+    return {**base, "source": f"memory_short#{row['id']}", "text": row["value"], "key": row["key"],
+            "value": row["value"], "tags": parse_tags(row["tags"]), "expires_at": row["expires_at"]}
+
+
+def durable_result(row: sqlite3.Row, caller: str, overlap: int) -> dict:
+    """The caller's persona record; listed first, since it is the caller's identity."""
+    return {"id": row["id"], "tier": "durable", "agent": caller, "ts": row["updated_at"], "score": float(overlap),
+            "foreign": False, "source": f"memory_durable/{row['key']}", "text": row["value"],
+            "key": row["key"], "value": row["value"]}
+
+
+def collapse_duplicates(ranked: list[dict], k: int) -> tuple[list[dict], int]:
+    """Keep the best-ranked copy of each identical text; count the others."""
+    kept: dict[str, dict] = {}
+    suppressed = 0
+    for result in ranked:
+        text = " ".join(str(result["text"]).split()).casefold()
+        if text in kept:
+            first = kept[text]
+            first["duplicates"] = first.get("duplicates", 0) + 1
+            if result["agent"] not in first.setdefault("also_written_by", []) and result["agent"] != first["agent"]:
+                first["also_written_by"].append(result["agent"])
+            suppressed += 1
+        elif len(kept) < k:
+            kept[text] = result
+    for result in kept.values():
+        if not result.get("also_written_by"):
+            result.pop("also_written_by", None)
+    return list(kept.values()), suppressed
+
+
+def op_write_short(memory: Memory, args: dict) -> dict:
+    """Write a short-term key/value for the calling agent, expiring after ttl_s seconds.
+
+    Upserts on (agent, key): writing the same key again replaces the value and
+    restarts its TTL. Expired keys are never recalled.
+    """
+    outcome = memory.store.upsert_short(args["agent"], args["key"], args["value"], args["ttl_s"], args["tags"] or [])
+    return {"tier": "short", "agent": args["agent"], "key": args["key"], **outcome}
+
+
+def op_write_long(memory: Memory, args: dict) -> dict:
+    """Store a long-term fact attributed to the calling agent.
+
+    The write key is the fact's full content: the same fact from the same
+    agent updates one row (topic, source, confidence, tags); a different fact
+    is a new row, however long a prefix the two share.
+    """
+    outcome = memory.store.upsert_long(
+        args["agent"], args["topic"], args["fact"], args["source"], args["confidence"], args["tags"] or []
+    )
+    return {"tier": "long", "agent": args["agent"], **outcome}
+
+
+def op_write_episodic(memory: Memory, args: dict) -> dict:
+    """Append an episodic event (what happened, how it went) for the calling agent.
+
+    Give an idempotency_key to make retries safe: a retried write with the
+    same key and content returns the first row (status `unchanged`).
+    """
+    event = {name: args[name] for name in ("event_type", "summary", "details", "outcome", "duration_s")}
+    outcome = memory.store.append_episodic(args["agent"], event, args["idempotency_key"])
+    return {"tier": "episodic", "agent": args["agent"], **outcome}
+
+
+def op_delete_short(memory: Memory, args: dict) -> dict:
+    """Delete one of the calling agent's short-term keys (never another agent's)."""
+    outcome = memory.store.delete_short(args["agent"], args["key"])
+    return {"tier": "short", "agent": args["agent"], "key": args["key"], **outcome}
+
+
+def op_set_sharing(memory: Memory, args: dict) -> dict:
+    """Opt the calling agent's episodic memory in to (or out of) recall by other agents.
+
+    Off by default. While on, every episodic row another agent recalls is
+    written to an audit log the author can read with read_audit.
+    """
+    outcome = memory.store.set_sharing(args["agent"], args["episodic"])
+    return {"agent": args["agent"], "episodic": args["episodic"], **outcome}
+
+
+def op_read_audit(memory: Memory, args: dict) -> dict:
+    """List who read the calling agent's episodic rows, newest first."""
+    reads = memory.store.read_audit(args["agent"], args["limit"], args["before_id"])
+    return {"agent": args["agent"], "count": len(reads), "reads": reads}
+
+
+def op_read_stats(memory: Memory, args: dict) -> dict:
+    """Row counts per tier, call and rejection counters, recall hits, duplicates suppressed, degraded state."""
+    return {
+        "version": __version__,
+        **memory.store.counts(),
+        **memory.stats.snapshot(),
+        "degraded": memory.embedder is None,
+        "degraded_reason": memory.embedder_error,
+    }
+
+
+# ==== Operation table ====
+
+@dataclass(frozen=True)
+class Operation:
+    """One capability: a REST route and an MCP tool over the same function and schema."""
+
+    name: str
+    method: str
+    path: str
+    function: Callable[[Memory, dict], dict]
+    input_schema: dict
+    writes: bool
+    idempotent: bool
+    destructive: bool = False
+    title: str = ""
+
+    @property
+    def description(self) -> str:
+        return " ".join((self.function.__doc__ or "").split())
+
+
+def object_schema(properties: dict, required: tuple[str, ...] = ("agent",)) -> dict:
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+OPERATIONS = {
+    "recall": Operation(
+        "recall", "GET", "/v1/recall", op_recall_memory,
+        object_schema({
+            "agent": AGENT_SCHEMA,
+            "q": {"type": "string", "maxLength": 10_000, "default": "",
+                  "description": "What to look for, in plain words; empty returns the most recent rows."},
+            "k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 5, "description": "How many results, 1-100."},
+            "scope": {"type": "string", "enum": list(SCOPES), "default": "shared",
+                      "description": "own: the caller's rows; shared: everyone's; shared_except_self: everyone else's."},
+            "tiers": {"type": "array", "items": {"type": "string", "enum": list(TIERS)}, "maxItems": 4,
+                      "uniqueItems": True, "default": list(DEFAULT_TIERS),
+                      "description": "Tiers to search (REST: comma-separated). Default long,short."},
+        }),
+        writes=False, idempotent=True, title="Recall memory",
+    ),
+    "write_short": Operation(
+        "write_short", "POST", "/v1/short", op_write_short,
+        object_schema({
+            "agent": AGENT_SCHEMA,
+            "key": {"type": "string", "minLength": 1, "maxLength": 256, "description": "The key, unique per agent."},
+            "value": {"type": "string", "minLength": 1, "maxLength": 16_384, "description": "The value (text)."},
+            "ttl_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 31_536_000, "default": 86_400,
+                      "description": "Seconds until it expires (default one day, at most a year)."},
+            "tags": TAGS_SCHEMA,
+        }, ("agent", "key", "value")),
+        writes=True, idempotent=True, title="Write short-term memory",
+    ),
+    "write_long": Operation(
+        "write_long", "POST", "/v1/long", op_write_long,
+        object_schema({
+            "agent": AGENT_SCHEMA,
+            "topic": {"type": "string", "maxLength": 256, "description": "What the fact is about."},
+            "fact": {"type": "string", "minLength": 1, "maxLength": 8_192, "description": "The fact, one statement."},
+            "source": {"type": "string", "maxLength": 512, "description": "Where it came from (URL, file, conversation)."},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1, "description": "How sure, 0-1."},
+            "tags": TAGS_SCHEMA,
+        }, ("agent", "fact")),
+        writes=True, idempotent=True, title="Write a long-term fact",
+    ),
+    "write_episodic": Operation(
+        "write_episodic", "POST", "/v1/episodic", op_write_episodic,
+        object_schema({
+            "agent": AGENT_SCHEMA,
+            "event_type": {"type": "string", "minLength": 1, "maxLength": 64, "description": "Kind of event (task, error, …)."},
+            "summary": {"type": "string", "minLength": 1, "maxLength": 4_096, "description": "What happened."},
+            "details": {"type": "string", "maxLength": 16_384, "description": "More detail."},
+            "outcome": {"type": "string", "maxLength": 1_024, "description": "How it ended."},
+            "duration_s": {"type": "number", "minimum": 0, "maximum": 31_536_000, "description": "How long it took."},
+            "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 128,
+                                "description": "Makes a retried write safe: same key, same event, one row."},
+        }, ("agent", "event_type", "summary")),
+        writes=True, idempotent=False, title="Append an episodic event",
+    ),
+    "delete_short": Operation(
+        "delete_short", "DELETE", "/v1/short", op_delete_short,
+        object_schema({
+            "agent": AGENT_SCHEMA,
+            "key": {"type": "string", "minLength": 1, "maxLength": 256, "description": "The key to delete."},
+        }, ("agent", "key")),
+        writes=True, idempotent=True, destructive=True, title="Delete a short-term key",
+    ),
+    "set_sharing": Operation(
+        "set_sharing", "PUT", "/v1/sharing", op_set_sharing,
+        object_schema({
+            "agent": AGENT_SCHEMA,
+            "episodic": {"type": "boolean", "description": "true: other agents may recall my episodic rows (audited)."},
+        }, ("agent", "episodic")),
+        writes=True, idempotent=True, title="Share episodic memory",
+    ),
+    "read_audit": Operation(
+        "read_audit", "GET", "/v1/audit", op_read_audit,
+        object_schema({
+            "agent": AGENT_SCHEMA,
+            "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100, "description": "At most this many, 1-1000."},
+            "before_id": {"type": "integer", "minimum": 1, "description": "Page: only reads with a smaller id."},
+        }),
+        writes=False, idempotent=True, title="Who read my episodes",
+    ),
+    "stats": Operation(
+        "stats", "GET", "/v1/stats", op_read_stats,
+        object_schema({}, ()),
+        writes=False, idempotent=True, title="Service statistics",
+    ),
+}
+ROUTES = {(op.method, op.path): op for op in OPERATIONS.values()}
+
+
+class Tokens:
+    """Optional per-agent bearer tokens: the token, not the request body, names the caller.
+
+    The file holds one `<sha256 hex of token> <agent>` per line; it must not
+    be readable by group or others. Tokens themselves are never stored or logged.
+    """
+
+    def __init__(self, by_hash: dict[str, str]):
+        self.by_hash = by_hash
+
+    @classmethod
+    def load(cls, path: str) -> "Tokens":
+        mode = os.stat(path).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise SystemExit(f"{path}: tokens file must not be accessible by group or others (chmod 600)")
+        by_hash = {}
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip() or line.startswith("#"):
+                    continue
+                parts = line.split()
+                if len(parts) != 2 or not re.fullmatch(r"[0-9a-f]{64}", parts[0]) or not re.match(AGENT_PATTERN, parts[1]):
+                    raise SystemExit(f"{path}:{number}: expected '<sha256 hex> <agent>'")
+                by_hash[parts[0]] = parts[1]
+        return cls(by_hash)
+
+    def agent_for(self, authorization: str | None) -> str:
+        """The agent a bearer token belongs to; compared in constant time."""
+        if not authorization or not authorization.startswith("Bearer "):
+            raise Unauthorized("this service requires Authorization: Bearer <token>")
+        digest = hashlib.sha256(authorization[7:].strip().encode("utf-8")).hexdigest()
+        found = None
+        for known, agent in self.by_hash.items():
+            if hmac.compare_digest(known, digest):
+                found = agent
+        if found is None:
+            raise Unauthorized("the bearer token is not known")
+        return found
+
+
+def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any,
+           headers: Mapping[str, str]) -> dict:
+    """Authenticate, validate and run one operation; count and log refusals.
+
+    The one path both transports take, so validation, identity and errors
+    live once.
+    """
+    agent = raw_args.get("agent") if isinstance(raw_args, dict) else None
+    memory.stats.count("calls", op.name)
+    try:
+        if tokens is not None:
+            caller = tokens.agent_for(headers.get("Authorization"))
+            if "agent" in op.input_schema["properties"] and isinstance(raw_args, dict):
+                if raw_args.get("agent") not in (None, caller):
+                    raise Forbidden(f"the token belongs to {caller!r}, not {raw_args.get('agent')!r}", "agent")
+                raw_args = {**raw_args, "agent": caller}
+                agent = caller
+        args = check_args(op.input_schema, raw_args)
+        return op.function(memory, args)
+    except ServiceError as error:
+        memory.stats.reject(agent, op.name, error)
+        raise
+
+
+# ==== Transport: REST /v1 (and mounting /mcp) ====
+
+# A write's largest field is 16 KiB of text; JSON escaping can grow it up to 6x
+# (\uXXXX), so 128 KiB admits every valid write and stops a memory-hungry body early.
+MAX_BODY_BYTES = 128 * 1024
+KEEPALIVE_IDLE_S = 30  # a kept-alive connection idle this long is closed, freeing its thread
+MAX_CONNECTIONS = 128  # threads are bounded; past this a connection gets an immediate 503
+
+
+def status_for(op: Operation, result: dict) -> int:
+    return 201 if result.get("status") == "created" else 200
+
+
+def degraded_header(result: dict) -> dict[str, str]:
+    return {"X-Memory-Degraded": "true" if result["degraded"] else "false"} if "degraded" in result else {}
+
+
+class MemoryHandler(BaseHTTPRequestHandler):
+    """Answers every request itself: JSON bodies, Content-Length, one write per response."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "solos-memory/" + __version__
+    timeout = KEEPALIVE_IDLE_S
+    server: "MemoryServer"
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def do_GET(self) -> None:
+        self.route()
+
+    do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = do_GET
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """http.server's own messages (bad request lines) as JSON lines."""
+        log_event("http", client=self.client_address[0], message=format % args)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Malformed request lines and headers get JSON, not http.server's HTML page."""
+        self.close_connection = True
+        error = ServiceError(message or HTTPStatus(code).phrase)
+        error.status, error.code = code, HTTPStatus(code).phrase.lower().replace(" ", "_")
+        self.respond(code, error_body(error))
+
+    def respond(self, status: int, payload: dict | bytes | None, headers: Mapping[str, str] | None = None,
+                content_type: str = "application/json") -> None:
+        body = payload if isinstance(payload, bytes) else b"" if payload is None else json.dumps(payload).encode()
+        lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+                 f"Server: {self.server_version}", f"Date: {self.date_time_string()}"]
+        if body or status not in (202, 204):
+            lines.append(f"Content-Type: {content_type}")
+        lines.append(f"Content-Length: {len(body)}")
+        for name, value in (headers or {}).items():
+            lines.append(f"{name}: {value}")
+        if self.close_connection:
+            lines.append("Connection: close")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        # One write: headers and body in separate segments meet Nagle + delayed ACK (~40 ms).
+        self.wfile.write(head if self.command == "HEAD" else head + body)
+        self.status_sent = status
+
+    def route(self) -> None:
+        started = time.perf_counter()
+        self.status_sent = 0
+        url = urlsplit(self.path)
+        try:
+            if url.path == "/health":
+                self.only(("GET", "HEAD"))
+                self.respond(200, self.server.health())
+            elif url.path == "/mcp":
+                status, headers, body = self.server.bridge.handle(self.command, self.headers, self.read_body(json_only=False))
+                self.respond(status, body or None, headers, headers.pop("Content-Type", "application/json"))
+            else:
+                self.call_operation(url.path, url.query)
+        except ServiceError as error:
+            if not error.counted:
+                self.server.memory.stats.reject(None, f"{self.command} {url.path}", error)
+            headers = {"Allow": ", ".join(error.allow)} if isinstance(error, MethodNotAllowed) else {}
+            if isinstance(error, Busy):
+                headers["Retry-After"] = str(error.retry_after_s)
+            self.respond(error.status, error_body(error), headers)
+        except Exception:
+            logging.exception("unexpected error on %s %s", self.command, url.path)
+            self.close_connection = True
+            self.respond(500, error_body(ServiceError("internal error; see the service log")))
+        finally:
+            log_event("request", method=self.command, path=url.path, status=self.status_sent,
+                      ms=round((time.perf_counter() - started) * 1000, 2))
+
+    def only(self, methods: tuple[str, ...]) -> None:
+        if self.command not in methods:
+            raise MethodNotAllowed(f"{self.command} is not allowed on {urlsplit(self.path).path}", list(methods))
+
+    def call_operation(self, path: str, query: str) -> None:
+        op = ROUTES.get((self.command, path))
+        if op is None:
+            allowed = [method for method, route in ROUTES if route == path]
+            if allowed:
+                raise MethodNotAllowed(f"{self.command} is not allowed on {path}", allowed)
+            raise NotFound(f"no route {path}; see README.md for the API")
+        if op.method in ("GET", "DELETE"):
+            try:
+                pairs = parse_qsl(query, keep_blank_values=True, errors="strict")
+            except UnicodeDecodeError:
+                raise BadRequest("query string must be UTF-8 percent-encoded", "query") from None
+            args: Any = coerce_query(op.input_schema, pairs)
+            self.read_body(json_only=False)  # drain a stray body so keep-alive stays in step
+        else:
+            args = parse_json_body(self.read_body(json_only=True))
+        result = invoke(self.server.memory, self.server.tokens, op, args, self.headers)
+        self.respond(status_for(op, result), result, degraded_header(result))
+
+    def read_body(self, json_only: bool) -> bytes:
+        """The request body, capped at MAX_BODY_BYTES before anything parses it."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True
+            raise LengthRequired("chunked bodies are not accepted; send Content-Length", "Content-Length")
+        raw_length = self.headers.get("Content-Length")
+        if raw_length is None:
+            if json_only:
+                raise LengthRequired("a JSON body with Content-Length is required", "Content-Length")
+            return b""
+        if not raw_length.isdigit():
+            self.close_connection = True
+            raise BadRequest(f"Content-Length must be a number, got {describe(raw_length)}", "Content-Length")
+        length = int(raw_length)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the unread body would be taken for the next request
+            raise PayloadTooLarge(f"body is {length} bytes; the limit is {MAX_BODY_BYTES}", "body")
+        body = self.rfile.read(length)
+        if len(body) < length:
+            self.close_connection = True
+            raise BadRequest("body ended before Content-Length bytes arrived", "body")
+        if json_only:
+            content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            if content_type != "application/json":
+                raise UnsupportedMediaType(f"Content-Type must be application/json, got {describe(content_type)}", "Content-Type")
+        return body
+
+
+def mcp_tools(operations: Mapping[str, Operation]) -> list[mcp_bridge.Tool]:
+    """The MCP tool list, one per operation, with the operation's own schema."""
+    return [
+        mcp_bridge.Tool(
+            name=op.name, title=op.title, description=op.description, input_schema=op.input_schema,
+            output_schema={"type": "object"},
+            annotations={"readOnlyHint": not op.writes, "destructiveHint": op.destructive,
+                         "idempotentHint": op.idempotent, "openWorldHint": False},
+        )
+        for op in operations.values()
+    ]
+
+
+class MemoryServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with bounded threads, the memory, and /mcp mounted."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, config: Config, memory: Memory, tokens: Tokens | None):
+        self.address_family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        super().__init__((config.host, config.port), MemoryHandler)
+        self.config, self.memory, self.tokens = config, memory, tokens
+        self.port = self.server_address[1]
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        names = {config.host, *LOOPBACK_HOSTS}
+        self.bridge = mcp_bridge.McpBridge(
+            mcp_tools(OPERATIONS), self.call_tool,
+            server_name="solos-memory", server_version=__version__,
+            allowed_hosts=[f"{name}:{self.port}" if ":" not in name else f"[{name}]:{self.port}" for name in names],
+            allowed_origins=[f"http://{name}:{self.port}" if ":" not in name else f"http://[{name}]:{self.port}"
+                             for name in names] + list(config.allowed_origins),
+            instructions="Shared fleet memory. Call recall before answering from memory; "
+                         "write_long for durable facts, write_short for scratch state, write_episodic for events.",
+        )
+
+    def call_tool(self, name: str, arguments: dict, headers: Mapping[str, str]) -> mcp_bridge.ToolOutcome:
+        try:
+            result = invoke(self.memory, self.tokens, OPERATIONS[name], arguments, headers)
+        except ServiceError as error:
+            return mcp_bridge.ToolOutcome(error_body(error), True, {})
+        return mcp_bridge.ToolOutcome(result, False, degraded_header(result))
+
+    def health(self) -> dict:
+        return {"status": "ok", "version": __version__,
+                "auth": "tokens" if self.tokens else "loopback-trust",
+                "degraded": self.memory.embedder is None, "degraded_reason": self.memory.embedder_error}
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Start a thread per connection while slots last; past that, 503 at once."""
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 71\r\n\r\n"
+                                b'{"error":{"code":"busy","status":503,"message":"too many connections"}}')
+            finally:
+                self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+# ==== Server and CLI ====
+
+
+def load_embedder(config: Config) -> tuple[Any, str | None]:
+    """The optional embedder, or None and the reason it is not there."""
+    if config.model_dir == "off":
+        return None, "keyword-only recall: embeddings are turned off (--model-dir off)"
+    try:
+        import solos_embed
+    except ImportError as error:
+        return None, f"keyword-only recall: {error}"
+    try:
+        return solos_embed.load_embedder(config.model_dir), None
+    except solos_embed.EmbeddingsUnavailable as error:
+        return None, f"keyword-only recall: {error}"
+
+
+def open_store(config: Config, admin: bool = False) -> Store:
+    """The database, migrated (additively); exits naming what a fleet table lacks."""
+    store = Store(config.db, config.busy_timeout_ms, admin)
+    try:
+        store.migrate()
+    except SchemaMismatch as error:
+        raise SystemExit(f"{config.db}: {error}") from None
+    return store
+
+
+def register_agents(config: Config, names: list[str]) -> list[str]:
+    """Register agents through a short-lived admin store (never the serving one)."""
+    store = open_store(config, admin=True)
+    try:
+        return store.register_agents(check_agent_names(names))
+    finally:
+        store.close()
+
+
+def build_server(config: Config, register: list[str] = ()) -> MemoryServer:
+    """Open (or create) the database, register agents, load extras, bind the socket."""
+    if config.host not in LOOPBACK_HOSTS and not config.allow_remote:
+        raise SystemExit(
+            f"refusing to bind {config.host}: not a loopback address. Anyone who can reach it could read and "
+            f"write every agent's memory; pass --allow-remote (and use --tokens-file) if that is intended."
+        )
+    if register:
+        register_agents(config, list(register))
+    store = open_store(config)
+    tokens = Tokens.load(config.tokens_file) if config.tokens_file else None
+    embedder, reason = load_embedder(config)
+    return MemoryServer(config, Memory(store, embedder, reason), tokens)
+
+
+def check_agent_names(names: list[str]) -> list[str]:
+    for name in names:
+        if not re.match(AGENT_PATTERN, name):
+            raise SystemExit(f"agent name {name!r} must match {AGENT_PATTERN}")
+    return names
+
+
+def split_names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="solos-memory", description="Shared, attributed memory for an agent fleet.")
+    parser.add_argument("--version", action="version", version=f"solos-memory {__version__}")
+    parser.add_argument("--db", default=env_default("DB", "solos.db"),
+                        help="SQLite database, created from schema.sql if missing (default: %(default)s)")
+    parser.add_argument("--busy-timeout-ms", type=int, default=int(env_default("BUSY_TIMEOUT_MS", "5000")),
+                        help="how long a call waits for a locked database before 503 (default: %(default)s)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the HTTP service (REST /v1, MCP /mcp)")
+    serve.add_argument("--host", default=env_default("HOST", "127.0.0.1"), help="address to bind (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=int(env_default("PORT", str(DEFAULT_PORT))),
+                       help="port to bind, 0 for any free one (default: %(default)s)")
+    serve.add_argument("--register", type=split_names, default=[],
+                       help="comma-separated agents to register before serving, e.g. atlas,sol (default: none)")
+    serve.add_argument("--allow-remote", action="store_true",
+                       help="allow binding a non-loopback address (default: refuse)")
+    serve.add_argument("--tokens-file", default=env_default("TOKENS_FILE", None),
+                       help="per-agent bearer tokens file (default: none, loopback trust)")
+    serve.add_argument("--model-dir", default=env_default("MODEL_DIR", None),
+                       help="embedder tokenizer/config folder, or 'off' (default: the carried all-MiniLM-L6-v2)")
+    serve.add_argument("--allowed-origin", action="append", default=[],
+                       help="extra Origin allowed on /mcp (default: only this server's loopback origins)")
+
+    agents = commands.add_parser("agents", help="register or list agents (admin; never over HTTP)")
+    agent_commands = agents.add_subparsers(dest="agents_command", required=True)
+    add = agent_commands.add_parser("add", help="register agents")
+    add.add_argument("names", nargs="+", help="agent names")
+    agent_commands.add_parser("list", help="list registered agents")
+
+    commands.add_parser("purge", help="delete expired short-term rows; exit 1 on failure")
+    commands.add_parser("reindex", help="rebuild the keyword indexes from the tables")
+
+    token = commands.add_parser("token", help="issue a bearer token for an agent, appended (hashed) to a tokens file")
+    token.add_argument("agent", help="the agent the token speaks for")
+    token.add_argument("--tokens-file", required=True, help="tokens file to append to (created with mode 600)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status so tests can call it."""
+    args = parse_args(argv)
+    if args.command == "serve":
+        config = Config(db=args.db, host=args.host, port=args.port, busy_timeout_ms=args.busy_timeout_ms,
+                        allow_remote=args.allow_remote, tokens_file=args.tokens_file, model_dir=args.model_dir,
+                        allowed_origins=tuple(args.allowed_origin))
+        server = build_server(config, args.register)
+        log_event("listening", host=config.host, port=server.port, db=os.path.abspath(config.db),
+                  version=__version__, auth="tokens" if server.tokens else "loopback-trust",
+                  degraded=server.memory.embedder is None)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+        return 0
+    if args.command == "token":
+        check_agent_names([args.agent])
+        token = secrets.token_urlsafe(32)
+        descriptor = os.open(args.tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
+            handle.write(f"{hashlib.sha256(token.encode()).hexdigest()} {args.agent}\n")
+        print(token)
+        return 0
+    config = Config(db=args.db, busy_timeout_ms=args.busy_timeout_ms)
+    if args.command == "agents" and args.agents_command == "add":
+        added = register_agents(config, args.names)
+        print(f"registered {len(added)} new of {len(args.names)}: {', '.join(added) or '-'}")
+        return 0
+    store = open_store(config)
+    try:
+        if args.command == "agents":
+            print("\n".join(store.list_agents()))
+        elif args.command == "purge":
+            removed = store.purge_expired()
+            log_event("purged", rows=removed)
+        elif args.command == "reindex":
+            store.reindex()
+            log_event("reindexed", tables=list(FTS_TABLES))
+    except Busy as error:
+        log_event("failed", command=args.command, reason=error.message)
+        return 1
+    finally:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The real server on an ephemeral loopback port, on a fresh database, one per test."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import sqlite3
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import solos_memory  # noqa: E402
+
+AGENTS = ("atlas", "sol", "hermes", "nova")
+REQUIRE_ALL = os.environ.get("SOLOS_TEST_REQUIRE_ALL") == "1"
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip a test whose tooling is missing, unless the full run requires everything."""
+    if REQUIRE_ALL:
+        pytest.fail(f"{reason} (SOLOS_TEST_REQUIRE_ALL=1)")
+    pytest.skip(reason)
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: Any
+    raw: bytes
+
+
+class RunningServer:
+    """A live service plus small helpers to talk to it over HTTP."""
+
+    def __init__(self, server: solos_memory.MemoryServer, db_path: Path):
+        self.server = server
+        self.port = server.port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db_path = db_path
+
+    def request(self, method: str, path: str, body: Any = None, query: dict | None = None,
+                headers: dict | None = None, raw: bytes | None = None) -> Reply:
+        if query:
+            path += "?" + urlencode(query)
+        headers = dict(headers or {})
+        payload = raw
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers.setdefault("Content-Type", "application/json")
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+            try:
+                parsed = json.loads(data) if data else None
+            except ValueError:
+                parsed = None
+            return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, parsed, data)
+        finally:
+            conn.close()
+
+    def get(self, path: str, **query: Any) -> Reply:
+        return self.request("GET", path, query={k: v for k, v in query.items() if v is not None})
+
+    def post(self, path: str, body: Any, **kw: Any) -> Reply:
+        return self.request("POST", path, body=body, **kw)
+
+    def recall(self, agent: str, q: str = "", **query: Any) -> Reply:
+        return self.get("/v1/recall", agent=agent, q=q, **query)
+
+    def db(self) -> sqlite3.Connection:
+        """A separate connection, like one of the fleet's other writers."""
+        conn = sqlite3.connect(self.db_path, isolation_level=None, timeout=5)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+
+def start_server(db_path: Path, **config: Any) -> RunningServer:
+    config.setdefault("model_dir", "off")
+    server = solos_memory.build_server(
+        solos_memory.Config(db=str(db_path), port=0, **config), list(AGENTS)
+    )
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    return RunningServer(server, db_path)
+
+
+def stop_server(running: RunningServer) -> None:
+    running.server.shutdown()
+    running.server.server_close()
+    running.server.memory.store.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    running = start_server(tmp_path / "solos.db")
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture
+def make_server(tmp_path: Path):
+    """Start servers with custom config; all are stopped at the end of the test."""
+    started: list[RunningServer] = []
+
+    def make(name: str = "solos.db", **config: Any) -> RunningServer:
+        running = start_server(tmp_path / name, **config)
+        started.append(running)
+        return running
+
+    yield make
+    for running in started:
+        stop_server(running)
