@@ -1,0 +1,412 @@
+"""MCP over StreamableHTTP for solos-memory: JSON-RPC framing, protocol versions, tools.
+
+The service mounts one `McpBridge` at `POST /mcp` and hands it the operation
+table as `Tool` rows plus an `invoke` callable; this module imports nothing
+from the service, so no rule lives here twice.
+
+Two eras are served statelessly on the same endpoint:
+
+- handshake era (2025-11-25, 2025-06-18, 2025-03-26): `initialize` answers
+  with the negotiated version, then every request stands alone. No session id
+  is minted, so clients never open the GET stream or send DELETE.
+- 2026-07-28: every request carries its version, client capabilities and
+  mirrored `MCP-Protocol-Version` / `Mcp-Method` / `Mcp-Name` headers;
+  `server/discover` replaces `initialize`. The mcp SDK's `Client(mode="auto")`
+  probes this first and settles on it.
+
+Every request is answered with one `application/json` body, never SSE.
+Spec: https://modelcontextprotocol.io/specification/2026-07-28/basic/transports/streamable-http
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# ==== Protocol constants ====
+
+HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")  # newest first
+MODERN_VERSIONS = ("2026-07-28",)
+SUPPORTED_VERSIONS = MODERN_VERSIONS + HANDSHAKE_VERSIONS
+# 2025-06-18 transports: a request without MCP-Protocol-Version "SHOULD" be
+# taken as 2025-03-26, the last revision before the header existed.
+VERSION_WITHOUT_HEADER = "2025-03-26"
+# 2025-06-18 removed JSON-RPC batches; 2025-03-26 servers MUST accept them.
+BATCH_VERSIONS = frozenset({"2025-03-26"})
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+HEADER_MISMATCH = -32020
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+
+META_PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+
+# 2026-07-28 gives protocol errors HTTP statuses (the mcp SDK client reads the
+# JSON-RPC body of a 4xx). Handshake-era errors after dispatch stay 200: older
+# SDK clients (the one inside Hermes) raise on any 4xx/5xx instead of reading it.
+MODERN_ERROR_STATUS = {
+    PARSE_ERROR: 400,
+    INVALID_REQUEST: 400,
+    INVALID_PARAMS: 400,
+    HEADER_MISMATCH: 400,
+    UNSUPPORTED_PROTOCOL_VERSION: 400,
+    METHOD_NOT_FOUND: 404,
+}
+HANDSHAKE_ERROR_STATUS = {PARSE_ERROR: 400, INVALID_REQUEST: 400}
+
+# Body field each 2026-07-28 method mirrors into the Mcp-Name header.
+NAME_BEARING_PARAMS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+
+CAPABILITIES = {"tools": {"listChanged": False}}
+# 2026-07-28 results that carry caching hints. ttlMs 0: the tool list is fixed
+# per process, but a .pyz upgrade restarts the service with new tools and
+# clients should see them at once. "private": per-agent tokens may later
+# narrow the list per caller.
+CACHE_HINTS = {"ttlMs": 0, "cacheScope": "private"}
+
+
+# ==== Contract with the service ====
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One operation as an MCP tool; built by the service from its operation table."""
+
+    name: str
+    title: str | None
+    description: str
+    input_schema: dict
+    output_schema: dict | None
+    annotations: dict
+
+
+@dataclass
+class ToolOutcome:
+    """What one tool call produced; `is_error` marks a rule violation the agent can read and retry."""
+
+    payload: dict
+    is_error: bool
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Invoke = Callable[[str, dict, Mapping[str, str]], ToolOutcome]
+
+
+class RpcError(Exception):
+    """A JSON-RPC error to send back in reply to some message."""
+
+    def __init__(self, code: int, message: str, data: Any = None):
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+    def reply(self, message: Any = None) -> dict:
+        """The error response, echoing the message's id when it has a usable one (else null)."""
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return {"jsonrpc": "2.0", "id": _request_id_of(message), "error": error}
+
+
+# ==== The bridge ====
+
+
+class McpBridge:
+    """Answers HTTP requests to /mcp; `handle` is the only entry point."""
+
+    def __init__(
+        self,
+        tools: list[Tool],
+        invoke: Invoke,
+        *,
+        server_name: str,
+        server_version: str,
+        allowed_hosts: Collection[str],
+        allowed_origins: Collection[str],
+        instructions: str | None = None,
+    ):
+        self._tools = {tool.name: tool for tool in tools}
+        self._tool_list = [describe_tool(tool) for tool in tools]
+        self._invoke = invoke
+        self._server_info = {"name": server_name, "version": server_version}
+        self._allowed_hosts = frozenset(host.lower() for host in allowed_hosts)
+        self._allowed_origins = frozenset(origin.lower() for origin in allowed_origins)
+        self._instructions = instructions
+
+    def handle(self, method: str, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """Answer one HTTP request: (status, headers, body); the caller adds Content-Length."""
+        refusal = self._refuse_foreign_caller(headers)
+        if refusal is not None:
+            return _respond(403, RpcError(INVALID_REQUEST, refusal).reply())
+        if method != "POST":
+            # Hermes probes HEAD/GET before connecting and gives up on a 2xx page;
+            # with no session id, SDK clients never open the GET stream nor DELETE.
+            return 405, {"Allow": "POST"}, b""
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError):  # bad UTF-8 and huge integers raise ValueError too
+            return _respond(400, RpcError(PARSE_ERROR, "Parse error: the body is not JSON").reply())
+        requested = headers.get("MCP-Protocol-Version")
+        if requested in MODERN_VERSIONS or _carries_modern_envelope(message):
+            return self._answer_modern(message, headers)
+        if requested is not None and requested not in HANDSHAKE_VERSIONS:
+            return _respond(400, _unsupported_version(requested).reply(message))
+        version = requested or VERSION_WITHOUT_HEADER
+        if isinstance(message, list):
+            return self._answer_batch(message, version, headers)
+        response_headers: dict[str, str] = {}
+        reply = self._answer_handshake_era(message, headers, response_headers, in_batch=False)
+        if reply is None:
+            return 202, response_headers, b""
+        return _respond(_status_of(reply, HANDSHAKE_ERROR_STATUS), reply, response_headers)
+
+    def _refuse_foreign_caller(self, headers: Mapping[str, str]) -> str | None:
+        """Why a request must get 403 (DNS rebinding, cross-site pages), or None.
+
+        An absent Origin is fine: non-browser clients (Hermes, the mcp SDK) send none.
+        """
+        host = headers.get("Host")
+        if host is None or host.lower() not in self._allowed_hosts:
+            return f"Host {host!r} is not allowed"
+        origin = headers.get("Origin")
+        if origin is not None and origin.lower() not in self._allowed_origins:
+            return f"Origin {origin!r} is not allowed"
+        return None
+
+    # ---- handshake era: 2025-03-26 .. 2025-11-25 ----
+
+    def _answer_batch(self, batch: list, version: str, headers: Mapping[str, str]) -> tuple[int, dict[str, str], bytes]:
+        """A 2025-03-26 JSON-RPC batch: one array of replies, 202 if nothing needed one."""
+        if version not in BATCH_VERSIONS:
+            error = RpcError(INVALID_REQUEST, f"JSON-RPC batches are not part of MCP {version}")
+            return _respond(400, error.reply())
+        if not batch:
+            return _respond(400, RpcError(INVALID_REQUEST, "Empty batch").reply())
+        response_headers: dict[str, str] = {}
+        replies = [self._answer_handshake_era(item, headers, response_headers, in_batch=True) for item in batch]
+        answered = [reply for reply in replies if reply is not None]
+        if not answered:
+            return 202, response_headers, b""
+        return _respond(200, answered, response_headers)
+
+    def _answer_handshake_era(
+        self, message: Any, headers: Mapping[str, str], response_headers: dict[str, str], *, in_batch: bool
+    ) -> dict | None:
+        """Reply to one message, or None for notifications and for responses the client sends us."""
+        if isinstance(message, dict) and "method" not in message and ("result" in message or "error" in message):
+            return None
+        if isinstance(message, dict) and "id" not in message and isinstance(message.get("method"), str):
+            return None  # notifications/initialized and the like: nothing to remember, stateless
+        try:
+            request_id, method, params = _parse_request(message)
+            if in_batch and method == "initialize":
+                raise RpcError(INVALID_REQUEST, "initialize must not be part of a batch")
+            result = self._dispatch(method, params, headers, response_headers, modern=False)
+        except RpcError as error:
+            return error.reply(message)
+        return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+    # ---- 2026-07-28 ----
+
+    def _answer_modern(self, message: Any, headers: Mapping[str, str]) -> tuple[int, dict[str, str], bytes]:
+        """One 2026-07-28 request: validate the per-request envelope and headers, then dispatch."""
+        if isinstance(message, dict) and "id" not in message and isinstance(message.get("method"), str):
+            # 2026-07-28 defines no client notifications on HTTP, but clients still
+            # POST notifications/cancelled; the spec lets a server accept and drop them.
+            return 202, {}, b""
+        response_headers: dict[str, str] = {}
+        try:
+            if isinstance(message, list):
+                raise RpcError(INVALID_REQUEST, "JSON-RPC batches are not part of MCP 2026-07-28")
+            request_id, method, params = _parse_request(message)
+            _check_modern_envelope(method, params, headers)
+            result = self._dispatch(method, params, headers, response_headers, modern=True)
+        except RpcError as error:
+            reply = error.reply(message)
+            return _respond(_status_of(reply, MODERN_ERROR_STATUS), reply)
+        return _respond(200, {"jsonrpc": "2.0", "id": request_id, "result": result}, response_headers)
+
+    # ---- methods ----
+
+    def _dispatch(
+        self,
+        method: str,
+        params: dict,
+        headers: Mapping[str, str],
+        response_headers: dict[str, str],
+        *,
+        modern: bool,
+    ) -> dict:
+        """Run one method; 2026-07-28 results get resultType and, where cacheable, caching hints."""
+        if method == "tools/list":
+            result: dict = {"tools": self._tool_list}
+        elif method == "tools/call":
+            result = self._call_tool(params, headers, response_headers)
+        elif method == "initialize" and not modern:
+            return self._initialize(params)
+        elif method == "ping" and not modern:
+            return {}
+        elif method == "server/discover" and modern:
+            result = self._discover()
+        else:
+            raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+        if modern:
+            result["resultType"] = "complete"
+            if method in ("tools/list", "server/discover"):
+                result.update(CACHE_HINTS)
+        return result
+
+    def _initialize(self, params: dict) -> dict:
+        """Echo the client's version when we speak it, else offer our newest (spec lifecycle)."""
+        requested = params.get("protocolVersion")
+        if not isinstance(requested, str):
+            raise RpcError(INVALID_PARAMS, "initialize needs params.protocolVersion, a string")
+        result = {
+            "protocolVersion": requested if requested in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0],
+            "capabilities": CAPABILITIES,
+            "serverInfo": self._server_info,
+        }
+        if self._instructions:
+            result["instructions"] = self._instructions
+        return result
+
+    def _discover(self) -> dict:
+        """server/discover: every version we serve, the capabilities, and who we are."""
+        result = {
+            "supportedVersions": list(SUPPORTED_VERSIONS),
+            "capabilities": CAPABILITIES,
+            "_meta": {META_SERVER_INFO: self._server_info},
+        }
+        if self._instructions:
+            result["instructions"] = self._instructions
+        return result
+
+    def _call_tool(self, params: dict, headers: Mapping[str, str], response_headers: dict[str, str]) -> dict:
+        """Run a tool through `invoke`; its rule violations become isError results, its bugs -32603."""
+        name, arguments = params.get("name"), params.get("arguments", {})
+        if not isinstance(name, str):
+            raise RpcError(INVALID_PARAMS, "tools/call needs params.name, a string")
+        if name not in self._tools:
+            raise RpcError(INVALID_PARAMS, f"Unknown tool: {name}")
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise RpcError(INVALID_PARAMS, f"tools/call arguments must be an object, got {type(arguments).__name__}")
+        try:
+            outcome = self._invoke(name, arguments, headers)
+        except Exception:
+            log.exception("tool %s raised", name)
+            raise RpcError(INTERNAL_ERROR, "Internal error") from None
+        response_headers.update(outcome.headers)
+        return {
+            "content": [{"type": "text", "text": json.dumps(outcome.payload, ensure_ascii=False)}],
+            "structuredContent": outcome.payload,
+            "isError": outcome.is_error,
+        }
+
+
+# ==== Helpers ====
+
+
+def describe_tool(tool: Tool) -> dict:
+    """The tools/list entry for one tool."""
+    entry: dict[str, Any] = {"name": tool.name}
+    if tool.title is not None:
+        entry["title"] = tool.title
+    entry.update(description=tool.description, inputSchema=tool.input_schema)
+    if tool.output_schema is not None:
+        entry["outputSchema"] = tool.output_schema
+    entry["annotations"] = tool.annotations
+    return entry
+
+
+def _parse_request(message: Any) -> tuple[Any, str, dict]:
+    """(id, method, params) of a JSON-RPC request, or RpcError naming what is wrong."""
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        raise RpcError(INVALID_REQUEST, 'Invalid Request: expected a JSON-RPC 2.0 object with "jsonrpc": "2.0"')
+    request_id = message.get("id")
+    # MCP forbids null ids; bool is an int subclass in Python but not a JSON-RPC id.
+    if isinstance(request_id, bool) or not isinstance(request_id, (str, int)):
+        raise RpcError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+    method = message.get("method")
+    if not isinstance(method, str):
+        raise RpcError(INVALID_REQUEST, "Invalid Request: method must be a string")
+    params = message.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise RpcError(INVALID_PARAMS, "params must be an object")
+    return request_id, method, params
+
+
+def _carries_modern_envelope(message: Any) -> bool:
+    """Whether a body declares its version in params._meta, the 2026-07-28 way."""
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and META_PROTOCOL_VERSION in meta
+
+
+def _check_modern_envelope(method: str, params: dict, headers: Mapping[str, str]) -> None:
+    """The 2026-07-28 ladder: envelope keys, then header/body agreement, then the version itself."""
+    meta = params.get("_meta")
+    if not isinstance(meta, dict) or META_PROTOCOL_VERSION not in meta or META_CLIENT_CAPABILITIES not in meta:
+        raise RpcError(
+            INVALID_PARAMS,
+            f"params._meta must carry {META_PROTOCOL_VERSION!r} and {META_CLIENT_CAPABILITIES!r}",
+        )
+    version = meta[META_PROTOCOL_VERSION]
+    # Mismatch is checked before support, so a client that disagrees with itself is told so.
+    if headers.get("MCP-Protocol-Version") != version:
+        raise RpcError(HEADER_MISMATCH, "MCP-Protocol-Version header does not match params._meta")
+    if headers.get("Mcp-Method") != method:
+        raise RpcError(HEADER_MISMATCH, "Mcp-Method header does not match the body's method")
+    name_param = NAME_BEARING_PARAMS.get(method)
+    named = params.get(name_param) if name_param else None
+    if named is not None and _decode_header_value(headers.get("Mcp-Name")) != named:
+        raise RpcError(HEADER_MISMATCH, f"Mcp-Name header does not match params.{name_param}")
+    if version not in MODERN_VERSIONS:
+        raise _unsupported_version(version)
+
+
+def _decode_header_value(value: str | None) -> str | None:
+    """Undo the spec's `=?base64?...?=` sentinel; None for a malformed one, so it never matches."""
+    if value is None or not (value.startswith("=?base64?") and value.endswith("?=")):
+        return value
+    try:
+        return base64.b64decode(value[len("=?base64?") : -len("?=")], validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _unsupported_version(requested: str) -> RpcError:
+    """-32022 listing what we serve; the mcp SDK retries at a listed version or falls back to initialize."""
+    data = {"supported": list(SUPPORTED_VERSIONS), "requested": requested}
+    return RpcError(UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version", data)
+
+
+def _request_id_of(message: Any) -> Any:
+    """The id to echo in an error about a message, when it has a usable one."""
+    request_id = message.get("id") if isinstance(message, dict) else None
+    return request_id if isinstance(request_id, (str, int)) and not isinstance(request_id, bool) else None
+
+
+def _status_of(reply: dict, error_status: Mapping[int, int]) -> int:
+    """HTTP status for a single reply: 200 unless the era maps its error code to a 4xx."""
+    return error_status.get(reply["error"]["code"], 200) if "error" in reply else 200
+
+
+def _respond(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """A JSON response; every answer is application/json, never SSE."""
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return status, {**(headers or {}), "Content-Type": "application/json"}, body
