@@ -16,14 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from mcp_types.methods import validate_server_result  # the mcp SDK's wire schemas, as its client checks them
 
 import mcp_bridge  # importable: conftest.py puts the repository root on sys.path
+import solos_memory
 from mcp_bridge import McpBridge, Tool, ToolOutcome
-
-try:  # the mcp SDK's own wire schemas, to check our results the way its client will
-    from mcp_types.methods import validate_server_result
-except ImportError:  # pragma: no cover - requirements-test.txt installs mcp
-    validate_server_result = None
 
 MODERN = "2026-07-28"
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
@@ -145,8 +142,7 @@ def modern_rpc(
 
 def check_result(method: str, version: str, result: dict) -> None:
     """Validate a result against the mcp SDK's wire schema for that version."""
-    if validate_server_result is not None:
-        validate_server_result(method, version, result)
+    validate_server_result(method, version, result)
 
 
 # ==== handshake era ====
@@ -460,3 +456,44 @@ def test_modern_notification_is_202_and_batch_is_400(host):
         "POST", [{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}], {"MCP-Protocol-Version": MODERN}
     )
     assert status == 400 and reply["error"]["code"] == -32600
+
+
+# ==== mounted in the real service ====
+
+
+def call_recall(server, headers: dict | None = None):
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "recall", "arguments": {"agent": "atlas", "q": "kettle"}},
+    }
+    return server.post("/mcp", message, headers=headers)
+
+
+def test_service_lists_one_tool_per_operation(server):
+    reply = server.post("/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    tools = reply.body["result"]["tools"]
+    assert [tool["name"] for tool in tools] == list(solos_memory.OPERATIONS)
+    for tool in tools:
+        assert {"readOnlyHint", "destructiveHint", "idempotentHint"} <= tool["annotations"].keys()
+        assert tool["description"] and tool["inputSchema"]["type"] == "object" and "outputSchema" in tool
+    check_result("tools/list", "2025-11-25", reply.body["result"])
+
+
+def test_service_recall_over_mcp_carries_the_degraded_flag_and_header(server):
+    reply = call_recall(server)
+    result = reply.body["result"]
+    degraded = result["structuredContent"]["degraded"]
+    assert reply.status == 200 and result["isError"] is False and isinstance(degraded, bool)
+    assert reply.headers["x-memory-degraded"] == str(degraded).lower()
+    assert server.recall("atlas", "kettle").headers["x-memory-degraded"] == reply.headers["x-memory-degraded"]
+
+
+def test_service_refuses_foreign_origins_and_serves_only_post(server):
+    assert call_recall(server, {"Origin": "http://evil.example.com"}).status == 403
+    assert call_recall(server, {"Host": "evil.example.com"}).status == 403
+    assert call_recall(server, {"Origin": server.url}).status == 200
+    for method in ("GET", "HEAD", "DELETE"):
+        reply = server.request(method, "/mcp")
+        assert reply.status == 405 and reply.headers["allow"] == "POST"
