@@ -150,8 +150,9 @@ class McpBridge:
         if refusal is not None:
             return _respond(403, RpcError(INVALID_REQUEST, refusal).reply())
         if method != "POST":
-            # Hermes probes HEAD/GET before connecting and gives up on a 2xx page;
-            # with no session id, SDK clients never open the GET stream nor DELETE.
+            # Hermes probes HEAD/GET before connecting and gives up on a 2xx page; the
+            # Inspector (TypeScript SDK) tries a GET event stream after initialize and
+            # reads 405 as "this server has none". With no session id there is no DELETE.
             return 405, {"Allow": "POST"}, b""
         try:
             message = json.loads(body)
@@ -206,7 +207,7 @@ class McpBridge:
         """Reply to one message, or None for notifications and for responses the client sends us."""
         if isinstance(message, dict) and "method" not in message and ("result" in message or "error" in message):
             return None
-        if isinstance(message, dict) and "id" not in message and isinstance(message.get("method"), str):
+        if _is_notification(message):
             return None  # notifications/initialized and the like: nothing to remember, stateless
         try:
             request_id, method, params = _parse_request(message)
@@ -221,7 +222,7 @@ class McpBridge:
 
     def _answer_modern(self, message: Any, headers: Mapping[str, str]) -> tuple[int, dict[str, str], bytes]:
         """One 2026-07-28 request: validate the per-request envelope and headers, then dispatch."""
-        if isinstance(message, dict) and "id" not in message and isinstance(message.get("method"), str):
+        if _is_notification(message):
             # 2026-07-28 defines no client notifications on HTTP, but clients still
             # POST notifications/cancelled; the spec lets a server accept and drop them.
             return 202, {}, b""
@@ -348,6 +349,11 @@ def _parse_request(message: Any) -> tuple[Any, str, dict]:
     if not isinstance(params, dict):
         raise RpcError(INVALID_PARAMS, "params must be an object")
     return request_id, method, params
+
+
+def _is_notification(message: Any) -> bool:
+    """A JSON-RPC notification: a method and no id member (JSON-RPC 2.0 section 4.1)."""
+    return isinstance(message, dict) and "id" not in message and isinstance(message.get("method"), str)
 
 
 def _carries_modern_envelope(message: Any) -> bool:
