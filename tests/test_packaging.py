@@ -306,3 +306,14 @@ def test_unit_command_lines_start_the_archive(pyz, bare_python, fleet_home):
     argv, env, cwd = unit_command("lab-memory-purge.service", fleet_home)
     run = subprocess.run(argv, check=False, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_failed_purge_exits_non_zero_with_a_log_line(pyz, bare_python, tmp_path):
+    """What the timer's unit relies on to turn `failed` and leave a reason in the journal."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SOLOS_MEMORY_DB": str(tmp_path / "missing" / "solos.db")}
+    run = subprocess.run(
+        [str(bare_python), str(pyz), "purge"], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode != 0
+    events = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
+    assert any(event.get("event") == "failed" for event in events), run.stderr
