@@ -8,14 +8,15 @@ own mcp and installs top-level modules named `agent`, `tools`, ...):
         [--headers '{"Authorization": "Bearer ..."}']
 
 It does what a Hermes profile does at startup: writes `mcp_servers:
-solos-memory: {url, headers}` into `config.yaml` under a fresh temporary
-HERMES_HOME (HOME too, so nothing touches ~), runs Hermes's own
+solos-memory: {url, headers}` into `config.yaml` under a fresh HERMES_HOME
+(HOME too, so nothing touches ~; a temporary one unless --home), runs Hermes's own
 `discover_mcp_tools()`, then dispatches each `--call` through
 `model_tools.handle_function_call`, the function the agent loop uses when the
 model picks a tool. It prints one JSON object on stdout:
 
-    {"tools": [registered names], "status": [get_mcp_status() rows],
-     "protocol_version": "...", "calls": [{"tool", "args", "raw", "parsed"}]}
+    {"tools": [registered names], "schemas": {name: schema the model sees},
+     "status": [get_mcp_status() rows], "protocol_version": "...",
+     "calls": [{"tool", "args", "raw", "parsed"}]}
 
 `raw` is the string the model would see; `parsed` is it decoded (Hermes wraps a
 result as {"result": text, "structuredContent": obj}, an isError result as
@@ -48,6 +49,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         metavar=("TOOL", "ARGS_JSON"),
         help="server-side tool name and its JSON arguments; repeatable, run in order (default: none)",
+    )
+    parser.add_argument(
+        "--home",
+        help="HERMES_HOME to create and keep, e.g. to read its logs/ after a failure (default: a temporary one)",
     )
     parser.add_argument(
         "--timeout", type=float, default=15.0, help="Hermes connect_timeout and per-call timeout, seconds (default: 15)"
@@ -87,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     headers = json.loads(args.headers)
     calls = [(name, json.loads(arguments)) for name, arguments in args.call]
 
-    home = Path(tempfile.mkdtemp(prefix="hermes-probe-"))
+    scratch = None if args.home else tempfile.TemporaryDirectory(prefix="hermes-probe-")
+    home = Path(args.home or scratch.name)
+    home.mkdir(parents=True, exist_ok=True)
     # Hermes reads HERMES_HOME on every get_hermes_home() call, and some code
     # paths fall back to ~; set both before its first import.
     os.environ["HERMES_HOME"] = str(home)
@@ -104,8 +111,15 @@ def main(argv: list[str] | None = None) -> int:
         mcp_prefixed_tool_name,
         shutdown_mcp_servers,
     )
+    from tools.registry import registry
 
-    report: dict = {"tools": sorted(discover_mcp_tools()), "status": get_mcp_status(), "calls": []}
+    tools = sorted(discover_mcp_tools())
+    report: dict = {
+        "tools": tools,
+        "schemas": {name: registry.get_schema(name) for name in tools},
+        "status": get_mcp_status(),
+        "calls": [],
+    }
     server = _servers.get(SERVER_NAME)
     init = getattr(server, "initialize_result", None)
     report["protocol_version"] = getattr(init, "protocolVersion", None)
@@ -122,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
     shutdown_mcp_servers()
     print(json.dumps(report), flush=True)
+    if scratch is not None:
+        scratch.cleanup()
     return 0 if connected else 2
 
 
