@@ -114,6 +114,30 @@ def test_hermes_write_is_recalled_over_rest(hermes_python, server):
     assert hits and hits[0]["agent"] == "hermes" and hits[0]["foreign"] is True, recalled.body
 
 
+def test_every_tool_succeeds_through_hermes(hermes_python, server):
+    """Each tool's result passes Hermes's client (mcp 1.26 checks structuredContent against outputSchema)."""
+    calls = [
+        ("write_short", {"agent": "hermes", "key": "scratch", "value": "draft", "ttl_s": 600, "tags": []}),
+        ("delete_short", {"agent": "hermes", "key": "scratch"}),
+        ("write_long", {**FACT, "agent": "hermes"}),
+        ("write_episodic", {"agent": "atlas", "event_type": "deploy", "summary": "Deployed the gateway",
+                            "details": "two nodes", "outcome": "success", "duration_s": 1.5}),
+        ("set_sharing", {"agent": "atlas", "episodic": True}),
+        # A string where the schema says integer, a bare tier where it says array:
+        # Hermes coerces both before sending, as it does for a model's arguments.
+        ("recall", {"agent": "hermes", "q": "deployed gateway", "k": "3", "tiers": "episodic"}),
+        ("read_audit", {"agent": "atlas"}),
+        ("stats", {}),
+    ]
+    assert sorted(name for name, _ in calls) == sorted(TOOLS)
+
+    report = run_hermes(hermes_python, server, *calls)
+
+    results = {call["tool"]: tool_result(call) for call in report["calls"]}
+    assert [row["agent"] for row in results["recall"]["results"]] == ["atlas"], results["recall"]
+    assert [row["reader"] for row in results["read_audit"]["reads"]] == ["hermes"], results["read_audit"]
+
+
 def test_hermes_reads_a_rule_violation_and_carries_on(hermes_python, server):
     """An unknown agent reaches Hermes as a tool error with REST's JSON; the session survives it."""
     refusal = server.recall("nobody", "anything")
