@@ -1,4 +1,4 @@
-# make test: install what the tests need (into .venv, .cache, .venv-hermes) and run them all.
+# make test: install what the tests need (into .venv, .cache/node, .venv-hermes) and run them all.
 PY ?= python3
 VENV := .venv
 
@@ -10,3 +10,15 @@ test: setup
 setup:
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -r requirements-test.txt
+	sh scripts/setup_node.sh
+	PY=$(PY) sh scripts/setup_hermes.sh
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+pyz:
+	$(PY) pyz_build.py
+
+bench:
+	$(PY) bench/cold_start.py

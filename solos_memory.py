@@ -66,6 +66,7 @@ class Config:
     allow_remote: bool = False
     tokens_file: str | None = None
     model_dir: str | None = None  # None: the carried default; "off": keyword only
+    log_requests: bool = True
     allowed_origins: tuple[str, ...] = ()
 
 
@@ -213,7 +214,18 @@ def describe(value: Any) -> str:
 
 
 def check_value(name: str, schema: dict, value: Any) -> Any:
-    """Check one value against its schema; raise BadRequest naming the field."""
+    """Check one value against its schema; raise BadRequest naming the field.
+
+    `name` may point inside the field (`tags[2]`); the error's field is the top-level name.
+    """
+    try:
+        return check_one(name, schema, value)
+    except BadRequest as error:
+        error.field = name.split("[")[0]
+        raise
+
+
+def check_one(name: str, schema: dict, value: Any) -> Any:
     kind = schema["type"]
     is_bool = isinstance(value, bool)
     if not isinstance(value, JSON_TYPES[kind]) or (is_bool and kind != "boolean"):
@@ -240,7 +252,7 @@ def check_value(name: str, schema: dict, value: Any) -> Any:
     if kind == "array":
         if len(value) > schema.get("maxItems", 1 << 30):
             raise BadRequest(f"{name} must have at most {schema['maxItems']} items, got {len(value)}", name)
-        value = [check_value(f"{name}[{i}]", schema["items"], item) for i, item in enumerate(value)]
+        value = [check_one(f"{name}[{i}]", schema["items"], item) for i, item in enumerate(value)]
         if schema.get("uniqueItems"):
             value = list(dict.fromkeys(value))
     return value
@@ -438,8 +450,9 @@ class Store:
         """
         deadline = time.monotonic() + self.busy_timeout_ms / 1000
         for attempt in range(BUSY_RETRIES + 1):
-            conn = self.checkout()
+            conn = None
             try:
+                conn = self.checkout()
                 if attempt:  # a retry waits only for what is left of the budget
                     remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
                     conn.execute(f"PRAGMA busy_timeout={remaining_ms}")
@@ -454,9 +467,10 @@ class Store:
                     raise
                 last_error = error
             finally:
-                if attempt:
-                    conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
-                self.checkin(conn)
+                if conn is not None:
+                    if attempt:
+                        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+                    self.checkin(conn)
             pause = min(0.05 * 2**attempt, deadline - time.monotonic())
             if pause <= 0 or attempt == BUSY_RETRIES:
                 break
@@ -996,6 +1010,7 @@ class Operation:
     path: str
     function: Callable[[Memory, dict], dict]
     input_schema: dict
+    output_schema: dict
     writes: bool
     idempotent: bool
     destructive: bool = False
@@ -1008,6 +1023,40 @@ class Operation:
 
 def object_schema(properties: dict, required: tuple[str, ...] = ("agent",)) -> dict:
     return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+def result_schema(properties: dict) -> dict:
+    """An output schema: these fields always present, more may follow."""
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+NULLABLE_STRING = {"type": ["string", "null"]}
+WRITE_OUTPUT = result_schema({
+    "tier": {"type": "string", "enum": ["short", "long", "episodic"]},
+    "agent": {"type": "string"},
+    "id": {"type": "integer"},
+    "status": {"type": "string", "enum": ["created", "updated", "unchanged", "deleted"],
+               "description": "What the write did; REST answers 201 for created, else 200."},
+})
+RECALLED_ROW = result_schema({
+    "id": {"type": "integer"},
+    "tier": {"type": "string", "enum": list(TIERS)},
+    "agent": {"type": "string", "description": "Who wrote it."},
+    "ts": NULLABLE_STRING,
+    "score": {"type": "number", "description": "Higher is better; comparable within one response."},
+    "source": {"type": "string"},
+    "foreign": {"type": "boolean", "description": "true when another agent wrote it."},
+    "text": {"type": "string"},
+})
+RECALL_OUTPUT = result_schema({
+    "agent": {"type": "string"},
+    "count": {"type": "integer"},
+    "results": {"type": "array", "items": RECALLED_ROW},
+    "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
+    "degraded": {"type": "boolean", "description": "true: keyword-only ranking (no embedder)."},
+    "degraded_reason": NULLABLE_STRING,
+    "ranking": {"type": "string"},
+})
 
 
 OPERATIONS = {
@@ -1024,6 +1073,7 @@ OPERATIONS = {
                       "uniqueItems": True, "default": list(DEFAULT_TIERS),
                       "description": "Tiers to search (REST: comma-separated). Default long,short."},
         }),
+        RECALL_OUTPUT,
         writes=False, idempotent=True, title="Recall memory",
     ),
     "write_short": Operation(
@@ -1036,6 +1086,7 @@ OPERATIONS = {
                       "description": "Seconds until it expires (default one day, at most a year)."},
             "tags": TAGS_SCHEMA,
         }, ("agent", "key", "value")),
+        WRITE_OUTPUT,
         writes=True, idempotent=True, title="Write short-term memory",
     ),
     "write_long": Operation(
@@ -1048,6 +1099,7 @@ OPERATIONS = {
             "confidence": {"type": "number", "minimum": 0, "maximum": 1, "description": "How sure, 0-1."},
             "tags": TAGS_SCHEMA,
         }, ("agent", "fact")),
+        WRITE_OUTPUT,
         writes=True, idempotent=True, title="Write a long-term fact",
     ),
     "write_episodic": Operation(
@@ -1062,6 +1114,7 @@ OPERATIONS = {
             "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 128,
                                 "description": "Makes a retried write safe: same key, same event, one row."},
         }, ("agent", "event_type", "summary")),
+        WRITE_OUTPUT,
         writes=True, idempotent=False, title="Append an episodic event",
     ),
     "delete_short": Operation(
@@ -1070,6 +1123,7 @@ OPERATIONS = {
             "agent": AGENT_SCHEMA,
             "key": {"type": "string", "minLength": 1, "maxLength": 256, "description": "The key to delete."},
         }, ("agent", "key")),
+        WRITE_OUTPUT,
         writes=True, idempotent=True, destructive=True, title="Delete a short-term key",
     ),
     "set_sharing": Operation(
@@ -1078,6 +1132,8 @@ OPERATIONS = {
             "agent": AGENT_SCHEMA,
             "episodic": {"type": "boolean", "description": "true: other agents may recall my episodic rows (audited)."},
         }, ("agent", "episodic")),
+        result_schema({"agent": {"type": "string"}, "episodic": {"type": "boolean"},
+                               "status": {"type": "string", "enum": ["created", "updated"]}}),
         writes=True, idempotent=True, title="Share episodic memory",
     ),
     "read_audit": Operation(
@@ -1087,11 +1143,18 @@ OPERATIONS = {
             "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100, "description": "At most this many, 1-1000."},
             "before_id": {"type": "integer", "minimum": 1, "description": "Page: only reads with a smaller id."},
         }),
+        result_schema({"agent": {"type": "string"}, "count": {"type": "integer"}, "reads": {
+            "type": "array", "items": result_schema({"id": {"type": "integer"}, "reader": {"type": "string"},
+                                                     "author": {"type": "string"}, "row_id": {"type": "integer"},
+                                                     "read_at": {"type": "string"}})}}),
         writes=False, idempotent=True, title="Who read my episodes",
     ),
     "stats": Operation(
         "stats", "GET", "/v1/stats", op_read_stats,
         object_schema({}, ()),
+        result_schema({"version": {"type": "string"}, "rows": {"type": "object"}, "calls": {"type": "object"},
+                               "rejections": {"type": "object"}, "recall_hits": {"type": "object"},
+                               "duplicates_suppressed": {"type": "integer"}, "degraded": {"type": "boolean"}}),
         writes=False, idempotent=True, title="Service statistics",
     ),
 }
@@ -1127,7 +1190,8 @@ class Tokens:
     def agent_for(self, authorization: str | None) -> str:
         """The agent a bearer token belongs to; compared in constant time."""
         if not authorization or not authorization.startswith("Bearer "):
-            raise Unauthorized("this service requires Authorization: Bearer <token>")
+            # Worded without the scheme name: Hermes redacts "Bearer <word>" from error text.
+            raise Unauthorized("this service needs the calling agent's token in the Authorization header")
         digest = hashlib.sha256(authorization[7:].strip().encode("utf-8")).hexdigest()
         found = None
         for known, agent in self.by_hash.items():
@@ -1249,8 +1313,9 @@ class MemoryHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.respond(500, error_body(ServiceError("internal error; see the service log")))
         finally:
-            log_event("request", method=self.command, path=url.path, status=self.status_sent,
-                      ms=round((time.perf_counter() - started) * 1000, 2))
+            if self.server.config.log_requests:
+                log_event("request", method=self.command, path=url.path, status=self.status_sent,
+                          ms=round((time.perf_counter() - started) * 1000, 2))
 
     def only(self, methods: tuple[str, ...]) -> None:
         if self.command not in methods:
@@ -1308,7 +1373,7 @@ def mcp_tools(operations: Mapping[str, Operation]) -> list[mcp_bridge.Tool]:
     return [
         mcp_bridge.Tool(
             name=op.name, title=op.title, description=op.description, input_schema=op.input_schema,
-            output_schema={"type": "object"},
+            output_schema=op.output_schema,
             annotations={"readOnlyHint": not op.writes, "destructiveHint": op.destructive,
                          "idempotentHint": op.idempotent, "openWorldHint": False},
         )
@@ -1389,12 +1454,9 @@ def load_embedder(config: Config) -> tuple[Any, str | None]:
 
 
 def open_store(config: Config, admin: bool = False) -> Store:
-    """The database, migrated (additively); exits naming what a fleet table lacks."""
+    """The database, migrated (additively); SchemaMismatch names what a fleet table lacks."""
     store = Store(config.db, config.busy_timeout_ms, admin)
-    try:
-        store.migrate()
-    except SchemaMismatch as error:
-        raise SystemExit(f"{config.db}: {error}") from None
+    store.migrate()
     return store
 
 
@@ -1414,9 +1476,12 @@ def build_server(config: Config, register: list[str] = ()) -> MemoryServer:
             f"refusing to bind {config.host}: not a loopback address. Anyone who can reach it could read and "
             f"write every agent's memory; pass --allow-remote (and use --tokens-file) if that is intended."
         )
-    if register:
-        register_agents(config, list(register))
-    store = open_store(config)
+    try:
+        if register:
+            register_agents(config, list(register))
+        store = open_store(config)
+    except SchemaMismatch as error:
+        raise SystemExit(f"{config.db}: {error}") from None
     tokens = Tokens.load(config.tokens_file) if config.tokens_file else None
     embedder, reason = load_embedder(config)
     return MemoryServer(config, Memory(store, embedder, reason), tokens)
@@ -1434,15 +1499,16 @@ def split_names(text: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", default=env_default("DB", "solos.db"),
+                        help="SQLite database, created from schema.sql if missing (default: %(default)s)")
+    common.add_argument("--busy-timeout-ms", type=int, default=int(env_default("BUSY_TIMEOUT_MS", "5000")),
+                        help="how long a call waits for a locked database before 503 (default: %(default)s)")
     parser = argparse.ArgumentParser(prog="solos-memory", description="Shared, attributed memory for an agent fleet.")
     parser.add_argument("--version", action="version", version=f"solos-memory {__version__}")
-    parser.add_argument("--db", default=env_default("DB", "solos.db"),
-                        help="SQLite database, created from schema.sql if missing (default: %(default)s)")
-    parser.add_argument("--busy-timeout-ms", type=int, default=int(env_default("BUSY_TIMEOUT_MS", "5000")),
-                        help="how long a call waits for a locked database before 503 (default: %(default)s)")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the HTTP service (REST /v1, MCP /mcp)")
+    serve = commands.add_parser("serve", parents=[common], help="run the HTTP service (REST /v1, MCP /mcp)")
     serve.add_argument("--host", default=env_default("HOST", "127.0.0.1"), help="address to bind (default: %(default)s)")
     serve.add_argument("--port", type=int, default=int(env_default("PORT", str(DEFAULT_PORT))),
                        help="port to bind, 0 for any free one (default: %(default)s)")
@@ -1455,16 +1521,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--model-dir", default=env_default("MODEL_DIR", None),
                        help="embedder tokenizer/config folder, or 'off' (default: the carried all-MiniLM-L6-v2)")
     serve.add_argument("--allowed-origin", action="append", default=[],
-                       help="extra Origin allowed on /mcp (default: only this server's loopback origins)")
+                       help="extra Origin allowed on /mcp, repeatable (default: only this server's loopback origins)")
+    serve.add_argument("--no-request-log", dest="log_requests", action="store_false",
+                       help="do not log one line per request (default: log them; rejections are always logged)")
 
-    agents = commands.add_parser("agents", help="register or list agents (admin; never over HTTP)")
+    agents = commands.add_parser("agents", parents=[common], help="register or list agents (admin; never over HTTP)")
     agent_commands = agents.add_subparsers(dest="agents_command", required=True)
-    add = agent_commands.add_parser("add", help="register agents")
+    add = agent_commands.add_parser("add", parents=[common], help="register agents")
     add.add_argument("names", nargs="+", help="agent names")
-    agent_commands.add_parser("list", help="list registered agents")
+    agent_commands.add_parser("list", parents=[common], help="list registered agents")
 
-    commands.add_parser("purge", help="delete expired short-term rows; exit 1 on failure")
-    commands.add_parser("reindex", help="rebuild the keyword indexes from the tables")
+    commands.add_parser("purge", parents=[common], help="delete expired short-term rows; exit 1 on failure")
+    commands.add_parser("reindex", parents=[common], help="rebuild the keyword indexes from the tables")
 
     token = commands.add_parser("token", help="issue a bearer token for an agent, appended (hashed) to a tokens file")
     token.add_argument("agent", help="the agent the token speaks for")
@@ -1476,29 +1544,47 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status so tests can call it."""
     args = parse_args(argv)
     if args.command == "serve":
-        config = Config(db=args.db, host=args.host, port=args.port, busy_timeout_ms=args.busy_timeout_ms,
-                        allow_remote=args.allow_remote, tokens_file=args.tokens_file, model_dir=args.model_dir,
-                        allowed_origins=tuple(args.allowed_origin))
-        server = build_server(config, args.register)
-        log_event("listening", host=config.host, port=server.port, db=os.path.abspath(config.db),
-                  version=__version__, auth="tokens" if server.tokens else "loopback-trust",
-                  degraded=server.memory.embedder is None)
-        try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.server_close()
-        return 0
+        return serve(Config(db=args.db, host=args.host, port=args.port, busy_timeout_ms=args.busy_timeout_ms,
+                            allow_remote=args.allow_remote, tokens_file=args.tokens_file, model_dir=args.model_dir,
+                            allowed_origins=tuple(args.allowed_origin), log_requests=args.log_requests),
+                     args.register)
     if args.command == "token":
-        check_agent_names([args.agent])
-        token = secrets.token_urlsafe(32)
-        descriptor = os.open(args.tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
-            handle.write(f"{hashlib.sha256(token.encode()).hexdigest()} {args.agent}\n")
-        print(token)
-        return 0
-    config = Config(db=args.db, busy_timeout_ms=args.busy_timeout_ms)
+        return issue_token(args.agent, args.tokens_file)
+    try:
+        return run_admin_command(args, Config(db=args.db, busy_timeout_ms=args.busy_timeout_ms))
+    except (ServiceError, SchemaMismatch, sqlite3.Error, OSError, RuntimeError) as error:
+        # The purge timer's unit turns this exit status into a failed run with this line in the journal.
+        log_event("failed", command=args.command, db=args.db, reason=str(error))
+        return 1
+
+
+def serve(config: Config, register: list[str]) -> int:
+    server = build_server(config, register)
+    log_event("listening", host=config.host, port=server.port, db=os.path.abspath(config.db),
+              version=__version__, auth="tokens" if server.tokens else "loopback-trust",
+              degraded=server.memory.embedder is None, degraded_reason=server.memory.embedder_error)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def issue_token(agent: str, tokens_file: str) -> int:
+    """Print a new token once; only its sha256 is kept, in a file readable by the owner alone."""
+    check_agent_names([agent])
+    token = secrets.token_urlsafe(32)
+    descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
+        handle.write(f"{hashlib.sha256(token.encode()).hexdigest()} {agent}\n")
+    print(token)
+    return 0
+
+
+def run_admin_command(args: argparse.Namespace, config: Config) -> int:
+    """agents, purge, reindex: short transactions against the shared database."""
     if args.command == "agents" and args.agents_command == "add":
         added = register_agents(config, args.names)
         print(f"registered {len(added)} new of {len(args.names)}: {', '.join(added) or '-'}")
@@ -1508,14 +1594,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "agents":
             print("\n".join(store.list_agents()))
         elif args.command == "purge":
-            removed = store.purge_expired()
-            log_event("purged", rows=removed)
+            log_event("purged", rows=store.purge_expired())
         elif args.command == "reindex":
             store.reindex()
             log_event("reindexed", tables=list(FTS_TABLES))
-    except Busy as error:
-        log_event("failed", command=args.command, reason=error.message)
-        return 1
     finally:
         store.close()
     return 0

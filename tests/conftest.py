@@ -8,9 +8,10 @@ import os
 import sqlite3
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import urlencode
 
 import pytest
@@ -80,15 +81,20 @@ class RunningServer:
     def recall(self, agent: str, q: str = "", **query: Any) -> Reply:
         return self.get("/v1/recall", agent=agent, q=q, **query)
 
-    def db(self) -> sqlite3.Connection:
-        """A separate connection, like one of the fleet's other writers."""
+    @contextmanager
+    def db(self) -> Iterator[sqlite3.Connection]:
+        """A separate connection, like one of the fleet's other writers; closed afterwards."""
         conn = sqlite3.connect(self.db_path, isolation_level=None, timeout=5)
         conn.row_factory = sqlite3.Row
-        return conn
+        try:
+            yield conn
+        finally:
+            conn.close()
 
 
 def start_server(db_path: Path, **config: Any) -> RunningServer:
     config.setdefault("model_dir", "off")
+    config.setdefault("log_requests", False)
     server = solos_memory.build_server(
         solos_memory.Config(db=str(db_path), port=0, **config), list(AGENTS)
     )

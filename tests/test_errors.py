@@ -1,0 +1,157 @@
+"""Every error path answers with the one JSON error shape and the right status; none crashes the server."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+import solos_memory
+
+
+def assert_error(reply, status: int, code: str, field: str | None = None) -> None:
+    assert reply.status == status, (reply.status, reply.raw)
+    assert reply.headers["content-type"] == "application/json"
+    error = reply.body["error"]
+    assert set(error) <= {"code", "status", "message", "field"}
+    assert error["code"] == code and error["status"] == status and error["message"]
+    if field:
+        assert error["field"] == field
+    assert b"Traceback" not in reply.raw and b".py" not in reply.raw
+
+
+def raw_exchange(server, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(data)
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+def test_unknown_route_is_404(server):
+    assert_error(server.get("/v1/nothing"), 404, "not_found")
+    assert_error(server.get("/"), 404, "not_found")
+
+
+def test_wrong_method_is_405_with_allow(server):
+    reply = server.request("PATCH", "/v1/long", body={})
+    assert_error(reply, 405, "method_not_allowed")
+    assert reply.headers["allow"] == "POST"
+    short = server.request("GET", "/v1/short")
+    assert_error(short, 405, "method_not_allowed")
+    assert set(short.headers["allow"].split(", ")) == {"POST", "DELETE"}
+    assert_error(server.request("POST", "/health", body={}), 405, "method_not_allowed")
+
+
+def test_malformed_json_is_400_naming_the_body(server):
+    reply = server.request("POST", "/v1/long", raw=b'{"agent": "atlas",', headers={"Content-Type": "application/json"})
+    assert_error(reply, 400, "bad_request", "body")
+
+
+@pytest.mark.parametrize("raw", [b"[]", b'"text"', b"42", b"null"])
+def test_body_must_be_an_object(server, raw):
+    reply = server.request("POST", "/v1/long", raw=raw, headers={"Content-Type": "application/json"})
+    assert_error(reply, 400, "bad_request", "body")
+
+
+def test_nan_is_not_json(server):
+    raw = b'{"agent": "atlas", "fact": "f", "confidence": NaN}'
+    assert_error(server.request("POST", "/v1/long", raw=raw, headers={"Content-Type": "application/json"}),
+                 400, "bad_request", "body")
+
+
+def test_invalid_utf8_body_is_400(server):
+    raw = b'{"agent": "atlas", "fact": "\xff\xfe"}'
+    assert_error(server.request("POST", "/v1/long", raw=raw, headers={"Content-Type": "application/json"}),
+                 400, "bad_request", "body")
+
+
+def test_deeply_nested_json_is_400(server):
+    raw = b"[" * 100_000 + b"]" * 100_000
+    reply = server.request("POST", "/v1/long", raw=raw[:100_000], headers={"Content-Type": "application/json"})
+    assert_error(reply, 400, "bad_request", "body")
+
+
+def test_wrong_content_type_is_415(server):
+    reply = server.request("POST", "/v1/long", raw=b'{"agent":"atlas","fact":"f"}', headers={"Content-Type": "text/plain"})
+    assert_error(reply, 415, "unsupported_media_type", "Content-Type")
+
+
+def test_empty_body_is_400_and_missing_length_is_411(server):
+    assert_error(server.request("POST", "/v1/long", headers={"Content-Type": "application/json"}),
+                 400, "bad_request", "body")
+    response = raw_exchange(server, b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                    b"Connection: close\r\n\r\n")
+    assert response.startswith(b"HTTP/1.1 411 ")
+
+
+def test_body_over_the_cap_is_413(server):
+    raw = json.dumps({"agent": "atlas", "fact": "x" * solos_memory.MAX_BODY_BYTES}).encode()
+    reply = server.request("POST", "/v1/long", raw=raw, headers={"Content-Type": "application/json"})
+    assert_error(reply, 413, "payload_too_large", "body")
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+def test_chunked_body_is_refused(server):
+    response = raw_exchange(server, b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                    b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+    assert response.startswith(b"HTTP/1.1 411 ")
+    assert b'"code": "length_required"' in response
+
+
+def test_bad_content_length_is_400(server):
+    response = raw_exchange(server, b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                    b"Content-Length: abc\r\n\r\n{}")
+    assert response.startswith(b"HTTP/1.1 400 ")
+
+
+def test_garbage_request_line_gets_json_not_html(server):
+    response = raw_exchange(server, b"\x16\x03\x01 garbage\r\n\r\n")
+    assert response.startswith(b"HTTP/1.1 400 ")
+    assert b"application/json" in response and b"<html" not in response.lower()
+
+
+def test_duplicate_query_parameter_is_400(server):
+    assert_error(server.request("GET", "/v1/recall?agent=sol&agent=atlas"), 400, "bad_request", "agent")
+
+
+def test_invalid_percent_encoding_is_400(server):
+    assert_error(server.request("GET", "/v1/recall?agent=sol&q=%ff%fe"), 400, "bad_request", "query")
+
+
+def test_unknown_query_parameter_is_400(server):
+    assert_error(server.request("GET", "/v1/recall?agent=sol&limit=3"), 400, "bad_request", "limit")
+
+
+def test_unexpected_exception_is_a_bare_500(server, monkeypatch):
+    def explode(memory, args):
+        raise RuntimeError("secret path /srv/solos.db and SELECT internals")
+
+    broken = {**solos_memory.OPERATIONS["stats"].__dict__, "function": explode}
+    monkeypatch.setitem(solos_memory.ROUTES, ("GET", "/v1/stats"), solos_memory.Operation(**broken))
+    reply = server.get("/v1/stats")
+    assert_error(reply, 500, "internal")
+    assert b"secret" not in reply.raw and b"SELECT" not in reply.raw
+    assert server.get("/health").status == 200
+
+
+def test_errors_leave_no_transaction_open_and_keep_alive_works(server):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    for body in (b"{bad", b'{"agent": "mallory", "fact": "f"}', b'{"agent": "atlas", "fact": "kept"}'):
+        conn.request("POST", "/v1/long", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+    assert response.status == 201
+    conn.close()
+    store = server.server.memory.store
+    assert all(not c.in_transaction for c in list(store.pool.queue))
+    with server.db() as direct:
+        direct.execute("BEGIN IMMEDIATE")  # would fail if the service had left a write lock behind
+        direct.execute("ROLLBACK")

@@ -1,0 +1,250 @@
+"""The read contract: attribution, foreign labels, scopes, tiers, sharing, expiry, FTS5 safety."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+RESULT_FIELDS = {"id", "tier", "agent", "ts", "score", "source", "foreign", "text"}
+
+
+def write_long(server, agent: str, fact: str, **extra) -> dict:
+    reply = server.post("/v1/long", {"agent": agent, "fact": fact, **extra})
+    assert reply.status in (200, 201), reply.body
+    return reply.body
+
+
+def write_episode(server, agent: str, summary: str, **extra) -> dict:
+    reply = server.post("/v1/episodic", {"agent": agent, "event_type": "task", "summary": summary, **extra})
+    assert reply.status == 201, reply.body
+    return reply.body
+
+
+def texts(reply) -> list[str]:
+    return [r["text"] for r in reply.body["results"]]
+
+
+def test_every_result_carries_attribution_and_the_foreign_label(server):
+    write_long(server, "atlas", "Kubernetes upgrades happen on Tuesdays", topic="infra", source="runbook")
+    write_long(server, "sol", "Kubernetes dashboards live on grafana.internal")
+    server.post("/v1/short", {"agent": "sol", "key": "k8s", "value": "kubernetes node drain in progress"})
+    reply = server.recall("sol", "kubernetes", k=10)
+    assert reply.status == 200
+    results = reply.body["results"]
+    assert len(results) == 3
+    for result in results:
+        assert RESULT_FIELDS <= set(result)
+        assert result["foreign"] == (result["agent"] != "sol")
+        assert isinstance(result["score"], float)
+    by_text = {r["text"]: r for r in results}
+    assert by_text["Kubernetes upgrades happen on Tuesdays"]["agent"] == "atlas"
+    assert by_text["Kubernetes upgrades happen on Tuesdays"]["source"] == "runbook"
+    assert by_text["kubernetes node drain in progress"]["tier"] == "short"
+
+
+def test_keyword_recall_ranks_by_bm25_with_stemming(server):
+    write_long(server, "atlas", "The release was planned for Friday")
+    write_long(server, "atlas", "Lunch menus rotate weekly")
+    write_long(server, "atlas", "Planning meetings: the release plan, the release date, the release notes")
+    reply = server.recall("sol", "releases planning", k=5)
+    assert reply.body["ranking"] == "bm25"
+    assert texts(reply)[0].startswith("Planning meetings")
+    assert "Lunch menus rotate weekly" not in texts(reply)
+    scores = [r["score"] for r in reply.body["results"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_empty_query_returns_most_recent_rows(server):
+    for n in range(4):
+        write_long(server, "atlas", f"fact number {n}")
+    reply = server.recall("sol", "", k=3)
+    assert reply.body["ranking"] == "recency"
+    assert texts(reply) == ["fact number 3", "fact number 2", "fact number 1"]
+
+
+def test_scopes(server):
+    write_long(server, "atlas", "atlas knows the gateway port")
+    write_long(server, "sol", "sol knows the gateway host")
+    everyone = {r["agent"] for r in server.recall("sol", "gateway", k=10).body["results"]}
+    own = {r["agent"] for r in server.recall("sol", "gateway", scope="own").body["results"]}
+    others = {r["agent"] for r in server.recall("sol", "gateway", scope="shared_except_self").body["results"]}
+    assert (everyone, own, others) == ({"atlas", "sol"}, {"sol"}, {"atlas"})
+
+
+def test_filters_apply_before_the_top_k(server):
+    """Many better-matching rows from others must not push the caller's own row out of scope=own."""
+    for n in range(30):
+        write_long(server, "atlas", f"deploy deploy deploy checklist item {n}")
+    write_long(server, "sol", "my deploy note")
+    own = server.recall("sol", "deploy", k=1, scope="own")
+    assert texts(own) == ["my deploy note"]
+
+
+def test_default_tiers_are_long_and_short(server):
+    write_long(server, "atlas", "alpha long")
+    server.post("/v1/short", {"agent": "atlas", "key": "a", "value": "alpha short"})
+    write_episode(server, "sol", "alpha episode")
+    reply = server.recall("sol", "alpha", k=10)
+    assert reply.body["tiers"] == ["long", "short"]
+    assert {r["tier"] for r in reply.body["results"]} == {"long", "short"}
+    only_episodic = server.recall("sol", "alpha", tiers="episodic")
+    assert texts(only_episodic) == ["alpha episode"]
+
+
+def test_tiers_are_validated(server):
+    reply = server.recall("sol", "x", tiers="long,memories")
+    assert reply.status == 400 and reply.body["error"]["field"] == "tiers"
+    assert "memories" in reply.body["error"]["message"]
+
+
+def add_persona(server, agent: str, text: str) -> None:
+    with server.db() as conn:
+        conn.execute("INSERT INTO memory_durable (key, value) VALUES (?, ?)", (f"persona/{agent}", text))
+
+
+def test_durable_is_never_default_and_only_the_callers_own_persona(server):
+    add_persona(server, "sol", "Sol is the fleet's careful planner")
+    add_persona(server, "atlas", "Atlas is the fleet's planner of infrastructure")
+    assert server.recall("sol", "planner").body["results"] == []
+    reply = server.recall("sol", "planner", tiers="durable,long")
+    assert [(r["tier"], r["agent"], r["text"]) for r in reply.body["results"]] == [
+        ("durable", "sol", "Sol is the fleet's careful planner")
+    ]
+    assert reply.body["results"][0]["foreign"] is False
+
+
+def test_asking_for_other_agents_durable_rows_is_403(server):
+    add_persona(server, "atlas", "Atlas persona")
+    reply = server.recall("sol", "persona", tiers="durable", scope="shared_except_self")
+    assert reply.status == 403 and reply.body["error"]["field"] == "tiers"
+
+
+def test_foreign_episodic_rows_need_the_authors_opt_in_and_are_audited(server):
+    write_episode(server, "atlas", "atlas restarted the payment queue")
+    write_episode(server, "sol", "sol restarted the search queue")
+    before = server.recall("sol", "restarted queue", tiers="episodic", k=10)
+    assert {r["agent"] for r in before.body["results"]} == {"sol"}
+    assert server.get("/v1/audit", agent="atlas").body["reads"] == []
+
+    opt_in = server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
+    assert opt_in.status == 201 and opt_in.body["episodic"] is True
+    after = server.recall("sol", "restarted queue", tiers="episodic", k=10)
+    foreign = [r for r in after.body["results"] if r["foreign"]]
+    assert [(r["agent"], r["text"]) for r in foreign] == [("atlas", "atlas restarted the payment queue")]
+
+    audit = server.get("/v1/audit", agent="atlas").body
+    assert [(a["reader"], a["author"], a["row_id"]) for a in audit["reads"]] == [("sol", "atlas", foreign[0]["id"])]
+    assert audit["reads"][0]["read_at"]
+    assert server.get("/v1/audit", agent="sol").body["reads"] == []  # own reads are not foreign
+
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": False})
+    again = server.recall("sol", "restarted queue", tiers="episodic", k=10)
+    assert {r["agent"] for r in again.body["results"]} == {"sol"}
+
+
+def test_own_episodic_rows_are_always_readable(server):
+    write_episode(server, "atlas", "atlas private event")
+    assert texts(server.recall("atlas", "private event", tiers="episodic")) == ["atlas private event"]
+
+
+def test_expired_short_rows_are_never_returned(server):
+    server.post("/v1/short", {"agent": "atlas", "key": "soon", "value": "ephemeral marker", "ttl_s": 0.3})
+    server.post("/v1/short", {"agent": "atlas", "key": "later", "value": "durable marker", "ttl_s": 600})
+    assert len(server.recall("atlas", "marker", tiers="short", k=10).body["results"]) == 2
+    time.sleep(0.4)
+    assert texts(server.recall("atlas", "marker", tiers="short", k=10)) == ["durable marker"]
+    assert texts(server.recall("atlas", "", tiers="short", k=10)) == ["durable marker"]
+
+
+def test_rows_written_directly_by_other_writers_are_seen_on_the_next_request(server):
+    with server.db() as conn:
+        conn.execute("INSERT INTO memory_longterm (agent, topic, fact) VALUES ('atlas', 'direct', 'zeppelin hangar doors')")
+    hit = server.recall("sol", "zeppelin")
+    assert texts(hit) == ["zeppelin hangar doors"] and hit.body["results"][0]["agent"] == "atlas"
+    with server.db() as conn:
+        conn.execute("UPDATE memory_longterm SET fact = 'airship hangar doors' WHERE topic = 'direct'")
+    assert server.recall("sol", "zeppelin").body["results"] == []
+    assert texts(server.recall("sol", "airship")) == ["airship hangar doors"]
+    with server.db() as conn:
+        conn.execute("DELETE FROM memory_longterm WHERE topic = 'direct'")
+    assert server.recall("sol", "airship").body["results"] == []
+    assert server.recall("sol", "").body["results"] == []
+
+
+def test_identical_texts_are_collapsed_and_counted(server):
+    write_long(server, "atlas", "The VPN endpoint is vpn.example.org", topic="a")
+    write_long(server, "sol", "The VPN endpoint is vpn.example.org", topic="b")
+    with server.db() as conn:  # the fleet's data holds literal duplicates from one agent too
+        conn.execute("INSERT INTO memory_longterm (agent, fact) VALUES ('atlas', 'The VPN endpoint is vpn.example.org')")
+    write_long(server, "atlas", "The VPN uses WireGuard")
+    reply = server.recall("nova", "VPN endpoint", k=5)
+    assert sorted(texts(reply)) == ["The VPN endpoint is vpn.example.org", "The VPN uses WireGuard"]
+    assert reply.body["suppressed_duplicates"] == 2
+    kept = next(r for r in reply.body["results"] if r["text"].endswith("example.org"))
+    assert kept["duplicates"] == 2
+    stats = server.get("/v1/stats").body
+    assert stats["duplicates_suppressed"] == 2
+
+
+def test_duplicates_do_not_shrink_the_result_below_k(server):
+    for agent in ("atlas", "sol", "hermes", "nova"):
+        write_long(server, agent, "the same shared fact about printers")
+    for n in range(3):
+        write_long(server, "atlas", f"a different printer fact {n}")
+    reply = server.recall("sol", "printer fact", k=4)
+    assert len(reply.body["results"]) == 4
+    assert len(set(texts(reply))) == 4
+
+
+@pytest.mark.parametrize("q", [
+    '"unbalanced quote', "NEAR(a b)", "a AND OR NOT b", "col:value", "*", "^start", "a -b", "(((",
+    "'; DROP TABLE memory_longterm; --", "ünïcödé façade", "日本語のテキスト", "emoji 🚀 rocket",
+    "\x01\x02", "  ", "-", "x" * 10_000, "word " * 2_000, "\"\" '' `` {} [] <> \\",
+])
+def test_any_query_text_works(server, q):
+    write_long(server, "atlas", "façade repair and rocket launch")
+    reply = server.recall("sol", q, k=3)
+    assert reply.status == 200, reply.body
+    assert reply.body["degraded"] is True
+    assert reply.headers["x-memory-degraded"] == "true"
+
+
+def test_unicode_words_match_without_diacritics(server):
+    write_long(server, "atlas", "façade repair scheduled")
+    assert texts(server.recall("sol", "facade")) == ["façade repair scheduled"]
+
+
+def test_recall_caller_must_be_registered(server):
+    reply = server.recall("mallory", "x")
+    assert reply.status == 422 and "mallory" in reply.body["error"]["message"]
+
+
+@pytest.mark.parametrize("k", ["0", "101", "-1", "5x", "", "1.5"])
+def test_k_must_be_1_to_100(server, k):
+    reply = server.request("GET", f"/v1/recall?agent=sol&k={k}")
+    assert reply.status == 400 and reply.body["error"]["field"] == "k"
+
+
+def test_keyword_recall_says_it_is_degraded(server):
+    reply = server.recall("sol", "anything")
+    assert reply.body["degraded"] is True and "keyword" in reply.body["degraded_reason"]
+    assert reply.headers["x-memory-degraded"] == "true"
+    health = server.get("/health")
+    assert health.status == 200 and health.body["degraded"] is True
+
+
+def test_stats_expose_counts_hits_and_rejections(server):
+    write_long(server, "atlas", "stats fact")
+    server.post("/v1/short", {"agent": "atlas", "key": "gone", "value": "v", "ttl_s": 0.01})
+    time.sleep(0.05)
+    server.recall("sol", "stats")
+    server.recall("sol", "nothing matches this")
+    server.recall("mallory", "x")
+    stats = server.get("/v1/stats").body
+    assert stats["rows"]["long"] == 1 and stats["rows"]["short"] == 0 and stats["rows"]["short_expired"] == 1
+    assert stats["recall_hits"] == {"long": 1}
+    assert stats["recall_empty"] == 1
+    assert stats["rejections"] == {"unknown_agent": 1}
+    assert stats["recent_rejections"][0]["agent"] == "mallory"
+    assert stats["degraded"] is True
