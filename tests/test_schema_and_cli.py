@@ -1,0 +1,147 @@
+"""The fleet's database: additive schema, startup checks, admin CLI, the acceptance story."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+import solos_memory
+
+FLEET_SCHEMA = """
+CREATE TABLE agent_registry (agent TEXT PRIMARY KEY, role TEXT, created_at TEXT);
+CREATE TABLE memory_durable (id INTEGER PRIMARY KEY, key TEXT UNIQUE, value TEXT, updated_at TEXT);
+CREATE TABLE memory_longterm (id INTEGER PRIMARY KEY, agent TEXT, topic TEXT, fact TEXT, source TEXT,
+    confidence REAL, tags TEXT, embedding BLOB, created_at TEXT, updated_at TEXT, extra_fleet_column TEXT);
+CREATE TABLE memory_episodic (id INTEGER PRIMARY KEY, agent TEXT, event_type TEXT, summary TEXT, details TEXT,
+    outcome TEXT, duration_s REAL, timestamp TEXT);
+INSERT INTO agent_registry (agent) VALUES ('atlas'), ('sol');
+INSERT INTO memory_longterm (agent, topic, fact, updated_at) VALUES ('atlas', 'legacy', 'pre-existing fact about gliders', '2026-01-01T00:00:00.000Z');
+INSERT INTO memory_episodic (agent, event_type, summary, timestamp) VALUES ('sol', 'task', 'pre-existing episode about kites', '2026-01-01T00:00:00.000Z');
+PRAGMA user_version = 42;
+"""
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "solos_memory.py"), *args], capture_output=True, text=True,
+                          timeout=60, cwd=cwd)
+
+
+def fleet_db(path: Path, schema: str = FLEET_SCHEMA) -> Path:
+    conn = sqlite3.connect(path)
+    conn.executescript(schema)
+    conn.close()
+    return path
+
+
+def test_schema_sql_is_additive_only():
+    sql = (ROOT / "schema.sql").read_text()
+    code = re.sub(r"--[^\n]*", "", sql)
+    statements = [s.strip() for s in re.split(r";\s*(?:\n|$)", re.sub(r"BEGIN.*?END;", "TRIGGER;", code, flags=re.S)) if s.strip()]
+    for statement in statements:
+        if statement == "TRIGGER":
+            continue
+        assert re.match(r"CREATE (TABLE|INDEX|VIRTUAL TABLE|TRIGGER) IF NOT EXISTS", statement), statement
+    assert not re.search(r"\b(ALTER|DROP)\b", code, re.I)
+
+
+def test_existing_fleet_database_is_adopted_without_changing_its_tables(make_server, tmp_path):
+    path = fleet_db(tmp_path / "fleet.db")
+    before = sqlite3.connect(path)
+    columns_before = {t: before.execute(f"SELECT sql FROM sqlite_master WHERE name = '{t}'").fetchone()[0]
+                      for t in ("agent_registry", "memory_durable", "memory_longterm", "memory_episodic")}
+    before.close()
+    server = make_server("fleet.db")
+    reply = server.recall("sol", "gliders")
+    assert [(r["agent"], r["text"]) for r in reply.body["results"]] == [("atlas", "pre-existing fact about gliders")]
+    assert server.request("PUT", "/v1/sharing", body={"agent": "sol", "episodic": True}).status == 201
+    episodes = server.recall("atlas", "kites", tiers="episodic")
+    assert [r["text"] for r in episodes.body["results"]] == ["pre-existing episode about kites"]
+    with server.db() as conn:
+        for table, sql in columns_before.items():
+            assert conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0] == sql
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 42  # the fleet's, untouched
+        assert conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_version'").fetchone()[0] == "1"
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+@pytest.mark.parametrize("table,column", [("memory_longterm", "fact"), ("memory_episodic", "summary"),
+                                          ("agent_registry", "agent"), ("memory_durable", "key")])
+def test_startup_refuses_a_database_missing_a_needed_column(tmp_path, table, column):
+    schema = FLEET_SCHEMA.split("INSERT")[0]
+    broken = re.sub(rf"(CREATE TABLE {table} \(.*?)\b{column} [A-Z]+( UNIQUE| PRIMARY KEY)?,?", r"\1", schema, flags=re.S)
+    broken = broken.replace(", )", ")").replace(",)", ")")
+    assert broken != schema
+    path = fleet_db(tmp_path / "broken.db", broken)
+    run = cli("serve", "--db", str(path), "--port", "0")
+    assert run.returncode != 0
+    assert f"table {table} has no column {column}" in run.stderr
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'memory_short'").fetchone()[0] == 0
+    conn.close()
+
+
+def test_agents_add_and_list(tmp_path):
+    db = str(tmp_path / "solos.db")
+    added = cli("agents", "add", "atlas", "sol", "--db", db)
+    assert added.returncode == 0 and "registered 2 new of 2" in added.stdout
+    again = cli("agents", "add", "sol", "nova", "--db", db)
+    assert "registered 1 new of 2: nova" in again.stdout
+    assert cli("agents", "list", "--db", db).stdout.split() == ["atlas", "nova", "sol"]
+    bad = cli("agents", "add", "not valid!", "--db", db)
+    assert bad.returncode != 0 and "not valid!" in bad.stderr
+
+
+def test_purge_deletes_only_expired_short_rows(server):
+    server.post("/v1/short", {"agent": "atlas", "key": "old", "value": "v", "ttl_s": 0.01})
+    server.post("/v1/short", {"agent": "atlas", "key": "new", "value": "v", "ttl_s": 600})
+    import time
+
+    time.sleep(0.05)
+    run = cli("purge", "--db", str(server.db_path))
+    assert run.returncode == 0
+    assert json.loads(run.stderr.strip().splitlines()[-1])["rows"] == 1
+    with server.db() as conn:
+        assert [r[0] for r in conn.execute("SELECT key FROM memory_short")] == ["new"]
+
+
+def test_purge_fails_loudly_when_the_database_is_locked(server):
+    with server.db() as conn:
+        conn.execute("BEGIN EXCLUSIVE")
+        run = cli("purge", "--db", str(server.db_path), "--busy-timeout-ms", "200")
+        conn.execute("ROLLBACK")
+    assert run.returncode == 1
+    assert json.loads(run.stderr.strip().splitlines()[-1])["event"] == "failed"
+
+
+def test_serve_refuses_a_non_loopback_address_without_the_flag(tmp_path):
+    run = cli("serve", "--db", str(tmp_path / "x.db"), "--host", "0.0.0.0", "--port", "0")
+    assert run.returncode != 0 and "refusing to bind 0.0.0.0" in run.stderr and "--allow-remote" in run.stderr
+
+
+def test_main_returns_the_exit_status(tmp_path):
+    assert solos_memory.main(["agents", "add", "atlas", "--db", str(tmp_path / "m.db")]) == 0
+    with pytest.raises(SystemExit):
+        solos_memory.main(["nonsense"])
+
+
+def test_acceptance_story_atlas_writes_sol_recalls(server):
+    """The fleet spec's story: atlas writes, sol recalls it as atlas's, foreign; rows rise by distinct writes."""
+    with server.db() as conn:
+        before = conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0]
+    facts = ["The fleet's staging cluster is called heron.", "Backups are verified every Sunday.",
+             "The fleet's staging cluster is called heron."]  # the third is a repeat: one row, updated
+    for fact in facts:
+        assert server.post("/v1/long", {"agent": "atlas", "topic": "fleet", "fact": fact}).status in (200, 201)
+    reply = server.recall("sol", "staging cluster heron")
+    top = reply.body["results"][0]
+    assert (top["agent"], top["foreign"], top["text"]) == ("atlas", True, facts[0])
+    with server.db() as conn:
+        after = conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0]
+    assert after - before == len(set(facts))
