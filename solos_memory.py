@@ -24,6 +24,7 @@ Settings (a flag beats the environment, which beats the default):
 from __future__ import annotations
 
 import argparse
+import bisect
 import hashlib
 import hmac
 import json
@@ -760,6 +761,9 @@ SCOPES = ("own", "shared", "shared_except_self")
 KEYWORD_ONLY_REASON = "keyword-only recall: no embedder is loaded"
 
 
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
 @dataclass
 class Stats:
     """Counters since start; /v1/stats shows them so a green 200 is never mistaken for working recall."""
@@ -772,6 +776,16 @@ class Stats:
     recall_empty: int = 0
     duplicates_suppressed: int = 0
     recent_rejections: list = field(default_factory=list)
+    requests: Counter = field(default_factory=Counter)  # (route, method, status) -> count
+    latency: dict = field(default_factory=dict)  # route -> [count per LATENCY_BUCKETS_S bucket..., +Inf, sum]
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Count one answered request and its latency, for /metrics."""
+        with self.lock:
+            self.requests[(route, method, status)] += 1
+            buckets = self.latency.setdefault(route, [0] * (len(LATENCY_BUCKETS_S) + 1) + [0.0])
+            buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+            buckets[-1] += seconds
 
     def count(self, counter: str, key: str, amount: int = 1) -> None:
         with self.lock:
@@ -1293,9 +1307,10 @@ class MemoryHandler(BaseHTTPRequestHandler):
         self.status_sent = 0
         url = urlsplit(self.path)
         try:
-            if url.path == "/health":
+            if url.path in SERVICE_DOCUMENTS:
                 self.only(("GET", "HEAD"))
-                self.respond(200, self.server.health())
+                content_type, produce = SERVICE_DOCUMENTS[url.path]
+                self.respond(200, produce(self.server), content_type=content_type)
             elif url.path == "/mcp":
                 status, headers, body = self.server.bridge.handle(self.command, self.headers, self.read_body(json_only=False))
                 self.respond(status, body or None, headers, headers.pop("Content-Type", "application/json"))
@@ -1313,6 +1328,8 @@ class MemoryHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.respond(500, error_body(ServiceError("internal error; see the service log")))
         finally:
+            route = url.path if url.path in KNOWN_PATHS else "other"  # bounded label set for /metrics
+            self.server.memory.stats.observe(route, self.command, self.status_sent, time.perf_counter() - started)
             if self.server.config.log_requests:
                 log_event("request", method=self.command, path=url.path, status=self.status_sent,
                           ms=round((time.perf_counter() - started) * 1000, 2))
@@ -1366,6 +1383,102 @@ class MemoryHandler(BaseHTTPRequestHandler):
             if content_type != "application/json":
                 raise UnsupportedMediaType(f"Content-Type must be application/json, got {describe(content_type)}", "Content-Type")
         return body
+
+
+ERROR_SCHEMA = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": result_schema({"code": {"type": "string"}, "status": {"type": "integer"},
+                                           "message": {"type": "string"}})},
+}
+
+
+def openapi_document(operations: Mapping[str, Operation]) -> dict:
+    """OpenAPI 3.1 for /v1, generated from the operation table so it cannot drift."""
+    paths: dict[str, dict] = {"/health": {"get": {
+        "operationId": "health", "summary": "Liveness, auth mode and degraded state",
+        "responses": {"200": {"description": "Up", "content": {"application/json": {"schema": {"type": "object"}}}}},
+    }}}
+    errors = {str(status): {"description": phrase, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+              for status, phrase in ((400, "A field is missing or invalid; the error names it"),
+                                     (401, "Tokens are enabled and the token is missing or unknown"),
+                                     (403, "Not allowed for this agent"), (404, "No such row"),
+                                     (409, "Idempotency key reused for another event"),
+                                     (413, "Body over the size cap"), (415, "Body is not application/json"),
+                                     (422, "The agent is not registered"),
+                                     (503, "Database locked past the retry budget; see Retry-After"))}
+    for op in operations.values():
+        spec: dict[str, Any] = {
+            "operationId": op.name, "summary": op.title, "description": op.description,
+            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": op.output_schema}}},
+                          **errors},
+        }
+        if op.writes and op.method == "POST":
+            spec["responses"]["201"] = {"description": "Created",
+                                        "content": {"application/json": {"schema": op.output_schema}}}
+        if op.method in ("GET", "DELETE"):
+            spec["parameters"] = [
+                {"name": name, "in": "query", "required": name in op.input_schema["required"],
+                 "schema": schema, **({"style": "form", "explode": False} if schema["type"] == "array" else {})}
+                for name, schema in op.input_schema["properties"].items()
+            ]
+        else:
+            spec["requestBody"] = {"required": True, "content": {"application/json": {"schema": op.input_schema}}}
+        paths.setdefault(op.path, {})[op.method.lower()] = spec
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "solos-memory", "version": __version__,
+                 "description": "Shared, attributed memory for an agent fleet. MCP is served at /mcp."},
+        "servers": [{"url": "/"}],
+        "paths": paths,
+    }
+
+
+def metrics_text(server: "MemoryServer") -> bytes:
+    """Prometheus text exposition: requests, latency, rejections, degraded state, rows per tier."""
+    stats, lines = server.memory.stats, []
+
+    def family(name: str, kind: str, help_text: str) -> None:
+        lines.extend([f"# HELP solos_memory_{name} {help_text}", f"# TYPE solos_memory_{name} {kind}"])
+
+    rows = server.memory.store.counts()["rows"]
+    with stats.lock:
+        requests, latency = dict(stats.requests), {k: list(v) for k, v in stats.latency.items()}
+        rejections, hits = dict(stats.rejections), dict(stats.recall_hits)
+        suppressed = stats.duplicates_suppressed
+    family("requests_total", "counter", "HTTP requests answered, by route, method and status.")
+    for (route, method, status), count in sorted(requests.items()):
+        lines.append(f'solos_memory_requests_total{{route="{route}",method="{method}",status="{status}"}} {count}')
+    family("request_duration_seconds", "histogram", "Time from request line to response written.")
+    for route, buckets in sorted(latency.items()):
+        cumulative = 0
+        for bound, count in zip((*LATENCY_BUCKETS_S, "+Inf"), buckets[:-1]):
+            cumulative += count
+            lines.append(f'solos_memory_request_duration_seconds_bucket{{route="{route}",le="{bound}"}} {cumulative}')
+        lines.append(f'solos_memory_request_duration_seconds_sum{{route="{route}"}} {buckets[-1]:.6f}')
+        lines.append(f'solos_memory_request_duration_seconds_count{{route="{route}"}} {cumulative}')
+    family("rejections_total", "counter", "Refused calls by reason (error code).")
+    for reason, count in sorted(rejections.items()):
+        lines.append(f'solos_memory_rejections_total{{reason="{reason}"}} {count}')
+    family("recall_hits_total", "counter", "Rows returned by recall, by tier.")
+    for tier, count in sorted(hits.items()):
+        lines.append(f'solos_memory_recall_hits_total{{tier="{tier}"}} {count}')
+    family("duplicates_suppressed_total", "counter", "Identical texts collapsed out of recall results.")
+    lines.append(f"solos_memory_duplicates_suppressed_total {suppressed}")
+    family("degraded", "gauge", "1 while recall is keyword-only (no embedder).")
+    lines.append(f"solos_memory_degraded {int(server.memory.embedder is None)}")
+    family("rows", "gauge", "Rows per tier (short: live only).")
+    for tier, count in rows.items():
+        lines.append(f'solos_memory_rows{{tier="{tier}"}} {count}')
+    return ("\n".join(lines) + "\n").encode()
+
+
+# Documents about the service itself, served on GET next to the operations.
+SERVICE_DOCUMENTS: dict[str, tuple[str, Callable[["MemoryServer"], Any]]] = {
+    "/health": ("application/json", lambda server: server.health()),
+    "/openapi.json": ("application/json", lambda server: openapi_document(OPERATIONS)),
+    "/metrics": ("text/plain; version=0.0.4; charset=utf-8", metrics_text),
+}
+KNOWN_PATHS = {*SERVICE_DOCUMENTS, "/mcp", *(op.path for op in OPERATIONS.values())}
 
 
 def mcp_tools(operations: Mapping[str, Operation]) -> list[mcp_bridge.Tool]:

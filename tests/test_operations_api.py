@@ -1,0 +1,180 @@
+"""What operators expect: OpenAPI from the operation table, Prometheus metrics, per-agent tokens, JSON logs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from openapi_spec_validator import validate
+from prometheus_client.parser import text_string_to_metric_families
+
+import solos_memory
+
+
+def test_openapi_is_valid_and_covers_every_operation(server):
+    reply = server.get("/openapi.json")
+    assert reply.status == 200
+    document = reply.body
+    validate(document)
+    assert document["openapi"] == "3.1.0"
+    for op in solos_memory.OPERATIONS.values():
+        spec = document["paths"][op.path][op.method.lower()]
+        assert spec["operationId"] == op.name
+        assert spec["responses"]["200"]["content"]["application/json"]["schema"] == op.output_schema
+        if op.method in ("GET", "DELETE"):
+            assert {p["name"] for p in spec["parameters"]} == set(op.input_schema["properties"])
+        else:
+            assert spec["requestBody"]["content"]["application/json"]["schema"] == op.input_schema
+
+
+def test_responses_match_the_advertised_output_schemas(server):
+    from jsonschema import validate as validate_json
+
+    server.post("/v1/long", {"agent": "atlas", "fact": "schema fact"})
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
+    server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "schema event"})
+    server.post("/v1/short", {"agent": "sol", "key": "k", "value": "schema value"})
+    samples = {
+        "recall": server.get("/v1/recall", agent="sol", q="schema", tiers="long,short,episodic,durable", scope="shared"),
+        "write_long": server.post("/v1/long", {"agent": "atlas", "fact": "schema fact"}),
+        "write_short": server.post("/v1/short", {"agent": "sol", "key": "k2", "value": "v"}),
+        "write_episodic": server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "s"}),
+        "delete_short": server.request("DELETE", "/v1/short", query={"agent": "sol", "key": "k2"}),
+        "set_sharing": server.request("PUT", "/v1/sharing", body={"agent": "sol", "episodic": False}),
+        "read_audit": server.get("/v1/audit", agent="atlas"),
+        "stats": server.get("/v1/stats"),
+    }
+    assert set(samples) == set(solos_memory.OPERATIONS)
+    for name, reply in samples.items():
+        assert reply.status in (200, 201), (name, reply.body)
+        validate_json(reply.body, solos_memory.OPERATIONS[name].output_schema)
+    assert samples["read_audit"].body["count"] == 1
+    error = server.recall("mallory", "x")
+    validate_json(error.body, solos_memory.ERROR_SCHEMA)
+
+
+def test_metrics_are_prometheus_text(server):
+    server.post("/v1/long", {"agent": "atlas", "fact": "metric fact"})
+    server.recall("sol", "metric")
+    server.recall("mallory", "metric")
+    server.get("/no/such/path/with/a/unique/name")
+    reply = server.request("GET", "/metrics")
+    assert reply.status == 200 and reply.headers["content-type"].startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(reply.raw.decode())}
+    requests = {(s.labels["route"], s.labels["method"], s.labels["status"]): s.value
+                for s in families["solos_memory_requests"].samples}
+    assert requests[("/v1/long", "POST", "201")] == 1
+    assert requests[("/v1/recall", "GET", "200")] == 1
+    assert requests[("/v1/recall", "GET", "422")] == 1
+    assert requests[("other", "GET", "404")] == 1  # arbitrary paths do not become labels
+    histogram = {(s.name, s.labels.get("le")): s.value for s in families["solos_memory_request_duration_seconds"].samples
+                 if s.labels["route"] == "/v1/recall"}
+    assert histogram[("solos_memory_request_duration_seconds_count", None)] == 2
+    assert histogram[("solos_memory_request_duration_seconds_bucket", "+Inf")] == 2
+    rejections = {s.labels["reason"]: s.value for s in families["solos_memory_rejections"].samples}
+    assert rejections == {"unknown_agent": 1, "not_found": 1}
+    assert families["solos_memory_degraded"].samples[0].value == 1
+    rows = {s.labels["tier"]: s.value for s in families["solos_memory_rows"].samples}
+    assert rows["long"] == 1
+
+
+def write_tokens(path, tokens: dict[str, str]) -> None:
+    path.write_text("".join(f"{hashlib.sha256(t.encode()).hexdigest()} {agent}\n" for t, agent in tokens.items()))
+    path.chmod(0o600)
+
+
+@pytest.fixture
+def token_server(make_server, tmp_path):
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, {"atlas-secret-token": "atlas", "sol-secret-token": "sol"})
+    return make_server("tokens.db", tokens_file=str(tokens))
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_tokens_decide_the_caller_over_rest(token_server):
+    server = token_server
+    assert server.get("/health").body["auth"] == "tokens"
+    anonymous = server.post("/v1/long", {"agent": "atlas", "fact": "no token"})
+    assert anonymous.status == 401
+    wrong = server.post("/v1/long", {"agent": "atlas", "fact": "bad token"}, headers=bearer("guess"))
+    assert wrong.status == 401
+    impostor = server.post("/v1/long", {"agent": "atlas", "fact": "sol pretending"}, headers=bearer("sol-secret-token"))
+    assert impostor.status == 403 and impostor.body["error"]["field"] == "agent"
+    implied = server.post("/v1/long", {"fact": "written with the agent implied"}, headers=bearer("atlas-secret-token"))
+    assert implied.status == 201 and implied.body["agent"] == "atlas"
+    recall = server.request("GET", "/v1/recall?q=implied", headers=bearer("sol-secret-token"))
+    assert [(r["agent"], r["foreign"]) for r in recall.body["results"]] == [("atlas", True)]
+    assert server.request("GET", "/v1/stats").status == 401
+    assert server.request("GET", "/v1/stats", headers=bearer("sol-secret-token")).status == 200
+    with server.db() as conn:
+        assert [r[0] for r in conn.execute("SELECT agent FROM memory_longterm")] == ["atlas"]
+
+
+def mcp_call(server, name: str, arguments: dict, headers: dict) -> dict:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+    reply = server.request("POST", "/mcp", body=body, headers={
+        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25", **headers})
+    assert reply.status == 200, reply.raw
+    return reply.body["result"]
+
+
+def test_tokens_decide_the_caller_over_mcp(token_server):
+    server = token_server
+    refused = mcp_call(server, "write_long", {"agent": "atlas", "fact": "mcp no token"}, {})
+    assert refused["isError"] is True and refused["structuredContent"]["error"]["code"] == "unauthorized"
+    impostor = mcp_call(server, "write_long", {"agent": "atlas", "fact": "mcp impostor"}, bearer("sol-secret-token"))
+    assert impostor["isError"] is True and impostor["structuredContent"]["error"]["status"] == 403
+    ok = mcp_call(server, "write_long", {"agent": "sol", "fact": "mcp with token"}, bearer("sol-secret-token"))
+    assert ok.get("isError") is not True and ok["structuredContent"]["agent"] == "sol"
+
+
+def test_tokens_are_never_logged(make_server, tmp_path, capfd):
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, {"very-secret-value": "atlas"})
+    server = make_server("logged.db", tokens_file=str(tokens), log_requests=True)
+    server.post("/v1/long", {"agent": "sol", "fact": "x"}, headers=bearer("very-secret-value"))
+    server.post("/v1/long", {"agent": "atlas", "fact": "x"}, headers=bearer("wrong-secret-value"))
+    captured = capfd.readouterr()
+    assert "very-secret-value" not in captured.err + captured.out
+    assert "wrong-secret-value" not in captured.err + captured.out
+    assert '"event": "rejected"' in captured.err
+
+
+def test_tokens_file_readable_by_others_is_refused(tmp_path):
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, {"t": "atlas"})
+    tokens.chmod(0o644)
+    run = subprocess.run([sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "x.db"),
+                          "--port", "0", "--tokens-file", str(tokens)], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "chmod 600" in run.stderr
+
+
+def test_token_command_prints_a_token_and_stores_only_its_hash(tmp_path):
+    tokens = tmp_path / "tokens"
+    run = subprocess.run([sys.executable, str(ROOT / "solos_memory.py"), "token", "atlas", "--tokens-file", str(tokens)],
+                         capture_output=True, text=True, timeout=60)
+    token = run.stdout.strip()
+    assert run.returncode == 0 and len(token) >= 40
+    stored = tokens.read_text()
+    assert token not in stored and hashlib.sha256(token.encode()).hexdigest() in stored
+    assert oct(os.stat(tokens).st_mode & 0o777) == "0o600"
+    assert solos_memory.Tokens.load(str(tokens)).agent_for(f"Bearer {token}") == "atlas"
+
+
+def test_logs_are_one_json_object_per_line(make_server, capfd):
+    server = make_server("json-logs.db", log_requests=True)
+    server.post("/v1/long", {"agent": "atlas", "fact": "logged fact"})
+    server.post("/v1/long", {"agent": "mallory", "fact": "refused"})
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    events = [json.loads(line) for line in lines]
+    rejected = [e for e in events if e["event"] == "rejected"]
+    assert rejected == [{**rejected[0], "agent": "mallory", "operation": "write_long", "code": "unknown_agent"}]
+    assert any(e["event"] == "request" and e["status"] == 201 for e in events)
