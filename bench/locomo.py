@@ -1,0 +1,437 @@
+"""LoCoMo retrieval benchmark for solos-memory's recall (issue 6).
+
+Loads a LoCoMo file into a fresh service per conversation through REST (one
+long fact per dialog turn, attributed to its speaker), asks every QA question
+that has evidence through /v1/recall and scores where the evidence turns land:
+hit@1/5/10, all@5/10, frac@5/10 and MRR@10, per category and overall, for
+keyword-only and hybrid recall. A reference row, plain Okapi BM25 (k1=1.2,
+b=0.75) on the raw turn text computed here, is printed beside them (0.48 hit@5
+on the dev split). Metric definitions: ../shared/data/locomo/README.md.
+
+    .venv/bin/python bench/locomo.py [LOCOMO.json] [--modes keyword,hybrid] [--limit N]
+    .venv/bin/python bench/locomo.py --latency-rows 10000    # also recall p50 on 10k rows
+    python3 bench/locomo.py --reference-only
+
+The service runs under the same interpreter (--python to change it), so hybrid
+needs fastembed there: use .venv/bin/python. Keyword-only starts it with
+--model-dir off. Each conversation gets a fresh database in a temp dir; the
+database path goes in through SOLOS_MEMORY_DB. Stdlib only here.
+Findings and the ranking recipe: bench/RESULTS-locomo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = (REPO / ".." / "shared" / "data" / "locomo" / "locomo-dev.json").resolve()
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+METRICS = ("hit@1", "hit@5", "hit@10", "all@5", "all@10", "frac@5", "frac@10", "MRR")
+READER = "locomo-reader"
+AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+# ==== Data ====
+
+
+@dataclass
+class Turn:
+    dia_id: str
+    speaker: str
+    text: str
+    caption: str
+    session: int
+    date: str
+
+    @property
+    def fact(self) -> str:
+        """The text stored as the memory: the turn, plus the shared image's caption."""
+        return f"{self.text} [image: {self.caption}]" if self.caption else self.text
+
+
+@dataclass
+class Query:
+    question: str
+    category: int
+    evidence: list[str]
+
+
+@dataclass
+class Conversation:
+    sample_id: str
+    speakers: list[str]
+    turns: list[Turn]
+    queries: list[Query] = field(default_factory=list)
+
+
+def normalise_evidence(raw: list[str], known: set[str]) -> list[str]:
+    """Fix malformed evidence ids ("D8:6; D9:17", "D:11:26", "D30:05") and drop unknown ones."""
+    ids: list[str] = []
+    for item in raw:
+        for session, turn in re.findall(r"(\d+)\s*:\s*(\d+)", str(item)):
+            dia_id = f"D{int(session)}:{int(turn)}"
+            if dia_id in known and dia_id not in ids:
+                ids.append(dia_id)
+    return ids
+
+
+def load_conversations(path: Path) -> list[Conversation]:
+    """Parse a LoCoMo file; queries without any valid evidence are left out."""
+    conversations = []
+    for sample in json.loads(Path(path).read_text()):
+        conv = sample["conversation"]
+        sessions = sorted((int(m.group(1)), key) for key in conv if (m := re.fullmatch(r"session_(\d+)", key)))
+        turns = [
+            Turn(t["dia_id"], t["speaker"], t["text"], t.get("blip_caption") or "", n, conv.get(f"{key}_date_time", ""))
+            for n, key in sessions
+            for t in conv[key]
+        ]
+        known = {t.dia_id for t in turns}
+        queries = []
+        for qa in sample["qa"]:
+            evidence = normalise_evidence(qa.get("evidence") or [], known)
+            if evidence:
+                queries.append(Query(str(qa["question"]), int(qa["category"]), evidence))
+        conversations.append(Conversation(sample["sample_id"], [conv["speaker_a"], conv["speaker_b"]], turns, queries))
+    return conversations
+
+
+def agent_name(speaker: str) -> str:
+    """A speaker's name as a registrable agent name (^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", speaker).strip("_.-")[:64] or "speaker"
+    return name if AGENT_NAME.match(name) else f"s{name}"[:64]
+
+
+# ==== Metrics ====
+
+
+def score(ranked: list[str], evidence: list[str]) -> dict[str, float]:
+    """The metrics of one query: ranked dia_ids (best first) against its evidence ids."""
+    wanted = set(evidence)
+    top = {k: set(ranked[:k]) & wanted for k in (1, 5, 10)}
+    first = next((i for i, d in enumerate(ranked[:10]) if d in wanted), None)
+    return {
+        "hit@1": float(bool(top[1])),
+        "hit@5": float(bool(top[5])),
+        "hit@10": float(bool(top[10])),
+        "all@5": float(top[5] == wanted),
+        "all@10": float(top[10] == wanted),
+        "frac@5": len(top[5]) / len(wanted),
+        "frac@10": len(top[10]) / len(wanted),
+        "MRR": 0.0 if first is None else 1.0 / (first + 1),
+    }
+
+
+def summarise(rows: list[tuple[int, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Mean of each metric per category name and "overall"; "n" is the query count."""
+    groups: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for category, metrics in rows:
+        groups[CATEGORIES.get(category, str(category))].append(metrics)
+        groups["overall"].append(metrics)
+    order = [*CATEGORIES.values(), "overall"]
+    return {
+        name: {"n": len(groups[name]), **{m: sum(r[m] for r in groups[name]) / len(groups[name]) for m in METRICS}}
+        for name in order
+        if groups[name]
+    }
+
+
+def format_table(title: str, summary: dict[str, dict[str, float]]) -> str:
+    """A fixed-width table of a summary, categories as rows."""
+    lines = [title, f"{'category':<12}{'n':>6}" + "".join(f"{m:>9}" for m in METRICS)]
+    for name, row in summary.items():
+        lines.append(f"{name:<12}{row['n']:>6}" + "".join(f"{row[m]:>9.3f}" for m in METRICS))
+    return "\n".join(lines)
+
+
+# ==== Reference: plain Okapi BM25 on the raw turn text ====
+
+
+def tokens(text: str) -> list[str]:
+    """Lower-cased word tokens, no stemming, no stop words."""
+    return re.findall(r"\w+", text.lower())
+
+
+class BM25:
+    """Okapi BM25 over a list of documents (token lists), idf = ln(1 + (N - n + 0.5) / (n + 0.5))."""
+
+    def __init__(self, docs: list[list[str]], k1: float = 1.2, b: float = 0.75) -> None:
+        self.k1, self.b = k1, b
+        self.tf = [Counter(d) for d in docs]
+        self.lengths = [len(d) for d in docs]
+        self.avg = sum(self.lengths) / max(len(docs), 1)
+        df = Counter(t for d in docs for t in set(d))
+        self.idf = {t: math.log(1 + (len(docs) - n + 0.5) / (n + 0.5)) for t, n in df.items()}
+
+    def scores(self, query: list[str]) -> list[float]:
+        """One score per document; each distinct query term counts once."""
+        out = [0.0] * len(self.tf)
+        for term in set(query):
+            idf = self.idf.get(term)
+            if idf is None:
+                continue
+            for i, tf in enumerate(self.tf):
+                f = tf.get(term)
+                if f:
+                    norm = self.k1 * (1 - self.b + self.b * self.lengths[i] / self.avg)
+                    out[i] += idf * f * (self.k1 + 1) / (f + norm)
+        return out
+
+
+def rank_bm25(conv: Conversation, question: str, index: BM25, k: int = 10) -> list[str]:
+    """Top-k dia_ids of the reference BM25 (ties broken by turn order)."""
+    scores = index.scores(tokens(question))
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    return [conv.turns[i].dia_id for i in order[:k] if scores[i] > 0]
+
+
+def run_reference(conversations: list[Conversation]) -> dict[str, dict[str, float]]:
+    """Score the reference BM25 on the raw turn text (no caption, no speaker, no date)."""
+    rows = []
+    for conv in conversations:
+        index = BM25([tokens(t.text) for t in conv.turns])
+        rows += [(q.category, score(rank_bm25(conv, q.question, index), q.evidence)) for q in conv.queries]
+    return summarise(rows)
+
+
+# ==== The service, through REST ====
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    """One solos-memory server on a fresh database, talked to over one kept-alive connection."""
+
+    def __init__(self, python: str, db: Path, agents: list[str], serve_args: list[str]) -> None:
+        # The database goes in through SOLOS_MEMORY_DB, so this works wherever the CLI puts --db.
+        self.python, self.script = python, str(REPO / "solos_memory.py")
+        self.env = {**os.environ, "SOLOS_MEMORY_DB": str(db), "HF_HUB_OFFLINE": "1"}
+        self.cli("agents", "add", *agents)
+        self.port = free_port()
+        cmd = [python, self.script, "serve", "--port", str(self.port), *serve_args]
+        # A file, not a pipe: a server that logs every request would fill a pipe and stall.
+        self.log = db.parent / "serve.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if self.request("GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                self.conn.close()
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"service did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        """One request; returns (status, parsed JSON body)."""
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        self.conn.request(method, path, body=data, headers=headers)
+        response = self.conn.getresponse()
+        raw = response.read()
+        return response.status, (json.loads(raw) if raw else {})
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        """Run a solos_memory.py command on this database; raise with its stderr if it fails."""
+        done = subprocess.run(
+            [self.python, self.script, *args], env=self.env, capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"solos_memory.py {' '.join(args)} failed: {done.stderr[-2000:]}")
+        return done
+
+    def backfill(self) -> bool:
+        """Embed whatever the writes left without a vector (idempotent); False if the CLI has no backfill."""
+        try:
+            self.cli("backfill")
+        except RuntimeError as error:
+            if "invalid choice" in str(error):
+                return False
+            raise
+        return True
+
+    def close(self) -> None:
+        self.conn.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def recall_ids(service: Service, question: str, k: int = 10) -> tuple[list[str], bool]:
+    """Ask /v1/recall as the reader; the results' dia_ids (from `source`) and the degraded flag."""
+    query = urllib.parse.urlencode({"agent": READER, "q": question, "k": k, "scope": "shared", "tiers": "long"})
+    status, body = service.request("GET", f"/v1/recall?{query}")
+    if status != 200:
+        raise RuntimeError(f"recall answered {status}: {body}")
+    results = body.get("results", body.get("memories", []))
+    return [r.get("source") for r in results], bool(body.get("degraded"))
+
+
+def write_turns(service: Service, turns: list[Turn], agents: dict[str, str], copy: int = 0) -> None:
+    """Store turns as long facts; copy > 0 makes the texts and topics distinct copies (latency runs)."""
+    mark = f" #{copy}" if copy else ""
+    for turn in turns:
+        fact = {
+            "agent": agents.get(turn.speaker) or agent_name(turn.speaker),
+            "topic": (turn.date or f"session {turn.session}") + mark,
+            "fact": turn.fact + mark,
+            "source": turn.dia_id,
+            "confidence": 1.0,
+            "tags": ["locomo", f"session_{turn.session}"],
+        }
+        status, body = service.request("POST", "/v1/long", fact)
+        if status not in (200, 201):
+            raise RuntimeError(f"write of {turn.dia_id} answered {status}: {body}")
+
+
+def prepare(service: Service, mode: str) -> None:
+    """After the writes: in hybrid mode, make sure every row has its vector."""
+    if mode == "hybrid" and not service.backfill():
+        print("note: the service has no backfill command; writes must embed themselves")
+
+
+def percentiles(seconds: list[float]) -> tuple[float, float]:
+    """p50 and p95 in milliseconds."""
+    ordered = sorted(seconds)
+    return 1000 * ordered[len(ordered) // 2], 1000 * ordered[int(len(ordered) * 0.95)]
+
+
+def run_service(conversations: list[Conversation], mode: str, python: str, serve_args: list[str]) -> tuple[dict, dict]:
+    """Load and query every conversation on its own service; returns (summary, timings)."""
+    rows, latencies, degraded = [], [], Counter()
+    started = time.perf_counter()
+    load_s = 0.0
+    for conv in conversations:
+        agents = {s: agent_name(s) for s in conv.speakers}
+        with tempfile.TemporaryDirectory(prefix="locomo-") as tmp:
+            service = Service(python, Path(tmp) / "solos.db", [*agents.values(), READER], serve_args)
+            try:
+                t0 = time.perf_counter()
+                write_turns(service, conv.turns, agents)
+                prepare(service, mode)
+                load_s += time.perf_counter() - t0
+                for q in conv.queries:
+                    t0 = time.perf_counter()
+                    ids, flag = recall_ids(service, q.question)
+                    latencies.append(time.perf_counter() - t0)
+                    degraded[flag] += 1
+                    rows.append((q.category, score(ids, q.evidence)))
+            finally:
+                service.close()
+    p50, p95 = percentiles(latencies)
+    timings = {
+        "total_s": time.perf_counter() - started,
+        "load_s": load_s,
+        "recall_p50_ms": p50,
+        "recall_p95_ms": p95,
+        "degraded": degraded[True],
+        "queries": len(latencies),
+    }
+    return summarise(rows), timings
+
+
+def run_latency(conversations: list[Conversation], mode: str, python: str, serve_args: list[str], size: int) -> str:
+    """Recall latency on one database of `size` rows (copies of all turns), every question asked once."""
+    agents = {s: agent_name(s) for c in conversations for s in c.speakers}
+    turns = [t for c in conversations for t in c.turns]
+    with tempfile.TemporaryDirectory(prefix="locomo-latency-") as tmp:
+        service = Service(python, Path(tmp) / "solos.db", [*set(agents.values()), READER], serve_args)
+        try:
+            t0 = time.perf_counter()
+            for copy in range(-(-size // len(turns))):
+                write_turns(service, turns[: size - copy * len(turns)], agents, copy)
+            write_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            prepare(service, mode)
+            prepare_s = time.perf_counter() - t0
+            latencies = []
+            for q in (q for c in conversations for q in c.queries):
+                t0 = time.perf_counter()
+                recall_ids(service, q.question)
+                latencies.append(time.perf_counter() - t0)
+        finally:
+            service.close()
+    p50, p95 = percentiles(latencies)
+    return (
+        f"{mode}, {size} rows: writes {size / write_s:.0f}/s, backfill {prepare_s:.1f} s; "
+        f"recall p50 {p50:.1f} ms, p95 {p95:.1f} ms over {len(latencies)} questions"
+    )
+
+
+# ==== CLI ====
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo JSON file (default: %(default)s)")
+    parser.add_argument("--modes", default="keyword,hybrid", help="service modes to run (default: %(default)s)")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N conversations (default: all)")
+    parser.add_argument(
+        "--python", default=sys.executable, help="interpreter that runs the service (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--keyword-args", default="--model-dir off", help="extra serve args for keyword-only (default: %(default)s)"
+    )
+    parser.add_argument("--hybrid-args", default="", help="extra serve args for hybrid (default: none)")
+    parser.add_argument("--reference-only", action="store_true", help="print only the reference BM25 row")
+    parser.add_argument(
+        "--latency-rows", type=int, default=0, help="also time recall on one database of this many rows (default: off)"
+    )
+    args = parser.parse_args(argv)
+
+    conversations = load_conversations(Path(args.data))
+    if args.limit:
+        conversations = conversations[: args.limit]
+    n_queries = sum(len(c.queries) for c in conversations)
+    n_turns = sum(len(c.turns) for c in conversations)
+    print(f"{args.data}: {len(conversations)} conversations, {n_turns} turns, {n_queries} questions with evidence\n")
+
+    started = time.perf_counter()
+    print(format_table("reference: plain Okapi BM25 (k1=1.2, b=0.75) on raw turn text", run_reference(conversations)))
+    print(f"run time {time.perf_counter() - started:.1f} s\n")
+    if args.reference_only:
+        return 0
+
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        serve_args = shlex.split(args.keyword_args if mode == "keyword" else args.hybrid_args)
+        summary, timings = run_service(conversations, mode, args.python, serve_args)
+        print(format_table(f"service, {mode} ({' '.join(serve_args) or 'default serve args'})", summary))
+        print(
+            f"run time {timings['total_s']:.1f} s (writes{' + backfill' if mode == 'hybrid' else ''} "
+            f"{timings['load_s']:.1f} s); recall p50 {timings['recall_p50_ms']:.1f} ms, "
+            f"p95 {timings['recall_p95_ms']:.1f} ms; degraded answers {timings['degraded']}/{timings['queries']}"
+        )
+        expected = timings["queries"] if mode == "keyword" else 0
+        if timings["degraded"] != expected:
+            print(f"WARNING: {mode} expected {expected} degraded answers, got {timings['degraded']}")
+        print()
+    if args.latency_rows:
+        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+            serve_args = shlex.split(args.keyword_args if mode == "keyword" else args.hybrid_args)
+            print(run_latency(conversations, mode, args.python, serve_args, args.latency_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
