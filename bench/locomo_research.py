@@ -512,7 +512,56 @@ def section_recipe(convs: list[Conversation], embedder: solos_embed.Embedder, re
     print(f"leave-one-conversation-out hybrid: hit@5 {held_hit / total:.3f}, frac@10 {held_frac / total:.3f}")
 
 
-SECTIONS = ("keyword", "context", "ablation", "vector", "fusion", "recipe")
+# The recipe's index as the service could declare it: a self-contained FTS5 table (so a
+# delete needs only the rowid) whose context column a trigger fills from the two previous
+# rows of the same topic.
+RECIPE_SQL = """
+CREATE TABLE memory_longterm (id INTEGER PRIMARY KEY, agent TEXT, topic TEXT, fact TEXT, source TEXT, tags TEXT);
+CREATE INDEX memory_longterm_topic ON memory_longterm (topic, id);
+CREATE VIRTUAL TABLE memory_longterm_fts USING fts5 (
+    topic, fact, tags, agent, context, tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER memory_longterm_fts_ai AFTER INSERT ON memory_longterm BEGIN
+    INSERT INTO memory_longterm_fts (rowid, topic, fact, tags, agent, context)
+    VALUES (new.id, new.topic, new.fact, new.tags, new.agent, (
+        SELECT coalesce(group_concat(agent || ': ' || fact, ' '), '') FROM (
+            SELECT agent, fact FROM memory_longterm
+            WHERE topic IS new.topic AND id < new.id ORDER BY id DESC LIMIT 2)));
+END;
+CREATE TRIGGER memory_longterm_fts_ad AFTER DELETE ON memory_longterm BEGIN
+    DELETE FROM memory_longterm_fts WHERE rowid = old.id;
+END;
+"""
+
+
+def section_sql(convs: list[Conversation]) -> None:
+    """The recipe's keyword index built by RECIPE_SQL's trigger, queried as the service would."""
+    out = []
+    for conv in convs:
+        db = sqlite3.connect(":memory:")
+        db.executescript(RECIPE_SQL)
+        db.executemany(
+            "INSERT INTO memory_longterm (agent, topic, fact, source, tags) VALUES (?, ?, ?, ?, ?)",
+            [(t.speaker, t.date, t.fact, t.dia_id, tags_col(conv, i)) for i, t in enumerate(conv.turns)],
+        )
+        ids = {t.dia_id: i for i, t in enumerate(conv.turns)}
+        weights = ", ".join(str(w) for w in RECIPE_WEIGHTS)
+        matrix = np.zeros((len(conv.queries), len(conv.turns)))
+        for qi, q in enumerate(conv.queries):
+            sql = (
+                f"SELECT m.source, -bm25(memory_longterm_fts, {weights}) FROM memory_longterm_fts "
+                "JOIN memory_longterm m ON m.id = memory_longterm_fts.rowid WHERE memory_longterm_fts MATCH ?"
+            )
+            for source, rank in db.execute(sql, (fts_query(q.question, stop=True),)):
+                matrix[qi, ids[source]] = rank
+        out.append(matrix)
+        db.close()
+    report("RECIPE_SQL trigger index + name boost", evaluate(convs, name_boost(convs, out, 0.3)))
+    kw = fts_scores(convs, RECIPE_COLUMNS, RECIPE_WEIGHTS, stop=True)
+    report("the same, simulated (should be equal)", evaluate(convs, name_boost(convs, kw, 0.3)))
+
+
+SECTIONS = ("keyword", "context", "ablation", "vector", "fusion", "recipe", "sql")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -544,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
             section_fusion(convs, embedder)
         elif name == "recipe":
             section_recipe(convs, embedder, reference)
+        elif name == "sql":
+            section_sql(convs)
         else:
             parser.error(f"unknown section {name!r}; choose from {', '.join(SECTIONS)}")
     print(f"run time {time.perf_counter() - started:.1f} s")
