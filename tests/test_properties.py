@@ -121,3 +121,35 @@ def test_no_empty_success_while_the_database_is_locked(shared_server, q, k):
         holder.close()
     reply = shared_server.recall(agent, tag, k=k)
     assert reply.status == 200 and [r["text"] for r in reply.body["results"]] == [f"{tag} {q}"]
+
+
+def mcp_recall(server, arguments: dict) -> tuple[dict, dict]:
+    """recall as an MCP tools/call (stateless 2025-11-25 POST); returns (structuredContent, headers)."""
+    body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "recall", "arguments": arguments}}
+    reply = server.request("POST", "/mcp", body=body, headers={
+        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"})
+    assert reply.status == 200 and "result" in reply.body, reply.raw
+    return reply.body["result"], reply.headers
+
+
+@PROPERTY_SETTINGS
+@given(data=st.data())
+def test_rest_and_mcp_agree(shared_server, data):
+    agents = fresh_agents(shared_server)
+    tag = marker()
+    for agent, text in data.draw(st.lists(st.tuples(st.sampled_from(agents), sentences), min_size=1, max_size=6)):
+        shared_server.post("/v1/long", {"agent": agent, "fact": f"{tag} {text}"})
+    arguments = {
+        "agent": data.draw(st.sampled_from(agents + ["unregistered-agent"])),
+        "q": data.draw(st.sampled_from([tag, "", f"{tag} " + data.draw(sentences)])),
+        "k": data.draw(st.integers(0, 101)),
+        "scope": data.draw(st.sampled_from(["own", "shared", "shared_except_self", "everyone"])),
+        "tiers": data.draw(st.lists(st.sampled_from(["long", "short", "durable", "nope"]), min_size=1, max_size=2,
+                                    unique=True)),
+    }
+    rest = shared_server.get("/v1/recall", **{**arguments, "tiers": ",".join(arguments["tiers"])})
+    result, headers = mcp_recall(shared_server, arguments)
+    assert result["structuredContent"] == rest.body
+    assert result.get("isError", False) == (rest.status >= 400)
+    if rest.status == 200:
+        assert headers["x-memory-degraded"] == rest.headers["x-memory-degraded"] == "true"
