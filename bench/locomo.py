@@ -319,7 +319,9 @@ def percentiles(seconds: list[float]) -> tuple[float, float]:
 
 def run_service(conversations: list[Conversation], mode: str, python: str, serve_args: list[str]) -> tuple[dict, dict]:
     """Load and query every conversation on its own service; returns (summary, timings)."""
-    rows, latencies, degraded = [], [], Counter()
+    rows: list[tuple[int, dict[str, float]]] = []
+    latencies: list[float] = []
+    degraded: Counter[bool] = Counter()
     started = time.perf_counter()
     load_s = 0.0
     for conv in conversations:

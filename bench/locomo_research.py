@@ -319,7 +319,10 @@ def normalised(matrix: np.ndarray, depth: int, how: str) -> np.ndarray:
 
 def linear(legs: list[Scores], weights: list[float], depth: int = 100, how: str = "max") -> Scores:
     """Convex combination of per-leg normalised scores over each leg's top `depth`."""
-    return [sum(w * normalised(m, depth, how) for w, m in zip(weights, mats)) for mats in zip(*legs)]
+    return [
+        sum((w * normalised(m, depth, how) for w, m in zip(weights, mats)), np.zeros_like(mats[0]))
+        for mats in zip(*legs)
+    ]
 
 
 def recency(convs: list[Conversation], scores: Scores, weight: float, half_life: float) -> Scores:
@@ -571,7 +574,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     convs = load_conversations(Path(args.data))
     chosen = [name.strip() for name in args.only.split(",") if name.strip()]
-    embedder = solos_embed.load_embedder(None) if {"vector", "fusion", "recipe"} & set(chosen) else None
     started = time.perf_counter()
     print(
         f"{'config (overall, ' + str(sum(len(c.queries) for c in convs)) + ' questions)':<58}"
@@ -588,11 +590,11 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "ablation":
             section_ablation(convs)
         elif name == "vector":
-            section_vector(convs, embedder)
+            section_vector(convs, solos_embed.load_embedder(None))
         elif name == "fusion":
-            section_fusion(convs, embedder)
+            section_fusion(convs, solos_embed.load_embedder(None))
         elif name == "recipe":
-            section_recipe(convs, embedder, reference)
+            section_recipe(convs, solos_embed.load_embedder(None), reference)
         elif name == "sql":
             section_sql(convs)
         else:
