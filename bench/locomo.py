@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 import urllib.parse
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -111,9 +112,22 @@ def load_conversations(path: Path) -> list[Conversation]:
 
 
 def agent_name(speaker: str) -> str:
-    """A speaker's name as a registrable agent name (^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$)."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", speaker).strip("_.-")[:64] or "speaker"
+    """A speaker's name as a registrable agent name (^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$): "Éva" -> "Eva"."""
+    ascii_name = unicodedata.normalize("NFKD", speaker).encode("ascii", "ignore").decode()
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", ascii_name).strip("_.-")[:64] or "speaker"
     return name if AGENT_NAME.match(name) else f"s{name}"[:64]
+
+
+def agent_names(speakers: list[str]) -> dict[str, str]:
+    """Each speaker's agent name, made distinct when two speakers normalise alike."""
+    names: dict[str, str] = {}
+    for speaker in dict.fromkeys(speakers):
+        name, n = agent_name(speaker), 1
+        while name in names.values():
+            n += 1
+            name = f"{agent_name(speaker)[:60]}-{n}"
+        names[speaker] = name
+    return names
 
 
 # ==== Metrics ====
@@ -293,7 +307,7 @@ def write_turns(service: Service, turns: list[Turn], agents: dict[str, str], cop
     mark = f" #{copy}" if copy else ""
     for turn in turns:
         fact = {
-            "agent": agents.get(turn.speaker) or agent_name(turn.speaker),
+            "agent": agents[turn.speaker],
             "topic": (turn.date or f"session {turn.session}") + mark,
             "fact": turn.fact + mark,
             "source": turn.dia_id,
@@ -325,7 +339,7 @@ def run_service(conversations: list[Conversation], mode: str, python: str, serve
     started = time.perf_counter()
     load_s = 0.0
     for conv in conversations:
-        agents = {s: agent_name(s) for s in conv.speakers}
+        agents = agent_names(conv.speakers + [t.speaker for t in conv.turns])
         with tempfile.TemporaryDirectory(prefix="locomo-") as tmp:
             service = Service(python, Path(tmp) / "solos.db", [*agents.values(), READER], serve_args)
             try:
@@ -355,10 +369,10 @@ def run_service(conversations: list[Conversation], mode: str, python: str, serve
 
 def run_latency(conversations: list[Conversation], mode: str, python: str, serve_args: list[str], size: int) -> str:
     """Recall latency on one database of `size` rows (copies of all turns), every question asked once."""
-    agents = {s: agent_name(s) for c in conversations for s in c.speakers}
+    agents = agent_names([t.speaker for c in conversations for t in c.turns])
     turns = [t for c in conversations for t in c.turns]
     with tempfile.TemporaryDirectory(prefix="locomo-latency-") as tmp:
-        service = Service(python, Path(tmp) / "solos.db", [*set(agents.values()), READER], serve_args)
+        service = Service(python, Path(tmp) / "solos.db", [*agents.values(), READER], serve_args)
         try:
             t0 = time.perf_counter()
             for copy in range(-(-size // len(turns))):
