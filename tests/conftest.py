@@ -106,7 +106,6 @@ def start_server(db_path: Path, **config: Any) -> RunningServer:
 def stop_server(running: RunningServer) -> None:
     running.server.shutdown()
     running.server.server_close()
-    running.server.memory.store.close()
 
 
 @pytest.fixture
