@@ -15,10 +15,11 @@ setup:
 
 lint:
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy solos_memory.py mcp_bridge.py solos_embed.py solos_check.py pyz_build.py
 
 pyz:
 	$(PY) pyz_build.py
 
 bench:
 	$(PY) bench/cold_start.py
+	$(VENV)/bin/python bench/locomo.py --latency-rows 10000

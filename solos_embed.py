@@ -98,8 +98,8 @@ def read_tokenizer_files(folder: str) -> dict[str, bytes]:
     """The tokenizer/config files from folder; the carried folder is read through this
     module's loader, so it is found inside the .pyz too."""
     loader = globals().get("__loader__")
-    carried = folder == CARRIED_MODEL_DIR and hasattr(loader, "get_data")
-    read = loader.get_data if carried else lambda path: Path(path).read_bytes()
+    carried = folder == CARRIED_MODEL_DIR and loader is not None and hasattr(loader, "get_data")
+    read = loader.get_data if carried and loader is not None else lambda path: Path(path).read_bytes()
     files, missing = {}, []
     for name in TOKENIZER_FILES:
         try:

@@ -41,10 +41,11 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
 import mcp_bridge
@@ -76,6 +77,15 @@ class Config:
 def env_default(name: str, default: str | None) -> str | None:
     """The SOLOS_MEMORY_<NAME> environment value, else the default."""
     return os.environ.get("SOLOS_MEMORY_" + name, default)
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer setting from SOLOS_MEMORY_<NAME>, else the default; a bad value stops startup."""
+    raw = os.environ.get("SOLOS_MEMORY_" + name)
+    try:
+        return default if raw is None else int(raw)
+    except ValueError:
+        raise SystemExit(f"SOLOS_MEMORY_{name} must be an integer, got {raw!r}") from None
 
 
 def log_event(event: str, **fields: Any) -> None:
@@ -201,7 +211,7 @@ AGENT_SCHEMA = {
     "pattern": AGENT_PATTERN,
     "description": "The calling agent, as registered in agent_registry.",
 }
-JSON_TYPES = {
+JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "string": str,
     "integer": int,
     "number": (int, float),
@@ -232,13 +242,16 @@ def check_value(name: str, schema: dict, value: Any) -> Any:
 def check_one(name: str, schema: dict, value: Any) -> Any:
     kind = schema["type"]
     is_bool = isinstance(value, bool)
-    if not isinstance(value, JSON_TYPES[kind]) or (is_bool and kind != "boolean"):
+    right_type = isinstance(value, JSON_TYPES[kind])  # kept apart: mypy would narrow value to object
+    if not right_type or (is_bool and kind != "boolean"):
         raise BadRequest(f"{name} must be {article(kind)} {kind}, got {describe(value)}", name)
     if kind in ("integer", "number"):
         low, high = schema.get("minimum"), schema.get("maximum")
         low_open = schema.get("exclusiveMinimum")
-        if (low is not None and value < low) or (high is not None and value > high) or (
-            low_open is not None and value <= low_open
+        if (
+            (low is not None and value < low)
+            or (high is not None and value > high)
+            or (low_open is not None and value <= low_open)
         ):
             raise BadRequest(f"{name} must be {kind_range(schema)}, got {describe(value)}", name)
     if kind == "string":
@@ -330,15 +343,19 @@ def parse_json_body(body: bytes) -> Any:
     except RecursionError:
         raise BadRequest("body nests too deeply", "body") from None
     except json.JSONDecodeError as error:
-        raise BadRequest(f"body must be valid JSON: {error.msg} at line {error.lineno} column {error.colno}", "body") from None
+        raise BadRequest(
+            f"body must be valid JSON: {error.msg} at line {error.lineno} column {error.colno}", "body"
+        ) from None
 
 
 # Function and question words: FTS5 ORs every query word, and these add score
 # to every short row. Dropping them: LoCoMo hit@5 +0.04 (bench/RESULTS-locomo.md).
-STOP_WORDS = frozenset("""
+STOP_WORDS = frozenset(
+    """
 a an and are as at be been by did do does for from had has have he her his how i in is it its me my of on or
 she so that the their them they this to was we were what when where which who whom why will with would you your
-""".split())
+""".split()
+)
 
 
 def query_words(text: str) -> list[str]:
@@ -370,7 +387,16 @@ REQUIRED_COLUMNS = {
     "agent_registry": ("agent",),
     "memory_durable": ("id", "key", "value", "updated_at"),
     "memory_longterm": (
-        "id", "agent", "topic", "fact", "source", "confidence", "tags", "embedding", "created_at", "updated_at",
+        "id",
+        "agent",
+        "topic",
+        "fact",
+        "source",
+        "confidence",
+        "tags",
+        "embedding",
+        "created_at",
+        "updated_at",
     ),
     "memory_episodic": ("id", "agent", "event_type", "summary", "details", "outcome", "duration_s", "timestamp"),
 }
@@ -425,7 +451,9 @@ class Store:
 
     def connect(self) -> sqlite3.Connection:
         """A connection with the fleet's pragmas, read back to be sure they took."""
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_ms / 1000)
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_ms / 1000
+        )
         conn.row_factory = sqlite3.Row
         # WAL lets agents read while one writes; busy_timeout absorbs the fleet's short write locks.
         mode = conn.execute("PRAGMA journal_mode=wal").fetchone()[0]
@@ -511,7 +539,9 @@ class Store:
         try:
             if not conn.execute("SELECT sqlite_compileoption_used('ENABLE_FTS5')").fetchone()[0]:
                 raise SchemaMismatch("this SQLite has no FTS5; keyword recall needs it")
-            existing = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+            existing = {
+                row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+            }
             for table, needed in REQUIRED_COLUMNS.items():
                 if table not in existing:
                     continue
@@ -555,15 +585,18 @@ class Store:
 
     def reindex(self) -> None:
         """Rebuild the keyword indexes from their tables (one write transaction)."""
+
         def work(conn: sqlite3.Connection) -> None:
             for fts in FTS_TABLES:
                 self.rebuild_index(conn, fts)
+
         self.write(work)
 
     # -- agents (admin CLI only; the HTTP service never writes agent_registry) --
 
     def register_agents(self, names: list[str]) -> list[str]:
         """Insert agents that are not registered yet; return the ones added."""
+
         def work(conn: sqlite3.Connection) -> list[str]:
             added = []
             for name in names:
@@ -571,10 +604,13 @@ class Store:
                 if cursor.rowcount:
                     added.append(name)
             return added
+
         return self.write(work)
 
     def list_agents(self) -> list[str]:
-        return self.read(lambda conn: [row[0] for row in conn.execute("SELECT agent FROM agent_registry ORDER BY agent")])
+        return self.read(
+            lambda conn: [row[0] for row in conn.execute("SELECT agent FROM agent_registry ORDER BY agent")]
+        )
 
     @staticmethod
     def require_agent(conn: sqlite3.Connection, agent: str) -> None:
@@ -597,10 +633,12 @@ class Store:
                 (agent, key, value, json.dumps(tags), f"+{ttl_s:.3f} seconds"),
             ).fetchone()
             return {"id": row["id"], "status": "updated" if existing else "created", "expires_at": row["expires_at"]}
+
         return self.write(work)
 
-    def upsert_long(self, agent: str, topic: str | None, fact: str, source: str | None,
-                    confidence: float | None, tags: list[str]) -> dict:
+    def upsert_long(
+        self, agent: str, topic: str | None, fact: str, source: str | None, confidence: float | None, tags: list[str]
+    ) -> dict:
         content_key = hashlib.sha256(fact.encode("utf-8")).hexdigest()
 
         def work(conn: sqlite3.Connection) -> dict:
@@ -624,6 +662,7 @@ class Store:
             ).fetchone()[0]
             self.remember_key(conn, agent, "long", content_key, row_id)
             return {"id": row_id, "status": "created"}
+
         return self.write(work)
 
     def append_episodic(self, agent: str, event: dict, idempotency_key: str | None) -> dict:
@@ -652,6 +691,7 @@ class Store:
             if idempotency_key:
                 self.remember_key(conn, agent, "episodic", idempotency_key, row_id)
             return {"id": row_id, "status": "created"}
+
         return self.write(work)
 
     @staticmethod
@@ -673,6 +713,7 @@ class Store:
             if row is None:
                 raise NotFound(f"agent {agent!r} has no short-term key {key!r}", "key")
             return {"id": row["id"], "status": "deleted", "was_expired": bool(row["expired"])}
+
         return self.write(work)
 
     def set_sharing(self, agent: str, episodic: bool) -> dict:
@@ -685,26 +726,34 @@ class Store:
                 (agent, int(episodic)),
             )
             return {"status": "updated" if existing else "created"}
+
         return self.write(work)
 
     def purge_expired(self, batch: int = 1000) -> int:
         """Delete expired short rows in short batches, so no write lock is held long."""
         total = 0
         while True:
-            removed = self.write(lambda conn: conn.execute(
-                "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
-                "WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') LIMIT ?)", (batch,)
-            ).rowcount)
+            removed = self.write(
+                lambda conn: (
+                    conn.execute(
+                        "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
+                        "WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') LIMIT ?)",
+                        (batch,),
+                    ).rowcount
+                )
+            )
             total += removed
             if removed < batch:
                 return total
 
     def record_audit(self, reader: str, rows: list[tuple[str, int]]) -> None:
         """Log foreign episodic rows handed to reader; they are not returned unlogged."""
-        self.write(lambda conn: conn.executemany(
-            "INSERT INTO episodic_read_audit (reader, author, row_id) VALUES (?, ?, ?)",
-            [(reader, author, row_id) for author, row_id in rows],
-        ))
+        self.write(
+            lambda conn: conn.executemany(
+                "INSERT INTO episodic_read_audit (reader, author, row_id) VALUES (?, ?, ?)",
+                [(reader, author, row_id) for author, row_id in rows],
+            )
+        )
 
     # -- reads --
 
@@ -717,6 +766,7 @@ class Store:
                 (author, before_id or (1 << 62), limit),
             )
             return [dict(row) for row in rows]
+
         return self.read(work)
 
     def sharing_of(self, conn: sqlite3.Connection, agent: str) -> bool:
@@ -729,8 +779,12 @@ class Store:
             return {
                 "agents": one("SELECT count(*) FROM agent_registry"),
                 "rows": {
-                    "short": one("SELECT count(*) FROM memory_short WHERE expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"),
-                    "short_expired": one("SELECT count(*) FROM memory_short WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"),
+                    "short": one(
+                        "SELECT count(*) FROM memory_short WHERE expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+                    ),
+                    "short_expired": one(
+                        "SELECT count(*) FROM memory_short WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+                    ),
                     "long": one("SELECT count(*) FROM memory_longterm"),
                     "episodic": one("SELECT count(*) FROM memory_episodic"),
                     "durable": one("SELECT count(*) FROM memory_durable"),
@@ -738,10 +792,19 @@ class Store:
                 "episodic_sharing_agents": one("SELECT count(*) FROM episodic_sharing WHERE shared = 1"),
                 "audit_rows": one("SELECT count(*) FROM episodic_read_audit"),
             }
+
         return self.read(work)
 
-    def search_tier(self, conn: sqlite3.Connection, tier: str, caller: str, scope: str,
-                    match: str | None, limit: int, ids: list[int] | None = None) -> list[sqlite3.Row]:
+    def search_tier(
+        self,
+        conn: sqlite3.Connection,
+        tier: str,
+        caller: str,
+        scope: str,
+        match: str | None,
+        limit: int,
+        ids: list[int] | None = None,
+    ) -> list[sqlite3.Row]:
         """Rows of one tier, filtered by scope, sharing and expiry before any ranking.
 
         With `match`, the best BM25 matches; with `ids`, exactly those rows
@@ -761,16 +824,20 @@ class Store:
         if tier == "short":
             where.append("t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
         if ids is not None:
-            where.append(f"t.id IN (SELECT value FROM json_each(?))")
+            where.append("t.id IN (SELECT value FROM json_each(?))")
             params.append(json.dumps(ids))
         if match is None:
-            sql = (f"SELECT {select}, 0.0 AS score FROM {table} t "
-                   f"{'WHERE ' + ' AND '.join(where) if where else ''} "
-                   f"ORDER BY t.{time_column} DESC, t.id DESC LIMIT ?")
+            sql = (
+                f"SELECT {select}, 0.0 AS score FROM {table} t "
+                f"{'WHERE ' + ' AND '.join(where) if where else ''} "
+                f"ORDER BY t.{time_column} DESC, t.id DESC LIMIT ?"
+            )
             return conn.execute(sql, (*params, limit)).fetchall()
-        sql = (f"SELECT {select}, -bm25({fts}, {weights}) AS score FROM {fts} "
-               f"JOIN {table} t ON t.id = {fts}.rowid WHERE {fts} MATCH ? "
-               f"{''.join(' AND ' + w for w in where)} ORDER BY bm25({fts}, {weights}) LIMIT ?")
+        sql = (
+            f"SELECT {select}, -bm25({fts}, {weights}) AS score FROM {fts} "
+            f"JOIN {table} t ON t.id = {fts}.rowid WHERE {fts} MATCH ? "
+            f"{''.join(' AND ' + w for w in where)} ORDER BY bm25({fts}, {weights}) LIMIT ?"
+        )
         return conn.execute(sql, (match, *params, limit)).fetchall()
 
     def sharing_agents(self, conn: sqlite3.Connection) -> set[str]:
@@ -789,11 +856,13 @@ class Store:
     def rows_missing_vectors(self, tier: str, model: str, limit: int) -> list[sqlite3.Row]:
         """Rows with no vector from `model` (new, changed, or embedded by another model)."""
         table, _, select, _, _ = TIER_SQL[tier]
-        return self.read(lambda conn: conn.execute(
-            f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v "
-            f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL ORDER BY t.id LIMIT ?",
-            (tier, model, limit),
-        ).fetchall())
+        return self.read(
+            lambda conn: conn.execute(
+                f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v "
+                f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL ORDER BY t.id LIMIT ?",
+                (tier, model, limit),
+            ).fetchall()
+        )
 
     def save_vectors(self, tier: str, model: str, embedded: list[tuple[sqlite3.Row, bytes]]) -> int:
         """Store vectors for rows whose text is still what was embedded; return how many."""
@@ -806,28 +875,46 @@ class Store:
             for row, vector in embedded:
                 current = (row["id"], *(row[name] for name in fields))
                 if tier == "long":
-                    changed = conn.execute(f"UPDATE memory_longterm SET embedding = ? WHERE id = ? AND {same_text}",
-                                           (vector, *current)).rowcount
-                    vector = None  # the long tier keeps its vector in memory_longterm.embedding
+                    changed = conn.execute(
+                        f"UPDATE memory_longterm SET embedding = ? WHERE id = ? AND {same_text}", (vector, *current)
+                    ).rowcount
+                    stored = None  # the long tier keeps its vector in memory_longterm.embedding
                 else:
-                    changed = conn.execute(f"SELECT count(*) FROM {table} WHERE id = ? AND {same_text}",
-                                           current).fetchone()[0]
+                    stored = vector
+                    changed = conn.execute(
+                        f"SELECT count(*) FROM {table} WHERE id = ? AND {same_text}", current
+                    ).fetchone()[0]
                 if changed:
-                    conn.execute("INSERT OR REPLACE INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?)",
-                                 (tier, row["id"], model, vector))
+                    conn.execute(
+                        "INSERT OR REPLACE INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?)",
+                        (tier, row["id"], model, stored),
+                    )
                     saved += 1
             return saved
+
         return self.write(work)
 
     def count_missing_vectors(self, model: str) -> int:
-        return self.read(lambda conn: sum(conn.execute(
-            f"SELECT count(*) FROM {TIER_TABLES[tier]} t LEFT JOIN memory_vector v "
-            f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL", (tier, model)
-        ).fetchone()[0] for tier in EMBEDDED_FIELDS))
+        return self.read(
+            lambda conn: sum(
+                conn.execute(
+                    f"SELECT count(*) FROM {TIER_TABLES[tier]} t LEFT JOIN memory_vector v "
+                    f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL",
+                    (tier, model),
+                ).fetchone()[0]
+                for tier in EMBEDDED_FIELDS
+            )
+        )
 
     def count_vectors(self, model: str) -> dict:
-        return self.read(lambda conn: {row[0]: row[1] for row in conn.execute(
-            "SELECT tier, count(*) FROM memory_vector WHERE model = ? GROUP BY tier", (model,))})
+        return self.read(
+            lambda conn: {
+                row[0]: row[1]
+                for row in conn.execute(
+                    "SELECT tier, count(*) FROM memory_vector WHERE model = ? GROUP BY tier", (model,)
+                )
+            }
+        )
 
     def persona(self, conn: sqlite3.Connection, agent: str) -> sqlite3.Row | None:
         return conn.execute(
@@ -837,29 +924,44 @@ class Store:
 
 # Per tier: table, FTS table, selected columns, recency column, bm25 column weights.
 TIER_SQL = {
-    "long": ("memory_longterm", "memory_longterm_fts",
-             "t.id, t.agent, t.topic, t.fact, t.source, t.confidence, t.tags, t.created_at, t.updated_at AS ts",
-             "updated_at", "1.0, 1.0, 0.5, 0.5, 0.3"),
-    "episodic": ("memory_episodic", "memory_episodic_fts",
-                 "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts",
-                 "timestamp", "0.5, 1.0, 0.7, 0.7, 0.5"),
-    "short": ("memory_short", "memory_short_fts",
-              "t.id, t.agent, t.key, t.value, t.tags, t.expires_at, t.created_at AS ts",
-              "created_at", "1.0, 1.0, 0.5, 0.5"),
+    "long": (
+        "memory_longterm",
+        "memory_longterm_fts",
+        "t.id, t.agent, t.topic, t.fact, t.source, t.confidence, t.tags, t.created_at, t.updated_at AS ts",
+        "updated_at",
+        "1.0, 1.0, 0.5, 0.5, 0.3",
+    ),
+    "episodic": (
+        "memory_episodic",
+        "memory_episodic_fts",
+        "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts",
+        "timestamp",
+        "0.5, 1.0, 0.7, 0.7, 0.5",
+    ),
+    "short": (
+        "memory_short",
+        "memory_short_fts",
+        "t.id, t.agent, t.key, t.value, t.tags, t.expires_at, t.created_at AS ts",
+        "created_at",
+        "1.0, 1.0, 0.5, 0.5",
+    ),
 }
 # Per tier: the fields an embedding is made of (a change to any of them drops the vector).
-EMBEDDED_FIELDS = {"long": ("agent", "topic", "fact"), "episodic": ("agent", "event_type", "summary"),
-                   "short": ("agent", "key", "value")}
+EMBEDDED_FIELDS = {
+    "long": ("agent", "topic", "fact"),
+    "episodic": ("agent", "event_type", "summary"),
+    "short": ("agent", "key", "value"),
+}
 # Per tier: the model's vectors with what the vector search filters on; long rows ordered by topic
 # so a row's neighbours (the same topic, adjacent ids) sit beside it.
 VECTOR_SQL = {
     "long": "SELECT t.id, t.agent, t.topic AS thread, NULL AS expires_at, t.embedding AS vector "
-            "FROM memory_vector v JOIN memory_longterm t ON t.id = v.row_id "
-            "WHERE v.tier = ? AND v.model = ? AND t.embedding IS NOT NULL ORDER BY t.topic, t.id",
+    "FROM memory_vector v JOIN memory_longterm t ON t.id = v.row_id "
+    "WHERE v.tier = ? AND v.model = ? AND t.embedding IS NOT NULL ORDER BY t.topic, t.id",
     "episodic": "SELECT t.id, t.agent, NULL AS thread, NULL AS expires_at, v.vector FROM memory_vector v "
-                "JOIN memory_episodic t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
+    "JOIN memory_episodic t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
     "short": "SELECT t.id, t.agent, NULL AS thread, t.expires_at, v.vector FROM memory_vector v "
-             "JOIN memory_short t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
+    "JOIN memory_short t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
 }
 
 
@@ -874,7 +976,7 @@ EMBED_BATCH = 32
 SWEEP_INTERVAL_S = 30  # the worker also looks for rows other writers added without vectors
 
 
-def embedding_text(tier: str, row: Mapping[str, Any]) -> str:
+def embedding_text(tier: str, row: Any) -> str:
     """What a row's vector is made of: its writer and topic carry signal (LoCoMo vector hit@5 +0.19)."""
     agent, label, text = (row[name] for name in EMBEDDED_FIELDS[tier])
     return f"{agent} ({label}): {text}" if label else f"{agent}: {text}"
@@ -910,10 +1012,17 @@ class VectorIndex:
                 matrix = np.frombuffer(b"".join(row["vector"] for row in rows), dtype="<f4")
                 matrix = matrix.reshape(len(rows), -1) if rows else np.zeros((0, 1), dtype=np.float32)
                 threads = [row["thread"] for row in rows]
-                prev = np.array([i - 1 if i and threads[i] and threads[i - 1] == threads[i] else -1
-                                 for i in range(len(rows))], dtype=np.int64)
-                after = np.array([i + 1 if i + 1 < len(rows) and threads[i] and threads[i + 1] == threads[i] else -1
-                                  for i in range(len(rows))], dtype=np.int64)
+                prev = np.array(
+                    [i - 1 if i and threads[i] and threads[i - 1] == threads[i] else -1 for i in range(len(rows))],
+                    dtype=np.int64,
+                )
+                after = np.array(
+                    [
+                        i + 1 if i + 1 < len(rows) and threads[i] and threads[i + 1] == threads[i] else -1
+                        for i in range(len(rows))
+                    ],
+                    dtype=np.int64,
+                )
                 tiers[tier] = (ids, agents, expires, matrix, prev, after)
             self.tiers, self.generation = tiers, generation
 
@@ -938,8 +1047,9 @@ class VectorIndex:
         return {int(ids[i]): float(score[i]) for i in top}
 
 
-def embed_missing(store: Store, embedder: Any, batch: int = EMBED_BATCH,
-                  progress: Callable[[int], None] | None = None) -> int:
+def embed_missing(
+    store: Store, embedder: Any, batch: int = EMBED_BATCH, progress: Callable[[int], None] | None = None
+) -> int:
     """Embed every row that lacks a vector from this model, batch by batch; return how many.
 
     Idempotent and resumable: it only ever picks rows without a vector, and
@@ -1075,6 +1185,7 @@ class Memory:
             return None, self.embedder_error
         if self.pending_query is not None and not self.pending_query.done():
             return None, "keyword-only recall: the embedder is still busy with a query that timed out"
+        assert self.query_pool is not None  # set whenever embedder is
         self.pending_query = self.query_pool.submit(self.embedder.embed, [text])
         try:
             blob = self.pending_query.result(timeout=QUERY_EMBED_TIMEOUT_S)[0]
@@ -1121,8 +1232,13 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
         vector, reason = memory.embed_query(query)
     elif memory.embedder is not None:
         reason = None
-    ranking = "recency" if match is None else "keyword" if vector is None else (
-        "vector" if args["ranking"] == "vector" else "hybrid")
+    ranking = (
+        "recency"
+        if match is None
+        else "keyword"
+        if vector is None
+        else ("vector" if args["ranking"] == "vector" else "hybrid")
+    )
     depth = max(CANDIDATE_DEPTH, k * 4 + 20)  # room for collapsed duplicates without a second query
 
     def work(conn: sqlite3.Connection) -> tuple[list[dict], list[dict]]:
@@ -1135,8 +1251,11 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
         if query.strip() and match is None:
             return persona, []  # words-free text (only punctuation): nothing can match
         if match is None:
-            return persona, [tier_result(tier, row, caller) for tier in searched
-                             for row in memory.store.search_tier(conn, tier, caller, scope, None, depth)]
+            return persona, [
+                tier_result(tier, row, caller)
+                for tier in searched
+                for row in memory.store.search_tier(conn, tier, caller, scope, None, depth)
+            ]
         keyword: dict[tuple[str, int], dict] = {}
         if ranking != "vector":
             for tier in searched:
@@ -1146,15 +1265,20 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
                     keyword[(tier, row["id"])] = result
         similar: dict[tuple[str, int], float] = {}
         if vector is not None:
-            memory.vectors.refresh(memory.store, conn)
+            vectors = memory.vectors
+            assert vectors is not None  # a query vector implies a loaded embedder
+            vectors.refresh(memory.store, conn)
             sharing = memory.store.sharing_agents(conn) | {caller}
             for tier in searched:
                 allowed = scope_mask(caller, scope, sharing if tier == "episodic" else None)
-                similar.update({(tier, row_id): cosine for row_id, cosine in
-                                memory.vectors.search(tier, vector, allowed, depth).items()})
+                similar.update(
+                    {(tier, row_id): cosine for row_id, cosine in vectors.search(tier, vector, allowed, depth).items()}
+                )
             for tier in searched:
                 missing = [row_id for (t, row_id) in similar if t == tier and (t, row_id) not in keyword]
-                for row in memory.store.search_tier(conn, tier, caller, scope, None, len(missing), missing) if missing else ():
+                for row in (
+                    memory.store.search_tier(conn, tier, caller, scope, None, len(missing), missing) if missing else ()
+                ):
                     keyword[(tier, row["id"])] = {**tier_result(tier, row, caller), "keyword": None}
         return persona, fuse(keyword, similar, ranking)
 
@@ -1198,6 +1322,7 @@ def scope_mask(caller: str, scope: str, readable: set[str] | None) -> Callable[[
         if readable is not None:
             mask &= np.isin(agents, list(readable))
         return mask.astype(bool)
+
     return allowed
 
 
@@ -1248,25 +1373,60 @@ def parse_tags(raw: Any) -> list[str]:
 
 def tier_result(tier: str, row: sqlite3.Row, caller: str) -> dict:
     """One recalled row, labelled with tier, writer, time, score, source and foreign."""
-    base = {"id": row["id"], "tier": tier, "agent": row["agent"], "ts": row["ts"],
-            "score": round(row["score"], 6), "foreign": row["agent"] != caller}
+    base = {
+        "id": row["id"],
+        "tier": tier,
+        "agent": row["agent"],
+        "ts": row["ts"],
+        "score": round(row["score"], 6),
+        "foreign": row["agent"] != caller,
+    }
     if tier == "long":
-        return {**base, "source": row["source"] or f"memory_longterm#{row['id']}", "text": row["fact"],
-                "topic": row["topic"], "fact": row["fact"], "confidence": row["confidence"],
-                "tags": parse_tags(row["tags"])}
+        return {
+            **base,
+            "source": row["source"] or f"memory_longterm#{row['id']}",
+            "text": row["fact"],
+            "topic": row["topic"],
+            "fact": row["fact"],
+            "confidence": row["confidence"],
+            "tags": parse_tags(row["tags"]),
+        }
     if tier == "episodic":
-        return {**base, "source": f"memory_episodic#{row['id']}", "text": row["summary"],
-                "event_type": row["event_type"], "summary": row["summary"], "details": row["details"],
-                "outcome": row["outcome"], "duration_s": row["duration_s"]}
-    return {**base, "source": f"memory_short#{row['id']}", "text": row["value"], "key": row["key"],
-            "value": row["value"], "tags": parse_tags(row["tags"]), "expires_at": row["expires_at"]}
+        return {
+            **base,
+            "source": f"memory_episodic#{row['id']}",
+            "text": row["summary"],
+            "event_type": row["event_type"],
+            "summary": row["summary"],
+            "details": row["details"],
+            "outcome": row["outcome"],
+            "duration_s": row["duration_s"],
+        }
+    return {
+        **base,
+        "source": f"memory_short#{row['id']}",
+        "text": row["value"],
+        "key": row["key"],
+        "value": row["value"],
+        "tags": parse_tags(row["tags"]),
+        "expires_at": row["expires_at"],
+    }
 
 
 def durable_result(row: sqlite3.Row, caller: str) -> dict:
     """The caller's persona record; listed first, since it is the caller's identity."""
-    return {"id": row["id"], "tier": "durable", "agent": caller, "ts": row["updated_at"], "score": 1.0,
-            "foreign": False, "source": f"memory_durable/{row['key']}", "text": row["value"],
-            "key": row["key"], "value": row["value"]}
+    return {
+        "id": row["id"],
+        "tier": "durable",
+        "agent": caller,
+        "ts": row["updated_at"],
+        "score": 1.0,
+        "foreign": False,
+        "source": f"memory_durable/{row['key']}",
+        "text": row["value"],
+        "key": row["key"],
+        "value": row["value"],
+    }
 
 
 def collapse_duplicates(ranked: list[dict], k: int) -> tuple[list[dict], int]:
@@ -1349,7 +1509,7 @@ def op_read_audit(memory: Memory, args: dict) -> dict:
 
 
 def op_read_stats(memory: Memory, args: dict) -> dict:
-    """Row counts per tier, vectors per tier, call and rejection counters, recall hits, duplicates suppressed, degraded state."""
+    """Row and vector counts per tier, call and rejection counters, recall hits, duplicates, degraded state."""
     embedder = memory.embedder
     return {
         "version": __version__,
@@ -1364,6 +1524,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
 
 
 # ==== Operation table ====
+
 
 @dataclass(frozen=True)
 class Operation:
@@ -1395,134 +1556,323 @@ def result_schema(properties: dict) -> dict:
 
 
 NULLABLE_STRING = {"type": ["string", "null"]}
-WRITE_OUTPUT = result_schema({
-    "tier": {"type": "string", "enum": ["short", "long", "episodic"]},
-    "agent": {"type": "string"},
-    "id": {"type": "integer"},
-    "status": {"type": "string", "enum": ["created", "updated", "unchanged", "deleted"],
-               "description": "What the write did; REST answers 201 for created, else 200."},
-})
-RECALLED_ROW = result_schema({
-    "id": {"type": "integer"},
-    "tier": {"type": "string", "enum": list(TIERS)},
-    "agent": {"type": "string", "description": "Who wrote it."},
-    "ts": NULLABLE_STRING,
-    "score": {"type": "number", "description": "Higher is better; comparable within one response."},
-    "source": {"type": "string"},
-    "foreign": {"type": "boolean", "description": "true when another agent wrote it."},
-    "text": {"type": "string"},
-})
-RECALL_OUTPUT = result_schema({
-    "agent": {"type": "string"},
-    "count": {"type": "integer"},
-    "results": {"type": "array", "items": RECALLED_ROW},
-    "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
-    "degraded": {"type": "boolean", "description": "true: keyword-only ranking (no embedder)."},
-    "degraded_reason": NULLABLE_STRING,
-    "ranking": {"type": "string"},
-})
+WRITE_OUTPUT = result_schema(
+    {
+        "tier": {"type": "string", "enum": ["short", "long", "episodic"]},
+        "agent": {"type": "string"},
+        "id": {"type": "integer"},
+        "status": {
+            "type": "string",
+            "enum": ["created", "updated", "unchanged", "deleted"],
+            "description": "What the write did; REST answers 201 for created, else 200.",
+        },
+    }
+)
+RECALLED_ROW = result_schema(
+    {
+        "id": {"type": "integer"},
+        "tier": {"type": "string", "enum": list(TIERS)},
+        "agent": {"type": "string", "description": "Who wrote it."},
+        "ts": NULLABLE_STRING,
+        "score": {"type": "number", "description": "Higher is better; comparable within one response."},
+        "source": {"type": "string"},
+        "foreign": {"type": "boolean", "description": "true when another agent wrote it."},
+        "text": {"type": "string"},
+    }
+)
+RECALL_OUTPUT = result_schema(
+    {
+        "agent": {"type": "string"},
+        "count": {"type": "integer"},
+        "results": {"type": "array", "items": RECALLED_ROW},
+        "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
+        "degraded": {"type": "boolean", "description": "true: keyword-only ranking (no embedder)."},
+        "degraded_reason": NULLABLE_STRING,
+        "ranking": {"type": "string"},
+    }
+)
 
 
 OPERATIONS = {
     "recall": Operation(
-        "recall", "GET", "/v1/recall", op_recall_memory,
-        object_schema({
-            "agent": AGENT_SCHEMA,
-            "q": {"type": "string", "maxLength": 10_000, "default": "",
-                  "description": "What to look for, in plain words; empty returns the most recent rows."},
-            "k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 5, "description": "How many results, 1-100."},
-            "scope": {"type": "string", "enum": list(SCOPES), "default": "shared",
-                      "description": "own: the caller's rows; shared: everyone's; shared_except_self: everyone else's."},
-            "ranking": {"type": "string", "enum": ["auto", "keyword", "vector"], "default": "auto",
-                        "description": "auto: hybrid when the embedder is loaded, else keyword; "
-                                       "keyword or vector: one leg only (for comparison)."},
-            "tiers": {"type": "array", "items": {"type": "string", "enum": list(TIERS)}, "maxItems": 4,
-                      "uniqueItems": True, "default": list(DEFAULT_TIERS),
-                      "description": "Tiers to search (REST: comma-separated). Default long,short."},
-        }),
+        "recall",
+        "GET",
+        "/v1/recall",
+        op_recall_memory,
+        object_schema(
+            {
+                "agent": AGENT_SCHEMA,
+                "q": {
+                    "type": "string",
+                    "maxLength": 10_000,
+                    "default": "",
+                    "description": "What to look for, in plain words; empty returns the most recent rows.",
+                },
+                "k": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 100,
+                    "default": 5,
+                    "description": "How many results, 1-100.",
+                },
+                "scope": {
+                    "type": "string",
+                    "enum": list(SCOPES),
+                    "default": "shared",
+                    "description": "own: the caller's rows; shared: everyone's; shared_except_self: everyone else's.",
+                },
+                "ranking": {
+                    "type": "string",
+                    "enum": ["auto", "keyword", "vector"],
+                    "default": "auto",
+                    "description": "auto: hybrid when the embedder is loaded, else keyword; "
+                    "keyword or vector: one leg only (for comparison).",
+                },
+                "tiers": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": list(TIERS)},
+                    "maxItems": 4,
+                    "uniqueItems": True,
+                    "default": list(DEFAULT_TIERS),
+                    "description": "Tiers to search (REST: comma-separated). Default long,short.",
+                },
+            }
+        ),
         RECALL_OUTPUT,
-        writes=False, idempotent=True, title="Recall memory",
+        writes=False,
+        idempotent=True,
+        title="Recall memory",
     ),
     "write_short": Operation(
-        "write_short", "POST", "/v1/short", op_write_short,
-        object_schema({
-            "agent": AGENT_SCHEMA,
-            "key": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 256, "description": "The key, unique per agent."},
-            "value": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 16_384, "description": "The value (text)."},
-            "ttl_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 31_536_000, "default": 86_400,
-                      "description": "Seconds until it expires (default one day, at most a year)."},
-            "tags": TAGS_SCHEMA,
-        }, ("agent", "key", "value")),
+        "write_short",
+        "POST",
+        "/v1/short",
+        op_write_short,
+        object_schema(
+            {
+                "agent": AGENT_SCHEMA,
+                "key": {
+                    "type": "string",
+                    "pattern": NO_NUL,
+                    "minLength": 1,
+                    "maxLength": 256,
+                    "description": "The key, unique per agent.",
+                },
+                "value": {
+                    "type": "string",
+                    "pattern": NO_NUL,
+                    "minLength": 1,
+                    "maxLength": 16_384,
+                    "description": "The value (text).",
+                },
+                "ttl_s": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": 31_536_000,
+                    "default": 86_400,
+                    "description": "Seconds until it expires (default one day, at most a year).",
+                },
+                "tags": TAGS_SCHEMA,
+            },
+            ("agent", "key", "value"),
+        ),
         WRITE_OUTPUT,
-        writes=True, idempotent=True, title="Write short-term memory",
+        writes=True,
+        idempotent=True,
+        title="Write short-term memory",
     ),
     "write_long": Operation(
-        "write_long", "POST", "/v1/long", op_write_long,
-        object_schema({
-            "agent": AGENT_SCHEMA,
-            "topic": {"type": "string", "pattern": NO_NUL, "maxLength": 256, "description": "What the fact is about."},
-            "fact": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 8_192, "description": "The fact, one statement."},
-            "source": {"type": "string", "pattern": NO_NUL, "maxLength": 512, "description": "Where it came from (URL, file, conversation)."},
-            "confidence": {"type": "number", "minimum": 0, "maximum": 1, "description": "How sure, 0-1."},
-            "tags": TAGS_SCHEMA,
-        }, ("agent", "fact")),
+        "write_long",
+        "POST",
+        "/v1/long",
+        op_write_long,
+        object_schema(
+            {
+                "agent": AGENT_SCHEMA,
+                "topic": {
+                    "type": "string",
+                    "pattern": NO_NUL,
+                    "maxLength": 256,
+                    "description": "What the fact is about.",
+                },
+                "fact": {
+                    "type": "string",
+                    "pattern": NO_NUL,
+                    "minLength": 1,
+                    "maxLength": 8_192,
+                    "description": "The fact, one statement.",
+                },
+                "source": {
+                    "type": "string",
+                    "pattern": NO_NUL,
+                    "maxLength": 512,
+                    "description": "Where it came from (URL, file, conversation).",
+                },
+                "confidence": {"type": "number", "minimum": 0, "maximum": 1, "description": "How sure, 0-1."},
+                "tags": TAGS_SCHEMA,
+            },
+            ("agent", "fact"),
+        ),
         WRITE_OUTPUT,
-        writes=True, idempotent=True, title="Write a long-term fact",
+        writes=True,
+        idempotent=True,
+        title="Write a long-term fact",
     ),
     "write_episodic": Operation(
-        "write_episodic", "POST", "/v1/episodic", op_write_episodic,
-        object_schema({
-            "agent": AGENT_SCHEMA,
-            "event_type": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 64, "description": "Kind of event (task, error, …)."},
-            "summary": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 4_096, "description": "What happened."},
-            "details": {"type": "string", "pattern": NO_NUL, "maxLength": 16_384, "description": "More detail."},
-            "outcome": {"type": "string", "pattern": NO_NUL, "maxLength": 1_024, "description": "How it ended."},
-            "duration_s": {"type": "number", "minimum": 0, "maximum": 31_536_000, "description": "How long it took."},
-            "idempotency_key": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 128,
-                                "description": "Makes a retried write safe: same key, same event, one row."},
-        }, ("agent", "event_type", "summary")),
+        "write_episodic",
+        "POST",
+        "/v1/episodic",
+        op_write_episodic,
+        object_schema(
+            {
+                "agent": AGENT_SCHEMA,
+                "event_type": {
+                    "type": "string",
+                    "pattern": NO_NUL,
+                    "minLength": 1,
+                    "maxLength": 64,
+                    "description": "Kind of event (task, error, …).",
+                },
+                "summary": {
+                    "type": "string",
+                    "pattern": NO_NUL,
+                    "minLength": 1,
+                    "maxLength": 4_096,
+                    "description": "What happened.",
+                },
+                "details": {"type": "string", "pattern": NO_NUL, "maxLength": 16_384, "description": "More detail."},
+                "outcome": {"type": "string", "pattern": NO_NUL, "maxLength": 1_024, "description": "How it ended."},
+                "duration_s": {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": 31_536_000,
+                    "description": "How long it took.",
+                },
+                "idempotency_key": {
+                    "type": "string",
+                    "pattern": NO_NUL,
+                    "minLength": 1,
+                    "maxLength": 128,
+                    "description": "Makes a retried write safe: same key, same event, one row.",
+                },
+            },
+            ("agent", "event_type", "summary"),
+        ),
         WRITE_OUTPUT,
-        writes=True, idempotent=False, title="Append an episodic event",
+        writes=True,
+        idempotent=False,
+        title="Append an episodic event",
     ),
     "delete_short": Operation(
-        "delete_short", "DELETE", "/v1/short", op_delete_short,
-        object_schema({
-            "agent": AGENT_SCHEMA,
-            "key": {"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": 256, "description": "The key to delete."},
-        }, ("agent", "key")),
+        "delete_short",
+        "DELETE",
+        "/v1/short",
+        op_delete_short,
+        object_schema(
+            {
+                "agent": AGENT_SCHEMA,
+                "key": {
+                    "type": "string",
+                    "pattern": NO_NUL,
+                    "minLength": 1,
+                    "maxLength": 256,
+                    "description": "The key to delete.",
+                },
+            },
+            ("agent", "key"),
+        ),
         WRITE_OUTPUT,
-        writes=True, idempotent=True, destructive=True, title="Delete a short-term key",
+        writes=True,
+        idempotent=True,
+        destructive=True,
+        title="Delete a short-term key",
     ),
     "set_sharing": Operation(
-        "set_sharing", "PUT", "/v1/sharing", op_set_sharing,
-        object_schema({
-            "agent": AGENT_SCHEMA,
-            "episodic": {"type": "boolean", "description": "true: other agents may recall my episodic rows (audited)."},
-        }, ("agent", "episodic")),
-        result_schema({"agent": {"type": "string"}, "episodic": {"type": "boolean"},
-                               "status": {"type": "string", "enum": ["created", "updated"]}}),
-        writes=True, idempotent=True, title="Share episodic memory",
+        "set_sharing",
+        "PUT",
+        "/v1/sharing",
+        op_set_sharing,
+        object_schema(
+            {
+                "agent": AGENT_SCHEMA,
+                "episodic": {
+                    "type": "boolean",
+                    "description": "true: other agents may recall my episodic rows (audited).",
+                },
+            },
+            ("agent", "episodic"),
+        ),
+        result_schema(
+            {
+                "agent": {"type": "string"},
+                "episodic": {"type": "boolean"},
+                "status": {"type": "string", "enum": ["created", "updated"]},
+            }
+        ),
+        writes=True,
+        idempotent=True,
+        title="Share episodic memory",
     ),
     "read_audit": Operation(
-        "read_audit", "GET", "/v1/audit", op_read_audit,
-        object_schema({
-            "agent": AGENT_SCHEMA,
-            "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100, "description": "At most this many, 1-1000."},
-            "before_id": {"type": "integer", "minimum": 1, "description": "Page: only reads with a smaller id."},
-        }),
-        result_schema({"agent": {"type": "string"}, "count": {"type": "integer"}, "reads": {
-            "type": "array", "items": result_schema({"id": {"type": "integer"}, "reader": {"type": "string"},
-                                                     "author": {"type": "string"}, "row_id": {"type": "integer"},
-                                                     "read_at": {"type": "string"}})}}),
-        writes=False, idempotent=True, title="Who read my episodes",
+        "read_audit",
+        "GET",
+        "/v1/audit",
+        op_read_audit,
+        object_schema(
+            {
+                "agent": AGENT_SCHEMA,
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 1000,
+                    "default": 100,
+                    "description": "At most this many, 1-1000.",
+                },
+                "before_id": {"type": "integer", "minimum": 1, "description": "Page: only reads with a smaller id."},
+            }
+        ),
+        result_schema(
+            {
+                "agent": {"type": "string"},
+                "count": {"type": "integer"},
+                "reads": {
+                    "type": "array",
+                    "items": result_schema(
+                        {
+                            "id": {"type": "integer"},
+                            "reader": {"type": "string"},
+                            "author": {"type": "string"},
+                            "row_id": {"type": "integer"},
+                            "read_at": {"type": "string"},
+                        }
+                    ),
+                },
+            }
+        ),
+        writes=False,
+        idempotent=True,
+        title="Who read my episodes",
     ),
     "stats": Operation(
-        "stats", "GET", "/v1/stats", op_read_stats,
+        "stats",
+        "GET",
+        "/v1/stats",
+        op_read_stats,
         object_schema({}, ()),
-        result_schema({"version": {"type": "string"}, "rows": {"type": "object"}, "calls": {"type": "object"},
-                               "rejections": {"type": "object"}, "recall_hits": {"type": "object"},
-                               "duplicates_suppressed": {"type": "integer"}, "degraded": {"type": "boolean"}}),
-        writes=False, idempotent=True, title="Service statistics",
+        result_schema(
+            {
+                "version": {"type": "string"},
+                "rows": {"type": "object"},
+                "calls": {"type": "object"},
+                "rejections": {"type": "object"},
+                "recall_hits": {"type": "object"},
+                "duplicates_suppressed": {"type": "integer"},
+                "degraded": {"type": "boolean"},
+            }
+        ),
+        writes=False,
+        idempotent=True,
+        title="Service statistics",
     ),
 }
 ROUTES = {(op.method, op.path): op for op in OPERATIONS.values()}
@@ -1539,7 +1889,7 @@ class Tokens:
         self.by_hash = by_hash
 
     @classmethod
-    def load(cls, path: str) -> "Tokens":
+    def load(cls, path: str) -> Tokens:
         mode = os.stat(path).st_mode
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise SystemExit(f"{path}: tokens file must not be accessible by group or others (chmod 600)")
@@ -1549,7 +1899,11 @@ class Tokens:
                 if not line.strip() or line.startswith("#"):
                     continue
                 parts = line.split()
-                if len(parts) != 2 or not re.fullmatch(r"[0-9a-f]{64}", parts[0]) or not re.match(AGENT_PATTERN, parts[1]):
+                if (
+                    len(parts) != 2
+                    or not re.fullmatch(r"[0-9a-f]{64}", parts[0])
+                    or not re.match(AGENT_PATTERN, parts[1])
+                ):
                     raise SystemExit(f"{path}:{number}: expected '<sha256 hex> <agent>'")
                 by_hash[parts[0]] = parts[1]
         return cls(by_hash)
@@ -1569,8 +1923,7 @@ class Tokens:
         return found
 
 
-def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any,
-           headers: Mapping[str, str]) -> dict:
+def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, headers: Mapping[str, str]) -> dict:
     """Authenticate, validate and run one operation; count and log refusals.
 
     The one path both transports take, so validation, identity and errors
@@ -1616,7 +1969,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "solos-memory/" + __version__
     timeout = KEEPALIVE_IDLE_S
-    server: "MemoryServer"
+    server: MemoryServer
 
     def setup(self) -> None:
         super().setup()
@@ -1638,11 +1991,19 @@ class MemoryHandler(BaseHTTPRequestHandler):
         error.status, error.code = code, HTTPStatus(code).phrase.lower().replace(" ", "_")
         self.respond(code, error_body(error))
 
-    def respond(self, status: int, payload: dict | bytes | None, headers: Mapping[str, str] | None = None,
-                content_type: str = "application/json") -> None:
+    def respond(
+        self,
+        status: int,
+        payload: dict | bytes | None,
+        headers: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         body = payload if isinstance(payload, bytes) else b"" if payload is None else json.dumps(payload).encode()
-        lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-                 f"Server: {self.server_version}", f"Date: {self.date_time_string()}"]
+        lines = [
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+            f"Server: {self.server_version}",
+            f"Date: {self.date_time_string()}",
+        ]
         if body or status not in (202, 204):
             lines.append(f"Content-Type: {content_type}")
         lines.append(f"Content-Length: {len(body)}")
@@ -1665,7 +2026,9 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 content_type, produce = SERVICE_DOCUMENTS[url.path]
                 self.respond(200, produce(self.server), content_type=content_type)
             elif url.path == "/mcp":
-                status, headers, body = self.server.bridge.handle(self.command, self.headers, self.read_body(json_only=False))
+                status, headers, body = self.server.bridge.handle(
+                    self.command, cast(Mapping[str, str], self.headers), self.read_body(json_only=False)
+                )
                 self.respond(status, body or None, headers, headers.pop("Content-Type", "application/json"))
             else:
                 self.call_operation(url.path, url.query)
@@ -1684,8 +2047,13 @@ class MemoryHandler(BaseHTTPRequestHandler):
             route = url.path if url.path in KNOWN_PATHS else "other"  # bounded label set for /metrics
             self.server.memory.stats.observe(route, self.command, self.status_sent, time.perf_counter() - started)
             if self.server.config.log_requests:
-                log_event("request", method=self.command, path=url.path, status=self.status_sent,
-                          ms=round((time.perf_counter() - started) * 1000, 2))
+                log_event(
+                    "request",
+                    method=self.command,
+                    path=url.path,
+                    status=self.status_sent,
+                    ms=round((time.perf_counter() - started) * 1000, 2),
+                )
 
     def only(self, methods: tuple[str, ...]) -> None:
         if self.command not in methods:
@@ -1707,7 +2075,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
             self.read_body(json_only=False)  # drain a stray body so keep-alive stays in step
         else:
             args = parse_json_body(self.read_body(json_only=True))
-        result = invoke(self.server.memory, self.server.tokens, op, args, self.headers)
+        result = invoke(self.server.memory, self.server.tokens, op, args, cast(Mapping[str, str], self.headers))
         self.respond(status_for(op, result), result, degraded_header(result))
 
     def read_body(self, json_only: bool) -> bytes:
@@ -1734,44 +2102,74 @@ class MemoryHandler(BaseHTTPRequestHandler):
         if json_only:
             content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
             if content_type != "application/json":
-                raise UnsupportedMediaType(f"Content-Type must be application/json, got {describe(content_type)}", "Content-Type")
+                raise UnsupportedMediaType(
+                    f"Content-Type must be application/json, got {describe(content_type)}", "Content-Type"
+                )
         return body
 
 
 ERROR_SCHEMA = {
-    "type": "object", "required": ["error"],
-    "properties": {"error": result_schema({"code": {"type": "string"}, "status": {"type": "integer"},
-                                           "message": {"type": "string"}})},
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": result_schema(
+            {"code": {"type": "string"}, "status": {"type": "integer"}, "message": {"type": "string"}}
+        )
+    },
 }
 
 
 def openapi_document(operations: Mapping[str, Operation]) -> dict:
     """OpenAPI 3.1 for /v1, generated from the operation table so it cannot drift."""
-    paths: dict[str, dict] = {"/health": {"get": {
-        "operationId": "health", "summary": "Liveness, auth mode and degraded state",
-        "responses": {"200": {"description": "Up", "content": {"application/json": {"schema": {"type": "object"}}}}},
-    }}}
-    errors = {str(status): {"description": phrase, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
-              for status, phrase in ((400, "A field is missing or invalid; the error names it"),
-                                     (401, "Tokens are enabled and the token is missing or unknown"),
-                                     (403, "Not allowed for this agent"), (404, "No such row"),
-                                     (409, "Idempotency key reused for another event"),
-                                     (413, "Body over the size cap"), (415, "Body is not application/json"),
-                                     (422, "The agent is not registered"),
-                                     (503, "Database locked past the retry budget; see Retry-After"))}
+    paths: dict[str, dict] = {
+        "/health": {
+            "get": {
+                "operationId": "health",
+                "summary": "Liveness, auth mode and degraded state",
+                "responses": {
+                    "200": {"description": "Up", "content": {"application/json": {"schema": {"type": "object"}}}}
+                },
+            }
+        }
+    }
+    errors = {
+        str(status): {"description": phrase, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+        for status, phrase in (
+            (400, "A field is missing or invalid; the error names it"),
+            (401, "Tokens are enabled and the token is missing or unknown"),
+            (403, "Not allowed for this agent"),
+            (404, "No such row"),
+            (409, "Idempotency key reused for another event"),
+            (413, "Body over the size cap"),
+            (415, "Body is not application/json"),
+            (422, "The agent is not registered"),
+            (503, "Database locked past the retry budget; see Retry-After"),
+        )
+    }
     for op in operations.values():
         spec: dict[str, Any] = {
-            "operationId": op.name, "summary": op.title, "description": op.description,
-            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": op.output_schema}}},
-                          **errors},
+            "operationId": op.name,
+            "summary": op.title,
+            "description": op.description,
+            "responses": {
+                "200": {"description": "OK", "content": {"application/json": {"schema": op.output_schema}}},
+                **errors,
+            },
         }
         if op.writes and op.method == "POST":
-            spec["responses"]["201"] = {"description": "Created",
-                                        "content": {"application/json": {"schema": op.output_schema}}}
+            spec["responses"]["201"] = {
+                "description": "Created",
+                "content": {"application/json": {"schema": op.output_schema}},
+            }
         if op.method in ("GET", "DELETE"):
             spec["parameters"] = [
-                {"name": name, "in": "query", "required": name in op.input_schema["required"],
-                 "schema": schema, **({"style": "form", "explode": False} if schema["type"] == "array" else {})}
+                {
+                    "name": name,
+                    "in": "query",
+                    "required": name in op.input_schema["required"],
+                    "schema": schema,
+                    **({"style": "form", "explode": False} if schema["type"] == "array" else {}),
+                }
                 for name, schema in op.input_schema["properties"].items()
             ]
         else:
@@ -1779,14 +2177,17 @@ def openapi_document(operations: Mapping[str, Operation]) -> dict:
         paths.setdefault(op.path, {})[op.method.lower()] = spec
     return {
         "openapi": "3.1.0",
-        "info": {"title": "solos-memory", "version": __version__,
-                 "description": "Shared, attributed memory for an agent fleet. MCP is served at /mcp."},
+        "info": {
+            "title": "solos-memory",
+            "version": __version__,
+            "description": "Shared, attributed memory for an agent fleet. MCP is served at /mcp.",
+        },
         "servers": [{"url": "/"}],
         "paths": paths,
     }
 
 
-def metrics_text(server: "MemoryServer") -> bytes:
+def metrics_text(server: MemoryServer) -> bytes:
     """Prometheus text exposition: requests, latency, rejections, degraded state, rows per tier."""
     stats, lines = server.memory.stats, []
 
@@ -1826,7 +2227,7 @@ def metrics_text(server: "MemoryServer") -> bytes:
 
 
 # Documents about the service itself, served on GET next to the operations.
-SERVICE_DOCUMENTS: dict[str, tuple[str, Callable[["MemoryServer"], Any]]] = {
+SERVICE_DOCUMENTS: dict[str, tuple[str, Callable[[MemoryServer], Any]]] = {
     "/health": ("application/json", lambda server: server.health()),
     "/openapi.json": ("application/json", lambda server: openapi_document(OPERATIONS)),
     "/metrics": ("text/plain; version=0.0.4; charset=utf-8", metrics_text),
@@ -1838,10 +2239,17 @@ def mcp_tools(operations: Mapping[str, Operation]) -> list[mcp_bridge.Tool]:
     """The MCP tool list, one per operation, with the operation's own schema."""
     return [
         mcp_bridge.Tool(
-            name=op.name, title=op.title, description=op.description, input_schema=op.input_schema,
+            name=op.name,
+            title=op.title,
+            description=op.description,
+            input_schema=op.input_schema,
             output_schema=op.output_schema,
-            annotations={"readOnlyHint": not op.writes, "destructiveHint": op.destructive,
-                         "idempotentHint": op.idempotent, "openWorldHint": False},
+            annotations={
+                "readOnlyHint": not op.writes,
+                "destructiveHint": op.destructive,
+                "idempotentHint": op.idempotent,
+                "openWorldHint": False,
+            },
         )
         for op in operations.values()
     ]
@@ -1862,13 +2270,17 @@ class MemoryServer(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         names = {config.host, *LOOPBACK_HOSTS}
         self.bridge = mcp_bridge.McpBridge(
-            mcp_tools(OPERATIONS), self.call_tool,
-            server_name="solos-memory", server_version=__version__,
+            mcp_tools(OPERATIONS),
+            self.call_tool,
+            server_name="solos-memory",
+            server_version=__version__,
             allowed_hosts=[f"{name}:{self.port}" if ":" not in name else f"[{name}]:{self.port}" for name in names],
-            allowed_origins=[f"http://{name}:{self.port}" if ":" not in name else f"http://[{name}]:{self.port}"
-                             for name in names] + list(config.allowed_origins),
+            allowed_origins=[
+                f"http://{name}:{self.port}" if ":" not in name else f"http://[{name}]:{self.port}" for name in names
+            ]
+            + list(config.allowed_origins),
             instructions="Shared fleet memory. Call recall before answering from memory; "
-                         "write_long for durable facts, write_short for scratch state, write_episodic for events.",
+            "write_long for durable facts, write_short for scratch state, write_episodic for events.",
         )
 
     def server_close(self) -> None:
@@ -1883,17 +2295,23 @@ class MemoryServer(ThreadingHTTPServer):
         return mcp_bridge.ToolOutcome(result, False, degraded_header(result))
 
     def health(self) -> dict:
-        return {"status": "ok", "version": __version__,
-                "auth": "tokens" if self.tokens else "loopback-trust",
-                "degraded": self.memory.embedder is None, "degraded_reason": self.memory.embedder_error}
+        return {
+            "status": "ok",
+            "version": __version__,
+            "auth": "tokens" if self.tokens else "loopback-trust",
+            "degraded": self.memory.embedder is None,
+            "degraded_reason": self.memory.embedder_error,
+        }
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Start a thread per connection while slots last; past that, 503 at once."""
         if not self.slots.acquire(blocking=False):
             try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 71\r\n\r\n"
-                                b'{"error":{"code":"busy","status":503,"message":"too many connections"}}')
+                request.sendall(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 71\r\n\r\n"
+                    b'{"error":{"code":"busy","status":503,"message":"too many connections"}}'
+                )
             finally:
                 self.shutdown_request(request)
             return
@@ -1939,7 +2357,7 @@ def register_agents(config: Config, names: list[str]) -> list[str]:
         store.close()
 
 
-def build_server(config: Config, register: list[str] = ()) -> MemoryServer:
+def build_server(config: Config, register: Sequence[str] = ()) -> MemoryServer:
     """Open (or create) the database, register agents, load extras, bind the socket."""
     if config.host not in LOOPBACK_HOSTS and not config.allow_remote:
         raise SystemExit(
@@ -1970,30 +2388,62 @@ def split_names(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", default=env_default("DB", "solos.db"),
-                        help="SQLite database, created from schema.sql if missing (default: %(default)s)")
-    common.add_argument("--busy-timeout-ms", type=int, default=int(env_default("BUSY_TIMEOUT_MS", "5000")),
-                        help="how long a call waits for a locked database before 503 (default: %(default)s)")
+    common.add_argument(
+        "--db",
+        default=env_default("DB", "solos.db"),
+        help="SQLite database, created from schema.sql if missing (default: %(default)s)",
+    )
+    common.add_argument(
+        "--busy-timeout-ms",
+        type=int,
+        default=env_int("BUSY_TIMEOUT_MS", 5000),
+        help="how long a call waits for a locked database before 503 (default: %(default)s)",
+    )
     parser = argparse.ArgumentParser(prog="solos-memory", description="Shared, attributed memory for an agent fleet.")
     parser.add_argument("--version", action="version", version=f"solos-memory {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", parents=[common], help="run the HTTP service (REST /v1, MCP /mcp)")
-    serve.add_argument("--host", default=env_default("HOST", "127.0.0.1"), help="address to bind (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=int(env_default("PORT", str(DEFAULT_PORT))),
-                       help="port to bind, 0 for any free one (default: %(default)s)")
-    serve.add_argument("--register", type=split_names, default=[],
-                       help="comma-separated agents to register before serving, e.g. atlas,sol (default: none)")
-    serve.add_argument("--allow-remote", action="store_true",
-                       help="allow binding a non-loopback address (default: refuse)")
-    serve.add_argument("--tokens-file", default=env_default("TOKENS_FILE", None),
-                       help="per-agent bearer tokens file (default: none, loopback trust)")
-    serve.add_argument("--model-dir", default=env_default("MODEL_DIR", None),
-                       help="embedder tokenizer/config folder, or 'off' (default: the carried all-MiniLM-L6-v2)")
-    serve.add_argument("--allowed-origin", action="append", default=[],
-                       help="extra Origin allowed on /mcp, repeatable (default: only this server's loopback origins)")
-    serve.add_argument("--no-request-log", dest="log_requests", action="store_false",
-                       help="do not log one line per request (default: log them; rejections are always logged)")
+    serve.add_argument(
+        "--host", default=env_default("HOST", "127.0.0.1"), help="address to bind (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=env_int("PORT", DEFAULT_PORT),
+        help="port to bind, 0 for any free one (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--register",
+        type=split_names,
+        default=[],
+        help="comma-separated agents to register before serving, e.g. atlas,sol (default: none)",
+    )
+    serve.add_argument(
+        "--allow-remote", action="store_true", help="allow binding a non-loopback address (default: refuse)"
+    )
+    serve.add_argument(
+        "--tokens-file",
+        default=env_default("TOKENS_FILE", None),
+        help="per-agent bearer tokens file (default: none, loopback trust)",
+    )
+    serve.add_argument(
+        "--model-dir",
+        default=env_default("MODEL_DIR", None),
+        help="embedder tokenizer/config folder, or 'off' (default: the carried all-MiniLM-L6-v2)",
+    )
+    serve.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        help="extra Origin allowed on /mcp, repeatable (default: only this server's loopback origins)",
+    )
+    serve.add_argument(
+        "--no-request-log",
+        dest="log_requests",
+        action="store_false",
+        help="do not log one line per request (default: log them; rejections are always logged)",
+    )
 
     agents = commands.add_parser("agents", parents=[common], help="register or list agents (admin; never over HTTP)")
     agent_commands = agents.add_subparsers(dest="agents_command", required=True)
@@ -2004,16 +2454,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.add_parser("purge", parents=[common], help="delete expired short-term rows; exit 1 on failure")
     commands.add_parser("reindex", parents=[common], help="rebuild the keyword indexes from the tables")
 
-    check = commands.add_parser("check", parents=[common],
-                                help="rollout checks against a running instance; --cleanup removes their rows")
+    check = commands.add_parser(
+        "check", parents=[common], help="rollout checks against a running instance; --cleanup removes their rows"
+    )
     solos_check.add_arguments(check)
 
-    backfill = commands.add_parser("backfill", parents=[common],
-                                   help="embed every row that lacks a vector; resumable, safe while the service runs")
-    backfill.add_argument("--model-dir", default=env_default("MODEL_DIR", None),
-                          help="embedder tokenizer/config folder (default: the carried all-MiniLM-L6-v2)")
-    backfill.add_argument("--batch", type=int, default=EMBED_BATCH,
-                          help="rows per embedding batch and write transaction (default: %(default)s)")
+    backfill = commands.add_parser(
+        "backfill", parents=[common], help="embed every row that lacks a vector; resumable, safe while the service runs"
+    )
+    backfill.add_argument(
+        "--model-dir",
+        default=env_default("MODEL_DIR", None),
+        help="embedder tokenizer/config folder (default: the carried all-MiniLM-L6-v2)",
+    )
+    backfill.add_argument(
+        "--batch",
+        type=int,
+        default=EMBED_BATCH,
+        help="rows per embedding batch and write transaction (default: %(default)s)",
+    )
 
     token = commands.add_parser("token", help="issue a bearer token for an agent, appended (hashed) to a tokens file")
     token.add_argument("agent", help="the agent the token speaks for")
@@ -2025,10 +2484,20 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status so tests can call it."""
     args = parse_args(argv)
     if args.command == "serve":
-        return serve(Config(db=args.db, host=args.host, port=args.port, busy_timeout_ms=args.busy_timeout_ms,
-                            allow_remote=args.allow_remote, tokens_file=args.tokens_file, model_dir=args.model_dir,
-                            allowed_origins=tuple(args.allowed_origin), log_requests=args.log_requests),
-                     args.register)
+        return serve(
+            Config(
+                db=args.db,
+                host=args.host,
+                port=args.port,
+                busy_timeout_ms=args.busy_timeout_ms,
+                allow_remote=args.allow_remote,
+                tokens_file=args.tokens_file,
+                model_dir=args.model_dir,
+                allowed_origins=tuple(args.allowed_origin),
+                log_requests=args.log_requests,
+            ),
+            args.register,
+        )
     if args.command == "token":
         return issue_token(args.agent, args.tokens_file)
     if args.command == "check":
@@ -2043,9 +2512,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(config: Config, register: list[str]) -> int:
     server = build_server(config, register)
-    log_event("listening", host=config.host, port=server.port, db=os.path.abspath(config.db),
-              version=__version__, auth="tokens" if server.tokens else "loopback-trust",
-              degraded=server.memory.embedder is None, degraded_reason=server.memory.embedder_error)
+    log_event(
+        "listening",
+        host=config.host,
+        port=server.port,
+        db=os.path.abspath(config.db),
+        version=__version__,
+        auth="tokens" if server.tokens else "loopback-trust",
+        degraded=server.memory.embedder is None,
+        degraded_reason=server.memory.embedder_error,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -2082,8 +2558,14 @@ def backfill(store: Store, config: Config, batch: int) -> int:
 
     done = embed_missing(store, embedder, batch, progress)
     sys.stderr.write("\n")
-    log_event("backfilled", rows=done, missing_before=todo, model=embedder.model_id,
-              seconds=round(time.monotonic() - started, 1), vectors=store.count_vectors(embedder.model_id))
+    log_event(
+        "backfilled",
+        rows=done,
+        missing_before=todo,
+        model=embedder.model_id,
+        seconds=round(time.monotonic() - started, 1),
+        vectors=store.count_vectors(embedder.model_id),
+    )
     return 0
 
 

@@ -8,10 +8,11 @@ import os
 import sqlite3
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -50,8 +51,15 @@ class RunningServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.db_path = db_path
 
-    def request(self, method: str, path: str, body: Any = None, query: dict | None = None,
-                headers: dict | None = None, raw: bytes | None = None) -> Reply:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict | None = None,
+        headers: dict | None = None,
+        raw: bytes | None = None,
+    ) -> Reply:
         if query:
             path += "?" + urlencode(query)
         headers = dict(headers or {})
@@ -95,9 +103,7 @@ class RunningServer:
 def start_server(db_path: Path, **config: Any) -> RunningServer:
     config.setdefault("model_dir", "off")
     config.setdefault("log_requests", False)
-    server = solos_memory.build_server(
-        solos_memory.Config(db=str(db_path), port=0, **config), list(AGENTS)
-    )
+    server = solos_memory.build_server(solos_memory.Config(db=str(db_path), port=0, **config), list(AGENTS))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     return RunningServer(server, db_path)

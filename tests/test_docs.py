@@ -44,8 +44,9 @@ def test_quick_start_works_right_after_the_first_set_up_command(tmp_path):
         shutil.copy(ROOT / name, tmp_path / name)
     argv = first_set_up_command()
     assert argv[:3] == ["python3", "solos_memory.py", "serve"]
-    process = subprocess.Popen([sys.executable, *argv[1:], "--port", "0"], cwd=tmp_path,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, *argv[1:], "--port", "0"], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
     try:
         port = json.loads(process.stderr.readline())["port"]
         script = quick_start_commands().replace("localhost:8437", f"localhost:{port}")

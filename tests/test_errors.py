@@ -60,14 +60,22 @@ def test_body_must_be_an_object(server, raw):
 
 def test_nan_is_not_json(server):
     raw = b'{"agent": "atlas", "fact": "f", "confidence": NaN}'
-    assert_error(server.request("POST", "/v1/long", raw=raw, headers={"Content-Type": "application/json"}),
-                 400, "bad_request", "body")
+    assert_error(
+        server.request("POST", "/v1/long", raw=raw, headers={"Content-Type": "application/json"}),
+        400,
+        "bad_request",
+        "body",
+    )
 
 
 def test_invalid_utf8_body_is_400(server):
     raw = b'{"agent": "atlas", "fact": "\xff\xfe"}'
-    assert_error(server.request("POST", "/v1/long", raw=raw, headers={"Content-Type": "application/json"}),
-                 400, "bad_request", "body")
+    assert_error(
+        server.request("POST", "/v1/long", raw=raw, headers={"Content-Type": "application/json"}),
+        400,
+        "bad_request",
+        "body",
+    )
 
 
 def test_deeply_nested_json_is_400(server):
@@ -77,15 +85,19 @@ def test_deeply_nested_json_is_400(server):
 
 
 def test_wrong_content_type_is_415(server):
-    reply = server.request("POST", "/v1/long", raw=b'{"agent":"atlas","fact":"f"}', headers={"Content-Type": "text/plain"})
+    reply = server.request(
+        "POST", "/v1/long", raw=b'{"agent":"atlas","fact":"f"}', headers={"Content-Type": "text/plain"}
+    )
     assert_error(reply, 415, "unsupported_media_type", "Content-Type")
 
 
 def test_empty_body_is_400_and_missing_length_is_411(server):
-    assert_error(server.request("POST", "/v1/long", headers={"Content-Type": "application/json"}),
-                 400, "bad_request", "body")
-    response = raw_exchange(server, b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                    b"Connection: close\r\n\r\n")
+    assert_error(
+        server.request("POST", "/v1/long", headers={"Content-Type": "application/json"}), 400, "bad_request", "body"
+    )
+    response = raw_exchange(
+        server, b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+    )
     assert response.startswith(b"HTTP/1.1 411 ")
 
 
@@ -98,15 +110,19 @@ def test_body_over_the_cap_is_413(server):
 
 
 def test_chunked_body_is_refused(server):
-    response = raw_exchange(server, b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                    b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+    response = raw_exchange(
+        server,
+        b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
     assert response.startswith(b"HTTP/1.1 411 ")
     assert b'"code": "length_required"' in response
 
 
 def test_bad_content_length_is_400(server):
-    response = raw_exchange(server, b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                    b"Content-Length: abc\r\n\r\n{}")
+    response = raw_exchange(
+        server, b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}"
+    )
     assert response.startswith(b"HTTP/1.1 400 ")
 
 

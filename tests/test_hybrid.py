@@ -41,9 +41,11 @@ class WordHashEmbedder:
 @pytest.fixture
 def embedded_server(make_server, monkeypatch):
     """Start a server whose embedder is the given stand-in."""
+
     def make(embedder, name: str = "hybrid.db", **config):
         monkeypatch.setattr(solos_memory, "load_embedder", lambda config: (embedder, None))
         return make_server(name, **config)
+
     return make
 
 
@@ -155,8 +157,10 @@ def test_backfill_is_resumable_and_idempotent(make_server):
     for n in range(10):
         server.post("/v1/long", {"agent": "atlas", "fact": f"backfill fact {n}"})
     with server.db() as conn:
-        conn.executemany("INSERT INTO memory_episodic (agent, event_type, summary) VALUES ('sol', 'e', ?)",
-                         [(f"episode {n}",) for n in range(5)])
+        conn.executemany(
+            "INSERT INTO memory_episodic (agent, event_type, summary) VALUES ('sol', 'e', ?)",
+            [(f"episode {n}",) for n in range(5)],
+        )
     store = solos_memory.Store(str(server.db_path))
     flaky = WordHashEmbedder(fail_after=2)
     with pytest.raises(RuntimeError):

@@ -40,7 +40,9 @@ def test_responses_match_the_advertised_output_schemas(server):
     server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "schema event"})
     server.post("/v1/short", {"agent": "sol", "key": "k", "value": "schema value"})
     samples = {
-        "recall": server.get("/v1/recall", agent="sol", q="schema", tiers="long,short,episodic,durable", scope="shared"),
+        "recall": server.get(
+            "/v1/recall", agent="sol", q="schema", tiers="long,short,episodic,durable", scope="shared"
+        ),
         "write_long": server.post("/v1/long", {"agent": "atlas", "fact": "schema fact"}),
         "write_short": server.post("/v1/short", {"agent": "sol", "key": "k2", "value": "v"}),
         "write_episodic": server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "s"}),
@@ -66,14 +68,19 @@ def test_metrics_are_prometheus_text(server):
     reply = server.request("GET", "/metrics")
     assert reply.status == 200 and reply.headers["content-type"].startswith("text/plain; version=0.0.4")
     families = {f.name: f for f in text_string_to_metric_families(reply.raw.decode())}
-    requests = {(s.labels["route"], s.labels["method"], s.labels["status"]): s.value
-                for s in families["solos_memory_requests"].samples}
+    requests = {
+        (s.labels["route"], s.labels["method"], s.labels["status"]): s.value
+        for s in families["solos_memory_requests"].samples
+    }
     assert requests[("/v1/long", "POST", "201")] == 1
     assert requests[("/v1/recall", "GET", "200")] == 1
     assert requests[("/v1/recall", "GET", "422")] == 1
     assert requests[("other", "GET", "404")] == 1  # arbitrary paths do not become labels
-    histogram = {(s.name, s.labels.get("le")): s.value for s in families["solos_memory_request_duration_seconds"].samples
-                 if s.labels["route"] == "/v1/recall"}
+    histogram = {
+        (s.name, s.labels.get("le")): s.value
+        for s in families["solos_memory_request_duration_seconds"].samples
+        if s.labels["route"] == "/v1/recall"
+    }
     assert histogram[("solos_memory_request_duration_seconds_count", None)] == 2
     assert histogram[("solos_memory_request_duration_seconds_bucket", "+Inf")] == 2
     rejections = {s.labels["reason"]: s.value for s in families["solos_memory_rejections"].samples}
@@ -120,8 +127,12 @@ def test_tokens_decide_the_caller_over_rest(token_server):
 
 def mcp_call(server, name: str, arguments: dict, headers: dict) -> dict:
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
-    reply = server.request("POST", "/mcp", body=body, headers={
-        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25", **headers})
+    reply = server.request(
+        "POST",
+        "/mcp",
+        body=body,
+        headers={"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25", **headers},
+    )
     assert reply.status == 200, reply.raw
     return reply.body["result"]
 
@@ -152,15 +163,33 @@ def test_tokens_file_readable_by_others_is_refused(tmp_path):
     tokens = tmp_path / "tokens"
     write_tokens(tokens, {"t": "atlas"})
     tokens.chmod(0o644)
-    run = subprocess.run([sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "x.db"),
-                          "--port", "0", "--tokens-file", str(tokens)], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "solos_memory.py"),
+            "serve",
+            "--db",
+            str(tmp_path / "x.db"),
+            "--port",
+            "0",
+            "--tokens-file",
+            str(tokens),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode != 0 and "chmod 600" in run.stderr
 
 
 def test_token_command_prints_a_token_and_stores_only_its_hash(tmp_path):
     tokens = tmp_path / "tokens"
-    run = subprocess.run([sys.executable, str(ROOT / "solos_memory.py"), "token", "atlas", "--tokens-file", str(tokens)],
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "solos_memory.py"), "token", "atlas", "--tokens-file", str(tokens)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     token = run.stdout.strip()
     assert run.returncode == 0 and len(token) >= 40
     stored = tokens.read_text()

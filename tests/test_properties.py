@@ -15,7 +15,9 @@ import solos_memory
 
 BUDGET_MS = 300
 COUNTER = itertools.count()
-PROPERTY_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY_SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 words = st.text(alphabet=st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=1, max_size=12)
 sentences = st.lists(words, min_size=1, max_size=8).map(" ".join)
@@ -126,8 +128,12 @@ def test_no_empty_success_while_the_database_is_locked(shared_server, q, k):
 def mcp_recall(server, arguments: dict) -> tuple[dict, dict]:
     """recall as an MCP tools/call (stateless 2025-11-25 POST); returns (structuredContent, headers)."""
     body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "recall", "arguments": arguments}}
-    reply = server.request("POST", "/mcp", body=body, headers={
-        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"})
+    reply = server.request(
+        "POST",
+        "/mcp",
+        body=body,
+        headers={"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"},
+    )
     assert reply.status == 200 and "result" in reply.body, reply.raw
     return reply.body["result"], reply.headers
 
@@ -144,8 +150,9 @@ def test_rest_and_mcp_agree(shared_server, data):
         "q": data.draw(st.sampled_from([tag, "", f"{tag} " + data.draw(sentences)])),
         "k": data.draw(st.integers(0, 101)),
         "scope": data.draw(st.sampled_from(["own", "shared", "shared_except_self", "everyone"])),
-        "tiers": data.draw(st.lists(st.sampled_from(["long", "short", "durable", "nope"]), min_size=1, max_size=2,
-                                    unique=True)),
+        "tiers": data.draw(
+            st.lists(st.sampled_from(["long", "short", "durable", "nope"]), min_size=1, max_size=2, unique=True)
+        ),
     }
     rest = shared_server.get("/v1/recall", **{**arguments, "tiers": ",".join(arguments["tiers"])})
     result, headers = mcp_recall(shared_server, arguments)

@@ -159,7 +159,9 @@ def test_expired_short_rows_are_never_returned(server):
 
 def test_rows_written_directly_by_other_writers_are_seen_on_the_next_request(server):
     with server.db() as conn:
-        conn.execute("INSERT INTO memory_longterm (agent, topic, fact) VALUES ('atlas', 'direct', 'zeppelin hangar doors')")
+        conn.execute(
+            "INSERT INTO memory_longterm (agent, topic, fact) VALUES ('atlas', 'direct', 'zeppelin hangar doors')"
+        )
     hit = server.recall("sol", "zeppelin")
     assert texts(hit) == ["zeppelin hangar doors"] and hit.body["results"][0]["agent"] == "atlas"
     with server.db() as conn:
@@ -176,7 +178,9 @@ def test_identical_texts_are_collapsed_and_counted(server):
     write_long(server, "atlas", "The VPN endpoint is vpn.example.org", topic="a")
     write_long(server, "sol", "The VPN endpoint is vpn.example.org", topic="b")
     with server.db() as conn:  # the fleet's data holds literal duplicates from one agent too
-        conn.execute("INSERT INTO memory_longterm (agent, fact) VALUES ('atlas', 'The VPN endpoint is vpn.example.org')")
+        conn.execute(
+            "INSERT INTO memory_longterm (agent, fact) VALUES ('atlas', 'The VPN endpoint is vpn.example.org')"
+        )
     write_long(server, "atlas", "The VPN uses WireGuard")
     reply = server.recall("nova", "VPN endpoint", k=5)
     assert sorted(texts(reply)) == ["The VPN endpoint is vpn.example.org", "The VPN uses WireGuard"]
@@ -197,11 +201,29 @@ def test_duplicates_do_not_shrink_the_result_below_k(server):
     assert len(set(texts(reply))) == 4
 
 
-@pytest.mark.parametrize("q", [
-    '"unbalanced quote', "NEAR(a b)", "a AND OR NOT b", "col:value", "*", "^start", "a -b", "(((",
-    "'; DROP TABLE memory_longterm; --", "ünïcödé façade", "日本語のテキスト", "emoji 🚀 rocket",
-    "\x01\x02", "  ", "-", "x" * 10_000, "word " * 2_000, "\"\" '' `` {} [] <> \\",
-])
+@pytest.mark.parametrize(
+    "q",
+    [
+        '"unbalanced quote',
+        "NEAR(a b)",
+        "a AND OR NOT b",
+        "col:value",
+        "*",
+        "^start",
+        "a -b",
+        "(((",
+        "'; DROP TABLE memory_longterm; --",
+        "ünïcödé façade",
+        "日本語のテキスト",
+        "emoji 🚀 rocket",
+        "\x01\x02",
+        "  ",
+        "-",
+        "x" * 10_000,
+        "word " * 2_000,
+        "\"\" '' `` {} [] <> \\",
+    ],
+)
 def test_any_query_text_works(server, q):
     write_long(server, "atlas", "façade repair and rocket launch")
     reply = server.recall("sol", q, k=3)

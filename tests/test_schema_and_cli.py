@@ -22,15 +22,18 @@ CREATE TABLE memory_longterm (id INTEGER PRIMARY KEY, agent TEXT, topic TEXT, fa
 CREATE TABLE memory_episodic (id INTEGER PRIMARY KEY, agent TEXT, event_type TEXT, summary TEXT, details TEXT,
     outcome TEXT, duration_s REAL, timestamp TEXT);
 INSERT INTO agent_registry (agent) VALUES ('atlas'), ('sol');
-INSERT INTO memory_longterm (agent, topic, fact, updated_at) VALUES ('atlas', 'legacy', 'pre-existing fact about gliders', '2026-01-01T00:00:00.000Z');
-INSERT INTO memory_episodic (agent, event_type, summary, timestamp) VALUES ('sol', 'task', 'pre-existing episode about kites', '2026-01-01T00:00:00.000Z');
+INSERT INTO memory_longterm (agent, topic, fact, updated_at)
+    VALUES ('atlas', 'legacy', 'pre-existing fact about gliders', '2026-01-01T00:00:00.000Z');
+INSERT INTO memory_episodic (agent, event_type, summary, timestamp)
+    VALUES ('sol', 'task', 'pre-existing episode about kites', '2026-01-01T00:00:00.000Z');
 PRAGMA user_version = 42;
 """
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "solos_memory.py"), *args], capture_output=True, text=True,
-                          timeout=60, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "solos_memory.py"), *args], capture_output=True, text=True, timeout=60, cwd=cwd
+    )
 
 
 def fleet_db(path: Path, schema: str = FLEET_SCHEMA) -> Path:
@@ -43,7 +46,9 @@ def fleet_db(path: Path, schema: str = FLEET_SCHEMA) -> Path:
 def test_schema_sql_is_additive_only():
     sql = (ROOT / "schema.sql").read_text()
     code = re.sub(r"--[^\n]*", "", sql)
-    statements = [s.strip() for s in re.split(r";\s*(?:\n|$)", re.sub(r"BEGIN.*?END;", "TRIGGER;", code, flags=re.S)) if s.strip()]
+    statements = [
+        s.strip() for s in re.split(r";\s*(?:\n|$)", re.sub(r"BEGIN.*?END;", "TRIGGER;", code, flags=re.S)) if s.strip()
+    ]
     for statement in statements:
         if statement == "TRIGGER":
             continue
@@ -54,8 +59,10 @@ def test_schema_sql_is_additive_only():
 def test_existing_fleet_database_is_adopted_without_changing_its_tables(make_server, tmp_path):
     path = fleet_db(tmp_path / "fleet.db")
     before = sqlite3.connect(path)
-    columns_before = {t: before.execute(f"SELECT sql FROM sqlite_master WHERE name = '{t}'").fetchone()[0]
-                      for t in ("agent_registry", "memory_durable", "memory_longterm", "memory_episodic")}
+    columns_before = {
+        t: before.execute(f"SELECT sql FROM sqlite_master WHERE name = '{t}'").fetchone()[0]
+        for t in ("agent_registry", "memory_durable", "memory_longterm", "memory_episodic")
+    }
     before.close()
     server = make_server("fleet.db")
     reply = server.recall("sol", "gliders")
@@ -71,11 +78,20 @@ def test_existing_fleet_database_is_adopted_without_changing_its_tables(make_ser
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-@pytest.mark.parametrize("table,column", [("memory_longterm", "fact"), ("memory_episodic", "summary"),
-                                          ("agent_registry", "agent"), ("memory_durable", "key")])
+@pytest.mark.parametrize(
+    "table,column",
+    [
+        ("memory_longterm", "fact"),
+        ("memory_episodic", "summary"),
+        ("agent_registry", "agent"),
+        ("memory_durable", "key"),
+    ],
+)
 def test_startup_refuses_a_database_missing_a_needed_column(tmp_path, table, column):
     schema = FLEET_SCHEMA.split("INSERT")[0]
-    broken = re.sub(rf"(CREATE TABLE {table} \(.*?)\b{column} [A-Z]+( UNIQUE| PRIMARY KEY)?,?", r"\1", schema, flags=re.S)
+    broken = re.sub(
+        rf"(CREATE TABLE {table} \(.*?)\b{column} [A-Z]+( UNIQUE| PRIMARY KEY)?,?", r"\1", schema, flags=re.S
+    )
     broken = broken.replace(", )", ")").replace(",)", ")")
     assert broken != schema
     path = fleet_db(tmp_path / "broken.db", broken)
@@ -135,8 +151,11 @@ def test_acceptance_story_atlas_writes_sol_recalls(server):
     """The fleet spec's story: atlas writes, sol recalls it as atlas's, foreign; rows rise by distinct writes."""
     with server.db() as conn:
         before = conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0]
-    facts = ["The fleet's staging cluster is called heron.", "Backups are verified every Sunday.",
-             "The fleet's staging cluster is called heron."]  # the third is a repeat: one row, updated
+    facts = [
+        "The fleet's staging cluster is called heron.",
+        "Backups are verified every Sunday.",
+        "The fleet's staging cluster is called heron.",
+    ]  # the third is a repeat: one row, updated
     for fact in facts:
         assert server.post("/v1/long", {"agent": "atlas", "topic": "fleet", "fact": fact}).status in (200, 201)
     reply = server.recall("sol", "staging cluster heron")

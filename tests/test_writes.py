@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-LONG = {"agent": "atlas", "topic": "infra", "fact": "The backup job runs nightly at 02:00 UTC.",
-        "source": "ops-runbook", "confidence": 0.9, "tags": ["ops", "backup"]}
+LONG = {
+    "agent": "atlas",
+    "topic": "infra",
+    "fact": "The backup job runs nightly at 02:00 UTC.",
+    "source": "ops-runbook",
+    "confidence": 0.9,
+    "tags": ["ops", "backup"],
+}
 SHORT = {"agent": "atlas", "key": "current-task", "value": "rotating certificates", "ttl_s": 600, "tags": ["task"]}
-EPISODE = {"agent": "atlas", "event_type": "deploy", "summary": "Deployed v2 of the gateway",
-           "details": "two nodes", "outcome": "success", "duration_s": 42.5}
+EPISODE = {
+    "agent": "atlas",
+    "event_type": "deploy",
+    "summary": "Deployed v2 of the gateway",
+    "details": "two nodes",
+    "outcome": "success",
+    "duration_s": 42.5,
+}
 
 
 def table_rows(server, table: str) -> list[dict]:
@@ -70,8 +82,9 @@ def test_short_ttl_defaults_to_a_day(server):
     row = table_rows(server, "memory_short")[0]
     assert reply.body["expires_at"] == row["expires_at"]
     with server.db() as conn:
-        seconds = conn.execute("SELECT round((julianday(?) - julianday(?)) * 86400)",
-                               (row["expires_at"], row["created_at"])).fetchone()[0]
+        seconds = conn.execute(
+            "SELECT round((julianday(?) - julianday(?)) * 86400)", (row["expires_at"], row["created_at"])
+        ).fetchone()[0]
     assert seconds == 86400
 
 
