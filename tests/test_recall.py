@@ -270,3 +270,15 @@ def test_stats_expose_counts_hits_and_rejections(server):
     assert stats["rejections"] == {"unknown_agent": 1}
     assert stats["recent_rejections"][0]["agent"] == "mallory"
     assert stats["degraded"] is True
+
+
+def test_the_fact_after_a_match_in_the_same_topic_is_recalled_too(server):
+    """Conversation memory: the answer often follows the matching line under the same topic."""
+    write_long(server, "sol", "What did you cook for the picnic?", topic="2026-05-01 picnic")
+    write_long(server, "atlas", "Lemon risotto with peas.", topic="2026-05-01 picnic")
+    write_long(server, "atlas", "Lemon sorbet recipe", topic="desserts")
+    reply = server.recall("nova", "picnic", k=5)
+    assert texts(reply)[:2] == ["What did you cook for the picnic?", "Lemon risotto with peas."]
+    assert "Lemon sorbet recipe" not in texts(reply)
+    scoped = server.recall("atlas", "picnic", scope="own", k=5)
+    assert texts(scoped) == ["Lemon risotto with peas."]  # entering through a neighbour still obeys scope
