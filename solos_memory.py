@@ -501,9 +501,8 @@ class Store:
                 if attempt:  # a retry waits only for what is left of the budget
                     remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
                     conn.execute(f"PRAGMA busy_timeout={remaining_ms}")
-                if not write:
-                    return work(conn)
-                conn.execute("BEGIN IMMEDIATE")
+                # Reads get one snapshot (cheap under WAL); writes take the lock up front, briefly.
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 result = work(conn)
                 conn.execute("COMMIT")
                 return result
@@ -1182,7 +1181,7 @@ class Memory:
         self.vectors = VectorIndex(embedder.model_id) if embedder else None
         self.worker = EmbedWorker(store, embedder) if embedder else None
         self.query_pool = concurrent.futures.ThreadPoolExecutor(1, "embed-query") if embedder else None
-        self.pending_query: concurrent.futures.Future | None = None
+        self.stuck_query: concurrent.futures.Future | None = None
         if self.worker:
             self.worker.start()
 
@@ -1195,13 +1194,14 @@ class Memory:
         """The query's vector, or None and why (no embedder, still busy, failed, timed out)."""
         if self.embedder is None:
             return None, self.embedder_error
-        if self.pending_query is not None and not self.pending_query.done():
+        if self.stuck_query is not None and not self.stuck_query.done():
             return None, "keyword-only recall: the embedder is still busy with a query that timed out"
         assert self.query_pool is not None  # set whenever embedder is
-        self.pending_query = self.query_pool.submit(self.embedder.embed, [text])
+        future = self.query_pool.submit(self.embedder.embed, [text])
         try:
-            blob = self.pending_query.result(timeout=QUERY_EMBED_TIMEOUT_S)[0]
+            blob = future.result(timeout=QUERY_EMBED_TIMEOUT_S)[0]
         except concurrent.futures.TimeoutError:
+            self.stuck_query = future  # later queries degrade at once instead of queueing behind it
             return None, f"keyword-only recall: the embedder took over {QUERY_EMBED_TIMEOUT_S} s"
         except Exception as error:
             return None, f"keyword-only recall: the embedder failed ({type(error).__name__}: {error})"
