@@ -1991,8 +1991,8 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
 # A write's largest field is 16 KiB of text; JSON escaping can grow it up to 6x
 # (\uXXXX), so 128 KiB admits every valid write and stops a memory-hungry body early.
 MAX_BODY_BYTES = 128 * 1024
-KEEPALIVE_IDLE_S = 30  # a kept-alive connection idle this long is closed, freeing its thread
-MAX_CONNECTIONS = 128  # threads are bounded; past this a connection gets an immediate 503
+KEEPALIVE_IDLE_S = 30  # a connection idle (or dripping a request head) this long is closed, freeing its thread
+MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the longest-idle connection
 
 
 def status_for(op: Operation, result: dict) -> int:
@@ -2014,6 +2014,11 @@ class MemoryHandler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.idle(self.connection)
+
+    def finish(self) -> None:
+        self.server.forget(self.connection)
+        super().finish()
 
     def do_GET(self) -> None:
         self.route()
@@ -2053,11 +2058,18 @@ class MemoryHandler(BaseHTTPRequestHandler):
             lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         # One write: headers and body in separate segments meet Nagle + delayed ACK (~40 ms).
-        self.wfile.write(head if self.command == "HEAD" else head + body)
+        try:
+            self.wfile.write(head if self.command == "HEAD" else head + body)
+        except OSError:  # the client went away (or was evicted as idle); nothing left to tell it
+            self.close_connection = True
         self.status_sent = status
 
     def route(self) -> None:
+        if self.request_version == "HTTP/0.9":  # no headers, no status line: a line cut short, not a client
+            self.close_connection = True
+            return
         started = time.perf_counter()
+        self.server.forget(self.connection)  # working: not to be evicted
         self.status_sent = 0
         url = urlsplit(self.path)
         try:
@@ -2084,6 +2096,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.respond(500, error_body(ServiceError("internal error; see the service log")))
         finally:
+            self.server.idle(self.connection)
             route = url.path if url.path in KNOWN_PATHS else "other"  # bounded label set for /metrics
             self.server.memory.stats.observe(route, self.command, self.status_sent, time.perf_counter() - started)
             if self.server.config.log_requests:
@@ -2308,6 +2321,8 @@ class MemoryServer(ThreadingHTTPServer):
         self.config, self.memory, self.tokens = config, memory, tokens
         self.port = self.server_address[1]
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.idle_lock = threading.Lock()
+        self.idle_since: dict[socket.socket, float] = {}
         names = {config.host, *LOOPBACK_HOSTS}
         self.bridge = mcp_bridge.McpBridge(
             mcp_tools(OPERATIONS),
@@ -2343,19 +2358,65 @@ class MemoryServer(ThreadingHTTPServer):
             "degraded_reason": self.memory.embedder_error,
         }
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Start a thread per connection while slots last; past that, 503 at once."""
-        if not self.slots.acquire(blocking=False):
+    def idle(self, connection: socket.socket) -> None:
+        """The connection waits for (or is still receiving) its next request head."""
+        with self.idle_lock:
+            self.idle_since[connection] = time.monotonic()
+
+    def forget(self, connection: socket.socket) -> None:
+        with self.idle_lock:
+            self.idle_since.pop(connection, None)
+
+    def evict_idle(self, all_older_than_s: float, at_least_one: bool) -> None:
+        """Shut idle connections past the deadline (slow or silent clients); their threads end at once.
+
+        With at_least_one, the longest-idle goes too, so a newcomer (a /health
+        probe, an agent's turn) is never starved by sockets that send nothing.
+        """
+        now = time.monotonic()
+        with self.idle_lock:
+            ordered = sorted(self.idle_since.items(), key=lambda item: item[1])
+            doomed = [conn for conn, since in ordered if now - since > all_older_than_s]
+            if at_least_one and not doomed and ordered:
+                doomed = [ordered[0][0]]
+            for conn in doomed:
+                del self.idle_since[conn]
+        for conn in doomed:
             try:
-                request.sendall(
-                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 71\r\n\r\n"
-                    b'{"error":{"code":"busy","status":503,"message":"too many connections"}}'
-                )
-            finally:
-                self.shutdown_request(request)
-            return
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, at most MAX_CONNECTIONS; evict idle ones before refusing anyone."""
+        self.evict_idle(KEEPALIVE_IDLE_S, at_least_one=False)
+        if not self.slots.acquire(blocking=False):
+            self.evict_idle(KEEPALIVE_IDLE_S, at_least_one=True)
+            if not self.slots.acquire(timeout=1.0):
+                self.refuse(request)
+                return
         super().process_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A dropped connection is one log line; anything else keeps its traceback in the log."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            log_event("connection_error", client=client_address[0], error=type(error).__name__)
+        else:
+            logging.exception("unexpected error serving %s", client_address[0])
+
+    def refuse(self, request: socket.socket) -> None:
+        """Every slot is busy working: say so at once rather than queue."""
+        try:
+            request.sendall(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 71\r\n\r\n"
+                b'{"error":{"code":"busy","status":503,"message":"too many connections"}}'
+            )
+        except OSError:
+            pass
+        finally:
+            self.shutdown_request(request)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
