@@ -164,3 +164,12 @@ def test_acceptance_story_atlas_writes_sol_recalls(server):
     with server.db() as conn:
         after = conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0]
     assert after - before == len(set(facts))
+
+
+def test_check_command_is_part_of_the_service_cli(server, capsys):
+    assert solos_memory.main(["check", "--url", server.url, "--writer", "atlas", "--reader", "sol"]) == 0
+    table = capsys.readouterr().out
+    assert "6/6 checks passed" in table
+    assert solos_memory.main(["check", "--cleanup", "--db", str(server.db_path)]) == 0
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm WHERE source = 'solos-check'").fetchone()[0] == 0
