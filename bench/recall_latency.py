@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Recall latency over REST against its floor, at 10k, 100k and 1M rows.
+
+    python3 bench/recall_latency.py [--sizes 10k,100k,1m] [--queries 400] [--seed 7] [--no-worst]
+
+For each size (N episodic rows + N/10 long facts, see gen_db.py; generated and
+cached on first use, 1M takes a minute or two) the service runs as a
+subprocess on a copy of the database, keyword-only (`--model-dir off`), and
+one kept-alive http.client connection sends the queries. Measured in the same
+run, on the same machine and database:
+
+  http floor   a trivial http.server answering a GET in one write, kept alive
+  fts floor    the raw FTS5 query per tier (MATCH + bm25 ORDER BY + LIMIT, the
+               service's own MATCH string, weights and depth) on a direct
+               sqlite3 connection, no join, no JSON
+  floor        http floor + fts floor of the same query
+
+Service, FTS5 and HTTP floor run back to back for each query, so whatever
+else loads the machine loads all three alike.
+
+Queries are 2-3 content words taken from random rows (what an agent's LLM
+sends); a second line uses the same words in a question with function words
+("what happened with the ..."), which every row matches. Lines:
+
+  long,short          the default tiers
+  long,episodic       scope shared; foreign episodes from the three sharing
+                      agents are audited, so some recalls also write
+  long,episodic own   the caller's rows only: the same search without the audit write
+
+Hybrid is measured when the service, started with its default model dir,
+reports degraded:false; otherwise it prints "n/a (degraded)".
+Targets (issue 5): keyword p50 <= 1.5x floor, p99 < 10 ms at 1m (100k long +
+1M episodic), p50 growth 10k -> 1m <= 3x. The 30-word vocabulary worst case
+is a separate line. Exits 1 if a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gen_db
+from harness import ROOT, Client, machine_note, percentiles, start_floor, start_service, verdict
+
+sys.path.insert(0, str(ROOT))
+import solos_memory  # noqa: E402
+
+TARGET_RATIO = 1.5
+TARGET_P99_MS = 10.0
+TARGET_GROWTH = 3.0
+CALLER = "atlas"  # writes its share; not one of the sharing agents
+K = 5
+LINES = (
+    ("long,short", "shared", "content"),
+    ("long,short", "shared", "question"),
+    ("long,episodic", "shared", "content"),
+    ("long,episodic", "own", "content"),
+)
+WORD = re.compile(r"[a-z]{3,}")
+
+
+def make_queries(db: Path, count: int, seed: int, style: str) -> list[str]:
+    """Content-word queries from random long facts and episode summaries; or the same words as questions."""
+    rng = random.Random(seed)
+    conn = sqlite3.connect(db)
+    stop = set(gen_db.FUNCTION_WORDS)
+    top_long = conn.execute("SELECT max(id) FROM memory_longterm").fetchone()[0]
+    top_episodic = conn.execute("SELECT max(id) FROM memory_episodic").fetchone()[0]
+    queries = []
+    while len(queries) < count:
+        if rng.random() < 0.5:
+            row = conn.execute("SELECT fact FROM memory_longterm WHERE id = ?", (rng.randint(1, top_long),)).fetchone()
+        else:
+            row = conn.execute(
+                "SELECT summary FROM memory_episodic WHERE id = ?", (rng.randint(1, top_episodic),)
+            ).fetchone()
+        if row is None:
+            continue
+        words = [w for w in dict.fromkeys(WORD.findall(row[0].lower())) if w not in stop]
+        if len(words) < 2:
+            continue
+        picked = rng.sample(words, min(len(words), rng.choice((2, 2, 3))))
+        if style == "question":
+            queries.append(f"what happened with the {' '.join(picked[:-1])} after the {picked[-1]}?")
+        else:
+            queries.append(" ".join(picked))
+    conn.close()
+    return queries
+
+
+def service_match(text: str) -> str | None:
+    """The FTS5 MATCH string the service builds for q (whichever version of the service is on disk)."""
+    if hasattr(solos_memory, "query_words"):
+        return solos_memory.make_fts_query(solos_memory.query_words(text))
+    return solos_memory.make_fts_query(text)
+
+
+def fts_statements(tiers: str) -> list[str]:
+    """The bare FTS5 ranking the service's recall rests on, one statement per tier, at the service's depth."""
+    depth = max(getattr(solos_memory, "CANDIDATE_DEPTH", 0), K * 4 + 20)
+    statements = []
+    for tier in tiers.split(","):
+        _, fts, _, _, weights = solos_memory.TIER_SQL[tier]
+        statements.append(
+            f"SELECT rowid, bm25({fts}, {weights}) FROM {fts} WHERE {fts} MATCH ? "
+            f"ORDER BY bm25({fts}, {weights}) LIMIT {depth}"
+        )
+    return statements
+
+
+def time_line(
+    service_port: int, floor_port: int, db: Path, queries: list[str], tiers: str, scope: str, warmup: int
+) -> tuple[list[float], list[float], list[float], dict]:
+    """Per query, back to back: the service's recall, the raw FTS5 queries, an empty-handler round trip.
+
+    Interleaved, so load from anything else on the machine hits service and floor alike.
+    """
+    client, floor = Client(service_port), Client(floor_port)
+    conn = sqlite3.connect(db, isolation_level=None)
+    statements = fts_statements(tiers)
+    service, fts, http = [], [], []
+    last: dict = {}
+    for i, q in enumerate(queries[:warmup] + queries):
+        started = time.perf_counter()
+        status, body = client.json(
+            "GET", "/v1/recall", query={"agent": CALLER, "q": q, "k": K, "tiers": tiers, "scope": scope}
+        )
+        service_s = time.perf_counter() - started
+        if status != 200:
+            raise RuntimeError(f"recall answered {status}: {body}")
+        match = service_match(q)
+        started = time.perf_counter()
+        for sql in statements:
+            conn.execute(sql, (match,)).fetchall()
+        fts_s = time.perf_counter() - started
+        started = time.perf_counter()
+        floor.request("GET", "/v1/recall?agent=atlas&q=x")
+        http_s = time.perf_counter() - started
+        if i >= warmup:
+            service.append(service_s)
+            fts.append(fts_s)
+            http.append(http_s)
+            last = body
+    client.close()
+    floor.close()
+    conn.close()
+    return service, fts, http, last
+
+
+def row(label: str, stats: dict) -> str:
+    figures = "  ".join(f"{name} {stats[name]:7.3f}" for name in ("p50", "p95", "p99", "max"))
+    return f"  {label:<34} {figures} ms"
+
+
+def measure_size(label: str, db_source: Path, args: argparse.Namespace, floor_port: int, hybrid: bool) -> dict:
+    """All lines at one size; returns {line: (service stats, floor stats)}."""
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="solos-bench-") as scratch:
+        db = Path(scratch) / "solos.db"
+        shutil.copyfile(db_source, db)
+        conn = sqlite3.connect(db)
+        long_rows, episodic_rows = (
+            conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("memory_longterm", "memory_episodic")
+        )
+        conn.close()
+        print(f"\n== {label}: {long_rows:,} long + {episodic_rows:,} episodic rows ({db_source.name}) ==")
+        with start_service(db) as service:
+            for tiers, scope, style in LINES:
+                queries = make_queries(db, args.queries + args.warmup, args.seed, style)
+                samples, fts, http, last = time_line(service.port, floor_port, db, queries, tiers, scope, args.warmup)
+                floor = [a + b for a, b in zip(http, fts)]
+                name = f"{tiers} {style}" + ("" if scope == "shared" else f" {scope}")
+                print(row(f"http floor (empty handler) [{name}]", percentiles(http)))
+                service_stats, fts_stats, floor_stats = percentiles(samples), percentiles(fts), percentiles(floor)
+                print(row(f"fts floor [{name}]", fts_stats))
+                print(row(f"floor = http + fts [{name}]", floor_stats))
+                print(
+                    row(f"service keyword [{name}]", service_stats)
+                    + f"  ratio p50 {service_stats['p50'] / floor_stats['p50']:.2f}x"
+                    + f" p99 {service_stats['p99'] / floor_stats['p99']:.2f}x"
+                )
+                results[name] = (service_stats, floor_stats, fts_stats)
+        if hybrid:
+            results["hybrid"] = measure_hybrid(db, args)
+    return results
+
+
+def measure_hybrid(db: Path, args: argparse.Namespace) -> dict | None:
+    """Hybrid recall, if the service with its default model dir is not degraded.
+
+    The embedder needs fastembed: run the bench with .venv/bin/python for this line. Rows
+    get vectors in the background (about 200 texts/s), so the line says how many have one.
+    """
+    with start_service(db, model_dir="") as service:
+        client = Client(service.port)
+        _, health = client.json("GET", "/health")
+        if health.get("degraded", True):
+            print(f"  {'service hybrid':<34} n/a (degraded: {health.get('degraded_reason')})")
+            return None
+        conn = sqlite3.connect(db)
+        vectors = conn.execute("SELECT count(*) FROM memory_vector").fetchone()[0]
+        rows = sum(
+            conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in ("memory_longterm", "memory_episodic", "memory_short")
+        )
+        conn.close()
+        queries = make_queries(db, args.queries + args.warmup, args.seed, "content")
+        samples, _, _, last = time_line(service.port, args.floor_port, db, queries, "long,short", "shared", args.warmup)
+        stats = percentiles(samples)
+        print(
+            row("service hybrid [long,short content]", stats)
+            + f"  ranking {last.get('ranking')}, vectors for {vectors:,} of {rows:,} rows"
+        )
+        client.close()
+        return stats
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="10k,100k,1m", help="database sizes (default: %(default)s)")
+    parser.add_argument("--queries", type=int, default=400, help="timed queries per line (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=50, help="untimed queries first (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=7, help="generator and query seed (default: %(default)s)")
+    parser.add_argument("--worst-size", default="1m", help="size of the 30-word worst case (default: %(default)s)")
+    parser.add_argument("--no-worst", action="store_true", help="skip the 30-word worst case (default: run it)")
+    parser.add_argument("--no-hybrid", action="store_true", help="skip the hybrid probe (default: run it)")
+    args = parser.parse_args()
+    print(machine_note())
+
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    dbs = {label: gen_db.ensure_db(gen_db.parse_size(label), args.seed) for label in sizes}
+    results = {}
+    with start_floor("one") as floor:
+        for label in sizes:
+            args.floor_port = floor.port
+            results[label] = measure_size(label, dbs[label], args, floor.port, hybrid=not args.no_hybrid)
+        if not args.no_worst:
+            worst_db = gen_db.ensure_db(gen_db.parse_size(args.worst_size), args.seed, vocab="30")
+            print(f"\n== worst case: 30-word vocabulary, {args.worst_size} ==")
+            worst_args = argparse.Namespace(**{**vars(args), "queries": max(50, args.queries // 4), "warmup": 5})
+            worst = measure_worst(worst_db, worst_args, floor.port)
+            results["worst"] = worst
+
+    print("\n== summary (keyword, ms) ==")
+    failures = []
+    main_line = f"{LINES[0][0]} content"
+    first, last = sizes[0], sizes[-1]
+    for label in sizes:
+        for name, (service_stats, floor_stats, _) in ((n, v) for n, v in results[label].items() if n != "hybrid"):
+            ratio = service_stats["p50"] / floor_stats["p50"]
+            ok_ratio = ratio <= TARGET_RATIO
+            line = (
+                f"  {label:>5} {name:<24} p50 {service_stats['p50']:7.3f} (floor {floor_stats['p50']:6.3f}, "
+                f"{ratio:4.2f}x {verdict(ok_ratio)})  p99 {service_stats['p99']:7.3f}"
+            )
+            if label == "1m":
+                ok_p99 = service_stats["p99"] < TARGET_P99_MS
+                line += f" {verdict(ok_p99)} (< {TARGET_P99_MS:g})"
+                if not ok_p99:
+                    failures.append(f"p99 {label} {name}")
+            if not ok_ratio:
+                failures.append(f"ratio {label} {name}")
+            print(line)
+        hybrid = results[label].get("hybrid")
+        print(
+            f"  {label:>5} hybrid                   "
+            + ("n/a (degraded)" if hybrid is None else f"p50 {hybrid['p50']:7.3f}  p99 {hybrid['p99']:7.3f}")
+        )
+    if len(sizes) > 1:
+        for name in results[first]:
+            if name == "hybrid" or name not in results[last]:
+                continue
+            growth = results[last][name][0]["p50"] / results[first][name][0]["p50"]
+            ok = growth <= TARGET_GROWTH
+            print(f"  growth {first} -> {last} p50 [{name}]: {growth:.2f}x {verdict(ok)} (<= {TARGET_GROWTH:g}x)")
+            if not ok and name == main_line:
+                failures.append(f"growth {name}")
+    if "worst" in results:
+        service_stats, floor_stats, fts_stats = results["worst"]
+        print(
+            f"  worst case (30 words, {args.worst_size}): "
+            f"p50 {service_stats['p50']:.1f} p99 {service_stats['p99']:.1f} ms; "
+            f"fts floor p50 {fts_stats['p50']:.1f} ms; ratio {service_stats['p50'] / floor_stats['p50']:.2f}x "
+            f"(reported, no target)"
+        )
+    print("\nmissed: " + (", ".join(failures) if failures else "none"))
+    return 1 if failures else 0
+
+
+def measure_worst(db_source: Path, args: argparse.Namespace, floor_port: int) -> tuple[dict, dict, dict]:
+    """The 30-word vocabulary: every term matches ~40% of rows."""
+    rng = random.Random(args.seed)
+    queries = [" ".join(rng.sample(gen_db.VOCAB_30, rng.choice((2, 3)))) for _ in range(args.queries + args.warmup)]
+    with tempfile.TemporaryDirectory(prefix="solos-bench-") as scratch:
+        db = Path(scratch) / "solos.db"
+        shutil.copyfile(db_source, db)
+        with start_service(db) as service:
+            samples, fts, http, _ = time_line(
+                service.port, floor_port, db, queries, "long,short", "shared", args.warmup
+            )
+    service_stats, fts_stats = percentiles(samples), percentiles(fts)
+    floor_stats = percentiles([a + b for a, b in zip(http, fts)])
+    print(row("fts floor [long,short 30 words]", fts_stats))
+    print(row("service keyword [long,short 30 words]", service_stats))
+    return service_stats, floor_stats, fts_stats
+
+
+if __name__ == "__main__":
+    sys.exit(main())
