@@ -1,0 +1,512 @@
+"""Faults and abuse, loopback only and bounded: crashes, lock contention, hostile input, idle sockets, expiry.
+
+The crash rounds reuse bench/crash_rounds.py (20 rounds there, 3 here).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import sqlite3
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import ROOT, skip_or_fail, start_server, stop_server
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import solos_memory
+
+sys.path.insert(0, str(ROOT / "bench"))
+import crash_rounds  # noqa: E402
+
+BUDGET_MS = 300
+TRACEBACK_MARKERS = (b"Traceback", b'File "', b"sqlite3.", b"OperationalError", b'.py"', b"solos_memory.py")
+
+
+# ---- crash safety ----
+
+
+def test_kill_9_under_load_loses_no_acknowledged_write(tmp_path):
+    results, acked = crash_rounds.run_rounds(
+        tmp_path / "solos.db", rounds=3, writers=6, seed=11, load_s=(0.3, 0.8), log=lambda line: None
+    )
+    assert len(results) == 3, "a round found loss or corruption and stopped the run"
+    assert len(acked) > 100, f"the load was too light to mean anything: {len(acked)} acknowledged writes"
+    for number, result in enumerate(results, 1):
+        assert result.integrity == "ok", f"round {number}: integrity after kill -9: {result.integrity}"
+        assert not result.problems, f"round {number}: acknowledged writes lost: {result.problems[:5]}"
+        assert result.five_xx == 0, f"round {number}: {result.five_xx} 5xx answers under load"
+
+
+# ---- lock contention (tests/test_busy.py covers one call at a time; this is many at once, both transports) ----
+
+
+def raw_request(port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send raw bytes, half-close, read until the server closes (or the timeout)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        try:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the server may refuse early (413) and close while we still send
+        chunks = []
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return b"".join(chunks)
+
+
+def statuses_in(response: bytes) -> list[int]:
+    """Status codes of every HTTP response in a byte stream."""
+    found = []
+    for line in response.split(b"\r\n"):
+        if line.startswith(b"HTTP/1.") and len(line) >= 12 and line[9:12].isdigit():
+            found.append(int(line[9:12]))
+    return found
+
+
+def mcp_call(server, name: str, arguments: dict):
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+    return server.request(
+        "POST",
+        "/mcp",
+        body=rpc,
+        headers={"MCP-Protocol-Version": "2025-11-25", "Accept": "application/json, text/event-stream"},
+    )
+
+
+def test_every_call_blocked_by_a_held_lock_is_503_in_bounded_time_then_recovers(make_server):
+    server = make_server(busy_timeout_ms=BUDGET_MS)
+    assert server.post("/v1/short", {"agent": "sol", "key": "to-delete", "value": "v"}).status == 201
+    before = server.get("/v1/stats").body["rejections"].get("busy", 0)
+    calls = [
+        lambda: server.post("/v1/long", {"agent": "atlas", "fact": "blocked long"}),
+        lambda: server.post("/v1/short", {"agent": "atlas", "key": "blocked", "value": "v"}),
+        lambda: server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "blocked episode"}),
+        lambda: server.request("DELETE", "/v1/short", query={"agent": "sol", "key": "to-delete"}),
+        lambda: server.request("PUT", "/v1/sharing", body={"agent": "nova", "episodic": True}),
+    ] * 3
+    holder = sqlite3.connect(server.db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        with ThreadPoolExecutor(len(calls) + 1) as pool:
+            futures = [pool.submit(call) for call in calls]
+            mcp_future = pool.submit(mcp_call, server, "write_long", {"agent": "atlas", "fact": "blocked via mcp"})
+            health_started = time.monotonic()
+            health = server.get("/health")
+            health_elapsed = time.monotonic() - health_started
+            replies = [future.result() for future in futures]
+            mcp_reply = mcp_future.result()
+        elapsed = time.monotonic() - started
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert health.status == 200 and health_elapsed < 1.0, f"/health took {health_elapsed:.2f} s during lock contention"
+    for reply in replies:
+        assert reply.status == 503, f"expected 503 under a held lock, got {reply.status}: {reply.body}"
+        assert reply.body["error"]["code"] == "busy" and "locked" in reply.body["error"]["message"]
+        assert reply.headers.get("retry-after") == "1"
+    assert elapsed < BUDGET_MS / 1000 + 2.0, f"{len(calls)} blocked calls took {elapsed:.2f} s in all"
+    result = mcp_reply.body["result"]
+    assert result["isError"] is True and result["structuredContent"]["error"]["code"] == "busy"
+    busy = server.get("/v1/stats").body["rejections"].get("busy", 0)
+    assert busy - before == len(calls) + 1, f"busy counter rose by {busy - before}, expected {len(calls) + 1}"
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm WHERE fact LIKE 'blocked%'").fetchone()[0] == 0
+    assert server.post("/v1/long", {"agent": "atlas", "fact": "blocked long"}).status == 201
+    assert server.request("DELETE", "/v1/short", query={"agent": "sol", "key": "to-delete"}).status == 200
+    assert (
+        mcp_call(server, "write_long", {"agent": "atlas", "fact": "blocked via mcp"}).body["result"]["isError"] is False
+    )
+
+
+# ---- bad input: hypothesis on raw HTTP ----
+
+
+@pytest.fixture(scope="module")
+def raw_server(tmp_path_factory):
+    running = start_server(tmp_path_factory.mktemp("faults") / "solos.db", busy_timeout_ms=BUDGET_MS)
+    yield running
+    stop_server(running)
+
+
+PATHS = [
+    "/v1/recall",
+    "/v1/long",
+    "/v1/short",
+    "/v1/episodic",
+    "/v1/sharing",
+    "/v1/audit",
+    "/v1/stats",
+    "/health",
+    "/mcp",
+    "/openapi.json",
+    "/",
+    "/v1/recall?agent=atlas&q=x",
+    "/v1/recall?agent=%ff%fe",
+    "/v1/recall?k=99999999999999999999999&agent=atlas",
+    "//v1/long",
+    "/v1/../v1/long",
+    "*",
+]
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=40)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+field_names = st.sampled_from(
+    [
+        "agent",
+        "q",
+        "k",
+        "tiers",
+        "scope",
+        "key",
+        "value",
+        "ttl_s",
+        "tags",
+        "fact",
+        "topic",
+        "source",
+        "confidence",
+        "event_type",
+        "summary",
+        "details",
+        "outcome",
+        "duration_s",
+        "idempotency_key",
+        "episodic",
+        "limit",
+        "before_id",
+        "jsonrpc",
+        "method",
+        "params",
+        "id",
+    ]
+)
+wrong_typed_objects = st.dictionaries(field_names, json_values, max_size=8).map(
+    lambda d: {**d, "agent": d.get("agent", "atlas")}
+)
+
+
+def deep(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+bodies = st.one_of(
+    st.binary(max_size=300),
+    wrong_typed_objects.map(lambda d: json.dumps(d).encode()),
+    st.builds(lambda n: b'{"agent": "atlas", "fact": ' + deep(n) + b"}", st.integers(10, 200_000)),
+    st.builds(
+        lambda prefix, bad: prefix + bad,
+        st.sampled_from([b'{"agent": "atlas", "fact": "', b'{"q": "']),
+        st.sampled_from([b"\xff\xfe", b"\xc3\x28", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"]),
+    ),
+    st.builds(
+        lambda n: b'{"agent": "atlas", "fact": "' + b"x" * n + b'"}', st.sampled_from([100, 70_000, 140_000, 600_000])
+    ),
+    st.just(b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "recall", "arguments": 5}}'),
+    st.just(b'[{"jsonrpc": "2.0", "id": 1, "method": "tools/call"}]'),
+)
+header_tokens = st.text(
+    alphabet=st.characters(min_codepoint=33, max_codepoint=126, blacklist_characters=":"), min_size=1, max_size=20
+)
+header_values = st.one_of(
+    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=60),
+    st.sampled_from(
+        [
+            "-1",
+            "1e3",
+            "0x10",
+            "99999999999999999999",
+            " 5",
+            "",
+            "chunked",
+            "application/json; charset=latin-1",
+            "\u00e9\u00e9",
+        ]
+    ),
+)
+
+
+@st.composite
+def raw_requests(draw) -> bytes:
+    method = draw(
+        st.sampled_from(
+            ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "BREW", "get", "POST /v1/long", ""]
+        )
+    )
+    path = draw(st.one_of(st.sampled_from(PATHS), st.text(max_size=30).map(lambda t: "/" + t)))
+    version = draw(st.sampled_from(["HTTP/1.1", "HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/9", "HTTP/1.1 extra", ""]))
+    body = draw(bodies)
+    headers = [("Host", draw(st.sampled_from(["127.0.0.1", "localhost:1", "evil.example", ""])))]
+    content_type = draw(st.sampled_from(["application/json", "text/plain", None, "application/json;;", "*/*"]))
+    if content_type:
+        headers.append(("Content-Type", content_type))
+    length = draw(st.sampled_from(["exact", "exact", "missing", "more", "less", "garbage", "huge", "twice"]))
+    if length == "exact":
+        headers.append(("Content-Length", str(len(body))))
+    elif length == "more":
+        headers.append(("Content-Length", str(len(body) + draw(st.integers(1, 1000)))))
+    elif length == "less":
+        headers.append(("Content-Length", str(max(0, len(body) - draw(st.integers(1, 50))))))
+    elif length == "garbage":
+        headers.append(("Content-Length", draw(header_values)))
+    elif length == "huge":
+        headers.append(("Content-Length", str(10 ** draw(st.integers(6, 30)))))
+    elif length == "twice":
+        headers += [("Content-Length", str(len(body))), ("Content-Length", "0")]
+    abuse = draw(st.sampled_from(["none", "none", "random", "many", "huge", "folded", "mcp"]))
+    if abuse == "random":
+        headers += draw(st.lists(st.tuples(header_tokens, header_values), max_size=10))
+    elif abuse == "many":
+        headers += [(f"X-Many-{i}", "v") for i in range(draw(st.integers(90, 400)))]
+    elif abuse == "huge":
+        headers.append(("X-Huge", "h" * draw(st.sampled_from([8_000, 66_000, 300_000]))))
+    elif abuse == "folded":
+        headers.append(("X-Folded", "a\r\n  continued"))
+    elif abuse == "mcp":
+        headers += [
+            ("MCP-Protocol-Version", draw(st.sampled_from(["2025-11-25", "2026-07-28", "1999", ""]))),
+            ("Origin", draw(st.sampled_from(["http://evil.example", "null", "http://127.0.0.1"]))),
+            ("Mcp-Method", draw(header_values)),
+            ("Transfer-Encoding", "chunked"),
+        ]
+    head = f"{method} {path} {version}".strip() + "\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers)
+    return head.encode("utf-8", "surrogatepass") + b"\r\n" + body
+
+
+IMPLEMENTED_METHODS = (b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"PATCH", b"OPTIONS")
+
+
+def assert_healthy(server) -> None:
+    reply = server.get("/health")
+    assert reply.status == 200, f"/health answered {reply.status} after hostile input"
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(request=raw_requests())
+def test_hostile_raw_http_never_gets_a_5xx_or_a_traceback(raw_server, request):
+    response = raw_request(raw_server.port, request)
+    statuses = statuses_in(response)
+    # RFC 9110 answers a method the server does not implement (TRACE, BREW) with 501 and an HTTP
+    # major version it does not speak (HTTP/2.0 on an HTTP/1.1 socket) with 505: statements about
+    # the protocol, not server failures. Every other 5xx is one.
+    request_line = request.split(b"\r\n", 1)[0]
+    allowed = {501} if request_line.split(b" ", 1)[0] not in IMPLEMENTED_METHODS else set()
+    if re.search(rb" HTTP/([2-9]|\d\d)", request_line):
+        allowed.add(505)
+    assert all(status < 500 or status in allowed for status in statuses), (
+        f"{statuses} for {request[:300]!r}: {response[:500]!r}"
+    )
+    for marker in TRACEBACK_MARKERS:
+        assert marker not in response, f"{marker!r} leaked in {response[:800]!r}"
+    assert_healthy(raw_server)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=wrong_typed_objects, tool=st.sampled_from(sorted(solos_memory.OPERATIONS)))
+def test_wrong_types_on_both_transports_are_4xx_or_tool_errors(raw_server, args, tool):
+    op = solos_memory.OPERATIONS[tool]
+    if op.method in ("GET", "DELETE"):
+        query = {name: value if isinstance(value, str) else json.dumps(value) for name, value in args.items()}
+        rest = raw_server.request(op.method, op.path, query=query)
+    else:
+        rest = raw_server.request(op.method, op.path, body=args)
+    assert rest.status < 500, f"REST {op.method} {op.path} {args!r}: {rest.status} {rest.raw[:300]!r}"
+    mcp = mcp_call(raw_server, tool, args)
+    assert mcp.status == 200 and "result" in mcp.body, f"MCP {tool} {args!r}: {mcp.status} {mcp.raw[:300]!r}"
+    for reply in (rest, mcp):
+        assert b"Traceback" not in reply.raw and b'File "' not in reply.raw
+
+
+def test_the_server_is_healthy_after_the_hostile_input(raw_server):
+    assert_healthy(raw_server)
+    assert raw_server.post("/v1/long", {"agent": "atlas", "fact": "still writable after abuse"}).status in (200, 201)
+    assert raw_server.recall("sol", "writable").body["count"] >= 1
+
+
+# ---- schemathesis against the served OpenAPI document ----
+
+
+def test_schemathesis_finds_no_server_error(raw_server):
+    try:
+        import schemathesis
+        from schemathesis.checks import not_a_server_error
+    except ImportError:
+        skip_or_fail("schemathesis is not installed (pip install schemathesis)")
+    if raw_server.get("/openapi.json").status != 200:
+        pytest.fail("GET /openapi.json does not answer 200: the service must serve its OpenAPI document")
+    schema = schemathesis.openapi.from_url(f"{raw_server.url}/openapi.json")
+    failures, calls = [], []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+
+        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(case=operation.as_strategy())
+        def check(case):
+            response = case.call(timeout=10)
+            calls.append(case.operation.label)
+            body = response.content
+            if response.status_code >= 500 or b"Traceback" in body:
+                failures.append(
+                    f"{case.method} {case.formatted_path} {case.query or ''} "
+                    f"{case.body if case.body is not None else ''}: {response.status_code} {body[:200]!r}"
+                )
+            case.validate_response(response, checks=[not_a_server_error])
+
+        check()
+    assert not failures, failures[:5]
+    assert len(set(calls)) >= len(solos_memory.OPERATIONS), f"schemathesis reached only {sorted(set(calls))}"
+    assert_healthy(raw_server)
+
+
+# ---- resource limits ----
+
+
+def test_bodies_over_the_cap_are_413_on_rest_and_mcp_without_reading_them(server):
+    cap = solos_memory.MAX_BODY_BYTES
+    for path in ("/v1/long", "/mcp"):
+        started = time.monotonic()
+        # A Content-Length over the cap and no body at all: the answer must not wait for the body.
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {cap + 1}\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(head)
+            response = sock.recv(65536)
+        assert statuses_in(response) == [413], f"{path}: {response[:300]!r}"
+        assert time.monotonic() - started < 1.0
+    assert server.post("/mcp", {"x": "y" * (cap + 10)}).status == 413
+
+
+def open_idle_sockets(port: int, count: int) -> list[socket.socket]:
+    sockets = []
+    for _ in range(count):
+        try:
+            sockets.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        except OSError:
+            break
+    return sockets
+
+
+def health_within(server, seconds: float) -> tuple[int | None, float]:
+    """One /health on a new connection: (status or None, seconds taken)."""
+    started = time.monotonic()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=seconds) as sock:
+            sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+            data = sock.recv(65536)
+        statuses = statuses_in(data)
+        return (statuses[0] if statuses else None), time.monotonic() - started
+    except OSError:
+        return None, time.monotonic() - started
+
+
+def test_idle_and_slowloris_sockets_cannot_starve_health_and_threads_stay_bounded(server):
+    baseline = threading.active_count()
+    idle = open_idle_sockets(server.port, 200)
+    slow = open_idle_sockets(server.port, 20)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        """Slowloris: a request head one byte a second, never finished."""
+        head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100
+        for index in range(len(head)):
+            for sock in slow:
+                try:
+                    sock.send(head[index : index + 1])
+                except OSError:
+                    pass
+            if stop.wait(1.0):
+                return
+
+    trickler = threading.Thread(target=trickle, daemon=True)
+    trickler.start()
+    try:
+        time.sleep(1.5)  # let the server take them all in
+        peak_threads = threading.active_count()
+        probes = [health_within(server, 2.0) for _ in range(3)]
+        time.sleep(1.0)
+        probes += [health_within(server, 2.0) for _ in range(2)]
+    finally:
+        stop.set()
+        trickler.join()
+        for sock in idle + slow:
+            sock.close()
+    assert len(idle) == 200 and len(slow) == 20, "could not open the sockets (listen backlog?)"
+    assert peak_threads - baseline <= solos_memory.MAX_CONNECTIONS + 4, (
+        f"threads grew from {baseline} to {peak_threads} with {len(idle) + len(slow)} idle sockets"
+    )
+    starved = [(status, round(took, 2)) for status, took in probes if status != 200 or took > 1.0]
+    assert not starved, (
+        f"/health starved by {len(idle)} idle + {len(slow)} slowloris sockets: (status, seconds) of the failed "
+        f"probes {starved} of {len(probes)}. Idle connections each hold one of MAX_CONNECTIONS="
+        f"{solos_memory.MAX_CONNECTIONS} threads for up to KEEPALIVE_IDLE_S={solos_memory.KEEPALIVE_IDLE_S} s "
+        "before sending a byte, and a full house answers new connections 503."
+    )
+
+
+# ---- expiry ----
+
+
+def sqlite_now(conn: sqlite3.Connection) -> str:
+    return conn.execute("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')").fetchone()[0]
+
+
+def test_expired_short_rows_never_appear_even_around_the_expiry_instant(server):
+    written = server.post(
+        "/v1/short", {"agent": "atlas", "key": "fleeting", "value": "ephemeral marker value", "ttl_s": 0.4}
+    )
+    assert written.status == 201
+    expires_at = written.body["expires_at"]
+    seen_live = seen_after = 0
+    queries = [
+        lambda: server.recall("atlas", "", tiers="short", scope="own", k=100),
+        lambda: server.recall("sol", "ephemeral marker", tiers="short,long"),
+        lambda: mcp_call(server, "recall", {"agent": "nova", "q": "ephemeral", "tiers": ["short"]}),
+    ]
+    with server.db() as conn:
+        deadline = time.monotonic() + 5
+        after_expiry_polls = 0
+        while after_expiry_polls < 60 and time.monotonic() < deadline:
+            for query in queries:
+                before = sqlite_now(conn)  # the service's SQLite clock reads at or after this
+                reply = query()
+                body = reply.body["result"]["structuredContent"] if "result" in (reply.body or {}) else reply.body
+                assert reply.status == 200, reply.raw[:300]
+                keys = [r.get("key") for r in body["results"] if r["tier"] == "short"]
+                if before >= expires_at:
+                    after_expiry_polls += 1
+                    assert "fleeting" not in keys, (
+                        f"expired row returned: expires_at {expires_at}, SQLite now was already {before}"
+                    )
+                    seen_after += 1
+                elif "fleeting" in keys:
+                    seen_live += 1
+    assert seen_live > 0, "the row was never seen before it expired: the test polled too late to mean anything"
+    assert seen_after >= 60
+    stats = server.get("/v1/stats").body
+    assert stats["rows"]["short"] == 0 and stats["rows"]["short_expired"] == 1
+    deleted = server.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "fleeting"})
+    assert deleted.status == 200 and deleted.body["was_expired"] is True
