@@ -262,8 +262,14 @@ class Service:
         """One request; returns (status, parsed JSON body)."""
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
-        self.conn.request(method, path, body=data, headers=headers)
-        response = self.conn.getresponse()
+        try:
+            self.conn.request(method, path, body=data, headers=headers)
+            response = self.conn.getresponse()
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            # The service closes keep-alive connections idle for 30 s (a long backfill): reconnect once.
+            self.conn.close()
+            self.conn.request(method, path, body=data, headers=headers)
+            response = self.conn.getresponse()
         raw = response.read()
         return response.status, (json.loads(raw) if raw else {})
 
