@@ -43,7 +43,7 @@ def embedded_server(make_server, monkeypatch):
     """Start a server whose embedder is the given stand-in."""
 
     def make(embedder, name: str = "hybrid.db", **config):
-        monkeypatch.setattr(solos_memory, "load_embedder", lambda config: (embedder, None))
+        monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (embedder, None))
         return make_server(name, **config)
 
     return make
