@@ -2025,6 +2025,7 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
 # (\uXXXX), so 128 KiB admits every valid write and stops a memory-hungry body early.
 MAX_BODY_BYTES = 128 * 1024
 KEEPALIVE_IDLE_S = 30  # a connection idle (or dripping a request head) this long is closed, freeing its thread
+SERVED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the longest-idle connection
 
 
@@ -2056,15 +2057,22 @@ class MemoryHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.route()
 
-    do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = do_GET
+    do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = do_GET  # = SERVED_METHODS
 
     def log_message(self, format: str, *args: Any) -> None:
         """http.server's own messages (bad request lines) as JSON lines."""
         log_event("http", client=self.client_address[0], message=format % args)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """Malformed request lines and headers get JSON, not http.server's HTML page."""
+        """Malformed request lines and headers get JSON, not http.server's HTML page.
+
+        A method nobody serves (TRACE, BREW) is the client's mistake: 405 with Allow, not 501.
+        """
         self.close_connection = True
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            error = MethodNotAllowed(f"{self.command} is not a method this service answers", list(SERVED_METHODS))
+            self.respond(error.status, error_body(error), {"Allow": ", ".join(error.allow)})
+            return
         error = ServiceError(message or HTTPStatus(code).phrase)
         error.status, error.code = code, HTTPStatus(code).phrase.lower().replace(" ", "_")
         self.respond(code, error_body(error))

@@ -171,3 +171,10 @@ def test_errors_leave_no_transaction_open_and_keep_alive_works(server):
     with server.db() as direct:
         direct.execute("BEGIN IMMEDIATE")  # would fail if the service had left a write lock behind
         direct.execute("ROLLBACK")
+
+
+@pytest.mark.parametrize("method", ["TRACE", "BREW", "CONNECT"])
+def test_a_method_nobody_serves_is_405_not_501(server, method):
+    reply = server.request(method, "/v1/long")
+    assert_error(reply, 405, "method_not_allowed")
+    assert "GET" in reply.headers["allow"]
