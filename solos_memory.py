@@ -1067,6 +1067,10 @@ class VectorIndex:
                 tiers[tier] = (ids, agents, expires, matrix, prev, after)
             self.tiers, self.generation = tiers, generation
 
+    def count(self, tiers: Sequence[str]) -> int:
+        """Vectors loaded for these tiers."""
+        return sum(len(self.tiers[tier][0]) for tier in tiers if tier in self.tiers)
+
     def search(self, tier: str, query: Any, allowed: Callable[[Any], Any], depth: int) -> dict[int, float]:
         """Top `depth` rows by cosine (plus topic neighbours' for long), among rows `allowed` keeps."""
         import numpy as np
@@ -1284,6 +1288,7 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     depth = max(CANDIDATE_DEPTH, k * 4 + 20)  # room for collapsed duplicates without a second query
 
     def work(conn: sqlite3.Connection) -> tuple[list[dict], list[dict]]:
+        nonlocal vector, ranking, reason
         Store.require_agent(conn, caller)
         persona = []
         if "durable" in tiers:
@@ -1298,6 +1303,12 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
                 for tier in searched
                 for row in memory.store.search_tier(conn, tier, caller, scope, None, depth)
             ]
+        vectors = memory.vectors
+        if vector is not None and vectors is not None:
+            vectors.refresh(memory.store, conn)
+            if not vectors.count(searched):  # a fresh install before backfill: say so, rank by keywords
+                vector, ranking = None, "keyword"
+                reason = "keyword-only recall: no row has a vector yet (the embedder is catching up; run backfill)"
         keyword: dict[tuple[str, int], dict] = {}
         if ranking != "vector":
             for tier in searched:
@@ -1308,10 +1319,7 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
             if "long" in searched:
                 smooth_with_neighbours(memory.store, conn, caller, scope, keyword)
         similar: dict[tuple[str, int], float] = {}
-        if vector is not None:
-            vectors = memory.vectors
-            assert vectors is not None  # a query vector implies a loaded embedder
-            vectors.refresh(memory.store, conn)
+        if vector is not None and vectors is not None:
             sharing = memory.store.sharing_agents(conn) | {caller}
             for tier in searched:
                 allowed = scope_mask(caller, scope, sharing if tier == "episodic" else None)
@@ -2073,9 +2081,9 @@ class MemoryHandler(BaseHTTPRequestHandler):
             error = MethodNotAllowed(f"{self.command} is not a method this service answers", list(SERVED_METHODS))
             self.respond(error.status, error_body(error), {"Allow": ", ".join(error.allow)})
             return
-        error = ServiceError(message or HTTPStatus(code).phrase)
-        error.status, error.code = code, HTTPStatus(code).phrase.lower().replace(" ", "_")
-        self.respond(code, error_body(error))
+        failure = ServiceError(message or HTTPStatus(code).phrase)
+        failure.status, failure.code = code, HTTPStatus(code).phrase.lower().replace(" ", "_")
+        self.respond(code, error_body(failure))
 
     def respond(
         self,

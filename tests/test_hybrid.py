@@ -143,13 +143,22 @@ def test_vectors_of_another_model_are_never_compared(embedded_server, tmp_path):
                 raise RuntimeError("not embedding rows in this test")
             return super().embed(texts)
 
-    second = embedded_server(QueriesOnly("word-hash-b"), "models.db")
-    reply = second.recall("sol", "alpha bravo charlie", ranking="vector")
+    model_b = QueriesOnly("word-hash-b")
+    second = embedded_server(model_b, "models.db")
+    alone = second.recall("sol", "alpha bravo charlie", ranking="vector")
+    assert alone.body["ranking"] == "keyword" and "no row has a vector yet" in alone.body["degraded_reason"]
+    assert second.get("/v1/stats").body["vectors"] == {}  # model a's vector is in the database, unread
+
+    second.post("/v1/long", {"agent": "atlas", "fact": "delta echo foxtrot"})
+    store = second.server.memory.store
+    solos_memory.embed_missing(store, WordHashEmbedder("word-hash-b"))  # b now has vectors for both rows
+    with second.db() as conn:  # put model a's vector back on the first row, as if b had never seen it
+        conn.execute("DELETE FROM memory_vector WHERE row_id = 1")
+        conn.execute("INSERT INTO memory_vector (tier, row_id, model, vector) VALUES ('long', 1, 'word-hash-a', NULL)")
+    reply = second.recall("sol", "alpha bravo charlie", ranking="vector", k=5)
     assert reply.body["ranking"] == "vector" and reply.body["degraded"] is False
-    assert reply.body["results"] == []  # model a's vector is in the database, but b never reads it
-    assert second.get("/v1/stats").body["vectors"] == {}
-    hybrid = second.recall("sol", "alpha bravo charlie")
-    assert [r["text"] for r in hybrid.body["results"]] == ["alpha bravo charlie"]  # keyword leg only
+    assert [r["text"] for r in reply.body["results"]] == ["delta echo foxtrot"]  # the a-vector row is never scored
+    assert second.get("/v1/stats").body["vectors"] == {"long": 1}
 
 
 def test_backfill_is_resumable_and_idempotent(make_server):
@@ -242,3 +251,18 @@ def test_stale_vectors_from_direct_edits_are_dropped(embedded_server):
     server.post("/v1/short", {"agent": "atlas", "key": "nudge", "value": "wake the worker"})
     wait_for_vectors(server, 2)
     assert sqlite3.connect(server.db_path).execute("SELECT count(*) FROM memory_vector").fetchone()[0] == 2
+
+
+def test_an_embedder_with_no_vectors_yet_says_keyword_only(embedded_server, monkeypatch):
+    class QueriesOnly(WordHashEmbedder):
+        def embed(self, texts: list[str]) -> list[bytes]:
+            if threading.current_thread().name == "embed-worker":
+                raise RuntimeError("not embedding rows in this test")
+            return super().embed(texts)
+
+    server = embedded_server(QueriesOnly())
+    server.post("/v1/long", {"agent": "atlas", "fact": "not embedded yet"})
+    reply = server.recall("sol", "embedded", ranking="vector")
+    assert reply.body["count"] == 1 and reply.body["ranking"] == "keyword"
+    assert reply.body["degraded"] is True and "no row has a vector yet" in reply.body["degraded_reason"]
+    assert reply.headers["x-memory-degraded"] == "true"
