@@ -23,12 +23,14 @@ import os
 import secrets
 import sqlite3
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+EMBED_WAIT_S = 10.0  # how long the degraded check waits for the background embedder to reach the run's facts
 DEFAULT_URL = "http://127.0.0.1:8437"
 CHECK_TAG = CHECK_SOURCE = "solos-check"
 MCP_PROTOCOL_VERSION = "2025-11-25"
@@ -214,16 +216,27 @@ def check_mcp_tools(client: Client, agent: str) -> str:
 
 
 def check_degraded_mode(client: Client, agent: str, run_id: str) -> str:
-    """Recall returns rows either way, and says in body and header whether ranking is keyword-only."""
-    reply = client.expect((200,), "GET", "/v1/recall", agent, query={
-        "agent": agent, "q": run_id, "scope": "shared", "tiers": "long", "k": 10})
-    degraded, header = reply.body["degraded"], reply.headers.get("x-memory-degraded")
-    if not reply.body["results"]:
-        raise CheckFailed(f"recall of this run's facts returned no rows (degraded {str(degraded).lower()})")
-    if header != str(degraded).lower():
-        raise CheckFailed(f"body says degraded {str(degraded).lower()} but X-Memory-Degraded is {header!r}")
+    """Recall returns rows either way, and says in body and header whether ranking is keyword-only.
+
+    With an embedder loaded, the run's fresh facts get their vectors in the
+    background: ask again for a few seconds before reporting it degraded.
+    """
+    deadline = time.monotonic() + EMBED_WAIT_S
+    while True:
+        reply = client.expect((200,), "GET", "/v1/recall", agent, query={
+            "agent": agent, "q": run_id, "scope": "shared", "tiers": "long", "k": 10})
+        degraded, header = reply.body["degraded"], reply.headers.get("x-memory-degraded")
+        if not reply.body["results"]:
+            raise CheckFailed(f"recall of this run's facts returned no rows (degraded {str(degraded).lower()})")
+        if header != str(degraded).lower():
+            raise CheckFailed(f"body says degraded {str(degraded).lower()} but X-Memory-Degraded is {header!r}")
+        embedder_loaded = client.expect((200,), "GET", "/health", agent).body["degraded"] is False
+        if not degraded or not embedder_loaded or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     if degraded:
-        return f"no embedder: {reply.body['count']} rows, degraded true, X-Memory-Degraded true"
+        return (f"{reply.body['count']} rows, degraded true, X-Memory-Degraded true "
+                f"({reply.body.get('degraded_reason')})")
     return f"embedder loaded (degraded false): {reply.body['count']} rows, X-Memory-Degraded false"
 
 

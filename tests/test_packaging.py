@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import zipapp
 import zipfile
 from pathlib import Path
@@ -201,7 +202,12 @@ def test_pyz_uses_the_embedder_when_the_interpreter_has_it(pyz, tmp_path):
         status, health = call(port, "GET", "/health")
         assert status == 200, health
         assert health["degraded"] is False, health.get("degraded_reason")
-        assert write_and_recall(port)["degraded"] is False
+        write_and_recall(port)  # degraded until the background worker has embedded the fact; then hybrid
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while (body := call(port, "GET", "/v1/recall?agent=sol&q=staging+database")[1])["degraded"]:
+            assert time.monotonic() < deadline, body
+            time.sleep(0.1)
+        assert body["ranking"] == "hybrid" and "kestrel" in body["results"][0]["text"]
 
 
 # ---- the systemd units ----
