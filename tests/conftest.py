@@ -86,6 +86,12 @@ class RunningServer:
     def post(self, path: str, body: Any, **kw: Any) -> Reply:
         return self.request("POST", path, body=body, **kw)
 
+    def mcp_tool(self, name: str, arguments: Any, headers: dict | None = None) -> Reply:
+        """One MCP tools/call as a stateless 2025-11-25 POST (what Hermes and the SDK send after initialize)."""
+        rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+        mcp_headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+        return self.request("POST", "/mcp", body=rpc, headers={**mcp_headers, **(headers or {})})
+
     def recall(self, agent: str, q: str = "", **query: Any) -> Reply:
         return self.get("/v1/recall", agent=agent, q=q, **query)
 

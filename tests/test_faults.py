@@ -75,16 +75,6 @@ def statuses_in(response: bytes) -> list[int]:
     return found
 
 
-def mcp_call(server, name: str, arguments: dict):
-    rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
-    return server.request(
-        "POST",
-        "/mcp",
-        body=rpc,
-        headers={"MCP-Protocol-Version": "2025-11-25", "Accept": "application/json, text/event-stream"},
-    )
-
-
 def test_every_call_blocked_by_a_held_lock_is_503_in_bounded_time_then_recovers(make_server):
     server = make_server(busy_timeout_ms=BUDGET_MS)
     assert server.post("/v1/short", {"agent": "sol", "key": "to-delete", "value": "v"}).status == 201
@@ -102,7 +92,7 @@ def test_every_call_blocked_by_a_held_lock_is_503_in_bounded_time_then_recovers(
         started = time.monotonic()
         with ThreadPoolExecutor(len(calls) + 1) as pool:
             futures = [pool.submit(call) for call in calls]
-            mcp_future = pool.submit(mcp_call, server, "write_long", {"agent": "atlas", "fact": "blocked via mcp"})
+            mcp_future = pool.submit(server.mcp_tool, "write_long", {"agent": "atlas", "fact": "blocked via mcp"})
             health_started = time.monotonic()
             health = server.get("/health")
             health_elapsed = time.monotonic() - health_started
@@ -127,7 +117,7 @@ def test_every_call_blocked_by_a_held_lock_is_503_in_bounded_time_then_recovers(
     assert server.post("/v1/long", {"agent": "atlas", "fact": "blocked long"}).status == 201
     assert server.request("DELETE", "/v1/short", query={"agent": "sol", "key": "to-delete"}).status == 200
     assert (
-        mcp_call(server, "write_long", {"agent": "atlas", "fact": "blocked via mcp"}).body["result"]["isError"] is False
+        server.mcp_tool("write_long", {"agent": "atlas", "fact": "blocked via mcp"}).body["result"]["isError"] is False
     )
 
 
@@ -329,7 +319,7 @@ def test_wrong_types_on_both_transports_are_4xx_or_tool_errors(raw_server, args,
     else:
         rest = raw_server.request(op.method, op.path, body=args)
     assert rest.status < 500, f"REST {op.method} {op.path} {args!r}: {rest.status} {rest.raw[:300]!r}"
-    mcp = mcp_call(raw_server, tool, args)
+    mcp = raw_server.mcp_tool(tool, args)
     assert mcp.status == 200 and "result" in mcp.body, f"MCP {tool} {args!r}: {mcp.status} {mcp.raw[:300]!r}"
     for reply in (rest, mcp):
         assert b"Traceback" not in reply.raw and b'File "' not in reply.raw
@@ -480,7 +470,7 @@ def test_expired_short_rows_never_appear_even_around_the_expiry_instant(server):
     queries = [
         lambda: server.recall("atlas", "", tiers="short", scope="own", k=100),
         lambda: server.recall("sol", "ephemeral marker", tiers="short,long"),
-        lambda: mcp_call(server, "recall", {"agent": "nova", "q": "ephemeral", "tiers": ["short"]}),
+        lambda: server.mcp_tool("recall", {"agent": "nova", "q": "ephemeral", "tiers": ["short"]}),
     ]
     with server.db() as conn:
         deadline = time.monotonic() + 5

@@ -56,7 +56,9 @@ def run_hermes(hermes_python: Path, server, *calls: tuple[str, dict], headers: d
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_PROXY": "*", "no_proxy": "*", "LANG": "C.UTF-8"}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env,
                           cwd=str(ROOT / "tests"), check=False)
-    assert done.returncode == 0, f"probe exited {done.returncode} (logs in {home})\n{done.stdout}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, (
+        f"probe exited {done.returncode} (logs in {home})\n{done.stdout}\n{done.stderr[-4000:]}"
+    )
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert [row["status"] for row in report["status"]] == ["connected"], report["status"]
     return report

@@ -126,13 +126,7 @@ def test_tokens_decide_the_caller_over_rest(token_server):
 
 
 def mcp_call(server, name: str, arguments: dict, headers: dict) -> dict:
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
-    reply = server.request(
-        "POST",
-        "/mcp",
-        body=body,
-        headers={"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25", **headers},
-    )
+    reply = server.mcp_tool(name, arguments, headers)
     assert reply.status == 200, reply.raw
     return reply.body["result"]
 

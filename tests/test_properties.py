@@ -125,19 +125,6 @@ def test_no_empty_success_while_the_database_is_locked(shared_server, q, k):
     assert reply.status == 200 and [r["text"] for r in reply.body["results"]] == [f"{tag} {q}"]
 
 
-def mcp_recall(server, arguments: dict) -> tuple[dict, dict]:
-    """recall as an MCP tools/call (stateless 2025-11-25 POST); returns (structuredContent, headers)."""
-    body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "recall", "arguments": arguments}}
-    reply = server.request(
-        "POST",
-        "/mcp",
-        body=body,
-        headers={"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"},
-    )
-    assert reply.status == 200 and "result" in reply.body, reply.raw
-    return reply.body["result"], reply.headers
-
-
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_rest_and_mcp_agree(shared_server, data):
@@ -155,7 +142,9 @@ def test_rest_and_mcp_agree(shared_server, data):
         ),
     }
     rest = shared_server.get("/v1/recall", **{**arguments, "tiers": ",".join(arguments["tiers"])})
-    result, headers = mcp_recall(shared_server, arguments)
+    reply = shared_server.mcp_tool("recall", arguments)
+    assert reply.status == 200 and "result" in reply.body, reply.raw
+    result, headers = reply.body["result"], reply.headers
     assert result["structuredContent"] == rest.body
     assert result.get("isError", False) == (rest.status >= 400)
     if rest.status == 200:
