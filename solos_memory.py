@@ -1026,46 +1026,69 @@ def embedding_text(tier: str, row: Any) -> str:
 class VectorIndex:
     """The loaded model's vectors per tier, in memory, reloaded when the database's vector generation moves.
 
-    Vectors from any other model are never loaded, so never compared.
+    Vectors from any other model are never loaded, so never compared. A
+    reload (about 3 ms per 1,000 rows) runs in the background while recall
+    keeps using the last snapshot: a just-embedded row joins the vector leg a
+    moment later (the keyword leg has it at once), and a deleted row never
+    comes back, because candidates are re-read through the SQL filters.
     """
 
     def __init__(self, model_id: str):
         self.model_id = model_id
         self.lock = threading.Lock()
         self.generation: int | None = None
+        self.reloading = False
         self.tiers: dict[str, tuple] = {}
 
-    def refresh(self, store: Store, conn: sqlite3.Connection) -> None:
-        import numpy as np
-
+    def refresh(self, store: Store, conn: sqlite3.Connection, tiers: Sequence[str]) -> None:
+        """Make the snapshot current: at once while it holds nothing for these tiers, else in the background."""
         generation = store.vector_generation(conn)
         if generation == self.generation:
             return
+        if not self.count(tiers):
+            self.load(store, conn, generation)
+            return
         with self.lock:
-            if generation == self.generation:
+            if self.reloading:
                 return
-            tiers = {}
-            for tier in EMBEDDED_FIELDS:
-                rows = store.load_vectors(conn, tier, self.model_id)
-                ids = np.array([row["id"] for row in rows], dtype=np.int64)
-                agents = np.array([row["agent"] for row in rows], dtype=object)
-                expires = np.array([row["expires_at"] or "" for row in rows], dtype=object)
-                matrix = np.frombuffer(b"".join(row["vector"] for row in rows), dtype="<f4")
-                matrix = matrix.reshape(len(rows), -1) if rows else np.zeros((0, 1), dtype=np.float32)
-                threads = [row["thread"] for row in rows]
-                prev = np.array(
-                    [i - 1 if i and threads[i] and threads[i - 1] == threads[i] else -1 for i in range(len(rows))],
-                    dtype=np.int64,
-                )
-                after = np.array(
-                    [
-                        i + 1 if i + 1 < len(rows) and threads[i] and threads[i + 1] == threads[i] else -1
-                        for i in range(len(rows))
-                    ],
-                    dtype=np.int64,
-                )
-                tiers[tier] = (ids, agents, expires, matrix, prev, after)
-            self.tiers, self.generation = tiers, generation
+            self.reloading = True
+        threading.Thread(target=self.reload, args=(store,), name="vector-reload", daemon=True).start()
+
+    def reload(self, store: Store) -> None:
+        try:
+            store.read(lambda conn: self.load(store, conn, store.vector_generation(conn)))
+        except Exception as error:  # the next recall tries again; until then the old snapshot serves
+            log_event("vector_reload_failed", reason=f"{type(error).__name__}: {error}")
+        finally:
+            self.reloading = False
+
+    def load(self, store: Store, conn: sqlite3.Connection, generation: int) -> None:
+        import numpy as np
+
+        tiers = {}
+        for tier in EMBEDDED_FIELDS:
+            rows = store.load_vectors(conn, tier, self.model_id)
+            ids = np.array([row["id"] for row in rows], dtype=np.int64)
+            agents = np.array([row["agent"] for row in rows], dtype=object)
+            expires = np.array([row["expires_at"] or "" for row in rows], dtype=object)
+            matrix = np.frombuffer(b"".join(row["vector"] for row in rows), dtype="<f4")
+            matrix = matrix.reshape(len(rows), -1) if rows else np.zeros((0, 1), dtype=np.float32)
+            threads = [row["thread"] for row in rows]
+            prev = np.array(
+                [i - 1 if i and threads[i] and threads[i - 1] == threads[i] else -1 for i in range(len(rows))],
+                dtype=np.int64,
+            )
+            after = np.array(
+                [
+                    i + 1 if i + 1 < len(rows) and threads[i] and threads[i + 1] == threads[i] else -1
+                    for i in range(len(rows))
+                ],
+                dtype=np.int64,
+            )
+            tiers[tier] = (ids, agents, expires, matrix, prev, after)
+        with self.lock:
+            if self.generation is None or generation >= self.generation:
+                self.tiers, self.generation = tiers, generation
 
     def count(self, tiers: Sequence[str]) -> int:
         """Vectors loaded for these tiers."""
@@ -1305,7 +1328,7 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
             ]
         vectors = memory.vectors
         if vector is not None and vectors is not None:
-            vectors.refresh(memory.store, conn)
+            vectors.refresh(memory.store, conn, searched)
             if not vectors.count(searched):  # a fresh install before backfill: say so, rank by keywords
                 vector, ranking = None, "keyword"
                 reason = "keyword-only recall: no row has a vector yet (the embedder is catching up; run backfill)"
