@@ -95,6 +95,20 @@ def log_event(event: str, **fields: Any) -> None:
     sys.stderr.flush()
 
 
+class JsonLogHandler(logging.Handler):
+    """Route `logging` (tracebacks included) into the same one-line JSON as log_event."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields: dict[str, Any] = {
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            fields["traceback"] = logging.Formatter().formatException(record.exc_info)
+        log_event("log", **fields)
+
+
 def utc_now() -> str:
     """Now as the schema's timestamp format (UTC, milliseconds, 'Z')."""
     now = time.time()
@@ -2690,6 +2704,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(config: Config, register: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, handlers=[JsonLogHandler()], force=True)
     server = build_server(config, register)
     log_event(
         "listening",

@@ -201,3 +201,21 @@ def test_logs_are_one_json_object_per_line(make_server, capfd):
     rejected = [e for e in events if e["event"] == "rejected"]
     assert rejected == [{**rejected[0], "agent": "mallory", "operation": "write_long", "code": "unknown_agent"}]
     assert any(e["event"] == "request" and e["status"] == 201 for e in events)
+
+
+def test_unexpected_errors_are_logged_as_one_json_line_with_the_traceback(capfd):
+    import logging
+
+    logger = logging.getLogger("solos-test")
+    logger.addHandler(solos_memory.JsonLogHandler())
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logger.exception("unexpected error on GET /v1/stats")
+    finally:
+        logger.handlers.clear()
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["event"] == "log" and record["level"] == "error"
+    assert "RuntimeError: boom" in record["traceback"]
