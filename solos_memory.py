@@ -2164,6 +2164,10 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 content_type, produce = SERVICE_DOCUMENTS[url.path]
                 self.respond(200, produce(self.server), content_type=content_type)
             elif url.path == "/mcp":
+                if self.server.tokens is not None and self.command == "POST":
+                    # Refuse at the door, not per tool: Hermes then reports the server as not connected
+                    # instead of connecting and tripping its circuit breaker on failed calls.
+                    self.server.tokens.agent_for(self.headers.get("Authorization"))
                 status, headers, body = self.server.bridge.handle(
                     self.command, cast(Mapping[str, str], self.headers), self.read_body(json_only=False)
                 )
@@ -2176,6 +2180,8 @@ class MemoryHandler(BaseHTTPRequestHandler):
             headers = {"Allow": ", ".join(error.allow)} if isinstance(error, MethodNotAllowed) else {}
             if isinstance(error, Busy):
                 headers["Retry-After"] = str(error.retry_after_s)
+            if isinstance(error, Unauthorized):
+                headers["WWW-Authenticate"] = 'Bearer realm="solos-memory"'
             self.respond(error.status, error_body(error), headers)
         except Exception:
             logging.exception("unexpected error on %s %s", self.command, url.path)

@@ -110,7 +110,7 @@ def test_tokens_decide_the_caller_over_rest(token_server):
     server = token_server
     assert server.get("/health").body["auth"] == "tokens"
     anonymous = server.post("/v1/long", {"agent": "atlas", "fact": "no token"})
-    assert anonymous.status == 401
+    assert anonymous.status == 401 and anonymous.headers["www-authenticate"].startswith("Bearer")
     wrong = server.post("/v1/long", {"agent": "atlas", "fact": "bad token"}, headers=bearer("guess"))
     assert wrong.status == 401
     impostor = server.post("/v1/long", {"agent": "atlas", "fact": "sol pretending"}, headers=bearer("sol-secret-token"))
@@ -133,8 +133,11 @@ def mcp_call(server, name: str, arguments: dict, headers: dict) -> dict:
 
 def test_tokens_decide_the_caller_over_mcp(token_server):
     server = token_server
-    refused = mcp_call(server, "write_long", {"agent": "atlas", "fact": "mcp no token"}, {})
-    assert refused["isError"] is True and refused["structuredContent"]["error"]["code"] == "unauthorized"
+    refused = server.mcp_tool("write_long", {"agent": "atlas", "fact": "mcp no token"})
+    assert refused.status == 401 and refused.body["error"]["code"] == "unauthorized"
+    assert refused.headers["www-authenticate"].startswith("Bearer")
+    unknown = server.mcp_tool("write_long", {"agent": "atlas", "fact": "x"}, bearer("not-a-token"))
+    assert unknown.status == 401
     impostor = mcp_call(server, "write_long", {"agent": "atlas", "fact": "mcp impostor"}, bearer("sol-secret-token"))
     assert impostor["isError"] is True and impostor["structuredContent"]["error"]["status"] == 403
     ok = mcp_call(server, "write_long", {"agent": "sol", "fact": "mcp with token"}, bearer("sol-secret-token"))
