@@ -798,10 +798,6 @@ class Store:
 
         return self.read(work)
 
-    def sharing_of(self, conn: sqlite3.Connection, agent: str) -> bool:
-        row = conn.execute("SELECT shared FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
-        return bool(row and row[0])
-
     def counts(self) -> dict:
         def work(conn: sqlite3.Connection) -> dict:
             one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
@@ -2074,7 +2070,7 @@ SERVED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the longest-idle connection
 
 
-def status_for(op: Operation, result: dict) -> int:
+def status_for(result: dict) -> int:
     return 201 if result.get("status") == "created" else 200
 
 
@@ -2221,7 +2217,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
         else:
             args = parse_json_body(self.read_body(json_only=True))
         result = invoke(self.server.memory, self.server.tokens, op, args, cast(Mapping[str, str], self.headers))
-        self.respond(status_for(op, result), result, degraded_header(result))
+        self.respond(status_for(result), result, degraded_header(result))
 
     def read_body(self, json_only: bool) -> bytes:
         """The request body, capped at MAX_BODY_BYTES before anything parses it."""
