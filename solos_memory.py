@@ -34,6 +34,7 @@ import os
 import queue
 import re
 import secrets
+import signal
 import socket
 import sqlite3
 import stat
@@ -2718,12 +2719,15 @@ def serve(config: Config, register: list[str]) -> int:
         degraded=server.memory.embedder is None,
         degraded_reason=server.memory.embedder_error,
     )
+    # systemd stops the unit with SIGTERM: stop accepting, close the database, say so in the journal.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
+        log_event("stopped", port=server.port)
     return 0
 
 

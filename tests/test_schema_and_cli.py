@@ -173,3 +173,30 @@ def test_check_command_is_part_of_the_service_cli(server, capsys):
     assert solos_memory.main(["check", "--cleanup", "--db", str(server.db_path)]) == 0
     with server.db() as conn:
         assert conn.execute("SELECT count(*) FROM memory_longterm WHERE source = 'solos-check'").fetchone()[0] == 0
+
+
+def test_sigterm_stops_the_service_cleanly(tmp_path):
+    import signal
+
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "solos_memory.py"),
+            "serve",
+            "--db",
+            str(tmp_path / "s.db"),
+            "--port",
+            "0",
+            "--model-dir",
+            "off",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert json.loads(process.stderr.readline())["event"] == "listening"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+        assert json.loads(process.stderr.readline())["event"] == "stopped"
+    finally:
+        process.kill()
