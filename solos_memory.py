@@ -1372,7 +1372,8 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     key = (lambda r: r["score"]) if match else (lambda r: r["ts"] or "")
     candidates.sort(key=key, reverse=True)
     results, suppressed = collapse_duplicates(persona + candidates, k)
-    for result in results:
+    for result in results:  # presentation work, only for the rows returned
+        result["score"] = round(result["score"], 6)
         if "tags" in result:
             result["tags"] = parse_tags(result["tags"])
     audit = [(r["agent"], r["id"]) for r in results if r["tier"] == "episodic" and r["foreign"]]
@@ -1463,7 +1464,7 @@ def fuse(candidates: dict[tuple[str, int], dict], similar: dict[tuple[str, int],
     fused = []
     for key, result in candidates.items():
         result.pop("keyword")
-        result["score"] = round(weights[0] * keyword.get(key, 0.0) + weights[1] * vector.get(key, 0.0), 6)
+        result["score"] = weights[0] * keyword.get(key, 0.0) + weights[1] * vector.get(key, 0.0)
         if result["score"] > 0:
             fused.append(result)
     return fused
@@ -1493,7 +1494,7 @@ def tier_result(tier: str, row: sqlite3.Row, caller: str) -> dict:
         "tier": tier,
         "agent": row["agent"],
         "ts": row["ts"],
-        "score": round(row["score"], 6),
+        "score": row["score"],
         "foreign": row["agent"] != caller,
     }
     if tier == "long":
