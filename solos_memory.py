@@ -2087,6 +2087,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
     server_version = "solos-memory/" + __version__
     timeout = KEEPALIVE_IDLE_S
     server: MemoryServer
+    started: float | None = None  # when the current request's route() began
 
     def setup(self) -> None:
         super().setup()
@@ -2141,18 +2142,27 @@ class MemoryHandler(BaseHTTPRequestHandler):
         if self.close_connection:
             lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.status_sent = status
+        self.count_request()  # before the write: a client that reads /metrics next must see this one
         # One write: headers and body in separate segments meet Nagle + delayed ACK (~40 ms).
         try:
             self.wfile.write(head if self.command == "HEAD" else head + body)
         except OSError:  # the client went away (or was evicted as idle); nothing left to tell it
             self.close_connection = True
-        self.status_sent = status
+
+    def count_request(self) -> None:
+        """Requests by route, method and status, and their latency, for /metrics."""
+        path = urlsplit(self.path).path if getattr(self, "path", None) else ""
+        route = path if path in KNOWN_PATHS else "other"  # a bounded label set
+        started = getattr(self, "started", None) or time.perf_counter()
+        self.server.memory.stats.observe(route, self.command or "-", self.status_sent, time.perf_counter() - started)
+        self.started = None
 
     def route(self) -> None:
         if self.request_version == "HTTP/0.9":  # no headers, no status line: a line cut short, not a client
             self.close_connection = True
             return
-        started = time.perf_counter()
+        started = self.started = time.perf_counter()
         self.server.forget(self.connection)  # working: not to be evicted
         self.status_sent = 0
         url = urlsplit(self.path)
@@ -2187,8 +2197,6 @@ class MemoryHandler(BaseHTTPRequestHandler):
             self.respond(500, error_body(ServiceError("internal error; see the service log")))
         finally:
             self.server.idle(self.connection)
-            route = url.path if url.path in KNOWN_PATHS else "other"  # bounded label set for /metrics
-            self.server.memory.stats.observe(route, self.command, self.status_sent, time.perf_counter() - started)
             if self.server.config.log_requests:
                 log_event(
                     "request",
