@@ -2718,6 +2718,8 @@ def main(argv: list[str] | None = None) -> int:
 def serve(config: Config, register: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[JsonLogHandler()], force=True)
     server = build_server(config, register)
+    # systemd stops the unit with SIGTERM: stop accepting, close the database, say so in the journal.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     log_event(
         "listening",
         host=config.host,
@@ -2728,8 +2730,6 @@ def serve(config: Config, register: list[str]) -> int:
         degraded=server.memory.embedder is None,
         degraded_reason=server.memory.embedder_error,
     )
-    # systemd stops the unit with SIGTERM: stop accepting, close the database, say so in the journal.
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     try:
         server.serve_forever()
     except KeyboardInterrupt:
