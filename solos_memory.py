@@ -1343,30 +1343,21 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
             if not vectors.count(searched):  # a fresh install before backfill: say so, rank by keywords
                 vector, ranking = None, "keyword"
                 reason = "keyword-only recall: no row has a vector yet (the embedder is catching up; run backfill)"
-        keyword: dict[tuple[str, int], dict] = {}
+        candidates: dict[tuple[str, int], dict] = {}
         if ranking != "vector":
-            for tier in searched:
-                for row in memory.store.search_tier(conn, tier, caller, scope, match, depth):
-                    result = tier_result(tier, row, caller)
-                    result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in words else 1.0)
-                    keyword[(tier, row["id"])] = result
-            if "long" in searched:
-                smooth_with_neighbours(memory.store, conn, caller, scope, keyword)
+            candidates = keyword_candidates(memory.store, conn, caller, scope, searched, match, words, depth)
         similar: dict[tuple[str, int], float] = {}
         if vector is not None and vectors is not None:
-            sharing = memory.store.sharing_agents(conn) | {caller}
-            for tier in searched:
-                allowed = scope_mask(caller, scope, sharing if tier == "episodic" else None)
-                similar.update(
-                    {(tier, row_id): cosine for row_id, cosine in vectors.search(tier, vector, allowed, depth).items()}
+            similar = vector_candidates(memory.store, conn, vectors, vector, caller, scope, searched, depth)
+            for tier in searched:  # rows only the vector leg found, read through the same SQL filters
+                missing = [row_id for (t, row_id) in similar if t == tier and (t, row_id) not in candidates]
+                rows = (
+                    memory.store.search_tier(conn, tier, caller, scope, None, len(missing), missing) if missing else []
                 )
-            for tier in searched:
-                missing = [row_id for (t, row_id) in similar if t == tier and (t, row_id) not in keyword]
-                for row in (
-                    memory.store.search_tier(conn, tier, caller, scope, None, len(missing), missing) if missing else ()
-                ):
-                    keyword[(tier, row["id"])] = {**tier_result(tier, row, caller), "keyword": None}
-        return persona, fuse(keyword, similar, ranking)
+                candidates.update(
+                    {(tier, row["id"]): {**tier_result(tier, row, caller), "keyword": None} for row in rows}
+                )
+        return persona, fuse(candidates, similar, ranking)
 
     persona, candidates = memory.store.read(work)
     key = (lambda r: r["score"]) if match else (lambda r: r["ts"] or "")
@@ -1397,6 +1388,49 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
         "degraded_reason": reason,
         "ranking": ranking,
     }
+
+
+def keyword_candidates(
+    store: Store,
+    conn: sqlite3.Connection,
+    caller: str,
+    scope: str,
+    tiers: list[str],
+    match: str,
+    words: list[str],
+    depth: int,
+) -> dict[tuple[str, int], dict]:
+    """The keyword leg: BM25 per tier after the filters, x1.3 for a named writer, then topic neighbours."""
+    candidates = {}
+    for tier in tiers:
+        for row in store.search_tier(conn, tier, caller, scope, match, depth):
+            result = tier_result(tier, row, caller)
+            result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in words else 1.0)
+            candidates[(tier, row["id"])] = result
+    if "long" in tiers:
+        smooth_with_neighbours(store, conn, caller, scope, candidates)
+    return candidates
+
+
+def vector_candidates(
+    store: Store,
+    conn: sqlite3.Connection,
+    vectors: VectorIndex,
+    query: Any,
+    caller: str,
+    scope: str,
+    tiers: list[str],
+    depth: int,
+) -> dict[tuple[str, int], float]:
+    """The vector leg: cosine per tier among rows the scope (and, for episodes, sharing) allows."""
+    sharing = store.sharing_agents(conn) | {caller}
+    similar = {}
+    for tier in tiers:
+        allowed = scope_mask(caller, scope, sharing if tier == "episodic" else None)
+        similar.update(
+            {(tier, row_id): cosine for row_id, cosine in vectors.search(tier, query, allowed, depth).items()}
+        )
+    return similar
 
 
 def smooth_with_neighbours(
