@@ -28,7 +28,6 @@ import math
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ import urllib.parse
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from harness import Process, percentiles  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = (REPO / ".." / "shared" / "data" / "locomo" / "locomo-dev.json").resolve()
@@ -225,13 +226,6 @@ def run_reference(conversations: list[Conversation]) -> dict[str, dict[str, floa
 # ==== The service, through REST ====
 
 
-def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Service:
     """One solos-memory server on a fresh database, talked to over one kept-alive connection."""
 
@@ -240,23 +234,10 @@ class Service:
         self.python, self.script = python, str(REPO / "solos_memory.py")
         self.env = {**os.environ, "SOLOS_MEMORY_DB": str(db), "HF_HUB_OFFLINE": "1"}
         self.cli("agents", "add", *agents)
-        self.port = free_port()
-        cmd = [python, self.script, "serve", "--port", str(self.port), *serve_args]
-        # A file, not a pipe: a server that logs every request would fill a pipe and stall.
-        self.log = db.parent / "serve.log"
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        # Port 0: the service names its port in its first log line (harness.Process reads it).
+        self.proc = Process([python, self.script, "serve", "--port", "0", "--no-request-log", *serve_args], self.env)
+        self.port = self.proc.port
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                self.conn.close()
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"service did not start: {self.log.read_text()[-2000:]}")
-            time.sleep(0.05)
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         """One request; returns (status, parsed JSON body)."""
@@ -282,20 +263,13 @@ class Service:
             raise RuntimeError(f"solos_memory.py {' '.join(args)} failed: {done.stderr[-2000:]}")
         return done
 
-    def backfill(self) -> bool:
-        """Embed whatever the writes left without a vector (idempotent); False if the CLI has no backfill."""
-        try:
-            self.cli("backfill")
-        except RuntimeError as error:
-            if "invalid choice" in str(error):
-                return False
-            raise
-        return True
+    def backfill(self) -> None:
+        """Embed whatever the writes left without a vector (idempotent)."""
+        self.cli("backfill")
 
     def close(self) -> None:
         self.conn.close()
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.proc.stop()
 
 
 def recall_ids(service: Service, question: str, mode: str, k: int = 10) -> tuple[list[str], bool]:
@@ -348,12 +322,6 @@ def prepare(service: Service, mode: str, timeout_s: float = 900.0) -> None:
         time.sleep(0.2)
 
 
-def percentiles(seconds: list[float]) -> tuple[float, float]:
-    """p50 and p95 in milliseconds."""
-    ordered = sorted(seconds)
-    return 1000 * ordered[len(ordered) // 2], 1000 * ordered[int(len(ordered) * 0.95)]
-
-
 def run_service(conversations: list[Conversation], mode: str, python: str, serve_args: list[str]) -> tuple[dict, dict]:
     """Load and query every conversation on its own service; returns (summary, timings)."""
     rows: list[tuple[int, dict[str, float]]] = []
@@ -380,7 +348,8 @@ def run_service(conversations: list[Conversation], mode: str, python: str, serve
                     rows.append((q.category, score(ids, q.evidence)))
             finally:
                 service.close()
-    p50, p95 = percentiles(latencies)
+    spread = percentiles(latencies)
+    p50, p95 = spread["p50"], spread["p95"]
     timings = {
         "total_s": time.perf_counter() - started,
         "write_s": write_s,
@@ -414,7 +383,8 @@ def run_latency(conversations: list[Conversation], mode: str, python: str, serve
                 latencies.append(time.perf_counter() - t0)
         finally:
             service.close()
-    p50, p95 = percentiles(latencies)
+    spread = percentiles(latencies)
+    p50, p95 = spread["p50"], spread["p95"]
     return (
         f"{mode}, {size} rows: writes {size / write_s:.0f}/s, then waiting for vectors {prepare_s:.1f} s; "
         f"recall p50 {p50:.1f} ms, p95 {p95:.1f} ms over {len(latencies)} questions"
@@ -427,9 +397,7 @@ def run_latency(conversations: list[Conversation], mode: str, python: str, serve
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo JSON file (default: %(default)s)")
-    parser.add_argument(
-        "--modes", default="keyword,vector,hybrid", help="service modes to run (default: %(default)s)"
-    )
+    parser.add_argument("--modes", default="keyword,vector,hybrid", help="service modes to run (default: %(default)s)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N conversations (default: all)")
     parser.add_argument(
         "--python", default=sys.executable, help="interpreter that runs the service (default: %(default)s)"
