@@ -146,7 +146,7 @@ class McpBridge:
 
     def handle(self, method: str, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
         """Answer one HTTP request: (status, headers, body); the caller adds Content-Length."""
-        refusal = self._refuse_foreign_caller(headers)
+        refusal = foreign_caller(headers, self._allowed_hosts, self._allowed_origins)
         if refusal is not None:
             return _respond(403, RpcError(INVALID_REQUEST, refusal).reply())
         if method != "POST":
@@ -155,7 +155,9 @@ class McpBridge:
             # reads 405 as "this server has none". With no session id there is no DELETE.
             return 405, {"Allow": "POST"}, b""
         try:
-            message = json.loads(body)
+            # Strict: UTF-8 only (json.loads would sniff UTF-16/32 from bytes) and no NaN or Infinity, which
+            # are not JSON; so a body means the same here as on the service's REST routes.
+            message = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
         except (ValueError, RecursionError):  # bad UTF-8 and huge integers raise ValueError too
             return _respond(400, RpcError(PARSE_ERROR, "Parse error: the body is not JSON").reply())
         requested = headers.get("MCP-Protocol-Version")
@@ -171,19 +173,6 @@ class McpBridge:
         if reply is None:
             return 202, response_headers, b""
         return _respond(_status_of(reply, HANDSHAKE_ERROR_STATUS), reply, response_headers)
-
-    def _refuse_foreign_caller(self, headers: Mapping[str, str]) -> str | None:
-        """Why a request must get 403 (DNS rebinding, cross-site pages), or None.
-
-        An absent Origin is fine: non-browser clients (Hermes, the mcp SDK) send none.
-        """
-        host = headers.get("Host")
-        if host is None or host.lower() not in self._allowed_hosts:
-            return f"Host {host!r} is not allowed"
-        origin = headers.get("Origin")
-        if origin is not None and origin.lower() not in self._allowed_origins:
-            return f"Origin {origin!r} is not allowed"
-        return None
 
     # ---- handshake era: 2025-03-26 .. 2025-11-25 ----
 
@@ -320,6 +309,27 @@ class McpBridge:
 # ==== Helpers ====
 
 
+def foreign_caller(
+    headers: Mapping[str, str], allowed_hosts: Collection[str], allowed_origins: Collection[str]
+) -> str | None:
+    """Why a request must get 403 (DNS rebinding, cross-site pages), or None; the sets are lower-case.
+
+    A page that rebinds its own name to 127.0.0.1 still sends that name as Host. An absent Origin is
+    fine: non-browser clients (Hermes, the mcp SDK, curl) send none. The service applies this to every route.
+    """
+    host = headers.get("Host")
+    if host is None or host.lower() not in allowed_hosts:
+        return f"Host {host!r} is not allowed (DNS rebinding protection: only this server's own names)"
+    origin = headers.get("Origin")
+    if origin is not None and origin.lower() not in allowed_origins:
+        return f"Origin {origin!r} is not allowed (cross-site protection: see --allowed-origin)"
+    return None
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
 def describe_tool(tool: Tool) -> dict:
     """The tools/list entry for one tool."""
     entry: dict[str, Any] = {"name": tool.name}
@@ -414,5 +424,8 @@ def _status_of(reply: dict, error_status: Mapping[int, int]) -> int:
 
 def _respond(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     """A JSON response; every answer is application/json, never SSE."""
-    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    try:
+        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from some stored row: escaped, it is still valid JSON
+        body = json.dumps(payload, separators=(",", ":")).encode("ascii")
     return status, {**(headers or {}), "Content-Type": "application/json"}, body

@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import queue
 import re
@@ -123,12 +124,17 @@ class ServiceError(Exception):
     """Base for expected errors; subclasses set status and code."""
 
     status, code = 500, "internal"
+    retry_after_s: int | None = None  # set for conditions that pass by themselves
 
     def __init__(self, message: str, field: str | None = None):
         super().__init__(message)
         self.message = message
         self.field = field
         self.counted = False  # set once Stats.reject has logged and counted it
+
+    def headers(self) -> dict[str, str]:
+        """Response headers this error needs besides its body (Allow, Retry-After, ...)."""
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
 
 
 class BadRequest(ServiceError):
@@ -141,6 +147,9 @@ class Unauthorized(ServiceError):
     """Tokens are enabled and the request carries no valid bearer token."""
 
     status, code = 401, "unauthorized"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="solos-memory"'}
 
 
 class Forbidden(ServiceError):
@@ -163,6 +172,9 @@ class MethodNotAllowed(ServiceError):
     def __init__(self, message: str, allow: list[str]):
         super().__init__(message)
         self.allow = allow
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": ", ".join(self.allow)}
 
 
 class Conflict(ServiceError):
@@ -195,11 +207,27 @@ class UnknownAgent(ServiceError):
     status, code = 422, "unknown_agent"
 
 
+class RequestTimeout(ServiceError):
+    """The body did not arrive within BODY_DEADLINE_S (a slow-body attack, or a stalled client)."""
+
+    status, code = 408, "request_timeout"
+
+
 class Busy(ServiceError):
     """The database stayed locked through every retry; never an empty success."""
 
     status, code = 503, "busy"
     retry_after_s = 1
+
+
+class StorageUnavailable(ServiceError):
+    """The database cannot be written or read right now (read-only, disk full, I/O error).
+
+    A condition outside the service that an operator fixes; the service recovers by itself once it is gone.
+    """
+
+    status, code = 503, "storage_unavailable"
+    retry_after_s = 5
 
 
 def error_body(error: ServiceError) -> dict:
@@ -237,9 +265,20 @@ JSON_TYPES: dict[str, type | tuple[type, ...]] = {
 
 
 def describe(value: Any) -> str:
-    """A short rendering of a bad value for an error message."""
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    """A short rendering of a bad value for an error message, whatever the value (deep, huge, odd)."""
+    try:
+        text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    except (RecursionError, ValueError):  # nesting past the recursion limit; ints past 4,300 digits
+        text = f"a deeply nested {type(value).__name__}" if isinstance(value, (list, dict)) else "a huge number"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def fully_matches(pattern: str, value: str) -> bool:
+    """The whole value matches an anchored schema pattern (`$` alone would admit a trailing newline)."""
+    return re.fullmatch(pattern.removeprefix("^").removesuffix("$"), value) is not None
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # valid in a JSON escape, not encodable as UTF-8
 
 
 def check_value(name: str, schema: dict, value: Any) -> Any:
@@ -260,6 +299,8 @@ def check_one(name: str, schema: dict, value: Any) -> Any:
     right_type = isinstance(value, JSON_TYPES[kind])  # kept apart: mypy would narrow value to object
     if not right_type or (is_bool and kind != "boolean"):
         raise BadRequest(f"{name} must be {article(kind)} {kind}, got {describe(value)}", name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadRequest(f"{name} must be a finite number, got {describe(value)}", name)
     if kind in ("integer", "number"):
         low, high = schema.get("minimum"), schema.get("maximum")
         low_open = schema.get("exclusiveMinimum")
@@ -270,6 +311,8 @@ def check_one(name: str, schema: dict, value: Any) -> Any:
         ):
             raise BadRequest(f"{name} must be {kind_range(schema)}, got {describe(value)}", name)
     if kind == "string":
+        if LONE_SURROGATE.search(value):
+            raise BadRequest(f"{name} must be valid Unicode text: it holds a lone surrogate (\\ud800-\\udfff)", name)
         if "enum" in schema and value not in schema["enum"]:
             raise BadRequest(f"{name} must be one of {', '.join(schema['enum'])}, got {describe(value)}", name)
         if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", 1 << 30):
@@ -277,7 +320,7 @@ def check_one(name: str, schema: dict, value: Any) -> Any:
                 f"{name} must be {schema.get('minLength', 0)}-{schema.get('maxLength')} characters, got {len(value)}",
                 name,
             )
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not fully_matches(schema["pattern"], value):
             if schema["pattern"] == NO_NUL:
                 raise BadRequest(f"{name} must not contain NUL characters", name)
             raise BadRequest(f"{name} must match {schema['pattern']}, got {describe(value)}", name)
@@ -361,6 +404,8 @@ def parse_json_body(body: bytes) -> Any:
         raise BadRequest(
             f"body must be valid JSON: {error.msg} at line {error.lineno} column {error.colno}", "body"
         ) from None
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        raise BadRequest("body holds a number too long to read", "body") from None
 
 
 # Function and question words: FTS5 ORs every query word, and these add score
@@ -434,9 +479,39 @@ def read_resource(name: str) -> bytes:
         return handle.read()
 
 
+def primary_code(error: sqlite3.Error) -> int | None:
+    """SQLite's primary result code (extended codes carry it in their low byte)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
 def is_busy(error: sqlite3.Error) -> bool:
     """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock."""
-    return getattr(error, "sqlite_errorcode", None) in (5, 6) or "locked" in str(error) or "busy" in str(error)
+    return primary_code(error) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(error)
+
+
+# Conditions of the disk or the file, not of the request: 503 with Retry-After, and the connection is not reused.
+STORAGE_FAILURES = {
+    sqlite3.SQLITE_READONLY: "the database is read-only (file or folder permissions, or a read-only mount)",
+    sqlite3.SQLITE_FULL: "the disk holding the database is full",
+    sqlite3.SQLITE_IOERR: "the disk reported an I/O error",
+    sqlite3.SQLITE_CANTOPEN: "the database file cannot be opened",
+    sqlite3.SQLITE_PERM: "access to the database is denied",
+    sqlite3.SQLITE_CORRUPT: "the database file is damaged",
+    sqlite3.SQLITE_NOTADB: "the database file is not an SQLite database",
+}
+
+
+def decode_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+class PooledConnection(sqlite3.Connection):
+    """A connection that knows whether it may go back to the pool."""
+
+    # False for one opened while the file was not writable (SQLite then silently opens it read-only, for
+    # good) and for one that met a storage failure: reusing either kept writes failing after the cause was gone.
+    reusable = True
 
 
 FLEET_OWNED_TABLES = ("agent_registry", "memory_durable")
@@ -461,7 +536,7 @@ class Store:
         self.path = path
         self.busy_timeout_ms = busy_timeout_ms
         self.admin = admin
-        self.pool: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
+        self.pool: queue.LifoQueue[PooledConnection] = queue.LifoQueue()
         # The service's own writers queue here, in order, rather than race for SQLite's lock: its busy
         # handler polls with sleeps of up to 100 ms, so sixteen threads contending lose their time asleep
         # (bench/write_throughput.py, 16 clients: p99 104 -> 11 ms) and the fleet's writers meet sixteen rivals.
@@ -469,16 +544,25 @@ class Store:
 
     # -- connections --
 
-    def connect(self) -> sqlite3.Connection:
+    def connect(self) -> PooledConnection:
         """A connection with the fleet's pragmas, read back to be sure they took."""
+        writable = os.access(self.path, os.W_OK) and os.access(os.path.dirname(os.path.abspath(self.path)), os.W_OK)
         conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_ms / 1000
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=self.busy_timeout_ms / 1000,
+            factory=PooledConnection,
         )
+        conn.reusable = writable
         conn.row_factory = sqlite3.Row
+        # Text other writers stored as invalid UTF-8 reads back with U+FFFD rather than failing every recall.
+        conn.text_factory = decode_text
         # WAL lets agents read while one writes; busy_timeout absorbs the fleet's short write locks.
         mode = conn.execute("PRAGMA journal_mode=wal").fetchone()[0]
         if mode != "wal":
-            raise RuntimeError(f"{self.path}: journal_mode is {mode!r}, WAL could not be enabled")
+            conn.close()
+            raise StorageUnavailable(f"journal_mode is {mode!r}: WAL could not be enabled (is the folder writable?)")
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         if conn.execute("PRAGMA busy_timeout").fetchone()[0] != self.busy_timeout_ms:
             raise RuntimeError(f"{self.path}: busy_timeout did not take")
@@ -488,16 +572,19 @@ class Store:
             conn.set_authorizer(deny_fleet_writes)
         return conn
 
-    def checkout(self) -> sqlite3.Connection:
+    def checkout(self) -> PooledConnection:
         try:
             return self.pool.get_nowait()
         except queue.Empty:
             return self.connect()
 
-    def checkin(self, conn: sqlite3.Connection) -> None:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        if self.pool.qsize() < POOL_SIZE:
+    def checkin(self, conn: PooledConnection) -> None:
+        if conn.reusable and conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                conn.reusable = False
+        if conn.reusable and self.pool.qsize() < POOL_SIZE:
             self.pool.put(conn)
         else:
             conn.close()
@@ -537,13 +624,20 @@ class Store:
                 result = work(conn)
                 conn.execute("COMMIT")
                 return result
-            except sqlite3.OperationalError as error:
-                if not is_busy(error):
+            except sqlite3.Error as error:
+                failure = STORAGE_FAILURES.get(primary_code(error) or 0)
+                if failure is not None:
+                    if conn is not None:
+                        conn.reusable = False
+                    self.close()  # its pool-mates may have opened in the same spell: start afresh
+                    log_event("storage_failure", db=self.path, reason=failure, error=str(error))
+                    raise StorageUnavailable(f"{failure}; nothing was changed, retry later") from None
+                if not (isinstance(error, sqlite3.OperationalError) and is_busy(error)):
                     raise
                 last_error = error
             finally:
                 if conn is not None:
-                    if attempt or write:
+                    if (attempt or write) and conn.reusable:
                         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
                     self.checkin(conn)
             pause = min(0.05 * 2**attempt, deadline - time.monotonic())
@@ -1216,9 +1310,11 @@ class Stats:
         with self.lock:
             getattr(self, counter)[key] += amount
 
-    def reject(self, agent: Any, operation: str, error: ServiceError) -> None:
-        """Log and count a refused call: agent, operation, reason."""
+    def reject(self, agent: str | None, operation: str, error: ServiceError, claimed: Any = None) -> None:
+        """Log and count a refused call: the caller (its token's holder when tokens are on), operation, reason."""
         record = {"agent": agent, "operation": operation, "code": error.code, "reason": error.message}
+        if claimed is not None and claimed != agent:
+            record["claimed_agent"] = describe(claimed)
         error.counted = True
         log_event("rejected", **record)
         with self.lock:
@@ -1362,12 +1458,14 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     persona, candidates = memory.store.read(work)
     key = (lambda r: r["score"]) if match else (lambda r: r["ts"] or "")
     candidates.sort(key=key, reverse=True)
-    results, suppressed = collapse_duplicates(persona + candidates, k)
+    results, collapsed = collapse_duplicates(persona + candidates, k)
+    suppressed = len(collapsed)
     for result in results:  # presentation work, only for the rows returned
         result["score"] = round(result["score"], 6)
         if "tags" in result:
             result["tags"] = parse_tags(result["tags"])
-    audit = [(r["agent"], r["id"]) for r in results if r["tier"] == "episodic" and r["foreign"]]
+    # A collapsed copy is revealed too (its twin's duplicates, also_written_by): its read is audited as well.
+    audit = [(r["agent"], r["id"]) for r in results + collapsed if r["tier"] == "episodic" and r["foreign"]]
     if audit:
         memory.store.record_audit(caller, audit)
     stats = memory.stats
@@ -1579,10 +1677,13 @@ def durable_result(row: sqlite3.Row, caller: str) -> dict:
     }
 
 
-def collapse_duplicates(ranked: list[dict], k: int) -> tuple[list[dict], int]:
-    """Keep the best-ranked copy of each identical text; count the others."""
+def collapse_duplicates(ranked: list[dict], k: int) -> tuple[list[dict], list[dict]]:
+    """Keep the best-ranked copy of each identical text; return the kept and the collapsed copies.
+
+    A collapsed copy still shows in its kept twin's `duplicates` and `also_written_by`.
+    """
     kept: dict[str, dict] = {}
-    suppressed = 0
+    collapsed = []
     for result in ranked:
         text = " ".join(str(result["text"]).split()).casefold()
         if text in kept:
@@ -1590,13 +1691,13 @@ def collapse_duplicates(ranked: list[dict], k: int) -> tuple[list[dict], int]:
             first["duplicates"] = first.get("duplicates", 0) + 1
             if result["agent"] not in first.setdefault("also_written_by", []) and result["agent"] != first["agent"]:
                 first["also_written_by"].append(result["agent"])
-            suppressed += 1
+            collapsed.append(result)
         elif len(kept) < k:
             kept[text] = result
     for result in kept.values():
         if not result.get("also_written_by"):
             result.pop("also_written_by", None)
-    return list(kept.values()), suppressed
+    return list(kept.values()), collapsed
 
 
 def op_write_short(memory: Memory, args: dict) -> dict:
@@ -1659,12 +1760,19 @@ def op_read_audit(memory: Memory, args: dict) -> dict:
 
 
 def op_read_stats(memory: Memory, args: dict) -> dict:
-    """Row and vector counts per tier, call and rejection counters, recall hits, duplicates, degraded state."""
-    embedder = memory.embedder
+    """Row and vector counts per tier, call and rejection counters, recall hits, duplicates, degraded state.
+
+    An agent sees its own recent rejections only; the operator view (the operator token, or no agent
+    named under loopback trust) sees everyone's.
+    """
+    embedder, snapshot = memory.embedder, memory.stats.snapshot()
+    if args["agent"] is not None:
+        snapshot["recent_rejections"] = [r for r in snapshot["recent_rejections"] if r["agent"] == args["agent"]]
     return {
         "version": __version__,
+        "view": "operator" if args["agent"] is None else "agent",
         **memory.store.counts(),
-        **memory.stats.snapshot(),
+        **snapshot,
         "embedder": embedder.model_id if embedder else None,
         "vectors": memory.store.count_vectors(embedder.model_id) if embedder else {},
         "embed_error": memory.worker.last_error if memory.worker else None,
@@ -1690,6 +1798,7 @@ class Operation:
     idempotent: bool
     destructive: bool = False
     title: str = ""
+    operator: bool = False  # the operator token may call it (an agent's token always may)
 
     @property
     def description(self) -> str:
@@ -2008,7 +2117,15 @@ OPERATIONS = {
         "GET",
         "/v1/stats",
         op_read_stats,
-        object_schema({}, ()),
+        object_schema(
+            {
+                "agent": {
+                    **AGENT_SCHEMA,
+                    "description": "Show only this agent's recent rejections; set by the token when tokens are on.",
+                }
+            },
+            (),
+        ),
         result_schema(
             {
                 "version": {"type": "string"},
@@ -2023,16 +2140,20 @@ OPERATIONS = {
         writes=False,
         idempotent=True,
         title="Service statistics",
+        operator=True,
     ),
 }
 ROUTES = {(op.method, op.path): op for op in OPERATIONS.values()}
 
 
+OPERATOR = "@operator"  # the holder of the operator token: not an agent name (those start alphanumeric)
+
+
 class Tokens:
     """Optional per-agent bearer tokens: the token, not the request body, names the caller.
 
-    The file holds one `<sha256 hex of token> <agent>` per line; it must not
-    be readable by group or others. Tokens themselves are never stored or logged.
+    The file holds one `<sha256 hex of token> <agent>` per line (`@operator` for the operator view); it
+    must not be readable by group or others. Tokens themselves are never stored or logged.
     """
 
     def __init__(self, by_hash: dict[str, str]):
@@ -2052,7 +2173,7 @@ class Tokens:
                 if (
                     len(parts) != 2
                     or not re.fullmatch(r"[0-9a-f]{64}", parts[0])
-                    or not re.match(AGENT_PATTERN, parts[1])
+                    or not (fully_matches(AGENT_PATTERN, parts[1]) or parts[1] == OPERATOR)
                 ):
                     raise SystemExit(f"{path}:{number}: expected '<sha256 hex> <agent>'")
                 by_hash[parts[0]] = parts[1]
@@ -2079,20 +2200,23 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
     The one path both transports take, so validation, identity and errors
     live once.
     """
-    agent = raw_args.get("agent") if isinstance(raw_args, dict) else None
+    claimed = raw_args.get("agent") if isinstance(raw_args, dict) else None
+    agent = claimed if tokens is None and isinstance(claimed, str) else None  # who the rejection log names
     memory.stats.count("calls", op.name)
     try:
         if tokens is not None:
-            caller = tokens.agent_for(headers.get("Authorization"))
-            if "agent" in op.input_schema["properties"] and isinstance(raw_args, dict):
-                if raw_args.get("agent") not in (None, caller):
-                    raise Forbidden(f"the token belongs to {caller!r}, not {raw_args.get('agent')!r}", "agent")
+            caller = agent = tokens.agent_for(headers.get("Authorization"))
+            if caller == OPERATOR:
+                if not op.operator:
+                    raise Forbidden(f"the operator token may not call {op.name}; agents use their own", "agent")
+            elif "agent" in op.input_schema["properties"] and isinstance(raw_args, dict):
+                if claimed not in (None, caller):
+                    raise Forbidden(f"the token belongs to {caller!r}, not {describe(claimed)}", "agent")
                 raw_args = {**raw_args, "agent": caller}
-                agent = caller
         args = check_args(op.input_schema, raw_args)
         return op.function(memory, args)
     except ServiceError as error:
-        memory.stats.reject(agent, op.name, error)
+        memory.stats.reject(agent, op.name, error, claimed)
         raise
 
 
@@ -2102,8 +2226,13 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
 # (\uXXXX), so 128 KiB admits every valid write and stops a memory-hungry body early.
 MAX_BODY_BYTES = 128 * 1024
 KEEPALIVE_IDLE_S = 30  # a connection idle (or dripping a request head) this long is closed, freeing its thread
+# The whole body, not each byte: a per-read timeout let a client hold a thread forever at one byte per 29 s.
+# 128 KiB in 10 s is 13 KB/s, far below any loopback or LAN client.
+BODY_DEADLINE_S = 10
 SERVED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
-MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the longest-idle connection
+MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the slowest waiting connection
+MAX_SLOT_WAITERS = 32  # newcomers waiting (off the accept loop) for an evicted connection's slot
+SLOT_WAIT_S = 1.0
 
 
 def status_for(result: dict) -> int:
@@ -2187,9 +2316,10 @@ class MemoryHandler(BaseHTTPRequestHandler):
     def count_request(self) -> None:
         """Requests by route, method and status, and their latency, for /metrics."""
         path = urlsplit(self.path).path if getattr(self, "path", None) else ""
-        route = path if path in KNOWN_PATHS else "other"  # a bounded label set
+        route = path if path in KNOWN_PATHS else "other"  # bounded label sets: a client's junk never adds a series
+        method = self.command if self.command in SERVED_METHODS else "other"
         started = getattr(self, "started", None) or time.perf_counter()
-        self.server.memory.stats.observe(route, self.command or "-", self.status_sent, time.perf_counter() - started)
+        self.server.memory.stats.observe(route, method, self.status_sent, time.perf_counter() - started)
         self.started = None
 
     def route(self) -> None:
@@ -2197,10 +2327,16 @@ class MemoryHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         started = self.started = time.perf_counter()
-        self.server.forget(self.connection)  # working: not to be evicted
         self.status_sent = 0
         url = urlsplit(self.path)
+        body: bytes | None = None  # until read, an error must close the connection: its body is unread
         try:
+            if url.path != "/mcp":  # the bridge applies the same rule and answers in JSON-RPC
+                refusal = mcp_bridge.foreign_caller(self.headers, self.server.allowed_hosts, self.server.origins)
+                if refusal is not None:
+                    raise Forbidden(refusal, "Host" if refusal.startswith("Host") else "Origin")
+            body = self.read_body()
+            self.server.forget(self.connection)  # working: not to be evicted
             if url.path in SERVICE_DOCUMENTS:
                 self.only(("GET", "HEAD"))
                 content_type, produce = SERVICE_DOCUMENTS[url.path]
@@ -2210,21 +2346,18 @@ class MemoryHandler(BaseHTTPRequestHandler):
                     # Refuse at the door, not per tool: Hermes then reports the server as not connected
                     # instead of connecting and tripping its circuit breaker on failed calls.
                     self.server.tokens.agent_for(self.headers.get("Authorization"))
-                status, headers, body = self.server.bridge.handle(
-                    self.command, cast(Mapping[str, str], self.headers), self.read_body(json_only=False)
+                status, headers, reply = self.server.bridge.handle(
+                    self.command, cast(Mapping[str, str], self.headers), body
                 )
-                self.respond(status, body or None, headers, headers.pop("Content-Type", "application/json"))
+                self.respond(status, reply or None, headers, headers.pop("Content-Type", "application/json"))
             else:
-                self.call_operation(url.path, url.query)
+                self.call_operation(url.path, url.query, body)
         except ServiceError as error:
+            if body is None:
+                self.close_connection = True  # what follows on the socket cannot be told from this body
             if not error.counted:
                 self.server.memory.stats.reject(None, f"{self.command} {url.path}", error)
-            headers = {"Allow": ", ".join(error.allow)} if isinstance(error, MethodNotAllowed) else {}
-            if isinstance(error, Busy):
-                headers["Retry-After"] = str(error.retry_after_s)
-            if isinstance(error, Unauthorized):
-                headers["WWW-Authenticate"] = 'Bearer realm="solos-memory"'
-            self.respond(error.status, error_body(error), headers)
+            self.respond(error.status, error_body(error), error.headers())
         except Exception:
             logging.exception("unexpected error on %s %s", self.command, url.path)
             self.close_connection = True
@@ -2244,7 +2377,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
         if self.command not in methods:
             raise MethodNotAllowed(f"{self.command} is not allowed on {urlsplit(self.path).path}", list(methods))
 
-    def call_operation(self, path: str, query: str) -> None:
+    def call_operation(self, path: str, query: str, body: bytes) -> None:
         op = ROUTES.get((self.command, path))
         if op is None:
             allowed = [method for method, route in ROUTES if route == path]
@@ -2257,40 +2390,62 @@ class MemoryHandler(BaseHTTPRequestHandler):
             except UnicodeDecodeError:
                 raise BadRequest("query string must be UTF-8 percent-encoded", "query") from None
             args: Any = coerce_query(op.input_schema, pairs)
-            self.read_body(json_only=False)  # drain a stray body so keep-alive stays in step
         else:
-            args = parse_json_body(self.read_body(json_only=True))
-        result = invoke(self.server.memory, self.server.tokens, op, args, cast(Mapping[str, str], self.headers))
-        self.respond(status_for(result), result, degraded_header(result))
-
-    def read_body(self, json_only: bool) -> bytes:
-        """The request body, capped at MAX_BODY_BYTES before anything parses it."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self.close_connection = True
-            raise LengthRequired("chunked bodies are not accepted; send Content-Length", "Content-Length")
-        raw_length = self.headers.get("Content-Length")
-        if raw_length is None:
-            if json_only:
-                raise LengthRequired("a JSON body with Content-Length is required", "Content-Length")
-            return b""
-        if not raw_length.isdigit():
-            self.close_connection = True
-            raise BadRequest(f"Content-Length must be a number, got {describe(raw_length)}", "Content-Length")
-        length = int(raw_length)
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True  # the unread body would be taken for the next request
-            raise PayloadTooLarge(f"body is {length} bytes; the limit is {MAX_BODY_BYTES}", "body")
-        body = self.rfile.read(length)
-        if len(body) < length:
-            self.close_connection = True
-            raise BadRequest("body ended before Content-Length bytes arrived", "body")
-        if json_only:
             content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
             if content_type != "application/json":
                 raise UnsupportedMediaType(
                     f"Content-Type must be application/json, got {describe(content_type)}", "Content-Type"
                 )
-        return body
+            args = parse_json_body(body)
+        result = invoke(self.server.memory, self.server.tokens, op, args, cast(Mapping[str, str], self.headers))
+        self.respond(status_for(result), result, degraded_header(result))
+
+    def read_body(self) -> bytes:
+        """The whole request body, strictly framed, capped at MAX_BODY_BYTES and read within BODY_DEADLINE_S.
+
+        Every request's body is read (or the connection closed) before it is answered, so no body can be
+        taken for the next request on a kept-alive connection.
+        """
+        if self.headers.get("Transfer-Encoding") is not None:
+            if "chunked" in self.headers["Transfer-Encoding"].lower():
+                raise LengthRequired("chunked bodies are not accepted; send Content-Length", "Content-Length")
+            raise BadRequest("Transfer-Encoding is not accepted; send Content-Length", "Transfer-Encoding")
+        lengths = {part.strip() for raw in self.headers.get_all("Content-Length") or () for part in raw.split(",")}
+        if not lengths:
+            if self.command in ("POST", "PUT", "PATCH"):
+                raise LengthRequired(f"a {self.command} needs a body with Content-Length", "Content-Length")
+            return b""
+        if len(lengths) > 1:
+            raise BadRequest(f"conflicting Content-Length headers: {', '.join(sorted(lengths))}", "Content-Length")
+        raw_length = lengths.pop()
+        if not re.fullmatch(r"[0-9]{1,15}", raw_length):  # not isdigit(): it admits '²', which int() refuses
+            raise BadRequest(f"Content-Length must be a number, got {describe(raw_length)}", "Content-Length")
+        length = int(raw_length)
+        if length > MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"body is {length} bytes; the limit is {MAX_BODY_BYTES}", "body")
+        chunks, received = [], 0
+        deadline = time.monotonic() + BODY_DEADLINE_S
+        self.server.receiving(self.connection)
+        try:
+            while received < length:
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    raise RequestTimeout(f"the body did not arrive within {BODY_DEADLINE_S} s", "body")
+                self.connection.settimeout(remaining_s)
+                try:
+                    chunk = self.rfile.read1(length - received)
+                except TimeoutError:
+                    raise RequestTimeout(f"the body did not arrive within {BODY_DEADLINE_S} s", "body") from None
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    raise BadRequest("body ended before Content-Length bytes arrived", "body")
+                chunks.append(chunk)
+                received += len(chunk)
+                self.server.received(self.connection, received)
+        finally:
+            self.connection.settimeout(KEEPALIVE_IDLE_S)
+        return b"".join(chunks)
 
 
 ERROR_SCHEMA = {
@@ -2372,6 +2527,11 @@ def openapi_document(operations: Mapping[str, Operation]) -> dict:
     }
 
 
+def label(value: Any) -> str:
+    """A Prometheus label value, escaped per the text exposition format (backslash, quote, newline)."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def metrics_text(server: MemoryServer) -> bytes:
     """Prometheus text exposition: requests, latency, rejections, degraded state, rows per tier."""
     stats, lines = server.memory.stats, []
@@ -2386,28 +2546,32 @@ def metrics_text(server: MemoryServer) -> bytes:
         suppressed = stats.duplicates_suppressed
     family("requests_total", "counter", "HTTP requests answered, by route, method and status.")
     for (route, method, status), count in sorted(requests.items()):
-        lines.append(f'solos_memory_requests_total{{route="{route}",method="{method}",status="{status}"}} {count}')
+        lines.append(
+            f'solos_memory_requests_total{{route="{label(route)}",method="{label(method)}",status="{status}"}} {count}'
+        )
     family("request_duration_seconds", "histogram", "Time from request line to response written.")
     for route, buckets in sorted(latency.items()):
         cumulative = 0
         for bound, count in zip((*LATENCY_BUCKETS_S, "+Inf"), buckets[:-1]):
             cumulative += count
-            lines.append(f'solos_memory_request_duration_seconds_bucket{{route="{route}",le="{bound}"}} {cumulative}')
-        lines.append(f'solos_memory_request_duration_seconds_sum{{route="{route}"}} {buckets[-1]:.6f}')
-        lines.append(f'solos_memory_request_duration_seconds_count{{route="{route}"}} {cumulative}')
+            lines.append(
+                f'solos_memory_request_duration_seconds_bucket{{route="{label(route)}",le="{bound}"}} {cumulative}'
+            )
+        lines.append(f'solos_memory_request_duration_seconds_sum{{route="{label(route)}"}} {buckets[-1]:.6f}')
+        lines.append(f'solos_memory_request_duration_seconds_count{{route="{label(route)}"}} {cumulative}')
     family("rejections_total", "counter", "Refused calls by reason (error code).")
     for reason, count in sorted(rejections.items()):
-        lines.append(f'solos_memory_rejections_total{{reason="{reason}"}} {count}')
+        lines.append(f'solos_memory_rejections_total{{reason="{label(reason)}"}} {count}')
     family("recall_hits_total", "counter", "Rows returned by recall, by tier.")
     for tier, count in sorted(hits.items()):
-        lines.append(f'solos_memory_recall_hits_total{{tier="{tier}"}} {count}')
+        lines.append(f'solos_memory_recall_hits_total{{tier="{label(tier)}"}} {count}')
     family("duplicates_suppressed_total", "counter", "Identical texts collapsed out of recall results.")
     lines.append(f"solos_memory_duplicates_suppressed_total {suppressed}")
     family("degraded", "gauge", "1 while recall is keyword-only (no embedder).")
     lines.append(f"solos_memory_degraded {int(server.memory.embedder is None)}")
     family("rows", "gauge", "Rows per tier (short: live only).")
     for tier, count in rows.items():
-        lines.append(f'solos_memory_rows{{tier="{tier}"}} {count}')
+        lines.append(f'solos_memory_rows{{tier="{label(tier)}"}} {count}')
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -2453,19 +2617,24 @@ class MemoryServer(ThreadingHTTPServer):
         self.config, self.memory, self.tokens = config, memory, tokens
         self.port = self.server_address[1]
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.idle_lock = threading.Lock()
-        self.idle_since: dict[socket.socket, float] = {}
-        names = {config.host, *LOOPBACK_HOSTS}
+        self.slot_waiters = 0
+        self.waiting_lock = threading.Lock()
+        self.waiting: dict[socket.socket, list] = {}  # evictable connections: [since, body bytes received]
+        names = [
+            f"{name}:{self.port}" if ":" not in name else f"[{name}]:{self.port}"
+            for name in {config.host, *LOOPBACK_HOSTS}
+        ]
+        # An extra allowed origin (a page or proxy the operator trusts) brings its host name with it.
+        origins = [*(f"http://{name}" for name in names), *config.allowed_origins]
+        self.origins = frozenset(origin.lower() for origin in origins)
+        self.allowed_hosts = frozenset([*names, *(urlsplit(origin).netloc.lower() for origin in self.origins)])
         self.bridge = mcp_bridge.McpBridge(
             mcp_tools(OPERATIONS),
             self.call_tool,
             server_name="solos-memory",
             server_version=__version__,
-            allowed_hosts=[f"{name}:{self.port}" if ":" not in name else f"[{name}]:{self.port}" for name in names],
-            allowed_origins=[
-                f"http://{name}:{self.port}" if ":" not in name else f"http://[{name}]:{self.port}" for name in names
-            ]
-            + list(config.allowed_origins),
+            allowed_hosts=self.allowed_hosts,
+            allowed_origins=self.origins,
             instructions="Shared fleet memory. Call recall before answering from memory; "
             "write_long for durable facts, write_short for scratch state, write_episodic for events.",
         )
@@ -2490,44 +2659,86 @@ class MemoryServer(ThreadingHTTPServer):
             "degraded_reason": self.memory.embedder_error,
         }
 
+    # -- connections: a thread each, at most MAX_CONNECTIONS; the slowest waiting ones make room --
+
     def idle(self, connection: socket.socket) -> None:
-        """The connection waits for (or is still receiving) its next request head."""
-        with self.idle_lock:
-            self.idle_since[connection] = time.monotonic()
+        """The connection waits for (or is still receiving) its next request head: evictable."""
+        with self.waiting_lock:
+            self.waiting[connection] = [time.monotonic(), 0]
+
+    def receiving(self, connection: socket.socket) -> None:
+        """The connection is sending a body: evictable, the slowest first."""
+        with self.waiting_lock:
+            self.waiting[connection] = [time.monotonic(), 0]
+
+    def received(self, connection: socket.socket, count: int) -> None:
+        with self.waiting_lock:
+            if connection in self.waiting:
+                self.waiting[connection][1] = count
 
     def forget(self, connection: socket.socket) -> None:
-        with self.idle_lock:
-            self.idle_since.pop(connection, None)
+        """The connection is working on a request (or gone): never evicted."""
+        with self.waiting_lock:
+            self.waiting.pop(connection, None)
 
-    def evict_idle(self, all_older_than_s: float, at_least_one: bool) -> None:
-        """Shut idle connections past the deadline (slow or silent clients); their threads end at once.
+    def evict(self, older_than_s: float, at_least_one: bool) -> int:
+        """Shut waiting connections past the deadline, and with at_least_one the slowest too; their threads end.
 
-        With at_least_one, the longest-idle goes too, so a newcomer (a /health
-        probe, an agent's turn) is never starved by sockets that send nothing.
+        Slowest: the fewest bytes per second since it began waiting, the oldest first among equals (an idle
+        keep-alive and a body dripping a byte a second both rate about zero). A newcomer (a /health probe,
+        an agent's turn) is so never starved by sockets that send little or nothing.
         """
         now = time.monotonic()
-        with self.idle_lock:
-            ordered = sorted(self.idle_since.items(), key=lambda item: item[1])
-            doomed = [conn for conn, since in ordered if now - since > all_older_than_s]
-            if at_least_one and not doomed and ordered:
-                doomed = [ordered[0][0]]
+        with self.waiting_lock:
+            doomed = [conn for conn, (since, _) in self.waiting.items() if now - since > older_than_s]
+            if at_least_one and not doomed and self.waiting:
+
+                def pace(conn: socket.socket) -> tuple[float, float]:
+                    since, got = self.waiting[conn]
+                    return got / max(now - since, 1e-3), since
+
+                doomed = [min(self.waiting, key=pace)]
             for conn in doomed:
-                del self.idle_since[conn]
+                del self.waiting[conn]
         for conn in doomed:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        return len(doomed)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """A thread per connection, at most MAX_CONNECTIONS; evict idle ones before refusing anyone."""
-        self.evict_idle(KEEPALIVE_IDLE_S, at_least_one=False)
-        if not self.slots.acquire(blocking=False):
-            self.evict_idle(KEEPALIVE_IDLE_S, at_least_one=True)
-            if not self.slots.acquire(timeout=1.0):
+        """Start the connection's thread; when every slot is taken, evict the slowest waiting one first.
+
+        The accept loop never sleeps: a newcomer waits for the evicted connection's slot on its own thread.
+        """
+        self.evict(KEEPALIVE_IDLE_S, at_least_one=False)
+        has_slot = self.slots.acquire(blocking=False)
+        if not has_slot:
+            with self.waiting_lock:
+                full = self.slot_waiters >= MAX_SLOT_WAITERS
+                self.slot_waiters += not full
+            if full or not self.evict(KEEPALIVE_IDLE_S, at_least_one=True):
+                if not full:
+                    with self.waiting_lock:
+                        self.slot_waiters -= 1
                 self.refuse(request)
                 return
-        super().process_request(request, client_address)
+        thread = threading.Thread(target=self.serve_connection, args=(request, client_address, has_slot), daemon=True)
+        thread.start()
+
+    def serve_connection(self, request: Any, client_address: Any, has_slot: bool) -> None:
+        if not has_slot:
+            has_slot = self.slots.acquire(timeout=SLOT_WAIT_S)
+            with self.waiting_lock:
+                self.slot_waiters -= 1
+            if not has_slot:
+                self.refuse(request)
+                return
+        try:
+            self.process_request_thread(request, client_address)  # ThreadingMixIn's: handle, then close
+        finally:
+            self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A dropped connection is one log line; anything else keeps its traceback in the log."""
@@ -2539,22 +2750,18 @@ class MemoryServer(ThreadingHTTPServer):
 
     def refuse(self, request: socket.socket) -> None:
         """Every slot is busy working: say so at once rather than queue."""
+        error = Busy("too many connections are working; retry shortly")
+        body = json.dumps(error_body(error)).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            f"Retry-After: {error.retry_after_s}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
         try:
-            request.sendall(
-                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 71\r\n\r\n"
-                b'{"error":{"code":"busy","status":503,"message":"too many connections"}}'
-            )
+            request.sendall(head.encode() + body)
         except OSError:
             pass
         finally:
             self.shutdown_request(request)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
 
 
 # ==== Server and CLI ====
@@ -2609,6 +2816,11 @@ def build_server(config: Config, register: Sequence[str] = ()) -> MemoryServer:
         store = open_store(config)
     except SchemaMismatch as error:
         raise SystemExit(f"{config.db}: {error}") from None
+    except StorageUnavailable as error:
+        raise SystemExit(f"{config.db}: cannot start: {error.message}") from None
+    except sqlite3.Error as error:
+        failure = STORAGE_FAILURES.get(primary_code(error) or 0, "the database cannot be used")
+        raise SystemExit(f"{config.db}: cannot start: {failure} ({error})") from None
     tokens = Tokens.load(config.tokens_file) if config.tokens_file else None
     embedder, reason = load_embedder(config)
     return MemoryServer(config, Memory(store, embedder, reason), tokens)
@@ -2616,7 +2828,7 @@ def build_server(config: Config, register: Sequence[str] = ()) -> MemoryServer:
 
 def check_agent_names(names: list[str]) -> list[str]:
     for name in names:
-        if not re.match(AGENT_PATTERN, name):
+        if not fully_matches(AGENT_PATTERN, name):
             raise SystemExit(f"agent name {name!r} must match {AGENT_PATTERN}")
     return names
 
@@ -2714,7 +2926,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
 
     token = commands.add_parser("token", help="issue a bearer token for an agent, appended (hashed) to a tokens file")
-    token.add_argument("agent", help="the agent the token speaks for")
+    token.add_argument("agent", help=f"the agent the token speaks for, or {OPERATOR} for the operator view of stats")
     token.add_argument("--tokens-file", required=True, help="tokens file to append to (created with mode 600)")
     return parser.parse_args(argv)
 
@@ -2776,7 +2988,8 @@ def serve(config: Config, register: list[str]) -> int:
 
 def issue_token(agent: str, tokens_file: str) -> int:
     """Print a new token once; only its sha256 is kept, in a file readable by the owner alone."""
-    check_agent_names([agent])
+    if agent != OPERATOR:
+        check_agent_names([agent])
     token = secrets.token_urlsafe(32)
     descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(descriptor, "a", encoding="utf-8") as handle:

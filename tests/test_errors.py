@@ -96,7 +96,9 @@ def test_empty_body_is_400_and_missing_length_is_411(server):
         server.request("POST", "/v1/long", headers={"Content-Type": "application/json"}), 400, "bad_request", "body"
     )
     response = raw_exchange(
-        server, b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+        server,
+        b"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+        % server.port,
     )
     assert response.startswith(b"HTTP/1.1 411 ")
 
@@ -112,8 +114,8 @@ def test_body_over_the_cap_is_413(server):
 def test_chunked_body_is_refused(server):
     response = raw_exchange(
         server,
-        b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" % server.port,
     )
     assert response.startswith(b"HTTP/1.1 411 ")
     assert b'"code": "length_required"' in response
@@ -121,7 +123,9 @@ def test_chunked_body_is_refused(server):
 
 def test_bad_content_length_is_400(server):
     response = raw_exchange(
-        server, b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}"
+        server,
+        b"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}"
+        % server.port,
     )
     assert response.startswith(b"HTTP/1.1 400 ")
 

@@ -151,7 +151,7 @@ PATHS = [
     "*",
 ]
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=40)
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40)
 )
 json_values = st.recursive(
     json_scalars,
