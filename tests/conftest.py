@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import sqlite3
 import sys
 import threading
@@ -104,6 +105,35 @@ class RunningServer:
             yield conn
         finally:
             conn.close()
+
+
+def raw_exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send raw bytes, half-close, read until the server closes (or the timeout)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        try:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the server may refuse early (413) and close while we still send
+        chunks = []
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return b"".join(chunks)
+
+
+def statuses_in(response: bytes) -> list[int]:
+    """Status codes of every HTTP response in a byte stream."""
+    found = []
+    for line in response.split(b"\r\n"):
+        if line.startswith(b"HTTP/1.") and len(line) >= 12 and line[9:12].isdigit():
+            found.append(int(line[9:12]))
+    return found
 
 
 def start_server(db_path: Path, **config: Any) -> RunningServer:

@@ -26,8 +26,12 @@ def failed(results: list[solos_check.CheckResult]) -> list[str]:
 
 def check_rows(server) -> list[dict]:
     with server.db() as conn:
-        return [dict(row) for row in conn.execute(
-            "SELECT id, agent, fact, source, tags FROM memory_longterm WHERE source = 'solos-check' ORDER BY id")]
+        return [
+            dict(row)
+            for row in conn.execute(
+                "SELECT id, agent, fact, source, tags FROM memory_longterm WHERE source = 'solos-check' ORDER BY id"
+            )
+        ]
 
 
 def test_every_check_passes_against_a_live_service(server, capsys):
@@ -82,15 +86,18 @@ def test_nothing_listening_fails_every_check(server):
 def test_unregistered_reader_fails_the_echo(server):
     results = by_name(solos_check.run_checks(server.url, "atlas", "ghost"))
     assert not results["cross-agent echo"].ok
-    assert results["cross-agent echo"].detail == \
-        "GET /v1/recall as ghost: 422 agent 'ghost' is not registered in agent_registry"
+    assert (
+        results["cross-agent echo"].detail
+        == "GET /v1/recall as ghost: 422 agent 'ghost' is not registered in agent_registry"
+    )
     assert not results["degraded mode"].ok
 
 
 def test_echo_that_comes_back_unlabelled_fails(server, monkeypatch):
     real = solos_memory.tier_result
-    monkeypatch.setattr(solos_memory, "tier_result",
-                        lambda tier, row, caller: {**real(tier, row, caller), "foreign": False})
+    monkeypatch.setattr(
+        solos_memory, "tier_result", lambda tier, row, caller: {**real(tier, row, caller), "foreign": False}
+    )
     result = by_name(solos_check.run_checks(server.url, "atlas", "sol"))["cross-agent echo"]
     assert not result.ok
     assert "came back as agent=atlas, foreign=false; expected agent=atlas, foreign=true" in result.detail
@@ -103,8 +110,11 @@ def test_same_writer_and_reader_is_refused(capsys):
 
 def test_mcp_without_the_core_tools_fails(make_server, monkeypatch):
     real = solos_memory.mcp_tools
-    monkeypatch.setattr(solos_memory, "mcp_tools",
-                        lambda operations: [t for t in real(operations) if t.name not in ("stats", "write_long")])
+    monkeypatch.setattr(
+        solos_memory,
+        "mcp_tools",
+        lambda operations: [t for t in real(operations) if t.name not in ("stats", "write_long")],
+    )
     server = make_server()
     results = solos_check.run_checks(server.url, "atlas", "sol")
     assert failed(results) == ["mcp tools"]
@@ -113,12 +123,15 @@ def test_mcp_without_the_core_tools_fails(make_server, monkeypatch):
 
 def test_mcp_that_answers_initialize_with_an_error_fails(server, monkeypatch):
     error = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "Method not found: initialize"}}
-    monkeypatch.setattr(server.server.bridge, "handle",
-                        lambda method, headers, body: (200, {}, json.dumps(error).encode()))
+    monkeypatch.setattr(
+        server.server.bridge, "handle", lambda method, headers, body: (200, {}, json.dumps(error).encode())
+    )
     result = by_name(solos_check.run_checks(server.url, "atlas", "sol"))["mcp tools"]
     assert not result.ok
-    assert result.detail == \
-        '/mcp initialize answered without a result: {"code": -32601, "message": "Method not found: initialize"}'
+    assert (
+        result.detail
+        == '/mcp initialize answered without a result: {"code": -32601, "message": "Method not found: initialize"}'
+    )
 
 
 def insert_foreign_fact(server) -> None:
@@ -153,7 +166,8 @@ def test_a_disturbed_row_count_fails(server, monkeypatch):
     assert failed(results) == ["long row delta"]
     assert by_name(results)["long row delta"].detail == (
         "5 writes of 3 distinct facts changed rows.long by 4, then by 4 on retry; expected 3 "
-        "(concurrent fleet writers can disturb this count)")
+        "(concurrent fleet writers can disturb this count)"
+    )
 
 
 def test_repeats_that_insert_rows_fail(server, monkeypatch):
@@ -184,15 +198,20 @@ def test_with_an_embedder_the_check_says_so(make_server):
     results = solos_check.run_checks(server.url, "atlas", "sol")
     assert failed(results) == []
     assert "degraded false" in by_name(results)["health"].detail
-    assert by_name(results)["degraded mode"].detail == \
-        "embedder loaded (degraded false): 4 rows, X-Memory-Degraded false"
+    assert (
+        by_name(results)["degraded mode"].detail == "embedder loaded (degraded false): 4 rows, X-Memory-Degraded false"
+    )
 
 
 @pytest.fixture
 def token_server(make_server, tmp_path):
     tokens = tmp_path / "tokens"
-    tokens.write_text("".join(f"{hashlib.sha256(token.encode()).hexdigest()} {agent}\n"
-                              for token, agent in (("atlas-token", "atlas"), ("sol-token", "sol"))))
+    tokens.write_text(
+        "".join(
+            f"{hashlib.sha256(token.encode()).hexdigest()} {agent}\n"
+            for token, agent in (("atlas-token", "atlas"), ("sol-token", "sol"))
+        )
+    )
     tokens.chmod(0o600)
     return make_server("tokens.db", tokens_file=str(tokens))
 
@@ -212,23 +231,34 @@ def test_with_tokens_but_none_given_the_writes_are_refused(token_server):
 
 
 def test_a_token_for_another_agent_is_refused(token_server):
-    results = by_name(solos_check.run_checks(token_server.url, "atlas", "sol",
-                                             writer_token="sol-token", reader_token="sol-token"))
+    results = by_name(
+        solos_check.run_checks(token_server.url, "atlas", "sol", writer_token="sol-token", reader_token="sol-token")
+    )
     assert results["cross-agent echo"].detail == "POST /v1/long as atlas: 403 the token belongs to 'sol', not 'atlas'"
 
 
 def test_cleanup_removes_exactly_the_check_rows(server, capsys):
     keep = [
-        {"agent": "atlas", "fact": "an agent's own fact that mentions solos-check", "source": "runbook",
-         "tags": ["solos-check"]},
-        {"agent": "sol", "fact": "a fact with the check's source but not its tag", "source": "solos-check",
-         "tags": ["ops"]},
+        {
+            "agent": "atlas",
+            "fact": "an agent's own fact that mentions solos-check",
+            "source": "runbook",
+            "tags": ["solos-check"],
+        },
+        {
+            "agent": "sol",
+            "fact": "a fact with the check's source but not its tag",
+            "source": "solos-check",
+            "tags": ["ops"],
+        },
     ]
     for body in keep:
         assert server.post("/v1/long", body).status == 201
     with server.db() as conn:  # another writer's comma-list tags are not JSON and must not break the cleanup
-        conn.execute("INSERT INTO memory_longterm (agent, fact, source, tags) "
-                     "VALUES ('nova', 'legacy row', 'solos-check', 'solos-check,ops')")
+        conn.execute(
+            "INSERT INTO memory_longterm (agent, fact, source, tags) "
+            "VALUES ('nova', 'legacy row', 'solos-check', 'solos-check,ops')"
+        )
     assert all(r.ok for r in solos_check.run_checks(server.url, "atlas", "sol"))
     written = [row for row in check_rows(server) if row["agent"] == "atlas"]
     check_ids, run_id = [row["id"] for row in written], json.loads(written[0]["tags"])[1]
@@ -238,8 +268,11 @@ def test_cleanup_removes_exactly_the_check_rows(server, capsys):
     assert capsys.readouterr().out == f"removed 4 solos-check rows from {server.db_path}\n"
     with server.db() as conn:
         remaining = [row["fact"] for row in conn.execute("SELECT fact FROM memory_longterm ORDER BY id")]
-        keys = conn.execute("SELECT count(*) FROM memory_write_key WHERE tier = 'long' AND row_id IN "
-                            f"({', '.join('?' * len(check_ids))})", check_ids).fetchone()[0]
+        keys = conn.execute(
+            "SELECT count(*) FROM memory_write_key WHERE tier = 'long' AND row_id IN "
+            f"({', '.join('?' * len(check_ids))})",
+            check_ids,
+        ).fetchone()[0]
     assert remaining == [body["fact"] for body in keep] + ["legacy row"]
     assert keys == 0
     assert server.recall("sol", run_id, tiers="long").body["count"] == 0  # the keyword index followed

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
+from conftest import raw_exchange
 
 import solos_memory
 
@@ -19,17 +19,6 @@ def assert_error(reply, status: int, code: str, field: str | None = None) -> Non
     if field:
         assert error["field"] == field
     assert b"Traceback" not in reply.raw and b".py" not in reply.raw
-
-
-def raw_exchange(server, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
-        sock.sendall(data)
-        chunks = []
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
 
 
 def test_unknown_route_is_404(server):
@@ -96,7 +85,7 @@ def test_empty_body_is_400_and_missing_length_is_411(server):
         server.request("POST", "/v1/long", headers={"Content-Type": "application/json"}), 400, "bad_request", "body"
     )
     response = raw_exchange(
-        server,
+        server.port,
         b"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
         % server.port,
     )
@@ -113,7 +102,7 @@ def test_body_over_the_cap_is_413(server):
 
 def test_chunked_body_is_refused(server):
     response = raw_exchange(
-        server,
+        server.port,
         b"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" % server.port,
     )
@@ -123,15 +112,15 @@ def test_chunked_body_is_refused(server):
 
 def test_bad_content_length_is_400(server):
     response = raw_exchange(
-        server,
-        b"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}"
-        % server.port,
+        server.port,
+        b"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+        b"Content-Type: application/json\r\nContent-Length: abc\r\n\r\n{}" % server.port,
     )
     assert response.startswith(b"HTTP/1.1 400 ")
 
 
 def test_garbage_request_line_gets_json_not_html(server):
-    response = raw_exchange(server, b"\x16\x03\x01 garbage\r\n\r\n")
+    response = raw_exchange(server.port, b"\x16\x03\x01 garbage\r\n\r\n")
     assert response.startswith(b"HTTP/1.1 400 ")
     assert b"application/json" in response and b"<html" not in response.lower()
 

@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import ROOT, skip_or_fail, start_server, stop_server
+from conftest import ROOT, raw_exchange, skip_or_fail, start_server, statuses_in, stop_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -44,35 +44,6 @@ def test_kill_9_under_load_loses_no_acknowledged_write(tmp_path):
 
 
 # ---- lock contention (tests/test_busy.py covers one call at a time; this is many at once, both transports) ----
-
-
-def raw_request(port: int, data: bytes, timeout: float = 5.0) -> bytes:
-    """Send raw bytes, half-close, read until the server closes (or the timeout)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        try:
-            sock.sendall(data)
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass  # the server may refuse early (413) and close while we still send
-        chunks = []
-        try:
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        except (TimeoutError, ConnectionResetError):
-            pass
-        return b"".join(chunks)
-
-
-def statuses_in(response: bytes) -> list[int]:
-    """Status codes of every HTTP response in a byte stream."""
-    found = []
-    for line in response.split(b"\r\n"):
-        if line.startswith(b"HTTP/1.") and len(line) >= 12 and line[9:12].isdigit():
-            found.append(int(line[9:12]))
-    return found
 
 
 def test_every_call_blocked_by_a_held_lock_is_503_in_bounded_time_then_recovers(make_server):
@@ -151,7 +122,11 @@ PATHS = [
     "*",
 ]
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40)
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),  # JSON has neither; test_hardening checks their refusal
+    st.text(max_size=40),
 )
 json_values = st.recursive(
     json_scalars,
@@ -293,7 +268,7 @@ def assert_healthy(server) -> None:
 )
 @given(request=raw_requests())
 def test_hostile_raw_http_never_gets_a_5xx_or_a_traceback(raw_server, request):
-    response = raw_request(raw_server.port, request)
+    response = raw_exchange(raw_server.port, request)
     statuses = statuses_in(response)
     # An HTTP major version the server does not speak (HTTP/2.0 on an HTTP/1.1 socket) is 505 per
     # RFC 9110: a statement about the protocol, not a server failure. Every other 5xx is one.

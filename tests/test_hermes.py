@@ -24,8 +24,14 @@ HERMES_PYTHON = ROOT / ".venv-hermes" / "bin" / "python"
 PROBE = Path(__file__).resolve().parent / "hermes_probe.py"
 TOOL_PREFIX = "mcp__solos_memory__"
 TOOLS = ["recall", "write_short", "write_long", "write_episodic", "delete_short", "stats", "set_sharing", "read_audit"]
-FACT = {"agent": "atlas", "topic": "ops", "source": "runbook", "confidence": 0.9, "tags": [],
-        "fact": "The staging cluster's backup window moved to 03:40 UTC after the quokka migration"}
+FACT = {
+    "agent": "atlas",
+    "topic": "ops",
+    "source": "runbook",
+    "confidence": 0.9,
+    "tags": [],
+    "fact": "The staging cluster's backup window moved to 03:40 UTC after the quokka migration",
+}
 # A probe run takes about a second on loopback; its own --deadline (60 s) stops
 # it first, so this limit only catches a probe that cannot even start.
 PROBE_TIMEOUT = 90
@@ -54,8 +60,9 @@ def run_hermes(hermes_python: Path, server, *calls: tuple[str, dict], headers: d
     # A minimal environment: nothing of the project's venv leaks into Hermes's
     # imports, and no proxy variable sends httpx's loopback requests elsewhere.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_PROXY": "*", "no_proxy": "*", "LANG": "C.UTF-8"}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env,
-                          cwd=str(ROOT / "tests"), check=False)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env, cwd=str(ROOT / "tests"), check=False
+    )
     assert done.returncode == 0, (
         f"probe exited {done.returncode} (logs in {home})\n{done.stdout}\n{done.stderr[-4000:]}"
     )
@@ -122,8 +129,17 @@ def test_every_tool_succeeds_through_hermes(hermes_python, server):
         ("write_short", {"agent": "hermes", "key": "scratch", "value": "draft", "ttl_s": 600, "tags": []}),
         ("delete_short", {"agent": "hermes", "key": "scratch"}),
         ("write_long", {**FACT, "agent": "hermes"}),
-        ("write_episodic", {"agent": "atlas", "event_type": "deploy", "summary": "Deployed the gateway",
-                            "details": "two nodes", "outcome": "success", "duration_s": 1.5}),
+        (
+            "write_episodic",
+            {
+                "agent": "atlas",
+                "event_type": "deploy",
+                "summary": "Deployed the gateway",
+                "details": "two nodes",
+                "outcome": "success",
+                "duration_s": 1.5,
+            },
+        ),
         ("set_sharing", {"agent": "atlas", "episodic": True}),
         # A string where the schema says integer, a bare tier where it says array:
         # Hermes coerces both before sending, as it does for a model's arguments.
@@ -164,7 +180,8 @@ def test_hermes_bearer_token_header_binds_the_caller(hermes_python, make_server,
     assert written.status == 201, written.body
 
     report = run_hermes(
-        hermes_python, server,
+        hermes_python,
+        server,
         ("recall", {"agent": "hermes", "q": "backup window quokka migration"}),
         ("recall", {"agent": "sol", "q": "backup window quokka migration"}),
         headers={"Authorization": f"Bearer {tokens['hermes']}"},
