@@ -2231,8 +2231,7 @@ KEEPALIVE_IDLE_S = 30  # a connection idle (or dripping a request head) this lon
 BODY_DEADLINE_S = 10
 SERVED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the slowest waiting connection
-MAX_SLOT_WAITERS = 32  # newcomers waiting (off the accept loop) for an evicted connection's slot
-SLOT_WAIT_S = 1.0
+SLOT_WAIT_S = 1.0  # how long a newcomer waits for the slot of the connection it evicted
 
 
 def status_for(result: dict) -> int:
@@ -2604,6 +2603,32 @@ def mcp_tools(operations: Mapping[str, Operation]) -> list[mcp_bridge.Tool]:
     ]
 
 
+class SlotHandoff:
+    """A thread slot passed from an evicted connection's thread straight to the newcomer that evicted it.
+
+    Straight, not through the semaphore: there the next newcomer in the accept loop would take it first,
+    and a flood that reconnects as fast as it is evicted would starve everyone else.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.passed = threading.Event()
+        self.abandoned = False
+
+    def give(self) -> bool:
+        """Pass the slot on; False if the newcomer stopped waiting (the slot then goes back to the pool)."""
+        with self.lock:
+            if not self.abandoned:
+                self.passed.set()
+            return not self.abandoned
+
+    def take(self, timeout_s: float) -> bool:
+        self.passed.wait(timeout_s)
+        with self.lock:
+            self.abandoned = not self.passed.is_set()
+            return not self.abandoned
+
+
 class MemoryServer(ThreadingHTTPServer):
     """ThreadingHTTPServer with bounded threads, the memory, and /mcp mounted."""
 
@@ -2613,11 +2638,11 @@ class MemoryServer(ThreadingHTTPServer):
 
     def __init__(self, config: Config, memory: Memory, tokens: Tokens | None):
         self.address_family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        self.config, self.memory, self.tokens = config, memory, tokens  # before binding: a failed bind closes them
         super().__init__((config.host, config.port), MemoryHandler)
-        self.config, self.memory, self.tokens = config, memory, tokens
         self.port = self.server_address[1]
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.slot_waiters = 0
+        self.handoffs: dict[socket.socket, SlotHandoff] = {}  # evicted connection -> the newcomer awaiting its slot
         self.waiting_lock = threading.Lock()
         self.waiting: dict[socket.socket, list] = {}  # evictable connections: [since, body bytes received]
         names = [
@@ -2681,8 +2706,8 @@ class MemoryServer(ThreadingHTTPServer):
         with self.waiting_lock:
             self.waiting.pop(connection, None)
 
-    def evict(self, older_than_s: float, at_least_one: bool) -> int:
-        """Shut waiting connections past the deadline, and with at_least_one the slowest too; their threads end.
+    def evict(self, older_than_s: float, handoff: SlotHandoff | None = None) -> bool:
+        """Shut waiting connections past the deadline; with a handoff, at least one, the slowest, gets it.
 
         Slowest: the fewest bytes per second since it began waiting, the oldest first among equals (an idle
         keep-alive and a body dripping a byte a second both rate about zero). A newcomer (a /health probe,
@@ -2691,7 +2716,7 @@ class MemoryServer(ThreadingHTTPServer):
         now = time.monotonic()
         with self.waiting_lock:
             doomed = [conn for conn, (since, _) in self.waiting.items() if now - since > older_than_s]
-            if at_least_one and not doomed and self.waiting:
+            if handoff is not None and not doomed and self.waiting:
 
                 def pace(conn: socket.socket) -> tuple[float, float]:
                     since, got = self.waiting[conn]
@@ -2700,45 +2725,41 @@ class MemoryServer(ThreadingHTTPServer):
                 doomed = [min(self.waiting, key=pace)]
             for conn in doomed:
                 del self.waiting[conn]
+            if handoff is not None and doomed:
+                self.handoffs[doomed[0]] = handoff  # before the shutdown: its thread may end at once
         for conn in doomed:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        return len(doomed)
+        return bool(doomed)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """Start the connection's thread; when every slot is taken, evict the slowest waiting one first.
+        """Start the connection's thread; when every slot is taken, evict the slowest waiting one for it.
 
-        The accept loop never sleeps: a newcomer waits for the evicted connection's slot on its own thread.
+        The accept loop never sleeps: the newcomer waits for its victim's slot on its own thread.
         """
-        self.evict(KEEPALIVE_IDLE_S, at_least_one=False)
-        has_slot = self.slots.acquire(blocking=False)
-        if not has_slot:
-            with self.waiting_lock:
-                full = self.slot_waiters >= MAX_SLOT_WAITERS
-                self.slot_waiters += not full
-            if full or not self.evict(KEEPALIVE_IDLE_S, at_least_one=True):
-                if not full:
-                    with self.waiting_lock:
-                        self.slot_waiters -= 1
-                self.refuse(request)
+        self.evict(KEEPALIVE_IDLE_S)
+        handoff = None
+        if not self.slots.acquire(blocking=False):
+            handoff = SlotHandoff()
+            if not self.evict(KEEPALIVE_IDLE_S, handoff):
+                self.refuse(request)  # every connection is working: say so at once rather than queue
                 return
-        thread = threading.Thread(target=self.serve_connection, args=(request, client_address, has_slot), daemon=True)
+        thread = threading.Thread(target=self.serve_connection, args=(request, client_address, handoff), daemon=True)
         thread.start()
 
-    def serve_connection(self, request: Any, client_address: Any, has_slot: bool) -> None:
-        if not has_slot:
-            has_slot = self.slots.acquire(timeout=SLOT_WAIT_S)
-            with self.waiting_lock:
-                self.slot_waiters -= 1
-            if not has_slot:
-                self.refuse(request)
-                return
+    def serve_connection(self, request: Any, client_address: Any, handoff: SlotHandoff | None) -> None:
+        if handoff is not None and not handoff.take(SLOT_WAIT_S):
+            self.refuse(request)
+            return
         try:
             self.process_request_thread(request, client_address)  # ThreadingMixIn's: handle, then close
         finally:
-            self.slots.release()
+            with self.waiting_lock:
+                successor = self.handoffs.pop(request, None)
+            if successor is None or not successor.give():
+                self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A dropped connection is one log line; anything else keeps its traceback in the log."""
@@ -2823,7 +2844,10 @@ def build_server(config: Config, register: Sequence[str] = ()) -> MemoryServer:
         raise SystemExit(f"{config.db}: cannot start: {failure} ({error})") from None
     tokens = Tokens.load(config.tokens_file) if config.tokens_file else None
     embedder, reason = load_embedder(config)
-    return MemoryServer(config, Memory(store, embedder, reason), tokens)
+    try:
+        return MemoryServer(config, Memory(store, embedder, reason), tokens)
+    except OSError as error:  # the port is taken, or the address is not this host's
+        raise SystemExit(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
 
 
 def check_agent_names(names: list[str]) -> list[str]:

@@ -6,6 +6,7 @@ The crash rounds reuse bench/crash_rounds.py (20 rounds there, 3 here).
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import sqlite3
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ROOT, raw_exchange, skip_or_fail, start_server, statuses_in, stop_server
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import solos_memory
@@ -98,6 +99,7 @@ def test_every_call_blocked_by_a_held_lock_is_503_in_bounded_time_then_recovers(
 @pytest.fixture(scope="module")
 def raw_server(tmp_path_factory):
     running = start_server(tmp_path_factory.mktemp("faults") / "solos.db", busy_timeout_ms=BUDGET_MS)
+    assert running.post("/v1/short", {"agent": "atlas", "key": "victim", "value": "v", "ttl_s": 86400}).status == 201
     yield running
     stop_server(running)
 
@@ -208,6 +210,10 @@ header_values = st.one_of(
 )
 
 
+# The right Host (the test fills in the port), so only framing, not the rebinding rule, can stop it.
+SMUGGLED_DELETE = b"DELETE /v1/short?agent=atlas&key=victim HTTP/1.1\r\nHost: SMUGGLED\r\nContent-Length: 0\r\n\r\n"
+
+
 @st.composite
 def raw_requests(draw) -> bytes:
     method = draw(
@@ -222,7 +228,11 @@ def raw_requests(draw) -> bytes:
     content_type = draw(st.sampled_from(["application/json", "text/plain", None, "application/json;;", "*/*"]))
     if content_type:
         headers.append(("Content-Type", content_type))
-    length = draw(st.sampled_from(["exact", "exact", "missing", "more", "less", "garbage", "huge", "twice"]))
+    length = draw(
+        st.sampled_from(
+            ["exact", "exact", "missing", "more", "less", "garbage", "huge", "twice", "list", "unicode", "te", "same"]
+        )
+    )
     if length == "exact":
         headers.append(("Content-Length", str(len(body))))
     elif length == "more":
@@ -235,6 +245,16 @@ def raw_requests(draw) -> bytes:
         headers.append(("Content-Length", str(10 ** draw(st.integers(6, 30)))))
     elif length == "twice":
         headers += [("Content-Length", str(len(body))), ("Content-Length", "0")]
+    elif length == "same":  # the same value twice is one length, not a conflict
+        headers += [("Content-Length", str(len(body))), ("Content-Length", str(len(body)))]
+    elif length == "list":
+        headers.append(("Content-Length", f"{len(body)}, {draw(st.integers(0, 50))}"))
+    elif length == "unicode":  # int() refuses what str.isdigit() accepts
+        headers.append(("Content-Length", draw(st.sampled_from(["\u00b2", "1\u00b3", "\u00b9\u00b9", "0\u00bd"]))))
+    elif length == "te":
+        headers.append(("Transfer-Encoding", draw(st.sampled_from(["gzip", "chunked, gzip", "identity", " chunked"]))))
+        if draw(st.booleans()):
+            headers.append(("Content-Length", str(len(body))))
     abuse = draw(st.sampled_from(["none", "none", "random", "many", "huge", "folded", "mcp"]))
     if abuse == "random":
         headers += draw(st.lists(st.tuples(header_tokens, header_values), max_size=10))
@@ -251,9 +271,15 @@ def raw_requests(draw) -> bytes:
             ("Mcp-Method", draw(header_values)),
             ("Transfer-Encoding", "chunked"),
         ]
+    # Bytes after a body whose framing is broken must never run as a request (finding 8: a POST without
+    # Content-Length got 411 and its body then ran). After a well-framed body they are plain pipelining.
+    broken = length in ("twice", "list", "unicode", "te") or (length == "missing" and method in ("POST", "PUT"))
+    if broken:
+        body += SMUGGLED_DELETE
     head = f"{method} {path} {version}".strip() + "\r\n"
     head += "".join(f"{name}: {value}\r\n" for name, value in headers)
-    return head.encode("utf-8", "surrogatepass") + b"\r\n" + body
+    encoding = draw(st.sampled_from(["utf-8", "latin-1"]))  # latin-1 puts a bare 0xB2 ('\u00b2') on the wire
+    return head.encode(encoding, "surrogatepass" if encoding == "utf-8" else "replace") + b"\r\n" + body
 
 
 def assert_healthy(server) -> None:
@@ -267,7 +293,15 @@ def assert_healthy(server) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(request=raw_requests())
+@example(  # finding 8 as reported: the 411'd POST's body ran as the next request
+    request=b"POST /v1/long HTTP/1.1\r\nHost: SMUGGLED\r\nContent-Type: application/json\r\n\r\n" + SMUGGLED_DELETE
+)
+@example(  # two Content-Lengths, the first one used
+    request=b"POST /v1/long HTTP/1.1\r\nHost: SMUGGLED\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+    b"Content-Length: 0\r\n\r\n{}" + SMUGGLED_DELETE
+)
 def test_hostile_raw_http_never_gets_a_5xx_or_a_traceback(raw_server, request):
+    request = request.replace(b"Host: SMUGGLED", f"Host: 127.0.0.1:{raw_server.port}".encode())
     response = raw_exchange(raw_server.port, request)
     statuses = statuses_in(response)
     # An HTTP major version the server does not speak (HTTP/2.0 on an HTTP/1.1 socket) is 505 per
@@ -282,6 +316,9 @@ def test_hostile_raw_http_never_gets_a_5xx_or_a_traceback(raw_server, request):
     for marker in TRACEBACK_MARKERS:
         assert marker not in response, f"{marker!r} leaked in {response[:800]!r}"
     assert_healthy(raw_server)
+    with raw_server.db() as conn:
+        victim = conn.execute("SELECT count(*) FROM memory_short WHERE key = 'victim'").fetchone()[0]
+    assert victim == 1, f"a request smuggled in a body ran: {request[:300]!r}"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -426,6 +463,243 @@ def test_idle_and_slowloris_sockets_cannot_starve_health_and_threads_stay_bounde
         f"{solos_memory.MAX_CONNECTIONS} threads for up to KEEPALIVE_IDLE_S={solos_memory.KEEPALIVE_IDLE_S} s "
         "before sending a byte, and a full house answers new connections 503."
     )
+
+
+def test_a_slow_body_flood_cannot_starve_health(server, monkeypatch):
+    """200 connections each promise a 100 kB body and drip one byte a second (issue 9, finding 3).
+
+    Each byte used to reset a per-read timeout, so the drippers held every thread for good and /health
+    got 503 "too many connections" or hung. Now the body has a deadline and the slowest readers make room.
+    """
+    monkeypatch.setattr(solos_memory, "BODY_DEADLINE_S", 3)
+    head = f"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+    head += "Content-Length: 100000\r\n\r\n{"
+
+    def dripper() -> socket.socket | None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=2)
+            sock.sendall(head.encode())
+            return sock
+        except OSError:
+            return None
+
+    flood = [dripper() for _ in range(200)]
+    stop, cut_off = threading.Event(), [0]
+
+    def drip() -> None:
+        """One byte a second on each; a dripper the server cut off reconnects, so the pressure stays at 200."""
+        rounds = 0
+        while not stop.wait(1.0) and rounds < 15:
+            rounds += 1
+            for index, sock in enumerate(flood):
+                try:
+                    if sock is None:
+                        raise OSError
+                    sock.send(b" ")
+                except OSError:
+                    cut_off[0] += 1
+                    if sock is not None:
+                        sock.close()
+                    flood[index] = dripper()
+
+    baseline = threading.active_count()
+    dripping = threading.Thread(target=drip, daemon=True)
+    dripping.start()
+    probes, peak_threads = [], 0
+    try:
+        time.sleep(1.0)
+        for _ in range(12):
+            probes.append(health_within(server, 2.0))
+            peak_threads = max(peak_threads, threading.active_count())
+            time.sleep(0.4)
+    finally:
+        stop.set()
+        dripping.join()
+        for sock in flood:
+            if sock is not None:
+                sock.close()
+    slow = [(status, round(took * 1000, 1)) for status, took in probes if status != 200 or took > 0.1]
+    assert not slow, f"/health under 200 slow bodies: (status, ms) of the failed probes: {slow} of {len(probes)}"
+    assert cut_off[0] >= 200, f"only {cut_off[0]} drippers were ever cut off: the body deadline did not bite"
+    assert peak_threads - baseline <= 2 * solos_memory.MAX_CONNECTIONS + 4
+    assert server.post("/v1/long", {"agent": "atlas", "fact": "written after the flood"}).status == 201
+
+
+def test_a_body_that_misses_its_deadline_is_408_and_the_connection_closes(server, monkeypatch):
+    monkeypatch.setattr(solos_memory, "BODY_DEADLINE_S", 1)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(
+            f"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 50\r\n\r\n{".encode()
+        )
+        started = time.monotonic()
+        for _ in range(6):  # one byte every 0.3 s: each would have reset a per-read timeout
+            time.sleep(0.3)
+            try:
+                sock.send(b" ")
+            except OSError:
+                break
+        response = b""
+        try:
+            while chunk := sock.recv(65536):
+                response += chunk
+        except OSError:
+            pass
+    assert statuses_in(response) == [408] and b"Connection: close" in response, response[:300]
+    assert time.monotonic() - started < 3.0
+
+
+# ---- storage faults: a read-only spell, a full disk ----
+
+RUN_AS_NOBODY = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import encodings.idna  # noqa: F401  (bind looks the host name up with it, lazily)
+import solos_memory  # everything is imported before the privileges go: nobody cannot read root's python
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+serve = ["serve", "--db", sys.argv[2], "--port", "0", "--model-dir", "off", "--register", "atlas,sol"]
+sys.exit(solos_memory.main(serve))
+"""
+
+
+def nobody_folder(tmp_path_factory) -> str:
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("the read-only spell runs the service as 'nobody', which needs root to arrange")
+    folder = tempfile.mkdtemp(prefix="solos-readonly-")  # not under pytest's root-only tmp folder
+    os.chmod(folder, 0o755)
+    os.chown(folder, 65534, 65534)
+    return folder
+
+
+def test_a_read_only_spell_answers_503_and_writes_recover_without_a_restart(tmp_path_factory):
+    """Run as an unprivileged user; make the file 444 and its folder 555; write and recall; restore (finding 2)."""
+    import shutil
+    import urllib.request
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import harness
+
+    folder = nobody_folder(tmp_path_factory)
+    db = os.path.join(folder, "solos.db")
+    service = harness.Process([sys.executable, "-c", RUN_AS_NOBODY, str(ROOT), db])
+    url = f"http://127.0.0.1:{service.port}"
+
+    def call(method: str, path: str, body: dict | None = None) -> tuple[int, dict, dict]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read()), dict(response.headers)
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null"), dict(error.headers)
+
+    try:
+        assert call("POST", "/v1/long", {"agent": "atlas", "fact": "before the spell"})[0] == 201
+        os.chmod(db, 0o444)
+        os.chmod(folder, 0o555)
+        try:
+            # Many recalls at once open fresh connections, which SQLite opens read-only during the spell.
+            with ThreadPoolExecutor(16) as pool:
+                recalls = list(pool.map(lambda _: call("GET", "/v1/recall?agent=sol&q=spell"), range(48)))
+                writes = list(
+                    pool.map(
+                        lambda i: call("POST", "/v1/long", {"agent": "atlas", "fact": f"in the spell {i}"}), range(16)
+                    )
+                )
+        finally:
+            os.chmod(folder, 0o755)
+            os.chmod(db, 0o644)
+        assert {status for status, _, _ in recalls} == {200}
+        for status, body, headers in writes:
+            assert status in (200, 201) or (status == 503 and body["error"]["code"] == "storage_unavailable"), body
+            if status == 503:
+                assert headers.get("Retry-After") and "read-only" in body["error"]["message"]
+        acknowledged = {f"in the spell {i}" for i, (status, _, _) in enumerate(writes) if status in (200, 201)}
+        after = [call("POST", "/v1/long", {"agent": "atlas", "fact": f"after the spell {i}"}) for i in range(30)]
+        assert [status for status, _, _ in after] == [201] * 30, [body for _, body, _ in after if body][:3]
+    finally:
+        service.stop()
+    conn = sqlite3.connect(db)
+    try:
+        stored = {row[0] for row in conn.execute("SELECT fact FROM memory_longterm")}
+    finally:
+        conn.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    assert acknowledged <= stored and "before the spell" in stored
+    assert {f"after the spell {i}" for i in range(30)} <= stored
+    assert "Traceback" not in "\n".join(service.tail)
+
+
+def test_starting_on_a_read_only_database_prints_one_clear_line(tmp_path_factory):
+    import shutil
+    import subprocess
+
+    folder = nobody_folder(tmp_path_factory)
+    db = os.path.join(folder, "solos.db")
+    try:
+        conn = sqlite3.connect(db)
+        conn.execute("CREATE TABLE fleet_thing (id INTEGER)")
+        conn.close()
+        os.chmod(db, 0o444)
+        os.chmod(folder, 0o555)
+        started = subprocess.run(
+            [sys.executable, "-c", RUN_AS_NOBODY, str(ROOT), db], capture_output=True, text=True, timeout=30
+        )
+    finally:
+        os.chmod(folder, 0o755)
+        shutil.rmtree(folder, ignore_errors=True)
+    lines = started.stderr.strip().splitlines()
+    assert started.returncode == 1 and len(lines) == 1, started.stderr
+    assert "cannot start" in lines[0] and "read-only" in lines[0] and "Traceback" not in started.stderr
+
+
+def test_a_full_disk_loses_no_acknowledged_write_and_recovers_when_space_frees(tmp_path):
+    """A 4 MB tmpfs: write until the disk is full, free the space, write again (issue 9's fault list)."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root and CAP_SYS_ADMIN): {mounted.stderr.decode()}")
+    server = None
+    try:
+        server = start_server(mount / "solos.db")
+        filler = mount / "filler"
+        free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
+        filler.write_bytes(b"\0" * max(0, free - 1_000_000))
+        acknowledged, refusals = [], []
+        for index in range(400):
+            fact = f"fact number {index} " + "padding " * 200
+            reply = server.post("/v1/long", {"agent": "atlas", "fact": fact})
+            if reply.status in (200, 201):
+                acknowledged.append(fact)
+            else:
+                assert reply.status == 503 and reply.body["error"]["code"] == "storage_unavailable", reply.raw
+                assert reply.headers["retry-after"] and "full" in reply.body["error"]["message"]
+                refusals.append(reply)
+                if len(refusals) >= 5:
+                    break
+        assert refusals, f"the disk never filled: {len(acknowledged)} writes all fit"
+        assert server.recall("sol", "fact number").status == 200  # reads carry on while the disk is full
+        filler.unlink()
+        after = [server.post("/v1/long", {"agent": "atlas", "fact": f"after freeing {i}"}) for i in range(10)]
+        assert [reply.status for reply in after] == [201] * 10
+        with server.db() as conn:
+            stored = {row[0] for row in conn.execute("SELECT fact FROM memory_longterm")}
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        missing = [fact[:20] for fact in acknowledged if fact not in stored]
+        assert not missing, f"{len(missing)} acknowledged writes lost: {missing[:3]}"
+        assert len(acknowledged) > 10
+    finally:
+        if server is not None:
+            stop_server(server)
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 # ---- expiry ----
