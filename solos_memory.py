@@ -2355,7 +2355,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
             if body is None:
                 self.close_connection = True  # what follows on the socket cannot be told from this body
             if not error.counted:
-                self.server.memory.stats.reject(None, f"{self.command} {url.path}", error)
+                self.server.memory.stats.reject(None, f"{self.command} {url.path}"[:200], error)
             self.respond(error.status, error_body(error), error.headers())
         except Exception:
             logging.exception("unexpected error on %s %s", self.command, url.path)
@@ -2911,7 +2911,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--allowed-origin",
         action="append",
         default=[],
-        help="extra Origin allowed on /mcp, repeatable (default: only this server's loopback origins)",
+        help="extra Origin (and its host name as Host) allowed on every route, repeatable, e.g. http://fleet.lan:8437 "
+        "(default: only this server's own names)",
     )
     serve.add_argument(
         "--no-request-log",
