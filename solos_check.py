@@ -40,8 +40,7 @@ DELTA_WRITE_ORDER = (0, 1, 0, 2, 1)
 PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 TCP_LISTEN = "0A"  # include/net/tcp_states.h: TCP_LISTEN = 10
 TOKEN_HINT = " (pass --writer-token and --reader-token, or SOLOS_CHECK_WRITER_TOKEN / SOLOS_CHECK_READER_TOKEN)"
-CLEANUP_HINT = ("The facts these checks wrote are tagged solos-check; remove them with: "
-                "python3 solos_memory.py check --cleanup --db PATH (the service's --db)")
+CLEANUP_HINT = "The facts these checks wrote are tagged solos-check; remove them with: {command} (the service's --db)"
 
 
 @dataclass(frozen=True)
@@ -75,6 +74,7 @@ class Client:
             raise ValueError(f"--url must look like http://127.0.0.1:8437, got {url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
         self.timeout, self.tokens = timeout, tokens
+        self.facts_written = 0
 
     def request(self, method: str, path: str, agent: str | None = None, query: dict | None = None,
                 body: Any = None, headers: dict[str, str] | None = None) -> Reply:
@@ -114,6 +114,12 @@ class Client:
 def run_checks(url: str, writer: str, reader: str, timeout: float = 5.0, *,
                writer_token: str | None = None, reader_token: str | None = None) -> list[CheckResult]:
     """Run every check in order; one failing does not stop the others."""
+    return run_checks_counting(url, writer, reader, timeout, writer_token=writer_token, reader_token=reader_token)[0]
+
+
+def run_checks_counting(url: str, writer: str, reader: str, timeout: float = 5.0, *, writer_token: str | None = None,
+                        reader_token: str | None = None) -> tuple[list[CheckResult], int]:
+    """run_checks, and how many facts the checks wrote (so the cleanup hint shows only when there are some)."""
     client = Client(url, timeout, {writer: writer_token, reader: reader_token})
     run_id = "run" + secrets.token_hex(5)
     checks: list[tuple[str, Callable[[], str]]] = [
@@ -134,7 +140,7 @@ def run_checks(url: str, writer: str, reader: str, timeout: float = 5.0, *,
             results.append(CheckResult(name, False, f"cannot talk to {url}: {error}"))
         except (KeyError, TypeError) as error:  # a reply without the fields this version of the service sends
             results.append(CheckResult(name, False, f"unexpected reply from {url}: missing or wrong {error}"))
-    return results
+    return results, client.facts_written
 
 
 # ==== The checks: each returns its detail or raises CheckFailed ====
@@ -245,9 +251,11 @@ def check_degraded_mode(client: Client, agent: str, run_id: str) -> str:
 
 def write_check_fact(client: Client, writer: str, run_id: str, fact: str) -> Reply:
     """Write one long fact tagged so cleanup() can find it."""
-    return client.expect((200, 201), "POST", "/v1/long", writer, body={
+    reply = client.expect((200, 201), "POST", "/v1/long", writer, body={
         "agent": writer, "topic": CHECK_SOURCE, "fact": fact, "source": CHECK_SOURCE,
         "tags": [CHECK_TAG, run_id]})
+    client.facts_written += 1
+    return reply
 
 
 def long_row_count(client: Client, agent: str) -> int:
@@ -300,13 +308,12 @@ def describe_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> 
 
 
 def print_table(results: list[CheckResult]) -> None:
-    """One line per check, PASS/FAIL, a summary, and how to remove the check's writes."""
+    """One line per check, PASS/FAIL, and a summary."""
     width = max(len(result.name) for result in results)
     for result in results:
         print(f"{result.name:<{width}}  {'PASS' if result.ok else 'FAIL'}  {result.detail}")
     passed = sum(result.ok for result in results)
     print(f"{passed}/{len(results)} checks passed")
-    print(CLEANUP_HINT)
 
 
 # ==== Cleanup ====
@@ -362,12 +369,14 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        results = run_checks(args.url, args.writer, args.reader, args.timeout,
-                             writer_token=args.writer_token, reader_token=args.reader_token)
+        results, written = run_checks_counting(args.url, args.writer, args.reader, args.timeout,
+                                               writer_token=args.writer_token, reader_token=args.reader_token)
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
     print_table(results)
+    if written:
+        print(CLEANUP_HINT.format(command=args.cleanup_command))
     return 0 if all(result.ok for result in results) else 1
 
 
@@ -389,7 +398,8 @@ def cleanup_database(path: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="solos_check", description="Rollout checks against a running solos-memory.")
     add_arguments(parser)
-    parser.add_argument("--db", default="solos.db", help="database for --cleanup (default: %(default)s)")
+    parser.add_argument("--db", default="solos.db", help="database for --cleanup; must exist (default: %(default)s)")
+    parser.set_defaults(cleanup_command=f"python3 {sys.argv[0]} --cleanup --db PATH")
     return run(parser.parse_args(argv))
 
 

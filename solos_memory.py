@@ -2861,24 +2861,29 @@ def split_names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--db",
-        default=env_default("DB", "solos.db"),
-        help="SQLite database, created from schema.sql if missing (default: %(default)s)",
-    )
-    common.add_argument(
+def add_database_options(parser: argparse.ArgumentParser, db_help: str, nested: bool = False) -> None:
+    """--db and --busy-timeout-ms on a subcommand.
+
+    A nested subcommand (agents add) takes them with no default of its own: argparse would otherwise
+    overwrite the value given before it (`agents --db X add NAME` wrote ./solos.db).
+    """
+    parser.add_argument("--db", default=argparse.SUPPRESS if nested else env_default("DB", "solos.db"), help=db_help)
+    parser.add_argument(
         "--busy-timeout-ms",
         type=int,
-        default=env_int("BUSY_TIMEOUT_MS", 5000),
+        default=argparse.SUPPRESS if nested else env_int("BUSY_TIMEOUT_MS", 5000),
         help="how long a call waits for a locked database before 503 (default: %(default)s)",
     )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    creates = "SQLite database, created from schema.sql if missing (default: %(default)s)"
     parser = argparse.ArgumentParser(prog="solos-memory", description="Shared, attributed memory for an agent fleet.")
     parser.add_argument("--version", action="version", version=f"solos-memory {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", parents=[common], help="run the HTTP service (REST /v1, MCP /mcp)")
+    serve = commands.add_parser("serve", help="run the HTTP service (REST /v1, MCP /mcp)")
+    add_database_options(serve, creates)
     serve.add_argument(
         "--host", default=env_default("HOST", "127.0.0.1"), help="address to bind (default: %(default)s)"
     )
@@ -2921,23 +2926,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="do not log one line per request (default: log them; rejections are always logged)",
     )
 
-    agents = commands.add_parser("agents", parents=[common], help="register or list agents (admin; never over HTTP)")
+    agents = commands.add_parser("agents", help="register or list agents (admin; never over HTTP)")
+    add_database_options(agents, creates)
     agent_commands = agents.add_subparsers(dest="agents_command", required=True)
-    add = agent_commands.add_parser("add", parents=[common], help="register agents")
+    add = agent_commands.add_parser("add", help="register agents")
+    add_database_options(add, creates, nested=True)
     add.add_argument("names", nargs="+", help="agent names")
-    agent_commands.add_parser("list", parents=[common], help="list registered agents")
+    add_database_options(agent_commands.add_parser("list", help="list registered agents"), creates, nested=True)
 
-    commands.add_parser("purge", parents=[common], help="delete expired short-term rows; exit 1 on failure")
-    commands.add_parser("reindex", parents=[common], help="rebuild the keyword indexes from the tables")
+    purge = commands.add_parser("purge", help="delete expired short-term rows; exit 1 on failure")
+    add_database_options(purge, creates)
+    add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
 
-    check = commands.add_parser(
-        "check", parents=[common], help="rollout checks against a running instance; --cleanup removes their rows"
-    )
+    check = commands.add_parser("check", help="rollout checks against a running instance; --cleanup removes their rows")
+    add_database_options(check, "the service's database, for --cleanup; must exist (default: %(default)s)")
     solos_check.add_arguments(check)
+    check.set_defaults(cleanup_command=f"python3 {sys.argv[0]} check --cleanup --db PATH")
 
     backfill = commands.add_parser(
-        "backfill", parents=[common], help="embed every row that lacks a vector; resumable, safe while the service runs"
+        "backfill", help="embed every row that lacks a vector; resumable, safe while the service runs"
     )
+    add_database_options(backfill, creates)
     backfill.add_argument(
         "--model-dir",
         default=env_default("MODEL_DIR", None),
@@ -2956,30 +2965,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def config_from(args: argparse.Namespace) -> Config:
+    """The one Config for this run: the flags a command has, defaults for the rest."""
+    return Config(
+        db=args.db,
+        host=getattr(args, "host", Config.host),
+        port=getattr(args, "port", Config.port),
+        busy_timeout_ms=args.busy_timeout_ms,
+        allow_remote=getattr(args, "allow_remote", Config.allow_remote),
+        tokens_file=getattr(args, "tokens_file", Config.tokens_file),
+        model_dir=getattr(args, "model_dir", Config.model_dir),
+        allowed_origins=tuple(getattr(args, "allowed_origin", ())),
+        log_requests=getattr(args, "log_requests", Config.log_requests),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status so tests can call it."""
     args = parse_args(argv)
-    if args.command == "serve":
-        return serve(
-            Config(
-                db=args.db,
-                host=args.host,
-                port=args.port,
-                busy_timeout_ms=args.busy_timeout_ms,
-                allow_remote=args.allow_remote,
-                tokens_file=args.tokens_file,
-                model_dir=args.model_dir,
-                allowed_origins=tuple(args.allowed_origin),
-                log_requests=args.log_requests,
-            ),
-            args.register,
-        )
     if args.command == "token":
         return issue_token(args.agent, args.tokens_file)
     if args.command == "check":
         return solos_check.run(args)
+    config = config_from(args)
+    if args.command == "serve":
+        return serve(config, args.register)
     try:
-        return run_admin_command(args, Config(db=args.db, busy_timeout_ms=args.busy_timeout_ms))
+        return run_admin_command(args, config)
     except (ServiceError, SchemaMismatch, sqlite3.Error, OSError, RuntimeError) as error:
         # The purge timer's unit turns this exit status into a failed run with this line in the journal.
         log_event("failed", command=args.command, db=args.db, reason=str(error))
@@ -3066,7 +3078,7 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
             store.reindex()
             log_event("reindexed", tables=list(FTS_TABLES))
         elif args.command == "backfill":
-            return backfill(store, Config(db=args.db, model_dir=args.model_dir), args.batch)
+            return backfill(store, config, args.batch)
     finally:
         store.close()
     return 0

@@ -6,9 +6,10 @@ import hashlib
 import ipaddress
 import itertools
 import json
+import sys
 
 import pytest
-from conftest import skip_or_fail
+from conftest import ROOT, skip_or_fail
 
 import solos_check
 import solos_memory
@@ -40,7 +41,7 @@ def test_every_check_passes_against_a_live_service(server, capsys):
     assert [line.split("  ")[0].strip() for line in table[:6]] == CHECK_NAMES
     assert all("  PASS  " in line for line in table[:6])
     assert table[6] == "6/6 checks passed"
-    assert "check --cleanup --db PATH" in table[-1]
+    assert table[-1].endswith(f"python3 {sys.argv[0]} --cleanup --db PATH (the service's --db)")
     assert f"127.0.0.1:{server.port}" in table[0]
     assert "auth loopback-trust, degraded true" in table[1]
     rows = check_rows(server)
@@ -282,3 +283,26 @@ def test_cleanup_of_a_missing_database_fails_without_creating_it(tmp_path, capsy
     assert solos_check.main(["--cleanup", "--db", str(tmp_path / "absent.db")]) == 1
     assert "unable to open database file" in capsys.readouterr().err
     assert not (tmp_path / "absent.db").exists()
+
+
+def test_the_cleanup_hint_shows_only_when_the_checks_wrote_rows(server, capsys):
+    port = server.port
+    server.server.shutdown()
+    server.server.server_close()
+    assert solos_check.main(["--url", f"http://127.0.0.1:{port}", "--timeout", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "0/6 checks passed" in out and "--cleanup" not in out
+
+
+def test_the_cleanup_hint_names_the_program_that_ran(server, tmp_path):
+    """Run from the .pyz, the hint names the .pyz and its check subcommand, not solos_memory.py."""
+    import subprocess
+
+    pyz = tmp_path / "solos-memory.pyz"
+    subprocess.run([sys.executable, str(ROOT / "pyz_build.py"), "--out", str(pyz)], check=True, capture_output=True)
+    run = subprocess.run(
+        [sys.executable, str(pyz), "check", "--url", server.url], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    hint = run.stdout.splitlines()[-1]
+    assert f"python3 {pyz} check --cleanup --db PATH" in hint and "solos_memory.py" not in hint

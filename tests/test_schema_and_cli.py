@@ -114,6 +114,56 @@ def test_agents_add_and_list(tmp_path):
     assert bad.returncode != 0 and "not valid!" in bad.stderr
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["agents", "--db", "{db}", "add", "atlas"],
+        ["agents", "add", "--db", "{db}", "atlas"],
+        ["agents", "add", "atlas", "--db", "{db}"],
+        ["agents", "--db", "{elsewhere}", "add", "--db", "{db}", "atlas"],  # the nearer one wins
+    ],
+)
+def test_agents_add_writes_the_db_it_is_given_wherever_the_flag_stands(tmp_path, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)  # a regression wrote ./solos.db: make that visible
+    db, elsewhere = tmp_path / "given.db", tmp_path / "elsewhere.db"
+    argv = [part.format(db=db, elsewhere=elsewhere) for part in argv]
+    assert solos_memory.main(argv) == 0
+    assert not (tmp_path / "solos.db").exists() and not elsewhere.exists()
+    conn = sqlite3.connect(db)
+    assert [row[0] for row in conn.execute("SELECT agent FROM agent_registry")] == ["atlas"]
+    conn.close()
+
+
+@pytest.mark.parametrize("command", [["agents", "list"], ["purge"], ["reindex"], ["agents", "--db", "{db}", "list"]])
+def test_every_admin_subcommand_uses_its_db(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "given.db"
+    assert solos_memory.main(["agents", "add", "nova", "--db", str(db)]) == 0
+    argv = [part.format(db=db) for part in command]
+    if "--db" not in argv:
+        argv += ["--db", str(db)]
+    assert solos_memory.main(argv) == 0
+    assert not (tmp_path / "solos.db").exists()
+    if command[-1] == "list":
+        assert capsys.readouterr().out.split()[-1] == "nova"
+
+
+def test_one_config_carries_every_flag_to_the_command(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(solos_memory, "backfill", lambda store, config, batch: seen.append(config) or 0)
+    db = str(tmp_path / "solos.db")
+    argv = ["backfill", "--db", db, "--busy-timeout-ms", "1234", "--model-dir", "off"]
+    assert solos_memory.main(argv) == 0
+    assert seen == [solos_memory.Config(db=db, busy_timeout_ms=1234, model_dir="off")]
+
+
+def test_the_check_db_help_says_it_must_exist(capsys):
+    with pytest.raises(SystemExit):
+        solos_memory.main(["check", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "must exist" in help_text and "created" not in help_text
+
+
 def test_purge_deletes_only_expired_short_rows(server):
     server.post("/v1/short", {"agent": "atlas", "key": "old", "value": "v", "ttl_s": 0.01})
     server.post("/v1/short", {"agent": "atlas", "key": "new", "value": "v", "ttl_s": 600})
