@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -170,3 +171,17 @@ def make_server(tmp_path: Path):
     yield make
     for running in started:
         stop_server(running)
+
+
+def write_tokens(path: Path, tokens: dict[str, str]) -> None:
+    """A tokens file: one `<sha256 of token> <agent>` per line, mode 600."""
+    path.write_text("".join(f"{hashlib.sha256(t.encode()).hexdigest()} {agent}\n" for t, agent in tokens.items()))
+    path.chmod(0o600)
+
+
+@pytest.fixture
+def token_server(make_server, tmp_path: Path):
+    """A service with tokens on: atlas-token is atlas's, sol-token is sol's."""
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, {"atlas-token": "atlas", "sol-token": "sol"})
+    return make_server("tokens.db", tokens_file=str(tokens))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import itertools
 import json
@@ -202,19 +201,6 @@ def test_with_an_embedder_the_check_says_so(make_server):
     assert (
         by_name(results)["degraded mode"].detail == "embedder loaded (degraded false): 4 rows, X-Memory-Degraded false"
     )
-
-
-@pytest.fixture
-def token_server(make_server, tmp_path):
-    tokens = tmp_path / "tokens"
-    tokens.write_text(
-        "".join(
-            f"{hashlib.sha256(token.encode()).hexdigest()} {agent}\n"
-            for token, agent in (("atlas-token", "atlas"), ("sol-token", "sol"))
-        )
-    )
-    tokens.chmod(0o600)
-    return make_server("tokens.db", tokens_file=str(tokens))
 
 
 def test_with_tokens_the_checks_send_each_agents_token(token_server, monkeypatch, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import threading
 import time
@@ -128,6 +129,15 @@ def test_a_write_never_fails_because_the_embedder_does(embedded_server):
     assert server.recall("sol", "broken").body["count"] == 1
 
 
+class QueriesOnly(WordHashEmbedder):
+    """Embeds queries, never rows (the background worker's calls fail)."""
+
+    def embed(self, texts: list[str]) -> list[bytes]:
+        if threading.current_thread().name == "embed-worker":
+            raise RuntimeError("not embedding rows in this test")
+        return super().embed(texts)
+
+
 def test_vectors_of_another_model_are_never_compared(embedded_server, tmp_path):
     first = embedded_server(WordHashEmbedder("word-hash-a"), "models.db")
     first.post("/v1/long", {"agent": "atlas", "fact": "alpha bravo charlie"})
@@ -135,15 +145,7 @@ def test_vectors_of_another_model_are_never_compared(embedded_server, tmp_path):
     first.server.shutdown()
     first.server.server_close()
 
-    class QueriesOnly(WordHashEmbedder):
-        """Embeds queries, never rows: model a's vector stays the only one in the database."""
-
-        def embed(self, texts: list[str]) -> list[bytes]:
-            if threading.current_thread().name == "embed-worker":
-                raise RuntimeError("not embedding rows in this test")
-            return super().embed(texts)
-
-    model_b = QueriesOnly("word-hash-b")
+    model_b = QueriesOnly("word-hash-b")  # model a's vector stays the only one in the database
     second = embedded_server(model_b, "models.db")
     alone = second.recall("sol", "alpha bravo charlie", ranking="vector")
     assert alone.body["ranking"] == "keyword" and "no row has a vector yet" in alone.body["degraded_reason"]
@@ -187,9 +189,22 @@ def test_backfill_is_resumable_and_idempotent(make_server):
     store.close()
 
 
-def test_backfill_command_counts_and_fails_without_an_embedder(server):
+def test_backfill_command_counts_and_fails_without_an_embedder(server, monkeypatch, capsys):
+    for n in range(7):
+        server.post("/v1/long", {"agent": "atlas", "fact": f"to be backfilled {n}"})
+    server.post("/v1/episodic", {"agent": "sol", "event_type": "e", "summary": "an episode to embed"})
     run = solos_memory.main(["backfill", "--db", str(server.db_path), "--model-dir", "/nonexistent"])
     assert run == 1
+    assert '"event": "failed"' in capsys.readouterr().err
+    monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=None: (WordHashEmbedder(), None))
+    assert solos_memory.main(["backfill", "--db", str(server.db_path), "--batch", "3"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    done = [line for line in lines if line["event"] == "backfilled"]
+    assert len(done) == 1 and done[0]["rows"] == 8 and done[0]["missing_before"] == 8
+    assert done[0]["vectors"] == {"long": 7, "episodic": 1}
+    assert solos_memory.main(["backfill", "--db", str(server.db_path)]) == 0  # resumable: nothing left
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    assert [line["rows"] for line in lines if line["event"] == "backfilled"] == [0]
 
 
 def test_filters_apply_before_the_vector_top_k(embedded_server):
@@ -216,16 +231,26 @@ def test_real_embedder_recall_is_hybrid(make_server):
     server.post("/v1/long", {"agent": "atlas", "topic": "pets", "fact": "My cat sleeps on the windowsill all day"})
     server.post("/v1/long", {"agent": "atlas", "topic": "infra", "fact": "The database backup runs at night"})
     wait_for_vectors(server, 2, timeout_s=60)
-    reply = server.recall("sol", "where does the kitten nap", ranking="vector", k=2)
-    assert reply.body["degraded"] is False
+    reply = server.recall("sol", "where does the kitten nap", k=2)  # the default ranking
+    assert reply.body["degraded"] is False and reply.body["ranking"] == "hybrid"
     assert reply.body["results"][0]["text"] == "My cat sleeps on the windowsill all day"
 
 
-def test_concurrent_recalls_share_one_vector_reload(embedded_server):
+def test_concurrent_recalls_share_one_vector_reload(embedded_server, monkeypatch):
     server = embedded_server(WordHashEmbedder())
     for n in range(20):
         server.post("/v1/long", {"agent": "atlas", "fact": f"parallel fact {n}"})
     wait_for_vectors(server, 20)
+    assert server.recall("sol", "parallel fact", k=20).body["count"] == 20  # the first snapshot is loaded
+    vectors = server.server.memory.vectors
+    loads = []
+    real_load = vectors.load
+    monkeypatch.setattr(vectors, "load", lambda *args: loads.append(1) or (time.sleep(0.2), real_load(*args)))
+    with server.db() as conn:  # another writer's change moves the vector generation: one reload is due
+        conn.execute("UPDATE memory_longterm SET fact = 'parallel fact changed' WHERE id = 1")
+    server.post("/v1/short", {"agent": "atlas", "key": "nudge", "value": "wake the worker"})
+    wait_for_vectors(server, 21)
+    loads.clear()
     errors = []
 
     def ask() -> None:
@@ -239,6 +264,10 @@ def test_concurrent_recalls_share_one_vector_reload(embedded_server):
     for thread in threads:
         thread.join()
     assert errors == []
+    deadline = time.monotonic() + 5
+    while vectors.reloading and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(loads) == 1, f"8 concurrent recalls started {len(loads)} vector reloads"
 
 
 def test_stale_vectors_from_direct_edits_are_dropped(embedded_server):
@@ -254,12 +283,6 @@ def test_stale_vectors_from_direct_edits_are_dropped(embedded_server):
 
 
 def test_an_embedder_with_no_vectors_yet_says_keyword_only(embedded_server, monkeypatch):
-    class QueriesOnly(WordHashEmbedder):
-        def embed(self, texts: list[str]) -> list[bytes]:
-            if threading.current_thread().name == "embed-worker":
-                raise RuntimeError("not embedding rows in this test")
-            return super().embed(texts)
-
     server = embedded_server(QueriesOnly())
     server.post("/v1/long", {"agent": "atlas", "fact": "not embedded yet"})
     reply = server.recall("sol", "embedded", ranking="vector")

@@ -8,8 +8,7 @@ import os
 import subprocess
 import sys
 
-import pytest
-from conftest import ROOT
+from conftest import ROOT, write_tokens
 from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -90,18 +89,6 @@ def test_metrics_are_prometheus_text(server):
     assert rows["long"] == 1
 
 
-def write_tokens(path, tokens: dict[str, str]) -> None:
-    path.write_text("".join(f"{hashlib.sha256(t.encode()).hexdigest()} {agent}\n" for t, agent in tokens.items()))
-    path.chmod(0o600)
-
-
-@pytest.fixture
-def token_server(make_server, tmp_path):
-    tokens = tmp_path / "tokens"
-    write_tokens(tokens, {"atlas-secret-token": "atlas", "sol-secret-token": "sol"})
-    return make_server("tokens.db", tokens_file=str(tokens))
-
-
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
@@ -113,14 +100,14 @@ def test_tokens_decide_the_caller_over_rest(token_server):
     assert anonymous.status == 401 and anonymous.headers["www-authenticate"].startswith("Bearer")
     wrong = server.post("/v1/long", {"agent": "atlas", "fact": "bad token"}, headers=bearer("guess"))
     assert wrong.status == 401
-    impostor = server.post("/v1/long", {"agent": "atlas", "fact": "sol pretending"}, headers=bearer("sol-secret-token"))
+    impostor = server.post("/v1/long", {"agent": "atlas", "fact": "sol pretending"}, headers=bearer("sol-token"))
     assert impostor.status == 403 and impostor.body["error"]["field"] == "agent"
-    implied = server.post("/v1/long", {"fact": "written with the agent implied"}, headers=bearer("atlas-secret-token"))
+    implied = server.post("/v1/long", {"fact": "written with the agent implied"}, headers=bearer("atlas-token"))
     assert implied.status == 201 and implied.body["agent"] == "atlas"
-    recall = server.request("GET", "/v1/recall?q=implied", headers=bearer("sol-secret-token"))
+    recall = server.request("GET", "/v1/recall?q=implied", headers=bearer("sol-token"))
     assert [(r["agent"], r["foreign"]) for r in recall.body["results"]] == [("atlas", True)]
     assert server.request("GET", "/v1/stats").status == 401
-    assert server.request("GET", "/v1/stats", headers=bearer("sol-secret-token")).status == 200
+    assert server.request("GET", "/v1/stats", headers=bearer("sol-token")).status == 200
     with server.db() as conn:
         assert [r[0] for r in conn.execute("SELECT agent FROM memory_longterm")] == ["atlas"]
 
@@ -138,9 +125,9 @@ def test_tokens_decide_the_caller_over_mcp(token_server):
     assert refused.headers["www-authenticate"].startswith("Bearer")
     unknown = server.mcp_tool("write_long", {"agent": "atlas", "fact": "x"}, bearer("not-a-token"))
     assert unknown.status == 401
-    impostor = mcp_call(server, "write_long", {"agent": "atlas", "fact": "mcp impostor"}, bearer("sol-secret-token"))
+    impostor = mcp_call(server, "write_long", {"agent": "atlas", "fact": "mcp impostor"}, bearer("sol-token"))
     assert impostor["isError"] is True and impostor["structuredContent"]["error"]["status"] == 403
-    ok = mcp_call(server, "write_long", {"agent": "sol", "fact": "mcp with token"}, bearer("sol-secret-token"))
+    ok = mcp_call(server, "write_long", {"agent": "sol", "fact": "mcp with token"}, bearer("sol-token"))
     assert ok.get("isError") is not True and ok["structuredContent"]["agent"] == "sol"
 
 
