@@ -76,8 +76,15 @@ class Client:
         self.timeout, self.tokens = timeout, tokens
         self.facts_written = 0
 
-    def request(self, method: str, path: str, agent: str | None = None, query: dict | None = None,
-                body: Any = None, headers: dict[str, str] | None = None) -> Reply:
+    def request(
+        self,
+        method: str,
+        path: str,
+        agent: str | None = None,
+        query: dict | None = None,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> Reply:
         headers = dict(headers or {})
         token = self.tokens.get(agent) if agent else None
         if token:
@@ -99,8 +106,7 @@ class Client:
             parsed = None
         return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, parsed)
 
-    def expect(self, statuses: tuple[int, ...], method: str, path: str, agent: str | None = None,
-               **kw: Any) -> Reply:
+    def expect(self, statuses: tuple[int, ...], method: str, path: str, agent: str | None = None, **kw: Any) -> Reply:
         """The reply, or CheckFailed naming the call and the service's own error message."""
         reply = self.request(method, path, agent, **kw)
         if reply.status not in statuses:
@@ -111,14 +117,28 @@ class Client:
         return reply
 
 
-def run_checks(url: str, writer: str, reader: str, timeout: float = 5.0, *,
-               writer_token: str | None = None, reader_token: str | None = None) -> list[CheckResult]:
+def run_checks(
+    url: str,
+    writer: str,
+    reader: str,
+    timeout: float = 5.0,
+    *,
+    writer_token: str | None = None,
+    reader_token: str | None = None,
+) -> list[CheckResult]:
     """Run every check in order; one failing does not stop the others."""
     return run_checks_counting(url, writer, reader, timeout, writer_token=writer_token, reader_token=reader_token)[0]
 
 
-def run_checks_counting(url: str, writer: str, reader: str, timeout: float = 5.0, *, writer_token: str | None = None,
-                        reader_token: str | None = None) -> tuple[list[CheckResult], int]:
+def run_checks_counting(
+    url: str,
+    writer: str,
+    reader: str,
+    timeout: float = 5.0,
+    *,
+    writer_token: str | None = None,
+    reader_token: str | None = None,
+) -> tuple[list[CheckResult], int]:
     """run_checks, and how many facts the checks wrote (so the cleanup hint shows only when there are some)."""
     client = Client(url, timeout, {writer: writer_token, reader: reader_token})
     run_id = "run" + secrets.token_hex(5)
@@ -150,8 +170,10 @@ def check_loopback_only(port: int) -> str:
     """Every listener on the port is a loopback address; a wildcard bind would expose every agent's memory."""
     listeners = listening_addresses(port)
     if not listeners:
-        raise CheckFailed(f"no listener on port {port} in {' or '.join(PROC_NET_TCP)}: "
-                          "run the check on the service's host (same network namespace)")
+        raise CheckFailed(
+            f"no listener on port {port} in {' or '.join(PROC_NET_TCP)}: "
+            "run the check on the service's host (same network namespace)"
+        )
     exposed = [address for address in listeners if not is_loopback(address)]
     found = ", ".join(f"{describe_address(address)}:{port}" for address in listeners)
     if exposed:
@@ -172,16 +194,24 @@ def check_cross_agent_echo(client: Client, writer: str, reader: str, run_id: str
     """A fact one agent writes comes back to another, attributed to its writer and marked foreign."""
     fact = f"{CHECK_SOURCE} {run_id}: cross-agent echo written by {writer} for {reader}"
     written = write_check_fact(client, writer, run_id, fact).body
-    recalled = client.expect((200,), "GET", "/v1/recall", reader, query={
-        "agent": reader, "q": run_id, "scope": "shared", "tiers": "long", "k": 10}).body
+    recalled = client.expect(
+        (200,),
+        "GET",
+        "/v1/recall",
+        reader,
+        query={"agent": reader, "q": run_id, "scope": "shared", "tiers": "long", "k": 10},
+    ).body
     match = next((r for r in recalled["results"] if r["id"] == written["id"] and r["tier"] == "long"), None)
     if match is None:
-        raise CheckFailed(f"{reader} did not recall {writer}'s fact #{written['id']} "
-                          f"({recalled['count']} other results)")
+        raise CheckFailed(
+            f"{reader} did not recall {writer}'s fact #{written['id']} ({recalled['count']} other results)"
+        )
     if match["agent"] != writer or match["foreign"] is not True:
-        raise CheckFailed(f"fact #{written['id']} came back as agent={match['agent']}, "
-                          f"foreign={json.dumps(match['foreign'])}; "
-                          f"expected agent={writer}, foreign=true")
+        raise CheckFailed(
+            f"fact #{written['id']} came back as agent={match['agent']}, "
+            f"foreign={json.dumps(match['foreign'])}; "
+            f"expected agent={writer}, foreign=true"
+        )
     return f"{reader} recalled {writer}'s fact #{written['id']} as agent={writer}, foreign=true"
 
 
@@ -201,17 +231,27 @@ def check_long_row_delta(client: Client, writer: str, run_id: str) -> str:
         if deltas[-1] == distinct:
             retried = f" (on retry; first delta {deltas[0]})" if attempt == 2 else ""
             return f"{len(DELTA_WRITE_ORDER)} writes of {distinct} distinct facts: rows.long +{distinct}{retried}"
-    raise CheckFailed(f"{len(DELTA_WRITE_ORDER)} writes of {distinct} distinct facts changed rows.long by "
-                      f"{deltas[0]}, then by {deltas[1]} on retry; expected {distinct} "
-                      "(concurrent fleet writers can disturb this count)")
+    raise CheckFailed(
+        f"{len(DELTA_WRITE_ORDER)} writes of {distinct} distinct facts changed rows.long by "
+        f"{deltas[0]}, then by {deltas[1]} on retry; expected {distinct} "
+        "(concurrent fleet writers can disturb this count)"
+    )
 
 
 def check_mcp_tools(client: Client, agent: str) -> str:
     """The MCP handshake works and tools/list offers the fleet's core tools."""
     headers = {"Accept": "application/json, text/event-stream"}
-    initialized = mcp_call(client, agent, headers, "initialize", {
-        "protocolVersion": MCP_PROTOCOL_VERSION, "capabilities": {},
-        "clientInfo": {"name": "solos-check", "version": "1"}})
+    initialized = mcp_call(
+        client,
+        agent,
+        headers,
+        "initialize",
+        {
+            "protocolVersion": MCP_PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "solos-check", "version": "1"},
+        },
+    )
     negotiated = initialized["protocolVersion"]
     listed = mcp_call(client, agent, {**headers, "MCP-Protocol-Version": negotiated}, "tools/list", {})
     names = sorted(tool["name"] for tool in listed["tools"])
@@ -229,8 +269,13 @@ def check_degraded_mode(client: Client, agent: str, run_id: str) -> str:
     """
     deadline = time.monotonic() + EMBED_WAIT_S
     while True:
-        reply = client.expect((200,), "GET", "/v1/recall", agent, query={
-            "agent": agent, "q": run_id, "scope": "shared", "tiers": "long", "k": 10})
+        reply = client.expect(
+            (200,),
+            "GET",
+            "/v1/recall",
+            agent,
+            query={"agent": agent, "q": run_id, "scope": "shared", "tiers": "long", "k": 10},
+        )
         degraded, header = reply.body["degraded"], reply.headers.get("x-memory-degraded")
         if not reply.body["results"]:
             raise CheckFailed(f"recall of this run's facts returned no rows (degraded {str(degraded).lower()})")
@@ -241,8 +286,9 @@ def check_degraded_mode(client: Client, agent: str, run_id: str) -> str:
             break
         time.sleep(0.2)
     if degraded:
-        return (f"{reply.body['count']} rows, degraded true, X-Memory-Degraded true "
-                f"({reply.body.get('degraded_reason')})")
+        return (
+            f"{reply.body['count']} rows, degraded true, X-Memory-Degraded true ({reply.body.get('degraded_reason')})"
+        )
     return f"embedder loaded (degraded false): {reply.body['count']} rows, X-Memory-Degraded false"
 
 
@@ -251,9 +297,19 @@ def check_degraded_mode(client: Client, agent: str, run_id: str) -> str:
 
 def write_check_fact(client: Client, writer: str, run_id: str, fact: str) -> Reply:
     """Write one long fact tagged so cleanup() can find it."""
-    reply = client.expect((200, 201), "POST", "/v1/long", writer, body={
-        "agent": writer, "topic": CHECK_SOURCE, "fact": fact, "source": CHECK_SOURCE,
-        "tags": [CHECK_TAG, run_id]})
+    reply = client.expect(
+        (200, 201),
+        "POST",
+        "/v1/long",
+        writer,
+        body={
+            "agent": writer,
+            "topic": CHECK_SOURCE,
+            "fact": fact,
+            "source": CHECK_SOURCE,
+            "tags": [CHECK_TAG, run_id],
+        },
+    )
     client.facts_written += 1
     return reply
 
@@ -265,8 +321,14 @@ def long_row_count(client: Client, agent: str) -> int:
 
 def mcp_call(client: Client, agent: str, headers: dict[str, str], method: str, params: dict) -> dict:
     """One JSON-RPC request to /mcp; its result, or CheckFailed with the JSON-RPC error."""
-    reply = client.expect((200,), "POST", "/mcp", agent, headers=headers, body={
-        "jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    reply = client.expect(
+        (200,),
+        "POST",
+        "/mcp",
+        agent,
+        headers=headers,
+        body={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+    )
     answer = reply.body if isinstance(reply.body, dict) else {}
     if "result" not in answer:
         raise CheckFailed(f"/mcp {method} answered without a result: {json.dumps(answer.get('error', reply.body))}")
@@ -293,7 +355,7 @@ def listening_addresses(port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv
 def decode_proc_address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     """/proc/net/tcp prints an address as 32-bit words in the kernel's byte order."""
     raw = bytes.fromhex(hex_address)
-    words = [int.from_bytes(raw[i:i + 4], sys.byteorder).to_bytes(4, "big") for i in range(0, len(raw), 4)]
+    words = [int.from_bytes(raw[i : i + 4], sys.byteorder).to_bytes(4, "big") for i in range(0, len(raw), 4)]
     return ipaddress.ip_address(b"".join(words))
 
 
@@ -328,12 +390,18 @@ def cleanup(conn: sqlite3.Connection) -> int:
     """
     conn.execute("BEGIN IMMEDIATE")
     try:
-        deleted = [row[0] for row in conn.execute(
-            "DELETE FROM memory_longterm WHERE source = ? AND EXISTS ("
-            "  SELECT 1 FROM json_each(CASE WHEN json_valid(tags) THEN tags ELSE '[]' END) WHERE value = ?"
-            ") RETURNING id", (CHECK_SOURCE, CHECK_TAG))]
-        conn.executemany("DELETE FROM memory_write_key WHERE tier = 'long' AND row_id = ?",
-                         [(row_id,) for row_id in deleted])
+        deleted = [
+            row[0]
+            for row in conn.execute(
+                "DELETE FROM memory_longterm WHERE source = ? AND EXISTS ("
+                "  SELECT 1 FROM json_each(CASE WHEN json_valid(tags) THEN tags ELSE '[]' END) WHERE value = ?"
+                ") RETURNING id",
+                (CHECK_SOURCE, CHECK_TAG),
+            )
+        ]
+        conn.executemany(
+            "DELETE FROM memory_write_key WHERE tier = 'long' AND row_id = ?", [(row_id,) for row_id in deleted]
+        )
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
@@ -347,17 +415,28 @@ def cleanup(conn: sqlite3.Connection) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The check command's options, for this module's main() and the service's `check` subcommand (which adds --db)."""
     parser.add_argument("--url", default=DEFAULT_URL, help="the running service (default: %(default)s)")
-    parser.add_argument("--writer", default="atlas",
-                        help="registered agent that writes the check facts (default: %(default)s)")
-    parser.add_argument("--reader", default="sol",
-                        help="another registered agent that recalls them (default: %(default)s)")
-    parser.add_argument("--writer-token", default=os.environ.get("SOLOS_CHECK_WRITER_TOKEN"),
-                        help="the writer's bearer token (default: $SOLOS_CHECK_WRITER_TOKEN, else none)")
-    parser.add_argument("--reader-token", default=os.environ.get("SOLOS_CHECK_READER_TOKEN"),
-                        help="the reader's bearer token (default: $SOLOS_CHECK_READER_TOKEN, else none)")
+    parser.add_argument(
+        "--writer", default="atlas", help="registered agent that writes the check facts (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--reader", default="sol", help="another registered agent that recalls them (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--writer-token",
+        default=os.environ.get("SOLOS_CHECK_WRITER_TOKEN"),
+        help="the writer's bearer token (default: $SOLOS_CHECK_WRITER_TOKEN, else none)",
+    )
+    parser.add_argument(
+        "--reader-token",
+        default=os.environ.get("SOLOS_CHECK_READER_TOKEN"),
+        help="the reader's bearer token (default: $SOLOS_CHECK_READER_TOKEN, else none)",
+    )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request (default: %(default)s)")
-    parser.add_argument("--cleanup", action="store_true",
-                        help="instead of checking, delete the rows earlier checks wrote to --db (default: check)")
+    parser.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="instead of checking, delete the rows earlier checks wrote to --db (default: check)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -365,12 +444,17 @@ def run(args: argparse.Namespace) -> int:
     if args.cleanup:
         return cleanup_database(args.db)
     if args.writer == args.reader:
-        print("--writer and --reader must be different agents: the echo check needs a foreign reader",
-              file=sys.stderr)
+        print("--writer and --reader must be different agents: the echo check needs a foreign reader", file=sys.stderr)
         return 2
     try:
-        results, written = run_checks_counting(args.url, args.writer, args.reader, args.timeout,
-                                               writer_token=args.writer_token, reader_token=args.reader_token)
+        results, written = run_checks_counting(
+            args.url,
+            args.writer,
+            args.reader,
+            args.timeout,
+            writer_token=args.writer_token,
+            reader_token=args.reader_token,
+        )
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2

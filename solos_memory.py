@@ -2331,7 +2331,8 @@ class MemoryHandler(BaseHTTPRequestHandler):
         body: bytes | None = None  # until read, an error must close the connection: its body is unread
         try:
             if url.path != "/mcp":  # the bridge applies the same rule and answers in JSON-RPC
-                refusal = mcp_bridge.foreign_caller(self.headers, self.server.allowed_hosts, self.server.origins)
+                headers = cast(Mapping[str, str], self.headers)
+                refusal = mcp_bridge.foreign_caller(headers, self.server.allowed_hosts, self.server.origins)
                 if refusal is not None:
                     raise Forbidden(refusal, "Host" if refusal.startswith("Host") else "Origin")
             body = self.read_body()

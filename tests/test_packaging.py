@@ -323,3 +323,12 @@ def test_a_failed_purge_exits_non_zero_with_a_log_line(pyz, bare_python, tmp_pat
     assert run.returncode != 0
     events = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
     assert any(event.get("event") == "failed" for event in events), run.stderr
+
+
+def test_make_lint_checks_format_types_and_style_and_passes():
+    """`make lint` runs ruff check, ruff format --check and mypy, and the tree passes all three."""
+    makefile = (ROOT / "Makefile").read_text()
+    lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    assert "ruff check" in lint and "ruff format --check" in lint and "mypy" in lint
+    run = subprocess.run(["make", "-s", "lint"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
