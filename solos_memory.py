@@ -207,6 +207,15 @@ class UnknownAgent(ServiceError):
     status, code = 422, "unknown_agent"
 
 
+class ProtocolError(ServiceError):
+    """http.server's own refusals (a malformed request line, headers too long), in the one JSON shape."""
+
+    def __init__(self, status: int, message: str | None):
+        phrase = HTTPStatus(status).phrase
+        super().__init__(message or phrase)
+        self.status, self.code = status, phrase.lower().replace(" ", "_")  # per instance: the status varies
+
+
 class RequestTimeout(ServiceError):
     """The body did not arrive within BODY_DEADLINE_S (a slow-body attack, or a stalled client)."""
 
@@ -1815,6 +1824,14 @@ def result_schema(properties: dict) -> dict:
 
 
 NULLABLE_STRING = {"type": ["string", "null"]}
+
+
+def text_field(description: str, max_length: int, min_length: int = 0) -> dict:
+    """A stored text field's schema: a string without NUL, of bounded length."""
+    bounds = {"minLength": min_length} if min_length else {}
+    return {"type": "string", "pattern": NO_NUL, **bounds, "maxLength": max_length, "description": description}
+
+
 WRITE_OUTPUT = result_schema(
     {
         "tier": {"type": "string", "enum": ["short", "long", "episodic"]},
@@ -1910,20 +1927,8 @@ OPERATIONS = {
         object_schema(
             {
                 "agent": AGENT_SCHEMA,
-                "key": {
-                    "type": "string",
-                    "pattern": NO_NUL,
-                    "minLength": 1,
-                    "maxLength": 256,
-                    "description": "The key, unique per agent.",
-                },
-                "value": {
-                    "type": "string",
-                    "pattern": NO_NUL,
-                    "minLength": 1,
-                    "maxLength": 16_384,
-                    "description": "The value (text).",
-                },
+                "key": text_field("The key, unique per agent.", 256, 1),
+                "value": text_field("The value (text).", 16_384, 1),
                 "ttl_s": {
                     "type": "number",
                     "exclusiveMinimum": 0,
@@ -1948,25 +1953,9 @@ OPERATIONS = {
         object_schema(
             {
                 "agent": AGENT_SCHEMA,
-                "topic": {
-                    "type": "string",
-                    "pattern": NO_NUL,
-                    "maxLength": 256,
-                    "description": "What the fact is about.",
-                },
-                "fact": {
-                    "type": "string",
-                    "pattern": NO_NUL,
-                    "minLength": 1,
-                    "maxLength": 8_192,
-                    "description": "The fact, one statement.",
-                },
-                "source": {
-                    "type": "string",
-                    "pattern": NO_NUL,
-                    "maxLength": 512,
-                    "description": "Where it came from (URL, file, conversation).",
-                },
+                "topic": text_field("What the fact is about.", 256),
+                "fact": text_field("The fact, one statement.", 8_192, 1),
+                "source": text_field("Where it came from (URL, file, conversation).", 512),
                 "confidence": {"type": "number", "minimum": 0, "maximum": 1, "description": "How sure, 0-1."},
                 "tags": TAGS_SCHEMA,
             },
@@ -1985,35 +1974,17 @@ OPERATIONS = {
         object_schema(
             {
                 "agent": AGENT_SCHEMA,
-                "event_type": {
-                    "type": "string",
-                    "pattern": NO_NUL,
-                    "minLength": 1,
-                    "maxLength": 64,
-                    "description": "Kind of event (task, error, …).",
-                },
-                "summary": {
-                    "type": "string",
-                    "pattern": NO_NUL,
-                    "minLength": 1,
-                    "maxLength": 4_096,
-                    "description": "What happened.",
-                },
-                "details": {"type": "string", "pattern": NO_NUL, "maxLength": 16_384, "description": "More detail."},
-                "outcome": {"type": "string", "pattern": NO_NUL, "maxLength": 1_024, "description": "How it ended."},
+                "event_type": text_field("Kind of event (task, error, …).", 64, 1),
+                "summary": text_field("What happened.", 4_096, 1),
+                "details": text_field("More detail.", 16_384),
+                "outcome": text_field("How it ended.", 1_024),
                 "duration_s": {
                     "type": "number",
                     "minimum": 0,
                     "maximum": 31_536_000,
                     "description": "How long it took.",
                 },
-                "idempotency_key": {
-                    "type": "string",
-                    "pattern": NO_NUL,
-                    "minLength": 1,
-                    "maxLength": 128,
-                    "description": "Makes a retried write safe: same key, same event, one row.",
-                },
+                "idempotency_key": text_field("Makes a retried write safe: same key, same event, one row.", 128, 1),
             },
             ("agent", "event_type", "summary"),
         ),
@@ -2030,13 +2001,7 @@ OPERATIONS = {
         object_schema(
             {
                 "agent": AGENT_SCHEMA,
-                "key": {
-                    "type": "string",
-                    "pattern": NO_NUL,
-                    "minLength": 1,
-                    "maxLength": 256,
-                    "description": "The key to delete.",
-                },
+                "key": text_field("The key to delete.", 256, 1),
             },
             ("agent", "key"),
         ),
@@ -2275,13 +2240,12 @@ class MemoryHandler(BaseHTTPRequestHandler):
         A method nobody serves (TRACE, BREW) is the client's mistake: 405 with Allow, not 501.
         """
         self.close_connection = True
+        error: ServiceError
         if code == HTTPStatus.NOT_IMPLEMENTED:
             error = MethodNotAllowed(f"{self.command} is not a method this service answers", list(SERVED_METHODS))
-            self.respond(error.status, error_body(error), {"Allow": ", ".join(error.allow)})
-            return
-        failure = ServiceError(message or HTTPStatus(code).phrase)
-        failure.status, failure.code = code, HTTPStatus(code).phrase.lower().replace(" ", "_")
-        self.respond(code, error_body(failure))
+        else:
+            error = ProtocolError(code, message)
+        self.respond(error.status, error_body(error), error.headers())
 
     def respond(
         self,

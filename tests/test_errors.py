@@ -171,3 +171,42 @@ def test_a_method_nobody_serves_is_405_not_501(server, method):
     reply = server.request(method, "/v1/long")
     assert_error(reply, 405, "method_not_allowed")
     assert "GET" in reply.headers["allow"]
+
+
+def test_the_too_many_connections_refusal_is_the_one_error_shape_with_a_true_length(server):
+    import socket
+
+    ours, theirs = socket.socketpair()
+    try:
+        server.server.refuse(theirs)
+        response = ours.recv(65536)
+    finally:
+        ours.close()
+    head, body = response.split(b"\r\n\r\n", 1)
+    headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:])
+    assert response.startswith(b"HTTP/1.1 503 ") and int(headers["Content-Length"]) == len(body)
+    assert headers["Retry-After"] == "1" and headers["Connection"] == "close"
+    assert json.loads(body) == {
+        "error": {"code": "busy", "status": 503, "message": json.loads(body)["error"]["message"]}
+    }
+
+
+@pytest.mark.parametrize(
+    "error,header",
+    [
+        (solos_memory.MethodNotAllowed("no", ["GET", "HEAD"]), ("Allow", "GET, HEAD")),
+        (solos_memory.Busy("locked"), ("Retry-After", "1")),
+        (solos_memory.StorageUnavailable("full"), ("Retry-After", "5")),
+        (solos_memory.Unauthorized("who"), ("WWW-Authenticate", 'Bearer realm="solos-memory"')),
+        (solos_memory.ProtocolError(431, None), None),
+        (solos_memory.BadRequest("bad", "k"), None),
+    ],
+)
+def test_each_error_carries_its_own_headers(error, header):
+    assert error.headers() == (dict([header]) if header else {})
+    assert error_body_shape(solos_memory.error_body(error))
+
+
+def error_body_shape(body: dict) -> bool:
+    error = body["error"]
+    return set(error) <= {"code", "status", "message", "field"} and isinstance(error["status"], int)
