@@ -1260,13 +1260,16 @@ class EmbedWorker(threading.Thread):
         super().__init__(name="embed-worker", daemon=True)
         self.store, self.embedder = store, embedder
         self.wake = threading.Event()
+        self.halted = threading.Event()  # set by stop(): cuts a pause short
         self.stopped = False
         self.last_error: str | None = None
 
     def run(self) -> None:
         while not self.stopped:
-            if self.wake.wait(SWEEP_INTERVAL_S):
+            if self.wake.wait(SWEEP_INTERVAL_S) and not self.stopped:
                 time.sleep(0.05)  # let a burst of writes arrive, to embed them as one batch
+            if self.stopped:  # stop() wakes it: a stopped service writes nothing more
+                return
             self.wake.clear()
             try:
                 embed_missing(self.store, self.embedder)
@@ -1274,11 +1277,15 @@ class EmbedWorker(threading.Thread):
             except Exception as error:  # a broken embedder or a busy database: rows wait for the next sweep
                 self.last_error = f"{type(error).__name__}: {error}"
                 log_event("embed_failed", reason=self.last_error)
-                time.sleep(1)
+                self.halted.wait(1)
 
     def stop(self) -> None:
+        """Stop and wait for a sweep in progress, so nothing writes after the service has closed."""
         self.stopped = True
+        self.halted.set()
         self.wake.set()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(timeout=10)
 
 
 # ==== Operations ====

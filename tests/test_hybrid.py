@@ -289,3 +289,19 @@ def test_an_embedder_with_no_vectors_yet_says_keyword_only(embedded_server, monk
     assert reply.body["count"] == 1 and reply.body["ranking"] == "keyword"
     assert reply.body["degraded"] is True and "no row has a vector yet" in reply.body["degraded_reason"]
     assert reply.headers["x-memory-degraded"] == "true"
+
+
+def test_a_stopped_service_embeds_nothing_more(embedded_server):
+    """A stopped service's worker used to run one more sweep, writing another model's vectors into a shared db."""
+    server = embedded_server(WordHashEmbedder())
+    server.post("/v1/long", {"agent": "atlas", "fact": "embedded while running"})
+    wait_for_vectors(server, 1)
+    worker = server.server.memory.worker
+    server.server.shutdown()
+    server.server.server_close()
+    assert not worker.is_alive()
+    with server.db() as conn:
+        conn.execute("INSERT INTO memory_longterm (agent, fact) VALUES ('atlas', 'written after the stop')")
+    time.sleep(0.3)
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_vector").fetchone()[0] == 1
