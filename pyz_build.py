@@ -36,7 +36,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUT = Path("dist") / "solos-memory.pyz"
 INTERPRETER = "/usr/bin/env python3"
-REQUIRED_FILES = ("solos_memory.py", "mcp_bridge.py", "solos_check.py", "schema.sql")
+# solos_client.py runs as `solos-memory.pyz client ...`; solos_hermes.py is only read, by `client install-hermes`.
+REQUIRED_FILES = (
+    "solos_memory.py",
+    "mcp_bridge.py",
+    "solos_check.py",
+    "solos_client.py",
+    "solos_hermes.py",
+    "schema.sql",
+)
 # The embedder is optional; when it ships, its tokenizer files must ship with it.
 EMBEDDER = "solos_embed.py"
 MODEL_DIR = "models/all-MiniLM-L6-v2"

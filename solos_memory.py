@@ -2931,6 +2931,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="rows per embedding batch and write transaction (default: %(default)s)",
     )
 
+    commands.add_parser("client", add_help=False, help="call a running service: client recall|remember|event --help")
     token = commands.add_parser("token", help="issue a bearer token for an agent, appended (hashed) to a tokens file")
     token.add_argument("agent", help=f"the agent the token speaks for, or {OPERATOR} for the operator view of stats")
     token.add_argument("--tokens-file", required=True, help="tokens file to append to (created with mode 600)")
@@ -2954,6 +2955,11 @@ def config_from(args: argparse.Namespace) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status so tests can call it."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["client"]:  # the rest is solos_client's own command line
+        import solos_client
+
+        return solos_client.main(argv[1:])
     args = parse_args(argv)
     if args.command == "token":
         return issue_token(args.agent, args.tokens_file)

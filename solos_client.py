@@ -1,0 +1,627 @@
+#!/usr/bin/env python3
+"""solos_client: a bounded, stdlib-only client for the solos-memory service.
+
+For A2A agents, scripts and the Hermes provider (solos_hermes.py). It imports
+nothing but the standard library and nothing of the service, so it runs on a
+bare python3 and is copied as is into a Hermes plugin folder.
+
+    from solos_client import Client, turn_context, record_turn
+    memory = Client.from_env(best_effort=True)          # SOLOS_MEMORY_URL, _AGENT, _TOKEN, _TOKEN_FILE
+    context = turn_context(memory, incoming_text)        # turn start: top-3 shared recall, prompt-ready
+    record_turn(memory, incoming_text, reply, turn_id=message_id)   # turn end: one episodic row
+
+As a command (also `python3 solos-memory.pyz client ...`), printing JSON:
+
+    python3 solos_client.py --agent sol recall "when do backups run"
+    python3 solos_client.py --agent sol remember "Backups run at 02:00 UTC" --topic ops
+    python3 solos_client.py --agent sol event deploy "Deployed gateway v2" --idempotency-key gw-v2
+    python3 solos_client.py install-hermes --hermes-home ~/.hermes
+
+Exit status: 0 done, 2 bad usage, 3 the service refused the call (4xx: the
+error JSON names the field), 4 the service is unavailable (down, timed out,
+5xx, or an answer that is not the service's JSON). With --best-effort it is
+0 whenever the arguments parse, with an empty result on failure.
+
+Every call is bounded: a connect timeout, then one total deadline for the
+whole call (retry included), enforced by a watchdog that shuts the socket, so
+a server that accepts and never answers, or trickles bytes, costs at most the
+deadline. Idempotent calls (recall, remember, an event with an
+idempotency_key) are retried at most once, only for a failure that is not
+the service's refusal, and only inside the same deadline.
+
+Settings (a flag beats the environment, which beats the default):
+  --url         SOLOS_MEMORY_URL         http://127.0.0.1:8437
+  --agent       SOLOS_MEMORY_AGENT       (none: every call must name one)
+  --token       SOLOS_MEMORY_TOKEN       (none: loopback trust)
+  --token-file  SOLOS_MEMORY_TOKEN_FILE  (none); the token is the file's first line
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+__version__ = "0.1.0"
+
+# ==== Configuration ====
+
+DEFAULT_URL = "http://127.0.0.1:8437"
+# Loopback connects take well under a millisecond; a quarter second means the
+# host is gone or its accept queue is full, and waiting longer will not help.
+CONNECT_TIMEOUT_S = 0.25
+# Recall sits on an agent's turn: a p99 recall is a few ms on loopback
+# (bench/recall_latency.py), so 0.8 s is generous yet still well under a second.
+RECALL_TIMEOUT_S = 0.8
+# Writes happen off the turn (Hermes's worker, an A2A agent after replying);
+# a busy database answers 503 after --busy-timeout-ms (5 s), so 2 s gives up first.
+WRITE_TIMEOUT_S = 2.0
+RETRY_PAUSE_S = 0.05  # a refused connect retried at once meets the same restart
+# The service's own cap on a request body (MAX_BODY_BYTES in solos_memory.py);
+# the largest recall answer (100 rows of 16 KiB) fits well under 4 MiB.
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+ENV_PREFIX = "SOLOS_MEMORY_"
+# Each call's path and method, as the service's operation table has them
+# (tests/test_client.py checks them against solos_memory.OPERATIONS).
+ROUTES = {
+    "recall": ("GET", "/v1/recall"),
+    "write_long": ("POST", "/v1/long"),
+    "write_episodic": ("POST", "/v1/episodic"),
+}
+A2A_RECALL_K = 3  # the fleet spec's turn-start recall: top 3, shared scope
+A2A_EVENT_TYPE = "a2a_turn"
+SUMMARY_CHARS = 4_096  # write_episodic's summary maxLength
+DETAILS_CHARS = 16_384  # write_episodic's details maxLength
+
+LOG = logging.getLogger("solos_client")
+
+
+# ==== Errors ====
+
+
+class SolosError(Exception):
+    """Base for what a call can raise; `status` is the HTTP status when there was one."""
+
+    status: int | None = None
+    code = "error"
+    field: str | None = None
+
+    def as_dict(self) -> dict:
+        body: dict[str, Any] = {"code": self.code, "message": str(self)}
+        if self.status is not None:
+            body["status"] = self.status
+        if self.field:
+            body["field"] = self.field
+        return {"error": body}
+
+
+class Unavailable(SolosError):
+    """No usable answer: refused, reset, timed out, 5xx, or not the service's JSON. Worth retrying later."""
+
+    code = "unavailable"
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class Rejected(SolosError):
+    """The service refused the call (4xx); the message and field are the service's own."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.field = status, code, field
+
+
+# ==== Client ====
+
+
+def read_token_file(path: str) -> str:
+    """The first line of a token file; an empty file is an error, not anonymous access."""
+    token = Path(path).expanduser().read_text(encoding="utf-8").strip().splitlines()
+    if not token or not token[0].strip():
+        raise ValueError(f"token file {path} is empty")
+    return token[0].strip()
+
+
+def empty_result(operation: str, error: SolosError) -> dict:
+    """What best-effort mode returns for a failed call: no rows, and why."""
+    result: dict[str, Any] = {"results": [], "count": 0} if operation == "recall" else {"status": None}
+    return {**result, **error.as_dict()}
+
+
+class Client:
+    """Calls to one solos-memory service as one agent; see the module docstring for the timeouts."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        agent: str | None = None,
+        token: str | None = None,
+        *,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        recall_timeout: float = RECALL_TIMEOUT_S,
+        write_timeout: float = WRITE_TIMEOUT_S,
+        best_effort: bool = False,
+    ):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be http://host[:port] or https://..., got {url!r}")
+        self.url = url.rstrip("/")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.base_path = parts.path.rstrip("/")
+        self.connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self.agent = agent
+        self.token = token
+        self.connect_timeout = connect_timeout
+        self.recall_timeout = recall_timeout
+        self.write_timeout = write_timeout
+        self.best_effort = best_effort
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Client:
+        """A client from SOLOS_MEMORY_URL, _AGENT, _TOKEN or _TOKEN_FILE; keyword arguments win."""
+        env = os.environ if environ is None else environ
+        settings: dict[str, Any] = {
+            "url": env.get(ENV_PREFIX + "URL") or DEFAULT_URL,
+            "agent": env.get(ENV_PREFIX + "AGENT") or None,
+            "token": env.get(ENV_PREFIX + "TOKEN") or None,
+        }
+        token_file = overrides.pop("token_file", None) or env.get(ENV_PREFIX + "TOKEN_FILE")
+        if token_file and not overrides.get("token") and not settings["token"]:
+            settings["token"] = read_token_file(token_file)
+        settings.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**settings)
+
+    # -- the calls -------------------------------------------------------------
+
+    def recall(
+        self,
+        q: str = "",
+        *,
+        agent: str | None = None,
+        k: int = 5,
+        scope: str = "shared",
+        tiers: list[str] | None = None,
+        timeout: float | None = None,
+    ) -> dict:
+        """Recall rows for q; each row says who wrote it and whether it is foreign to the caller."""
+        query: dict[str, Any] = {"agent": self.agent_for(agent), "q": q, "k": k, "scope": scope}
+        if tiers:
+            query["tiers"] = ",".join(tiers)
+        return self.call("recall", query=query, timeout=timeout or self.recall_timeout, idempotent=True)
+
+    def remember(
+        self,
+        fact: str,
+        *,
+        agent: str | None = None,
+        topic: str | None = None,
+        source: str | None = None,
+        confidence: float | None = None,
+        tags: list[str] | None = None,
+        timeout: float | None = None,
+    ) -> dict:
+        """Write a long-term fact. Keyed by its text, so a retry updates the one row: retried once."""
+        body = drop_none(
+            {
+                "agent": self.agent_for(agent),
+                "fact": fact,
+                "topic": topic,
+                "source": source,
+                "confidence": confidence,
+                "tags": tags,
+            }
+        )
+        return self.call("write_long", body=body, timeout=timeout or self.write_timeout, idempotent=True)
+
+    def event(
+        self,
+        event_type: str,
+        summary: str,
+        *,
+        agent: str | None = None,
+        details: str | None = None,
+        outcome: str | None = None,
+        duration_s: float | None = None,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> dict:
+        """Append an episodic event; retried once only when it carries an idempotency_key."""
+        body = drop_none(
+            {
+                "agent": self.agent_for(agent),
+                "event_type": event_type,
+                "summary": summary,
+                "details": details,
+                "outcome": outcome,
+                "duration_s": duration_s,
+                "idempotency_key": idempotency_key,
+            }
+        )
+        return self.call(
+            "write_episodic", body=body, timeout=timeout or self.write_timeout, idempotent=bool(idempotency_key)
+        )
+
+    def agent_for(self, agent: str | None) -> str | None:
+        """The agent a call names; None lets the service answer 400 naming `agent` (or bind it by token)."""
+        return agent or self.agent
+
+    # -- one bounded call ------------------------------------------------------
+
+    def call(
+        self, operation: str, *, query: dict | None = None, body: dict | None = None, timeout: float, idempotent: bool
+    ) -> dict:
+        """Run one operation within `timeout` seconds; in best-effort mode, failures return empty_result."""
+        try:
+            return self.call_or_raise(operation, query=query, body=body, timeout=timeout, idempotent=idempotent)
+        except SolosError as error:
+            if not self.best_effort:
+                raise
+            LOG.warning(
+                "solos_client: %s as %s failed: %s: %s; carrying on without memory",
+                operation,
+                (body or query or {}).get("agent"),
+                error.code,
+                error,
+            )
+            return empty_result(operation, error)
+        except Exception as error:  # best effort means a bug in here must not cost the agent its turn either
+            if not self.best_effort:
+                raise
+            LOG.warning("solos_client: %s failed unexpectedly (%r); carrying on without memory", operation, error)
+            return empty_result(operation, Unavailable(f"client error: {error!r}"))
+
+    def call_or_raise(
+        self, operation: str, *, query: dict | None, body: dict | None, timeout: float, idempotent: bool
+    ) -> dict:
+        """One attempt, and for an idempotent call one retry if the first was Unavailable and time remains."""
+        method, path = ROUTES[operation]
+        target = (
+            self.base_path
+            + path
+            + ("?" + urlencode({k: v for k, v in query.items() if v is not None}) if query else "")
+        )
+        payload = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
+        deadline = time.monotonic() + timeout
+        try:
+            return self.attempt(operation, method, target, payload, deadline)
+        except Unavailable as first:
+            if not idempotent or deadline - time.monotonic() <= RETRY_PAUSE_S + 0.01:
+                raise
+            time.sleep(RETRY_PAUSE_S)
+            try:
+                return self.attempt(operation, method, target, payload, deadline)
+            except Unavailable as second:
+                raise Unavailable(f"{second} (after one retry; first: {first})", second.status) from second
+
+    def attempt(self, operation: str, method: str, target: str, payload: bytes | None, deadline: float) -> dict:
+        """One request and its checked answer."""
+        status, data = self.exchange(method, target, payload, deadline)
+        answer = parse_answer(status, data)
+        if operation == "recall":
+            check_recall(answer)
+        elif "status" not in answer:
+            raise Unavailable(f"write answer lacks a status: {snippet(data)}", status)
+        return answer
+
+    def exchange(self, method: str, target: str, payload: bytes | None, deadline: float) -> tuple[int, bytes]:
+        """Send one request and read the answer, all before `deadline` (a monotonic time)."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise Unavailable("no time left for the call")
+        headers = {"Accept": "application/json", "Connection": "close"}
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        conn = self.connection_class(self.host, self.port, timeout=min(self.connect_timeout, remaining))
+        # Socket timeouts bound each recv, not the call: a server that trickles a
+        # byte at a time would never trip them. The watchdog shuts the socket at
+        # the deadline, which wakes whatever read is blocked.
+        watchdog = threading.Timer(remaining, abort, (conn,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.connect()
+            conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            conn.request(method, target, body=payload, headers=headers)
+            response = conn.getresponse()
+            data = response.read(MAX_ANSWER_BYTES + 1)
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            late = time.monotonic() >= deadline
+            raise Unavailable(f"{self.url}: {'timed out' if late else describe(error)}") from error
+        finally:
+            watchdog.cancel()
+            conn.close()
+        if time.monotonic() > deadline:
+            raise Unavailable(f"{self.url}: timed out")
+        if len(data) > MAX_ANSWER_BYTES:
+            raise Unavailable(f"answer is over {MAX_ANSWER_BYTES} bytes", response.status)
+        return response.status, data
+
+
+def abort(conn: http.client.HTTPConnection) -> None:
+    """Shut a connection's socket from the watchdog thread; a blocked read returns at once."""
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed: the call finished as the deadline came
+
+
+def describe(error: BaseException) -> str:
+    """A short reason for a transport failure."""
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return f"{type(error).__name__}: {error}".rstrip(": ")
+
+
+def snippet(data: bytes) -> str:
+    """The start of an unexpected answer, for a log line."""
+    return repr(data[:80]) + ("…" if len(data) > 80 else "")
+
+
+def parse_answer(status: int, data: bytes) -> dict:
+    """The answer's JSON object; a 4xx becomes Rejected, anything else unusable becomes Unavailable."""
+    try:
+        answer = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        answer = None
+    if 400 <= status < 500:
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            field = error.get("field")
+            raise Rejected(
+                status,
+                str(error.get("code") or "rejected"),
+                error["message"],
+                field if isinstance(field, str) else None,
+            )
+        raise Rejected(status, "rejected", f"HTTP {status}: {snippet(data)}")
+    if not 200 <= status < 300:
+        raise Unavailable(f"HTTP {status}: {snippet(data)}", status)
+    if not isinstance(answer, dict):
+        raise Unavailable(f"answer is not a JSON object: {snippet(data)}", status)
+    return answer
+
+
+def check_recall(answer: dict) -> None:
+    """A recall answer must hold a list of rows, each with its text and writer."""
+    rows = answer.get("results")
+    if not isinstance(rows, list) or not all(
+        isinstance(row, dict) and isinstance(row.get("text"), str) and isinstance(row.get("agent"), str) for row in rows
+    ):
+        raise Unavailable(f"recall answer without a list of rows: {snippet(json.dumps(answer).encode())}")
+
+
+def drop_none(fields: dict) -> dict:
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+# ==== A2A turn pattern ====
+
+
+def format_recall(answer: dict, heading: str = "Shared memory") -> str:
+    """Rows as prompt lines naming each writer, with `foreign` on rows another agent wrote; "" for none."""
+    rows = answer.get("results") or []
+    if not rows:
+        return ""
+    lines = [f"{heading} (most relevant first; 'foreign' rows were written by another agent):"]
+    for row in rows:
+        label = f"{row['agent']}, foreign" if row.get("foreign") else f"{row['agent']}, own"
+        tier = row.get("tier", "?")
+        lines.append(f"- [{label}; {tier}] {' '.join(row['text'].split())}")
+    return "\n".join(lines)
+
+
+def turn_context(client: Client, message: str, *, agent: str | None = None, k: int = A2A_RECALL_K) -> str:
+    """Turn start: the top-k shared recall for the incoming message, formatted for the prompt ("" if none)."""
+    return format_recall(client.recall(message, agent=agent, k=k, scope="shared"))
+
+
+def record_turn(
+    client: Client,
+    message: str,
+    reply: str,
+    *,
+    turn_id: str,
+    agent: str | None = None,
+    outcome: str = "success",
+    duration_s: float | None = None,
+    event_type: str = A2A_EVENT_TYPE,
+) -> dict:
+    """Turn end: one episodic row for the turn, keyed by turn_id, so a retried turn writes it once.
+
+    turn_id is the A2A message or task id. A retry that brings a different
+    reply meets the first row's key: the service answers 409 and the first
+    record stands (best-effort mode logs it and returns the empty result).
+    """
+    who = client.agent_for(agent) or ""
+    key = "turn-" + hashlib.sha256(f"{who}\0{turn_id}".encode()).hexdigest()[:40]
+    summary = " ".join(message.split())[:SUMMARY_CHARS] or "(empty message)"
+    return client.event(
+        event_type,
+        summary,
+        agent=agent,
+        details=reply[:DETAILS_CHARS],
+        outcome=outcome,
+        duration_s=duration_s,
+        idempotency_key=key,
+    )
+
+
+# ==== Hermes provider install ====
+
+HERMES_PLUGIN_NAME = "solos"
+HERMES_PLUGIN_YAML = """\
+name: solos
+description: "solos-memory: the fleet's shared, attributed memory (recall before a turn, the turn recorded after)"
+version: "{version}"
+"""
+
+
+def module_source(name: str) -> str:
+    """A module's source beside this one: a file in a checkout, or an entry of the same .pyz."""
+    beside = Path(__file__).with_name(f"{name}.py")
+    if beside.is_file():
+        return beside.read_text(encoding="utf-8")
+    get_source = getattr(globals().get("__loader__"), "get_source", None)  # zipimport's, inside the .pyz
+    source = get_source(name) if get_source else None
+    if not source:
+        raise FileNotFoundError(f"{name}.py is not beside {__file__}")
+    return source
+
+
+def install_hermes(hermes_home: str) -> Path:
+    """Write the provider into HERMES_HOME/plugins/solos/: solos_hermes.py as __init__.py, this client beside it."""
+    target = Path(hermes_home).expanduser() / "plugins" / HERMES_PLUGIN_NAME
+    target.mkdir(parents=True, exist_ok=True)
+    files = {
+        "__init__.py": module_source("solos_hermes"),
+        "solos_client.py": module_source("solos_client"),
+        "plugin.yaml": HERMES_PLUGIN_YAML.format(version=__version__),
+    }
+    for name, text in files.items():
+        temporary = target / f".{name}.tmp"
+        temporary.write_text(text, encoding="utf-8")
+        temporary.replace(target / name)
+    return target
+
+
+# ==== CLI ====
+
+EXIT_OK, EXIT_USAGE, EXIT_REJECTED, EXIT_UNAVAILABLE = 0, 2, 3, 4
+
+
+def split_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    env = os.environ
+    parser = argparse.ArgumentParser(prog="solos_client", description="Call solos-memory; prints JSON.")
+    parser.add_argument(
+        "--url",
+        default=env.get(ENV_PREFIX + "URL") or DEFAULT_URL,
+        help="the service (default: %(default)s, or SOLOS_MEMORY_URL)",
+    )
+    parser.add_argument(
+        "--agent",
+        default=env.get(ENV_PREFIX + "AGENT"),
+        help="the calling agent (default: SOLOS_MEMORY_AGENT, else none)",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        help="file holding this agent's bearer token (default: SOLOS_MEMORY_TOKEN_FILE, "
+        "or the token in SOLOS_MEMORY_TOKEN, else none)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"total seconds for the call (default: {RECALL_TIMEOUT_S} recall, {WRITE_TIMEOUT_S} writes)",
+    )
+    parser.add_argument(
+        "--best-effort",
+        action="store_true",
+        help="never fail: log one line and print an empty result (default: fail with exit 3/4)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    recall = commands.add_parser("recall", help="recall rows for a question")
+    recall.add_argument("q", nargs="*", help="the question, in plain words (default: empty, most recent)")
+    recall.add_argument("--k", type=int, default=5, help="how many rows (default: %(default)s)")
+    recall.add_argument("--scope", default="shared", help="own, shared or shared_except_self (default: %(default)s)")
+    recall.add_argument(
+        "--tiers", type=split_list, default=None, help="comma list, e.g. long,short (default: long,short)"
+    )
+
+    remember = commands.add_parser("remember", help="write a long-term fact")
+    remember.add_argument("fact", help="the fact, one statement")
+    remember.add_argument("--topic", default=None, help="what it is about (default: none)")
+    remember.add_argument("--source", default=None, help="where it came from (default: none)")
+    remember.add_argument("--confidence", type=float, default=None, help="0-1 (default: none)")
+    remember.add_argument("--tags", type=split_list, default=None, help="comma list (default: none)")
+
+    event = commands.add_parser("event", help="append an episodic event")
+    event.add_argument("event_type", help="kind of event, e.g. deploy")
+    event.add_argument("summary", help="what happened")
+    event.add_argument("--details", default=None, help="more detail (default: none)")
+    event.add_argument("--outcome", default=None, help="how it ended (default: none)")
+    event.add_argument("--duration-s", type=float, default=None, help="how long it took (default: none)")
+    event.add_argument(
+        "--idempotency-key", default=None, help="same key, same event, one row; also allows one retry (default: none)"
+    )
+
+    install = commands.add_parser("install-hermes", help="install the Hermes memory provider into HERMES_HOME")
+    install.add_argument(
+        "--hermes-home",
+        default=env.get("HERMES_HOME") or "~/.hermes",
+        help="the Hermes profile's home (default: %(default)s, or HERMES_HOME)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (see the module docstring)."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    if args.command == "install-hermes":
+        target = install_hermes(args.hermes_home)
+        print(json.dumps({"installed": str(target), "select_with": "hermes config set memory.provider solos"}))
+        return EXIT_OK
+    try:
+        client = Client.from_env(
+            url=args.url, agent=args.agent, token_file=args.token_file, best_effort=args.best_effort
+        )
+    except (ValueError, OSError) as error:
+        print(json.dumps({"error": {"code": "usage", "message": str(error)}}), file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == "recall":
+            result = client.recall(" ".join(args.q), k=args.k, scope=args.scope, tiers=args.tiers, timeout=args.timeout)
+        elif args.command == "remember":
+            result = client.remember(
+                args.fact,
+                topic=args.topic,
+                source=args.source,
+                confidence=args.confidence,
+                tags=args.tags,
+                timeout=args.timeout,
+            )
+        else:
+            result = client.event(
+                args.event_type,
+                args.summary,
+                details=args.details,
+                outcome=args.outcome,
+                duration_s=args.duration_s,
+                idempotency_key=args.idempotency_key,
+                timeout=args.timeout,
+            )
+    except SolosError as error:
+        print(json.dumps(error.as_dict()), file=sys.stderr)
+        return EXIT_REJECTED if isinstance(error, Rejected) else EXIT_UNAVAILABLE
+    print(json.dumps(result))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
