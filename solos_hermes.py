@@ -152,6 +152,10 @@ class SolosMemoryProvider(MemoryProvider):
         if self.writes_enabled and self.spooled():
             self.submit("archive spooled transcripts", self.drain_spool)
 
+    def on_session_switch(self, new_session_id: str, **kwargs: Any) -> None:
+        """/new, /resume, /branch and compaction rotate the session id; later turns and archives name the new one."""
+        self.session_id = new_session_id
+
     def system_prompt_block(self) -> str:
         return (
             f"Shared fleet memory (solos-memory) is on; you are agent '{self.agent}'. Rows recalled for a "

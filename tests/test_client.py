@@ -1,0 +1,546 @@
+"""solos_client against the real service, and against services that fail in every way we could think of.
+
+Live calls use conftest's server (the real service on port 0). The faults are
+loopback sockets of our own: a port nobody listens on, a server that accepts
+and never answers, one that trickles its answer a byte at a time, one that
+answers garbage. Every call must come back within its deadline with the
+documented error (or, in best-effort mode, the empty result and no exception).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import logging
+import os
+import queue
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import solos_client
+import solos_memory
+from solos_client import Client, Rejected, Unavailable, record_turn, turn_context
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+# A loaded 2-core CI box wakes a thread tens of ms late; a deadline overrun
+# by more than this is a bug, not scheduling.
+SLACK_S = 0.3
+FACT = "The backup job runs nightly at 02:00 UTC on host kestrel"
+
+
+def episodic_rows(server, agent: str, event_type: str) -> list[dict]:
+    with server.db() as db:
+        rows = db.execute(
+            "SELECT * FROM memory_episodic WHERE agent = ? AND event_type = ? ORDER BY id", (agent, event_type)
+        )
+        return [dict(row) for row in rows]
+
+
+# ---- misbehaving servers ----
+
+
+class FaultServer:
+    """A loopback listener that treats each connection as the next behaviour in its queue says."""
+
+    def __init__(self, default: tuple = ("hang",)):
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.default = default
+        self.behaviours: queue.Queue[tuple] = queue.Queue()
+        self.held: list[socket.socket] = []
+        self.stopping = threading.Event()
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                behaviour = self.behaviours.get_nowait()
+            except queue.Empty:
+                behaviour = self.default
+            threading.Thread(target=self.serve, args=(conn, behaviour), daemon=True).start()
+
+    def serve(self, conn: socket.socket, behaviour: tuple) -> None:
+        kind, *params = behaviour
+        try:
+            conn.settimeout(5)
+            if kind != "reset":
+                conn.recv(65536)  # the request (small enough for one read)
+            if kind == "hang":
+                self.held.append(conn)  # never answered, never closed until the test ends
+                return
+            if kind == "reset":
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            elif kind == "garbage":
+                conn.sendall(params[0])
+            elif kind == "http":
+                status, body = params
+                head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                conn.sendall(head.encode() + body)
+            elif kind == "trickle":
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n":
+                    if self.stopping.wait(0.05):
+                        break
+                    conn.sendall(bytes([byte]))
+            elif kind == "late":
+                delay, body = params
+                time.sleep(delay)
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        except OSError:
+            pass
+        finally:
+            if kind != "hang":
+                conn.close()
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.listener.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture
+def fault_server():
+    servers: list[FaultServer] = []
+
+    def make(default: tuple = ("hang",)) -> FaultServer:
+        servers.append(FaultServer(default))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def dead_url() -> str:
+    """A loopback port that was just free, so nothing listens there."""
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+CALLS = {
+    "recall": lambda c: c.recall("backup job", agent="sol"),
+    "remember": lambda c: c.remember(FACT, agent="atlas"),
+    "event": lambda c: c.event("deploy", "Deployed the gateway", agent="atlas", idempotency_key="gw-1"),
+    "event_without_key": lambda c: c.event("deploy", "Deployed the gateway", agent="atlas"),
+}
+
+
+def timed(call, client: Client) -> tuple[float, object]:
+    """(seconds, result or the exception raised)."""
+    started = time.monotonic()
+    try:
+        result: object = call(client)
+    except Exception as error:
+        result = error
+    return time.monotonic() - started, result
+
+
+# ---- the live service ----
+
+
+def test_routes_are_the_services_own(server):
+    """The client's method and path per call are those of the service's operation table."""
+    for name, (method, path) in solos_client.ROUTES.items():
+        operation = solos_memory.OPERATIONS[name]
+        assert (operation.method, operation.path) == (method, path), name
+
+
+def test_remember_then_recall_across_agents(server):
+    atlas, sol = Client(server.url, "atlas"), Client(server.url, "sol")
+
+    first = atlas.remember(FACT, topic="ops", source="runbook", confidence=0.9, tags=["ops"])
+    again = atlas.remember(FACT, topic="ops", source="runbook", confidence=0.9, tags=["ops"])
+    recalled = sol.recall("when does the backup job run", k=3)
+
+    assert first["status"] == "created" and again["id"] == first["id"] and again["status"] != "created"
+    (row,) = recalled["results"]
+    assert (row["agent"], row["foreign"], row["text"], row["topic"]) == ("atlas", True, FACT, "ops")
+    assert sol.recall("backup", scope="own")["results"] == []
+
+
+def test_event_with_a_key_is_written_once(server):
+    client = Client(server.url, "atlas")
+    kwargs = {"details": "two nodes", "outcome": "success", "duration_s": 4.5, "idempotency_key": "gw-v2"}
+
+    first = client.event("deploy", "Deployed gateway v2", **kwargs)
+    second = client.event("deploy", "Deployed gateway v2", **kwargs)
+
+    assert (first["status"], second["status"], second["id"]) == ("created", "unchanged", first["id"])
+    (row,) = episodic_rows(server, "atlas", "deploy")
+    assert (row["summary"], row["details"], row["outcome"], row["duration_s"]) == (
+        "Deployed gateway v2",
+        "two nodes",
+        "success",
+        4.5,
+    )
+
+
+def test_a_refusal_names_the_field_and_is_not_retried(server):
+    client = Client(server.url, "sol")
+
+    with pytest.raises(Rejected) as refused:
+        client.recall("backup", k=500)
+    with pytest.raises(Rejected) as no_agent:
+        Client(server.url).remember(FACT)
+
+    assert (refused.value.status, refused.value.field) == (400, "k")
+    assert "k must be an integer" in str(refused.value)
+    assert (no_agent.value.status, no_agent.value.field) == (400, "agent")
+    with server.db() as db:
+        assert db.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+def test_best_effort_logs_one_line_and_returns_the_empty_result(server, caplog):
+    client = Client(server.url, "sol", best_effort=True)
+    with caplog.at_level(logging.WARNING, logger="solos_client"):
+        recalled = client.recall("backup", k=500)
+        written = client.event("deploy", "", agent="nobody")
+    assert recalled["results"] == [] and recalled["count"] == 0 and recalled["error"]["field"] == "k"
+    assert written["status"] is None and written["error"]["status"] in (400, 422)
+    assert len(caplog.records) == 2 and all("carrying on without memory" in r.message for r in caplog.records)
+
+
+def write_tokens(path: Path, tokens: dict[str, str]) -> None:
+    """A tokens file as `solos_memory.py token` writes it: sha256 and agent per line, mode 600."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.writelines(f"{hashlib.sha256(token.encode()).hexdigest()} {agent}\n" for agent, token in tokens.items())
+
+
+def test_tokens_bind_the_caller(make_server, tmp_path):
+    token = secrets.token_urlsafe(32)
+    write_tokens(tmp_path / "tokens", {"atlas": token})
+    server = make_server(tokens_file=str(tmp_path / "tokens"))
+    (tmp_path / "atlas.token").write_text(token + "\n")
+
+    with_token = Client.from_env(
+        {"SOLOS_MEMORY_URL": server.url, "SOLOS_MEMORY_TOKEN_FILE": str(tmp_path / "atlas.token")}
+    )
+    written = with_token.remember(FACT)  # no agent named: the token decides
+    with pytest.raises(Rejected) as anonymous:
+        Client(server.url, "atlas").recall("backup")
+    with pytest.raises(Rejected) as impersonation:
+        with_token.recall("backup", agent="sol")
+
+    assert written["agent"] == "atlas"
+    assert anonymous.value.status == 401
+    assert impersonation.value.status == 403
+
+
+def test_token_file_must_hold_a_token(tmp_path):
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        Client.from_env({"SOLOS_MEMORY_TOKEN_FILE": str(empty)})
+
+
+# ---- the A2A pattern ----
+
+
+def test_turn_context_is_the_top_three_shared_rows_with_writer_and_foreign_label(server):
+    atlas, sol = Client(server.url, "atlas"), Client(server.url, "sol")
+    for n in range(5):
+        atlas.remember(f"Backup fact {n}: the kestrel backup job keeps {n + 7} nightly copies", topic="ops")
+    sol.remember("Sol checked the kestrel backup job after the migration", topic="ops")
+
+    context = turn_context(sol, "what about the kestrel backup job?")
+
+    heading, *lines = context.splitlines()
+    assert "foreign" in heading and len(lines) == 3
+    for line in lines:
+        assert re.match(r"- \[(atlas, foreign|sol, own); long\] ", line), line
+    assert turn_context(sol, "zebra quasar nothing matches this") == ""
+
+
+def test_record_turn_writes_one_row_per_turn_even_when_retried(server):
+    client = Client(server.url, "sol")
+
+    first = record_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="msg-17", duration_s=1.25)
+    retried = record_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="msg-17", duration_s=1.25)
+    other = record_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="msg-18")
+    with pytest.raises(Rejected) as changed:  # a retried turn with another reply: the first record stands
+        record_turn(client, "When do backups run?", "At 3.", turn_id="msg-17", duration_s=1.25)
+
+    assert (first["status"], retried["status"], other["status"]) == ("created", "unchanged", "created")
+    assert changed.value.status == 409
+    rows = episodic_rows(server, "sol", solos_client.A2A_EVENT_TYPE)
+    assert [(r["summary"], r["details"]) for r in rows] == [("When do backups run?", "At 02:00 UTC.")] * 2
+
+
+# ---- faults: every call within its deadline ----
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_dead_port_fails_fast(call):
+    client = Client(dead_url(), recall_timeout=0.5, write_timeout=0.5)
+    seconds, result = timed(CALLS[call], client)
+    assert isinstance(result, Unavailable) and "connection refused" in str(result), result
+    assert seconds < 0.5
+    # Idempotent calls retried once; an event without a key is not.
+    assert ("after one retry" in str(result)) == (call != "event_without_key")
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+@pytest.mark.parametrize("behaviour", ["hang", "trickle"])
+def test_a_server_that_never_finishes_answering_costs_the_deadline(fault_server, call, behaviour):
+    faulty = fault_server((behaviour,))
+    timeout = 0.4
+    client = Client(faulty.url, recall_timeout=timeout, write_timeout=timeout)
+    seconds, result = timed(CALLS[call], client)
+    assert isinstance(result, Unavailable) and "timed out" in str(result), result
+    assert timeout - 0.05 <= seconds <= timeout + SLACK_S, seconds
+
+
+GARBAGE = {
+    "not http": ("garbage", b"\x00\xffnot http at all\r\n\r\n"),
+    "html 200": ("http", 200, b"<html>hello</html>"),
+    "json list": ("http", 200, b"[1, 2, 3]"),
+    "wrong shape": ("http", 200, b'{"results": "many"}'),
+    "html 502": ("http", 502, b"<html>Bad Gateway</html>"),
+    "closed": ("garbage", b""),
+}
+
+
+@pytest.mark.parametrize("answer", sorted(GARBAGE))
+@pytest.mark.parametrize("call", ["recall", "remember", "event"])
+def test_garbage_is_unavailable_not_a_crash(fault_server, call, answer):
+    faulty = fault_server(GARBAGE[answer])
+    client = Client(faulty.url, recall_timeout=0.5, write_timeout=0.5)
+    seconds, result = timed(CALLS[call], client)
+    if answer == "wrong shape" and call != "recall":
+        assert isinstance(result, Unavailable) and "lacks a status" in str(result), result
+    else:
+        assert isinstance(result, Unavailable), result
+    assert seconds <= 0.5 + SLACK_S
+
+
+def test_a_4xx_that_is_not_the_services_json_is_still_a_refusal(fault_server):
+    faulty = fault_server(("http", 404, b"<html>nginx</html>"))
+    with pytest.raises(Rejected, match="HTTP 404"):
+        Client(faulty.url).recall("x", agent="sol")
+
+
+def test_the_retry_rescues_a_single_failure(fault_server):
+    faulty = fault_server(("http", 200, b'{"results": [], "count": 0}'))
+    faulty.behaviours.put(("reset",))
+    result = Client(faulty.url).recall("x", agent="sol")
+    assert result == {"results": [], "count": 0}
+
+
+# ---- best effort never raises: a property over random failures ----
+
+
+BEHAVIOURS = st.one_of(
+    st.just(("hang",)),
+    st.just(("reset",)),
+    st.just(("trickle",)),
+    st.tuples(st.just("garbage"), st.binary(max_size=64)),
+    st.tuples(st.just("http"), st.integers(100, 599), st.binary(max_size=64)),
+    st.tuples(
+        st.just("http"),
+        st.sampled_from([200, 201, 400, 422, 503]),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+            max_leaves=6,
+        ).map(lambda value: json.dumps(value).encode()),
+    ),
+    st.tuples(st.just("late"), st.floats(0, 0.3), st.just(b'{"results": [], "count": 0}')),
+)
+
+
+@pytest.fixture(scope="module")
+def chaos():
+    server = FaultServer(("reset",))
+    yield server
+    server.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(call=st.sampled_from(sorted(CALLS)), behaviours=st.lists(BEHAVIOURS, min_size=1, max_size=2))
+def test_best_effort_never_raises_and_keeps_its_deadline(chaos, call, behaviours):
+    while not chaos.behaviours.empty():
+        chaos.behaviours.get_nowait()
+    for behaviour in behaviours:
+        chaos.behaviours.put(behaviour)
+    timeout = 0.25
+    client = Client(chaos.url, "sol", recall_timeout=timeout, write_timeout=timeout, best_effort=True)
+
+    seconds, result = timed(CALLS[call], client)
+
+    assert isinstance(result, dict), result
+    if call == "recall":
+        assert isinstance(result["results"], list)
+    if "error" in result:
+        assert result.get("results", []) == [] and result.get("status") is None
+    assert seconds <= timeout + SLACK_S
+
+
+# ---- the command line, on a bare python3 and from the .pyz ----
+
+
+def client_command(*argv: str, url: str, pyz: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the client as a script would: -I -S, so nothing but the standard library is importable."""
+    entry = [str(pyz), "client"] if pyz else [str(ROOT / "solos_client.py")]
+    return subprocess.run(
+        [sys.executable, "-I", "-S", *entry, "--url", url, *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pyz") / "solos-memory.pyz"
+    subprocess.run(
+        [sys.executable, str(ROOT / "pyz_build.py"), "--out", str(out)], check=True, capture_output=True, timeout=120
+    )
+    return out
+
+
+@pytest.mark.parametrize("packaging", ["script", "pyz"])
+def test_command_prints_json_and_exits_with_a_usable_status(server, packaging, request):
+    archive = request.getfixturevalue("pyz") if packaging == "pyz" else None
+
+    remembered = client_command(
+        "--agent", "atlas", "remember", FACT, "--topic", "ops", "--tags", "ops,backup", url=server.url, pyz=archive
+    )
+    recalled = client_command("--agent", "sol", "recall", "--k", "3", "backup", "job", url=server.url, pyz=archive)
+    evented = [
+        client_command(
+            "--agent",
+            "sol",
+            "event",
+            "check",
+            "Checked the backup",
+            "--outcome",
+            "ok",
+            "--duration-s",
+            "2",
+            "--idempotency-key",
+            "chk-1",
+            url=server.url,
+            pyz=archive,
+        )
+        for _ in range(2)
+    ]
+    refused = client_command("--agent", "sol", "recall", "--k", "0", "x", url=server.url, pyz=archive)
+    unknown = client_command("--agent", "nobody", "recall", "x", url=server.url, pyz=archive)
+    down = client_command("--agent", "sol", "recall", "x", url=dead_url(), pyz=archive)
+    shrugged = client_command("--best-effort", "--agent", "sol", "recall", "x", url=dead_url(), pyz=archive)
+    usage = client_command("recall", "--k", "many", url=server.url, pyz=archive)
+
+    assert remembered.returncode == 0 and json.loads(remembered.stdout)["status"] == "created", remembered.stderr
+    assert recalled.returncode == 0, recalled.stderr
+    (row,) = json.loads(recalled.stdout)["results"]
+    assert (row["agent"], row["foreign"], row["tags"]) == ("atlas", True, ["ops", "backup"])
+    assert [json.loads(run.stdout)["status"] for run in evented] == ["created", "unchanged"]
+    assert (refused.returncode, json.loads(refused.stderr)["error"]["field"]) == (3, "k")
+    assert (unknown.returncode, json.loads(unknown.stderr)["error"]["status"]) == (3, 422)
+    assert down.returncode == 4 and json.loads(down.stderr)["error"]["code"] == "unavailable"
+    assert down.stdout == ""
+    assert shrugged.returncode == 0 and json.loads(shrugged.stdout)["results"] == []
+    assert "carrying on without memory" in shrugged.stderr
+    assert usage.returncode == 2 and "invalid int value" in usage.stderr
+
+
+def test_neither_the_client_nor_the_provider_imports_the_service():
+    for name in ("solos_client.py", "solos_hermes.py"):
+        tree = ast.parse((ROOT / name).read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not {"solos_memory", "mcp_bridge", "solos_check", "solos_embed"} & imported, name
+    bare = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); import solos_client; print(sorted(sys.modules))",
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert "solos_memory" not in bare.stdout
+
+
+# ---- the README's examples, run as written ----
+
+
+def readme_block(language: str, marker: str) -> str:
+    section = README.split("## Clients", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(rf"```{language}\n(.*?)```", section, re.S)
+    return next(block for block in blocks if marker in block)
+
+
+def test_readme_a2a_example_runs(server):
+    Client(server.url, "atlas").remember(FACT, topic="ops")
+    env = {"SOLOS_MEMORY_URL": server.url, "SOLOS_MEMORY_AGENT": "sol", "PATH": "/usr/bin:/bin"}
+    example = readme_block("python", "record_turn")
+
+    runs = [
+        subprocess.run(
+            [sys.executable, "-I", "-S", "-c", "import sys; sys.path.insert(0, '.')\n" + example],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        for _ in range(2)
+    ]
+
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+        assert f"- [atlas, foreign; long] {FACT}" in run.stdout, run.stdout
+    (row,) = episodic_rows(server, "sol", solos_client.A2A_EVENT_TYPE)  # the second run retried the same turn
+    assert row["summary"] == "When does the backup job run?"
+
+
+@pytest.mark.parametrize("packaging", ["script", "pyz"])
+def test_readme_shell_example_runs(server, packaging, request, tmp_path):
+    solos = f"{sys.executable} -I -S " + (
+        f"{request.getfixturevalue('pyz')} client" if packaging == "pyz" else str(ROOT / "solos_client.py")
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(readme_block("sh", "#!/bin/sh"))
+    env = {"SOLOS": solos, "SOLOS_MEMORY_URL": server.url, "PATH": "/usr/bin:/bin"}
+
+    done = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    down = subprocess.run(
+        ["sh", str(script)],
+        env={**env, "SOLOS_MEMORY_URL": dead_url()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    (row,) = episodic_rows(server, "atlas", "backup")
+    assert row["outcome"] == "success"
+    assert down.returncode == 0 and "not recorded" in down.stderr, down.stderr
