@@ -13,31 +13,23 @@ manager, the way the agent loop calls it, and prints one JSON report:
     {"provider": {"name", "class", "module"}, "discovered": [...], "steps": [{"op", ..., "result" | "raised"}]}
 
 Steps: prefetch, sync, flush, memory_write, delegation, tool, schemas,
-pre_compress (through the manager), pre_compress_direct (the provider's hook
-itself, so its exception shows), trivial, block_worker, kill_worker, counts,
-spooled. `compress` runs a real AIAgent's compaction against --llm-url (an
-OpenAI-compatible stub the test serves) and reports the message counts.
+pre_compress (through the manager), pre_compress_direct and direct (the
+provider's own hook, so what it raises shows), trivial, sync_many,
+block_worker and release, kill_worker, counts, spooled. `compress` runs a
+real AIAgent's compaction against --llm-url (an OpenAI-compatible stub the
+test serves) and reports the message counts.
 Exit status 0 when the provider loaded, 2 when it did not, 3 past --deadline.
 """
 
 import argparse
 import json
-import os
 import sys
 import threading
 import time
 
+from hermes_probe import arm_deadline  # beside this file: the MCP probe's hard stop, exit status 3
 
-def arm_deadline(seconds: float) -> None:
-    """Exit with status 3 if the run overruns, whatever Hermes is waiting on."""
-
-    def expire() -> None:
-        print(f"hermes_provider_probe: no result within {seconds:.0f}s", file=sys.stderr, flush=True)
-        os._exit(3)
-
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
+RELEASE = threading.Event()  # block_worker holds the provider's worker until the release step
 
 
 def transcript(count: int, words: int) -> list:
@@ -85,10 +77,30 @@ def run_step(step: dict, manager, provider, module, llm_url: str) -> dict:
             return {"raised": type(error).__name__, "message": str(error), "seconds": time.monotonic() - started}
     if op == "trivial":
         hermes = module.hermes_is_trivial
-        return {"result": [[module.is_trivial_prompt(text), bool(hermes and hermes(text))] for text in step["texts"]]}
+        verdicts = [[module.is_trivial_prompt(text), bool(hermes and hermes(text))] for text in step["texts"]]
+        return {"result": verdicts, "hermes_predicate": getattr(hermes, "__module__", None)}
+    if op == "direct":
+        # The provider's own hook, not the manager (which would swallow what it raises).
+        started = time.monotonic()
+        try:
+            result = getattr(provider, step["hook"])(*step.get("args", []), **step.get("kwargs", {}))
+        except Exception as error:
+            return {"raised": type(error).__name__, "message": str(error), "seconds": time.monotonic() - started}
+        return {"result": result, "seconds": time.monotonic() - started}
+    if op == "sync_many":
+        slowest = 0.0
+        for number in range(step["count"]):
+            started = time.monotonic()
+            provider.sync_turn(f"question {number}", f"answer {number}")
+            slowest = max(slowest, time.monotonic() - started)
+        return {"slowest": slowest}
     if op == "block_worker":
-        release = threading.Event()
-        provider.submit("block", lambda: release.wait(step["seconds"]))
+        provider.submit("block", lambda: RELEASE.wait(30))
+        while provider.jobs.qsize():  # until the worker holds the block, so the queue's room is known
+            time.sleep(0.001)
+        return {}
+    if op == "release":
+        RELEASE.set()
         return {}
     if op == "kill_worker":
 
