@@ -16,7 +16,7 @@ setup:
 lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy solos_memory.py mcp_bridge.py solos_embed.py solos_check.py pyz_build.py
+	$(VENV)/bin/mypy mcp_bridge.py pyz_build.py $(wildcard solos_*.py)
 
 pyz:
 	$(PY) pyz_build.py
