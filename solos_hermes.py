@@ -139,7 +139,7 @@ class SolosMemoryProvider(MemoryProvider):
         self.hermes_home = Path(kwargs.get("hermes_home") or self.hermes_home)
         profile = kwargs.get("agent_identity") or ""
         self.agent = settings["agent"] or (profile if profile not in ("", "default") else "hermes")
-        self.recall_k = int(settings["recall_k"] or DEFAULT_RECALL_K)
+        self.recall_k = check_recall_k(settings["recall_k"])
         # The ABC: cron and flush contexts must not write (their prompts are not the user's).
         self.writes_enabled = kwargs.get("agent_context", "primary") == "primary"
         token = settings["token"]
@@ -406,6 +406,19 @@ class SolosMemoryProvider(MemoryProvider):
         path = Path(token_file).expanduser().resolve()
         home = Path(os.environ.get("HERMES_HOME") or self.hermes_home).expanduser().resolve()
         return [] if home in path.parents else [str(path)]
+
+
+def check_recall_k(value: Any) -> int:
+    """plugins.solos.recall_k as an integer 1-100; Hermes logs the ValueError as a failed initialize."""
+    if value in (None, ""):
+        return DEFAULT_RECALL_K
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        k = 0
+    if not 1 <= k <= 100 or str(value).strip() != str(k):
+        raise ValueError(f"plugins.{PROVIDER_NAME}.recall_k must be an integer 1-100, got {value!r}")
+    return k
 
 
 def salted_digest(agent: str, content: str) -> str:
