@@ -55,9 +55,9 @@ DEFAULT_RECALL_K = 3
 # Turns wait here for the one worker. 256 turns is hours of a busy session
 # behind a dead service; past that, dropping (and counting) beats memory growth.
 QUEUE_SIZE = 256
-# Archiving happens once per compaction, off the turn, but Hermes waits for it:
-# 10 s covers dozens of 16 KiB parts on a loaded host without hanging the session.
-ARCHIVE_TIMEOUT_S = 10.0
+# Archiving happens once per compaction and Hermes waits for it: a healthy service takes
+# milliseconds per 16 KiB part, so 5 s covers a megabyte of transcript on a loaded host.
+ARCHIVE_TIMEOUT_S = 5.0
 SHUTDOWN_WAIT_S = 2.0
 SPOOL_DIR = "solos-spool"
 ARCHIVE_EVENT = "transcript_archive"
