@@ -1,0 +1,100 @@
+"""store_memory: the fleet's one writer of long-term facts, through solos-memory's REST API.
+
+The LangGraph node `store_memory` used to write straight into the Qdrant
+collection `long_term`, keyed by `uuid5(NAMESPACE_URL, f"{agent_id}:{topic}:{content[:100]}")`
+with the text cut to 2,000 characters. Its body becomes one call:
+
+    from solos_store_memory import store_memory
+
+    def store_memory_node(agent_id, topic, content, memory_scope="shared", importance_score=0.5):
+        return store_memory(agent_id, topic, content, memory_scope, importance_score)
+
+The service stores the fact in solos.db and, when it mirrors to Qdrant,
+writes the point under `point_id(agent, "long", content)`: uuid5 of
+`agent:tier:sha256(full text)`, never truncated. Standard library only; it
+never imports the service. The URL and token come from the arguments, else
+SOLOS_MEMORY_URL / SOLOS_MEMORY_TOKEN, else http://127.0.0.1:8437 and none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.error
+import urllib.request
+import uuid
+
+DEFAULT_URL = "http://127.0.0.1:8437"
+SOURCE = "store_memory"
+TIMEOUT_S = 10.0
+
+
+class StoreMemoryError(Exception):
+    """The service refused the write or could not be reached; the message says why (the service's own words)."""
+
+    def __init__(self, message: str, status: int | None = None, field: str | None = None):
+        super().__init__(message)
+        self.status, self.field = status, field
+
+
+def point_id(agent: str, tier: str, text: str) -> str:
+    """The Qdrant point id of a memory: uuid5 of agent:tier:sha256(full text). Two texts never share one."""
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{agent}:{tier}:{digest}"))
+
+
+def legacy_point_id(agent_id: str, topic: str, content: str) -> str:
+    """The id the old node derived: facts sharing their first 100 characters collide. For migration only."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{agent_id}:{topic}:{content[:100]}"))
+
+
+def store_memory(
+    agent_id: str,
+    topic: str,
+    content: str,
+    memory_scope: str = "shared",
+    importance_score: float = 0.5,
+    *,
+    url: str | None = None,
+    token: str | None = None,
+    timeout: float = TIMEOUT_S,
+) -> str:
+    """Write one long-term fact for agent_id through POST /v1/long; return its point id.
+
+    Arguments as the LangGraph node took them: importance_score (0-1) becomes
+    the fact's confidence, memory_scope a `scope:<value>` tag. Nothing is
+    truncated: a fact over the service's limit is refused (StoreMemoryError,
+    status 400), never cut. Writing the same fact again updates one row.
+    """
+    body = {
+        "agent": agent_id,
+        "topic": topic,
+        "fact": content,
+        "source": SOURCE,
+        "confidence": importance_score,
+        "tags": [f"scope:{memory_scope}"],
+    }
+    base = (url or os.environ.get("SOLOS_MEMORY_URL") or DEFAULT_URL).rstrip("/")
+    headers = {"Content-Type": "application/json"}
+    token = token or os.environ.get("SOLOS_MEMORY_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(base + "/v1/long", json.dumps(body).encode(), headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        raise refusal(error) from None
+    except (urllib.error.URLError, OSError) as error:
+        raise StoreMemoryError(f"solos-memory at {base} is unreachable: {error}") from None
+    return point_id(answer["agent"], "long", content)
+
+
+def refusal(error: urllib.error.HTTPError) -> StoreMemoryError:
+    """The service's error JSON as an exception naming the field."""
+    try:
+        detail = json.loads(error.read())["error"]
+        return StoreMemoryError(detail["message"], error.code, detail.get("field"))
+    except (ValueError, KeyError, TypeError):
+        return StoreMemoryError(f"solos-memory answered HTTP {error.code}", error.code)
