@@ -44,6 +44,7 @@ REQUIRED_FILES = (
     "solos_client.py",
     "solos_hermes.py",
     "schema.sql",
+    "solos_qdrant.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.
 EMBEDDER = "solos_embed.py"

@@ -224,3 +224,57 @@ AFTER UPDATE OF key, value, tags, agent ON memory_short BEGIN
     INSERT INTO memory_short_fts (rowid, key, value, tags, agent)
     VALUES (new.id, new.key, new.value, new.tags, new.agent);
 END;
+
+-- ==== Qdrant (optional, solos_qdrant.py) ====
+
+-- Every point `import-qdrant` has looked at, with its latest verdict: the row
+-- it became (row_id), or why it was left out (reason: no_agent, no_text,
+-- unregistered_agent). /v1/stats counts the reasons. Keyed by the text's
+-- sha256 too, so a point rewritten in place is looked at again.
+CREATE TABLE IF NOT EXISTS qdrant_import (
+    collection      TEXT NOT NULL,
+    point_id        TEXT NOT NULL,
+    content_sha256  TEXT NOT NULL,
+    row_id          INTEGER,
+    reason          TEXT,
+    seen_at         TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    PRIMARY KEY (collection, point_id, content_sha256)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS qdrant_import_row ON qdrant_import (row_id);
+
+-- Long-fact changes waiting to reach Qdrant, written by the triggers below in
+-- the writer's own transaction (so no acknowledged write can miss the mirror)
+-- and deleted by the mirror once Qdrant has them. An upsert names the row (its
+-- current state is sent); a delete keeps the old writer and text, from which
+-- the point id is derived.
+CREATE TABLE IF NOT EXISTS qdrant_outbox (
+    id           INTEGER PRIMARY KEY,
+    action       TEXT NOT NULL CHECK (action IN ('upsert', 'delete')),
+    row_id       INTEGER NOT NULL,
+    agent        TEXT,
+    fact         TEXT,
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    last_error   TEXT,
+    next_try_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    created_at   TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE INDEX IF NOT EXISTS qdrant_outbox_due ON qdrant_outbox (next_try_at);
+
+-- Only while a mirror has been switched on (solos_memory_meta.qdrant_mirror =
+-- 'on', set by `serve --qdrant-url/--qdrant-path`); otherwise a write pays one
+-- primary-key lookup. Vector updates (embedding) are not changes to mirror.
+CREATE TRIGGER IF NOT EXISTS qdrant_outbox_long_ai AFTER INSERT ON memory_longterm
+WHEN (SELECT value FROM solos_memory_meta WHERE key = 'qdrant_mirror') = 'on' BEGIN
+    INSERT INTO qdrant_outbox (action, row_id) VALUES ('upsert', new.id);
+END;
+CREATE TRIGGER IF NOT EXISTS qdrant_outbox_long_au
+AFTER UPDATE OF agent, topic, fact, source, confidence, tags ON memory_longterm
+WHEN (SELECT value FROM solos_memory_meta WHERE key = 'qdrant_mirror') = 'on' BEGIN
+    INSERT INTO qdrant_outbox (action, row_id, agent, fact)
+    SELECT 'delete', old.id, old.agent, old.fact WHERE old.agent IS NOT new.agent OR old.fact IS NOT new.fact;
+    INSERT INTO qdrant_outbox (action, row_id) VALUES ('upsert', new.id);
+END;
+CREATE TRIGGER IF NOT EXISTS qdrant_outbox_long_ad AFTER DELETE ON memory_longterm
+WHEN (SELECT value FROM solos_memory_meta WHERE key = 'qdrant_mirror') = 'on' BEGIN
+    INSERT INTO qdrant_outbox (action, row_id, agent, fact) VALUES ('delete', old.id, old.agent, old.fact);
+END;

@@ -19,6 +19,7 @@ Settings (a flag beats the environment, which beats the default):
   --busy-timeout-ms  SOLOS_MEMORY_BUSY_TIMEOUT_MS  5000
   --tokens-file      SOLOS_MEMORY_TOKENS_FILE      (none: loopback trust)
   --model-dir        SOLOS_MEMORY_MODEL_DIR        ./models/all-MiniLM-L6-v2 or "off"
+  --qdrant-url, --qdrant-path, --qdrant-collection: SOLOS_MEMORY_QDRANT_*  (none: no mirror)
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 import mcp_bridge
 import solos_check
+import solos_qdrant
+
+# Run as a script this module is __main__; the modules it carries import it by name and must get this copy.
+sys.modules.setdefault("solos_memory", sys.modules[__name__])
 
 __version__ = "0.1.0"
 
@@ -74,6 +79,7 @@ class Config:
     model_dir: str | None = None  # None: the carried default; "off": keyword only
     log_requests: bool = True
     allowed_origins: tuple[str, ...] = ()
+    qdrant: solos_qdrant.Target | None = None  # the mirror's target; None: no mirror
 
 
 def env_default(name: str, default: str | None) -> str | None:
@@ -1362,6 +1368,7 @@ class Memory:
         self.worker = EmbedWorker(store, embedder) if embedder else None
         self.query_pool = concurrent.futures.ThreadPoolExecutor(1, "embed-query") if embedder else None
         self.stuck_query: concurrent.futures.Future | None = None
+        self.mirror: solos_qdrant.Mirror | None = None
         if self.worker:
             self.worker.start()
 
@@ -1394,6 +1401,9 @@ class Memory:
             self.worker.stop()
         if self.query_pool:
             self.query_pool.shutdown(wait=False, cancel_futures=True)
+        if self.mirror:
+            self.mirror.stop()
+            self.mirror.join(timeout=10)  # it closes its client: a local-mode folder is unlocked after this
         self.store.close()
 
 
@@ -1794,6 +1804,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "embed_error": memory.worker.last_error if memory.worker else None,
         "degraded": embedder is None,
         "degraded_reason": memory.embedder_error,
+        "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
     }
 
 
@@ -2543,6 +2554,7 @@ def metrics_text(server: MemoryServer) -> bytes:
     family("rows", "gauge", "Rows per tier (short: live only).")
     for tier, count in rows.items():
         lines.append(f'solos_memory_rows{{tier="{label(tier)}"}} {count}')
+    lines.extend(solos_qdrant.metrics_lines(solos_qdrant.mirror_status(server.memory.store, server.memory.mirror)))
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -2817,9 +2829,12 @@ def build_server(config: Config, register: Sequence[str] = ()) -> MemoryServer:
     tokens = Tokens.load(config.tokens_file) if config.tokens_file else None
     embedder, reason = load_embedder(config)
     try:
-        return MemoryServer(config, Memory(store, embedder, reason), tokens)
+        server = MemoryServer(config, Memory(store, embedder, reason), tokens)
     except OSError as error:  # the port is taken, or the address is not this host's
         raise SystemExit(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
+    if config.qdrant:
+        server.memory.mirror = solos_qdrant.start_mirror(store, config.qdrant, embedder)
+    return server
 
 
 def check_agent_names(names: list[str]) -> list[str]:
@@ -2897,6 +2912,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_false",
         help="do not log one line per request (default: log them; rejections are always logged)",
     )
+    solos_qdrant.add_arguments(serve, env_default)
 
     agents = commands.add_parser("agents", help="register or list agents (admin; never over HTTP)")
     add_database_options(agents, creates)
@@ -2909,6 +2925,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     purge = commands.add_parser("purge", help="delete expired short-term rows; exit 1 on failure")
     add_database_options(purge, creates)
     add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
+    imports = commands.add_parser(
+        "import-qdrant", help="bring the Qdrant collection's attributable points in as long facts"
+    )
+    add_database_options(imports, creates)
+    solos_qdrant.add_arguments(imports, env_default)
 
     check = commands.add_parser("check", help="rollout checks against a running instance; --cleanup removes their rows")
     add_database_options(check, "the service's database, for --cleanup; must exist (default: %(default)s)")
@@ -2950,6 +2971,7 @@ def config_from(args: argparse.Namespace) -> Config:
         model_dir=getattr(args, "model_dir", Config.model_dir),
         allowed_origins=tuple(getattr(args, "allowed_origin", ())),
         log_requests=getattr(args, "log_requests", Config.log_requests),
+        qdrant=solos_qdrant.target_from(args),
     )
 
 
@@ -3055,6 +3077,8 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         elif args.command == "reindex":
             store.reindex()
             log_event("reindexed", tables=list(FTS_TABLES))
+        elif args.command == "import-qdrant":
+            return solos_qdrant.run_import(store, config.qdrant)
         elif args.command == "backfill":
             return backfill(store, config, args.batch)
     finally:

@@ -11,6 +11,7 @@ import sys
 import pytest
 from conftest import ROOT
 
+import pyz_build
 import solos_memory
 
 README = (ROOT / "README.md").read_text()
@@ -40,7 +41,7 @@ def test_quick_start_works_right_after_the_first_set_up_command(tmp_path):
     """Run the README's own commands: the serve line (on a free port) in a fresh folder, then every curl."""
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
-    for name in ("solos_memory.py", "mcp_bridge.py", "solos_check.py", "schema.sql"):
+    for name in pyz_build.REQUIRED_FILES:  # what the service needs beside it
         shutil.copy(ROOT / name, tmp_path / name)
     argv = first_set_up_command()
     assert argv[:3] == ["python3", "solos_memory.py", "serve"]

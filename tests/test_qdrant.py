@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import hashlib
+import json
+import sqlite3
+import sys
+import time
+from pathlib import Path
 
+import pytest
+from conftest import AGENTS, REQUIRE_ALL, ROOT, stop_server
+
+import solos_memory
+import solos_qdrant
 import solos_store_memory
 from solos_store_memory import StoreMemoryError, legacy_point_id, point_id, store_memory
 
@@ -67,3 +77,286 @@ def test_store_memory_names_an_unreachable_service():
 def test_the_writer_module_imports_nothing_of_the_service():
     source = open(solos_store_memory.__file__).read()
     assert "solos_memory" not in source.split('"""', 2)[2]
+
+
+# ==== Import: the fleet's collection as it is ====
+
+qdrant_client = pytest.importorskip("qdrant_client") if not REQUIRE_ALL else __import__("qdrant_client")
+from qdrant_client import QdrantClient, models  # noqa: E402
+
+NEW_SHAPE = [  # what store_memory writes: agent_id, memory_scope, importance_score, content, topic
+    ("atlas", "infra", "The backup job runs nightly at 02:00 UTC", "shared", 0.9),
+    ("atlas", "infra", FACT_A, "shared", 0.7),
+    ("atlas", "infra", FACT_B, "shared", 0.6),  # same legacy id as FACT_A: it overwrites it, as in the fleet
+    ("ghost", "ops", "Ghost agents are not in the registry", "shared", 0.5),
+]
+OLD_SHAPE = [  # older points: agent, topic, content, fid
+    ("sol", "weather", "Sol tracks the forecast for the launch window", 17),
+    ("sol", "weather", "Shared text written by two agents", 18),
+]
+
+
+def legacy_points() -> list:
+    """The collection as the old node left it: both shapes, unattributed points, one unregistered writer."""
+    points = {}
+    for agent, topic, content, scope, importance in NEW_SHAPE:
+        points[legacy_point_id(agent, topic, content)] = {
+            "agent_id": agent,
+            "topic": topic,
+            "content": content[:2000],
+            "memory_scope": scope,
+            "importance_score": importance,
+        }
+    for agent, topic, content, fid in OLD_SHAPE:
+        points[legacy_point_id(agent, topic, content)] = {
+            "agent": agent,
+            "topic": topic,
+            "content": content,
+            "fid": fid,
+        }
+    points[legacy_point_id("", "misc", "nobody")] = {"topic": "misc", "content": "A fact nobody signed"}
+    points[legacy_point_id("", "misc", "empty")] = {"agent_id": "", "topic": "misc", "content": "Empty agent_id"}
+    points[legacy_point_id("hermes", "misc", "")] = {"agent": "hermes", "topic": "misc", "content": "  "}
+    # Both fields: coalesce(agent, agent_id) labels it hermes.
+    points[legacy_point_id("hermes", "mcp", "both")] = {
+        "agent": "hermes",
+        "agent_id": "nova",
+        "topic": "mcp",
+        "content": "Hermes connects to /mcp with a bearer token",
+    }
+    return [models.PointStruct(id=pid, vector=[0.5, 0.5, 0.5, 0.5], payload=p) for pid, p in points.items()]
+
+
+def seed(path: Path, points: list) -> None:
+    client = QdrantClient(path=str(path))
+    client.create_collection("long_term", vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE))
+    client.upsert("long_term", points=points)
+    client.close()
+
+
+def import_qdrant(server, path: Path, capsys) -> dict:
+    capsys.readouterr()
+    status = solos_memory.main(["import-qdrant", "--db", str(server.db_path), "--qdrant-path", str(path)])
+    assert status == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_import_labels_both_shapes_and_counts_what_it_leaves_out(server, tmp_path, capsys):
+    path = tmp_path / "qdrant"
+    seed(path, legacy_points())
+    # sol already holds the shared text; atlas already wrote the backup fact through the service.
+    server.post("/v1/long", {"agent": "atlas", "topic": "infra", "fact": "The backup job runs nightly at 02:00 UTC"})
+    server.post("/v1/long", {"agent": "nova", "fact": "Shared text written by two agents"})
+    counts = import_qdrant(server, path, capsys)
+    assert counts == {
+        "points": 9,
+        "imported": 4,  # FACT_B, sol's two, hermes's
+        "same_fact_already_stored": 1,  # atlas's backup fact: one row, not two
+        "left_out:no_agent": 2,
+        "left_out:no_text": 1,
+        "left_out:unregistered_agent": 1,
+    }
+    stats = server.get("/v1/stats").body["qdrant"]
+    assert stats["configured"] is False
+    assert stats["import"] == {
+        "imported_points": 5,
+        "left_out": {"no_agent": 2, "no_text": 1, "unregistered_agent": 1},
+    }
+    metrics = server.get("/metrics").raw.decode()
+    assert 'solos_memory_qdrant_left_out{reason="no_agent"} 2' in metrics
+
+    with server.db() as conn:
+        rows = {r["fact"]: r for r in conn.execute("SELECT * FROM memory_longterm")}
+    assert set(rows) == {
+        "The backup job runs nightly at 02:00 UTC",
+        "Shared text written by two agents",
+        FACT_B,
+        "Sol tracks the forecast for the launch window",
+        "Hermes connects to /mcp with a bearer token",
+    }
+    assert FACT_A not in rows  # the old node's collision lost it before the import
+    fact_b = rows[FACT_B]
+    assert (fact_b["agent"], fact_b["topic"], fact_b["confidence"]) == ("atlas", "infra", 0.6)
+    assert fact_b["source"] == f"qdrant:long_term/{legacy_point_id('atlas', 'infra', FACT_B)}"
+    assert json.loads(fact_b["tags"]) == ["qdrant-import", "scope:shared"]
+
+    # Recall: same labels, scores, scopes and dedup as every other row.
+    reply = server.recall("sol", "bearer token mcp", k=3).body
+    top = reply["results"][0]
+    assert (top["agent"], top["foreign"], top["tier"]) == ("hermes", True, "long")
+    assert top["source"].startswith("qdrant:long_term/") and 0 < top["score"] <= 1
+    own = server.recall("sol", "forecast launch", scope="own").body["results"]
+    assert own and {(r["agent"], r["foreign"]) for r in own} == {("sol", False)}
+    assert server.recall("sol", "forecast launch", scope="shared_except_self").body["results"] == []
+    shared = server.recall("atlas", "shared text written by two agents", k=5).body
+    copy = next(r for r in shared["results"] if r["fact"] == "Shared text written by two agents")
+    assert shared["suppressed_duplicates"] == 1 and copy["duplicates"] == 1
+    assert {copy["agent"], *copy["also_written_by"]} == {"sol", "nova"}
+    assert not any(r["agent"] == "ghost" for r in server.recall("atlas", "ghost registry").body["results"])
+
+
+def test_import_is_idempotent_and_picks_up_a_writer_registered_later(server, tmp_path, capsys):
+    path = tmp_path / "qdrant"
+    seed(path, legacy_points())
+    first = import_qdrant(server, path, capsys)
+    again = import_qdrant(server, path, capsys)
+    assert again == {
+        "points": 9,
+        "already_imported": first["imported"],
+        "left_out:no_agent": 2,
+        "left_out:no_text": 1,
+        "left_out:unregistered_agent": 1,
+    }
+    with server.db() as conn:
+        before = conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0]
+    assert solos_memory.main(["agents", "add", "ghost", "--db", str(server.db_path)]) == 0
+    third = import_qdrant(server, path, capsys)
+    assert third["imported"] == 1 and "left_out:unregistered_agent" not in third
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == before + 1
+    assert server.get("/v1/stats").body["qdrant"]["import"]["left_out"] == {"no_agent": 2, "no_text": 1}
+    reply = server.recall("ghost", "ghost registry", k=1).body["results"]
+    assert [(r["agent"], r["foreign"], r["fact"]) for r in reply] == [
+        ("ghost", False, "Ghost agents are not in the registry")
+    ]
+
+
+def test_import_of_a_missing_collection_fails_with_a_reason(server, tmp_path, capfd):
+    assert solos_memory.main(["import-qdrant", "--db", str(server.db_path), "--qdrant-path", str(tmp_path / "q")]) == 1
+    assert "no such collection" in capfd.readouterr().err
+
+
+# ==== Mirror: every long change reaches Qdrant, through a durable outbox ====
+
+
+def wait_for(predicate, timeout_s: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def drained(server) -> bool:
+    status = server.get("/v1/stats").body["qdrant"]
+    return status["backlog"] == 0 and status["last_drained_at"] is not None
+
+
+def points_in(path: Path) -> dict[str, dict]:
+    client = QdrantClient(path=str(path))
+    try:
+        records, _ = client.scroll("long_term", limit=10_000, with_payload=True)
+    finally:
+        client.close()
+    return {str(r.id): r.payload for r in records}
+
+
+def test_mirror_sends_every_long_write_update_and_delete(make_server, tmp_path):
+    path = tmp_path / "qdrant"
+    server = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    for agent, fact in (("atlas", FACT_A), ("atlas", FACT_B), ("sol", "Backups run at 02:00"), ("sol", "Temporary")):
+        assert server.post("/v1/long", {"agent": agent, "topic": "infra", "fact": fact}).status == 201
+    assert (
+        server.post("/v1/long", {"agent": "atlas", "topic": "infra", "fact": FACT_A, "confidence": 0.3}).status == 200
+    )
+    with server.db() as conn:  # the fleet's other writers change rows directly; the triggers see them too
+        conn.execute("UPDATE memory_longterm SET fact = 'Backups run at 03:00' WHERE fact = 'Backups run at 02:00'")
+        conn.execute("DELETE FROM memory_longterm WHERE fact = 'Temporary'")
+        row_ids = {r["fact"]: r["id"] for r in conn.execute("SELECT id, fact FROM memory_longterm")}
+    wait_for(lambda: drained(server), what="the outbox to drain")
+    stop_server(server)
+    points = points_in(path)
+    assert set(points) == {
+        point_id("atlas", "long", FACT_A),
+        point_id("atlas", "long", FACT_B),  # both facts sharing a 100-character prefix survive
+        point_id("sol", "long", "Backups run at 03:00"),
+    }
+    first = points[point_id("atlas", "long", FACT_A)]
+    assert first == {
+        "agent": "atlas",
+        "agent_id": "atlas",
+        "topic": "infra",
+        "content": FACT_A,
+        "sha256": hashlib.sha256(FACT_A.encode()).hexdigest(),
+        "solos_row_id": row_ids[FACT_A],
+        "tier": "long",
+        "source": None,
+        "confidence": 0.3,
+        "importance_score": 0.3,
+        "memory_scope": "shared",
+        "tags": [],
+        "updated_at": first["updated_at"],
+        "written_by": "solos-memory",
+    }
+
+
+def test_outbox_keeps_200_writes_through_an_outage_and_delivers_each_once(make_server, tmp_path):
+    path = tmp_path / "qdrant"
+    holder = QdrantClient(path=str(path))  # local mode allows one client per folder: Qdrant is "down"
+    holder.create_collection("long_term", vectors_config={})
+    server = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    facts = [f"Outage fact number {i} about service {i % 7}" for i in range(200)]
+    statuses = [server.post("/v1/long", {"agent": AGENTS[i % 4], "fact": f}).status for i, f in enumerate(facts)]
+    assert statuses == [201] * 200  # every write acknowledged while Qdrant is unreachable
+    status = wait_for(lambda: (s := server.get("/v1/stats").body["qdrant"])["last_error"] and s, what="an error")
+    assert status["backlog"] == 200 and "already accessed" in status["last_error"]
+    assert status["consecutive_failures"] >= 1
+    metrics = server.get("/metrics").raw.decode()
+    assert "solos_memory_qdrant_outbox_backlog 200" in metrics and "solos_memory_qdrant_mirror_failing 1" in metrics
+    holder.close()  # Qdrant is back
+    server.server.memory.mirror.wake.set()  # rather than wait out the backoff
+    wait_for(lambda: drained(server), what="the backlog to drain")
+    assert server.get("/v1/stats").body["qdrant"]["consecutive_failures"] == 0
+    stop_server(server)
+    points = points_in(path)
+    assert len(points) == 200
+    assert set(points) == {point_id(AGENTS[i % 4], "long", f) for i, f in enumerate(facts)}
+    assert sorted(p["content"] for p in points.values()) == sorted(facts)
+
+
+sys.path.insert(0, str(ROOT / "bench"))
+import harness  # noqa: E402
+
+
+def running_service(db: Path, *extra: str) -> harness.Process:
+    """The service as a subprocess (python3 solos_memory.py serve), so it can be killed."""
+    return harness.start_service(db, register="atlas", extra=list(extra))
+
+
+def outbox_size(db: Path) -> int:
+    conn = sqlite3.connect(db, timeout=5)
+    try:
+        return conn.execute("SELECT count(*) FROM qdrant_outbox").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_kill_9_mid_drain_loses_nothing(tmp_path):
+    """Queue 2,000 facts with the mirror on but unconfigured, start one that drains, kill -9 it midway, restart."""
+    db, path, total = tmp_path / "solos.db", tmp_path / "qdrant", 2000
+    holder = QdrantClient(path=str(path))
+    holder.create_collection("long_term", vectors_config={})
+    holder.close()
+    with running_service(db, "--qdrant-path", str(path)):  # switches the outbox on
+        pass
+    with running_service(db) as offline:  # no target: the triggers still queue every change
+        client = harness.Client(offline.port)
+        for i in range(total):
+            status, _ = client.json("POST", "/v1/long", {"agent": "atlas", "fact": f"Queued fact {i}"})
+            assert status == 201
+        client.close()
+    assert outbox_size(db) == total
+    draining = running_service(db, "--qdrant-path", str(path))
+    with draining:
+        remaining = wait_for(lambda: (n := outbox_size(db)) < total and n, timeout_s=60, what="the drain to start")
+        draining.kill()  # SIGKILL: no shutdown code runs
+    assert 0 < remaining < total, "the drain finished before the kill; nothing was tested"
+    print("killed with", remaining, "of", total, "queued")
+    assert outbox_size(db) > 0
+    with running_service(db, "--qdrant-path", str(path)):
+        wait_for(lambda: outbox_size(db) == 0, timeout_s=60, what="the restarted drain")
+    points = points_in(path)
+    assert len(points) == total
+    assert set(points) == {point_id("atlas", "long", f"Queued fact {i}") for i in range(total)}
