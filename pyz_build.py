@@ -45,6 +45,7 @@ REQUIRED_FILES = (
     "solos_hermes.py",
     "schema.sql",
     "solos_qdrant.py",
+    "solos_lifecycle.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.
 EMBEDDER = "solos_embed.py"

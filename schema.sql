@@ -278,3 +278,42 @@ CREATE TRIGGER IF NOT EXISTS qdrant_outbox_long_ad AFTER DELETE ON memory_longte
 WHEN (SELECT value FROM solos_memory_meta WHERE key = 'qdrant_mirror') = 'on' BEGIN
     INSERT INTO qdrant_outbox (action, row_id, agent, fact) VALUES ('delete', old.id, old.agent, old.fact);
 END;
+
+-- ==== Promotion and archive (solos_lifecycle.py) ====
+
+-- Which episodic rows a long fact was promoted from (episodic -> long only).
+CREATE TABLE IF NOT EXISTS memory_promotion (
+    long_id      INTEGER NOT NULL,
+    episodic_id  INTEGER NOT NULL,
+    agent        TEXT NOT NULL,
+    promoted_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    PRIMARY KEY (long_id, episodic_id)
+) WITHOUT ROWID;
+
+-- Episodic rows past the archive age, moved here by `purge` with their ids:
+-- out of the hot table and its indexes, recallable with archive=true.
+CREATE TABLE IF NOT EXISTS memory_episodic_archive (
+    id           INTEGER PRIMARY KEY,
+    agent        TEXT NOT NULL,
+    event_type   TEXT NOT NULL,
+    summary      TEXT NOT NULL,
+    details      TEXT,
+    outcome      TEXT,
+    duration_s   REAL,
+    timestamp    TEXT NOT NULL,
+    archived_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE INDEX IF NOT EXISTS memory_episodic_archive_agent_time ON memory_episodic_archive (agent, timestamp);
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_episodic_archive_fts USING fts5 (
+    event_type, summary, details, outcome, agent,
+    content = 'memory_episodic_archive', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER IF NOT EXISTS memory_episodic_archive_fts_ai AFTER INSERT ON memory_episodic_archive BEGIN
+    INSERT INTO memory_episodic_archive_fts (rowid, event_type, summary, details, outcome, agent)
+    VALUES (new.id, new.event_type, new.summary, new.details, new.outcome, new.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_episodic_archive_fts_ad AFTER DELETE ON memory_episodic_archive BEGIN
+    INSERT INTO memory_episodic_archive_fts (memory_episodic_archive_fts, rowid, event_type, summary, details, outcome, agent)
+    VALUES ('delete', old.id, old.event_type, old.summary, old.details, old.outcome, old.agent);
+END;

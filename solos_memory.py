@@ -53,6 +53,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import mcp_bridge
 import solos_check
+import solos_lifecycle
 import solos_qdrant
 
 # Run as a script this module is __main__; the modules it carries import it by name and must get this copy.
@@ -476,7 +477,7 @@ REQUIRED_COLUMNS = {
     ),
     "memory_episodic": ("id", "agent", "event_type", "summary", "details", "outcome", "duration_s", "timestamp"),
 }
-FTS_TABLES = ("memory_longterm_fts", "memory_episodic_fts", "memory_short_fts")
+FTS_TABLES = ("memory_longterm_fts", "memory_episodic_fts", "memory_short_fts", "memory_episodic_archive_fts")
 TIER_TABLES = {"short": "memory_short", "long": "memory_longterm", "episodic": "memory_episodic"}
 
 
@@ -778,31 +779,40 @@ class Store:
     def upsert_long(
         self, agent: str, topic: str | None, fact: str, source: str | None, confidence: float | None, tags: list[str]
     ) -> dict:
+        return self.write(lambda conn: self.put_long(conn, agent, topic, fact, source, confidence, tags))
+
+    def put_long(
+        self,
+        conn: sqlite3.Connection,
+        agent: str,
+        topic: str | None,
+        fact: str,
+        source: str | None,
+        confidence: float | None,
+        tags: list[str],
+    ) -> dict:
+        """upsert_long inside the caller's transaction (promotion writes its sources in the same one)."""
         content_key = hashlib.sha256(fact.encode("utf-8")).hexdigest()
-
-        def work(conn: sqlite3.Connection) -> dict:
-            self.require_agent(conn, agent)
-            known = conn.execute(
-                "SELECT l.id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id "
-                "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ?",
-                (agent, content_key, fact),
-            ).fetchone()
-            if known:
-                conn.execute(
-                    "UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, "
-                    "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?",
-                    (topic, source, confidence, json.dumps(tags), known["id"]),
-                )
-                return {"id": known["id"], "status": "updated"}
-            row_id = conn.execute(
-                "INSERT INTO memory_longterm (agent, topic, fact, source, confidence, tags) "
-                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                (agent, topic, fact, source, confidence, json.dumps(tags)),
-            ).fetchone()[0]
-            self.remember_key(conn, agent, "long", content_key, row_id)
-            return {"id": row_id, "status": "created"}
-
-        return self.write(work)
+        self.require_agent(conn, agent)
+        known = conn.execute(
+            "SELECT l.id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id "
+            "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ?",
+            (agent, content_key, fact),
+        ).fetchone()
+        if known:
+            conn.execute(
+                "UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, "
+                "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?",
+                (topic, source, confidence, json.dumps(tags), known["id"]),
+            )
+            return {"id": known["id"], "status": "updated"}
+        row_id = conn.execute(
+            "INSERT INTO memory_longterm (agent, topic, fact, source, confidence, tags) "
+            "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+            (agent, topic, fact, source, confidence, json.dumps(tags)),
+        ).fetchone()[0]
+        self.remember_key(conn, agent, "long", content_key, row_id)
+        return {"id": row_id, "status": "created"}
 
     def append_episodic(self, agent: str, event: dict, idempotency_key: str | None) -> dict:
         columns = ("event_type", "summary", "details", "outcome", "duration_s")
@@ -953,7 +963,7 @@ class Store:
         elif scope == "shared_except_self":
             where.append("t.agent != ?")
             params.append(caller)
-        if tier == "episodic":
+        if tier in ("episodic", solos_lifecycle.ARCHIVE_TIER):
             where.append("(t.agent = ? OR t.agent IN (SELECT agent FROM episodic_sharing WHERE shared = 1))")
             params.append(caller)
         if tier == "short":
@@ -1094,6 +1104,13 @@ TIER_SQL = {
     "episodic": (
         "memory_episodic",
         "memory_episodic_fts",
+        "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts",
+        "timestamp",
+        "0.5, 1.0, 0.7, 0.7, 0.5",
+    ),
+    solos_lifecycle.ARCHIVE_TIER: (  # searched only with archive=true; results say tier "episodic"
+        "memory_episodic_archive",
+        "memory_episodic_archive_fts",
         "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts",
         "timestamp",
         "0.5, 1.0, 0.7, 0.7, 0.5",
@@ -1429,6 +1446,10 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     words = query_words(query)
     match = make_fts_query(words)
     searched = [tier for tier in tiers if tier != "durable"]
+    if args["archive"]:
+        if "episodic" not in tiers:
+            raise BadRequest("archive=true searches archived episodic rows: add episodic to tiers", "archive")
+        searched.append(solos_lifecycle.ARCHIVE_TIER)
     vector, reason = (None, memory.embedder_error)
     if match and args["ranking"] != "keyword":
         vector, reason = memory.embed_query(query)
@@ -1665,10 +1686,12 @@ def tier_result(tier: str, row: sqlite3.Row, caller: str) -> dict:
             "confidence": row["confidence"],
             "tags": row["tags"],  # parsed by finish_results, for the few rows returned
         }
-    if tier == "episodic":
+    if tier in ("episodic", solos_lifecycle.ARCHIVE_TIER):
         return {
             **base,
-            "source": f"memory_episodic#{row['id']}",
+            "tier": "episodic",
+            "archived": tier != "episodic",
+            "source": f"{TIER_SQL[tier][0]}#{row['id']}",
             "text": row["summary"],
             "event_type": row["event_type"],
             "summary": row["summary"],
@@ -1805,6 +1828,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "degraded": embedder is None,
         "degraded_reason": memory.embedder_error,
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
+        **memory.store.read(solos_lifecycle.lifecycle_counts),
     }
 
 
@@ -1929,6 +1953,11 @@ OPERATIONS = {
                     "uniqueItems": True,
                     "default": list(DEFAULT_TIERS),
                     "description": "Tiers to search (REST: comma-separated). Default long,short.",
+                },
+                "archive": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "Also search archived episodic rows (needs episodic in tiers; keyword-ranked).",
                 },
             }
         ),
@@ -2124,6 +2153,17 @@ OPERATIONS = {
         idempotent=True,
         title="Service statistics",
         operator=True,
+    ),
+    "promote": Operation(
+        "promote",
+        "POST",
+        "/v1/promote",
+        solos_lifecycle.op_promote_memory,
+        object_schema({"agent": AGENT_SCHEMA, **solos_lifecycle.PROMOTE_INPUT_PROPERTIES}, ("agent", "ids")),
+        result_schema(solos_lifecycle.PROMOTE_OUTPUT_PROPERTIES),
+        writes=True,
+        idempotent=True,
+        title="Promote episodes to a long-term fact",
     ),
 }
 ROUTES = {(op.method, op.path): op for op in OPERATIONS.values()}
@@ -2922,8 +2962,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add.add_argument("names", nargs="+", help="agent names")
     add_database_options(agent_commands.add_parser("list", help="list registered agents"), creates, nested=True)
 
-    purge = commands.add_parser("purge", help="delete expired short-term rows; exit 1 on failure")
+    purge = commands.add_parser("purge", help="delete expired short-term rows, archive old episodes; exit 1 on failure")
     add_database_options(purge, creates)
+    purge.add_argument(
+        "--archive-after-days",
+        type=float,
+        default=float(env_default("ARCHIVE_AFTER_DAYS", "30") or 30),
+        help="move episodic rows older than this to the archive, 0 never (default: %(default)s)",
+    )
     add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
     imports = commands.add_parser(
         "import-qdrant", help="bring the Qdrant collection's attributable points in as long facts"
@@ -3073,7 +3119,8 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         if args.command == "agents":
             print("\n".join(store.list_agents()))
         elif args.command == "purge":
-            log_event("purged", rows=store.purge_expired())
+            rows = store.purge_expired()
+            log_event("purged", rows=rows, archived=solos_lifecycle.archive_episodic(store, args.archive_after_days))
         elif args.command == "reindex":
             store.reindex()
             log_event("reindexed", tables=list(FTS_TABLES))

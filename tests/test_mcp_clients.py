@@ -26,6 +26,7 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
     ("write_long", {"agent": "sol", "topic": "kitchen", "fact": FACT, "source": "test"}),
     ("write_short", {"agent": "sol", "key": "kettle-state", "value": "kettle is warm", "ttl_s": 600}),
     ("write_episodic", {"agent": "sol", "event_type": "task", "summary": "Boiled the kettle", "idempotency_key": "k1"}),
+    ("promote", {"agent": "sol", "ids": [1], "fact": "The kettle boils in three minutes."}),
     ("set_sharing", {"agent": "sol", "episodic": True}),
     ("recall", {"agent": "atlas", "q": "kettle", "k": 10, "tiers": ["long", "short", "episodic"]}),
     ("read_audit", {"agent": "sol"}),

@@ -49,6 +49,7 @@ def test_responses_match_the_advertised_output_schemas(server):
         "set_sharing": server.request("PUT", "/v1/sharing", body={"agent": "sol", "episodic": False}),
         "read_audit": server.get("/v1/audit", agent="atlas"),
         "stats": server.get("/v1/stats"),
+        "promote": server.post("/v1/promote", {"agent": "atlas", "ids": [1]}),
     }
     assert set(samples) == set(solos_memory.OPERATIONS)
     for name, reply in samples.items():

@@ -1,0 +1,176 @@
+"""Promotion (episodic -> long) and the episodic archive, over REST and MCP."""
+
+from __future__ import annotations
+
+import json
+
+import solos_memory
+
+
+def episode(server, agent: str, summary: str) -> int:
+    reply = server.post("/v1/episodic", {"agent": agent, "event_type": "task", "summary": summary})
+    assert reply.status == 201
+    return reply.body["id"]
+
+
+def mcp_result(reply) -> tuple[bool, dict]:
+    result = reply.body["result"]
+    return result.get("isError", False), json.loads(result["content"][0]["text"])
+
+
+def table_counts(server) -> tuple:
+    with server.db() as conn:
+        return tuple(
+            conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in ("memory_longterm", "memory_promotion", "memory_episodic", "memory_durable", "memory_write_key")
+        )
+
+
+def test_promote_makes_one_long_fact_that_records_its_sources(server):
+    first = episode(server, "atlas", "Rolled back gateway v2 after 5xx spike")
+    second = episode(server, "atlas", "Gateway v2 fixed by raising the upstream timeout")
+    reply = server.post(
+        "/v1/promote",
+        {
+            "agent": "atlas",
+            "ids": [second, first],
+            "topic": "gateway",
+            "fact": "Gateway v2 needs a 30 s upstream timeout",
+        },
+    )
+    assert reply.status == 201, reply.body
+    assert reply.body == {
+        "tier": "long",
+        "agent": "atlas",
+        "id": reply.body["id"],
+        "status": "created",
+        "sources": [first, second],
+    }
+    recalled = server.recall("sol", "gateway upstream timeout", k=1).body["results"][0]
+    assert (recalled["tier"], recalled["agent"], recalled["foreign"]) == ("long", "atlas", True)
+    assert recalled["source"] == f"promoted:memory_episodic#{first},{second}"
+    assert recalled["fact"] == "Gateway v2 needs a 30 s upstream timeout" and recalled["tags"] == ["promoted"]
+    with server.db() as conn:
+        sources = conn.execute(
+            "SELECT episodic_id, agent FROM memory_promotion WHERE long_id = ? ORDER BY 1", (reply.body["id"],)
+        ).fetchall()
+        assert [tuple(r) for r in sources] == [(first, "atlas"), (second, "atlas")]
+        # One-way: the episodes stay episodes.
+        assert conn.execute("SELECT count(*) FROM memory_episodic").fetchone()[0] == 2
+    again = server.post(
+        "/v1/promote", {"agent": "atlas", "ids": [first, second], "fact": "Gateway v2 needs a 30 s upstream timeout"}
+    )
+    assert (again.status, again.body["status"], again.body["id"]) == (200, "updated", reply.body["id"])
+    joined = server.post("/v1/promote", {"agent": "atlas", "ids": [first]})
+    assert joined.status == 201
+    with server.db() as conn:
+        fact = conn.execute("SELECT fact FROM memory_longterm WHERE id = ?", (joined.body["id"],)).fetchone()[0]
+    assert fact == "Rolled back gateway v2 after 5xx spike"
+    assert server.get("/v1/stats").body["promoted_facts"] == 2
+
+
+def test_promote_refuses_foreign_and_unknown_ids_alike_on_rest_and_mcp(server):
+    mine = episode(server, "atlas", "Mine")
+    theirs = episode(server, "sol", "Theirs")
+    before = table_counts(server)
+    cases = [
+        ({"agent": "atlas", "ids": [mine, theirs]}, 403, "forbidden", f"{theirs}"),
+        ({"agent": "atlas", "ids": [mine, 999, 1000]}, 404, "not_found", "999, 1000"),
+        ({"agent": "atlas", "ids": []}, 400, "bad_request", "at least one"),
+        ({"agent": "atlas", "ids": ["x"]}, 400, "bad_request", "ids[0]"),
+        ({"agent": "mallory", "ids": [mine]}, 422, "unknown_agent", "mallory"),
+    ]
+    for args, status, code, named in cases:
+        rest = server.post("/v1/promote", args)
+        assert (rest.status, rest.body["error"]["code"]) == (status, code), rest.body
+        assert named in rest.body["error"]["message"]
+        is_error, payload = mcp_result(server.mcp_tool("promote", args))
+        assert is_error and payload == rest.body
+    assert table_counts(server) == before  # a rejected call changes nothing
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+def test_promote_over_mcp_matches_rest(server):
+    mine = episode(server, "atlas", "Certificates renewed on the edge nodes")
+    is_error, payload = mcp_result(server.mcp_tool("promote", {"agent": "atlas", "ids": [mine]}))
+    assert not is_error and payload["status"] == "created" and payload["sources"] == [mine]
+    tools = server.request(
+        "POST",
+        "/mcp",
+        body={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        headers={"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"},
+    ).body["result"]["tools"]
+    assert "promote" in {tool["name"] for tool in tools}
+    assert "/v1/promote" in server.get("/openapi.json").body["paths"]
+
+
+# ==== Archive ====
+
+
+def age(server, ids: list[int], timestamp: str = "2020-01-01T00:00:00.000Z") -> None:
+    with server.db() as conn:
+        conn.executemany("UPDATE memory_episodic SET timestamp = ? WHERE id = ?", [(timestamp, i) for i in ids])
+
+
+def purge(server, days: str = "30") -> None:
+    assert solos_memory.main(["purge", "--db", str(server.db_path), "--archive-after-days", days]) == 0
+
+
+def test_old_episodes_leave_the_hot_indexes_but_stay_recallable_when_asked(server):
+    old = [episode(server, "atlas", f"Quarterly failover drill number {i}") for i in range(3)]
+    fresh = episode(server, "atlas", "Failover drill scheduled for next week")
+    age(server, old)
+    purge(server, "0")  # 0: never archive
+    assert server.get("/v1/stats").body["episodic_archived"] == 0
+    purge(server)
+    with server.db() as conn:
+        assert [r[0] for r in conn.execute("SELECT id FROM memory_episodic")] == [fresh]
+        assert sorted(r[0] for r in conn.execute("SELECT id FROM memory_episodic_archive")) == old
+        hot = conn.execute("SELECT count(*) FROM memory_episodic_fts WHERE memory_episodic_fts MATCH 'quarterly'")
+        assert hot.fetchone()[0] == 0
+    hot_only = server.recall("atlas", "failover drill", tiers="episodic", k=10).body["results"]
+    assert [r["id"] for r in hot_only] == [fresh]
+    everything = server.recall("atlas", "quarterly failover drill", tiers="episodic", archive="true", k=10).body
+    archived = [r for r in everything["results"] if r["archived"]]
+    assert sorted(r["id"] for r in archived) == old
+    assert {(r["tier"], r["agent"], r["foreign"]) for r in archived} == {("episodic", "atlas", False)}
+    assert {r["source"] for r in archived} == {f"memory_episodic_archive#{i}" for i in old}
+    # MCP answers the same.
+    is_error, payload = mcp_result(
+        server.mcp_tool(
+            "recall",
+            {"agent": "atlas", "q": "quarterly failover drill", "tiers": ["episodic"], "archive": True, "k": 10},
+        )
+    )
+    assert not is_error and [r["id"] for r in payload["results"]] == [r["id"] for r in everything["results"]]
+    recency = server.recall("atlas", "", tiers="episodic", archive="true", k=10).body["results"]
+    assert {r["id"] for r in recency} == {fresh, *old}
+    assert server.get("/v1/stats").body["episodic_archived"] == 3
+    # Promotion reaches archived episodes too.
+    assert server.post("/v1/promote", {"agent": "atlas", "ids": old}).status == 201
+
+
+def test_archived_episodes_keep_the_sharing_and_audit_rules(server):
+    old = episode(server, "atlas", "Migrated the billing database")
+    episode(server, "atlas", "Newest event stays hot")
+    age(server, [old])
+    purge(server)
+    query = {"tiers": "episodic", "archive": "true", "k": 10}
+    assert server.recall("sol", "billing database", **query).body["results"] == []
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
+    shared = server.recall("sol", "billing database", **query).body["results"]
+    assert [(r["id"], r["agent"], r["foreign"], r["archived"]) for r in shared] == [(old, "atlas", True, True)]
+    reads = server.get("/v1/audit", agent="atlas").body["reads"]
+    assert [(r["reader"], r["row_id"]) for r in reads] == [("sol", old)]
+    refused = server.recall("sol", "billing", archive="true")
+    assert (refused.status, refused.body["error"]["field"]) == (400, "archive")
+
+
+def test_the_newest_episode_is_never_archived_so_ids_are_never_reused(server):
+    ids = [episode(server, "atlas", f"Ancient event {i}") for i in range(3)]
+    age(server, ids)
+    purge(server)
+    assert server.get("/v1/stats").body["episodic_archived"] == 2
+    new = episode(server, "atlas", "A new event")
+    assert new == ids[-1] + 1
