@@ -319,13 +319,15 @@ class Mirror(threading.Thread):
         """Apply one batch: final state per point, upserts then deletes, then drop the entries from the outbox."""
         from qdrant_client import models
 
-        upserts, deletes = self.store.read(lambda conn: plan(conn, entries))
+        upserts, deletes, legacy = self.store.read(lambda conn: plan(conn, entries))
         points, waiting = [], {}
         for pid, row in upserts.items():
             try:
                 points.append(models.PointStruct(id=pid, vector=self.vector(row, size), payload=payload(row)))
             except RowUnsendable as error:
                 waiting[row["id"]] = str(error)
+            else:
+                deletes |= legacy.get(pid, set())  # only once its canonical point is written
         if points:
             client.upsert(self.target.collection, points=points, wait=True)
         if deletes:
@@ -386,10 +388,10 @@ class Mirror(threading.Thread):
         }
 
 
-def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str]]:
-    """The batch's final state per point id: the rows to upsert (read now) and the points to delete."""
+def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, set[str]]]:
+    """The batch's final state per point id: rows to upsert (read now), points to delete, legacy points per id."""
     final: dict[str, Any] = {}  # point id -> row to upsert, or None to delete
-    legacy: set[str] = set()
+    legacy: dict[str, set[str]] = {}
     for entry in entries:
         if entry["action"] == "upsert":
             row = conn.execute(ROW_SQL + " WHERE id = ?", (entry["row_id"],)).fetchone()
@@ -406,7 +408,7 @@ def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str]]:
         pid = point_id(agent, "long", fact)
         final[pid] = row
         # The point an import came from is replaced by the canonical one: never two points for one record.
-        legacy.update(
+        legacy.setdefault(pid, set()).update(
             r[0]
             for r in conn.execute(
                 "SELECT point_id FROM qdrant_import WHERE row_id = ? AND content_sha256 = ?",
@@ -414,8 +416,10 @@ def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str]]:
             )
         )
     upserts = {pid: row for pid, row in final.items() if row is not None}
-    deletes = {pid for pid, row in final.items() if row is None} | (legacy - set(final))
-    return upserts, deletes
+    deletes = {pid for pid, row in final.items() if row is None}
+    for pid in list(deletes):  # a deleted fact's imported point goes too
+        deletes |= legacy.pop(pid, set())
+    return upserts, deletes, {pid: ids - set(final) for pid, ids in legacy.items()}
 
 
 def payload(row: Any) -> dict:

@@ -360,3 +360,39 @@ def test_kill_9_mid_drain_loses_nothing(tmp_path):
     points = points_in(path)
     assert len(points) == total
     assert set(points) == {point_id("atlas", "long", f"Queued fact {i}") for i in range(total)}
+
+
+def test_mirroring_imported_facts_replaces_their_legacy_points_and_leaves_the_rest(make_server, tmp_path, capsys):
+    path = tmp_path / "qdrant"
+    seed(path, legacy_points())
+    plain = make_server()
+    import_qdrant(plain, path, capsys)
+    with plain.db() as conn:
+        facts = [(r["agent"], r["fact"]) for r in conn.execute("SELECT agent, fact FROM memory_longterm")]
+    stop_server(plain)
+    before = points_in(path)
+    # The collection has 4-dim vectors and this service no embedder: the mirror must say so, not send.
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    status = wait_for(lambda: (s := mirrored.get("/v1/stats").body["qdrant"])["rows_waiting_for_retry"] and s)
+    assert "4-dim vectors" in status["last_error"] and status["backlog"] == len(facts)
+    stop_server(mirrored)
+    assert points_in(path) == before
+    # A vectorless collection takes them: each imported point is replaced by its canonical one.
+    client = QdrantClient(path=str(path))
+    client.delete_collection("long_term")
+    client.create_collection("long_term", vectors_config={})
+    client.upsert(
+        "long_term", points=[models.PointStruct(id=p.id, vector={}, payload=p.payload) for p in legacy_points()]
+    )
+    client.close()
+    with sqlite3.connect(tmp_path / "solos.db") as conn:
+        conn.execute("UPDATE qdrant_outbox SET next_try_at = ''")  # due now, not in a minute
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    wait_for(lambda: drained(mirrored), what="the outbox to drain")
+    stop_server(mirrored)
+    after = points_in(path)
+    left_alone = {pid for pid, p in before.items() if solos_qdrant.attribute(p)[0] in (None, "ghost")}
+    left_alone |= {pid for pid, p in before.items() if solos_qdrant.attribute(p)[1] is None}
+    assert set(after) == left_alone | {point_id(agent, "long", fact) for agent, fact in facts}
+    assert all(after[pid] == before[pid] for pid in left_alone)
+    assert len(after) == len(left_alone) + len(facts) == 4 + 5
