@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from conftest import start_server, stop_server
+from hypothesis import given
+from hypothesis import strategies as st
+from test_properties import PROPERTY_SETTINGS, fresh_agents, marker, sentences
+
 import solos_memory
 
 
@@ -174,3 +180,41 @@ def test_the_newest_episode_is_never_archived_so_ids_are_never_reused(server):
     assert server.get("/v1/stats").body["episodic_archived"] == 2
     new = episode(server, "atlas", "A new event")
     assert new == ids[-1] + 1
+
+
+# ==== Properties: attribution and the foreign label hold for archived and promoted rows ====
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    running = start_server(tmp_path_factory.mktemp("lifecycle") / "solos.db")
+    yield running
+    stop_server(running)
+
+
+@PROPERTY_SETTINGS
+@given(data=st.data())
+def test_archived_and_promoted_rows_keep_their_writer_and_foreign_label(shared_server, data):
+    agents = fresh_agents(shared_server)
+    tag = marker()
+    writes = data.draw(st.lists(st.tuples(st.sampled_from(agents), sentences), min_size=1, max_size=6))
+    ids = {}
+    for agent, text in writes:
+        ids[episode(shared_server, agent, f"{tag} {text}")] = agent
+    for agent in agents:
+        shared_server.request("PUT", "/v1/sharing", body={"agent": agent, "episodic": True})
+    age(shared_server, list(ids))
+    purge(shared_server)
+    reader = data.draw(st.sampled_from(agents))
+    reply = shared_server.recall(reader, tag, tiers="episodic", archive="true", k=100).body
+    assert reply["count"] + reply["suppressed_duplicates"] == len(ids)
+    for row in reply["results"]:
+        assert row["agent"] == ids[row["id"]] and row["foreign"] is (row["agent"] != reader)
+    chosen = data.draw(st.lists(st.sampled_from(sorted(ids)), min_size=1, max_size=4, unique=True))
+    promoted = shared_server.post("/v1/promote", {"agent": reader, "ids": chosen, "fact": f"{tag} promoted"})
+    if all(ids[i] == reader for i in chosen):
+        assert promoted.status in (200, 201) and promoted.body["sources"] == sorted(chosen)
+        fact = shared_server.recall(agents[0], f"{tag} promoted", k=1).body["results"][0]
+        assert (fact["tier"], fact["agent"], fact["foreign"]) == ("long", reader, reader != agents[0])
+    else:
+        assert promoted.status == 403 and promoted.body["error"]["field"] == "ids"
