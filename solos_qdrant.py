@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import sys
 import threading
 import time
 import uuid
@@ -484,7 +485,14 @@ def metrics_lines(status: dict) -> list[str]:
 
 
 def start_mirror(store: Any, target: Target, embedder: Any) -> Mirror:
-    """Switch the outbox on, start draining; the first start queues the facts already stored."""
+    """Switch the outbox on, start draining; the first start queues the facts already stored.
+
+    A missing qdrant-client stops startup: that is a setup mistake, not an outage to queue through.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("qdrant_client") is None:
+        raise SystemExit(f"--qdrant-url/--qdrant-path need qdrant-client in this Python ({sys.executable})")
     mirror = Mirror(store, target, embedder)
     queued = mirror.enable()
     log("qdrant_mirror_started", target=target.describe(), queued_existing=queued)
@@ -536,8 +544,6 @@ def target_from(args: Any) -> Target | None:
 
 def run_import(store: Any, target: Target | None) -> int:
     """import-qdrant: progress on stderr, the counts as one JSON line; exit 1 if Qdrant cannot be read."""
-    import sys
-
     if target is None:
         log("failed", command="import-qdrant", reason="give --qdrant-url or --qdrant-path")
         return 1

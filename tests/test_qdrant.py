@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -396,3 +397,27 @@ def test_mirroring_imported_facts_replaces_their_legacy_points_and_leaves_the_re
     assert set(after) == left_alone | {point_id(agent, "long", fact) for agent, fact in facts}
     assert all(after[pid] == before[pid] for pid in left_alone)
     assert len(after) == len(left_alone) + len(facts) == 4 + 5
+
+
+def test_a_mirror_without_qdrant_client_stops_startup(tmp_path):
+    """python3 -S: no site-packages, so no qdrant-client; the service must say so rather than queue forever."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            str(ROOT / "solos_memory.py"),
+            "serve",
+            "--db",
+            str(tmp_path / "s.db"),
+            "--port",
+            "0",
+            "--model-dir",
+            "off",
+            "--qdrant-path",
+            str(tmp_path / "q"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode != 0 and "need qdrant-client" in run.stderr
