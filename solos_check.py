@@ -281,7 +281,8 @@ def check_degraded_mode(client: Client, agent: str, run_id: str) -> str:
             raise CheckFailed(f"recall of this run's facts returned no rows (degraded {str(degraded).lower()})")
         if header != str(degraded).lower():
             raise CheckFailed(f"body says degraded {str(degraded).lower()} but X-Memory-Degraded is {header!r}")
-        embedder_loaded = client.expect((200,), "GET", "/health", agent).body["degraded"] is False
+        health = client.expect((200,), "GET", "/health", agent).body  # catching_up, failing, busy: loaded
+        embedder_loaded = health.get("embedder_state", "off" if health["degraded"] else "ready") != "off"
         if not degraded or not embedder_loaded or time.monotonic() > deadline:
             break
         time.sleep(0.2)

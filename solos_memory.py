@@ -55,6 +55,7 @@ import mcp_bridge
 import solos_check
 import solos_lifecycle
 import solos_qdrant
+import solos_status
 
 # Run as a script this module is __main__; the modules it carries import it by name and must get this copy.
 sys.modules.setdefault("solos_memory", sys.modules[__name__])
@@ -479,6 +480,7 @@ REQUIRED_COLUMNS = {
 }
 FTS_TABLES = ("memory_longterm_fts", "memory_episodic_fts", "memory_short_fts", "memory_episodic_archive_fts")
 TIER_TABLES = {"short": "memory_short", "long": "memory_longterm", "episodic": "memory_episodic"}
+WRITE_TIME_COLUMNS = {"memory_longterm": "updated_at", "memory_episodic": "timestamp", "memory_short": "created_at"}
 
 
 class SchemaMismatch(Exception):
@@ -940,6 +942,16 @@ class Store:
 
         return self.read(work)
 
+    def writes_by_agent(self) -> dict[str, tuple[int, int]]:
+        """Rows each writer (the fleet's too) created or changed in the last hour and day, by the rows' timestamps."""
+        since = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 {}')"
+        recent = " UNION ALL ".join(
+            f"SELECT agent, {column} AS ts FROM {table} WHERE {column} >= {since.format('day')}"
+            for table, column in WRITE_TIME_COLUMNS.items()
+        )
+        sql = f"SELECT agent, sum(ts >= {since.format('hour')}), count(*) FROM ({recent}) GROUP BY agent"
+        return self.read(lambda conn: {row[0]: (row[1], row[2]) for row in conn.execute(sql)})
+
     def search_tier(
         self,
         conn: sqlite3.Connection,
@@ -1284,23 +1296,50 @@ class EmbedWorker(threading.Thread):
         self.store, self.embedder = store, embedder
         self.wake = threading.Event()
         self.halted = threading.Event()  # set by stop(): cuts a pause short
+        self.wake.set()  # rows from before this start are embedded at once, not after the first sweep interval
         self.stopped = False
         self.last_error: str | None = None
+        # Rows without a vector: counted at start and at each sweep (the fleet's direct writes), one more per
+        # write of this service, counted down as they are embedded. While above 0, recall is not fully hybrid.
+        self.lock = threading.Lock()
+        self.backlog = store.count_missing_vectors(embedder.model_id)
+
+    def queue(self) -> None:
+        """A row was written: count it, and embed it soon."""
+        with self.lock:
+            self.backlog += 1
+            self.wake.set()
 
     def run(self) -> None:
         while not self.stopped:
-            if self.wake.wait(SWEEP_INTERVAL_S) and not self.stopped:
+            woken = self.wake.wait(SWEEP_INTERVAL_S)
+            if woken and not self.stopped:
                 time.sleep(0.05)  # let a burst of writes arrive, to embed them as one batch
             if self.stopped:  # stop() wakes it: a stopped service writes nothing more
                 return
             self.wake.clear()
             try:
-                embed_missing(self.store, self.embedder)
+                self.catch_up(recount=not woken)
                 self.last_error = None
             except Exception as error:  # a broken embedder or a busy database: rows wait for the next sweep
                 self.last_error = f"{type(error).__name__}: {error}"
                 log_event("embed_failed", reason=self.last_error)
                 self.halted.wait(1)
+
+    def catch_up(self, recount: bool) -> None:
+        """Embed every row without a vector, counting the backlog down; a timed sweep counts it afresh."""
+        if recount:
+            self.backlog = self.store.count_missing_vectors(self.embedder.model_id)
+        counted = [0]
+
+        def progress(done: int) -> None:
+            with self.lock:
+                self.backlog, counted[0] = max(0, self.backlog - (done - counted[0])), done
+
+        embed_missing(self.store, self.embedder, progress=progress)
+        with self.lock:
+            if not self.wake.is_set():  # no write came in meanwhile: nothing is left
+                self.backlog = 0
 
     def stop(self) -> None:
         """Stop and wait for a sweep in progress, so nothing writes after the service has closed."""
@@ -1370,6 +1409,7 @@ class Stats:
                 "recall_hits": dict(self.recall_hits),
                 "recall_empty": self.recall_empty,
                 "duplicates_suppressed": self.duplicates_suppressed,
+                "answered_503": sum(n for (_, _, status), n in self.requests.items() if status == 503),
             }
 
 
@@ -1381,6 +1421,7 @@ class Memory:
         self.embedder = embedder
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
         self.stats = Stats()
+        self.activity = solos_status.Activity()
         self.vectors = VectorIndex(embedder.model_id) if embedder else None
         self.worker = EmbedWorker(store, embedder) if embedder else None
         self.query_pool = concurrent.futures.ThreadPoolExecutor(1, "embed-query") if embedder else None
@@ -1389,10 +1430,22 @@ class Memory:
         if self.worker:
             self.worker.start()
 
+    def embedder_state(self) -> dict:
+        """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall."""
+        worker, backlog = self.worker, self.worker.backlog if self.worker else None
+        state, reason = ("off", self.embedder_error) if worker is None else ("ready", None)
+        if worker and self.stuck_query is not None and not self.stuck_query.done():
+            state, reason = "busy", "keyword-only recall: the embedder is still busy with a query that timed out"
+        elif worker and worker.last_error:
+            state, reason = "failing", f"rows without a vector rank by keywords: embedding failed ({worker.last_error})"
+        elif backlog:
+            state, reason = "catching_up", f"catching up: rows without a vector yet: {backlog} (embedding them now)"
+        return {"embedder_state": state, "embed_backlog": backlog, "degraded": bool(reason), "degraded_reason": reason}
+
     def written(self) -> None:
         """A row was written: have the worker embed it soon."""
         if self.worker:
-            self.worker.wake.set()
+            self.worker.queue()
 
     def embed_query(self, text: str) -> tuple[Any, str | None]:
         """The query's vector, or None and why (no embedder, still busy, failed, timed out)."""
@@ -1450,11 +1503,10 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
         if "episodic" not in tiers:
             raise BadRequest("archive=true searches archived episodic rows: add episodic to tiers", "archive")
         searched.append(solos_lifecycle.ARCHIVE_TIER)
-    vector, reason = (None, memory.embedder_error)
-    if match and args["ranking"] != "keyword":
-        vector, reason = memory.embed_query(query)
-    elif memory.embedder is not None:
-        reason = None
+    vector, reason = None, memory.embedder_state()["degraded_reason"]  # what /health says, this very moment
+    if match and args["ranking"] != "keyword" and memory.embedder is not None:
+        vector, failure = memory.embed_query(query)
+        reason = failure or reason
     ranking = (
         "recency"
         if match is None
@@ -1465,7 +1517,7 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     depth = max(CANDIDATE_DEPTH, k * 4 + 20)  # room for collapsed duplicates without a second query
 
     def work(conn: sqlite3.Connection) -> tuple[list[dict], list[dict]]:
-        nonlocal vector, ranking, reason
+        nonlocal vector, ranking
         Store.require_agent(conn, caller)
         persona = []
         if "durable" in tiers:
@@ -1483,9 +1535,8 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
         vectors = memory.vectors
         if vector is not None and vectors is not None:
             vectors.refresh(memory.store, conn, searched)
-            if not vectors.count(searched):  # a fresh install before backfill: say so, rank by keywords
+            if not vectors.count(searched):  # no row of these tiers has a vector (yet): the keyword leg alone
                 vector, ranking = None, "keyword"
-                reason = "keyword-only recall: no row has a vector yet (the embedder is catching up; run backfill)"
         candidates: dict[tuple[str, int], dict] = {}
         if ranking != "vector":
             candidates = keyword_candidates(memory.store, conn, caller, scope, searched, match, words, depth)
@@ -1520,6 +1571,7 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
         stats.duplicates_suppressed += suppressed
         stats.recall_hits.update(r["tier"] for r in results)
         stats.recall_empty += not results
+    memory.activity.recalled(caller, [r["agent"] for r in results])
     return {
         "agent": caller,
         "q": query,
@@ -1809,10 +1861,10 @@ def op_read_audit(memory: Memory, args: dict) -> dict:
 
 
 def op_read_stats(memory: Memory, args: dict) -> dict:
-    """Row and vector counts per tier, call and rejection counters, recall hits, duplicates, degraded state.
+    """Counts per tier, embed backlog, degraded state, counters, and agents' writes and recalls (hour, day).
 
-    An agent sees its own recent rejections only; the operator view (the operator token, or no agent
-    named under loopback trust) sees everyone's.
+    An agent sees its own recent rejections and activity only; the operator view (the operator token, or
+    no agent named under loopback trust) sees everyone's.
     """
     embedder, snapshot = memory.embedder, memory.stats.snapshot()
     if args["agent"] is not None:
@@ -1825,8 +1877,8 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "embedder": embedder.model_id if embedder else None,
         "vectors": memory.store.count_vectors(embedder.model_id) if embedder else {},
         "embed_error": memory.worker.last_error if memory.worker else None,
-        "degraded": embedder is None,
-        "degraded_reason": memory.embedder_error,
+        **memory.embedder_state(),
+        "activity": memory.activity.snapshot(memory.store.writes_by_agent(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
         **memory.store.read(solos_lifecycle.lifecycle_counts),
     }
@@ -1904,7 +1956,7 @@ RECALL_OUTPUT = result_schema(
         "count": {"type": "integer"},
         "results": {"type": "array", "items": RECALLED_ROW},
         "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
-        "degraded": {"type": "boolean", "description": "true: keyword-only ranking (no embedder)."},
+        "degraded": {"type": "boolean", "description": "true: not every row was ranked by both legs (see the reason)."},
         "degraded_reason": NULLABLE_STRING,
         "ranking": {"type": "string"},
     }
@@ -1941,10 +1993,10 @@ OPERATIONS = {
                 },
                 "ranking": {
                     "type": "string",
-                    "enum": ["auto", "keyword", "vector"],
+                    "enum": ["auto", "hybrid", "keyword", "vector"],
                     "default": "auto",
-                    "description": "auto: hybrid when the embedder is loaded, else keyword; "
-                    "keyword or vector: one leg only (for comparison).",
+                    "description": "auto or hybrid: both legs when the embedder is loaded, else keyword "
+                    "(degraded_reason says why); keyword or vector: one leg only (for comparison).",
                 },
                 "tiers": {
                     "type": "array",
@@ -2363,6 +2415,12 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 self.only(("GET", "HEAD"))
                 content_type, produce = SERVICE_DOCUMENTS[url.path]
                 self.respond(200, produce(self.server), content_type=content_type)
+            elif url.path in STATUS_PAGES:  # what /v1/stats shows the same caller, readable
+                self.only(("GET", "HEAD"))
+                server = self.server
+                stats = lambda auth: invoke(server.memory, server.tokens, OPERATIONS["stats"], {}, auth)  # noqa: E731
+                page = solos_status.serve_page(self.headers.get("Authorization"), stats, server.health, Unauthorized)
+                self.respond(*page, content_type="text/html; charset=utf-8")
             elif url.path == "/mcp":
                 if self.server.tokens is not None and self.command == "POST":
                     # Refuse at the door, not per tool: Hermes then reports the server as not connected
@@ -2589,8 +2647,8 @@ def metrics_text(server: MemoryServer) -> bytes:
         lines.append(f'solos_memory_recall_hits_total{{tier="{label(tier)}"}} {count}')
     family("duplicates_suppressed_total", "counter", "Identical texts collapsed out of recall results.")
     lines.append(f"solos_memory_duplicates_suppressed_total {suppressed}")
-    family("degraded", "gauge", "1 while recall is keyword-only (no embedder).")
-    lines.append(f"solos_memory_degraded {int(server.memory.embedder is None)}")
+    family("degraded", "gauge", "1 while recall is not full hybrid (no embedder, or rows without vectors).")
+    lines.append(f"solos_memory_degraded {int(server.memory.embedder_state()['degraded'])}")
     family("rows", "gauge", "Rows per tier (short: live only).")
     for tier, count in rows.items():
         lines.append(f'solos_memory_rows{{tier="{label(tier)}"}} {count}')
@@ -2604,7 +2662,8 @@ SERVICE_DOCUMENTS: dict[str, tuple[str, Callable[[MemoryServer], Any]]] = {
     "/openapi.json": ("application/json", lambda server: openapi_document(OPERATIONS)),
     "/metrics": ("text/plain; version=0.0.4; charset=utf-8", metrics_text),
 }
-KNOWN_PATHS = {*SERVICE_DOCUMENTS, "/mcp", *(op.path for op in OPERATIONS.values())}
+STATUS_PAGES = ("/", "/status")  # the operator's page (solos_status.py)
+KNOWN_PATHS = {*SERVICE_DOCUMENTS, *STATUS_PAGES, "/mcp", *(op.path for op in OPERATIONS.values())}
 
 
 def mcp_tools(operations: Mapping[str, Operation]) -> list[mcp_bridge.Tool]:
@@ -2704,8 +2763,7 @@ class MemoryServer(ThreadingHTTPServer):
             "status": "ok",
             "version": __version__,
             "auth": "tokens" if self.tokens else "loopback-trust",
-            "degraded": self.memory.embedder is None,
-            "degraded_reason": self.memory.embedder_error,
+            **self.memory.embedder_state(),
         }
 
     # -- connections: a thread each, at most MAX_CONNECTIONS; the slowest waiting ones make room --
@@ -2795,6 +2853,7 @@ class MemoryServer(ThreadingHTTPServer):
 
     def refuse(self, request: socket.socket) -> None:
         """Every slot is busy working: say so at once rather than queue."""
+        self.memory.stats.count("rejections", "too_many_connections")
         error = Busy("too many connections are working; retry shortly")
         body = json.dumps(error_body(error)).encode()
         head = (
@@ -3056,8 +3115,7 @@ def serve(config: Config, register: list[str]) -> int:
         db=os.path.abspath(config.db),
         version=__version__,
         auth="tokens" if server.tokens else "loopback-trust",
-        degraded=server.memory.embedder is None,
-        degraded_reason=server.memory.embedder_error,
+        **server.memory.embedder_state(),
     )
     try:
         server.serve_forever()

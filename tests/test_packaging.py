@@ -18,10 +18,12 @@ import os
 import queue
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import zipapp
 import zipfile
 from pathlib import Path
@@ -68,9 +70,16 @@ def bare_python(tmp_path_factory) -> Path:
 
 
 @contextlib.contextmanager
-def service(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None):
-    """Start argv, wait for its `listening` log line, yield (port, log lines); stop it after."""
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+def service(
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, timeout_s: float = START_TIMEOUT_S
+):
+    """Start argv, wait for its `listening` log line, yield (port, log lines); stop it after.
+
+    argv may start the service through another program (make): the whole process group is stopped.
+    """
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True
+    )
     lines: list[str] = []
     events: queue.Queue[dict | None] = queue.Queue()
 
@@ -86,22 +95,21 @@ def service(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None
     threading.Thread(target=drain, daemon=True).start()
     try:
         try:
-            listening = events.get(timeout=START_TIMEOUT_S)
+            listening = events.get(timeout=timeout_s)
         except queue.Empty:
             listening = None
         if listening is None:
             proc.poll()
-            pytest.fail(
-                f"no listening line in {START_TIMEOUT_S} s (exit {proc.returncode}); stderr:\n" + "\n".join(lines)
-            )
+            pytest.fail(f"no listening line in {timeout_s} s (exit {proc.returncode}); stderr:\n" + "\n".join(lines))
         assert listening["host"] == "127.0.0.1", listening
         yield listening["port"], lines
     finally:
-        proc.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 
@@ -141,7 +149,7 @@ def test_archive_holds_the_service_and_a_shebang(pyz):
         names = archive.namelist()
         assert names == sorted(names)
         assert {info.date_time for info in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
-    assert {"__main__.py", "solos_memory.py", "mcp_bridge.py", "schema.sql"} <= set(names)
+    assert {"__main__.py", "solos_memory.py", "mcp_bridge.py", "solos_status.py", "schema.sql"} <= set(names)
     if (ROOT / "solos_embed.py").exists():
         assert "solos_embed.py" in names
         assert "models/all-MiniLM-L6-v2/tokenizer.json" in names
@@ -187,6 +195,8 @@ def test_pyz_serves_keyword_recall_on_a_bare_interpreter(pyz, bare_python, tmp_p
         assert status == 200, health
         assert health["degraded"] is True
         assert write_and_recall(port)["degraded"] is True
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=30) as page:  # from the archive
+            assert page.status == 200 and b'<p id="verdict" class="bad">Recall is degraded' in page.read()
 
 
 def test_pyz_uses_the_embedder_when_the_interpreter_has_it(pyz, tmp_path):
