@@ -9,7 +9,6 @@ in the test's temporary folder.
 from __future__ import annotations
 
 import base64
-import hashlib
 import shutil
 import socket
 import struct
@@ -19,7 +18,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import skip_or_fail
+from conftest import skip_or_fail, write_tokens
 from test_hybrid import WordHashEmbedder, wait_for_vectors
 
 import solos_memory
@@ -181,14 +180,6 @@ def test_a_degraded_service_says_why_and_how_to_leave_it(make_server, monkeypatc
     assert dom.rows("service")["embedder"] == ["none (off)"]
 
 
-@pytest.fixture
-def token_server(make_server, tmp_path):
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"{hashlib.sha256(b'atlas-token').hexdigest()} atlas\n")
-    tokens.chmod(0o600)
-    return make_server("tokens.db", tokens_file=str(tokens))
-
-
 @pytest.mark.parametrize("path", ["/", "/status"])
 def test_with_tokens_the_page_wants_one(token_server, path):
     for authorization in (None, "Bearer wrong", "Basic " + base64.b64encode(b"op:wrong").decode(), "Basic %%%"):
@@ -200,6 +191,32 @@ def test_with_tokens_the_page_wants_one(token_server, path):
         reply = token_server.request("GET", path, headers={"Authorization": authorization})
         assert reply.status == 200 and reply.headers["content-type"] == "text/html; charset=utf-8"
     assert token_server.get("/v1/stats").status == 401  # what the page refused, the API refuses too
+
+
+def test_with_tokens_an_agent_sees_its_own_part_and_the_operator_everything(make_server, tmp_path):
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, {"atlas-token": "atlas", "sol-token": "sol", "op-token": "@operator"})
+    server = make_server("views.db", tokens_file=str(tokens))
+    atlas, sol = {"Authorization": "Bearer atlas-token"}, {"Authorization": "Bearer sol-token"}
+    server.request("POST", "/v1/long", body={"fact": "tide tables for the harbour"}, headers=atlas)
+    server.request("POST", "/v1/long", body={"fact": "harbour master's phone"}, headers=sol)
+    assert server.request("GET", "/v1/recall?q=harbour", headers=sol).body["count"] == 2
+    assert server.request("GET", "/v1/recall?q=x&k=0", headers=atlas).status == 400
+    assert server.request("GET", "/v1/recall?q=x&k=500", headers=sol).status == 400
+
+    def page(token: str) -> Dom:
+        basic = "Basic " + base64.b64encode(f"anyone:{token}".encode()).decode()
+        reply = server.request("GET", "/status", headers={"Authorization": basic})
+        assert reply.status == 200
+        return Dom(reply.raw.decode())
+
+    operator = page("op-token")
+    assert set(operator.rows("agents")) == {"atlas", "sol"}
+    assert set(operator.rows("reads")) == {"sol"} and len(operator.tables["rejections"]) == 2
+    mine = page("atlas-token")  # atlas: its own writes, and that sol read its row; its own rejection only
+    assert set(mine.rows("agents")) == {"atlas"}
+    assert [row[:2] for row in mine.tables["reads"]] == [["sol", "atlas"]]
+    assert [row[1] for row in mine.tables["rejections"]] == ["atlas"]
 
 
 def test_with_tokens_a_browser_logs_in_with_the_token_as_password(token_server, tmp_path):
@@ -220,27 +237,30 @@ def test_head_and_other_methods(server):
 def test_busy_refusals_are_counted_on_the_page(make_server, monkeypatch):
     monkeypatch.setattr(solos_memory, "MAX_CONNECTIONS", 2)
     server = make_server("busy.db")
-    working = []
-    for _ in range(2):  # two requests whose bodies never arrive: working, so not evictable as idle
-        conn = socket.create_connection(("127.0.0.1", server.port))
-        conn.sendall(
-            b"POST /v1/long HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n"
-        )
-        working.append(conn)
-    time.sleep(0.2)
-    turned_away = socket.create_connection(("127.0.0.1", server.port))
-    turned_away.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert turned_away.recv(4096).startswith(b"HTTP/1.1 503")
+    store = server.server.memory.store
+    monkeypatch.setattr(store, "busy_timeout_ms", 1500)
+    store.write_lock.acquire()  # the service's own writer queue stays taken: writes wait, then give up
+    try:
+        body = b'{"agent": "atlas", "fact": "waits in vain"}'
+        head = f"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+        working = []
+        for _ in range(2):  # two writes waiting for the lock: working, so no one to evict
+            conn = socket.create_connection(("127.0.0.1", server.port))
+            conn.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            working.append(conn)
+        time.sleep(0.3)
+        turned_away = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        turned_away.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+        assert turned_away.recv(4096).startswith(b"HTTP/1.1 503")
+        for conn in working:
+            conn.settimeout(5)
+            assert conn.recv(4096).startswith(b"HTTP/1.1 503")  # the locked writes gave up
+    finally:
+        store.write_lock.release()
     for conn in (*working, turned_away):
         conn.close()
-    server.server.memory.store.write_lock.acquire()  # the service's own writer queue stays taken: a write gives up
-    try:
-        monkeypatch.setattr(server.server.memory.store, "busy_timeout_ms", 100)
-        assert server.post("/v1/long", {"agent": "atlas", "fact": "waits in vain"}).status == 503
-    finally:
-        server.server.memory.store.write_lock.release()
     page = Dom(server.get("/status").raw.decode())
     service = page.rows("service")
     assert service["busy: too many connections (503)"] == ["1"]
-    assert service["busy: database locked (503)"] == ["1"]
-    assert service["503 in all"] == ["2"]
+    assert service["busy: database locked (503)"] == ["2"]
+    assert service["503 in all"] == ["3"]
