@@ -47,6 +47,7 @@ REQUIRED_FILES = (
     "schema.sql",
     "solos_qdrant.py",
     "solos_lifecycle.py",
+    "solos_rank.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.
 EMBEDDER = "solos_embed.py"

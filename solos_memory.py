@@ -55,6 +55,7 @@ import mcp_bridge
 import solos_check
 import solos_lifecycle
 import solos_qdrant
+import solos_rank
 import solos_status
 
 # Run as a script this module is __main__; the modules it carries import it by name and must get this copy.
@@ -425,36 +426,8 @@ def parse_json_body(body: bytes) -> Any:
         raise BadRequest("body holds a number too long to read", "body") from None
 
 
-# Function and question words: FTS5 ORs every query word, and these add score
-# to every short row. Dropping them: LoCoMo hit@5 +0.04 (bench/RESULTS-locomo.md).
-STOP_WORDS = frozenset(
-    """
-a an and are as at be been by did do does for from had has have he her his how i in is it its me my of on or
-she so that the their them they this to was we were what when where which who whom why will with would you your
-""".split()
-)
-
-
-def query_words(text: str) -> list[str]:
-    """The distinct lower-cased words of free text, at most MAX_QUERY_TERMS."""
-    return list(dict.fromkeys(word.lower() for word in re.findall(r"\w+", text)))[:MAX_QUERY_TERMS]
-
-
-def make_fts_query(words: list[str]) -> str | None:
-    """Quote each word for FTS5 MATCH, OR-ed, stop words dropped unless nothing else is left.
-
-    Quoting makes every user string a literal: FTS5 operators, column filters
-    and stray quotes in `q` never reach the query parser.
-    """
-    kept = [word for word in words if word not in STOP_WORDS] or words
-    if not kept:
-        return None
-    return " OR ".join('"' + word.replace('"', '""') + '"' for word in kept)
-
-
 # ==== Storage: all SQL lives here ====
 
-MAX_QUERY_TERMS = 64  # longer questions add noise, not recall; 10 KB of junk stays cheap
 BUSY_RETRIES = 3
 OVERFETCH = 4  # ranked keyword matches read per wanted row when scope, sharing or expiry filters apply
 POOL_SIZE = 8
@@ -479,8 +452,98 @@ REQUIRED_COLUMNS = {
     "memory_episodic": ("id", "agent", "event_type", "summary", "details", "outcome", "duration_s", "timestamp"),
 }
 FTS_TABLES = ("memory_longterm_fts", "memory_episodic_fts", "memory_short_fts", "memory_episodic_archive_fts")
-TIER_TABLES = {"short": "memory_short", "long": "memory_longterm", "episodic": "memory_episodic"}
-WRITE_TIME_COLUMNS = {"memory_longterm": "updated_at", "memory_episodic": "timestamp", "memory_short": "created_at"}
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One searchable table: how recall reads, ranks, labels and embeds its rows."""
+
+    name: str  # recall's internal name, and memory_vector.tier
+    label: str  # what results call it
+    table: str
+    fts: str
+    columns: str  # selected for results
+    time_column: str  # recency order, and when a row was written
+    bm25_weights: str  # FTS5 column weights, in the index's column order
+    text_column: str  # the result's `text`
+    result_columns: tuple[str, ...]  # returned as they are
+    embedded: tuple[str, ...] = ()  # what a vector is made of: (writer, label, text); a change drops the vector
+    vector_sql: str = ""  # the model's vectors with what the vector search filters on
+    opt_in: bool = False  # other agents read it only where its author opted in, and each read is audited
+    archived: bool = False  # archived episodes: searched only with archive=true
+    expires: bool = False  # rows past expires_at are never returned
+    threaded: bool = False  # rows of one topic form a thread: a match lends its neighbours score
+
+
+EPISODE_COLUMNS = "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts"
+EPISODE_RESULT = ("event_type", "summary", "details", "outcome", "duration_s")
+TIER_TABLE = {
+    tier.name: tier
+    for tier in (
+        Tier(
+            "long",
+            "long",
+            "memory_longterm",
+            "memory_longterm_fts",
+            "t.id, t.agent, t.topic, t.fact, t.source, t.confidence, t.tags, t.created_at, t.updated_at AS ts",
+            "updated_at",
+            "1.0, 1.0, 0.5, 0.5, 0.3",
+            "fact",
+            ("source", "topic", "fact", "confidence", "tags"),
+            embedded=("agent", "topic", "fact"),
+            # Ordered by topic, so a row's neighbours (the same topic, adjacent ids) sit beside it.
+            vector_sql="SELECT t.id, t.agent, t.topic AS thread, NULL AS expires_at, t.embedding AS vector "
+            "FROM memory_vector v JOIN memory_longterm t ON t.id = v.row_id "
+            "WHERE v.tier = ? AND v.model = ? AND t.embedding IS NOT NULL ORDER BY t.topic, t.id",
+            threaded=True,
+        ),
+        Tier(
+            "episodic",
+            "episodic",
+            "memory_episodic",
+            "memory_episodic_fts",
+            EPISODE_COLUMNS,
+            "timestamp",
+            "0.5, 1.0, 0.7, 0.7, 0.5",
+            "summary",
+            EPISODE_RESULT,
+            embedded=("agent", "event_type", "summary"),
+            vector_sql="SELECT t.id, t.agent, NULL AS thread, NULL AS expires_at, v.vector FROM memory_vector v "
+            "JOIN memory_episodic t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
+            opt_in=True,
+        ),
+        Tier(
+            solos_lifecycle.ARCHIVE_TIER,
+            "episodic",
+            "memory_episodic_archive",
+            "memory_episodic_archive_fts",
+            EPISODE_COLUMNS,
+            "timestamp",
+            "0.5, 1.0, 0.7, 0.7, 0.5",
+            "summary",
+            EPISODE_RESULT,
+            opt_in=True,
+            archived=True,
+        ),
+        Tier(
+            "short",
+            "short",
+            "memory_short",
+            "memory_short_fts",
+            "t.id, t.agent, t.key, t.value, t.tags, t.expires_at, t.created_at AS ts",
+            "created_at",
+            "1.0, 1.0, 0.5, 0.5",
+            "value",
+            ("key", "value", "tags", "expires_at"),
+            embedded=("agent", "key", "value"),
+            vector_sql="SELECT t.id, t.agent, NULL AS thread, t.expires_at, v.vector FROM memory_vector v "
+            "JOIN memory_short t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
+            expires=True,
+        ),
+    )
+}
+EMBEDDED_TIERS = tuple(tier for tier in TIER_TABLE.values() if tier.embedded)
+LIVE_TIERS = tuple(tier for tier in TIER_TABLE.values() if not tier.archived)  # where writes land
 
 
 class SchemaMismatch(Exception):
@@ -947,27 +1010,16 @@ class Store:
         since = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 {}')"
         recent = " UNION ALL ".join(
             f"SELECT agent, {column} AS ts FROM {table} WHERE {column} >= {since.format('day')}"
-            for table, column in WRITE_TIME_COLUMNS.items()
+            for table, column in {tier.table: tier.time_column for tier in LIVE_TIERS}.items()
         )
         sql = f"SELECT agent, sum(ts >= {since.format('hour')}), count(*) FROM ({recent}) GROUP BY agent"
         return self.read(lambda conn: {row[0]: (row[1], row[2]) for row in conn.execute(sql)})
 
-    def search_tier(
-        self,
-        conn: sqlite3.Connection,
-        tier: str,
-        caller: str,
-        scope: str,
-        match: str | None,
-        limit: int,
-        ids: list[int] | None = None,
-    ) -> list[sqlite3.Row]:
-        """Rows of one tier, filtered by scope, sharing and expiry before any ranking.
+    # -- recall's reads: each filters by scope, sharing and expiry before any ranking --
 
-        With `match`, the best BM25 matches; with `ids`, exactly those rows
-        (the vector leg's candidates) that pass the same filters; else the most recent.
-        """
-        table, fts, select, time_column, weights = TIER_SQL[tier]
+    @staticmethod
+    def visible(tier: Tier, caller: str, scope: str) -> tuple[list[str], list[Any]]:
+        """WHERE clauses (over alias t) and their parameters: what `caller` may read of `tier` in `scope`."""
         where, params = [], []
         if scope == "own":
             where.append("t.agent = ?")
@@ -975,21 +1027,35 @@ class Store:
         elif scope == "shared_except_self":
             where.append("t.agent != ?")
             params.append(caller)
-        if tier in ("episodic", solos_lifecycle.ARCHIVE_TIER):
+        if tier.opt_in:
             where.append("(t.agent = ? OR t.agent IN (SELECT agent FROM episodic_sharing WHERE shared = 1))")
             params.append(caller)
-        if tier == "short":
+        if tier.expires:
             where.append("t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
-        if ids is not None:
-            where.append("t.id IN (SELECT value FROM json_each(?))")
-            params.append(json.dumps(ids))
-        if match is None:
-            sql = (
-                f"SELECT {select}, 0.0 AS score FROM {table} t "
-                f"{'WHERE ' + ' AND '.join(where) if where else ''} "
-                f"ORDER BY t.{time_column} DESC, t.id DESC LIMIT ?"
-            )
-            return conn.execute(sql, (*params, limit)).fetchall()
+        return where, params
+
+    def recent_rows(self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, limit: int) -> list:
+        """The most recent rows the caller may read (a recall without words)."""
+        where, params = self.visible(tier, caller, scope)
+        sql = (
+            f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t "
+            f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY t.{tier.time_column} DESC, t.id DESC LIMIT ?"
+        )
+        return conn.execute(sql, (*params, limit)).fetchall()
+
+    def rows_by_id(self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, ids: list[int]) -> list:
+        """Exactly these rows (another leg's candidates, a match's neighbours), if the caller may read them."""
+        where, params = self.visible(tier, caller, scope)
+        where.append("t.id IN (SELECT value FROM json_each(?))")
+        sql = f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t WHERE {' AND '.join(where)}"
+        return conn.execute(sql, (*params, json.dumps(ids))).fetchall()
+
+    def ranked_rows(
+        self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, match: str, limit: int
+    ) -> list[sqlite3.Row]:
+        """The best BM25 matches the caller may read; `score` is -bm25 (higher is better)."""
+        where, params = self.visible(tier, caller, scope)
+        fts, weights = tier.fts, tier.bm25_weights
         # Rank inside FTS5, then join only the best: joining before the sort costs a table lookup
         # per matching row (bench/recall_latency.py, 1M rows: long tier p50 6.6 -> 3.9 ms, episodic
         # 35 -> 24 ms). With filters, rank OVERFETCH times as many; only when fewer than `limit`
@@ -998,15 +1064,16 @@ class Store:
         ranked = (
             f"WITH m AS MATERIALIZED (SELECT rowid AS id, bm25({fts}, {weights}) AS rank FROM {fts} "
             f"WHERE {fts} MATCH ? ORDER BY rank LIMIT ?) "
-            f"SELECT {select}, -m.rank AS score, (SELECT count(*) FROM m) AS ranked FROM m "
-            f"JOIN {table} t ON t.id = m.id {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY m.rank LIMIT ?"
+            f"SELECT {tier.columns}, -m.rank AS score, (SELECT count(*) FROM m) AS ranked FROM m "
+            f"JOIN {tier.table} t ON t.id = m.id {'WHERE ' + ' AND '.join(where) if where else ''} "
+            "ORDER BY m.rank LIMIT ?"
         )
         rows = conn.execute(ranked, (match, fetch, *params, limit)).fetchall()
         if len(rows) == limit or not where or (rows and rows[0]["ranked"] < fetch):
             return rows
         sql = (
-            f"SELECT {select}, -bm25({fts}, {weights}) AS score FROM {fts} "
-            f"JOIN {table} t ON t.id = {fts}.rowid WHERE {fts} MATCH ? "
+            f"SELECT {tier.columns}, -bm25({fts}, {weights}) AS score FROM {fts} "
+            f"JOIN {tier.table} t ON t.id = {fts}.rowid WHERE {fts} MATCH ? "
             f"{''.join(' AND ' + w for w in where)} ORDER BY bm25({fts}, {weights}) LIMIT ?"
         )
         return conn.execute(sql, (match, *params, limit)).fetchall()
@@ -1033,11 +1100,11 @@ class Store:
 
     def load_vectors(self, conn: sqlite3.Connection, tier: str, model: str) -> list[sqlite3.Row]:
         """Every vector of one tier made by `model`, with what the vector search filters on."""
-        return conn.execute(VECTOR_SQL[tier], (tier, model)).fetchall()
+        return conn.execute(TIER_TABLE[tier].vector_sql, (tier, model)).fetchall()
 
     def rows_missing_vectors(self, tier: str, model: str, limit: int) -> list[sqlite3.Row]:
         """Rows with no vector from `model` (new, changed, or embedded by another model)."""
-        table, _, select, _, _ = TIER_SQL[tier]
+        table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
         return self.read(
             lambda conn: conn.execute(
                 f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v "
@@ -1048,8 +1115,7 @@ class Store:
 
     def save_vectors(self, tier: str, model: str, embedded: list[tuple[sqlite3.Row, bytes]]) -> int:
         """Store vectors for rows whose text is still what was embedded; return how many."""
-        table = TIER_TABLES[tier]
-        fields = EMBEDDED_FIELDS[tier]
+        table, fields = TIER_TABLE[tier].table, TIER_TABLE[tier].embedded
         same_text = " AND ".join(f"{name} IS ?" for name in fields)
 
         def work(conn: sqlite3.Connection) -> int:
@@ -1080,11 +1146,11 @@ class Store:
         return self.read(
             lambda conn: sum(
                 conn.execute(
-                    f"SELECT count(*) FROM {TIER_TABLES[tier]} t LEFT JOIN memory_vector v "
+                    f"SELECT count(*) FROM {tier.table} t LEFT JOIN memory_vector v "
                     f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL",
-                    (tier, model),
+                    (tier.name, model),
                 ).fetchone()[0]
-                for tier in EMBEDDED_FIELDS
+                for tier in EMBEDDED_TIERS
             )
         )
 
@@ -1104,63 +1170,8 @@ class Store:
         ).fetchone()
 
 
-# Per tier: table, FTS table, selected columns, recency column, bm25 column weights.
-TIER_SQL = {
-    "long": (
-        "memory_longterm",
-        "memory_longterm_fts",
-        "t.id, t.agent, t.topic, t.fact, t.source, t.confidence, t.tags, t.created_at, t.updated_at AS ts",
-        "updated_at",
-        "1.0, 1.0, 0.5, 0.5, 0.3",
-    ),
-    "episodic": (
-        "memory_episodic",
-        "memory_episodic_fts",
-        "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts",
-        "timestamp",
-        "0.5, 1.0, 0.7, 0.7, 0.5",
-    ),
-    solos_lifecycle.ARCHIVE_TIER: (  # searched only with archive=true; results say tier "episodic"
-        "memory_episodic_archive",
-        "memory_episodic_archive_fts",
-        "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts",
-        "timestamp",
-        "0.5, 1.0, 0.7, 0.7, 0.5",
-    ),
-    "short": (
-        "memory_short",
-        "memory_short_fts",
-        "t.id, t.agent, t.key, t.value, t.tags, t.expires_at, t.created_at AS ts",
-        "created_at",
-        "1.0, 1.0, 0.5, 0.5",
-    ),
-}
-# Per tier: the fields an embedding is made of (a change to any of them drops the vector).
-EMBEDDED_FIELDS = {
-    "long": ("agent", "topic", "fact"),
-    "episodic": ("agent", "event_type", "summary"),
-    "short": ("agent", "key", "value"),
-}
-# Per tier: the model's vectors with what the vector search filters on; long rows ordered by topic
-# so a row's neighbours (the same topic, adjacent ids) sit beside it.
-VECTOR_SQL = {
-    "long": "SELECT t.id, t.agent, t.topic AS thread, NULL AS expires_at, t.embedding AS vector "
-    "FROM memory_vector v JOIN memory_longterm t ON t.id = v.row_id "
-    "WHERE v.tier = ? AND v.model = ? AND t.embedding IS NOT NULL ORDER BY t.topic, t.id",
-    "episodic": "SELECT t.id, t.agent, NULL AS thread, NULL AS expires_at, v.vector FROM memory_vector v "
-    "JOIN memory_episodic t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
-    "short": "SELECT t.id, t.agent, NULL AS thread, t.expires_at, v.vector FROM memory_vector v "
-    "JOIN memory_short t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
-}
-
-
 # ==== Embeddings (optional) ====
 
-CANDIDATE_DEPTH = 50  # per tier and leg; LoCoMo recall is flat from 50 candidates up, latency is not
-KEYWORD_WEIGHT, VECTOR_WEIGHT = 0.7, 0.3  # the vector leg is weaker: it must not drown BM25
-NAME_BOOST = 1.3  # a question that names a row's writer is about that writer
-NEIGHBOUR_WEIGHT = 0.5  # a long fact borrows half the best cosine of its topic neighbours
-NEIGHBOUR_KEYWORD_WEIGHT = 0.3  # and 0.3 of its best neighbour's keyword score (LoCoMo frac@10 +0.013)
 QUERY_EMBED_TIMEOUT_S = 2.0  # past this, recall answers keyword-only (degraded) rather than wait
 EMBED_BATCH = 32
 SWEEP_INTERVAL_S = 30  # the worker also looks for rows other writers added without vectors
@@ -1168,100 +1179,8 @@ SWEEP_INTERVAL_S = 30  # the worker also looks for rows other writers added with
 
 def embedding_text(tier: str, row: Any) -> str:
     """What a row's vector is made of: its writer and topic carry signal (LoCoMo vector hit@5 +0.19)."""
-    agent, label, text = (row[name] for name in EMBEDDED_FIELDS[tier])
+    agent, label, text = (row[name] for name in TIER_TABLE[tier].embedded)
     return f"{agent} ({label}): {text}" if label else f"{agent}: {text}"
-
-
-class VectorIndex:
-    """The loaded model's vectors per tier, in memory, reloaded when the database's vector generation moves.
-
-    Vectors from any other model are never loaded, so never compared. A
-    reload (about 3 ms per 1,000 rows) runs in the background while recall
-    keeps using the last snapshot: a just-embedded row joins the vector leg a
-    moment later (the keyword leg has it at once), and a deleted row never
-    comes back, because candidates are re-read through the SQL filters.
-    """
-
-    def __init__(self, model_id: str):
-        self.model_id = model_id
-        self.lock = threading.Lock()
-        self.generation: int | None = None
-        self.reloading = False
-        self.tiers: dict[str, tuple] = {}
-
-    def refresh(self, store: Store, conn: sqlite3.Connection, tiers: Sequence[str]) -> None:
-        """Make the snapshot current: at once while it holds nothing for these tiers, else in the background."""
-        generation = store.vector_generation(conn)
-        if generation == self.generation:
-            return
-        if not self.count(tiers):
-            self.load(store, conn, generation)
-            return
-        with self.lock:
-            if self.reloading:
-                return
-            self.reloading = True
-        threading.Thread(target=self.reload, args=(store,), name="vector-reload", daemon=True).start()
-
-    def reload(self, store: Store) -> None:
-        try:
-            store.read(lambda conn: self.load(store, conn, store.vector_generation(conn)))
-        except Exception as error:  # the next recall tries again; until then the old snapshot serves
-            log_event("vector_reload_failed", reason=f"{type(error).__name__}: {error}")
-        finally:
-            self.reloading = False
-
-    def load(self, store: Store, conn: sqlite3.Connection, generation: int) -> None:
-        import numpy as np
-
-        tiers = {}
-        for tier in EMBEDDED_FIELDS:
-            rows = store.load_vectors(conn, tier, self.model_id)
-            ids = np.array([row["id"] for row in rows], dtype=np.int64)
-            agents = np.array([row["agent"] for row in rows], dtype=object)
-            expires = np.array([row["expires_at"] or "" for row in rows], dtype=object)
-            matrix = np.frombuffer(b"".join(row["vector"] for row in rows), dtype="<f4")
-            matrix = matrix.reshape(len(rows), -1) if rows else np.zeros((0, 1), dtype=np.float32)
-            threads = [row["thread"] for row in rows]
-            prev = np.array(
-                [i - 1 if i and threads[i] and threads[i - 1] == threads[i] else -1 for i in range(len(rows))],
-                dtype=np.int64,
-            )
-            after = np.array(
-                [
-                    i + 1 if i + 1 < len(rows) and threads[i] and threads[i + 1] == threads[i] else -1
-                    for i in range(len(rows))
-                ],
-                dtype=np.int64,
-            )
-            tiers[tier] = (ids, agents, expires, matrix, prev, after)
-        with self.lock:
-            if self.generation is None or generation >= self.generation:
-                self.tiers, self.generation = tiers, generation
-
-    def count(self, tiers: Sequence[str]) -> int:
-        """Vectors loaded for these tiers."""
-        return sum(len(self.tiers[tier][0]) for tier in tiers if tier in self.tiers)
-
-    def search(self, tier: str, query: Any, allowed: Callable[[Any], Any], depth: int) -> dict[int, float]:
-        """Top `depth` rows by cosine (plus topic neighbours' for long), among rows `allowed` keeps."""
-        import numpy as np
-
-        ids, agents, expires, matrix, prev, after = self.tiers.get(tier, (None,) * 6)
-        if ids is None or not len(ids):
-            return {}
-        cosine = matrix @ query
-        padded = np.append(cosine, 0.0)  # index -1 (no neighbour) reads 0
-        neighbours = np.maximum(padded[prev], padded[after])
-        score = cosine + NEIGHBOUR_WEIGHT * np.where((prev >= 0) | (after >= 0), neighbours, 0.0)
-        mask = allowed(agents)
-        if tier == "short":
-            mask &= (expires > utc_now()).astype(bool)
-        candidates = np.flatnonzero(mask)
-        if not len(candidates):
-            return {}
-        top = candidates[np.argsort(-score[candidates], kind="stable")[:depth]]
-        return {int(ids[i]): float(score[i]) for i in top}
 
 
 def embed_missing(
@@ -1273,7 +1192,7 @@ def embed_missing(
     each batch is its own short write transaction.
     """
     done = 0
-    for tier in EMBEDDED_FIELDS:
+    for tier in (tier.name for tier in EMBEDDED_TIERS):
         while True:
             rows = store.rows_missing_vectors(tier, embedder.model_id, batch)
             if not rows:
@@ -1399,6 +1318,13 @@ class Stats:
             self.rejections[error.code] += 1
             self.recent_rejections = [{"ts": utc_now(), **record}, *self.recent_rejections[:19]]
 
+    def record_recall(self, results: list[dict], suppressed: int) -> None:
+        """One recall's rows per tier, whether it found nothing, and the duplicates it collapsed."""
+        with self.lock:
+            self.duplicates_suppressed += suppressed
+            self.recall_hits.update(r["tier"] for r in results)
+            self.recall_empty += not results
+
     def snapshot(self) -> dict:
         with self.lock:
             return {
@@ -1422,7 +1348,7 @@ class Memory:
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
         self.stats = Stats()
         self.activity = solos_status.Activity()
-        self.vectors = VectorIndex(embedder.model_id) if embedder else None
+        self.vectors = solos_rank.VectorIndex(embedder.model_id, [t.name for t in EMBEDDED_TIERS]) if embedder else None
         self.worker = EmbedWorker(store, embedder) if embedder else None
         self.query_pool = concurrent.futures.ThreadPoolExecutor(1, "embed-query") if embedder else None
         self.stuck_query: concurrent.futures.Future | None = None
@@ -1491,314 +1417,135 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     embedder was unavailable and ranking is keyword-only. Identical texts are
     collapsed and counted in `suppressed_duplicates`.
     """
+    plan = plan_recall(memory, args)
+    found = memory.store.read(lambda conn: gather(memory, plan, conn))
+    if found.ranking == "recency":
+        ranked = sorted(found.candidates.values(), key=lambda r: r["ts"] or "", reverse=True)
+    else:
+        ranked = solos_rank.fuse(found.candidates, found.similar, found.ranking)
+    return present(memory, plan, found, ranked)
+
+
+@dataclass(frozen=True)
+class RecallPlan:
+    """What one recall will do, decided before it reads anything."""
+
+    caller: str
+    k: int
+    scope: str
+    tiers: tuple[str, ...]  # as asked, durable included
+    searched: tuple[Tier, ...]
+    query: str
+    words: list[str]
+    match: str | None  # the FTS5 query; None: no words to match
+    vector: Any  # the question's embedding, or None
+    ranking: str  # recency, keyword, vector or hybrid
+    reason: str | None  # why ranking is degraded, or None
+    depth: int  # candidates per tier and leg
+
+
+@dataclass
+class Gathered:
+    """What one read found: the persona, each leg's candidates, and the ranking they allow."""
+
+    persona: list[dict]
+    candidates: dict[tuple[str, int], dict]
+    similar: dict[tuple[str, int], float]
+    ranking: str  # the plan's, or keyword when no row of these tiers has a vector yet
+
+
+def plan_recall(memory: Memory, args: dict) -> RecallPlan:
+    """Check the request against the rules, parse the question, embed it if the embedder may rank."""
     caller, k, scope = args["agent"], args["k"], args["scope"]
     tiers = tuple(dict.fromkeys(args["tiers"] or DEFAULT_TIERS))
     if "durable" in tiers and scope == "shared_except_self":
         raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
-    query = args["q"] or ""
-    words = query_words(query)
-    match = make_fts_query(words)
-    searched = [tier for tier in tiers if tier != "durable"]
+    searched = [TIER_TABLE[tier] for tier in tiers if tier != "durable"]
     if args["archive"]:
         if "episodic" not in tiers:
             raise BadRequest("archive=true searches archived episodic rows: add episodic to tiers", "archive")
-        searched.append(solos_lifecycle.ARCHIVE_TIER)
+        searched.append(TIER_TABLE[solos_lifecycle.ARCHIVE_TIER])
+    query = args["q"] or ""
+    words = solos_rank.query_words(query)
+    match = solos_rank.make_fts_query(words)
     vector, reason = None, memory.embedder_state()["degraded_reason"]  # what /health says, this very moment
     if match and args["ranking"] != "keyword" and memory.embedder is not None:
         vector, failure = memory.embed_query(query)
         reason = failure or reason
-    ranking = (
-        "recency"
-        if match is None
-        else "keyword"
-        if vector is None
-        else ("vector" if args["ranking"] == "vector" else "hybrid")
-    )
-    depth = max(CANDIDATE_DEPTH, k * 4 + 20)  # room for collapsed duplicates without a second query
+    if match is None:
+        ranking = "recency"
+    else:
+        ranking = "keyword" if vector is None else ("vector" if args["ranking"] == "vector" else "hybrid")
+    depth = max(solos_rank.CANDIDATE_DEPTH, k * 4 + 20)  # room for collapsed duplicates without a second query
+    return RecallPlan(caller, k, scope, tiers, tuple(searched), query, words, match, vector, ranking, reason, depth)
 
-    def work(conn: sqlite3.Connection) -> tuple[list[dict], list[dict]]:
-        nonlocal vector, ranking
-        Store.require_agent(conn, caller)
-        persona = []
-        if "durable" in tiers:
-            row = memory.store.persona(conn, caller)
-            if row is not None and (not query.strip() or match is None or term_overlap(query, row["value"])):
-                persona.append(durable_result(row, caller))
-        if query.strip() and match is None:
-            return persona, []  # words-free text (only punctuation): nothing can match
-        if match is None:
-            return persona, [
-                tier_result(tier, row, caller)
-                for tier in searched
-                for row in memory.store.search_tier(conn, tier, caller, scope, None, depth)
-            ]
-        vectors = memory.vectors
-        if vector is not None and vectors is not None:
-            vectors.refresh(memory.store, conn, searched)
-            if not vectors.count(searched):  # no row of these tiers has a vector (yet): the keyword leg alone
-                vector, ranking = None, "keyword"
-        candidates: dict[tuple[str, int], dict] = {}
-        if ranking != "vector":
-            candidates = keyword_candidates(memory.store, conn, caller, scope, searched, match, words, depth)
-        similar: dict[tuple[str, int], float] = {}
-        if vector is not None and vectors is not None:
-            similar = vector_candidates(memory.store, conn, vectors, vector, caller, scope, searched, depth)
-            for tier in searched:  # rows only the vector leg found, read through the same SQL filters
-                missing = [row_id for (t, row_id) in similar if t == tier and (t, row_id) not in candidates]
-                rows = (
-                    memory.store.search_tier(conn, tier, caller, scope, None, len(missing), missing) if missing else []
-                )
-                candidates.update(
-                    {(tier, row["id"]): {**tier_result(tier, row, caller), "keyword": None} for row in rows}
-                )
-        return persona, fuse(candidates, similar, ranking)
 
-    persona, candidates = memory.store.read(work)
-    key = (lambda r: r["score"]) if match else (lambda r: r["ts"] or "")
-    candidates.sort(key=key, reverse=True)
-    results, collapsed = collapse_duplicates(persona + candidates, k)
-    suppressed = len(collapsed)
+def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gathered:
+    """Every candidate both legs find, in one read snapshot, already filtered by scope, sharing and expiry."""
+    store, caller, scope = memory.store, plan.caller, plan.scope
+    Store.require_agent(conn, caller)
+    persona = []
+    if "durable" in plan.tiers:
+        row = store.persona(conn, caller)
+        if row is not None and (plan.match is None or solos_rank.term_overlap(plan.query, row["value"])):
+            persona.append(solos_rank.durable_result(row, caller))
+    if plan.match is None:
+        if plan.query.strip():  # words-free text (only punctuation): nothing can match
+            return Gathered(persona, {}, {}, plan.ranking)
+        recent = {
+            (tier.name, row["id"]): solos_rank.tier_result(tier, row, caller)
+            for tier in plan.searched
+            for row in store.recent_rows(conn, tier, caller, scope, plan.depth)
+        }
+        return Gathered(persona, recent, {}, plan.ranking)
+    ranking, vectors = plan.ranking, memory.vectors
+    names = [tier.name for tier in plan.searched]
+    if plan.vector is not None and vectors is not None:
+        vectors.refresh(store, conn, names)
+        if not vectors.count(names):  # no row of these tiers has a vector (yet): the keyword leg alone
+            ranking = "keyword"
+    candidates: dict[tuple[str, int], dict] = {}
+    if ranking != "vector":
+        candidates = solos_rank.keyword_candidates(
+            store, conn, plan.searched, caller, scope, plan.match, plan.words, plan.depth
+        )
+    similar: dict[tuple[str, int], float] = {}
+    if ranking in ("vector", "hybrid") and vectors is not None:
+        sharing = store.sharing_agents(conn)
+        similar = solos_rank.vector_candidates(vectors, plan.vector, plan.searched, caller, scope, sharing, plan.depth)
+        for tier in plan.searched:  # rows only the vector leg found, read through the same SQL filters
+            missing = [row_id for (name, row_id) in similar if name == tier.name and (name, row_id) not in candidates]
+            for row in store.rows_by_id(conn, tier, caller, scope, missing) if missing else ():
+                candidates[(tier.name, row["id"])] = {**solos_rank.tier_result(tier, row, caller), "keyword": None}
+    return Gathered(persona, candidates, similar, ranking)
+
+
+def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:
+    """Collapse duplicates, cut to k, audit foreign episodes, count; the response."""
+    results, collapsed = solos_rank.collapse_duplicates(found.persona + ranked, plan.k)
     for result in results:  # presentation work, only for the rows returned
         result["score"] = round(result["score"], 6)
         if "tags" in result:
-            result["tags"] = parse_tags(result["tags"])
+            result["tags"] = solos_rank.parse_tags(result["tags"])
     # A collapsed copy is revealed too (its twin's duplicates, also_written_by): its read is audited as well.
     audit = [(r["agent"], r["id"]) for r in results + collapsed if r["tier"] == "episodic" and r["foreign"]]
     if audit:
-        memory.store.record_audit(caller, audit)
-    stats = memory.stats
-    with stats.lock:
-        stats.duplicates_suppressed += suppressed
-        stats.recall_hits.update(r["tier"] for r in results)
-        stats.recall_empty += not results
-    memory.activity.recalled(caller, [r["agent"] for r in results])
+        memory.store.record_audit(plan.caller, audit)
+    memory.stats.record_recall(results, len(collapsed))
+    memory.activity.recalled(plan.caller, [r["agent"] for r in results])
     return {
-        "agent": caller,
-        "q": query,
-        "k": k,
-        "scope": scope,
-        "tiers": list(tiers),
+        "agent": plan.caller,
+        "q": plan.query,
+        "k": plan.k,
+        "scope": plan.scope,
+        "tiers": list(plan.tiers),
         "count": len(results),
         "results": results,
-        "suppressed_duplicates": suppressed,
-        "degraded": reason is not None,
-        "degraded_reason": reason,
-        "ranking": ranking,
+        "suppressed_duplicates": len(collapsed),
+        "degraded": plan.reason is not None,
+        "degraded_reason": plan.reason,
+        "ranking": found.ranking,
     }
-
-
-def keyword_candidates(
-    store: Store,
-    conn: sqlite3.Connection,
-    caller: str,
-    scope: str,
-    tiers: list[str],
-    match: str,
-    words: list[str],
-    depth: int,
-) -> dict[tuple[str, int], dict]:
-    """The keyword leg: BM25 per tier after the filters, x1.3 for a named writer, then topic neighbours."""
-    candidates = {}
-    for tier in tiers:
-        for row in store.search_tier(conn, tier, caller, scope, match, depth):
-            result = tier_result(tier, row, caller)
-            result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in words else 1.0)
-            candidates[(tier, row["id"])] = result
-    if "long" in tiers:
-        smooth_with_neighbours(store, conn, caller, scope, candidates)
-    return candidates
-
-
-def vector_candidates(
-    store: Store,
-    conn: sqlite3.Connection,
-    vectors: VectorIndex,
-    query: Any,
-    caller: str,
-    scope: str,
-    tiers: list[str],
-    depth: int,
-) -> dict[tuple[str, int], float]:
-    """The vector leg: cosine per tier among rows the scope (and, for episodes, sharing) allows."""
-    sharing = store.sharing_agents(conn) | {caller}
-    similar = {}
-    for tier in tiers:
-        allowed = scope_mask(caller, scope, sharing if tier == "episodic" else None)
-        similar.update(
-            {(tier, row_id): cosine for row_id, cosine in vectors.search(tier, query, allowed, depth).items()}
-        )
-    return similar
-
-
-def smooth_with_neighbours(
-    store: Store, conn: sqlite3.Connection, caller: str, scope: str, keyword: dict[tuple[str, int], dict]
-) -> None:
-    """Add to each long fact a share of its best-matching topic neighbour's keyword score.
-
-    An answer often sits in the turn after the one that matches the question
-    ("What did you do?" / "I went to ..."); the index's context column covers
-    the turns before. A neighbour of a match may enter the candidates this way.
-    """
-    matched = {row_id: result["keyword"] for (tier, row_id), result in keyword.items() if tier == "long"}
-    if not matched:
-        return
-    links = store.topic_neighbours(conn, list(matched))
-    borrowed: dict[int, float] = {}
-    for row_id, neighbours in links.items():
-        for neighbour in neighbours:
-            if neighbour is not None:
-                borrowed[neighbour] = max(borrowed.get(neighbour, 0.0), matched[row_id])
-    entering = [row_id for row_id in borrowed if row_id not in matched]
-    for row in store.search_tier(conn, "long", caller, scope, None, len(entering), entering) if entering else ():
-        keyword[("long", row["id"])] = {**tier_result("long", row, caller), "keyword": 0.0}
-    for row_id, share in borrowed.items():
-        if ("long", row_id) in keyword:
-            keyword[("long", row_id)]["keyword"] += NEIGHBOUR_KEYWORD_WEIGHT * share
-
-
-def scope_mask(caller: str, scope: str, readable: set[str] | None) -> Callable[[Any], Any]:
-    """The vector leg's filter over an array of writers: scope, then (episodic) who shares."""
-    import numpy as np
-
-    def allowed(agents: Any) -> Any:
-        mask = np.ones(len(agents), dtype=bool)
-        if scope == "own":
-            mask &= agents == caller
-        elif scope == "shared_except_self":
-            mask &= agents != caller
-        if readable is not None:
-            mask &= np.isin(agents, list(readable))
-        return mask.astype(bool)
-
-    return allowed
-
-
-def normalise(scores: dict[Any, float]) -> dict[Any, float]:
-    """Min-max onto [0.01, 1], so both legs share a scale and a weak match is still above absent."""
-    if not scores:
-        return {}
-    low, high = min(scores.values()), max(scores.values())
-    if high == low:
-        return {key: 1.0 for key in scores}
-    return {key: 0.01 + 0.99 * (value - low) / (high - low) for key, value in scores.items()}
-
-
-def fuse(candidates: dict[tuple[str, int], dict], similar: dict[tuple[str, int], float], ranking: str) -> list[dict]:
-    """One score in [0, 1] per row: 0.7 x keyword + 0.3 x vector, each leg min-max normalised.
-
-    A row outside a leg's candidates gets 0 from it. Keyword-only and
-    vector-only rankings use their own leg alone.
-    """
-    keyword = normalise({key: r["keyword"] for key, r in candidates.items() if r["keyword"] is not None})
-    vector = normalise(similar)
-    weights = {"hybrid": (KEYWORD_WEIGHT, VECTOR_WEIGHT), "keyword": (1.0, 0.0), "vector": (0.0, 1.0)}[ranking]
-    fused = []
-    for key, result in candidates.items():
-        result.pop("keyword")
-        result["score"] = weights[0] * keyword.get(key, 0.0) + weights[1] * vector.get(key, 0.0)
-        if result["score"] > 0:
-            fused.append(result)
-    return fused
-
-
-def term_overlap(query: str, text: str) -> int:
-    """How many distinct query words occur in text (case-insensitive)."""
-    words = set(re.findall(r"\w+", text.lower()))
-    return len({w for w in re.findall(r"\w+", query.lower())} & words)
-
-
-def parse_tags(raw: Any) -> list[str]:
-    """Tags as stored: a JSON array from this service, maybe a comma list from other writers."""
-    if not raw:
-        return []
-    try:
-        tags = json.loads(raw)
-    except (TypeError, ValueError):
-        return [part.strip() for part in str(raw).split(",") if part.strip()]
-    return [str(tag) for tag in tags] if isinstance(tags, list) else [str(tags)]
-
-
-def tier_result(tier: str, row: sqlite3.Row, caller: str) -> dict:
-    """One recalled row, labelled with tier, writer, time, score, source and foreign."""
-    base = {
-        "id": row["id"],
-        "tier": tier,
-        "agent": row["agent"],
-        "ts": row["ts"],
-        "score": row["score"],
-        "foreign": row["agent"] != caller,
-    }
-    if tier == "long":
-        return {
-            **base,
-            "source": row["source"] or f"memory_longterm#{row['id']}",
-            "text": row["fact"],
-            "topic": row["topic"],
-            "fact": row["fact"],
-            "confidence": row["confidence"],
-            "tags": row["tags"],  # parsed by finish_results, for the few rows returned
-        }
-    if tier in ("episodic", solos_lifecycle.ARCHIVE_TIER):
-        return {
-            **base,
-            "tier": "episodic",
-            "archived": tier != "episodic",
-            "source": f"{TIER_SQL[tier][0]}#{row['id']}",
-            "text": row["summary"],
-            "event_type": row["event_type"],
-            "summary": row["summary"],
-            "details": row["details"],
-            "outcome": row["outcome"],
-            "duration_s": row["duration_s"],
-        }
-    return {
-        **base,
-        "source": f"memory_short#{row['id']}",
-        "text": row["value"],
-        "key": row["key"],
-        "value": row["value"],
-        "tags": row["tags"],
-        "expires_at": row["expires_at"],
-    }
-
-
-def durable_result(row: sqlite3.Row, caller: str) -> dict:
-    """The caller's persona record; listed first, since it is the caller's identity."""
-    return {
-        "id": row["id"],
-        "tier": "durable",
-        "agent": caller,
-        "ts": row["updated_at"],
-        "score": 1.0,
-        "foreign": False,
-        "source": f"memory_durable/{row['key']}",
-        "text": row["value"],
-        "key": row["key"],
-        "value": row["value"],
-    }
-
-
-def collapse_duplicates(ranked: list[dict], k: int) -> tuple[list[dict], list[dict]]:
-    """Keep the best-ranked copy of each identical text; return the kept and the collapsed copies.
-
-    A collapsed copy still shows in its kept twin's `duplicates` and `also_written_by`.
-    """
-    kept: dict[str, dict] = {}
-    collapsed = []
-    for result in ranked:
-        text = " ".join(str(result["text"]).split()).casefold()
-        if text in kept:
-            first = kept[text]
-            first["duplicates"] = first.get("duplicates", 0) + 1
-            if result["agent"] not in first.setdefault("also_written_by", []) and result["agent"] != first["agent"]:
-                first["also_written_by"].append(result["agent"])
-            collapsed.append(result)
-        elif len(kept) < k:
-            kept[text] = result
-    for result in kept.values():
-        if not result.get("also_written_by"):
-            result.pop("also_written_by", None)
-    return list(kept.values()), collapsed
 
 
 def op_write_short(memory: Memory, args: dict) -> dict:

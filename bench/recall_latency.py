@@ -55,6 +55,7 @@ from harness import ROOT, Client, machine_note, percentiles, start_floor, start_
 
 sys.path.insert(0, str(ROOT))
 import solos_memory  # noqa: E402
+import solos_rank  # noqa: E402
 
 TARGET_RATIO = 1.5
 TARGET_P99_MS = 10.0
@@ -100,18 +101,16 @@ def make_queries(db: Path, count: int, seed: int, style: str) -> list[str]:
 
 
 def service_match(text: str) -> str | None:
-    """The FTS5 MATCH string the service builds for q (whichever version of the service is on disk)."""
-    if hasattr(solos_memory, "query_words"):
-        return solos_memory.make_fts_query(solos_memory.query_words(text))
-    return solos_memory.make_fts_query(text)
+    """The FTS5 MATCH string the service builds for q."""
+    return solos_rank.make_fts_query(solos_rank.query_words(text))
 
 
 def fts_statements(tiers: str) -> list[str]:
     """The bare FTS5 ranking the service's recall rests on, one statement per tier, at the service's depth."""
-    depth = max(getattr(solos_memory, "CANDIDATE_DEPTH", 0), K * 4 + 20)
+    depth = max(solos_rank.CANDIDATE_DEPTH, K * 4 + 20)
     statements = []
-    for tier in tiers.split(","):
-        _, fts, _, _, weights = solos_memory.TIER_SQL[tier]
+    for name in tiers.split(","):
+        fts, weights = solos_memory.TIER_TABLE[name].fts, solos_memory.TIER_TABLE[name].bm25_weights
         statements.append(
             f"SELECT rowid, bm25({fts}, {weights}) FROM {fts} WHERE {fts} MATCH ? "
             f"ORDER BY bm25({fts}, {weights}) LIMIT {depth}"

@@ -12,6 +12,7 @@ from conftest import ROOT, skip_or_fail
 
 import solos_check
 import solos_memory
+import solos_rank
 
 CHECK_NAMES = ["loopback only", "health", "cross-agent echo", "long row delta", "mcp tools", "degraded mode"]
 
@@ -94,9 +95,9 @@ def test_unregistered_reader_fails_the_echo(server):
 
 
 def test_echo_that_comes_back_unlabelled_fails(server, monkeypatch):
-    real = solos_memory.tier_result
+    real = solos_rank.tier_result
     monkeypatch.setattr(
-        solos_memory, "tier_result", lambda tier, row, caller: {**real(tier, row, caller), "foreign": False}
+        solos_rank, "tier_result", lambda tier, row, caller: {**real(tier, row, caller), "foreign": False}
     )
     result = by_name(solos_check.run_checks(server.url, "atlas", "sol"))["cross-agent echo"]
     assert not result.ok
