@@ -401,13 +401,14 @@ def test_starting_on_a_database_that_cannot_be_opened_is_one_clear_line(tmp_path
     assert "cannot start" in message and "\n" not in message and "Traceback" not in message
 
 
-def test_pooled_connections_decode_invalid_utf8_instead_of_raising(tmp_path):
+def test_invalid_utf8_is_read_leniently_by_reads_and_writes_alike(tmp_path):
     store = solos_memory.Store(str(tmp_path / "x.db"))
-    conn = store.connect()
     try:
-        assert conn.execute("SELECT CAST(X'41ff42' AS TEXT)").fetchone()[0] == "A\ufffdB"
+        assert store.read(lambda conn: conn.execute("SELECT CAST(X'41ff42' AS TEXT)").fetchone()[0]) == "A\ufffdB"
+        assert store.write(lambda conn: conn.execute("SELECT CAST(X'43ff' AS TEXT)").fetchone()[0]) == "C\ufffd"
+        assert store.read(lambda conn: conn.execute("SELECT 'plain'").fetchone()[0]) == "plain"
     finally:
-        conn.close()
+        store.close()
 
 
 def test_sqlite_error_codes_are_named(tmp_path):
