@@ -39,7 +39,14 @@ def set_up_commands() -> list[str]:
 
 
 def zero_install_command() -> list[str]:
-    return next(command for command in set_up_commands() if command.startswith("python3 ")).split()
+    """The bare-python3 alternative the Set up section names in its prose."""
+    section = README.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"`(python3 solos_memory\.py serve[^`]*)`", section)[0].split()
+
+
+def test_set_up_has_exactly_two_commands_the_service_and_the_tests():
+    assert set_up_commands() == ["make serve", "make test"]
+    assert zero_install_command() == ["python3", "solos_memory.py", "serve", "--register", "atlas,sol"]
 
 
 def test_quick_start_works_right_after_the_zero_install_set_up_command(tmp_path):
