@@ -48,6 +48,7 @@ REQUIRED_FILES = (
     "solos_qdrant.py",
     "solos_lifecycle.py",
     "solos_rank.py",
+    "solos_dataspace.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.
 EMBEDDER = "solos_embed.py"

@@ -316,4 +316,90 @@ END;
 CREATE TRIGGER IF NOT EXISTS memory_episodic_archive_fts_ad AFTER DELETE ON memory_episodic_archive BEGIN
     INSERT INTO memory_episodic_archive_fts (memory_episodic_archive_fts, rowid, event_type, summary, details, outcome, agent)
     VALUES ('delete', old.id, old.event_type, old.summary, old.details, old.outcome, old.agent);
+
+-- ==== Dataspace: retractions and the event log (solos_dataspace.py) ====
+
+-- One row per forgotten row: who, which row, when, and a hash of what it said.
+-- Never the text: an audit can show that something was forgotten, not what.
+-- A restore re-applies these, so a forgotten row stays forgotten.
+CREATE TABLE IF NOT EXISTS memory_retraction (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent         TEXT NOT NULL,
+    tier          TEXT NOT NULL,
+    row_id        INTEGER NOT NULL,
+    content_hash  TEXT NOT NULL,   -- sha256 of the row's content (long: of the fact)
+    key_hash      TEXT,            -- short rows: sha256 of the key, which names the row across its versions
+    forgotten_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+
+-- Every write, update, delete, forget and expiry, in commit order, whoever made
+-- it: the triggers below log rows the fleet's other writers change directly.
+-- AUTOINCREMENT: an id is never reused, so subscribers resume by id. No text:
+-- subscribers read the row itself, so a forget leaves nothing behind here.
+-- Pruned after the retention window (solos_dataspace.EVENT_RETENTION_S).
+CREATE TABLE IF NOT EXISTS memory_event (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts      TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    kind    TEXT NOT NULL,   -- write, update, delete, forget, expire
+    tier    TEXT NOT NULL,
+    row_id  INTEGER NOT NULL,
+    agent   TEXT             -- the row's writer; durable: the agent of persona/<agent>
+);
+
+CREATE TRIGGER IF NOT EXISTS memory_longterm_event_ai AFTER INSERT ON memory_longterm BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('write', 'long', new.id, new.agent);
+END;
+-- Only a change of content is an event: the embedder filling `embedding`, or a
+-- re-write of the same fact, is not.
+CREATE TRIGGER IF NOT EXISTS memory_longterm_event_au AFTER UPDATE OF agent, topic, fact, source, confidence, tags
+ON memory_longterm WHEN old.agent IS NOT new.agent OR old.topic IS NOT new.topic OR old.fact IS NOT new.fact
+    OR old.source IS NOT new.source OR old.confidence IS NOT new.confidence OR old.tags IS NOT new.tags BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('update', 'long', new.id, new.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_longterm_event_ad AFTER DELETE ON memory_longterm BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('delete', 'long', old.id, old.agent);
+END;
+
+CREATE TRIGGER IF NOT EXISTS memory_episodic_event_ai AFTER INSERT ON memory_episodic BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('write', 'episodic', new.id, new.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_episodic_event_au
+AFTER UPDATE OF agent, event_type, summary, details, outcome, duration_s ON memory_episodic
+WHEN old.agent IS NOT new.agent OR old.event_type IS NOT new.event_type OR old.summary IS NOT new.summary
+    OR old.details IS NOT new.details OR old.outcome IS NOT new.outcome OR old.duration_s IS NOT new.duration_s BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('update', 'episodic', new.id, new.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_episodic_event_ad AFTER DELETE ON memory_episodic BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('delete', 'episodic', old.id, old.agent);
+END;
+
+CREATE TRIGGER IF NOT EXISTS memory_short_event_ai AFTER INSERT ON memory_short BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('write', 'short', new.id, new.agent);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_short_event_au AFTER UPDATE OF agent, key, value, tags, expires_at ON memory_short
+BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('update', 'short', new.id, new.agent);
+END;
+-- The service logs 'expire' when a short row's TTL passes and then advances
+-- events_expired_through; deleting a row it already reported (purge) is no new
+-- event. A row that expired unreported (the service was down) reports now.
+CREATE TRIGGER IF NOT EXISTS memory_short_event_ad AFTER DELETE ON memory_short
+WHEN old.expires_at > coalesce((SELECT value FROM solos_memory_meta WHERE key = 'events_expired_through'), '') BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES (
+        CASE WHEN old.expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') THEN 'expire' ELSE 'delete' END,
+        'short', old.id, old.agent);
+END;
+
+-- The fleet writes persona/<agent> records directly; each is an event for that agent alone.
+CREATE TRIGGER IF NOT EXISTS memory_durable_event_ai AFTER INSERT ON memory_durable
+WHEN substr(new.key, 1, 8) = 'persona/' BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('write', 'durable', new.id, substr(new.key, 9));
+END;
+CREATE TRIGGER IF NOT EXISTS memory_durable_event_au AFTER UPDATE ON memory_durable
+WHEN substr(new.key, 1, 8) = 'persona/' BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('update', 'durable', new.id, substr(new.key, 9));
+END;
+CREATE TRIGGER IF NOT EXISTS memory_durable_event_ad AFTER DELETE ON memory_durable
+WHEN substr(old.key, 1, 8) = 'persona/' BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('delete', 'durable', old.id, substr(old.key, 9));
 END;

@@ -45,7 +45,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
@@ -53,6 +53,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import mcp_bridge
 import solos_check
+import solos_dataspace
 import solos_lifecycle
 import solos_qdrant
 import solos_rank
@@ -1364,6 +1365,7 @@ class Memory:
         self.mirror: solos_qdrant.Mirror | None = None
         if self.worker:
             self.worker.start()
+        self.dataspace = solos_dataspace.Dataspace(store, TIER_TABLE, event_row)
 
     def embedder_state(self) -> dict:
         """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall."""
@@ -1378,7 +1380,8 @@ class Memory:
         return {"embedder_state": state, "embed_backlog": backlog, "degraded": bool(reason), "degraded_reason": reason}
 
     def written(self) -> None:
-        """A row was written: have the worker embed it soon."""
+        """A row was written: have the worker embed it soon, and subscribers hear of it now."""
+        self.dataspace.wake()
         if self.worker:
             self.worker.queue()
 
@@ -1402,6 +1405,7 @@ class Memory:
         return np.frombuffer(blob, dtype="<f4"), None
 
     def close(self) -> None:
+        self.dataspace.stop()
         if self.worker:
             self.worker.stop()
         if self.query_pool:
@@ -1466,9 +1470,7 @@ class Gathered:
 def plan_recall(memory: Memory, args: dict) -> RecallPlan:
     """Check the request against the rules, parse the question, embed it if the embedder may rank."""
     caller, k, scope = args["agent"], args["k"], args["scope"]
-    tiers = tuple(dict.fromkeys(args["tiers"] or DEFAULT_TIERS))
-    if "durable" in tiers and scope == "shared_except_self":
-        raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
+    tiers = readable_tiers(args)
     searched = [TIER_TABLE[tier] for tier in tiers if tier != "durable"]
     if args["archive"]:
         if "episodic" not in tiers:
@@ -1557,6 +1559,14 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
     }
 
 
+def readable_tiers(args: dict) -> tuple[str, ...]:
+    """The tiers asked for (default long, short); others' durable rows are never readable."""
+    tiers = tuple(dict.fromkeys(args["tiers"] or DEFAULT_TIERS))
+    if "durable" in tiers and args["scope"] == "shared_except_self":
+        raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
+    return tiers
+
+
 def op_write_short(memory: Memory, args: dict) -> dict:
     """Write a short-term key/value for the calling agent, expiring after ttl_s seconds.
 
@@ -1638,6 +1648,57 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
         **memory.store.read(solos_lifecycle.lifecycle_counts),
     }
+
+
+def op_forget_memory(memory: Memory, args: dict) -> dict:
+    """Forget one of the calling agent's own rows (short, long or episodic) by id: only its author may.
+
+    The row, its index entries, vector and the copies neighbours carry as context go in one transaction, then
+    the index is merged and the WAL checkpointed so the text leaves the database file. A retraction is kept
+    without the text (who, which row, when, a content hash); subscribers get a `forget` event.
+    """
+    agent, tier, row_id = args["agent"], args["tier"], args["id"]
+
+    def work(conn: sqlite3.Connection) -> dict:
+        Store.require_agent(conn, agent)
+        owner = solos_dataspace.row_owner(conn, tier, row_id)
+        if owner is None:
+            raise NotFound(f"there is no {tier} row with id {row_id}", "id")
+        if owner != agent:
+            raise Forbidden(f"{tier} row {row_id} was written by another agent; only its author can forget it", "id")
+        return solos_dataspace.erase(conn, tier, row_id)
+
+    retraction = memory.store.write(work)
+    memory.written()
+    scrubbed = memory.dataspace.scrub(tier)
+    return {"tier": tier, "agent": agent, "id": row_id, "status": "forgotten", **retraction, **scrubbed}
+
+
+def op_read_events(memory: Memory, args: dict) -> dict:
+    """Read what changed since an event id: writes, updates, forgets, deletes and expiries, oldest first.
+
+    Filtered as recall is (scope, tiers, the audited episodic opt-in, durable privacy), plus writers, tags and
+    words that writes must match. Pass `next_since` back as `since`; `gap` says when events were pruned (kept a
+    week). Over REST, `Accept: text/event-stream` makes the same call a live Server-Sent Events stream.
+    """
+    return memory.dataspace.read(event_pattern(memory, args), args["since"] or 0, args["limit"])
+
+
+def event_pattern(memory: Memory, args: dict) -> solos_dataspace.Pattern:
+    """What a subscriber watches, after recall's checks: a registered caller, durable rows private."""
+    tiers = readable_tiers(args)
+    memory.store.read(lambda conn: Store.require_agent(conn, args["agent"]))
+    return solos_dataspace.Pattern.of(args, tiers, solos_rank.make_fts_query(solos_rank.query_words(args["q"] or "")))
+
+
+def event_row(tier: str, row: sqlite3.Row, caller: str) -> dict:
+    """A row as recall shows it, for an event."""
+    result = (
+        solos_rank.durable_result(row, caller)
+        if tier == "durable"
+        else solos_rank.tier_result(TIER_TABLE[tier], row, caller)
+    )
+    return {**result, "tags": solos_rank.parse_tags(result["tags"])} if "tags" in result else result
 
 
 # ==== Operation table ====
@@ -1973,6 +2034,29 @@ OPERATIONS = {
         idempotent=True,
         title="Promote episodes to a long-term fact",
     ),
+    "forget": Operation(
+        "forget",
+        "DELETE",
+        "/v1/memory",
+        op_forget_memory,
+        object_schema({"agent": AGENT_SCHEMA, **solos_dataspace.FORGET_FIELDS}, ("agent", "tier", "id")),
+        result_schema(solos_dataspace.FORGET_OUTPUT),
+        writes=True,
+        idempotent=False,
+        destructive=True,
+        title="Forget one of my rows",
+    ),
+    "read_events": Operation(
+        "read_events",
+        "GET",
+        "/v1/events",
+        op_read_events,
+        object_schema(solos_dataspace.event_fields(AGENT_SCHEMA, TAGS_SCHEMA, TIERS, SCOPES, DEFAULT_TIERS)),
+        result_schema(solos_dataspace.EVENTS_OUTPUT),
+        writes=False,
+        idempotent=True,
+        title="What changed since an event id",
+    ),
 }
 ROUTES = {(op.method, op.path): op for op in OPERATIONS.values()}
 
@@ -2171,6 +2255,8 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 self.only(("GET", "HEAD"))
                 content_type, produce = SERVICE_DOCUMENTS[url.path]
                 self.respond(200, produce(self.server), content_type=content_type)
+            elif url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
+                self.stream_events(url.query)
             elif url.path in STATUS_PAGES:  # what /v1/stats shows the same caller, readable
                 self.only(("GET", "HEAD"))
                 server = self.server
@@ -2208,6 +2294,28 @@ class MemoryHandler(BaseHTTPRequestHandler):
                     status=self.status_sent,
                     ms=round((time.perf_counter() - started) * 1000, 2),
                 )
+
+    def stream_events(self, query: str) -> None:
+        """GET /v1/events as Server-Sent Events: read_events' checks and filter, then events as they commit."""
+        self.only(("GET",))
+        resume = self.headers.get("Last-Event-ID")  # a reconnecting EventSource: it wins over the URL's since
+        if resume is not None and not resume.strip().isdigit():
+            raise BadRequest(f"Last-Event-ID must be an event id (an integer), got {describe(resume)}", "Last-Event-ID")
+        op = OPERATIONS["read_events"]
+        pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if resume is None or k != "since"]
+        args = coerce_query(op.input_schema, pairs + ([("since", resume.strip())] if resume else []))
+        subscribe = lambda memory, checked: {"pattern": event_pattern(memory, checked), "since": checked["since"]}
+        headers = cast(Mapping[str, str], self.headers)
+        checked = invoke(self.server.memory, self.server.tokens, replace(op, function=subscribe), args, headers)
+        subscriber = self.server.memory.dataspace.subscribe(checked["pattern"], self.connection)
+        if subscriber is None:
+            raise Busy(f"{self.server.memory.dataspace.max_subscribers} event streams are open; that is the cap")
+        self.close_connection = True
+        self.server.slots.release()  # a stream counts against the subscriber cap, not against MAX_CONNECTIONS
+        self.server.unslotted.add(self.connection)
+        self.status_sent = 200
+        self.count_request()
+        self.server.memory.dataspace.stream(subscriber, checked["since"], self.wfile.write)
 
     def only(self, methods: tuple[str, ...]) -> None:
         if self.command not in methods:
@@ -2332,6 +2440,8 @@ def openapi_document(operations: Mapping[str, Operation]) -> dict:
                 **errors,
             },
         }
+        if op.name == "read_events":
+            spec["responses"]["200"]["content"]["text/event-stream"] = {"schema": {"type": "string"}}
         if op.writes and op.method == "POST":
             spec["responses"]["201"] = {
                 "description": "Created",
@@ -2484,6 +2594,7 @@ class MemoryServer(ThreadingHTTPServer):
         self.handoffs: dict[socket.socket, SlotHandoff] = {}  # evicted connection -> the newcomer awaiting its slot
         self.waiting_lock = threading.Lock()
         self.waiting: dict[socket.socket, list] = {}  # evictable connections: [since, body bytes received]
+        self.unslotted: set[socket.socket] = set()  # event streams: their slot went back at the stream's start
         names = [
             f"{name}:{self.port}" if ":" not in name else f"[{name}]:{self.port}"
             for name in {config.host, *LOOPBACK_HOSTS}
@@ -2596,7 +2707,9 @@ class MemoryServer(ThreadingHTTPServer):
         finally:
             with self.waiting_lock:
                 successor = self.handoffs.pop(request, None)
-            if successor is None or not successor.give():
+            if request in self.unslotted:  # an event stream: its slot went back when the stream began
+                self.unslotted.discard(request)
+            elif successor is None or not successor.give():
                 self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -2786,6 +2899,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="move episodic rows older than this to the archive, 0 never (default: %(default)s)",
     )
     add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
+    solos_dataspace.add_commands(commands, add_database_options)
     imports = commands.add_parser(
         "import-qdrant", help="bring the Qdrant collection's attributable points in as long facts"
     )
@@ -2923,7 +3037,10 @@ def backfill(store: Store, config: Config, batch: int) -> int:
 
 
 def run_admin_command(args: argparse.Namespace, config: Config) -> int:
-    """agents, purge, reindex: short transactions against the shared database."""
+    """agents, purge, reindex, snapshot, restore: short transactions against the shared database."""
+    if args.command in solos_dataspace.COMMANDS:  # before open_store: restore checks before touching --db
+        log_event(args.command, **solos_dataspace.run_command(args, SCHEMA_VERSION))
+        return 0
     if args.command == "agents" and args.agents_command == "add":
         added = register_agents(config, args.names)
         print(f"registered {len(added)} new of {len(args.names)}: {', '.join(added) or '-'}")

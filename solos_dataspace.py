@@ -1,0 +1,1141 @@
+"""solos_dataspace: memory as a dataspace. Forget that really forgets, event subscriptions, verified snapshots.
+
+An agent asserts facts (the write operations), retracts its own (`forget`),
+and whoever may recall a row may also observe it change (`read_events`, and
+`GET /v1/events` as Server-Sent Events). `snapshot` and `restore` keep the
+whole store safe, checking a snapshot before trusting it.
+
+This module imports nothing from solos_memory (which imports it, and may run
+as __main__): the spine hands it the store, the recall renderer and the
+schema pieces it needs, and turns what it reports into HTTP errors.
+
+    forget     solos_memory.op_forget_memory -> row_owner + erase (one transaction) -> Dataspace.scrub
+    events     triggers in schema.sql fill memory_event; Dataspace fans them out to subscribers
+    snapshot   python3 solos_memory.py snapshot [--dir DIR] [--keep N]
+    restore    python3 solos_memory.py restore SNAPSHOT [--db TARGET]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import queue
+import re
+import shutil
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("solos_dataspace")
+
+# ==== Configuration ====
+
+EVENT_RETENTION_S = 7 * 86_400  # a week: an agent offline over a weekend still catches up by id
+MAX_SUBSCRIBERS = 32  # streams each hold a thread; past this, 503 (MAX_CONNECTIONS stays for everyone else)
+SUBSCRIBER_BUFFER = 1024  # events queued for one stream; a consumer that far behind is dropped, not waited for
+HEARTBEAT_S = 15.0  # under common proxy idle timeouts (30-60 s) and the handler's 30 s socket timeout
+POLL_S = 0.05  # how often the fleet's own direct writes are looked for while anyone subscribes
+SWEEP_S = 1.0  # expiry events are at most this late
+PRUNE_EVERY_S = 600
+BATCH = 500  # events read per query
+SCAN_LIMIT = 5000  # events one read_events call examines at most (next_since says where it stopped)
+MERGE_PAGES = 128  # FTS5 pages one merge step writes: about 10 ms at 100k facts, so no long write lock
+MAX_MERGE_STEPS = 10_000
+CHECKPOINT_WAIT_MS = 250  # a WAL checkpoint waits this long for readers; past it, the hub retries later
+RETRY_CHECKPOINT_S = 5.0
+SNAPSHOT_KEEP = 7
+SNAPSHOT_FORMAT = "solos-memory-snapshot/1"
+
+# Where a tier's rows live: an archived episode (solos_lifecycle) keeps its id in the archive table.
+RETRACTABLE = {
+    "short": ("memory_short",),
+    "long": ("memory_longterm",),
+    "episodic": ("memory_episodic", "memory_episodic_archive"),
+}
+KEYWORD_INDEX = {
+    "short": ("memory_short_fts",),
+    "long": ("memory_longterm_fts",),
+    "episodic": ("memory_episodic_fts", "memory_episodic_archive_fts"),
+}
+# A text query matches a row's own columns: a long fact's context column holds its neighbours' words.
+OWN_COLUMNS = {"long": "{topic fact tags agent} : ", "short": "", "episodic": ""}
+CONTENT_FIELDS = {
+    "long": ("fact",),
+    "episodic": ("event_type", "summary", "details", "outcome"),
+    "short": ("key", "value"),
+}
+REMOVALS = ("delete", "forget", "expire")
+COUNTED_TABLES = (
+    "agent_registry",
+    "memory_durable",
+    "memory_longterm",
+    "memory_episodic",
+    "memory_short",
+    "memory_retraction",
+    "memory_event",
+)
+
+# ==== Schema pieces for the operation table ====
+
+FORGET_FIELDS = {
+    "tier": {
+        "type": "string",
+        "enum": ["short", "long", "episodic"],
+        "description": "The row's tier. Durable records are the fleet's, read-only: they cannot be forgotten.",
+    },
+    "id": {"type": "integer", "minimum": 1, "description": "The row's id, as recall returned it."},
+}
+FORGET_OUTPUT = {
+    "tier": {"type": "string"},
+    "agent": {"type": "string"},
+    "id": {"type": "integer"},
+    "status": {"type": "string", "enum": ["forgotten"]},
+    "content_hash": {"type": "string", "description": "sha256 of what the row said; the text itself is gone."},
+    "retraction_id": {"type": "integer"},
+    "wal_checkpoint": {
+        "type": "string",
+        "enum": ["complete", "pending"],
+        "description": "complete: the text has left the database file and its WAL; pending: a reader held "
+        "the WAL, the service retries every few seconds.",
+    },
+}
+EVENTS_OUTPUT = {
+    "agent": {"type": "string"},
+    "since": {"type": "integer"},
+    "next_since": {"type": "integer", "description": "Pass as since next time: the last event examined."},
+    "count": {"type": "integer"},
+    "events": {"type": "array", "items": {"type": "object"}},
+    "gap": {"type": ["object", "null"], "description": "Set when events after since were pruned (retention)."},
+    "retention_s": {"type": "integer"},
+}
+
+
+def event_fields(agent: dict, tags: dict, tiers: Sequence[str], scopes: Sequence[str], default: Sequence[str]) -> dict:
+    """read_events' input fields, built from the spine's own agent, tags, tier and scope schemas."""
+    return {
+        "agent": agent,
+        "since": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Only events with a larger id (the stream: or Last-Event-ID). Default: the oldest kept.",
+        },
+        "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100, "description": "At most, 1-1000."},
+        "tiers": {
+            "type": "array",
+            "items": {"type": "string", "enum": list(tiers)},
+            "maxItems": len(tiers),
+            "uniqueItems": True,
+            "default": list(default),
+            "description": f"Tiers to watch (REST: comma-separated). Default {','.join(default)}.",
+        },
+        "scope": {
+            "type": "string",
+            "enum": list(scopes),
+            "default": "shared",
+            "description": "own, shared or shared_except_self, as in recall.",
+        },
+        "writers": {
+            "type": "array",
+            "items": agent,
+            "maxItems": 32,
+            "uniqueItems": True,
+            "description": "Only rows these agents wrote (REST: comma-separated).",
+        },
+        "tags": {**tags, "description": "Only writes carrying one of these tags."},
+        "q": {
+            "type": "string",
+            "maxLength": 1000,
+            "default": "",
+            "description": "Only writes whose text matches these words, as recall's keyword search matches.",
+        },
+    }
+
+
+# ==== Storage: forget, retractions and the event log (this module's SQL) ====
+
+
+def utc_stamp(conn: sqlite3.Connection) -> str:
+    return conn.execute("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')").fetchone()[0]
+
+
+def secure_delete(conn: sqlite3.Connection) -> None:
+    """Deleted cells and freed pages are overwritten with zeros on this connection; read back to be sure."""
+    conn.execute("PRAGMA secure_delete=ON")
+    if conn.execute("PRAGMA secure_delete").fetchone()[0] != 1:
+        raise RuntimeError("PRAGMA secure_delete did not take: forgotten text would stay in free pages")
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def content_hash(tier: str, row: Any) -> str:
+    """The hash a retraction keeps: long facts by their text (as their write key), others by their fields."""
+    fields = CONTENT_FIELDS[tier]
+    return sha256_text(row["fact"] if tier == "long" else json.dumps([row[name] for name in fields]))
+
+
+def find_row(conn: sqlite3.Connection, tier: str, row_id: int) -> tuple[str, Any] | None:
+    """The table holding the row and the row itself, or None when there is no such row."""
+    for table in RETRACTABLE[tier]:
+        if table_exists(conn, table):
+            row = conn.execute(f"SELECT * FROM {table} WHERE id = ?", (row_id,)).fetchone()
+            if row is not None:
+                return table, row
+    return None
+
+
+def row_owner(conn: sqlite3.Connection, tier: str, row_id: int) -> str | None:
+    """Who wrote the row, or None when there is no such row."""
+    found = find_row(conn, tier, row_id)
+    return None if found is None else found[1]["agent"]
+
+
+def context_carriers(conn: sqlite3.Connection, row: Any) -> list[int]:
+    """Long facts whose keyword-index row holds this fact's text as context.
+
+    The insert trigger copies the two previous facts of a topic into the next
+    ones' context column; a topic's later edits can leave copies further on,
+    so the index itself is asked too (phrase match, then the exact copy).
+    """
+    carriers = {
+        r[0]
+        for r in conn.execute(
+            "SELECT id FROM memory_longterm WHERE topic <> '' AND topic = ? AND id > ? ORDER BY id LIMIT 2",
+            (row["topic"], row["id"]),
+        )
+    }
+    phrase = 'context : "' + row["fact"].replace('"', '""') + '"'
+    copy = f"{row['agent']}: {row['fact']}"
+    carriers.update(
+        r[0]
+        for r in conn.execute(
+            "SELECT rowid FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? AND instr(context, ?) > 0",
+            (phrase, copy),
+        )
+    )
+    return sorted(carriers)
+
+
+def erase(conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | None = None) -> dict:
+    """Delete one row and every copy of its text in the database; record the retraction, without the text.
+
+    Runs inside the caller's write transaction. The delete's triggers drop the
+    row's keyword-index entry and its vector; its write key goes here; long
+    facts that carried it as context are re-indexed without it (an update of
+    `tags` to itself re-runs the index trigger, and nothing else); the event
+    log says `forget`. The index's old segments and the WAL still hold the
+    words until Dataspace.scrub runs.
+    """
+    secure_delete(conn)
+    found = find_row(conn, tier, row_id)
+    assert found is not None, "erase is called for a row the caller found"
+    table, row = found
+    digest = content_hash(tier, row)
+    key_hash = sha256_text(row["key"]) if tier == "short" else None
+    conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
+    conn.execute(
+        "DELETE FROM memory_write_key WHERE agent = ? AND tier = ? AND row_id = ?", (row["agent"], tier, row_id)
+    )
+    if tier == "long":
+        carriers = context_carriers(conn, row)
+        conn.execute(
+            "UPDATE memory_longterm SET tags = tags WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(carriers),),
+        )
+    logged = conn.execute(
+        "UPDATE memory_event SET kind = 'forget' "
+        "WHERE id = (SELECT max(id) FROM memory_event) AND tier = ? AND row_id = ?",
+        (tier, row_id),
+    ).rowcount
+    if not logged:  # an expired short row already reported: its delete logged nothing
+        conn.execute(
+            "INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('forget', ?, ?, ?)",
+            (tier, row_id, row["agent"]),
+        )
+    retraction = conn.execute(
+        "INSERT INTO memory_retraction (agent, tier, row_id, content_hash, key_hash, forgotten_at) "
+        "VALUES (?, ?, ?, ?, ?, coalesce(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))) RETURNING id",
+        (row["agent"], tier, row_id, digest, key_hash, forgotten_at),
+    ).fetchone()[0]
+    return {"content_hash": digest, "retraction_id": retraction}
+
+
+def merge_step(conn: sqlite3.Connection, fts: str) -> int:
+    """One bounded FTS5 merge toward a single segment; returns the changes it made (under 2: nothing left)."""
+    secure_delete(conn)
+    before = conn.total_changes
+    conn.execute(f"INSERT INTO {fts} ({fts}, rank) VALUES ('merge', ?)", (-MERGE_PAGES,))
+    return conn.total_changes - before
+
+
+def checkpoint_truncate(conn: sqlite3.Connection, wait_ms: int) -> bool:
+    """Copy the WAL into the database and cut it to zero bytes; False if a reader kept it (nothing waits long)."""
+    conn.execute(f"PRAGMA busy_timeout={int(wait_ms)}")
+    busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    return busy == 0
+
+
+def retractions_after(conn: sqlite3.Connection, after_id: int) -> list[dict]:
+    if not table_exists(conn, "memory_retraction"):
+        return []
+    rows = conn.execute(
+        "SELECT id, agent, tier, row_id, content_hash, key_hash, forgotten_at FROM memory_retraction "
+        "WHERE id > ? ORDER BY id",
+        (after_id,),
+    )
+    return [dict(zip(("id", "agent", "tier", "row_id", "content_hash", "key_hash", "forgotten_at"), r)) for r in rows]
+
+
+def reapply(conn: sqlite3.Connection, retraction: dict) -> bool:
+    """Forget the row a retraction names if this database still has it, and record the retraction. True if erased.
+
+    The row must be the same one: tier, id and writer, and the same content
+    hash (a short row: or the same key, since its value changes on upsert).
+    An id reused later by another row is left alone.
+    """
+    tier, row_id, agent = retraction["tier"], retraction["row_id"], retraction["agent"]
+    fields = (tier, row_id, agent, retraction["content_hash"], retraction["forgotten_at"])
+    known = conn.execute(
+        "SELECT 1 FROM memory_retraction WHERE tier = ? AND row_id = ? AND agent = ? AND content_hash = ? "
+        "AND forgotten_at = ?",
+        fields,
+    ).fetchone()
+    if known:  # this database already applied it
+        return False
+    found = find_row(conn, tier, row_id)
+    row = found[1] if found is not None and found[1]["agent"] == agent else None
+    if row is not None and (
+        content_hash(tier, row) == retraction["content_hash"]
+        or (tier == "short" and sha256_text(row["key"]) == retraction["key_hash"])
+    ):
+        erase(conn, tier, row_id, retraction["forgotten_at"])
+        return True
+    conn.execute(
+        "INSERT INTO memory_retraction (tier, row_id, agent, content_hash, forgotten_at, key_hash) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (*fields, retraction["key_hash"]),
+    )
+    return False
+
+
+def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def meta_value(conn: sqlite3.Connection, key: str) -> str | None:
+    row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = ?", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def set_meta(conn: sqlite3.Connection, key: str, value: Any) -> None:
+    conn.execute(
+        "INSERT INTO solos_memory_meta (key, value) VALUES (?, ?) "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (key, str(value)),
+    )
+
+
+def head_event(conn: sqlite3.Connection) -> int:
+    return conn.execute("SELECT coalesce(max(id), 0) FROM memory_event").fetchone()[0]
+
+
+def events_after(conn: sqlite3.Connection, after: int, limit: int) -> list[sqlite3.Row]:
+    return conn.execute(
+        "SELECT id, ts, kind, tier, row_id, agent FROM memory_event WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
+    ).fetchall()
+
+
+def current_rows(conn: sqlite3.Connection, tiers: dict, events: Sequence[Any]) -> dict[tuple[str, int], Any]:
+    """The rows that write and update events name, as they are now and only if recall could return them."""
+    wanted: dict[str, list[int]] = {}
+    for event in events:
+        if event["kind"] not in REMOVALS:
+            wanted.setdefault(event["tier"], []).append(event["row_id"])
+    found = {}
+    for tier, ids in wanted.items():
+        if tier == "durable":
+            sql = (
+                "SELECT id, key, value, updated_at FROM memory_durable t WHERE t.id IN (SELECT value FROM json_each(?))"
+            )
+        else:
+            live = " AND t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')" if tiers[tier].expires else ""
+            sql = (
+                f"SELECT {tiers[tier].columns}, 0.0 AS score FROM {tiers[tier].table} t "
+                f"WHERE t.id IN (SELECT value FROM json_each(?)){live}"
+            )
+        found.update({(tier, row["id"]): row for row in conn.execute(sql, (json.dumps(ids),))})
+    return found
+
+
+def sharing_agents(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
+
+
+def text_matches(conn: sqlite3.Connection, match: str, candidates: dict[str, list[int]]) -> set[tuple[str, int]]:
+    """Which candidate rows the FTS5 query matches, per tier, on the rows' own columns."""
+    found: set[tuple[str, int]] = set()
+    for tier, ids in candidates.items():
+        fts = KEYWORD_INDEX[tier][0]
+        rows = conn.execute(
+            f"SELECT rowid FROM {fts} WHERE {fts} MATCH ? AND rowid IN (SELECT value FROM json_each(?))",
+            (f"{OWN_COLUMNS[tier]}({match})", json.dumps(ids)),
+        )
+        found.update((tier, row[0]) for row in rows)
+    return found
+
+
+def sweep_expired(conn: sqlite3.Connection) -> int:
+    """Log 'expire' for short rows whose TTL passed since the last sweep (inside a write transaction)."""
+    now = utc_stamp(conn)
+    through = meta_value(conn, "events_expired_through")
+    added = 0
+    if through is not None:
+        added = conn.execute(
+            "INSERT INTO memory_event (kind, tier, row_id, agent) SELECT 'expire', 'short', id, agent "
+            "FROM memory_short WHERE expires_at > ? AND expires_at <= ? ORDER BY expires_at, id",
+            (through, now),
+        ).rowcount
+    set_meta(conn, "events_expired_through", now)
+    return added
+
+
+def expiry_due(conn: sqlite3.Connection) -> bool:
+    through = meta_value(conn, "events_expired_through")
+    return through is None or (
+        conn.execute(
+            "SELECT 1 FROM memory_short WHERE expires_at > ? AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+            "LIMIT 1",
+            (through,),
+        ).fetchone()
+        is not None
+    )
+
+
+def prune_step(conn: sqlite3.Connection, cutoff: str, batch: int) -> int:
+    """Delete up to `batch` of the oldest events older than cutoff; remember the last id pruned."""
+    pruned = conn.execute(
+        "DELETE FROM memory_event WHERE id IN (SELECT id FROM memory_event ORDER BY id LIMIT ?) AND ts < ? "
+        "RETURNING id",
+        (batch, cutoff),
+    ).fetchall()
+    if pruned:
+        through = max(int(meta_value(conn, "events_pruned_through") or 0), max(row[0] for row in pruned))
+        set_meta(conn, "events_pruned_through", through)
+    return len(pruned)
+
+
+# ==== Events: filter, fan-out, Server-Sent Events ====
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """What a subscriber watches; the spine builds it after recall's own checks (registered, durable private)."""
+
+    caller: str
+    scope: str
+    tiers: tuple[str, ...]
+    writers: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    q: str = ""
+    match: str | None = None  # q as an FTS5 query; None with a q means q has no words, so no write matches
+
+    @classmethod
+    def of(cls, args: dict, tiers: tuple[str, ...], match: str | None) -> Pattern:
+        """From read_events' checked arguments."""
+        writers, tags = tuple(args["writers"] or ()), tuple(args["tags"] or ())
+        return cls(args["agent"], args["scope"], tiers, writers, tags, args["q"] or "", match)
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One open stream: its pattern, a bounded queue the hub fills, and the socket to cut if it falls behind."""
+
+    pattern: Pattern
+    connection: socket.socket | None
+    queue: queue.Queue = field(default_factory=lambda: queue.Queue(SUBSCRIBER_BUFFER))
+    dropped: str | None = None
+
+    def offer(self, events: list[dict]) -> bool:
+        """Queue events without ever waiting; False (and dropped) when the queue is full."""
+        for event in events:
+            try:
+                self.queue.put_nowait(event)
+            except queue.Full:
+                self.drop(f"slow consumer: {self.queue.qsize()} events undelivered")
+                return False
+        return True
+
+    def drop(self, reason: str) -> None:
+        """Cut the stream: its thread, maybe blocked writing to a full socket, ends at once."""
+        self.dropped = reason
+        if self.connection is not None:
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+
+def sse(event: dict | None = None, name: str | None = None, event_id: int | None = None, comment: str = "") -> bytes:
+    """One Server-Sent Events message. An id without data moves the client's Last-Event-ID and dispatches nothing."""
+    lines = [f": {comment}"] if comment else []
+    if name:
+        lines.append(f"event: {name}")
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    if event is not None:
+        lines.append("data: " + json.dumps(event, default=str))
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-store\r\n"
+    b"X-Accel-Buffering: no\r\nConnection: close\r\n\r\nretry: 2000\n\n"
+)
+
+
+class Dataspace:
+    """The event log's readers and keeper: subscriptions, fan-out, expiry sweeps, pruning, forget's scrub.
+
+    One thread ("dataspace") watches the database (PRAGMA data_version, which
+    moves on any other connection's commit, including the fleet's direct
+    writers) and, when anyone subscribes, reads new events once, filters
+    them per subscriber and queues them without waiting: a write never waits
+    for a subscriber, and a subscriber whose queue is full is dropped (it
+    resumes by Last-Event-ID). Each stream's own handler thread writes to its
+    socket, with heartbeats.
+    """
+
+    def __init__(self, store: Any, tiers: dict, render: Callable[[str, Any, str], dict]):
+        self.store, self.tiers, self.render = store, tiers, render
+        self.lock = threading.Lock()
+        self.subscribers: set[Subscriber] = set()
+        self.cursor = 0  # the last event id fanned out
+        self.wakeup = threading.Event()
+        self.stopped = False
+        self.checkpoint_pending = False
+        self.max_subscribers, self.heartbeat_s, self.poll_s = MAX_SUBSCRIBERS, HEARTBEAT_S, POLL_S
+        self.counters = {"delivered": 0, "dropped": 0, "refused": 0}
+        self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.wakeup.set()
+        with self.lock:
+            for subscriber in self.subscribers:
+                subscriber.drop("the service is stopping")
+
+    def wake(self) -> None:
+        """A write committed: look now rather than at the next poll."""
+        self.wakeup.set()
+
+    # -- the thread --
+
+    def run(self) -> None:
+        conn = self.store.connect()
+        version, next_sweep, next_prune, next_checkpoint = None, 0.0, 0.0, 0.0
+        while not self.stopped:
+            self.wakeup.wait(self.poll_s if self.subscribers else SWEEP_S)
+            self.wakeup.clear()
+            try:
+                now = time.monotonic()
+                if now >= next_sweep:
+                    next_sweep = now + SWEEP_S
+                    if self.store.read(expiry_due):
+                        self.store.write(sweep_expired)
+                if now >= next_prune:
+                    next_prune = now + PRUNE_EVERY_S
+                    self.prune()
+                if self.checkpoint_pending and now >= next_checkpoint:
+                    next_checkpoint = now + RETRY_CHECKPOINT_S
+                    self.checkpoint()
+                if self.subscribers:
+                    current = conn.execute("PRAGMA data_version").fetchone()[0]
+                    if current != version:
+                        version = current
+                        self.fan_out()
+            except Exception:  # a busy or broken database: log it, the next round tries again
+                log.exception("dataspace round failed")
+                time.sleep(1)
+        conn.close()
+
+    def fan_out(self) -> None:
+        """Read what committed since the cursor, once, and queue each subscriber its share."""
+        while True:
+            with self.lock:
+                subscribers, after = list(self.subscribers), self.cursor
+            if not subscribers:
+                return
+            shares, last = self.store.read(functools.partial(self.prepare, subscribers=subscribers, after=after))
+            with self.lock:
+                for subscriber, events in shares.items():
+                    if events and subscriber in self.subscribers and not subscriber.offer(events):
+                        self.subscribers.discard(subscriber)
+                        self.counters["dropped"] += 1
+                self.cursor = max(self.cursor, last)
+            if last == after:
+                return
+
+    def prepare(self, conn: sqlite3.Connection, subscribers: list[Subscriber], after: int) -> tuple[dict, int]:
+        """The next batch after `after`, filtered and rendered per subscriber; (shares, last id read)."""
+        events = events_after(conn, after, BATCH)
+        if not events:
+            return {}, after
+        rows, sharing = current_rows(conn, self.tiers, events), sharing_agents(conn)
+        return {s: self.visible(conn, s.pattern, events, rows, sharing) for s in subscribers}, events[-1]["id"]
+
+    # -- filtering: what a subscriber may see is what it could recall --
+
+    def visible(
+        self, conn: sqlite3.Connection, pattern: Pattern, events: Sequence[Any], rows: dict, sharing: set
+    ) -> list:
+        """The events this pattern lets its caller see, rendered for it, in order."""
+        caller, kept = pattern.caller, []
+        for event in events:
+            tier, agent = event["tier"], event["agent"]
+            if tier not in pattern.tiers:
+                continue
+            if tier == "durable":
+                if agent != caller:  # a persona is its own agent's alone
+                    continue
+            elif (
+                (pattern.scope == "own" and agent != caller)
+                or (pattern.scope == "shared_except_self" and agent == caller)
+                or (pattern.writers and agent not in pattern.writers)
+                or (tier == "episodic" and agent != caller and agent not in sharing)
+            ):
+                continue
+            shown = None
+            if event["kind"] not in REMOVALS:
+                row = rows.get((tier, event["row_id"]))
+                if row is None:  # gone or expired since: a later event says so
+                    continue
+                shown = self.render(tier, row, caller)
+                if pattern.tags and not set(pattern.tags) & set(shown.get("tags") or ()):
+                    continue
+            kept.append((event, shown))
+        if pattern.q:
+            kept = self.text_filter(conn, pattern, kept)
+        return [
+            {
+                "id": event["id"],
+                "kind": event["kind"],
+                "tier": event["tier"],
+                "row_id": event["row_id"],
+                "agent": event["agent"],
+                "foreign": event["agent"] != caller,
+                "ts": event["ts"],
+                "row": shown,
+            }
+            for event, shown in kept
+        ]
+
+    @staticmethod
+    def text_filter(conn: sqlite3.Connection, pattern: Pattern, kept: list) -> list:
+        """Writes whose row matches the text query; removals carry no text and pass."""
+        if pattern.match is None:
+            return [(event, shown) for event, shown in kept if shown is None]
+        candidates: dict[str, list[int]] = {}
+        for event, shown in kept:
+            if shown is not None and event["tier"] != "durable":
+                candidates.setdefault(event["tier"], []).append(event["row_id"])
+        matched = text_matches(conn, pattern.match, candidates)
+        words = set(re.findall(r"\w+", pattern.q.lower()))
+        return [
+            (event, shown)
+            for event, shown in kept
+            if shown is None
+            or (event["tier"], event["row_id"]) in matched
+            or (event["tier"] == "durable" and words & set(re.findall(r"\w+", shown["text"].lower())))
+        ]
+
+    # -- reading by id (read_events, and a stream's catch-up) --
+
+    def gap(self, conn: sqlite3.Connection, since: int) -> dict | None:
+        """Say plainly when events after `since` were pruned before anyone read them."""
+        pruned = int(meta_value(conn, "events_pruned_through") or 0)
+        if since >= pruned:
+            return None
+        return {
+            "from": since + 1,
+            "through": pruned,
+            "message": f"events {since + 1}-{pruned} are older than the {EVENT_RETENTION_S // 86_400}-day "
+            f"retention and were pruned; recall to catch up, then continue from next_since",
+        }
+
+    def collect(
+        self, conn: sqlite3.Connection, pattern: Pattern, since: int, limit: int = BATCH
+    ) -> tuple[list[dict], int]:
+        """Up to `limit` matching events after `since`, examining at most SCAN_LIMIT; (events, last examined)."""
+        found: list[dict] = []
+        examined, scanned = since, 0
+        while len(found) < limit and scanned < SCAN_LIMIT:
+            events = events_after(conn, examined, BATCH)
+            if not events:
+                break
+            scanned += len(events)
+            shown = {
+                e["id"]: e
+                for e in self.visible(
+                    conn, pattern, events, current_rows(conn, self.tiers, events), sharing_agents(conn)
+                )
+            }
+            for event in events:
+                if event["id"] in shown:
+                    if len(found) == limit:
+                        return found, examined
+                    found.append(shown[event["id"]])
+                examined = event["id"]
+        return found, examined
+
+    def audit(self, caller: str, events: Iterable[dict]) -> None:
+        """Foreign episodic rows handed out are audited first, as recall's are; a failed audit hands out nothing."""
+        rows = [(e["agent"], e["row_id"]) for e in events if e["tier"] == "episodic" and e["foreign"] and e["row"]]
+        if rows:
+            self.store.record_audit(caller, rows)
+
+    def read(self, pattern: Pattern, since: int, limit: int) -> dict:
+        """read_events: the matching events after `since`, the id to continue from, and any gap."""
+
+        def work(conn: sqlite3.Connection) -> tuple:
+            events, examined = self.collect(conn, pattern, since, limit)
+            return events, max(examined, since), self.gap(conn, since)
+
+        events, examined, gap = self.store.read(work)
+        self.audit(pattern.caller, events)
+        with self.lock:
+            self.counters["delivered"] += len(events)
+        return {
+            "agent": pattern.caller,
+            "since": since,
+            "next_since": examined,
+            "count": len(events),
+            "events": events,
+            "gap": gap,
+            "retention_s": EVENT_RETENTION_S,
+        }
+
+    # -- streams --
+
+    def subscribe(self, pattern: Pattern, connection: socket.socket | None) -> Subscriber | None:
+        """Register a stream, or None when MAX_SUBSCRIBERS are already open."""
+        with self.lock:
+            if len(self.subscribers) >= self.max_subscribers:
+                self.counters["refused"] += 1
+                return None
+            if not self.subscribers:  # nobody was listening: start from the head, not from a backlog
+                self.cursor = self.store.read(head_event)
+            subscriber = Subscriber(pattern, connection)
+            self.subscribers.add(subscriber)
+        self.wakeup.set()
+        return subscriber
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        with self.lock:
+            self.subscribers.discard(subscriber)
+
+    def stream(self, subscriber: Subscriber, since: int | None, write: Callable[[bytes], Any]) -> None:
+        """Write the SSE response: catch-up from `since` (None: from now), then live events and heartbeats.
+
+        Returns when the client goes away, the subscriber is dropped, an audit
+        fails (an `error` event says so) or the service stops.
+        """
+        pattern = subscriber.pattern
+        try:
+            last = since if since is not None else self.store.read(head_event)
+            gap = self.store.read(lambda conn: self.gap(conn, last)) if since is not None else None
+            write(SSE_HEAD + (sse(gap, "gap") if gap else b""))
+            while not self.stopped:  # catch up from the log until it has nothing newer
+                events, examined = self.store.read(functools.partial(self.collect, pattern=pattern, since=last))
+                if examined == last:
+                    break
+                last = self.deliver(subscriber, events, examined, write)
+            while not self.stopped and not subscriber.dropped:
+                try:
+                    events = [subscriber.queue.get(timeout=self.heartbeat_s)]
+                except queue.Empty:
+                    with self.lock:  # nothing queued under the lock: everything up to the cursor was examined
+                        cursor = self.cursor if subscriber.queue.empty() else last
+                    last = max(last, cursor)
+                    write(sse(comment="heartbeat", event_id=last))
+                    continue
+                while not subscriber.queue.empty():
+                    events.append(subscriber.queue.get_nowait())
+                fresh = [event for event in events if event["id"] > last]
+                if fresh:
+                    last = self.deliver(subscriber, fresh, fresh[-1]["id"], write)
+        except OSError:  # the client went away, or drop() cut the socket
+            pass
+        except Exception as error:  # e.g. the audit could not be written: say so, hand out nothing more
+            log.warning("event stream for %s ended: %s", pattern.caller, error)
+            with contextlib.suppress(OSError):
+                write(sse({"message": f"stream ended: {type(error).__name__}: {error}"}, "error"))
+        finally:
+            self.unsubscribe(subscriber)
+
+    def deliver(self, subscriber: Subscriber, events: list[dict], examined: int, write: Callable[[bytes], Any]) -> int:
+        """Audit, then write the events in one send; returns the new last id."""
+        self.audit(subscriber.pattern.caller, events)
+        payload = b"".join(sse(event, event_id=event["id"]) for event in events)
+        write(payload + (sse(event_id=examined) if not events or events[-1]["id"] != examined else b""))
+        with self.lock:
+            self.counters["delivered"] += len(events)
+        return examined
+
+    # -- forget's scrub, pruning --
+
+    def scrub(self, tier: str) -> dict:
+        """After a forget: merge the tier's keyword index into one segment, then cut the WAL to zero.
+
+        FTS5 deletes only add tombstones (3.40 has no secure-delete option), so
+        the forgotten words stay in old index segments until a merge rewrites
+        them; each merge step is its own short write transaction. Then a
+        TRUNCATE checkpoint moves the zeroed pages into the database file and
+        empties the WAL, where older page images still held the text.
+        """
+        for fts in KEYWORD_INDEX[tier]:
+            self.merge(fts)
+        return {"wal_checkpoint": "complete" if self.checkpoint() else "pending"}
+
+    def merge(self, fts: str) -> None:
+        """Merge one keyword index down to a single segment, a short write transaction per step."""
+        for _ in range(MAX_MERGE_STEPS):
+            if self.store.write(lambda conn: merge_step(conn, fts)) < 2:
+                return
+        log.warning("keyword index %s still merging after %d steps; retried on the next forget", fts, MAX_MERGE_STEPS)
+
+    def checkpoint(self) -> bool:
+        """TRUNCATE checkpoint on a pooled connection, waiting briefly; remembered for a retry if it did not finish."""
+        with self.store.write_lock:
+            conn = self.store.checkout()
+            try:
+                done = checkpoint_truncate(conn, CHECKPOINT_WAIT_MS)
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={int(self.store.busy_timeout_ms)}")
+                self.store.checkin(conn)
+        if not done:
+            log.warning("WAL checkpoint after a forget waits for a reader; retrying every %s s", RETRY_CHECKPOINT_S)
+        self.checkpoint_pending = not done
+        return done
+
+    def prune(self) -> int:
+        """Drop events older than the retention window, in short batches."""
+        cutoff = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() - EVENT_RETENTION_S))
+        total = 0
+        while True:
+            pruned = self.store.write(lambda conn: prune_step(conn, cutoff, BATCH * 10))
+            total += pruned
+            if pruned < BATCH * 10:
+                return total
+
+
+# ==== Snapshots and restore ====
+
+
+class SnapshotError(RuntimeError):
+    """A snapshot or its chain failed a check; the message names the check."""
+
+    def __init__(self, check: str, message: str):
+        super().__init__(f"{check} check failed: {message}")
+        self.check = check
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def open_readonly(path: Path) -> sqlite3.Connection:
+    """A snapshot file, opened so that nothing (not even a -shm file) is written beside it."""
+    conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro&immutable=1", uri=True)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def describe_database(conn: sqlite3.Connection) -> dict:
+    """What a manifest records about a database: schema version and fingerprint, row counts."""
+    version = meta_value(conn, "schema_version") if table_exists(conn, "solos_memory_meta") else None
+    schema = sorted(
+        "|".join(map(str, row))
+        for row in conn.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
+        )
+    )
+    return {
+        "schema_version": version,
+        "schema_sha256": sha256_text("\n".join(schema)),
+        "row_counts": {
+            table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in COUNTED_TABLES
+            if table_exists(conn, table)
+        },
+    }
+
+
+def manifests(folder: Path) -> list[Path]:
+    return sorted(folder.glob("solos-*.json"))
+
+
+def load_manifest(path: Path) -> tuple[dict, bytes]:
+    raw = path.read_bytes()
+    try:
+        manifest = json.loads(raw)
+    except ValueError as error:
+        raise SnapshotError("manifest", f"{path.name} is not JSON ({error})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != SNAPSHOT_FORMAT:
+        raise SnapshotError("manifest", f"{path.name} is not a {SNAPSHOT_FORMAT} manifest")
+    return manifest, raw
+
+
+def verify_chain(folder: Path) -> list[tuple[Path, dict]]:
+    """Every manifest in order: names, sequence numbers, times and each one's digest of the one before."""
+    chain: list[tuple[Path, dict]] = []
+    previous: tuple[dict, bytes] | None = None
+    for path in manifests(folder):
+        manifest, raw = load_manifest(path)
+        seq = manifest.get("seq")
+        if not path.name.startswith(f"solos-{seq:06d}-" if isinstance(seq, int) else "\0"):
+            raise SnapshotError(
+                "chain", f"{path.name} holds sequence number {seq!r}: manifests were renamed or reordered"
+            )
+        if previous is not None:
+            before, before_raw = previous
+            if seq != before["seq"] + 1:
+                raise SnapshotError("chain", f"{path.name} follows sequence {before['seq']}: a manifest is missing")
+            if manifest.get("previous") != hashlib.sha256(before_raw).hexdigest():
+                raise SnapshotError(
+                    "chain", f"{path.name} does not carry the digest of {chain[-1][0].name}: a manifest was altered"
+                )
+            if str(manifest.get("created_at")) <= str(before["created_at"]):
+                raise SnapshotError(
+                    "chain", f"{path.name} is not newer than {chain[-1][0].name}: the chain is reordered"
+                )
+        elif seq == 1 and manifest.get("previous") is not None:
+            raise SnapshotError("chain", f"{path.name} is the first snapshot but names a previous one")
+        chain.append((path, manifest))
+        previous = (manifest, raw)
+    return chain
+
+
+def take_snapshot(db: str, folder: Path, keep: int, busy_timeout_ms: int) -> dict:
+    """A consistent online copy (VACUUM INTO: one read transaction, no write lock), its manifest, then rotation."""
+    if keep < 1:
+        raise SnapshotError("keep", f"--keep must be at least 1, got {keep}")
+    if not os.path.exists(db):
+        raise SnapshotError("database", f"no database at {db}")
+    folder.mkdir(parents=True, exist_ok=True)
+    existing = manifests(folder)
+    previous = load_manifest(existing[-1]) if existing else None
+    seq = previous[0]["seq"] + 1 if previous else 1
+    name = f"solos-{seq:06d}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    partial = folder / f".{name}.db.partial"
+    source = sqlite3.connect(f"{Path(db).absolute().as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms / 1000)
+    try:
+        source.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        source.execute("VACUUM INTO ?", (str(partial),))
+    finally:
+        source.close()
+    try:
+        with open(partial, "rb+") as handle:
+            os.fsync(handle.fileno())
+        snapshot = open_readonly(partial)
+        try:
+            described = describe_database(snapshot)
+            after = previous[0]["last_retraction_id"] if previous else 0
+            retractions = retractions_after(snapshot, after)
+        finally:
+            snapshot.close()
+        manifest = {
+            "format": SNAPSHOT_FORMAT,
+            "seq": seq,
+            "created_at": stamp_ns(time.time_ns()),
+            "file": f"{name}.db",
+            "sha256": file_sha256(partial),
+            "bytes": partial.stat().st_size,
+            **described,
+            "last_retraction_id": retractions[-1]["id"] if retractions else after,
+            "retractions": retractions,
+            "previous": hashlib.sha256(previous[1]).hexdigest() if previous else None,
+        }
+        partial.replace(folder / manifest["file"])
+        write_atomically(folder / f"{name}.json", json.dumps(manifest, indent=1, sort_keys=True).encode() + b"\n")
+    finally:
+        partial.unlink(missing_ok=True)
+    removed = []
+    for old in manifests(folder)[:-keep]:  # oldest first; the chain then starts at the oldest kept
+        old_manifest, _ = load_manifest(old)
+        (folder / str(old_manifest.get("file"))).unlink(missing_ok=True)
+        old.unlink()
+        removed.append(old.name)
+    return {
+        "snapshot": str(folder / manifest["file"]),
+        "seq": seq,
+        "sha256": manifest["sha256"],
+        "rows": manifest["row_counts"],
+        "removed": removed,
+    }
+
+
+def keep_counting(conn: sqlite3.Connection, event_seq: int) -> None:
+    """Event ids continue above any the replaced database handed out, so no subscriber's Last-Event-ID goes stale."""
+    if not conn.execute(
+        "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'memory_event'", (event_seq,)
+    ).rowcount:
+        conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('memory_event', ?)", (event_seq,))
+
+
+def stamp_ns(ns: int) -> str:
+    """UTC with nanoseconds: two snapshots within a millisecond still order by time."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns % 10**9:09d}Z"
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    partial.replace(path)
+
+
+def verify_snapshot(named: Path, schema_version: str) -> tuple[Path, dict, list[dict]]:
+    """All checks, before anything is touched: chain, file hash, schema, integrity, row counts.
+
+    Returns the snapshot file, its manifest and the retractions recorded in
+    the manifests after it (the snapshot's own are already in the file).
+    """
+    manifest_path = named if named.suffix == ".json" else named.with_suffix(".json")
+    if not manifest_path.is_file():
+        raise SnapshotError("manifest", f"no manifest {manifest_path.name} beside the snapshot")
+    chain = verify_chain(manifest_path.parent)
+    position = next((i for i, (path, _) in enumerate(chain) if path.name == manifest_path.name), None)
+    if position is None:
+        raise SnapshotError("chain", f"{manifest_path.name} is not part of the chain in {manifest_path.parent}")
+    manifest = chain[position][1]
+    snapshot = manifest_path.parent / str(manifest["file"])
+    if not snapshot.is_file():
+        raise SnapshotError("file", f"{snapshot.name} is missing")
+    if file_sha256(snapshot) != manifest["sha256"]:
+        raise SnapshotError("file", f"{snapshot.name} does not match its manifest's sha256: the file was altered")
+    if manifest.get("schema_version") != schema_version:
+        raise SnapshotError(
+            "schema",
+            f"the snapshot has schema version {manifest.get('schema_version')!r}; this service's is {schema_version!r}",
+        )
+    conn = open_readonly(snapshot)
+    try:
+        described = describe_database(conn)
+        verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+    except sqlite3.DatabaseError as error:
+        raise SnapshotError("integrity", f"{snapshot.name} is not a readable database ({error})") from None
+    finally:
+        conn.close()
+    if described["schema_version"] != schema_version or described["schema_sha256"] != manifest.get("schema_sha256"):
+        raise SnapshotError("schema", f"{snapshot.name}'s schema is not the one its manifest records")
+    if verdict != "ok":
+        raise SnapshotError("integrity", f"quick_check of {snapshot.name}: {verdict}")
+    if described["row_counts"] != manifest.get("row_counts"):
+        raise SnapshotError("integrity", f"{snapshot.name}'s row counts differ from its manifest's")
+    later = [r for _, later_manifest in chain[position + 1 :] for r in later_manifest.get("retractions", [])]
+    return snapshot, manifest, later
+
+
+def restore_snapshot(named: Path, target: Path, schema_version: str, busy_timeout_ms: int) -> dict:
+    """Verify, rebuild the store in a private copy with later retractions re-applied, then put it in place.
+
+    Retractions come from the manifests after the snapshot and from the
+    target database, if it exists. The copy is scrubbed (secure delete, index
+    merges, VACUUM) before it replaces anything, so neither the target nor
+    its WAL ever holds a forgotten row again. An existing target is
+    overwritten through SQLite's backup API (one transaction; safe beside
+    other connections), a new one by a rename. Event ids keep increasing.
+    """
+    snapshot, manifest, retractions = verify_snapshot(named, schema_version)
+    event_seq = 0
+    if target.exists():
+        current = sqlite3.connect(target, timeout=busy_timeout_ms / 1000)
+        current.row_factory = sqlite3.Row
+        try:
+            retractions += retractions_after(current, 0)
+            if table_exists(current, "sqlite_sequence"):
+                row = current.execute("SELECT seq FROM sqlite_sequence WHERE name = 'memory_event'").fetchone()
+                event_seq = row[0] if row else 0
+        finally:
+            current.close()
+    work = target.with_name(f".{target.name}.restore")
+    shutil.copyfile(snapshot, work)
+    try:
+        conn = sqlite3.connect(work, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            erased = sum(reapply(conn, retraction) for retraction in retractions)
+            keep_counting(conn, event_seq)
+            conn.execute("COMMIT")
+            for fts in [name for names in KEYWORD_INDEX.values() for name in names]:
+                while merge_step(conn, fts) >= 2:
+                    pass
+            conn.execute("VACUUM")
+            if target.exists():
+                live = sqlite3.connect(target, timeout=busy_timeout_ms / 1000)
+                try:
+                    live.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+                    conn.backup(live)
+                    live.execute("PRAGMA journal_mode=wal")
+                    checkpoint_truncate(live, busy_timeout_ms)
+                finally:
+                    live.close()
+        finally:
+            conn.close()
+        if not target.exists():
+            work.replace(target)
+    finally:
+        work.unlink(missing_ok=True)
+    return {
+        "snapshot": str(snapshot),
+        "seq": manifest["seq"],
+        "target": str(target),
+        "checks": "passed",
+        "retractions_known": len(retractions),
+        "rows_forgotten_again": erased,
+    }
+
+
+# ==== CLI: snapshot and restore ====
+
+
+def add_commands(commands: Any, add_database_options: Callable[[argparse.ArgumentParser, str], None]) -> None:
+    """The snapshot and restore subcommands, added to the service's CLI (with its --db and --busy-timeout-ms)."""
+    snapshot = commands.add_parser("snapshot", help="take a verified online snapshot of --db; keep the last --keep")
+    add_database_options(snapshot, "the database to snapshot; it must exist (default: %(default)s)")
+    snapshot.add_argument("--dir", default=None, help="snapshot folder (default: 'snapshots' beside the database)")
+    snapshot.add_argument(
+        "--keep", type=int, default=SNAPSHOT_KEEP, help="snapshots to keep, oldest removed first (default: %(default)s)"
+    )
+    restore = commands.add_parser(
+        "restore", help="verify a snapshot and its chain, then restore it into --db, re-applying later retractions"
+    )
+    add_database_options(
+        restore, "the database to restore into, touched only once every check passed (default: %(default)s)"
+    )
+    restore.add_argument("snapshot", help="the snapshot's .db file or its .json manifest")
+
+
+def run_command(args: argparse.Namespace, schema_version: str) -> dict:
+    """Run `snapshot` or `restore`; what it did, for the log line. SnapshotError names a failed check."""
+    if args.command == "snapshot":
+        folder = Path(args.dir) if args.dir else Path(args.db).absolute().parent / "snapshots"
+        return take_snapshot(args.db, folder, args.keep, args.busy_timeout_ms)
+    return restore_snapshot(Path(args.snapshot), Path(args.db), schema_version, args.busy_timeout_ms)
+
+
+COMMANDS = ("snapshot", "restore")

@@ -1,0 +1,239 @@
+"""forget: the author retracts a row; it leaves every recall, every index, the database file and its WAL."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import uuid
+
+import pytest
+from conftest import start_server, stop_server
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import solos_memory
+
+ALL_TIERS = "short,long,episodic"
+
+
+def marker() -> str:
+    """A word no other row holds; its tail is what the file scans look for (FTS5 prefix-compresses terms)."""
+    return "zq" + uuid.uuid4().hex
+
+
+def forget(server, agent: str, tier: str, row_id: int, transport: str = "rest"):
+    """The forget operation over REST or MCP; returns (ok, body)."""
+    args = {"agent": agent, "tier": tier, "id": row_id}
+    if transport == "rest":
+        reply = server.request("DELETE", "/v1/memory", query=args)
+        return reply.status == 200, reply.body
+    result = server.mcp_tool("forget", args).body["result"]
+    return not result.get("isError"), result["structuredContent"]
+
+
+def files_holding(server, text: str) -> dict[str, int]:
+    """How often text occurs in the bytes of the database file and its WAL."""
+    needle = text.encode()
+    counts = {}
+    for suffix in ("", "-wal"):
+        path = server.db_path.with_name(server.db_path.name + suffix)
+        counts[suffix or "db"] = path.read_bytes().count(needle) if path.exists() else 0
+    return counts
+
+
+def checkpoint(server) -> None:
+    with server.db() as conn:
+        assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+
+
+def write_topic(server, agent: str, topic: str, facts: list[str]) -> list[int]:
+    ids = []
+    for fact in facts:
+        reply = server.post("/v1/long", {"agent": agent, "topic": topic, "fact": fact, "tags": ["t"]})
+        assert reply.status == 201, reply.body
+        ids.append(reply.body["id"])
+    return ids
+
+
+def recalled_ids(server, agent: str, q: str, **query) -> set[tuple[str, int]]:
+    reply = server.recall(agent, q, k=100, tiers=ALL_TIERS, **query)
+    assert reply.status == 200, reply.body
+    return {(r["tier"], r["id"]) for r in reply.body["results"]}
+
+
+@pytest.mark.parametrize("transport", ["rest", "mcp"])
+def test_the_author_forgets_a_row_of_each_tier_and_no_recall_returns_it(server, transport):
+    word = marker()
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
+    long_ids = write_topic(server, "atlas", "trip", [f"packed {word} boots", "took the train", "arrived late"])
+    short = server.post("/v1/short", {"agent": "atlas", "key": "scratch", "value": f"note {word}"}).body["id"]
+    episode = server.post("/v1/episodic", {"agent": "atlas", "event_type": "task", "summary": f"ran {word}"}).body["id"]
+    before = recalled_ids(server, "sol", word)
+    assert {("long", long_ids[0]), ("short", short), ("episodic", episode)} <= before
+    with server.db() as conn:
+        conn.execute(
+            "INSERT INTO memory_vector (tier, row_id, model, vector) VALUES ('episodic', ?, 'm', x'00')", (episode,)
+        )
+
+    for tier, row_id in (("long", long_ids[0]), ("short", short), ("episodic", episode)):
+        ok, body = forget(server, "atlas", tier, row_id, transport)
+        assert ok, body
+        assert (body["status"], body["tier"], body["id"], body["wal_checkpoint"]) == (
+            "forgotten",
+            tier,
+            row_id,
+            "complete",
+        )
+
+    for agent in ("atlas", "sol"):
+        for scope in ("own", "shared", "shared_except_self"):
+            for q in (word, "", "boots train", f"packed {word} boots"):
+                for ranking in ("auto", "keyword"):
+                    found = recalled_ids(server, agent, q, scope=scope, ranking=ranking)
+                    assert not found & {("long", long_ids[0]), ("short", short), ("episodic", episode)}
+    reply = server.recall("sol", "train arrived", k=10)
+    assert [r["id"] for r in reply.body["results"]] and word not in reply.raw.decode()
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_vector WHERE row_id = ?", (episode,)).fetchone()[0] == 0
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM memory_write_key WHERE row_id = ? AND tier = 'long'", (long_ids[0],)
+            ).fetchone()[0]
+            == 0
+        )
+        context = [row[0] for row in conn.execute("SELECT context FROM memory_longterm_fts")]
+        assert context and not [c for c in context if word in c]  # the neighbours' context lost it too
+        for fts in ("memory_longterm_fts", "memory_short_fts", "memory_episodic_fts"):
+            assert conn.execute(f"SELECT count(*) FROM {fts} WHERE {fts} MATCH ?", (f'"{word}"',)).fetchone()[0] == 0
+
+
+def test_forget_is_refused_for_others_rows_unknown_ids_durable_and_unknown_agents(server):
+    fact = server.post("/v1/long", {"agent": "atlas", "fact": "atlas keeps this"}).body["id"]
+    cases = [
+        ({"agent": "sol", "tier": "long", "id": fact}, 403, "forbidden", "id"),
+        ({"agent": "atlas", "tier": "long", "id": fact + 1000}, 404, "not_found", "id"),
+        ({"agent": "atlas", "tier": "durable", "id": 1}, 400, "bad_request", "tier"),
+        ({"agent": "mallory", "tier": "long", "id": fact}, 422, "unknown_agent", "agent"),
+        ({"agent": "atlas", "tier": "long", "id": "one"}, 400, "bad_request", "id"),
+    ]
+    for args, status, code, field in cases:
+        rest = server.request("DELETE", "/v1/memory", query=args)
+        assert (rest.status, rest.body["error"]["code"], rest.body["error"]["field"]) == (status, code, field), (
+            rest.body
+        )
+        mcp = server.mcp_tool("forget", args).body["result"]
+        assert mcp["isError"] and mcp["structuredContent"] == rest.body
+    with server.db() as conn:  # a refused call changed nothing
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM memory_retraction").fetchone()[0] == 0
+    assert [r["id"] for r in server.recall("sol", "keeps").body["results"]] == [fact]
+
+
+def test_forgotten_text_leaves_the_database_file_and_the_wal(server):
+    """Grep the files: the row, its index terms and its neighbours' context copies are gone after a forget."""
+    word = marker()
+    tail = word[-16:]  # FTS5 stores a term as a suffix after the prefix it shares with the term before it
+    with server.db() as conn:  # as in a large index, where the segment holding the words is not merged by chance
+        for fts in ("memory_longterm_fts", "memory_short_fts"):
+            conn.execute(f"INSERT INTO {fts} ({fts}, rank) VALUES ('automerge', 0)")
+    ids = write_topic(server, "atlas", "diary", [f"met {word} at noon", "then lunch", "then a walk", "then home"])
+    short = server.post("/v1/short", {"agent": "atlas", "key": "k", "value": f"short {word}"}).body["id"]
+    checkpoint(server)
+    assert files_holding(server, tail)["db"] >= 5  # row, index terms, two neighbours' context, the short row
+
+    # The control: a plain delete by another writer, without the service's scrub, leaves the text behind.
+    other = marker()
+    control = server.post("/v1/long", {"agent": "sol", "topic": "x", "fact": f"control {other}"}).body["id"]
+    with server.db() as conn:
+        conn.execute("PRAGMA secure_delete=OFF")
+        conn.execute("DELETE FROM memory_longterm WHERE id = ?", (control,))
+    checkpoint(server)
+    assert files_holding(server, other[-16:])["db"] > 0
+
+    assert forget(server, "atlas", "long", ids[0])[0]
+    assert forget(server, "atlas", "short", short)[0]
+    assert files_holding(server, tail) == {"db": 0, "-wal": 0}
+    checkpoint(server)  # and after any later checkpoint
+    assert files_holding(server, tail) == {"db": 0, "-wal": 0}
+    assert [r["text"] for r in server.recall("sol", "lunch walk home", k=10).body["results"]]
+
+
+def test_a_retraction_keeps_who_what_and_when_but_not_the_text(server):
+    word = marker()
+    fact = f"the vault code is {word}"
+    row_id = server.post("/v1/long", {"agent": "atlas", "fact": fact}).body["id"]
+    ok, body = forget(server, "atlas", "long", row_id)
+    assert ok and body["content_hash"] == hashlib.sha256(fact.encode()).hexdigest()
+    with server.db() as conn:
+        (retraction,) = [dict(r) for r in conn.execute("SELECT * FROM memory_retraction")]
+        events = [dict(r) for r in conn.execute("SELECT kind, tier, row_id, agent FROM memory_event ORDER BY id")]
+        dumps = "\n".join(
+            str(tuple(r)) for t in ("memory_retraction", "memory_event") for r in conn.execute(f"SELECT * FROM {t}")
+        )
+    assert (retraction["agent"], retraction["tier"], retraction["row_id"]) == ("atlas", "long", row_id)
+    assert retraction["content_hash"] == body["content_hash"] and retraction["id"] == body["retraction_id"]
+    assert retraction["forgotten_at"].endswith("Z")
+    assert events[-1] == {"kind": "forget", "tier": "long", "row_id": row_id, "agent": "atlas"}
+    assert word not in dumps
+    # The same fact written again is a new row, recalled again: forgetting is not a ban.
+    again = server.post("/v1/long", {"agent": "atlas", "fact": fact})
+    assert again.status == 201 and [r["id"] for r in server.recall("sol", word).body["results"]] == [again.body["id"]]
+
+
+# ---- property: no recall, with any query, scope or ranking, returns a forgotten row ----
+
+COUNTER = itertools.count()
+words = st.text(alphabet=st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=1, max_size=10)
+sentences = st.lists(words, min_size=1, max_size=6).map(" ".join)
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    running = start_server(tmp_path_factory.mktemp("forget-props") / "solos.db")
+    yield running
+    stop_server(running)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_no_recall_returns_a_forgotten_row(shared_server, data):
+    server = shared_server
+    agents = [f"f{next(COUNTER)}-{i}" for i in range(2)]
+    solos_memory.register_agents(solos_memory.Config(db=str(server.db_path)), agents)
+    tag = marker()
+    rows = []
+    for agent, text, tier, topic in data.draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(agents),
+                sentences,
+                st.sampled_from(["long", "short", "episodic"]),
+                st.sampled_from(["a", "b", ""]),
+            ),
+            min_size=1,
+            max_size=8,
+        )
+    ):
+        if tier == "long":
+            reply = server.post("/v1/long", {"agent": agent, "topic": topic, "fact": f"{tag} {text}"})
+        elif tier == "short":
+            reply = server.post("/v1/short", {"agent": agent, "key": f"k{len(rows)}", "value": f"{tag} {text}"})
+        else:
+            reply = server.post(
+                "/v1/episodic", {"agent": agent, "event_type": topic or "e", "summary": f"{tag} {text}"}
+            )
+        assert reply.status in (200, 201), reply.body
+        rows.append((agent, tier, reply.body["id"], text))
+        server.request("PUT", "/v1/sharing", body={"agent": agent, "episodic": True})
+    doomed = data.draw(st.lists(st.sampled_from(rows), min_size=1, unique=True))
+    for agent, tier, row_id, _ in doomed:
+        ok, body = forget(server, agent, tier, row_id, data.draw(st.sampled_from(["rest", "mcp"])))
+        assert ok, body
+    forgotten = {(tier, row_id) for _, tier, row_id, _ in doomed}
+    for _ in range(4):
+        q = data.draw(st.sampled_from([tag, "", f"{tag} " + data.draw(sentences)] + [text for *_, text in rows]))
+        caller = data.draw(st.sampled_from(agents))
+        scope = data.draw(st.sampled_from(["own", "shared", "shared_except_self"]))
+        ranking = data.draw(st.sampled_from(["auto", "keyword"]))
+        found = recalled_ids(server, caller, q, scope=scope, ranking=ranking)
+        assert not found & forgotten, (q, scope, ranking)
