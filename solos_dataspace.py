@@ -29,6 +29,7 @@ import re
 import shutil
 import socket
 import sqlite3
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -477,10 +478,16 @@ class Subscriber:
         return True
 
     def drop(self, reason: str) -> None:
-        """Cut the stream: its thread, maybe blocked writing to a full socket, ends at once."""
+        """Cut the stream: its thread, maybe blocked writing to a full socket, ends at once.
+
+        Linger 0: the close resets the connection and discards what the kernel
+        still buffers for the client (megabytes, which a slow client would
+        otherwise crawl through before seeing the end).
+        """
         self.dropped = reason
         if self.connection is not None:
             with contextlib.suppress(OSError):
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 self.connection.shutdown(socket.SHUT_RDWR)
 
 

@@ -29,8 +29,10 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
     ("promote", {"agent": "sol", "ids": [1], "fact": "The kettle boils in three minutes."}),
     ("set_sharing", {"agent": "sol", "episodic": True}),
     ("recall", {"agent": "atlas", "q": "kettle", "k": 10, "tiers": ["long", "short", "episodic"]}),
+    ("read_events", {"agent": "atlas", "since": 0, "tiers": ["long", "short", "episodic"]}),
     ("read_audit", {"agent": "sol"}),
     ("delete_short", {"agent": "sol", "key": "kettle-state"}),
+    ("forget", {"agent": "sol", "tier": "long", "id": 1}),
     ("stats", {}),
 ]
 
@@ -88,6 +90,14 @@ def test_mcp_sdk_client_calls_every_tool_and_agrees_with_rest(server, mode, vers
     assert any(row.get("fact") == FACT for row in recalled)
     assert rest_answers["recall"] == results["recall"]
     assert rest_answers["read_audit"] == results["read_audit"]
+    assert rest_answers["read_events"] == results["read_events"]
+    assert [(e["kind"], e["tier"], e["agent"]) for e in results["read_events"]["events"]] == [
+        ("write", "long", "sol"),
+        ("write", "short", "sol"),
+        ("write", "episodic", "sol"),
+    ]
+    # forget took effect: the fact is gone from recall
+    assert rest_call(server, "recall", {"agent": "atlas", "q": "kettle cupboard"}).body["results"] == []
     assert results["read_audit"]["count"] >= 1  # atlas's recall of sol's shared episode was audited
     assert rest_answers["stats"].keys() == results["stats"].keys()  # counters move with every call
     # delete_short took effect: REST no longer recalls the short row.

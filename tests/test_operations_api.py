@@ -38,6 +38,7 @@ def test_responses_match_the_advertised_output_schemas(server):
     server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
     server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "schema event"})
     server.post("/v1/short", {"agent": "sol", "key": "k", "value": "schema value"})
+    forgettable = server.post("/v1/long", {"agent": "sol", "fact": "schema fact to forget"}).body["id"]
     samples = {
         "recall": server.get(
             "/v1/recall", agent="sol", q="schema", tiers="long,short,episodic,durable", scope="shared"
@@ -50,6 +51,8 @@ def test_responses_match_the_advertised_output_schemas(server):
         "read_audit": server.get("/v1/audit", agent="atlas"),
         "stats": server.get("/v1/stats"),
         "promote": server.post("/v1/promote", {"agent": "atlas", "ids": [1]}),
+        "forget": server.request("DELETE", "/v1/memory", query={"agent": "sol", "tier": "long", "id": forgettable}),
+        "read_events": server.get("/v1/events", agent="atlas", since=0, tiers="long,short,episodic"),
     }
     assert set(samples) == set(solos_memory.OPERATIONS)
     for name, reply in samples.items():

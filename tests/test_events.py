@@ -1,0 +1,346 @@
+"""Events: GET /v1/events as Server-Sent Events and read_events by id, filtered as recall is."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import queue
+import socket
+import threading
+import time
+from urllib.parse import urlencode
+
+import pytest
+
+import solos_dataspace
+import solos_memory
+
+WAIT_S = 5.0
+
+
+class Stream:
+    """One SSE subscription, read on a thread into a queue of messages ({"id", "event", "data", "comment"})."""
+
+    def __init__(self, server, query: dict, headers: dict | None = None):
+        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        self.conn.request(
+            "GET", "/v1/events?" + urlencode(query), headers={"Accept": "text/event-stream", **(headers or {})}
+        )
+        self.sock = self.conn.sock  # http.client lets go of it for a Connection: close response
+        self.response = self.conn.getresponse()
+        self.status = self.response.status
+        self.messages: queue.Queue = queue.Queue()
+        self.closed = threading.Event()
+        if self.status == 200:
+            threading.Thread(target=self.read, daemon=True).start()
+        else:
+            self.body = json.loads(self.response.read())
+
+    def read(self) -> None:
+        message: dict = {}
+        try:
+            for raw in iter(self.response.readline, b""):
+                line = raw.decode().rstrip("\n")
+                if not line:
+                    if message:
+                        self.messages.put(message)
+                    message = {}
+                elif line.startswith(":"):
+                    message["comment"] = line[1:].strip()
+                else:
+                    name, _, value = line.partition(": ")
+                    message[name] = json.loads(value) if name == "data" else value
+        except (OSError, ValueError):
+            pass
+        self.closed.set()
+
+    def next(self, timeout: float = WAIT_S, skip_comments: bool = True) -> dict | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                message = self.messages.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if "data" in message or not skip_comments or "event" in message:
+                return message
+
+    def events(self, count: int, timeout: float = WAIT_S) -> list[dict]:
+        """The data of the next `count` data messages (fails if they do not come)."""
+        found = []
+        while len(found) < count:
+            message = self.next(timeout)
+            assert message is not None, f"only {len(found)} of {count} events arrived: {found}"
+            if "data" in message and "event" not in message:
+                found.append(message["data"])
+        return found
+
+    def quiet(self, seconds: float = 0.5) -> list[dict]:
+        """Data messages that arrive within `seconds` (expected: none)."""
+        found = []
+        while (message := self.next(seconds)) is not None:
+            if "data" in message:
+                found.append(message)
+        return found
+
+    def close(self) -> None:
+        """Hang up, as a client that goes away does."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.conn.close()
+
+
+@pytest.fixture
+def streams():
+    opened: list[Stream] = []
+
+    def open_stream(server, query: dict, headers: dict | None = None) -> Stream:
+        stream = Stream(server, query, headers)
+        opened.append(stream)
+        return stream
+
+    yield open_stream
+    for stream in opened:
+        stream.close()
+
+
+def subscribed(stream: Stream) -> Stream:
+    """Wait until the hub has registered the stream (the retry line arrives after registration)."""
+    assert stream.status == 200, getattr(stream, "body", None)
+    first = stream.next(skip_comments=False)
+    assert first is not None and first.get("retry") == "2000", first
+    return stream
+
+
+def read_events(server, transport: str = "rest", **args) -> dict:
+    if transport == "rest":
+        query = {k: ",".join(v) if isinstance(v, list) else v for k, v in args.items()}
+        reply = server.get("/v1/events", **query)
+        return {"status": reply.status, **(reply.body or {})}
+    result = server.mcp_tool("read_events", args).body["result"]
+    return {"status": result["structuredContent"].get("error", {}).get("status", 200), **result["structuredContent"]}
+
+
+def test_a_stream_sees_writes_updates_direct_inserts_forgets_and_expiry_as_they_commit(server, streams):
+    stream = subscribed(streams(server, {"agent": "sol", "tiers": "long,short,episodic"}))
+    fact = server.post("/v1/long", {"agent": "atlas", "topic": "t", "fact": "the lab door code changed"}).body["id"]
+    server.post("/v1/long", {"agent": "atlas", "topic": "t", "fact": "the lab door code changed", "confidence": 0.4})
+    with server.db() as conn:  # one of the fleet's other writers, straight into solos.db
+        direct = conn.execute(
+            "INSERT INTO memory_longterm (agent, topic, fact) "
+            "VALUES ('nova', 't', 'written around the service') RETURNING id"
+        ).fetchone()[0]
+    short = server.post("/v1/short", {"agent": "atlas", "key": "blink", "value": "gone soon", "ttl_s": 0.3}).body["id"]
+    assert server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": fact}).status == 200
+    got = stream.events(5, timeout=WAIT_S + solos_dataspace.SWEEP_S)
+    assert [(e["kind"], e["tier"], e["row_id"], e["agent"]) for e in got] == [
+        ("write", "long", fact, "atlas"),
+        ("update", "long", fact, "atlas"),
+        ("write", "long", direct, "nova"),
+        ("write", "short", short, "atlas"),
+        ("forget", "long", fact, "atlas"),
+    ]
+    assert got[0]["row"]["text"] == "the lab door code changed" and got[0]["foreign"] is True
+    assert got[1]["row"]["confidence"] == 0.4 and got[4]["row"] is None
+    assert [e["id"] for e in got] == sorted(e["id"] for e in got)
+    (expired,) = stream.events(1, timeout=WAIT_S + solos_dataspace.SWEEP_S)
+    assert (expired["kind"], expired["tier"], expired["row_id"], expired["row"]) == ("expire", "short", short, None)
+    # purge deleting the already-reported row is no second event
+    assert server.server.memory.store.purge_expired() == 1
+    assert stream.quiet(0.5) == []
+
+
+@pytest.mark.parametrize("transport", ["rest", "mcp"])
+def test_read_events_filters_by_scope_writers_tags_and_words(server, transport):
+    server.post("/v1/long", {"agent": "atlas", "fact": "atlas likes green tea", "tags": ["preference"]})
+    server.post("/v1/long", {"agent": "sol", "fact": "sol likes black coffee", "tags": ["preference"]})
+    server.post("/v1/long", {"agent": "sol", "fact": "sol fixed the coffee machine", "tags": ["ops"]})
+    server.post("/v1/short", {"agent": "hermes", "key": "mood", "value": "coffee please"})
+
+    def texts(**args) -> list[str]:
+        answer = read_events(server, transport, agent="atlas", since=0, **args)
+        assert answer["status"] == 200, answer
+        return [e["row"]["text"] for e in answer["events"]]
+
+    assert texts() == [
+        "atlas likes green tea",
+        "sol likes black coffee",
+        "sol fixed the coffee machine",
+        "coffee please",
+    ]
+    assert texts(scope="own") == ["atlas likes green tea"]
+    assert texts(scope="shared_except_self", tiers=["long"]) == [
+        "sol likes black coffee",
+        "sol fixed the coffee machine",
+    ]
+    assert texts(writers=["hermes"]) == ["coffee please"]
+    assert texts(tags=["preference"]) == ["atlas likes green tea", "sol likes black coffee"]
+    assert texts(q="coffee machines") == ["sol likes black coffee", "sol fixed the coffee machine", "coffee please"]
+    assert texts(q="machine", tags=["ops"]) == ["sol fixed the coffee machine"]
+    assert texts(q="!!!") == []
+    paged = read_events(server, transport, agent="atlas", since=0, limit=2)
+    assert [e["row"]["text"] for e in paged["events"]] == ["atlas likes green tea", "sol likes black coffee"]
+    rest = read_events(server, transport, agent="atlas", since=paged["next_since"])
+    assert [e["row"]["text"] for e in rest["events"]] == ["sol fixed the coffee machine", "coffee please"]
+    assert rest["gap"] is None and rest["retention_s"] == solos_dataspace.EVENT_RETENTION_S
+
+
+def test_rest_and_mcp_read_events_agree(server):
+    server.post("/v1/long", {"agent": "atlas", "fact": "one fact"})
+    server.post("/v1/episodic", {"agent": "sol", "event_type": "t", "summary": "an episode"})
+    for args in ({"agent": "atlas", "since": 0}, {"agent": "atlas", "tiers": ["episodic"]}, {"agent": "nobody"}):
+        rest, mcp = read_events(server, "rest", **args), read_events(server, "mcp", **args)
+        assert rest == mcp
+
+
+def test_episodic_events_need_the_authors_opt_in_and_every_delivery_is_audited(server, streams):
+    stream = subscribed(streams(server, {"agent": "sol", "tiers": "episodic"}))
+    server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "private episode"})
+    mine = server.post("/v1/episodic", {"agent": "sol", "event_type": "t", "summary": "my own episode"}).body["id"]
+    (own,) = stream.events(1)
+    assert (own["row_id"], own["foreign"]) == (mine, False)
+    assert stream.quiet(0.3) == []
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
+    shared = server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "shared episode"}).body["id"]
+    (event,) = stream.events(1)
+    assert (event["row_id"], event["row"]["text"], event["foreign"]) == (shared, "shared episode", True)
+    reads = server.get("/v1/audit", agent="atlas").body["reads"]
+    assert [(r["reader"], r["author"], r["row_id"]) for r in reads] == [("sol", "atlas", shared)]
+    # The by-id read applies the same rule, and audits too (the private one stays hidden: opt-in is checked now).
+    polled = read_events(server, "mcp", agent="sol", tiers=["episodic"], since=0)
+    assert [e["row"]["text"] for e in polled["events"] if e["foreign"]] == ["private episode", "shared episode"]
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": False})
+    assert [e["foreign"] for e in read_events(server, agent="sol", tiers=["episodic"], since=0)["events"]] == [False]
+    assert len(server.get("/v1/audit", agent="atlas").body["reads"]) == 3
+
+
+def test_a_stream_hands_out_no_unaudited_episode(server, streams):
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
+    stream = subscribed(streams(server, {"agent": "sol", "tiers": "episodic"}))
+    with server.db() as conn:  # the audit table cannot take rows
+        conn.execute(
+            "CREATE TRIGGER refuse_audit BEFORE INSERT ON episodic_read_audit BEGIN SELECT RAISE(ABORT, 'no'); END"
+        )
+    server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "needs an audit"})
+    message = stream.next()
+    assert message is not None and message.get("event") == "error", message
+    assert stream.closed.wait(WAIT_S)
+    assert "needs an audit" not in json.dumps(message)
+
+
+def test_durable_events_reach_only_their_own_agent_and_others_durable_is_403(server, streams):
+    mine = subscribed(streams(server, {"agent": "atlas", "tiers": "durable"}))
+    with server.db() as conn:
+        conn.execute("INSERT INTO memory_durable (key, value) VALUES ('persona/sol', 'sol is careful')")
+        conn.execute("INSERT INTO memory_durable (key, value) VALUES ('persona/atlas', 'atlas is bold')")
+    (event,) = mine.events(1)
+    assert (event["tier"], event["agent"], event["row"]["text"]) == ("durable", "atlas", "atlas is bold")
+    assert mine.quiet(0.3) == []
+    refused = streams(server, {"agent": "atlas", "tiers": "durable", "scope": "shared_except_self"})
+    assert refused.status == 403 and refused.body["error"]["field"] == "tiers"
+    for transport in ("rest", "mcp"):
+        answer = read_events(server, transport, agent="atlas", tiers=["durable"], scope="shared_except_self")
+        assert answer["status"] == 403
+    polled = read_events(server, agent="sol", tiers=["durable"], since=0)
+    assert [e["row"]["text"] for e in polled["events"]] == ["sol is careful"]
+
+
+def test_scope_applies_to_streams(server, streams):
+    own = subscribed(streams(server, {"agent": "sol", "scope": "own"}))
+    others = subscribed(streams(server, {"agent": "sol", "scope": "shared_except_self"}))
+    server.post("/v1/long", {"agent": "atlas", "fact": "from atlas"})
+    server.post("/v1/long", {"agent": "sol", "fact": "from sol"})
+    assert [e["row"]["text"] for e in own.events(1)] == ["from sol"]
+    assert [e["row"]["text"] for e in others.events(1)] == ["from atlas"]
+    assert own.quiet(0.3) == [] and others.quiet(0.1) == []
+
+
+def test_a_stream_resumes_from_last_event_id_and_says_when_a_gap_was_pruned(server, streams):
+    first = subscribed(streams(server, {"agent": "sol", "since": 0}))
+    server.post("/v1/long", {"agent": "atlas", "fact": "before the break"})
+    (seen,) = first.events(1)
+    first.close()
+    server.post("/v1/long", {"agent": "atlas", "fact": "missed one"})
+    server.post("/v1/long", {"agent": "atlas", "fact": "missed two"})
+    again = subscribed(streams(server, {"agent": "sol", "since": 0}, {"Last-Event-ID": str(seen["id"])}))
+    assert [e["row"]["text"] for e in again.events(2)] == ["missed one", "missed two"]
+    bad = streams(server, {"agent": "sol"}, {"Last-Event-ID": "yesterday"})
+    assert bad.status == 400 and bad.body["error"]["field"] == "Last-Event-ID"
+
+    with server.db() as conn:  # age the first two events past the retention window, then let the service prune
+        conn.execute("UPDATE memory_event SET ts = '2000-01-01T00:00:00.000Z' WHERE id <= ?", (seen["id"] + 1,))
+    assert server.server.memory.dataspace.prune() == 2
+    answer = read_events(server, agent="sol", since=0)
+    assert answer["gap"]["from"] == 1 and answer["gap"]["through"] == seen["id"] + 1
+    assert "pruned" in answer["gap"]["message"] and [e["row"]["text"] for e in answer["events"]] == ["missed two"]
+    late = streams(server, {"agent": "sol"}, {"Last-Event-ID": "0"})
+    message = late.next(skip_comments=False)
+    while "event" not in message:
+        message = late.next(skip_comments=False)
+    assert message["event"] == "gap" and message["data"]["through"] == seen["id"] + 1
+    assert [e["row"]["text"] for e in late.events(1)] == ["missed two"]
+
+
+def test_heartbeats_carry_the_last_examined_id(server, streams):
+    server.server.memory.dataspace.heartbeat_s = 0.2
+    stream = subscribed(streams(server, {"agent": "sol", "writers": "hermes"}))
+    server.post("/v1/long", {"agent": "atlas", "fact": "filtered out"})
+    time.sleep(0.3)
+    beat = stream.next(1.0, skip_comments=False)
+    while beat is not None and beat.get("comment") != "heartbeat":
+        beat = stream.next(1.0, skip_comments=False)
+    with server.db() as conn:
+        head = conn.execute("SELECT max(id) FROM memory_event").fetchone()[0]
+    assert beat is not None and int(beat["id"]) == head
+
+
+def test_subscribers_are_capped_with_a_503_and_do_not_take_connection_slots(server, streams):
+    hub = server.server.memory.dataspace
+    hub.max_subscribers = 2
+    free = server.server.slots._value
+    streams_open = [subscribed(streams(server, {"agent": "sol"})) for _ in range(2)]
+    assert server.server.slots._value == free  # each stream gave its connection slot back
+    refused = streams(server, {"agent": "sol"})
+    assert refused.status == 503 and refused.body["error"]["code"] == "busy"
+    assert refused.response.getheader("Retry-After") == "1"
+    server.server.evict_idle(0, at_least_one=True)  # a stream is never idle: eviction passes it by
+    assert server.post("/v1/long", {"agent": "atlas", "fact": "still flowing"}).status == 201
+    for stream in streams_open:
+        assert [e["row"]["text"] for e in stream.events(1)] == ["still flowing"]
+    streams_open[0].close()
+    deadline = time.monotonic() + WAIT_S
+    while len(hub.subscribers) > 1 and time.monotonic() < deadline:  # writing to it finds the client gone
+        server.post(
+            "/v1/short", {"agent": "atlas", "key": "nudge", "value": str(time.monotonic())}
+        )  # finds the dead socket
+        time.sleep(0.05)
+    assert subscribed(streams(server, {"agent": "sol"})).status == 200
+
+
+def test_a_slow_consumer_is_dropped_and_writers_never_wait(server, monkeypatch):
+    monkeypatch.setattr(solos_dataspace, "SUBSCRIBER_BUFFER", 8)
+    hub = server.server.memory.dataspace
+    slow = socket.create_connection(("127.0.0.1", server.port))
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.sendall(b"GET /v1/events?agent=sol HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+    deadline = time.monotonic() + WAIT_S
+    while not hub.subscribers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    padding = "x" * 8000
+    for n in range(200):  # never read by the slow client
+        assert server.post("/v1/long", {"agent": "atlas", "fact": f"fact {n} {padding}"}).status == 201
+    while hub.subscribers and time.monotonic() < deadline + WAIT_S:
+        time.sleep(0.05)
+    assert not hub.subscribers and hub.counters["dropped"] == 1
+    slow.settimeout(WAIT_S)  # the service cut the stream: reading ends (or is reset), it does not time out
+    with contextlib.suppress(ConnectionResetError):
+        while slow.recv(65536):
+            pass
+    slow.close()
+
+
+def test_openapi_lists_the_new_routes_with_the_stream(server):
+    paths = server.get("/openapi.json").body["paths"]
+    assert "delete" in paths["/v1/memory"]
+    assert set(paths["/v1/events"]["get"]["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert solos_memory.OPERATIONS["read_events"].path == "/v1/events"
