@@ -33,7 +33,13 @@ from conftest import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = ROOT / "systemd"
-UNIT_NAMES = ("lab-memory.service", "lab-memory-purge.service", "lab-memory-purge.timer")
+UNIT_NAMES = (
+    "lab-memory.service",
+    "lab-memory-purge.service",
+    "lab-memory-purge.timer",
+    "lab-memory-snapshot.service",
+    "lab-memory-snapshot.timer",
+)
 # The embedder loads before the listening line: about a second here; room for a slow CI.
 START_TIMEOUT_S = 60
 
@@ -285,6 +291,10 @@ def test_units_say_what_the_fleet_expects():
     assert purge["Type"] == ["oneshot"] and purge["ExecStart"][0].endswith(" purge")
     timer = read_unit("lab-memory-purge.timer")
     assert timer["OnCalendar"] == ["daily"] and timer["Persistent"] == ["true"]
+    snapshot = read_unit("lab-memory-snapshot.service")
+    assert snapshot["Type"] == ["oneshot"] and " snapshot " in snapshot["ExecStart"][0] + " "
+    timer = read_unit("lab-memory-snapshot.timer")
+    assert timer["OnCalendar"] == ["daily"] and timer["Persistent"] == ["true"]
 
 
 def unit_command(name: str, home: Path) -> tuple[list[str], dict[str, str], Path]:
@@ -322,6 +332,18 @@ def test_unit_command_lines_start_the_archive(pyz, bare_python, fleet_home):
     argv, env, cwd = unit_command("lab-memory-purge.service", fleet_home)
     run = subprocess.run(argv, check=False, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+
+    argv, env, cwd = unit_command("lab-memory-snapshot.service", fleet_home)
+    for _ in range(2):
+        run = subprocess.run(argv, check=False, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+    assert len(list((runtime / "snapshots").glob("solos-*.json"))) == 2
+    latest = sorted((runtime / "snapshots").glob("solos-*.json"))[-1]
+    restored = runtime / "restored.db"
+    run = subprocess.run(
+        [*argv[:2], "restore", str(latest), "--db", str(restored)], env=env, cwd=cwd, capture_output=True, text=True
+    )
+    assert run.returncode == 0 and restored.exists(), run.stderr
 
 
 def test_a_failed_purge_exits_non_zero_with_a_log_line(pyz, bare_python, tmp_path):
