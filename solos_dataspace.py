@@ -939,7 +939,7 @@ def take_snapshot(db: str, folder: Path, keep: int, busy_timeout_ms: int) -> dic
         raise SnapshotError("keep", f"--keep must be at least 1, got {keep}")
     if not os.path.exists(db):
         raise SnapshotError("database", f"no database at {db}")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # snapshots hold what the database holds
     existing = manifests(folder)
     previous = load_manifest(existing[-1]) if existing else None
     seq = previous[0]["seq"] + 1 if previous else 1
