@@ -512,9 +512,9 @@ SSE_HEAD = (
 class Dataspace:
     """The event log's readers and keeper: subscriptions, fan-out, expiry sweeps, pruning, forget's scrub.
 
-    One thread ("dataspace") watches the database (PRAGMA data_version, which
-    moves on any other connection's commit, including the fleet's direct
-    writers) and, when anyone subscribes, reads new events once, filters
+    One thread ("dataspace"), while anyone subscribes, looks for new events
+    every POLL_S (an indexed read past its cursor; the fleet's direct writers
+    are seen this way) or at once when the service commits, reads them once, filters
     them per subscriber and queues them without waiting: a write never waits
     for a subscriber, and a subscriber whose queue is full is dropped (it
     resumes by Last-Event-ID). Each stream's own handler thread writes to its
@@ -541,6 +541,11 @@ class Dataspace:
             for subscriber in self.subscribers:
                 subscriber.drop("the service is stopping")
 
+    def stats(self) -> dict:
+        """Open streams, events delivered, streams dropped as slow, streams refused at the cap."""
+        with self.lock:
+            return {"open": len(self.subscribers), **self.counters}
+
     def wake(self) -> None:
         """A write committed: look now rather than at the next poll."""
         self.wakeup.set()
@@ -548,8 +553,7 @@ class Dataspace:
     # -- the thread --
 
     def run(self) -> None:
-        conn = self.store.connect()
-        version, next_sweep, next_prune, next_checkpoint = None, 0.0, 0.0, 0.0
+        next_sweep, next_prune, next_checkpoint = 0.0, 0.0, 0.0
         while not self.stopped:
             self.wakeup.wait(self.poll_s if self.subscribers else SWEEP_S)
             self.wakeup.clear()
@@ -565,15 +569,10 @@ class Dataspace:
                 if self.checkpoint_pending and now >= next_checkpoint:
                     next_checkpoint = now + RETRY_CHECKPOINT_S
                     self.checkpoint()
-                if self.subscribers:
-                    current = conn.execute("PRAGMA data_version").fetchone()[0]
-                    if current != version:
-                        version = current
-                        self.fan_out()
+                self.fan_out()
             except Exception:  # a busy or broken database: log it, the next round tries again
                 log.exception("dataspace round failed")
                 time.sleep(1)
-        conn.close()
 
     def fan_out(self) -> None:
         """Read what committed since the cursor, once, and queue each subscriber its share."""

@@ -1647,6 +1647,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "activity": memory.activity.snapshot(memory.store.writes_by_agent(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
         **memory.store.read(solos_lifecycle.lifecycle_counts),
+        "event_streams": memory.dataspace.stats(),
     }
 
 
