@@ -316,6 +316,7 @@ END;
 CREATE TRIGGER IF NOT EXISTS memory_episodic_archive_fts_ad AFTER DELETE ON memory_episodic_archive BEGIN
     INSERT INTO memory_episodic_archive_fts (memory_episodic_archive_fts, rowid, event_type, summary, details, outcome, agent)
     VALUES ('delete', old.id, old.event_type, old.summary, old.details, old.outcome, old.agent);
+END;
 
 -- ==== Dataspace: retractions and the event log (solos_dataspace.py) ====
 

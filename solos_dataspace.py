@@ -5,11 +5,11 @@ and whoever may recall a row may also observe it change (`read_events`, and
 `GET /v1/events` as Server-Sent Events). `snapshot` and `restore` keep the
 whole store safe, checking a snapshot before trusting it.
 
-This module imports nothing from solos_memory (which imports it, and may run
-as __main__): the spine hands it the store, the recall renderer and the
-schema pieces it needs, and turns what it reports into HTTP errors.
+Like the other carried modules it imports solos_memory (the spine, which
+registers itself under that name when run as a script) only inside
+functions, for its errors, rules and recall's labels.
 
-    forget     solos_memory.op_forget_memory -> row_owner + erase (one transaction) -> Dataspace.scrub
+    forget     op_forget_memory -> find_row + erase (one transaction) -> Dataspace.scrub
     events     triggers in schema.sql fill memory_event; Dataspace fans them out to subscribers
     snapshot   python3 solos_memory.py snapshot [--dir DIR] [--keep N]
     restore    python3 solos_memory.py restore SNAPSHOT [--db TARGET]
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 log = logging.getLogger("solos_dataspace")
 
@@ -107,7 +109,12 @@ FORGET_OUTPUT = {
         "type": "string",
         "enum": ["complete", "pending"],
         "description": "complete: the text has left the database file and its WAL; pending: a reader held "
-        "the WAL, the service retries every few seconds.",
+        "the WAL, or the Qdrant mirror's outbox still holds the row; the service finishes it within seconds.",
+    },
+    "mirror": {
+        "type": "string",
+        "enum": ["none", "pending"],
+        "description": "pending: the Qdrant point's delete is queued in the mirror's outbox (same transaction).",
     },
 }
 EVENTS_OUTPUT = {
@@ -160,6 +167,109 @@ def event_fields(agent: dict, tags: dict, tiers: Sequence[str], scopes: Sequence
             "description": "Only writes whose text matches these words, as recall's keyword search matches.",
         },
     }
+
+
+# ==== Operations: forget, read_events, and the stream's door ====
+
+
+def op_forget_memory(memory: Any, args: dict) -> dict:
+    """Forget one of the calling agent's own rows (short, long or episodic) by id: only its author may.
+
+    The row, its index entries, vector and the copies neighbours carry as context go in one transaction, then
+    the index is merged and the WAL checkpointed so the text leaves the database file. A retraction is kept
+    without the text (who, which row, when, a content hash); subscribers get a `forget` event.
+    """
+    import solos_memory as core
+
+    agent, tier, row_id = args["agent"], args["tier"], args["id"]
+
+    def work(conn: sqlite3.Connection) -> dict:
+        core.Store.require_agent(conn, agent)
+        found = find_row(conn, tier, row_id)
+        if found is None:
+            raise core.NotFound(f"there is no {tier} row with id {row_id}", "id")
+        if found[1]["agent"] != agent:
+            raise core.Forbidden(
+                f"{tier} row {row_id} was written by another agent; only its author can forget it", "id"
+            )
+        return erase(conn, tier, row_id)
+
+    retraction = memory.store.write(work)
+    memory.written()
+    return {
+        "tier": tier,
+        "agent": agent,
+        "id": row_id,
+        "status": "forgotten",
+        **retraction,
+        **memory.dataspace.scrub(tier, row_id),
+    }
+
+
+def op_read_events(memory: Any, args: dict) -> dict:
+    """Read what changed since an event id: writes, updates, forgets, deletes and expiries, oldest first.
+
+    Filtered as recall is (scope, tiers, the audited episodic opt-in, durable privacy), plus writers, tags and
+    words that writes must match. Pass `next_since` back as `since`; `gap` says when events were pruned (kept a
+    week). Over REST, `Accept: text/event-stream` makes the same call a live Server-Sent Events stream.
+    """
+    return memory.dataspace.read(event_pattern(memory, args), args["since"] or 0, args["limit"])
+
+
+def event_pattern(memory: Any, args: dict) -> Pattern:
+    """What a subscriber watches, after recall's checks: a registered caller, durable rows private."""
+    import solos_memory as core
+    import solos_rank
+
+    tiers = tuple(dict.fromkeys(args["tiers"] or core.DEFAULT_TIERS))
+    if "durable" in tiers and args["scope"] == "shared_except_self":
+        raise core.Forbidden("durable memory is private: an agent may watch only its own persona/<agent>", "tiers")
+    memory.store.read(lambda conn: core.Store.require_agent(conn, args["agent"]))
+    return Pattern.of(args, tiers, solos_rank.make_fts_query(solos_rank.query_words(args["q"] or "")))
+
+
+def event_row(tier: str, row: Any, caller: str) -> dict:
+    """A row as recall shows it, for an event."""
+    import solos_memory as core
+    import solos_rank
+
+    if tier == "durable":
+        return solos_rank.durable_result(row, caller)
+    result = solos_rank.tier_result(core.TIER_TABLE[tier], row, caller)
+    return {**result, "tags": solos_rank.parse_tags(result["tags"])} if "tags" in result else result
+
+
+def serve_stream(handler: Any, query: str) -> None:
+    """GET /v1/events with Accept: text/event-stream: read_events' checks and filter, then events as they commit.
+
+    `handler` is the spine's MemoryHandler. Refusals raise its errors (JSON 4xx/503, before any event byte).
+    A stream gives its connection slot back while it lasts: it counts against MAX_SUBSCRIBERS instead.
+    """
+    import solos_memory as core
+
+    handler.only(("GET",))
+    resume = handler.headers.get("Last-Event-ID")  # a reconnecting EventSource: it wins over the URL's since
+    if resume is not None and not resume.strip().isdigit():
+        raise core.BadRequest(
+            f"Last-Event-ID must be an event id (an integer), got {core.describe(resume)}", "Last-Event-ID"
+        )
+    op = core.OPERATIONS["read_events"]
+    pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if resume is None or k != "since"]
+    args = core.coerce_query(op.input_schema, pairs + ([("since", resume.strip())] if resume else []))
+    server = handler.server
+    subscribe = dataclasses.replace(
+        op, function=lambda memory, checked: {"pattern": event_pattern(memory, checked), "since": checked["since"]}
+    )
+    checked = core.invoke(server.memory, server.tokens, subscribe, args, handler.headers)
+    subscriber = server.memory.dataspace.subscribe(checked["pattern"], handler.connection)
+    if subscriber is None:
+        raise core.Busy(f"{server.memory.dataspace.max_subscribers} event streams are open; that is the cap")
+    handler.close_connection = True
+    server.slots.release()
+    server.unslotted.add(handler.connection)
+    handler.status_sent = 200
+    handler.count_request()
+    server.memory.dataspace.stream(subscriber, checked["since"], handler.wfile.write)
 
 
 # ==== Storage: forget, retractions and the event log (this module's SQL) ====
@@ -328,6 +438,18 @@ def reapply(conn: sqlite3.Connection, retraction: dict) -> bool:
         (*fields, retraction["key_hash"]),
     )
     return False
+
+
+def mirror_waiting(conn: sqlite3.Connection, row_ids: Iterable[int]) -> set[int]:
+    """Long rows whose delete still waits in the Qdrant mirror's outbox (it keeps their text until sent)."""
+    if not table_exists(conn, "qdrant_outbox"):
+        return set()
+    rows = conn.execute(
+        "SELECT DISTINCT row_id FROM qdrant_outbox "
+        "WHERE action = 'delete' AND row_id IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(row_ids)),),
+    )
+    return {row[0] for row in rows}
 
 
 def table_exists(conn: sqlite3.Connection, name: str) -> bool:
@@ -521,14 +643,17 @@ class Dataspace:
     socket, with heartbeats.
     """
 
-    def __init__(self, store: Any, tiers: dict, render: Callable[[str, Any, str], dict]):
-        self.store, self.tiers, self.render = store, tiers, render
+    def __init__(self, store: Any):
+        import solos_memory as core
+
+        self.store, self.tiers, self.render = store, core.TIER_TABLE, event_row
         self.lock = threading.Lock()
         self.subscribers: set[Subscriber] = set()
         self.cursor = 0  # the last event id fanned out
         self.wakeup = threading.Event()
         self.stopped = False
         self.checkpoint_pending = False
+        self.mirror_waits: set[int] = set()  # forgotten long rows the Qdrant outbox still holds
         self.max_subscribers, self.heartbeat_s, self.poll_s = MAX_SUBSCRIBERS, HEARTBEAT_S, POLL_S
         self.counters = {"delivered": 0, "dropped": 0, "refused": 0}
         self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
@@ -566,9 +691,11 @@ class Dataspace:
                 if now >= next_prune:
                     next_prune = now + PRUNE_EVERY_S
                     self.prune()
-                if self.checkpoint_pending and now >= next_checkpoint:
+                if (self.checkpoint_pending or self.mirror_waits) and now >= next_checkpoint:
                     next_checkpoint = now + RETRY_CHECKPOINT_S
-                    self.checkpoint()
+                    self.mirror_waits &= self.store.read(functools.partial(mirror_waiting, row_ids=self.mirror_waits))
+                    if not self.mirror_waits:
+                        self.checkpoint()
                 self.fan_out()
             except Exception:  # a busy or broken database: log it, the next round tries again
                 log.exception("dataspace round failed")
@@ -799,7 +926,7 @@ class Dataspace:
 
     # -- forget's scrub, pruning --
 
-    def scrub(self, tier: str) -> dict:
+    def scrub(self, tier: str, row_id: int) -> dict:
         """After a forget: merge the tier's keyword index into one segment, then cut the WAL to zero.
 
         FTS5 deletes only add tombstones (3.40 has no secure-delete option), so
@@ -810,7 +937,10 @@ class Dataspace:
         """
         for fts in KEYWORD_INDEX[tier]:
             self.merge(fts)
-        return {"wal_checkpoint": "complete" if self.checkpoint() else "pending"}
+        if tier == "long" and self.store.read(functools.partial(mirror_waiting, row_ids=[row_id])):
+            self.mirror_waits.add(row_id)  # the mirror sends the point's delete; then the hub checkpoints
+            return {"wal_checkpoint": "pending", "mirror": "pending"}
+        return {"wal_checkpoint": "complete" if self.checkpoint() else "pending", "mirror": "none"}
 
     def merge(self, fts: str) -> None:
         """Merge one keyword index down to a single segment, a short write transaction per step."""

@@ -45,7 +45,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
@@ -648,6 +648,7 @@ class Store:
             raise RuntimeError(f"{self.path}: busy_timeout did not take")
         # FULL: an acknowledged write survives power loss, not only a process crash.
         conn.execute("PRAGMA synchronous=FULL")
+        solos_dataspace.secure_delete(conn)  # what any delete removes is zeroed, not left in free pages (forget)
         if not self.admin:
             conn.set_authorizer(deny_fleet_writes)
         return conn
@@ -1365,7 +1366,7 @@ class Memory:
         self.mirror: solos_qdrant.Mirror | None = None
         if self.worker:
             self.worker.start()
-        self.dataspace = solos_dataspace.Dataspace(store, TIER_TABLE, event_row)
+        self.dataspace = solos_dataspace.Dataspace(store)
 
     def embedder_state(self) -> dict:
         """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall."""
@@ -1470,7 +1471,9 @@ class Gathered:
 def plan_recall(memory: Memory, args: dict) -> RecallPlan:
     """Check the request against the rules, parse the question, embed it if the embedder may rank."""
     caller, k, scope = args["agent"], args["k"], args["scope"]
-    tiers = readable_tiers(args)
+    tiers = tuple(dict.fromkeys(args["tiers"] or DEFAULT_TIERS))
+    if "durable" in tiers and scope == "shared_except_self":
+        raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
     searched = [TIER_TABLE[tier] for tier in tiers if tier != "durable"]
     if args["archive"]:
         if "episodic" not in tiers:
@@ -1559,14 +1562,6 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
     }
 
 
-def readable_tiers(args: dict) -> tuple[str, ...]:
-    """The tiers asked for (default long, short); others' durable rows are never readable."""
-    tiers = tuple(dict.fromkeys(args["tiers"] or DEFAULT_TIERS))
-    if "durable" in tiers and args["scope"] == "shared_except_self":
-        raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
-    return tiers
-
-
 def op_write_short(memory: Memory, args: dict) -> dict:
     """Write a short-term key/value for the calling agent, expiring after ttl_s seconds.
 
@@ -1649,57 +1644,6 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         **memory.store.read(solos_lifecycle.lifecycle_counts),
         "event_streams": memory.dataspace.stats(),
     }
-
-
-def op_forget_memory(memory: Memory, args: dict) -> dict:
-    """Forget one of the calling agent's own rows (short, long or episodic) by id: only its author may.
-
-    The row, its index entries, vector and the copies neighbours carry as context go in one transaction, then
-    the index is merged and the WAL checkpointed so the text leaves the database file. A retraction is kept
-    without the text (who, which row, when, a content hash); subscribers get a `forget` event.
-    """
-    agent, tier, row_id = args["agent"], args["tier"], args["id"]
-
-    def work(conn: sqlite3.Connection) -> dict:
-        Store.require_agent(conn, agent)
-        owner = solos_dataspace.row_owner(conn, tier, row_id)
-        if owner is None:
-            raise NotFound(f"there is no {tier} row with id {row_id}", "id")
-        if owner != agent:
-            raise Forbidden(f"{tier} row {row_id} was written by another agent; only its author can forget it", "id")
-        return solos_dataspace.erase(conn, tier, row_id)
-
-    retraction = memory.store.write(work)
-    memory.written()
-    scrubbed = memory.dataspace.scrub(tier)
-    return {"tier": tier, "agent": agent, "id": row_id, "status": "forgotten", **retraction, **scrubbed}
-
-
-def op_read_events(memory: Memory, args: dict) -> dict:
-    """Read what changed since an event id: writes, updates, forgets, deletes and expiries, oldest first.
-
-    Filtered as recall is (scope, tiers, the audited episodic opt-in, durable privacy), plus writers, tags and
-    words that writes must match. Pass `next_since` back as `since`; `gap` says when events were pruned (kept a
-    week). Over REST, `Accept: text/event-stream` makes the same call a live Server-Sent Events stream.
-    """
-    return memory.dataspace.read(event_pattern(memory, args), args["since"] or 0, args["limit"])
-
-
-def event_pattern(memory: Memory, args: dict) -> solos_dataspace.Pattern:
-    """What a subscriber watches, after recall's checks: a registered caller, durable rows private."""
-    tiers = readable_tiers(args)
-    memory.store.read(lambda conn: Store.require_agent(conn, args["agent"]))
-    return solos_dataspace.Pattern.of(args, tiers, solos_rank.make_fts_query(solos_rank.query_words(args["q"] or "")))
-
-
-def event_row(tier: str, row: sqlite3.Row, caller: str) -> dict:
-    """A row as recall shows it, for an event."""
-    result = (
-        solos_rank.durable_result(row, caller)
-        if tier == "durable"
-        else solos_rank.tier_result(TIER_TABLE[tier], row, caller)
-    )
-    return {**result, "tags": solos_rank.parse_tags(result["tags"])} if "tags" in result else result
 
 
 # ==== Operation table ====
@@ -2039,7 +1983,7 @@ OPERATIONS = {
         "forget",
         "DELETE",
         "/v1/memory",
-        op_forget_memory,
+        solos_dataspace.op_forget_memory,
         object_schema({"agent": AGENT_SCHEMA, **solos_dataspace.FORGET_FIELDS}, ("agent", "tier", "id")),
         result_schema(solos_dataspace.FORGET_OUTPUT),
         writes=True,
@@ -2051,7 +1995,7 @@ OPERATIONS = {
         "read_events",
         "GET",
         "/v1/events",
-        op_read_events,
+        solos_dataspace.op_read_events,
         object_schema(solos_dataspace.event_fields(AGENT_SCHEMA, TAGS_SCHEMA, TIERS, SCOPES, DEFAULT_TIERS)),
         result_schema(solos_dataspace.EVENTS_OUTPUT),
         writes=False,
@@ -2257,7 +2201,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 content_type, produce = SERVICE_DOCUMENTS[url.path]
                 self.respond(200, produce(self.server), content_type=content_type)
             elif url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
-                self.stream_events(url.query)
+                solos_dataspace.serve_stream(self, url.query)
             elif url.path in STATUS_PAGES:  # what /v1/stats shows the same caller, readable
                 self.only(("GET", "HEAD"))
                 server = self.server
@@ -2295,28 +2239,6 @@ class MemoryHandler(BaseHTTPRequestHandler):
                     status=self.status_sent,
                     ms=round((time.perf_counter() - started) * 1000, 2),
                 )
-
-    def stream_events(self, query: str) -> None:
-        """GET /v1/events as Server-Sent Events: read_events' checks and filter, then events as they commit."""
-        self.only(("GET",))
-        resume = self.headers.get("Last-Event-ID")  # a reconnecting EventSource: it wins over the URL's since
-        if resume is not None and not resume.strip().isdigit():
-            raise BadRequest(f"Last-Event-ID must be an event id (an integer), got {describe(resume)}", "Last-Event-ID")
-        op = OPERATIONS["read_events"]
-        pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if resume is None or k != "since"]
-        args = coerce_query(op.input_schema, pairs + ([("since", resume.strip())] if resume else []))
-        subscribe = lambda memory, checked: {"pattern": event_pattern(memory, checked), "since": checked["since"]}
-        headers = cast(Mapping[str, str], self.headers)
-        checked = invoke(self.server.memory, self.server.tokens, replace(op, function=subscribe), args, headers)
-        subscriber = self.server.memory.dataspace.subscribe(checked["pattern"], self.connection)
-        if subscriber is None:
-            raise Busy(f"{self.server.memory.dataspace.max_subscribers} event streams are open; that is the cap")
-        self.close_connection = True
-        self.server.slots.release()  # a stream counts against the subscriber cap, not against MAX_CONNECTIONS
-        self.server.unslotted.add(self.connection)
-        self.status_sent = 200
-        self.count_request()
-        self.server.memory.dataspace.stream(subscriber, checked["since"], self.wfile.write)
 
     def only(self, methods: tuple[str, ...]) -> None:
         if self.command not in methods:

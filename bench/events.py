@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import Client, machine_note, percentiles, start_service
-from write_throughput import AGENTS, Tally, run_client
+from write_throughput import AGENTS, drive
 
 
 def event_time(ts: str) -> float:
@@ -88,21 +88,6 @@ def subscribe(port: int, readers: list[str], ready: Any, stop: Any, results: Any
     results.put([(s.received, s.cut) for s in subscribers])
 
 
-def drive(port: int, clients: int, seconds: float, phase: int) -> tuple[Tally, float]:
-    """write_throughput's writers, with content unique to this phase (a repeated fact is an update, no event)."""
-    tally = Tally()
-    stop_at = time.perf_counter() + seconds
-    threads = [
-        threading.Thread(target=run_client, args=(port, phase * 1000 + n, stop_at, tally)) for n in range(clients)
-    ]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return tally, time.perf_counter() - started
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=16, help="concurrent writers (default: %(default)s)")
@@ -114,18 +99,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="solos-bench-") as scratch:
         db = Path(scratch) / "solos.db"
         with start_service(db, register=",".join(AGENTS + tuple(readers))) as service:
-            before, before_s = drive(service.port, args.clients, args.seconds, 1)
+            before, before_s = drive(service.port, args.clients, args.seconds, first_client=1000)
             ready, stop, results = multiprocessing.Event(), multiprocessing.Event(), multiprocessing.Queue()
             watcher = multiprocessing.Process(target=subscribe, args=(service.port, readers, ready, stop, results))
             watcher.start()
             ready.wait(30)
             time.sleep(0.3)
-            during, during_s = drive(service.port, args.clients, args.seconds, 2)
+            during, during_s = drive(service.port, args.clients, args.seconds, first_client=2000)
             stop.set()
             received = results.get(timeout=60)
             watcher.join()
             counters = json.loads(Client(service.port).request("GET", "/v1/stats")[2])["event_streams"]
-            after, after_s = drive(service.port, args.clients, args.seconds, 3)
+            after, after_s = drive(service.port, args.clients, args.seconds, first_client=3000)
 
     rates = [len(t.acked) / s for t, s in ((before, before_s), (during, during_s), (after, after_s))]
     without = (rates[0] + rates[2]) / 2

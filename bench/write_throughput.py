@@ -121,12 +121,15 @@ def commit_floor(folder: Path, commits: int = 200) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
-def drive(port: int, clients: int, seconds: float, path_override: str | None = None) -> tuple[Tally, float]:
+def drive(
+    port: int, clients: int, seconds: float, path_override: str | None = None, first_client: int = 0
+) -> tuple[Tally, float]:
+    """Run `clients` writers for `seconds`; numbered from first_client, which makes their content (a run
+    writing twice to one service numbers its second round apart, or its facts are updates, not writes)."""
     tally = Tally()
     stop_at = time.perf_counter() + seconds
-    threads = [
-        threading.Thread(target=run_client, args=(port, n, stop_at, tally, path_override)) for n in range(clients)
-    ]
+    numbers = range(first_client, first_client + clients)
+    threads = [threading.Thread(target=run_client, args=(port, n, stop_at, tally, path_override)) for n in numbers]
     started = time.perf_counter()
     for thread in threads:
         thread.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import uuid
 
 import pytest
@@ -237,3 +238,27 @@ def test_no_recall_returns_a_forgotten_row(shared_server, data):
         ranking = data.draw(st.sampled_from(["auto", "keyword"]))
         found = recalled_ids(server, caller, q, scope=scope, ranking=ranking)
         assert not found & forgotten, (q, scope, ranking)
+
+
+def test_forget_reaches_the_qdrant_mirror_and_its_outbox(make_server, tmp_path):
+    """The point's delete is queued in the same transaction; once sent, the text leaves the outbox and the files."""
+    pytest.importorskip("qdrant_client")
+    from test_qdrant import drained, points_in, wait_for
+
+    import solos_qdrant
+
+    path = tmp_path / "qdrant"
+    server = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    word = marker()
+    fact = f"the mirrored secret is {word}"
+    row_id = server.post("/v1/long", {"agent": "atlas", "topic": "t", "fact": fact}).body["id"]
+    kept = server.post("/v1/long", {"agent": "atlas", "topic": "t", "fact": "a mirrored fact that stays"}).body["id"]
+    wait_for(lambda: drained(server), what="the first upserts")
+    ok, body = forget(server, "atlas", "long", row_id)
+    assert ok and body["mirror"] in ("pending", "none"), body
+    wait_for(lambda: drained(server), what="the point's delete")
+    wait_for(lambda: files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}, what="the text to leave the files")
+    stop_server(server)
+    points = points_in(path)
+    assert [p["solos_row_id"] for p in points.values()] == [kept]
+    assert word not in json.dumps(list(points.values()))
