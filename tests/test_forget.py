@@ -262,3 +262,21 @@ def test_forget_reaches_the_qdrant_mirror_and_its_outbox(make_server, tmp_path):
     points = points_in(path)
     assert [p["solos_row_id"] for p in points.values()] == [kept]
     assert word not in json.dumps(list(points.values()))
+
+
+def test_an_archived_episode_can_be_forgotten(server):
+    import solos_lifecycle
+
+    word = marker()
+    old = server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": f"old {word}"}).body["id"]
+    server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "newest stays"})
+    with server.db() as conn:
+        conn.execute("UPDATE memory_episodic SET timestamp = '2020-01-01T00:00:00.000Z' WHERE id = ?", (old,))
+    assert solos_lifecycle.archive_episodic(server.server.memory.store, 30) == 1
+    found = server.recall("atlas", word, tiers="episodic", archive="true").body["results"]
+    assert [(r["id"], r["archived"]) for r in found] == [(old, True)]
+    assert forget(server, "sol", "episodic", old)[1]["error"]["code"] == "forbidden"
+    ok, body = forget(server, "atlas", "episodic", old, "mcp")
+    assert ok and body["wal_checkpoint"] == "complete", body
+    assert server.recall("atlas", word, tiers="episodic", archive="true").body["results"] == []
+    assert files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}
