@@ -51,6 +51,7 @@ POLL_S = 0.05  # how often the fleet's own direct writes are looked for while an
 SWEEP_S = 1.0  # expiry events are at most this late
 PRUNE_EVERY_S = 600
 BATCH = 500  # events read per query
+WIRE_CACHE = 4096  # encoded events kept for the streams still to send them
 SCAN_LIMIT = 5000  # events one read_events call examines at most (next_since says where it stopped)
 MERGE_PAGES = 128  # FTS5 pages one merge step writes: about 10 ms at 100k facts, so no long write lock
 MAX_MERGE_STEPS = 10_000
@@ -654,17 +655,22 @@ class Dataspace:
         self.stopped = False
         self.checkpoint_pending = False
         self.mirror_waits: set[int] = set()  # forgotten long rows the Qdrant outbox still holds
+        self.wire_lock = threading.Lock()
+        self.wire: dict[tuple[int, bool], bytes] = {}  # encoded events, oldest first
         self.max_subscribers, self.heartbeat_s, self.poll_s = MAX_SUBSCRIBERS, HEARTBEAT_S, POLL_S
         self.counters = {"delivered": 0, "dropped": 0, "refused": 0}
         self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
         self.thread.start()
 
     def stop(self) -> None:
+        """Drop every stream and end the thread; once this returns the hub opens no connection."""
         self.stopped = True
         self.wakeup.set()
         with self.lock:
             for subscriber in self.subscribers:
                 subscriber.drop("the service is stopping")
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout=10)
 
     def stats(self) -> dict:
         """Open streams, events delivered, streams dropped as slow, streams refused at the cap."""
@@ -678,7 +684,23 @@ class Dataspace:
     # -- the thread --
 
     def run(self) -> None:
-        next_sweep, next_prune, next_checkpoint = 0.0, 0.0, 0.0
+        # Its own connection for its reads, kept off the request pool; writes (rare) take the pool's queue.
+        self.own = self.store.connect()
+        try:
+            self.loop()
+        finally:
+            self.own.close()
+
+    def own_read(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        """One read transaction on the thread's own connection."""
+        self.own.execute("BEGIN")
+        try:
+            return work(self.own)
+        finally:
+            self.own.execute("ROLLBACK")
+
+    def loop(self) -> None:
+        next_sweep, next_prune, next_checkpoint = 0.0, time.monotonic() + PRUNE_EVERY_S / 10, 0.0
         while not self.stopped:
             self.wakeup.wait(self.poll_s if self.subscribers else SWEEP_S)
             self.wakeup.clear()
@@ -686,14 +708,14 @@ class Dataspace:
                 now = time.monotonic()
                 if now >= next_sweep:
                     next_sweep = now + SWEEP_S
-                    if self.store.read(expiry_due):
+                    if self.own_read(expiry_due):
                         self.store.write(sweep_expired)
                 if now >= next_prune:
                     next_prune = now + PRUNE_EVERY_S
                     self.prune()
                 if (self.checkpoint_pending or self.mirror_waits) and now >= next_checkpoint:
                     next_checkpoint = now + RETRY_CHECKPOINT_S
-                    self.mirror_waits &= self.store.read(functools.partial(mirror_waiting, row_ids=self.mirror_waits))
+                    self.mirror_waits &= self.own_read(functools.partial(mirror_waiting, row_ids=self.mirror_waits))
                     if not self.mirror_waits:
                         self.checkpoint()
                 self.fan_out()
@@ -708,7 +730,7 @@ class Dataspace:
                 subscribers, after = list(self.subscribers), self.cursor
             if not subscribers:
                 return
-            shares, last = self.store.read(functools.partial(self.prepare, subscribers=subscribers, after=after))
+            shares, last = self.own_read(functools.partial(self.prepare, subscribers=subscribers, after=after))
             with self.lock:
                 for subscriber, events in shares.items():
                     if events and subscriber in self.subscribers and not subscriber.offer(events):
@@ -724,15 +746,27 @@ class Dataspace:
         if not events:
             return {}, after
         rows, sharing = current_rows(conn, self.tiers, events), sharing_agents(conn)
-        return {s: self.visible(conn, s.pattern, events, rows, sharing) for s in subscribers}, events[-1]["id"]
+        shared: dict[tuple, dict] = {}
+        return {s: self.visible(conn, s.pattern, events, rows, sharing, shared) for s in subscribers}, events[-1]["id"]
 
     # -- filtering: what a subscriber may see is what it could recall --
 
     def visible(
-        self, conn: sqlite3.Connection, pattern: Pattern, events: Sequence[Any], rows: dict, sharing: set
+        self,
+        conn: sqlite3.Connection,
+        pattern: Pattern,
+        events: Sequence[Any],
+        rows: dict,
+        sharing: set,
+        shared: dict | None = None,
     ) -> list:
-        """The events this pattern lets its caller see, rendered for it, in order."""
+        """The events this pattern lets its caller see, rendered for it, in order.
+
+        `shared` carries renderings across the subscribers of one batch: an event looks the same to every
+        caller it is foreign to (or not), so it is rendered (and later encoded) once, not per stream.
+        """
         caller, kept = pattern.caller, []
+        shared = {} if shared is None else shared
         for event in events:
             tier, agent = event["tier"], event["agent"]
             if tier not in pattern.tiers:
@@ -752,25 +786,31 @@ class Dataspace:
                 row = rows.get((tier, event["row_id"]))
                 if row is None:  # gone or expired since: a later event says so
                     continue
-                shown = self.render(tier, row, caller)
+                key = (event["id"], agent != caller)
+                if key not in shared:
+                    shared[key] = self.render(tier, row, caller)
+                shown = shared[key]
                 if pattern.tags and not set(pattern.tags) & set(shown.get("tags") or ()):
                     continue
             kept.append((event, shown))
         if pattern.q:
             kept = self.text_filter(conn, pattern, kept)
-        return [
-            {
-                "id": event["id"],
-                "kind": event["kind"],
-                "tier": event["tier"],
-                "row_id": event["row_id"],
-                "agent": event["agent"],
-                "foreign": event["agent"] != caller,
-                "ts": event["ts"],
-                "row": shown,
-            }
-            for event, shown in kept
-        ]
+        found = []
+        for event, shown in kept:
+            message = ("event", event["id"], event["agent"] != caller)
+            if message not in shared:
+                shared[message] = {
+                    "id": event["id"],
+                    "kind": event["kind"],
+                    "tier": event["tier"],
+                    "row_id": event["row_id"],
+                    "agent": event["agent"],
+                    "foreign": event["agent"] != caller,
+                    "ts": event["ts"],
+                    "row": shown,
+                }
+            found.append(shared[message])
+        return found
 
     @staticmethod
     def text_filter(conn: sqlite3.Connection, pattern: Pattern, kept: list) -> list:
@@ -918,11 +958,24 @@ class Dataspace:
     def deliver(self, subscriber: Subscriber, events: list[dict], examined: int, write: Callable[[bytes], Any]) -> int:
         """Audit, then write the events in one send; returns the new last id."""
         self.audit(subscriber.pattern.caller, events)
-        payload = b"".join(sse(event, event_id=event["id"]) for event in events)
+        payload = b"".join(self.encode(event) for event in events)
         write(payload + (sse(event_id=examined) if not events or events[-1]["id"] != examined else b""))
         with self.lock:
             self.counters["delivered"] += len(events)
         return examined
+
+    def encode(self, event: dict) -> bytes:
+        """The event as an SSE message, encoded once for all the streams it goes to (the last WIRE_CACHE kept)."""
+        key = (event["id"], event["foreign"])
+        with self.wire_lock:
+            wire = self.wire.get(key)
+        if wire is None:
+            wire = sse(event, event_id=event["id"])
+            with self.wire_lock:
+                self.wire[key] = wire
+                while len(self.wire) > WIRE_CACHE:
+                    del self.wire[next(iter(self.wire))]
+        return wire
 
     # -- forget's scrub, pruning --
 
@@ -935,6 +988,8 @@ class Dataspace:
         TRUNCATE checkpoint moves the zeroed pages into the database file and
         empties the WAL, where older page images still held the text.
         """
+        with self.wire_lock:  # encoded events may quote the forgotten row
+            self.wire.clear()
         for fts in KEYWORD_INDEX[tier]:
             self.merge(fts)
         if tier == "long" and self.store.read(functools.partial(mirror_waiting, row_ids=[row_id])):
