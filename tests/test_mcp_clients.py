@@ -95,9 +95,13 @@ def test_mcp_sdk_client_calls_every_tool_and_agrees_with_rest(server, mode, vers
         ("write", "long", "sol"),
         ("write", "short", "sol"),
         ("write", "episodic", "sol"),
+        ("write", "long", "sol"),  # the promoted fact
     ]
-    # forget took effect: the fact is gone from recall
-    assert rest_call(server, "recall", {"agent": "atlas", "q": "kettle cupboard"}).body["results"] == []
+    # forget took effect: the first fact is gone from recall, the promoted one stays
+    texts = [
+        row["text"] for row in rest_call(server, "recall", {"agent": "atlas", "q": "kettle cupboard"}).body["results"]
+    ]
+    assert FACT not in texts and texts == ["The kettle boils in three minutes."]
     assert results["read_audit"]["count"] >= 1  # atlas's recall of sol's shared episode was audited
     assert rest_answers["stats"].keys() == results["stats"].keys()  # counters move with every call
     # delete_short took effect: REST no longer recalls the short row.
