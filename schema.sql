@@ -341,7 +341,7 @@ CREATE TABLE IF NOT EXISTS memory_retraction (
 CREATE TABLE IF NOT EXISTS memory_event (
     id      INTEGER PRIMARY KEY AUTOINCREMENT,
     ts      TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
-    kind    TEXT NOT NULL,   -- write, update, delete, forget, expire
+    kind    TEXT NOT NULL,   -- write, update, delete, forget, expire, archive
     tier    TEXT NOT NULL,
     row_id  INTEGER NOT NULL,
     agent   TEXT             -- the row's writer; durable: the agent of persona/<agent>
@@ -370,8 +370,11 @@ WHEN old.agent IS NOT new.agent OR old.event_type IS NOT new.event_type OR old.s
     OR old.details IS NOT new.details OR old.outcome IS NOT new.outcome OR old.duration_s IS NOT new.duration_s BEGIN
     INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('update', 'episodic', new.id, new.agent);
 END;
+-- `purge` moves old episodes to the archive (insert there, then delete here): 'archive', not 'delete'.
 CREATE TRIGGER IF NOT EXISTS memory_episodic_event_ad AFTER DELETE ON memory_episodic BEGIN
-    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('delete', 'episodic', old.id, old.agent);
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES (
+        CASE WHEN EXISTS (SELECT 1 FROM memory_episodic_archive WHERE id = old.id) THEN 'archive' ELSE 'delete' END,
+        'episodic', old.id, old.agent);
 END;
 
 CREATE TRIGGER IF NOT EXISTS memory_short_event_ai AFTER INSERT ON memory_short BEGIN

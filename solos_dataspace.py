@@ -78,7 +78,7 @@ CONTENT_FIELDS = {
     "episodic": ("event_type", "summary", "details", "outcome"),
     "short": ("key", "value"),
 }
-REMOVALS = ("delete", "forget", "expire")
+REMOVALS = ("delete", "forget", "expire", "archive")  # events that carry no row
 COUNTED_TABLES = (
     "agent_registry",
     "memory_durable",

@@ -273,6 +273,8 @@ def test_an_archived_episode_can_be_forgotten(server):
     with server.db() as conn:
         conn.execute("UPDATE memory_episodic SET timestamp = '2020-01-01T00:00:00.000Z' WHERE id = ?", (old,))
     assert solos_lifecycle.archive_episodic(server.server.memory.store, 30) == 1
+    moved = server.get("/v1/events", agent="atlas", tiers="episodic", since=0).body["events"]
+    assert [(e["kind"], e["row_id"]) for e in moved][-1] == ("archive", old)  # moved, not deleted
     found = server.recall("atlas", word, tiers="episodic", archive="true").body["results"]
     assert [(r["id"], r["archived"]) for r in found] == [(old, True)]
     assert forget(server, "sol", "episodic", old)[1]["error"]["code"] == "forbidden"
