@@ -685,7 +685,15 @@ class Dataspace:
 
     def run(self) -> None:
         # Its own connection for its reads, kept off the request pool; writes (rare) take the pool's queue.
-        self.own = self.store.connect()
+        while not self.stopped:
+            try:
+                self.own = self.store.connect()
+                break
+            except Exception:  # the database is unavailable for now: say so, and keep trying
+                log.exception("dataspace cannot open its connection; events wait")
+                time.sleep(1)
+        else:
+            return
         try:
             self.loop()
         finally:
