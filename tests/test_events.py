@@ -348,3 +348,25 @@ def test_openapi_lists_the_new_routes_with_the_stream(server):
     assert "delete" in paths["/v1/memory"]
     assert set(paths["/v1/events"]["get"]["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
     assert solos_memory.OPERATIONS["read_events"].path == "/v1/events"
+
+
+def test_with_tokens_the_token_decides_who_subscribes(make_server, tmp_path, streams):
+    import hashlib
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{hashlib.sha256(b'sol-token').hexdigest()} sol\n")
+    tokens.chmod(0o600)
+    server = make_server("tokens.db", tokens_file=str(tokens))
+    anonymous = streams(server, {"agent": "sol"})
+    assert anonymous.status == 401
+    impostor = streams(server, {"agent": "atlas"}, {"Authorization": "Bearer sol-token"})
+    assert impostor.status == 403 and impostor.body["error"]["field"] == "agent"
+    stream = subscribed(streams(server, {"scope": "own"}, {"Authorization": "Bearer sol-token"}))
+    assert (
+        server.post(
+            "/v1/short", {"key": "k", "value": "by token"}, headers={"Authorization": "Bearer sol-token"}
+        ).status
+        == 201
+    )
+    (event,) = stream.events(1)
+    assert (event["agent"], event["foreign"], event["row"]["value"]) == ("sol", False, "by token")
