@@ -94,8 +94,8 @@ COUNTED_TABLES = (
 FORGET_FIELDS = {
     "tier": {
         "type": "string",
-        "enum": ["short", "long", "episodic"],
-        "description": "The row's tier. Durable records are the fleet's, read-only: they cannot be forgotten.",
+        "enum": ["short", "long", "episodic", "durable"],
+        "description": "The row's tier. Durable records are the fleet's, read-only: forgetting one is refused (403).",
     },
     "id": {"type": "integer", "minimum": 1, "description": "The row's id, as recall returned it."},
 }
@@ -183,6 +183,8 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
     import solos_memory as core
 
     agent, tier, row_id = args["agent"], args["tier"], args["id"]
+    if tier == "durable":
+        raise core.Forbidden("durable records are the fleet's and read-only; they cannot be forgotten", "tier")
 
     def work(conn: sqlite3.Connection) -> dict:
         core.Store.require_agent(conn, agent)

@@ -113,7 +113,8 @@ def test_forget_is_refused_for_others_rows_unknown_ids_durable_and_unknown_agent
     cases = [
         ({"agent": "sol", "tier": "long", "id": fact}, 403, "forbidden", "id"),
         ({"agent": "atlas", "tier": "long", "id": fact + 1000}, 404, "not_found", "id"),
-        ({"agent": "atlas", "tier": "durable", "id": 1}, 400, "bad_request", "tier"),
+        ({"agent": "atlas", "tier": "durable", "id": 1}, 403, "forbidden", "tier"),
+        ({"agent": "atlas", "tier": "persona", "id": 1}, 400, "bad_request", "tier"),
         ({"agent": "mallory", "tier": "long", "id": fact}, 422, "unknown_agent", "agent"),
         ({"agent": "atlas", "tier": "long", "id": "one"}, 400, "bad_request", "id"),
     ]
