@@ -661,6 +661,8 @@ class Dataspace:
         self.wire: dict[tuple[int, bool], bytes] = {}  # encoded events, oldest first
         self.max_subscribers, self.heartbeat_s, self.poll_s = MAX_SUBSCRIBERS, HEARTBEAT_S, POLL_S
         self.counters = {"delivered": 0, "dropped": 0, "refused": 0}
+        # Its own connection, kept off the request pool, for the thread's reads and its rare writes.
+        self.own, self.own_lock = store.connect(), threading.Lock()
         self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
         self.thread.start()
 
@@ -686,28 +688,23 @@ class Dataspace:
     # -- the thread --
 
     def run(self) -> None:
-        # Its own connection for its reads, kept off the request pool; writes (rare) take the pool's queue.
-        while not self.stopped:
-            try:
-                self.own = self.store.connect()
-                break
-            except Exception:  # the database is unavailable for now: say so, and keep trying
-                log.exception("dataspace cannot open its connection; events wait")
-                time.sleep(1)
-        else:
-            return
         try:
             self.loop()
         finally:
-            self.own.close()
+            with self.own_lock:
+                self.own.close()
 
-    def own_read(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
-        """One read transaction on the thread's own connection."""
-        self.own.execute("BEGIN")
-        try:
-            return work(self.own)
-        finally:
-            self.own.execute("ROLLBACK")
+    def own_read(self, work: Callable[[sqlite3.Connection], Any], write: bool = False) -> Any:
+        """One transaction on the hub's own connection; its writes (expiry sweeps, pruning) are short and rare."""
+        with self.own_lock:
+            self.own.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                result = work(self.own)
+            except BaseException:
+                self.own.execute("ROLLBACK")
+                raise
+            self.own.execute("COMMIT")
+            return result
 
     def loop(self) -> None:
         next_sweep, next_prune, next_checkpoint = 0.0, time.monotonic() + PRUNE_EVERY_S / 10, 0.0
@@ -719,7 +716,7 @@ class Dataspace:
                 if now >= next_sweep:
                     next_sweep = now + SWEEP_S
                     if self.own_read(expiry_due):
-                        self.store.write(sweep_expired)
+                        self.own_read(sweep_expired, write=True)
                 if now >= next_prune:
                     next_prune = now + PRUNE_EVERY_S
                     self.prune()
@@ -1033,7 +1030,7 @@ class Dataspace:
         cutoff = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() - EVENT_RETENTION_S))
         total = 0
         while True:
-            pruned = self.store.write(lambda conn: prune_step(conn, cutoff, BATCH * 10))
+            pruned = self.own_read(functools.partial(prune_step, cutoff=cutoff, batch=BATCH * 10), write=True)
             total += pruned
             if pruned < BATCH * 10:
                 return total
