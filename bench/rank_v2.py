@@ -1,0 +1,152 @@
+"""Recall v2 ranking prototype (issue 13): the functions as they would live in the service.
+
+Pure stdlib (re, math, datetime): every function here runs on a bare python3,
+so the keyword-only mode gets all of it. bench/recall_v2_research.py measures
+each piece on the LoCoMo dev split; the constants name the result that chose
+them (bench/RESULTS-locomo.md, "Recall v2").
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+from collections import Counter
+
+FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
+MAX_QUERY_TERMS = 64
+
+# ==== Query words ====
+
+# The issue-6 list (the service's STOP_WORDS today).
+STOP_WORDS_V1 = frozenset(
+    """
+a an and are as at be been by did do does for from had has have he her his how i in is it its me my of on or
+she so that the their them they this to was we were what when where which who whom why will with would you your
+""".split()
+)
+# v2 adds question scaffolding ("what kind of", "would X likely"), modal verbs and the "s" of
+# possessives ("Caroline's" -> "caroline", "s": "s" matches every "it's" and "that's").
+STOP_WORDS = STOP_WORDS_V1 | frozenset(
+    """
+s t about also any anything both can could ever if into just kind likely many might much not no other ought should
+some something sort still than then there these those type yet based considered mentioned according answer yes
+""".split()
+)
+
+
+def query_words(text: str) -> list[str]:
+    """The distinct lower-cased words of free text, at most MAX_QUERY_TERMS."""
+    return list(dict.fromkeys(word.lower() for word in re.findall(r"\w+", text)))[:MAX_QUERY_TERMS]
+
+
+def make_fts_query(words: list[str], stop: frozenset[str] = STOP_WORDS) -> str | None:
+    """Quote each word for FTS5 MATCH, OR-ed, stop words dropped unless nothing else is left."""
+    kept = [word for word in words if word not in stop] or words
+    if not kept:
+        return None
+    return " OR ".join('"' + word.replace('"', '""') + '"' for word in kept)
+
+
+# ==== Dates: the window a question names, against the row's date ====
+
+MONTHS = {
+    name: n
+    for n, names in enumerate(
+        (
+            ("january", "jan"),
+            ("february", "feb"),
+            ("march", "mar"),
+            ("april", "apr"),
+            ("may",),
+            ("june", "jun"),
+            ("july", "jul"),
+            ("august", "aug"),
+            ("september", "sep", "sept"),
+            ("october", "oct"),
+            ("november", "nov"),
+            ("december", "dec"),
+        ),
+        start=1,
+    )
+    for name in names
+}
+_MONTH = r"(January|February|March|April|May|June|July|August|September|October|November|December)"
+# "13 October 2023", "1 February, 2023", "October 13, 2023", "May 23 2023"
+_DAY_MONTH_YEAR = re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH},?\s+((?:19|20)\d\d)\b")
+_MONTH_DAY_YEAR = re.compile(rf"\b{_MONTH}\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+((?:19|20)\d\d)\b")
+_MONTH_YEAR = re.compile(rf"\b{_MONTH},?\s+((?:19|20)\d\d)\b")
+# A bare month only after a preposition, capitalised: "in June", not the verb "may".
+_MONTH_ONLY = re.compile(rf"\b(?:in|during|of|since|by|early|late|mid)\s+{_MONTH}\b")
+_YEAR_ONLY = re.compile(r"\b(?:in|during|of|since|by)\s+((?:19|20)\d\d)\b")
+ROW_DATE = re.compile(r"\b(\d{1,2})\s+([A-Za-z]+),?\s+((?:19|20)\d\d)\b|\b((?:19|20)\d\d)-(\d\d)-(\d\d)")
+
+
+def _day(year: int, month: int, day: int) -> int | None:
+    try:
+        return datetime.date(year, month, day).toordinal()
+    except ValueError:
+        return None
+
+
+def _month_span(year: int, month: int) -> tuple[int, int]:
+    first = datetime.date(year, month, 1)
+    following = datetime.date(year + month // 12, month % 12 + 1, 1)
+    return first.toordinal(), following.toordinal() - 1
+
+
+def parse_row_date(text: str) -> int | None:
+    """The day (proleptic ordinal) a row's date field names: '1:56 pm on 8 May, 2023' or ISO '2023-05-08'."""
+    m = ROW_DATE.search(text or "")
+    if not m:
+        return None
+    if m.group(4):
+        return _day(int(m.group(4)), int(m.group(5)), int(m.group(6)))
+    month = MONTHS.get(m.group(2).lower())
+    return _day(int(m.group(3)), month, int(m.group(1))) if month else None
+
+
+def date_window(question: str, after_days: int) -> tuple[int, int] | None:
+    """The days a question names, widened by after_days (an event is told a few days later).
+
+    A full date gives that day; "July 2023" that month; "in 2023" that year.
+    Relative phrases ("last week") have no anchor in the question and give None.
+    """
+    for pattern, order in ((_DAY_MONTH_YEAR, "dmy"), (_MONTH_DAY_YEAR, "mdy")):
+        m = pattern.search(question)
+        if m:
+            parts = dict(zip(order, m.groups()))
+            day = _day(int(parts["y"]), MONTHS[parts["m"].lower()], int(parts["d"]))
+            if day is not None:
+                return day, day + after_days
+    m = _MONTH_YEAR.search(question)
+    if m:
+        lo, hi = _month_span(int(m.group(2)), MONTHS[m.group(1).lower()])
+        return lo, hi + after_days
+    m = _YEAR_ONLY.search(question)
+    if m:
+        lo, _ = _month_span(int(m.group(1)), 1)
+        _, hi = _month_span(int(m.group(1)), 12)
+        return lo, hi + after_days
+    return None
+
+
+# ==== Pseudo-relevance feedback ====
+
+
+def document_frequencies(texts: list[str]) -> Counter[str]:
+    return Counter(w for text in texts for w in set(re.findall(r"\w+", text.lower())))
+
+
+def feedback_terms(
+    question: str, top_texts: list[str], df: Counter[str], n_docs: int, k: int, stop: frozenset[str] = STOP_WORDS
+) -> list[str]:
+    """The k words of the first pass's best rows with the highest tf x idf, not already in the question."""
+    asked = set(query_words(question))
+    weights: Counter[str] = Counter()
+    for text in top_texts:
+        for word, tf in Counter(re.findall(r"\w+", text.lower())).items():
+            if word in stop or word in asked or len(word) < 3 or word.isdigit():
+                continue
+            weights[word] += tf * math.log(n_docs / max(df.get(word, 1), 1))
+    return [w for w, _ in weights.most_common(k)]
