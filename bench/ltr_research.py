@@ -14,7 +14,6 @@ candidate: pure Python, keyword-only included.
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from recall_v2_research import HEAD, kw_leg, line, query_rows  # noqa: E402
 
 import solos_embed  # noqa: E402
 
-DEPTH = 30
+DEPTH = rank_v2.RERANK_DEPTH
 
 
 def row_stem(word: str) -> str:
@@ -40,42 +39,38 @@ def row_stem(word: str) -> str:
 def features(
     conv: Conversation, kw: np.ndarray, vec: np.ndarray | None, fused: np.ndarray, qi: int, cands: np.ndarray
 ) -> np.ndarray:
-    """One row of features per candidate turn of question qi."""
+    """One row of rank_v2.ltr_features per candidate turn of question qi (the service's view of a turn)."""
     q = conv.queries[qi].question
-    words = [w for w in rank_v2.query_words(q) if w not in rank_v2.STOP_WORDS]
-    stems = {row_stem(w) for w in words}
-    named = {s for s in conv.speakers if re.search(rf"\b{re.escape(s)}\b", q, re.IGNORECASE)}
+    words = rank_v2.query_words(q)
+    question_stems = {w[:5] for w in words if w not in rank_v2.STOP_WORDS}
+    named = {s.lower() for s in conv.speakers if s.lower() in words}
     window = rank_v2.date_window(q, 7)
     kwn = normalised(kw[qi : qi + 1], 100, "minmax")[0]
     kw_rank = ranks_of(kw[qi : qi + 1], 100)[0]
     fz_rank = ranks_of(fused[qi : qi + 1], DEPTH)[0]
     prev_k, next_k = (s[0] for s in neighbour_scores(conv, kwn[None, :], [-1, 1]))
+    vn = None if vec is None else normalised(vec[qi : qi + 1], 100, "minmax")[0]
+
+    def row(j: int) -> dict:
+        t = conv.turns[j]
+        return {"text": t.fact, "agent": t.speaker, "topic": t.date}
+
     cols = []
-    for i in cands:
-        t = conv.turns[int(i)]
-        toks = {row_stem(w) for w in re.findall(r"\w+", t.fact.lower())}
-        cover = len(stems & toks) / max(len(stems), 1)
-        day = rank_v2.parse_row_date(t.date) or -1
-        f = [
-            fused[qi, i],
-            1.0 / fz_rank[i],
-            kwn[i],
-            1.0 / kw_rank[i] if np.isfinite(kw_rank[i]) else 0.0,
-            max(prev_k[i], next_k[i]),
-            prev_k[i],
-            next_k[i],
-            float(t.speaker in named),
-            float(bool(named) and t.speaker not in named),
-            float(t.text.rstrip().endswith("?")),
-            float(np.log1p(len(t.text.split()))),
-            float(bool(t.caption)),
-            float(window is not None and window[0] <= day <= window[1]),
-            cover,
-        ]
+    for i in (int(c) for c in cands):
+        t = conv.turns[i]
+        prev = row(i - 1) if i > 0 and conv.turns[i - 1].session == t.session else None
+        nxt = row(i + 1) if i + 1 < len(conv.turns) and conv.turns[i + 1].session == t.session else None
+        first_pass = {
+            "fused": float(fused[qi, i]),
+            "fused_rank": float(fz_rank[i]),
+            "keyword": float(kwn[i]),
+            "keyword_rank": float(kw_rank[i]) if np.isfinite(kw_rank[i]) else None,
+            "neighbour_prev": float(prev_k[i]),
+            "neighbour_next": float(next_k[i]),
+        }
         if vec is not None:
-            vn = normalised(vec[qi : qi + 1], 100, "minmax")[0]
-            f += [vec[qi, i], vn[i]]
-        cols.append(f)
+            first_pass.update(cosine=float(vec[qi, i]), vector=float(vn[i]))
+        cols.append(rank_v2.ltr_features(question_stems, named, window, row(i), prev, nxt, first_pass))
     return np.array(cols)
 
 
@@ -139,12 +134,48 @@ def run(convs, kws, vecs, fuseds, title: str, l2s=(0.1, 1.0, 10.0)) -> None:
             model = fit(X, y, l2)
             held += query_rows(convs[h], rerank(fuseds[h], data[h], model))
         print(line(f"{title}: LTR top {DEPTH}, l2 {l2}, LOCO (held-out)", summarise(held)))
-    model = fit(np.vstack([d[0] for d in data]), np.concatenate([d[1] for d in data]), l2s[1])
+    model = fit(np.vstack([d[0] for d in data]), np.concatenate([d[1] for d in data]), 1.0)
     ins = [r for c, f, d in zip(convs, fuseds, data) for r in query_rows(c, rerank(f, d, model))]
-    print(line(f"{title}: LTR top {DEPTH}, l2 {l2s[1]}, in-sample", summarise(ins)))
-    print("    weights (standardised):", np.round(model[0], 3).tolist())
-    print("    mean:", np.round(model[1], 4).tolist())
-    print("    scale:", np.round(model[2], 4).tolist(), flush=True)
+    print(line(f"{title}: LTR top {DEPTH}, l2 1.0, in-sample", summarise(ins)))
+    w, mu, sd = model
+    raw = w[:-1] / sd
+    folded = (float(w[-1] - np.sum(w[:-1] * mu / sd)), *map(float, raw))
+    print("    standardised weights:", np.round(w[:-1], 3).tolist())
+    print("    raw weights for rank_v2 (bias first):", tuple(round(x, 4) for x in folded), flush=True)
+    ported = []
+    for c, f, d in zip(convs, fuseds, data):
+        out = f * 0.001
+        out[d[2], d[3]] = 10 + np.array([rank_v2.ltr_score(list(x), tuple(round(v, 4) for v in folded)) for x in d[0]])
+        ported += query_rows(c, out)
+    print(line(f"{title}: the same through rank_v2.ltr_score (4-decimal weights)", summarise(ported)))
+
+
+def latency(convs, kw, vec, fused) -> None:
+    """Per-question cost of the pure-Python part at RERANK_DEPTH: features of every candidate, score, sort."""
+    global DEPTH
+    DEPTH = rank_v2.RERANK_DEPTH
+    timings = []
+    for ci, conv in enumerate(convs):
+        for qi, q in enumerate(conv.queries):
+            order = np.argsort(-fused[ci][qi], kind="stable")[:DEPTH]
+            rows = [{"text": conv.turns[int(i)].fact, "agent": conv.turns[int(i)].speaker, "topic": conv.turns[int(i)].date}
+                    for i in order]
+            fp = {"fused": 0.5, "fused_rank": 3.0, "keyword": 0.4, "keyword_rank": 2.0, "neighbour_prev": 0.1,
+                  "neighbour_next": 0.2, "cosine": 0.4, "vector": 0.5}
+            t0 = time.perf_counter()
+            words = rank_v2.query_words(q.question)
+            stems_q = {w[:5] for w in words if w not in rank_v2.STOP_WORDS}
+            named = {s.lower() for s in conv.speakers if s.lower() in words}
+            window = rank_v2.date_window(q.question, 7)
+            feats = [rank_v2.ltr_features(stems_q, named, window, r, rows[j - 1] if j else None,
+                                          rows[j + 1] if j + 1 < len(rows) else None, fp)
+                     for j, r in enumerate(rows)]
+            rank_v2.rerank(rows, feats, hybrid=True)
+            timings.append(time.perf_counter() - t0)
+    timings.sort()
+    n = len(timings)
+    print(f"pure-Python rerank of the top {DEPTH} (features + score + sort): "
+          f"p50 {1000 * timings[n // 2]:.3f} ms, p99 {1000 * timings[int(n * 0.99)]:.3f} ms per question")
 
 
 def main() -> int:
@@ -157,8 +188,13 @@ def main() -> int:
     hy = linear([kw, vec], [0.7, 0.3], 100, "minmax")
     del normalised_all
     print(HEAD)
-    run(convs, kw, None, kw_only, "keyword")
-    run(convs, kw, vec, hy, "hybrid")
+    global DEPTH
+    for depth in (20, 30, 50):
+        DEPTH = depth
+        print(f"-- rerank depth {depth}")
+        run(convs, kw, None, kw_only, "keyword", (0.1, 1.0, 10.0) if depth == 30 else (1.0,))
+        run(convs, kw, vec, hy, "hybrid", (0.1, 1.0, 10.0) if depth == 30 else (1.0,))
+    latency(convs, kw, vec, hy)
     print(f"run time {time.perf_counter() - started:.1f} s")
     return 0
 
