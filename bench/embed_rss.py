@@ -46,7 +46,23 @@ CONFIGS = {
     "ort-noarena-nopattern-extended": {"kind": "ort", "arena": False, "pattern": False, "threads": 0, "opt": "extended"},
     "ort-noarena-nopattern-noopt": {"kind": "ort", "arena": False, "pattern": False, "threads": 0, "opt": "disable"},
     "ort-lean": {"kind": "ort", "arena": False, "pattern": False, "threads": 0, "opt": "basic", "prepack": False},
+    # The same weights re-quantized for integer kernels (bench/requantize_minilm.py): nothing to fold to fp32.
+    "ort-dynint8": {"kind": "ort", "arena": True, "pattern": True, "threads": 0, "weights": "dynint8"},
+    "ort-dynint8-noarena-nopattern": {"kind": "ort", "arena": False, "pattern": False, "threads": 0, "weights": "dynint8"},
+    "ort-dynint8-noarena-nopattern-t1": {
+        "kind": "ort", "arena": False, "pattern": False, "threads": 1, "weights": "dynint8"
+    },
+    "ort-dynint8-noarena-nopattern-t1-b2": {
+        "kind": "ort", "arena": False, "pattern": False, "threads": 1, "weights": "dynint8", "batch": 2
+    },
+    "ort-dynint8-noarena-nopattern-t1-b1": {
+        "kind": "ort", "arena": False, "pattern": False, "threads": 1, "weights": "dynint8", "batch": 1
+    },
+    "ort-dynint8-noarena-nopattern-b1": {
+        "kind": "ort", "arena": False, "pattern": False, "threads": 0, "weights": "dynint8", "batch": 1
+    },
 }
+DYNINT8 = os.environ.get("MINILM_DYNINT8", "/tmp/minilm-dynint8.onnx")
 
 
 def rss_mib() -> tuple[float, float]:
@@ -154,15 +170,16 @@ def child(name: str, turns: int, queries: int) -> dict:
         import tokenizers  # noqa: F401
 
         steps["imported"] = rss_mib()[0]
+        weights = DYNINT8 if cfg.get("weights") == "dynint8" else str(solos_embed.default_weights_path())
         ort_model = OrtEmbedder(
-            str(solos_embed.default_weights_path()), solos_embed.CARRIED_MODEL_DIR, cfg["arena"], cfg["pattern"], cfg["threads"],
+            weights, solos_embed.CARRIED_MODEL_DIR, cfg["arena"], cfg["pattern"], cfg["threads"],
             cfg.get("opt", "all"), cfg.get("prepack", True),
         )
 
         def embed(batch: list[str]):
             order = sorted(range(len(batch)), key=lambda i: len(batch[i]))
             rows = np.empty((len(batch), 384), dtype=np.float32)
-            rows[order] = ort_model.embed([batch[i] for i in order])
+            rows[order] = ort_model.embed([batch[i] for i in order], cfg.get("batch", 8))
             return rows
 
     load_s = time.perf_counter() - t0

@@ -247,6 +247,34 @@ def e5_scores(convs: list[Conversation]) -> Scores | None:
     return out
 
 
+def dynint8_scores(convs: list[Conversation]) -> Scores | None:
+    """Cosines from the re-quantized model, through onnxruntime + tokenizers (bench/embed_rss.OrtEmbedder)."""
+    import hashlib
+
+    from embed_rss import DYNINT8, OrtEmbedder
+
+    if not Path(DYNINT8).exists():
+        return None
+    cache = Path(__file__).resolve().parent.parent / ".cache" / "locomo-vectors"
+    model = None
+    out = []
+    for conv in convs:
+        mats = []
+        for texts in ([text_speaker_date(conv, i) for i in range(len(conv.turns))], [q.question for q in conv.queries]):
+            key = hashlib.sha256("\0".join(["dynint8", Path(DYNINT8).read_bytes().hex()[:64], *texts]).encode())
+            path = cache / f"dynint8-{key.hexdigest()[:24]}.npy"
+            if not path.exists():
+                model = model or OrtEmbedder(DYNINT8, solos_embed.CARRIED_MODEL_DIR, True, True, 0, "all", True)
+                order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+                rows = np.empty((len(texts), 384), dtype=np.float32)
+                rows[order] = model.embed([texts[i] for i in order])
+                cache.mkdir(parents=True, exist_ok=True)
+                np.save(path, rows)
+            mats.append(np.load(path))
+        out.append(mats[1] @ mats[0].T)
+    return out
+
+
 # ==== Sections ====
 
 
@@ -343,6 +371,18 @@ def section_all(convs: list[Conversation], only: list[str]) -> None:
         else:
             print("  (no e5 vectors in /tmp/rr/e5: run bench/e5_vectors.py under python 3.12)")
 
+    if "quant" in only:
+        print("-- MiniLM re-quantized for integer kernels (bench/requantize_minilm.py) instead of the folded int8")
+        dyn = dynint8_scores(convs)
+        if dyn is None:
+            print("  (no /tmp/minilm-dynint8.onnx: run bench/requantize_minilm.py)")
+        else:
+            dyn_s = smooth(convs, dyn, 0.5, 1)
+            show(convs, "vector leg, dynamic int8", dyn_s)
+            show(convs, "vector leg, today's weights", vec)
+            show(convs, "hybrid 0.7/0.3, dynamic int8", linear([kw, dyn_s], [0.7, 0.3], 100, "minmax"))
+            show(convs, "hybrid 0.7/0.3, today's weights", linear([kw, vec], [0.7, 0.3], 100, "minmax"))
+
     if "fusion" in only:
         print("-- fusion")
         cfg = {}
@@ -356,7 +396,7 @@ def section_all(convs: list[Conversation], only: list[str]) -> None:
         grid(convs, "candidate depth", cfg)
 
 
-SECTIONS = ("stop", "columns", "smooth", "time", "prf", "session", "vector", "fusion")
+SECTIONS = ("stop", "columns", "smooth", "time", "prf", "session", "vector", "quant", "fusion")
 
 
 def main(argv: list[str] | None = None) -> int:
