@@ -30,6 +30,7 @@ from recall_v2_research import HEAD, kw_leg, line, query_rows  # noqa: E402
 import solos_embed  # noqa: E402
 
 DEPTH = rank_v2.RERANK_DEPTH
+EXTRA = False  # rank_v2.EXTRA_FEATURES on top
 
 
 def row_stem(word: str) -> str:
@@ -55,6 +56,8 @@ def features(
         t = conv.turns[j]
         return {"text": t.fact, "agent": t.speaker, "topic": t.date}
 
+    sessions = [conv.turns[int(c)].session for c in cands]
+    asks_when = q.lower().startswith("when") or " when " in q.lower()
     cols = []
     for i in (int(c) for c in cands):
         t = conv.turns[i]
@@ -68,6 +71,13 @@ def features(
             "neighbour_prev": float(prev_k[i]),
             "neighbour_next": float(next_k[i]),
         }
+        if EXTRA:
+            same = [int(c) for c, sess in zip(cands, sessions) if sess == t.session]
+            first_pass.update(
+                topic_share=len(same) / len(cands),
+                topic_best=max(float(fused[qi, j]) for j in same),
+                asks_when=asks_when,
+            )
         if vec is not None:
             first_pass.update(cosine=float(vec[qi, i]), vector=float(vn[i]))
         cols.append(rank_v2.ltr_features(question_stems, named, window, row(i), prev, nxt, first_pass))
@@ -126,6 +136,7 @@ def rerank(fused: np.ndarray, data, model) -> np.ndarray:
 def run(convs, kws, vecs, fuseds, title: str, l2s=(0.1, 1.0, 10.0)) -> None:
     data = build(convs, kws, vecs, fuseds)
     print(line(f"{title}: first pass", summarise([r for c, m in zip(convs, fuseds) for r in query_rows(c, m)])))
+    kept = []
     for l2 in l2s:
         held = []
         for h in range(len(convs)):
@@ -134,6 +145,8 @@ def run(convs, kws, vecs, fuseds, title: str, l2s=(0.1, 1.0, 10.0)) -> None:
             model = fit(X, y, l2)
             held += query_rows(convs[h], rerank(fuseds[h], data[h], model))
         print(line(f"{title}: LTR top {DEPTH}, l2 {l2}, LOCO (held-out)", summarise(held)))
+        if l2 == 1.0:
+            kept = held
     model = fit(np.vstack([d[0] for d in data]), np.concatenate([d[1] for d in data]), 1.0)
     ins = [r for c, f, d in zip(convs, fuseds, data) for r in query_rows(c, rerank(f, d, model))]
     print(line(f"{title}: LTR top {DEPTH}, l2 1.0, in-sample", summarise(ins)))
@@ -148,6 +161,7 @@ def run(convs, kws, vecs, fuseds, title: str, l2s=(0.1, 1.0, 10.0)) -> None:
         out[d[2], d[3]] = 10 + np.array([rank_v2.ltr_score(list(x), tuple(round(v, 4) for v in folded)) for x in d[0]])
         ported += query_rows(c, out)
     print(line(f"{title}: the same through rank_v2.ltr_score (4-decimal weights)", summarise(ported)))
+    return kept
 
 
 def latency(convs, kw, vec, fused) -> None:
@@ -188,12 +202,26 @@ def main() -> int:
     hy = linear([kw, vec], [0.7, 0.3], 100, "minmax")
     del normalised_all
     print(HEAD)
-    global DEPTH
-    for depth in (20, 30, 50):
-        DEPTH = depth
-        print(f"-- rerank depth {depth}")
-        run(convs, kw, None, kw_only, "keyword", (0.1, 1.0, 10.0) if depth == 30 else (1.0,))
-        run(convs, kw, vec, hy, "hybrid", (0.1, 1.0, 10.0) if depth == 30 else (1.0,))
+    global DEPTH, EXTRA
+    held = {}
+    for depth, extra in ((20, False), (30, False), (50, False), (20, True)):
+        DEPTH, EXTRA = depth, extra
+        print(f"-- rerank depth {depth}{', with EXTRA_FEATURES' if extra else ''}")
+        held[depth, extra, "kw"] = run(convs, kw, None, kw_only, "keyword", (0.1, 1.0, 10.0) if depth == 30 else (1.0,))
+        held[depth, extra, "hy"] = run(convs, kw, vec, hy, "hybrid", (0.1, 1.0, 10.0) if depth == 30 else (1.0,))
+    print("-- paired difference, held-out LTR (depth 20) - first pass: mean +- 2 SE")
+    for leg, first in (("kw", kw_only), ("hy", hy)):
+        base = [r for c, m in zip(convs, first) for r in query_rows(c, m)]
+        for metric in ("hit@5", "frac@10", "MRR"):
+            d = np.array([a[1][metric] - b[1][metric] for a, b in zip(held[20, False, leg], base)])
+            print(f"    {leg} {metric}: {d.mean():+.4f} +- {2 * d.std(ddof=1) / np.sqrt(len(d)):.4f}")
+    print("-- paired difference of the held-out figures, EXTRA_FEATURES on - off (depth 20): mean +- 2 SE")
+    for leg in ("kw", "hy"):
+        on, off = held[20, True, leg], held[20, False, leg]
+        for metric in ("hit@5", "frac@10", "MRR"):
+            d = np.array([a[1][metric] - b[1][metric] for a, b in zip(on, off)])
+            print(f"    {leg} {metric}: {d.mean():+.4f} +- {2 * d.std(ddof=1) / np.sqrt(len(d)):.4f}")
+    DEPTH, EXTRA = rank_v2.RERANK_DEPTH, False
     latency(convs, kw, vec, hy)
     print(f"run time {time.perf_counter() - started:.1f} s")
     return 0

@@ -176,6 +176,15 @@ KEYWORD_FEATURES = (
     "coverage_around",  # share of content words in the previous and next rows
     "first_of_topic",  # no previous row in the topic
 )
+# Tried on top (bench/ltr_research.py, EXTRA_FEATURES): candidates sharing the row's topic, the question asks
+# "when" and the row holds a time phrase, the named writer x keyword score.
+EXTRA_FEATURES = ("topic_share", "topic_best", "when_time", "named_keyword")
+TIME_PHRASE = re.compile(
+    r"\b(yesterday|today|tomorrow|tonight|last|next|ago|weekend|week|month|year|since|(?:19|20)\d\d|"
+    r"january|february|march|april|may|june|july|august|september|october|november|december|"
+    r"monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b",
+    re.IGNORECASE,
+)
 VECTOR_FEATURES = ("cosine", "vector")  # raw cosine (neighbour-smoothed), and min-max over the vector candidates
 
 
@@ -225,6 +234,13 @@ def ltr_features(
         len(question_stems & around) / wanted,
         float(previous is None),
     ]
+    if "topic_share" in first_pass:
+        features += [
+            first_pass["topic_share"],
+            first_pass["topic_best"],
+            float(first_pass["asks_when"] and bool(TIME_PHRASE.search(text))),
+            features[7] * first_pass["keyword"],
+        ]
     if "cosine" in first_pass:
         features += [first_pass["cosine"], first_pass["vector"]]
     return features
