@@ -9,7 +9,7 @@ the fifth; the printed figures are held-out only (plus an all-five fit for
 the weights to port, bench/rank_v2.py LTR_*). Serving it is a dot product per
 candidate: pure Python, keyword-only included.
 
-    .venv/bin/python bench/ltr_research.py
+    .venv/bin/python bench/ltr_research.py [--dynint8]
 """
 
 from __future__ import annotations
@@ -196,7 +196,13 @@ def main() -> int:
     started = time.perf_counter()
     convs = load_conversations(DEFAULT_DATA)
     embedder = solos_embed.load_embedder(None)
-    vec = smooth(convs, vector_scores(convs, embedder, text_speaker_date), 0.5, 1)
+    if "--dynint8" in sys.argv:  # the re-quantized model's vectors (bench/requantize_minilm.py)
+        from recall_v2_research import dynint8_scores
+
+        vec = smooth(convs, dynint8_scores(convs), 0.5, 1)
+        print("vector leg: MiniLM re-quantized for integer kernels")
+    else:
+        vec = smooth(convs, vector_scores(convs, embedder, text_speaker_date), 0.5, 1)
     kw = kw_leg(convs, rank_v2.STOP_WORDS)
     kw_only = normalised_all = [normalised(m, 100, "minmax") for m in kw]
     hy = linear([kw, vec], [0.7, 0.3], 100, "minmax")

