@@ -25,6 +25,8 @@ started, done = time.time(), 0
 for conv in load_conversations(DEFAULT_DATA):
     docs = [f"{t.speaker} ({t.date}): {t.fact}" for t in conv.turns]
     np.save(out / f"{conv.sample_id}-docs.npy", np.asarray(model.passage(docs), dtype=np.float32))
-    np.save(out / f"{conv.sample_id}-q.npy", np.asarray(model.query([q.question for q in conv.queries]), dtype=np.float32))
+    np.save(
+        out / f"{conv.sample_id}-q.npy", np.asarray(model.query([q.question for q in conv.queries]), dtype=np.float32)
+    )
     done += len(docs) + len(conv.queries)
     print(conv.sample_id, f"{done / (time.time() - started):.0f} texts/s", flush=True)

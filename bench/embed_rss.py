@@ -41,25 +41,62 @@ CONFIGS = {
     "ort-noarena-nopattern-t1": {"kind": "ort", "arena": False, "pattern": False, "threads": 1},
     "ort-noarena-t1": {"kind": "ort", "arena": False, "pattern": True, "threads": 1},
     "ort-noarena-t2-seq": {"kind": "ort", "arena": False, "pattern": True, "threads": 2},
-    "ort-noarena-nopattern-noprepack": {"kind": "ort", "arena": False, "pattern": False, "threads": 0, "prepack": False},
+    "ort-noarena-nopattern-noprepack": {
+        "kind": "ort",
+        "arena": False,
+        "pattern": False,
+        "threads": 0,
+        "prepack": False,
+    },
     "ort-noarena-nopattern-basic": {"kind": "ort", "arena": False, "pattern": False, "threads": 0, "opt": "basic"},
-    "ort-noarena-nopattern-extended": {"kind": "ort", "arena": False, "pattern": False, "threads": 0, "opt": "extended"},
+    "ort-noarena-nopattern-extended": {
+        "kind": "ort",
+        "arena": False,
+        "pattern": False,
+        "threads": 0,
+        "opt": "extended",
+    },
     "ort-noarena-nopattern-noopt": {"kind": "ort", "arena": False, "pattern": False, "threads": 0, "opt": "disable"},
     "ort-lean": {"kind": "ort", "arena": False, "pattern": False, "threads": 0, "opt": "basic", "prepack": False},
     # The same weights re-quantized for integer kernels (bench/requantize_minilm.py): nothing to fold to fp32.
     "ort-dynint8": {"kind": "ort", "arena": True, "pattern": True, "threads": 0, "weights": "dynint8"},
-    "ort-dynint8-noarena-nopattern": {"kind": "ort", "arena": False, "pattern": False, "threads": 0, "weights": "dynint8"},
+    "ort-dynint8-noarena-nopattern": {
+        "kind": "ort",
+        "arena": False,
+        "pattern": False,
+        "threads": 0,
+        "weights": "dynint8",
+    },
     "ort-dynint8-noarena-nopattern-t1": {
-        "kind": "ort", "arena": False, "pattern": False, "threads": 1, "weights": "dynint8"
+        "kind": "ort",
+        "arena": False,
+        "pattern": False,
+        "threads": 1,
+        "weights": "dynint8",
     },
     "ort-dynint8-noarena-nopattern-t1-b2": {
-        "kind": "ort", "arena": False, "pattern": False, "threads": 1, "weights": "dynint8", "batch": 2
+        "kind": "ort",
+        "arena": False,
+        "pattern": False,
+        "threads": 1,
+        "weights": "dynint8",
+        "batch": 2,
     },
     "ort-dynint8-noarena-nopattern-t1-b1": {
-        "kind": "ort", "arena": False, "pattern": False, "threads": 1, "weights": "dynint8", "batch": 1
+        "kind": "ort",
+        "arena": False,
+        "pattern": False,
+        "threads": 1,
+        "weights": "dynint8",
+        "batch": 1,
     },
     "ort-dynint8-noarena-nopattern-b1": {
-        "kind": "ort", "arena": False, "pattern": False, "threads": 0, "weights": "dynint8", "batch": 1
+        "kind": "ort",
+        "arena": False,
+        "pattern": False,
+        "threads": 0,
+        "weights": "dynint8",
+        "batch": 1,
     },
 }
 DYNINT8 = os.environ.get("MINILM_DYNINT8", "/tmp/minilm-dynint8.onnx")
@@ -132,9 +169,9 @@ def child(name: str, turns: int, queries: int) -> dict:
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(BENCH))
     import numpy as np
+    from locomo import DEFAULT_DATA, load_conversations
 
     import solos_embed
-    from locomo import DEFAULT_DATA, load_conversations
 
     convs = load_conversations(DEFAULT_DATA)
     texts = [f"{t.speaker} ({t.date}): {t.fact}" for c in convs for t in c.turns][:turns]
@@ -158,7 +195,11 @@ def child(name: str, turns: int, queries: int) -> dict:
             for fname, content in solos_embed.read_tokenizer_files(solos_embed.CARRIED_MODEL_DIR).items():
                 Path(folder, fname).write_bytes(content)
             model = TextEmbedding(
-                solos_embed.MODEL_NAME, cache_dir=folder, specific_model_path=folder, local_files_only=True, **cfg["kwargs"]
+                solos_embed.MODEL_NAME,
+                cache_dir=folder,
+                specific_model_path=folder,
+                local_files_only=True,
+                **cfg["kwargs"],
             )
             embedder = solos_embed.Embedder(model, "rss", solos_embed.DIM)
 
@@ -172,8 +213,13 @@ def child(name: str, turns: int, queries: int) -> dict:
         steps["imported"] = rss_mib()[0]
         weights = DYNINT8 if cfg.get("weights") == "dynint8" else str(solos_embed.default_weights_path())
         ort_model = OrtEmbedder(
-            weights, solos_embed.CARRIED_MODEL_DIR, cfg["arena"], cfg["pattern"], cfg["threads"],
-            cfg.get("opt", "all"), cfg.get("prepack", True),
+            weights,
+            solos_embed.CARRIED_MODEL_DIR,
+            cfg["arena"],
+            cfg["pattern"],
+            cfg["threads"],
+            cfg.get("opt", "all"),
+            cfg.get("prepack", True),
         )
 
         def embed(batch: list[str]):
@@ -231,12 +277,17 @@ def main(argv: list[str] | None = None) -> int:
     if "fastembed" in names:
         names.remove("fastembed")
         names.insert(0, "fastembed")
-    print(f"{'configuration':<28}{'import':>8}{'loaded':>8}{'written':>9}{'queried':>9}{'peak':>7}"
-          f"{'load s':>8}{'write/s':>9}{'q p50':>7}{'q p99':>7}{'cos':>8}   (MiB, ms)")
+    print(
+        f"{'configuration':<28}{'import':>8}{'loaded':>8}{'written':>9}{'queried':>9}{'peak':>7}"
+        f"{'load s':>8}{'write/s':>9}{'q p50':>7}{'q p99':>7}{'cos':>8}   (MiB, ms)"
+    )
     for name in names:
         done = subprocess.run(
             [sys.executable, __file__, "--child", name, "--turns", str(args.turns), "--queries", str(args.queries)],
-            capture_output=True, text=True, env=env, check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
         )
         if done.returncode != 0:
             print(f"{name:<28} failed: {done.stderr.strip().splitlines()[-1:]}")

@@ -9,7 +9,7 @@ the fifth; the printed figures are held-out only (plus an all-five fit for
 the weights to port, bench/rank_v2.py LTR_*). Serving it is a dot product per
 candidate: pure Python, keyword-only included.
 
-    .venv/bin/python bench/ltr_research.py [--dynint8]
+    .venv/bin/python bench/ltr_research.py [--dynint8] [--variants]
 """
 
 from __future__ import annotations
@@ -23,8 +23,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rank_v2  # noqa: E402
 from locomo import DEFAULT_DATA, Conversation, load_conversations, summarise  # noqa: E402
-from locomo_research import linear, neighbour_scores, normalised, ranks_of, smooth, text_speaker_date  # noqa: E402
-from locomo_research import vector_scores  # noqa: E402
+from locomo_research import (  # noqa: E402
+    linear,
+    neighbour_scores,
+    normalised,
+    ranks_of,
+    smooth,
+    text_speaker_date,
+    vector_scores,  # noqa: E402
+)
 from recall_v2_research import HEAD, kw_leg, line, query_rows  # noqa: E402
 
 import solos_embed  # noqa: E402
@@ -164,6 +171,41 @@ def run(convs, kws, vecs, fuseds, title: str, l2s=(0.1, 1.0, 10.0)) -> None:
     return kept
 
 
+def variants(convs, kw, raw, vec, hy) -> None:
+    """Also tried (--variants): pairwise feature products (a quadratic model), and vector-neighbour features."""
+    global DEPTH
+    DEPTH = rank_v2.RERANK_DEPTH
+
+    def quad(X: np.ndarray) -> np.ndarray:
+        n = X.shape[1]
+        return np.hstack([X] + [(X[:, i] * X[:, j])[:, None] for i in range(n) for j in range(i, n)])
+
+    def held_out(fused, ds, transform, l2) -> dict:
+        held = []
+        for h in range(len(convs)):
+            X = np.vstack([transform(d[0]) for j, d in enumerate(ds) if j != h])
+            y = np.concatenate([d[1] for j, d in enumerate(ds) if j != h])
+            d = ds[h]
+            held += query_rows(convs[h], rerank(fused[h], (transform(d[0]), d[1], d[2], d[3]), fit(X, y, l2)))
+        return summarise(held)
+
+    kw_only = [normalised(m, 100, "minmax") for m in kw]
+    for title, vecs, fused in (("keyword", None, kw_only), ("hybrid", vec, hy)):
+        ds = build(convs, kw, vecs, fused)
+        print(line(f"{title}: linear, LOCO", held_out(fused, ds, lambda X: X, 1.0)))
+        for l2 in (10.0, 100.0, 1000.0):
+            print(line(f"{title}: quadratic, l2 {l2}, LOCO", held_out(fused, ds, quad, l2)), flush=True)
+    ds = build(convs, kw, vec, hy)
+    aug = []
+    for c, r, (X, y, qs, cs) in zip(convs, raw, ds):
+        prev_c, next_c = neighbour_scores(c, r, [-1, 1])
+        extra = np.stack([r[qs, cs], prev_c[qs, cs], next_c[qs, cs], X[:, 13] * prev_c[qs, cs]], axis=1)
+        aug.append((np.hstack([X, extra]), y, qs, cs))
+    print(
+        line("hybrid: + raw, previous and next cosine, previous asks x its cosine", held_out(hy, aug, lambda X: X, 1.0))
+    )
+
+
 def latency(convs, kw, vec, fused) -> None:
     """Per-question cost of the pure-Python part at RERANK_DEPTH: features of every candidate, score, sort."""
     global DEPTH
@@ -172,24 +214,45 @@ def latency(convs, kw, vec, fused) -> None:
     for ci, conv in enumerate(convs):
         for qi, q in enumerate(conv.queries):
             order = np.argsort(-fused[ci][qi], kind="stable")[:DEPTH]
-            rows = [{"text": conv.turns[int(i)].fact, "agent": conv.turns[int(i)].speaker, "topic": conv.turns[int(i)].date}
-                    for i in order]
-            fp = {"fused": 0.5, "fused_rank": 3.0, "keyword": 0.4, "keyword_rank": 2.0, "neighbour_prev": 0.1,
-                  "neighbour_next": 0.2, "cosine": 0.4, "vector": 0.5}
+            rows = [
+                {"text": conv.turns[int(i)].fact, "agent": conv.turns[int(i)].speaker, "topic": conv.turns[int(i)].date}
+                for i in order
+            ]
+            fp = {
+                "fused": 0.5,
+                "fused_rank": 3.0,
+                "keyword": 0.4,
+                "keyword_rank": 2.0,
+                "neighbour_prev": 0.1,
+                "neighbour_next": 0.2,
+                "cosine": 0.4,
+                "vector": 0.5,
+            }
             t0 = time.perf_counter()
             words = rank_v2.query_words(q.question)
             stems_q = {w[:5] for w in words if w not in rank_v2.STOP_WORDS}
             named = {s.lower() for s in conv.speakers if s.lower() in words}
             window = rank_v2.date_window(q.question, 7)
-            feats = [rank_v2.ltr_features(stems_q, named, window, r, rows[j - 1] if j else None,
-                                          rows[j + 1] if j + 1 < len(rows) else None, fp)
-                     for j, r in enumerate(rows)]
+            feats = [
+                rank_v2.ltr_features(
+                    stems_q,
+                    named,
+                    window,
+                    r,
+                    rows[j - 1] if j else None,
+                    rows[j + 1] if j + 1 < len(rows) else None,
+                    fp,
+                )
+                for j, r in enumerate(rows)
+            ]
             rank_v2.rerank(rows, feats, hybrid=True)
             timings.append(time.perf_counter() - t0)
     timings.sort()
     n = len(timings)
-    print(f"pure-Python rerank of the top {DEPTH} (features + score + sort): "
-          f"p50 {1000 * timings[n // 2]:.3f} ms, p99 {1000 * timings[int(n * 0.99)]:.3f} ms per question")
+    print(
+        f"pure-Python rerank of the top {DEPTH} (features + score + sort): "
+        f"p50 {1000 * timings[n // 2]:.3f} ms, p99 {1000 * timings[int(n * 0.99)]:.3f} ms per question"
+    )
 
 
 def main() -> int:
@@ -202,12 +265,16 @@ def main() -> int:
         vec = smooth(convs, dynint8_scores(convs), 0.5, 1)
         print("vector leg: MiniLM re-quantized for integer kernels")
     else:
-        vec = smooth(convs, vector_scores(convs, embedder, text_speaker_date), 0.5, 1)
+        raw = vector_scores(convs, embedder, text_speaker_date)
+        vec = smooth(convs, raw, 0.5, 1)
     kw = kw_leg(convs, rank_v2.STOP_WORDS)
     kw_only = normalised_all = [normalised(m, 100, "minmax") for m in kw]
     hy = linear([kw, vec], [0.7, 0.3], 100, "minmax")
     del normalised_all
     print(HEAD)
+    if "--variants" in sys.argv:
+        variants(convs, kw, raw, vec, hy)
+        return 0
     global DEPTH, EXTRA
     held = {}
     for depth, extra in ((20, False), (30, False), (50, False), (20, True)):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -34,7 +33,6 @@ from locomo_research import (  # noqa: E402
     date_col,
     linear,
     name_boost,
-    normalised,
     ranks_of,
     rrf,
     smooth,
@@ -341,7 +339,9 @@ def section_all(convs: list[Conversation], only: list[str]) -> None:
                 for lam in (0.2, 0.4):
                     cfg_k[f"{fb_rows} rows, {fb_terms} terms, lam {lam}"] = add_scaled(kw, second_k, lam)
                     kw2 = add_scaled(kw, second_h, lam)
-                    cfg_h[f"{fb_rows} rows, {fb_terms} terms, lam {lam}"] = linear([kw2, vec], [0.7, 0.3], 100, "minmax")
+                    cfg_h[f"{fb_rows} rows, {fb_terms} terms, lam {lam}"] = linear(
+                        [kw2, vec], [0.7, 0.3], 100, "minmax"
+                    )
         grid(convs, "PRF, keyword", cfg_k)
         grid(convs, "PRF (feedback from hybrid), hybrid", cfg_h)
 
