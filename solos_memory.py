@@ -84,6 +84,7 @@ class Config:
     log_requests: bool = True
     allowed_origins: tuple[str, ...] = ()
     qdrant: solos_qdrant.Target | None = None  # the mirror's target; None: no mirror
+    rerank: bool = True  # the learned reranker reorders keyword and hybrid recall's best rows
 
 
 def env_default(name: str, default: str | None) -> str | None:
@@ -1353,8 +1354,9 @@ class Stats:
 class Memory:
     """What operations work on: the store, the optional embedder and its vectors, the counters."""
 
-    def __init__(self, store: Store, embedder: Any = None, embedder_error: str | None = None):
+    def __init__(self, store: Store, embedder: Any = None, embedder_error: str | None = None, rerank: bool = True):
         self.store = store
+        self.rerank = rerank
         self.embedder = embedder
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
         self.stats = Stats()
@@ -1426,17 +1428,14 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     `shared_except_self` everyone else's. Tiers default to long + short;
     `episodic` includes other agents' events only where they opted in (and
     the read is audited); `durable` is the caller's own persona only.
-    Ranking fuses BM25 keyword matches with embedding similarity; `score` is
-    in [0, 1] and comparable within one response. `degraded: true` means the
-    embedder was unavailable and ranking is keyword-only. Identical texts are
-    collapsed and counted in `suppressed_duplicates`.
+    Ranking fuses BM25 keyword matches with embedding similarity, then a
+    learned reranker reorders the best (`reranked`); `score` is in [0, 1] and
+    comparable within one response. `degraded: true` means part of the
+    ranking was unavailable (the embedder: keyword-only) and says why.
+    Identical texts are collapsed and counted in `suppressed_duplicates`.
     """
     plan = plan_recall(memory, args)
-    found = memory.store.read(lambda conn: gather(memory, plan, conn))
-    if found.ranking == "recency":
-        ranked = sorted(found.candidates.values(), key=lambda r: r["ts"] or "", reverse=True)
-    else:
-        ranked = solos_rank.fuse(found.candidates, found.similar, found.ranking)
+    found, ranked = memory.store.read(lambda conn: rank(memory, plan, conn))
     return present(memory, plan, found, ranked)
 
 
@@ -1466,6 +1465,8 @@ class Gathered:
     candidates: dict[tuple[str, int], dict]
     similar: dict[tuple[str, int], float]
     ranking: str  # the plan's, or keyword when no row of these tiers has a vector yet
+    reranked: bool = False  # the learned reranker ordered the best rows
+    rerank_failure: str | None = None  # why it could not, leaving the first pass's order
 
 
 def plan_recall(memory: Memory, args: dict) -> RecallPlan:
@@ -1534,6 +1535,24 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
     return Gathered(persona, candidates, similar, ranking)
 
 
+def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Gathered, list[dict]]:
+    """Gather, fuse, rerank: in one read snapshot, since the reranker reads the best rows' topic neighbours."""
+    found = gather(memory, plan, conn)
+    if found.ranking == "recency":
+        return found, sorted(found.candidates.values(), key=lambda r: r["ts"] or "", reverse=True)
+    fused = solos_rank.fuse(found.candidates, found.similar, found.ranking)
+    if not memory.rerank or found.ranking == "vector":  # vector alone is for comparing the legs
+        return found, fused.rows
+    vectors, query = memory.vectors, plan.vector
+    cosines = (lambda keys: vectors.similarity(query, keys)) if found.ranking == "hybrid" and vectors else None
+    question = solos_rank.Question.of(plan.query, plan.words, [r["agent"] for r in fused.rows])
+    ranked, found.rerank_failure = solos_rank.rerank(
+        memory.store, conn, plan.searched, plan.caller, question, fused, cosines
+    )
+    found.reranked = found.rerank_failure is None
+    return found, ranked
+
+
 def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:
     """Collapse duplicates, cut to k, audit foreign episodes, count; the response."""
     results, collapsed = solos_rank.collapse_duplicates(found.persona + ranked, plan.k)
@@ -1547,6 +1566,7 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
         memory.store.record_audit(plan.caller, audit)
     memory.stats.record_recall(results, len(collapsed))
     memory.activity.recalled(plan.caller, [r["agent"] for r in results])
+    reason = "; ".join(why for why in (plan.reason, found.rerank_failure) if why) or None
     return {
         "agent": plan.caller,
         "q": plan.query,
@@ -1556,9 +1576,10 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
         "count": len(results),
         "results": results,
         "suppressed_duplicates": len(collapsed),
-        "degraded": plan.reason is not None,
-        "degraded_reason": plan.reason,
+        "degraded": reason is not None,
+        "degraded_reason": reason,
         "ranking": found.ranking,
+        "reranked": found.reranked,
     }
 
 
@@ -1721,6 +1742,10 @@ RECALL_OUTPUT = result_schema(
         "degraded": {"type": "boolean", "description": "true: not every row was ranked by both legs (see the reason)."},
         "degraded_reason": NULLABLE_STRING,
         "ranking": {"type": "string"},
+        "reranked": {
+            "type": "boolean",
+            "description": "true: the learned reranker ordered the best rows, and their score is its probability.",
+        },
     }
 )
 
@@ -2720,7 +2745,7 @@ def build_server(config: Config, register: Sequence[str] = ()) -> MemoryServer:
     tokens = Tokens.load(config.tokens_file) if config.tokens_file else None
     embedder, reason = load_embedder(config)
     try:
-        server = MemoryServer(config, Memory(store, embedder, reason), tokens)
+        server = MemoryServer(config, Memory(store, embedder, reason, config.rerank), tokens)
     except OSError as error:  # the port is taken, or the address is not this host's
         raise SystemExit(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
     if config.qdrant:
@@ -2803,6 +2828,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_false",
         help="do not log one line per request (default: log them; rejections are always logged)",
     )
+    serve.add_argument(
+        "--rerank",
+        choices=("on", "off"),
+        default=env_default("RERANK", "on"),
+        help="reorder keyword and hybrid recall's best rows with the learned reranker (default: %(default)s)",
+    )
     solos_qdrant.add_arguments(serve, env_default)
 
     agents = commands.add_parser("agents", help="register or list agents (admin; never over HTTP)")
@@ -2870,6 +2901,7 @@ def config_from(args: argparse.Namespace) -> Config:
         allowed_origins=tuple(getattr(args, "allowed_origin", ())),
         log_requests=getattr(args, "log_requests", Config.log_requests),
         qdrant=solos_qdrant.target_from(args),
+        rerank=getattr(args, "rerank", "on") == "on",
     )
 
 

@@ -15,12 +15,15 @@ bench/locomo_research.py uses these same functions.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
+import math
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("solos_memory")
@@ -30,10 +33,14 @@ log = logging.getLogger("solos_memory")
 MAX_QUERY_TERMS = 64  # longer questions add noise, not recall; 10 KB of junk stays cheap
 # Function and question words: FTS5 ORs every query word, and these add score
 # to every short row. Dropping them: LoCoMo hit@5 +0.04 (RESULTS-locomo.md, "Headline").
+# The second line (question scaffolding, modals, a possessive's "s") is neutral on its own ("Recall v2": stop
+# words v2) and is what the reranker's weights were fitted with: its coverage features count the other words.
 STOP_WORDS = frozenset(
     """
 a an and are as at be been by did do does for from had has have he her his how i in is it its me my of on or
 she so that the their them they this to was we were what when where which who whom why will with would you your
+s t about also any anything both can could ever if into just kind likely many might much not no other ought should
+some something sort still than then there these those type yet based considered mentioned according answer yes
 """.split()
 )
 
@@ -210,6 +217,27 @@ class VectorIndex:
         top = candidates[np.argsort(-score[candidates], kind="stable")[:depth]]
         return {int(ids[i]): float(score[i]) for i in top}
 
+    def similarity(self, query: Any, keys: Sequence[Key]) -> dict[Key, float]:
+        """The score search gives these rows (cosine plus the neighbours'), whatever their rank; rows without a
+        vector are left out. No filters: the rows come from a leg that applied them."""
+        import numpy as np
+
+        scores = {}
+        for tier in {name for name, _ in keys}:
+            ids, _, _, matrix, prev, after = self.tiers.get(tier, (None,) * 6)
+            if ids is None or not len(ids):
+                continue
+            at = np.flatnonzero(np.isin(ids, [row_id for name, row_id in keys if name == tier]))
+            if not len(at):
+                continue
+            rows = np.concatenate([at, prev[at], after[at]])
+            cosine = dict(zip(rows.tolist(), (matrix[np.maximum(rows, 0)] @ query).tolist()))
+            cosine[-1] = 0.0  # no neighbour reads 0, as in search
+            for i, before, following in zip(at.tolist(), prev[at].tolist(), after[at].tolist()):
+                around = max(cosine[before], cosine[following]) if before >= 0 or following >= 0 else 0.0
+                scores[(tier, int(ids[i]))] = cosine[i] + NEIGHBOUR_WEIGHT * around
+        return scores
+
 
 def vector_candidates(
     vectors: VectorIndex, query: Any, tiers: Sequence[Any], caller: str, scope: str, sharing: set[str], depth: int
@@ -259,7 +287,18 @@ def normalise(scores: dict[Any, float]) -> dict[Any, float]:
     return {key: 0.01 + 0.99 * (value - low) / (high - low) for key, value in scores.items()}
 
 
-def fuse(candidates: dict[Key, dict], similar: dict[Key, float], ranking: str) -> list[dict]:
+@dataclass
+class Fused:
+    """The first pass: rows best first (their `score` fused), and what the reranker reads of each leg."""
+
+    rows: list[dict]
+    keys: list[Key]  # rows[i]'s (tier name, id)
+    keyword: dict[Key, float]  # the keyword leg, normalised over its candidates
+    vector: dict[Key, float]  # the vector leg, normalised over its candidates
+    similar: dict[Key, float]  # the vector leg as it scored: cosine plus NEIGHBOUR_WEIGHT x the neighbours'
+
+
+def fuse(candidates: dict[Key, dict], similar: dict[Key, float], ranking: str) -> Fused:
     """One score in [0, 1] per row from LEG_WEIGHTS over the two legs, each min-max normalised; best first.
 
     A row outside a leg's candidates gets 0 from it.
@@ -272,9 +311,301 @@ def fuse(candidates: dict[Key, dict], similar: dict[Key, float], ranking: str) -
         result.pop("keyword")
         result["score"] = weights[0] * keyword.get(key, 0.0) + weights[1] * vector.get(key, 0.0)
         if result["score"] > 0:
-            fused.append(result)
-    fused.sort(key=lambda r: r["score"], reverse=True)
-    return fused
+            fused.append((key, result))
+    fused.sort(key=lambda pair: pair[1]["score"], reverse=True)
+    return Fused([r for _, r in fused], [key for key, _ in fused], keyword, vector, similar)
+
+
+# ==== The reranker: a learned linear model over the fused top rows ====
+
+# How many fused rows the reranker reorders; the rest keep their order below them. Held-out hybrid hit@5 is
+# the same over the top 20, 30 or 50 (RESULTS-locomo.md, "Recall v2": "reranker over the top 30 / 50"): 20 is cheapest.
+RERANK_DEPTH = 20
+# An event is often told a few days after it happened: a question's dated window reaches this far past the date
+# it names (RESULTS-locomo.md, "Recall v2": "time window boost", +7 days).
+DATE_WINDOW_AFTER_DAYS = 7
+STEM_LENGTH = 5  # a stemmer's poor cousin for the coverage features: the reranker was fitted with 5-letter prefixes
+# The reranker's inputs per candidate and their logistic-regression weights (keyword-only, hybrid), fitted on
+# all five LoCoMo dev conversations by bench/ltr_research.py (top 20, L2 1.0; features as bench/rank_v2.py
+# computes them). Held out (fitted on four conversations, ranking the fifth) they lift hit@5 and MRR of both
+# modes well past noise (RESULTS-locomo.md, "Recall v2", "learned linear reranker" rows). Fleet memories are
+# not chat turns ("previous row asks" means less there): fit again when a fleet dev set exists.
+LTR_WEIGHTS: dict[str, tuple[float | None, float]] = {
+    "bias": (-7.9995, -8.2211),
+    "fused": (1.7835, 2.2354),  # the first pass's score (fusion, or the normalised keyword score alone)
+    "fused_rr": (0.7124, 0.9039),  # 1 / its rank in the first pass
+    "keyword": (1.7835, 1.573),  # the keyword leg, min-max over its candidates (0 when absent)
+    "keyword_rr": (0.7124, 0.7989),  # 1 / the keyword rank (0 when absent)
+    "neighbour_best": (1.6277, 1.7517),  # the better normalised keyword score of the topic's previous and next row
+    "neighbour_prev": (-1.4205, -1.6436),
+    "neighbour_next": (-0.9538, -1.3532),
+    "writer_named": (-0.1547, 0.1121),  # the question names this row's writer
+    "other_named": (-0.8258, -0.2372),  # the question names a writer, not this one
+    "is_question": (-0.7169, -0.7629),  # the row ends with "?": asking is rarely the answer
+    "log_words": (0.5297, 0.5977),  # log(1 + words in the row)
+    "in_date_window": (0.5966, 0.6889),  # the row's date falls in the window the question names (date_window)
+    "coverage": (1.5528, 0.8212),  # share of the question's content stems in the row
+    "prev_is_question": (-0.1207, -0.1389),  # the topic's previous row asks something: this row may answer it
+    "answers_match": (2.6565, 2.6084),  # prev_is_question x neighbour_prev: it asks what the question asks
+    "coverage_around": (0.6, 0.4021),  # share of the question's content stems in the previous and next rows
+    "first_of_topic": (0.1561, -0.0237),  # no previous row in the topic
+    "cosine": (None, -0.1989),  # the vector leg's score (cosine, neighbour-smoothed) of any row with a vector
+    "vector": (None, 0.4871),  # the vector leg, min-max over its candidates (0 when absent)
+}
+KEYWORD_FEATURES = tuple(name for name, (weight, _) in LTR_WEIGHTS.items() if name != "bias" and weight is not None)
+VECTOR_FEATURES = ("cosine", "vector")
+LTR_KEYWORD_WEIGHTS = tuple(weight for weight, _ in LTR_WEIGHTS.values() if weight is not None)  # bias first
+LTR_HYBRID_WEIGHTS = tuple(weight for _, weight in LTR_WEIGHTS.values())
+
+MONTHS = {
+    name: number
+    for number, names in enumerate(
+        (
+            ("january", "jan"),
+            ("february", "feb"),
+            ("march", "mar"),
+            ("april", "apr"),
+            ("may",),
+            ("june", "jun"),
+            ("july", "jul"),
+            ("august", "aug"),
+            ("september", "sep", "sept"),
+            ("october", "oct"),
+            ("november", "nov"),
+            ("december", "dec"),
+        ),
+        start=1,
+    )
+    for name in names
+}
+_MONTH = r"(January|February|March|April|May|June|July|August|September|October|November|December)"
+# "13 October 2023", "1 February, 2023", "October 13, 2023", "May 23 2023"
+_DAY_MONTH_YEAR = re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH},?\s+((?:19|20)\d\d)\b")
+_MONTH_DAY_YEAR = re.compile(rf"\b{_MONTH}\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+((?:19|20)\d\d)\b")
+_MONTH_YEAR = re.compile(rf"\b{_MONTH},?\s+((?:19|20)\d\d)\b")
+_YEAR_ONLY = re.compile(r"\b(?:in|during|of|since|by)\s+((?:19|20)\d\d)\b")
+# A row's date: LoCoMo's topics ("1:56 pm on 8 May, 2023") or ISO ("2023-05-08", every row's ts).
+ROW_DATE = re.compile(r"\b(\d{1,2})\s+([A-Za-z]+),?\s+((?:19|20)\d\d)\b|\b((?:19|20)\d\d)-(\d\d)-(\d\d)")
+
+
+def _day(year: int, month: int, day: int) -> int | None:
+    """The proleptic ordinal of a date, None for one that does not exist (31 February)."""
+    try:
+        return datetime.date(year, month, day).toordinal()
+    except ValueError:
+        return None
+
+
+def _month_span(year: int, month: int) -> tuple[int, int]:
+    first = datetime.date(year, month, 1)
+    following = datetime.date(year + month // 12, month % 12 + 1, 1)
+    return first.toordinal(), following.toordinal() - 1
+
+
+def parse_row_date(text: str | None) -> int | None:
+    """The day (proleptic ordinal) a row's date names, '1:56 pm on 8 May, 2023' or '2023-05-08'; else None."""
+    found = ROW_DATE.search(str(text)) if text else None
+    if not found:
+        return None
+    if found.group(4):
+        return _day(int(found.group(4)), int(found.group(5)), int(found.group(6)))
+    month = MONTHS.get(found.group(2).lower())
+    return _day(int(found.group(3)), month, int(found.group(1))) if month else None
+
+
+def date_window(question: str, after_days: int = DATE_WINDOW_AFTER_DAYS) -> tuple[int, int] | None:
+    """The days a question names, widened by after_days, or None.
+
+    A full date gives that day, "July 2023" that month, "in 2023" that year.
+    Relative phrases ("last week") have no anchor in the question: None.
+    """
+    for pattern, order in ((_DAY_MONTH_YEAR, "dmy"), (_MONTH_DAY_YEAR, "mdy")):
+        found = pattern.search(question)
+        if found:
+            parts = dict(zip(order, found.groups()))
+            day = _day(int(parts["y"]), MONTHS[parts["m"].lower()], int(parts["d"]))
+            if day is not None:
+                return day, day + after_days
+    found = _MONTH_YEAR.search(question)
+    if found:
+        low, high = _month_span(int(found.group(2)), MONTHS[found.group(1).lower()])
+        return low, high + after_days
+    found = _YEAR_ONLY.search(question)
+    if found:
+        return _month_span(int(found.group(1)), 1)[0], _month_span(int(found.group(1)), 12)[1] + after_days
+    return None
+
+
+def stems(text: str) -> set[str]:
+    """The words' STEM_LENGTH-letter prefixes, lower-cased: enough to count coverage."""
+    return {word[:STEM_LENGTH] for word in re.findall(r"\w+", text.lower())}
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the reranker reads from the question: its content stems, the writers it names, the days it names."""
+
+    stems: frozenset[str]
+    named: frozenset[str]  # lower-cased writers' names
+    window: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, text: str, words: list[str], writers: Sequence[str]) -> Question:
+        """The question's reading; `writers` are the candidates' (a name counts when it is a query word)."""
+        content = {word[:STEM_LENGTH] for word in words if word not in STOP_WORDS}
+        named = {writer.lower() for writer in writers} & set(words)
+        return cls(frozenset(content), frozenset(named), date_window(text))
+
+
+def ltr_features(
+    question: Question, row: dict, previous: dict | None, following: dict | None, first_pass: dict
+) -> list[float]:
+    """The reranker's inputs for one candidate, in KEYWORD_FEATURES (+ VECTOR_FEATURES when given) order.
+
+    row, previous and following carry "text", "agent" and "date" (a day ordinal
+    or None); first_pass carries fused, fused_rank, keyword, keyword_rank
+    (None when absent), neighbour_prev, neighbour_next and, in hybrid mode,
+    cosine and vector.
+    """
+    text = row["text"]
+    words = stems(text)
+    around = set().union(*(stems(r["text"]) for r in (previous, following) if r is not None))
+    wanted = max(len(question.stems), 1)
+    window, day = question.window, row["date"]
+    prev_asks = float(previous is not None and previous["text"].rstrip().endswith("?"))
+    prev_k, next_k = first_pass["neighbour_prev"], first_pass["neighbour_next"]
+    named = row["agent"].lower() in question.named
+    features = [
+        first_pass["fused"],
+        1.0 / first_pass["fused_rank"],
+        first_pass["keyword"],
+        1.0 / first_pass["keyword_rank"] if first_pass["keyword_rank"] else 0.0,
+        max(prev_k, next_k),
+        prev_k,
+        next_k,
+        float(named),
+        float(bool(question.named) and not named),
+        float(text.rstrip().endswith("?")),
+        math.log1p(len(text.split())),
+        float(window is not None and day is not None and window[0] <= day <= window[1]),
+        len(question.stems & words) / wanted,
+        prev_asks,
+        prev_asks * prev_k,
+        len(question.stems & around) / wanted,
+        float(previous is None),
+    ]
+    if "cosine" in first_pass:
+        features += [first_pass["cosine"], first_pass["vector"]]
+    return features
+
+
+def ltr_score(features: list[float], weights: tuple[float, ...]) -> float:
+    """The model's logit: weights[0] + the sum of weights[1:] x features (raw, unstandardised weights)."""
+    return weights[0] + sum(w * f for w, f in zip(weights[1:], features))
+
+
+def logistic(logit: float) -> float:
+    return 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
+
+
+def rerank(
+    store: Any,
+    conn: Any,
+    tiers: Sequence[Any],
+    caller: str,
+    question: Question,
+    fused: Fused,
+    cosines: Callable[[list[Key]], dict[Key, float]] | None,
+) -> tuple[list[dict], str | None]:
+    """The first RERANK_DEPTH fused rows reordered by the reranker, and None; or, if it fails, the first pass
+    as it was and why.
+
+    A reranked row's `score` becomes the model's probability that it answers;
+    rows below keep their order, scaled under the lowest reranked score, so
+    scores fall down the list and stay in [0, 1]. `cosines` (hybrid only)
+    gives the vector leg's score of rows it did not rank. Storage errors
+    propagate (the store retries or answers 503); any other failure leaves
+    the first pass's order and scores, so the reranker cannot fail a recall.
+    """
+    head = fused.rows[:RERANK_DEPTH]
+    if not head:
+        return fused.rows, None
+    around = topic_context(store, conn, tiers, caller, fused.keys[:RERANK_DEPTH])
+    try:
+        logits = head_logits(question, fused, around, cosines)
+    except Exception as error:  # a bug or odd data in one row must not fail the recall: keep the first pass
+        log.exception("rerank failed; the first pass's order stands")
+        return fused.rows, f"first-pass order: the reranker failed ({type(error).__name__}: {error})"
+    cut = head[-1]["score"]
+    for result, logit in zip(head, logits):
+        result["score"] = logistic(logit)
+    floor = min(result["score"] for result in head)
+    for result in fused.rows[RERANK_DEPTH:]:
+        result["score"] = floor * result["score"] / cut
+    order = sorted(range(len(head)), key=lambda i: -logits[i])  # stable: ties keep the first pass's order
+    return [head[i] for i in order] + fused.rows[RERANK_DEPTH:], None
+
+
+Around = dict[Key, tuple[dict | None, dict | None]]  # a row's previous and next fact of its topic, as ranking_view
+
+
+def topic_context(store: Any, conn: Any, tiers: Sequence[Any], caller: str, keys: list[Key]) -> Around:
+    """Each long fact's previous and next fact of its topic, as the reranker sees them (with their key).
+
+    Read in the recall's snapshot as ranking inputs only, never returned, so
+    with scope shared whatever the caller's scope: scope picks what comes
+    back, and every agent may read the long tier.
+    """
+    around: Around = {}
+    for tier in tiers:
+        ids = [row_id for name, row_id in keys if name == tier.name]
+        if not tier.threaded or not ids:
+            continue
+        found = store.topic_neighbours(conn, ids)
+        wanted = sorted({n for pair in found.values() for n in pair if n is not None})
+        views = {
+            row["id"]: {
+                **ranking_view(row[tier.text_column], row["agent"], row["topic"], row["ts"]),
+                "key": (tier.name, row["id"]),
+            }
+            for row in (store.rows_by_id(conn, tier, caller, "shared", wanted) if wanted else ())
+        }
+        for row_id, (previous, following) in found.items():
+            around[(tier.name, row_id)] = (views.get(previous), views.get(following))
+    return around
+
+
+def head_logits(
+    question: Question, fused: Fused, around: Around, cosines: Callable[[list[Key]], dict[Key, float]] | None
+) -> list[float]:
+    """The reranker's logit for each of the first RERANK_DEPTH fused rows."""
+    keys, head = fused.keys[:RERANK_DEPTH], fused.rows[:RERANK_DEPTH]
+    by_keyword = sorted(fused.keyword, key=fused.keyword.__getitem__, reverse=True)
+    keyword_rank = {key: rank for rank, key in enumerate(by_keyword, 1)}
+    missing = [key for key in keys if key not in fused.similar]
+    similar = {**(cosines(missing) if cosines is not None and missing else {}), **fused.similar}
+    weights = LTR_KEYWORD_WEIGHTS if cosines is None else LTR_HYBRID_WEIGHTS
+    logits = []
+    for rank, (key, result) in enumerate(zip(keys, head), 1):
+        previous, following = around.get(key, (None, None))
+        first_pass = {
+            "fused": result["score"],
+            "fused_rank": rank,
+            "keyword": fused.keyword.get(key, 0.0),
+            "keyword_rank": keyword_rank.get(key),
+            "neighbour_prev": fused.keyword.get(previous["key"], 0.0) if previous else 0.0,
+            "neighbour_next": fused.keyword.get(following["key"], 0.0) if following else 0.0,
+        }
+        if cosines is not None:
+            first_pass.update(cosine=similar.get(key, 0.0), vector=fused.vector.get(key, 0.0))
+        row = ranking_view(result["text"], result["agent"], result.get("topic"), result["ts"])
+        logits.append(ltr_score(ltr_features(question, row, previous, following, first_pass), weights))
+    return logits
+
+
+def ranking_view(text: Any, agent: str, topic: Any, ts: Any) -> dict:
+    """A row as the reranker sees it; its date is the topic's if that names one (LoCoMo's), else when written."""
+    return {"text": str(text or ""), "agent": agent, "date": parse_row_date(topic) or parse_row_date(ts)}
 
 
 # ==== Presenting: labels, duplicates ====

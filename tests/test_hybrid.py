@@ -398,3 +398,21 @@ def test_the_degraded_reason_names_every_missing_piece_and_the_install_command(m
         == reason
         == server.get("/v1/stats").body["degraded_reason"]
     )
+
+
+def test_hybrid_recall_is_reranked_with_the_vector_legs_score_of_every_row(embedded_server):
+    """Rows past the vector leg's top still get its score as a ranking input: the same score search gives."""
+    embedder = WordHashEmbedder()
+    server = embedded_server(embedder)
+    for n in range(60):
+        server.post("/v1/long", {"agent": "atlas", "topic": f"gate {n % 7}", "fact": f"gateway note {n} " + "x " * n})
+    wait_for_vectors(server, 60)
+    reply = server.recall("sol", "gateway note", k=10)
+    assert (reply.body["ranking"], reply.body["reranked"], reply.body["degraded"]) == ("hybrid", True, False)
+    scores = [r["score"] for r in reply.body["results"]]
+    assert all(0 <= s <= 1 for s in scores) and scores == sorted(scores, reverse=True)
+    vectors, query = server.server.memory.vectors, embedder.vector("gateway note")
+    everything = vectors.search("long", query, lambda agents: np.ones(len(agents), dtype=bool), 1000)
+    assert len(everything) == 60
+    similar = vectors.similarity(query, [("long", row_id) for row_id in everything] + [("short", 1), ("long", 10**9)])
+    assert similar == pytest.approx({("long", row_id): score for row_id, score in everything.items()})

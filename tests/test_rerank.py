@@ -1,0 +1,274 @@
+"""The learned reranker over the fused top rows: its ranking inputs, and that it only ever reorders."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import uuid
+
+import pytest
+from conftest import AGENTS, start_server, stop_server
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import solos_memory
+import solos_rank
+
+NAMES = ("alice", "bob", "carol", "dave", "erin", "frank")
+DAYS = ("2024-01-10", "2024-02-14", "2024-04-22", "2024-06-01", "2024-07-19", "2024-03-05")  # 5 March last
+
+
+def write_long(server, agent: str, fact: str, topic: str = "") -> dict:
+    reply = server.post("/v1/long", {"agent": agent, "fact": fact, "topic": topic})
+    assert reply.status == 201, reply.body
+    return reply.body
+
+
+def texts(reply) -> list[str]:
+    return [r["text"] for r in reply.body["results"]]
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """Two services on one database: the reranker on, and off (the first pass's order)."""
+    on, off = start_server(tmp_path / "solos.db"), start_server(tmp_path / "solos.db", rerank=False)
+    yield on, off
+    stop_server(on)
+    stop_server(off)
+
+
+def test_keyword_recall_is_reranked_and_says_so(pair):
+    on, off = pair
+    write_long(on, "atlas", "The release train leaves on Fridays")
+    reply = on.recall("sol", "release train")
+    assert (reply.body["ranking"], reply.body["reranked"]) == ("keyword", True)
+    assert 0 < reply.body["results"][0]["score"] <= 1
+    assert off.recall("sol", "release train").body["reranked"] is False
+    assert on.recall("sol", "").body["reranked"] is False  # recency is never reranked
+
+
+def test_a_question_naming_a_date_prefers_rows_from_that_date(pair):
+    """Rows the first pass cannot tell apart; the one whose topic names 5 March 2024 was written last."""
+    on, off = pair
+    for name, day in zip(NAMES, DAYS):
+        write_long(on, "atlas", f"The boiler was serviced by {name}.", topic=f"{day} boiler")
+    first_pass = off.recall("sol", "Who serviced the boiler on 5 March 2024?", k=6)
+    assert len({r["score"] for r in first_pass.body["results"]}) == 1  # a tie: the date words match every topic
+    undated = texts(on.recall("sol", "Who serviced the boiler?", k=6))
+    assert undated[-1] == "The boiler was serviced by frank."
+    for question in (
+        "Who serviced the boiler on 5 March 2024?",
+        "Who serviced the boiler on March 5, 2024?",
+        "Who serviced the boiler in March 2024?",
+    ):
+        dated = texts(on.recall("sol", question, k=6))
+        assert dated.index("The boiler was serviced by frank.") <= 1, (question, dated)
+    assert texts(on.recall("sol", "Who serviced the boiler on 5 March 2019?", k=6)) == undated
+
+
+def test_a_row_without_a_dated_topic_is_dated_by_when_it_was_written(pair):
+    on, off = pair
+    for name in NAMES:
+        write_long(on, "atlas", f"The boiler was serviced by {name}.")
+    with on.db() as conn:  # a fleet writer's rows, written on those days
+        for name, day in zip(NAMES, DAYS):
+            conn.execute(
+                "UPDATE memory_longterm SET updated_at = ? WHERE fact = ?",
+                (f"{day}T10:00:00.000Z", f"The boiler was serviced by {name}."),
+            )
+    assert len({r["score"] for r in off.recall("sol", "boiler serviced 5 March 2024", k=6).body["results"]}) == 1
+    assert texts(on.recall("sol", "Who serviced the boiler?", k=6))[-1] == "The boiler was serviced by frank."
+    dated = texts(on.recall("sol", "Who serviced the boiler on 5 March 2024?", k=6))
+    assert dated.index("The boiler was serviced by frank.") <= 1, dated
+
+
+def test_a_row_that_only_asks_ranks_below_the_row_that_answers_it(pair):
+    on, off = pair
+    write_long(on, "sol", "What did you cook for the picnic?", topic="2026-05-01 picnic")
+    write_long(on, "atlas", "I cooked lemon risotto with peas for the picnic.", topic="2026-05-01 picnic")
+    write_long(on, "hermes", "Lemon sorbet recipe for a summer picnic", topic="desserts")
+    write_long(on, "nova", "The picnic tables need new paint.", topic="garden")
+    assert texts(off.recall("sol", "picnic cooking"))[0] == "What did you cook for the picnic?"
+    assert texts(on.recall("sol", "picnic cooking"))[:2] == [
+        "I cooked lemon risotto with peas for the picnic.",
+        "What did you cook for the picnic?",
+    ]
+
+
+def test_a_row_after_a_matching_question_ranks_as_its_answer(pair):
+    """The same reply under two topics: after a question that asks what we ask, and after a statement."""
+    on, off = pair
+    write_long(on, "sol", "Who rotated the deploy keys last night?", topic="deploys")
+    write_long(on, "atlas", "Hermes did, right after the outage review.", topic="deploys")
+    write_long(on, "sol", "Somebody rotated the deploy keys last night.", topic="ops")
+    write_long(on, "atlas", "Hermes did, right after the outage review!", topic="ops")
+    for filler in ("Deploy keys live in the vault under ci/deploy.", "Rotate deploy keys every quarter."):
+        write_long(on, "nova", filler, topic=filler)
+    reranked = texts(on.recall("nova", "who rotated the deploy keys", k=6))
+    assert reranked.index("Hermes did, right after the outage review.") < reranked.index(
+        "Hermes did, right after the outage review!"
+    )
+    first_pass = texts(off.recall("nova", "who rotated the deploy keys", k=6))
+    assert reranked.index("Hermes did, right after the outage review.") < first_pass.index(
+        "Hermes did, right after the outage review."
+    )
+
+
+@pytest.mark.parametrize(
+    "topic",
+    ["31 February, 2023", "2023-13-45", "0 May, 2023", "99 Smarch, 2024", "2023-02-29", "May 2023", "🚀 3 May, 1899"],
+)
+@pytest.mark.parametrize(
+    "question",
+    [
+        "what happened on 31 February 2023",
+        "what happened on 0 May 2023",
+        "what happened on February 30, 2024",
+        "what happened in 1899",
+        "what happened on 29 February 2023 or 29 February 2024",
+        "what happened in Smarch 2023",
+        "what happened last week",
+    ],
+)
+def test_odd_dates_never_fail_a_recall(server, topic, question):
+    write_long(server, "atlas", "something happened", topic=topic)
+    reply = server.recall("sol", question)
+    assert reply.status == 200 and reply.body["reranked"] is True
+    assert texts(reply) == ["something happened"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=200) | st.from_regex(r"\d{1,2} [A-Za-z]{3,9},? (19|20)\d\d|(19|20)\d\d-\d\d-\d\d"))
+def test_date_parsing_never_raises(text):
+    window = solos_rank.date_window(text)
+    assert window is None or window[0] <= window[1]
+    day = solos_rank.parse_row_date(text)
+    assert day is None or day > 0
+
+
+def test_a_failing_reranker_keeps_the_first_pass_and_says_why(pair, monkeypatch):
+    on, off = pair
+    for n in range(5):
+        write_long(on, "atlas", f"incident {n} on the payment gateway" + " again" * n, topic=f"incident {n}")
+
+    def broken(*args, **kwargs):
+        raise ValueError("a row the reranker cannot read")
+
+    monkeypatch.setattr(solos_rank, "head_logits", broken)
+    reply = on.recall("sol", "payment gateway incident", k=5)
+    assert reply.status == 200
+    assert (reply.body["reranked"], reply.body["degraded"]) == (False, True)
+    assert "reranker failed (ValueError: a row the reranker cannot read)" in reply.body["degraded_reason"]
+    assert "keyword-only" in reply.body["degraded_reason"]  # the embedder's reason stays
+    assert reply.headers["x-memory-degraded"] == "true"
+    first_pass = off.recall("sol", "payment gateway incident", k=5).body["results"]
+    assert reply.body["results"] == first_pass
+
+
+def test_reranking_never_reaches_the_network(pair, monkeypatch):
+    on, _ = pair
+    write_long(on, "sol", "Where is the offsite this year?", topic="offsite")
+    write_long(on, "atlas", "Lisbon, in the old tram depot, on 3 June 2026.", topic="offsite")
+    attempts = []
+    real_connect = socket.socket.connect
+
+    def loopback_only(sock, address):
+        if not (isinstance(address, tuple) and address[0] in ("127.0.0.1", "::1")):
+            attempts.append(address)
+            raise OSError("no network in tests")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", loopback_only)
+    real_getaddrinfo = socket.getaddrinfo
+
+    def resolve_loopback_only(host, *args, **kwargs):
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            attempts.append(host)
+            raise OSError("no name resolution in tests")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve_loopback_only)
+    reply = on.recall("nova", "where is the offsite in June 2026")
+    assert reply.status == 200 and reply.body["reranked"] is True
+    assert attempts == []
+
+
+# ---- reranking only reorders: the same rows are allowed, the same reads are audited ----
+
+COUNTER = itertools.count()
+words = st.sampled_from(["deploy", "keys", "rotated", "outage", "vault", "review", "gateway", "picnic", "2024"])
+sentences = st.lists(words, min_size=1, max_size=6).map(" ".join)
+endings = st.sampled_from(["", "?", ".", " on 5 March 2024"])
+
+
+@pytest.fixture(scope="module")
+def shared_pair(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rerank-props") / "solos.db"
+    on, off = start_server(path), start_server(path, rerank=False)
+    yield on, off
+    stop_server(on)
+    stop_server(off)
+
+
+def audited(server, author: str) -> list[tuple]:
+    return sorted((a["reader"], a["row_id"]) for a in server.get("/v1/audit", agent=author, limit=1000).body["reads"])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_reranking_only_reorders_what_the_rules_allow(shared_pair, data):
+    on, off = shared_pair
+    n = next(COUNTER)
+    agents = [f"r{n}-agent{i}" for i in range(3)]
+    solos_memory.register_agents(solos_memory.Config(db=str(on.db_path)), agents)
+    tag = "m" + uuid.uuid4().hex[:12]
+    topics = [f"{tag} thread {i}" for i in range(2)] + [""]
+    for i in range(data.draw(st.integers(1, 10))):  # texts differ (w<i>): no duplicate collapses
+        agent, ending = data.draw(st.sampled_from(agents)), data.draw(endings)
+        text = f"{data.draw(sentences)} w{i}"
+        tier = data.draw(st.sampled_from(["long", "short", "episodic"]))
+        if tier == "long":
+            on.post(
+                "/v1/long",
+                {"agent": agent, "fact": f"{tag} {text}{ending}", "topic": data.draw(st.sampled_from(topics))},
+            )
+        elif tier == "short":
+            ttl = data.draw(st.sampled_from([0.001, 600]))
+            on.post(
+                "/v1/short", {"agent": agent, "key": uuid.uuid4().hex, "value": f"{tag} {text}{ending}", "ttl_s": ttl}
+            )
+        else:
+            on.post("/v1/episodic", {"agent": agent, "event_type": "task", "summary": f"{tag} {text}{ending}"})
+    for agent in agents:
+        on.request("PUT", "/v1/sharing", body={"agent": agent, "episodic": data.draw(st.booleans())})
+    query = {
+        "q": f"{tag} {data.draw(sentences)}{data.draw(endings)}",
+        "scope": data.draw(st.sampled_from(["own", "shared", "shared_except_self"])),
+        "tiers": ",".join(data.draw(st.sets(st.sampled_from(["long", "short", "episodic"]), min_size=1))),
+    }
+    caller = data.draw(st.sampled_from(agents))
+    before = {author: audited(on, author) for author in agents}
+    reranked = on.recall(caller, k=100, **query).body
+    between = {author: audited(on, author) for author in agents}
+    first_pass = off.recall(caller, k=100, **query).body
+    after = {author: audited(on, author) for author in agents}
+    assert reranked["reranked"] is True and first_pass["reranked"] is False
+    rows = sorted((r["tier"], r["id"]) for r in reranked["results"])
+    assert rows == sorted((r["tier"], r["id"]) for r in first_pass["results"])
+    assert reranked["suppressed_duplicates"] == first_pass["suppressed_duplicates"]
+    for author in agents:
+        assert len(between[author]) - len(before[author]) == len(after[author]) - len(between[author])
+    scores = [r["score"] for r in reranked["results"]]
+    assert all(0 <= s <= 1 for s in scores) and scores == sorted(scores, reverse=True)
+    k = data.draw(st.integers(1, 5))
+    top = on.recall(caller, k=k, **query).body["results"]
+    assert {(r["tier"], r["id"]) for r in top} <= set(rows)
+    assert len(top) == min(k, len(rows))
+
+
+def test_every_registered_agent_can_be_named(server):
+    """A writer's name in the question is a ranking input; it never filters."""
+    for agent in AGENTS:
+        write_long(server, agent, f"{agent} owns the gateway rota")
+    reply = server.recall("sol", "who owns the gateway rota, atlas?", k=10)
+    assert {r["agent"] for r in reply.body["results"]} == set(AGENTS)
