@@ -50,13 +50,14 @@ def query_words(text: str) -> list[str]:
     return list(dict.fromkeys(word.lower() for word in re.findall(r"\w+", text)))[:MAX_QUERY_TERMS]
 
 
-def make_fts_query(words: list[str]) -> str | None:
+def make_fts_query(words: list[str], stop: frozenset[str] = STOP_WORDS) -> str | None:
     """Quote each word for FTS5 MATCH, OR-ed, stop words dropped unless nothing else is left.
 
     Quoting makes every user string a literal: FTS5 operators, column filters
-    and stray quotes in `q` never reach the query parser.
+    and stray quotes in `q` never reach the query parser. (`stop`: the bench
+    compares lists.)
     """
-    kept = [word for word in words if word not in STOP_WORDS] or words
+    kept = [word for word in words if word not in stop] or words
     if not kept:
         return None
     return " OR ".join('"' + word.replace('"', '""') + '"' for word in kept)

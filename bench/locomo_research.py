@@ -39,70 +39,13 @@ from locomo import (
 )
 
 import solos_embed
+import solos_memory
+import solos_rank
 
 CACHE = REPO / ".cache" / "locomo-vectors"
-FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
-# Question words that FTS5 would otherwise OR into every query; measured below ("stop").
-STOP = frozenset(
-    {
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "been",
-        "by",
-        "did",
-        "do",
-        "does",
-        "for",
-        "from",
-        "had",
-        "has",
-        "have",
-        "he",
-        "her",
-        "his",
-        "how",
-        "i",
-        "in",
-        "is",
-        "it",
-        "its",
-        "me",
-        "my",
-        "of",
-        "on",
-        "or",
-        "she",
-        "so",
-        "that",
-        "the",
-        "their",
-        "them",
-        "they",
-        "this",
-        "to",
-        "was",
-        "we",
-        "were",
-        "what",
-        "when",
-        "where",
-        "which",
-        "who",
-        "whom",
-        "why",
-        "will",
-        "with",
-        "would",
-        "you",
-        "your",
-    }
-)
-
+FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"  # schema.sql's
+# What the service does is imported from it (solos_rank, the long tier's row of solos_memory.TIER_TABLE):
+# the simulation measures the recipe as it serves.
 Scores = list[np.ndarray]  # per conversation: (queries, turns) matrix, higher is better, 0 = not a candidate
 
 # ==== Row texts: what gets indexed per turn ====
@@ -157,10 +100,9 @@ def text_context(before: int, after: int) -> Callable[[Conversation, int], str]:
 
 
 def fts_query(question: str, stop: bool) -> str:
-    """The question as an OR of quoted terms (quoting keeps FTS5 syntax out of users' text)."""
-    words = [w for w in re.findall(r"\w+", question.lower()) if not (stop and w in STOP)]
-    words = list(dict.fromkeys(words)) or ["\u2400"]
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+    """The question as the service's FTS5 query (solos_rank.make_fts_query), with or without its stop words."""
+    words = solos_rank.query_words(question)
+    return solos_rank.make_fts_query(words, solos_rank.STOP_WORDS if stop else frozenset()) or '"\u2400"'
 
 
 def fts_scores(
@@ -358,18 +300,22 @@ def report(name: str, summary: dict[str, dict[str, float]], detail: bool = False
 
 # The recipe's keyword index: the service's columns (topic, fact, tags, agent) plus context.
 RECIPE_COLUMNS = [date_col, text_fact, tags_col, speaker_col, text_context(2, 0)]
-RECIPE_WEIGHTS = [1.0, 1.0, 0.5, 0.5, 0.3]
+RECIPE_WEIGHTS = [float(w) for w in solos_memory.TIER_TABLE["long"].bm25_weights.split(",")]
+NAME_BETA = solos_rank.NAME_BOOST - 1
+KEYWORD_GAMMA = solos_rank.NEIGHBOUR_KEYWORD_WEIGHT
+VECTOR_GAMMA = solos_rank.NEIGHBOUR_WEIGHT
+FUSION = [solos_rank.KEYWORD_WEIGHT, solos_rank.VECTOR_WEIGHT]
 
 
 def recipe_keyword(convs: list[Conversation]) -> Scores:
-    """Keyword leg: FTS5 over RECIPE_COLUMNS, stop words out, name boost 0.3, neighbour max 0.3."""
+    """Keyword leg: FTS5 over RECIPE_COLUMNS, stop words out, the name boost, neighbour max."""
     kw = fts_scores(convs, RECIPE_COLUMNS, RECIPE_WEIGHTS, stop=True)
-    return smooth(convs, name_boost(convs, kw, 0.3), 0.3, 1)
+    return smooth(convs, name_boost(convs, kw, NAME_BETA), KEYWORD_GAMMA, 1)
 
 
 def recipe_vector(convs: list[Conversation], embedder: solos_embed.Embedder) -> Scores:
-    """Vector leg: cosine to 'agent (topic): fact', plus 0.5 x the better neighbour's."""
-    return smooth(convs, vector_scores(convs, embedder, text_speaker_date), 0.5, 1)
+    """Vector leg: cosine to 'agent (topic): fact', plus VECTOR_GAMMA x the better neighbour's."""
+    return smooth(convs, vector_scores(convs, embedder, text_speaker_date), VECTOR_GAMMA, 1)
 
 
 def section_keyword(convs: list[Conversation]) -> None:
@@ -481,7 +427,7 @@ def section_fusion(convs: list[Conversation], embedder: solos_embed.Embedder) ->
 def section_recipe(convs: list[Conversation], embedder: solos_embed.Embedder, reference: Scores) -> None:
     """The recommended recipe per category and per conversation, and a leave-one-out check of its weight."""
     kw, vec = recipe_keyword(convs), recipe_vector(convs, embedder)
-    hybrid = linear([kw, vec], [0.7, 0.3], 100, "minmax")
+    hybrid = linear([kw, vec], FUSION, 100, "minmax")
     report("plain BM25 raw text (reference)", evaluate(convs, reference), True)
     report("keyword leg", evaluate(convs, kw), True)
     report("vector leg", evaluate(convs, vec), True)

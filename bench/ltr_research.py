@@ -6,8 +6,10 @@ the neighbours' scores, whether the question names the writer, the row's own
 shape: a question? how long? an image?, the date window, query-term coverage).
 A logistic regression (numpy, L2) is fitted on four conversations and ranks
 the fifth; the printed figures are held-out only (plus an all-five fit for
-the weights to port, bench/rank_v2.py LTR_*). Serving it is a dot product per
-candidate: pure Python, keyword-only included.
+the weights the service carries, solos_rank.LTR_WEIGHTS). The features are
+the service's own (solos_rank.ltr_features). Serving it is a dot product per
+candidate: pure Python, keyword-only included. bench/locomo.py prints
+reranker_figures() beside the service's figures.
 
     .venv/bin/python bench/ltr_research.py [--dynint8] [--variants]
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import rank_v2  # noqa: E402
 from locomo import DEFAULT_DATA, Conversation, load_conversations, summarise  # noqa: E402
 from locomo_research import (  # noqa: E402
@@ -34,25 +37,18 @@ from locomo_research import (  # noqa: E402
 )
 from recall_v2_research import HEAD, kw_leg, line, query_rows  # noqa: E402
 
-import solos_embed  # noqa: E402
+import solos_rank  # noqa: E402
 
-DEPTH = rank_v2.RERANK_DEPTH
+DEPTH = solos_rank.RERANK_DEPTH
 EXTRA = False  # rank_v2.EXTRA_FEATURES on top
-
-
-def row_stem(word: str) -> str:
-    return word[:5]
 
 
 def features(
     conv: Conversation, kw: np.ndarray, vec: np.ndarray | None, fused: np.ndarray, qi: int, cands: np.ndarray
 ) -> np.ndarray:
-    """One row of rank_v2.ltr_features per candidate turn of question qi (the service's view of a turn)."""
+    """One row of solos_rank.ltr_features per candidate turn of question qi (the service's view of a turn)."""
     q = conv.queries[qi].question
-    words = rank_v2.query_words(q)
-    question_stems = {w[:5] for w in words if w not in rank_v2.STOP_WORDS}
-    named = {s.lower() for s in conv.speakers if s.lower() in words}
-    window = rank_v2.date_window(q, 7)
+    question = solos_rank.Question.of(q, solos_rank.query_words(q), conv.speakers)
     kwn = normalised(kw[qi : qi + 1], 100, "minmax")[0]
     kw_rank = ranks_of(kw[qi : qi + 1], 100)[0]
     fz_rank = ranks_of(fused[qi : qi + 1], DEPTH)[0]
@@ -61,7 +57,7 @@ def features(
 
     def row(j: int) -> dict:
         t = conv.turns[j]
-        return {"text": t.fact, "agent": t.speaker, "topic": t.date}
+        return solos_rank.ranking_view(t.fact, t.speaker, t.date, None)
 
     sessions = [conv.turns[int(c)].session for c in cands]
     asks_when = q.lower().startswith("when") or " when " in q.lower()
@@ -87,7 +83,8 @@ def features(
             )
         if vec is not None:
             first_pass.update(cosine=float(vec[qi, i]), vector=float(vn[i]))
-        cols.append(rank_v2.ltr_features(question_stems, named, window, row(i), prev, nxt, first_pass))
+        features = solos_rank.ltr_features(question, row(i), prev, nxt, first_pass)
+        cols.append(features + (rank_v2.extra_features(t.fact, features, first_pass) if EXTRA else []))
     return np.array(cols)
 
 
@@ -140,17 +137,32 @@ def rerank(fused: np.ndarray, data, model) -> np.ndarray:
     return out
 
 
-def run(convs, kws, vecs, fuseds, title: str, l2s=(0.1, 1.0, 10.0)) -> None:
+def held_out(convs, fuseds, data, l2: float = 1.0) -> list:
+    """Leave one conversation out: fit on four, rank the fifth; the five held-out parts pooled."""
+    held = []
+    for h in range(len(convs)):
+        X = np.vstack([d[0] for j, d in enumerate(data) if j != h])
+        y = np.concatenate([d[1] for j, d in enumerate(data) if j != h])
+        held += query_rows(convs[h], rerank(fuseds[h], data[h], fit(X, y, l2)))
+    return held
+
+
+def with_weights(convs, fuseds, data, weights: tuple[float, ...]) -> list:
+    """Every conversation ranked by fixed raw weights through solos_rank.ltr_score (the service's scoring)."""
+    rows = []
+    for c, f, d in zip(convs, fuseds, data):
+        out = f * 0.001
+        out[d[2], d[3]] = 10 + np.array([solos_rank.ltr_score(list(x), weights) for x in d[0]])
+        rows += query_rows(c, out)
+    return rows
+
+
+def run(convs, kws, vecs, fuseds, title: str, l2s=(0.1, 1.0, 10.0)) -> list:
     data = build(convs, kws, vecs, fuseds)
     print(line(f"{title}: first pass", summarise([r for c, m in zip(convs, fuseds) for r in query_rows(c, m)])))
     kept = []
     for l2 in l2s:
-        held = []
-        for h in range(len(convs)):
-            X = np.vstack([d[0] for j, d in enumerate(data) if j != h])
-            y = np.concatenate([d[1] for j, d in enumerate(data) if j != h])
-            model = fit(X, y, l2)
-            held += query_rows(convs[h], rerank(fuseds[h], data[h], model))
+        held = held_out(convs, fuseds, data, l2)
         print(line(f"{title}: LTR top {DEPTH}, l2 {l2}, LOCO (held-out)", summarise(held)))
         if l2 == 1.0:
             kept = held
@@ -161,20 +173,39 @@ def run(convs, kws, vecs, fuseds, title: str, l2s=(0.1, 1.0, 10.0)) -> None:
     raw = w[:-1] / sd
     folded = (float(w[-1] - np.sum(w[:-1] * mu / sd)), *map(float, raw))
     print("    standardised weights:", np.round(w[:-1], 3).tolist())
-    print("    raw weights for rank_v2 (bias first):", tuple(round(x, 4) for x in folded), flush=True)
-    ported = []
-    for c, f, d in zip(convs, fuseds, data):
-        out = f * 0.001
-        out[d[2], d[3]] = 10 + np.array([rank_v2.ltr_score(list(x), tuple(round(v, 4) for v in folded)) for x in d[0]])
-        ported += query_rows(c, out)
-    print(line(f"{title}: the same through rank_v2.ltr_score (4-decimal weights)", summarise(ported)))
+    print("    raw weights for solos_rank.LTR_WEIGHTS (bias first):", tuple(round(x, 4) for x in folded), flush=True)
+    rounded = tuple(round(v, 4) for v in folded)
+    print(
+        line(f"{title}: the same through solos_rank.ltr_score", summarise(with_weights(convs, fuseds, data, rounded)))
+    )
     return kept
+
+
+def reranker_figures(convs, vec) -> dict[str, dict[str, dict]]:
+    """Per mode (keyword; hybrid when vectors are given): the first pass, the service's weights (fitted on all
+    five conversations: in-sample) and the held-out figure (LOCO), simulated as this module does."""
+    global DEPTH, EXTRA
+    DEPTH, EXTRA = solos_rank.RERANK_DEPTH, False
+    kw = kw_leg(convs, solos_rank.STOP_WORDS)
+    modes = {"keyword": (None, [normalised(m, 100, "minmax") for m in kw], solos_rank.LTR_KEYWORD_WEIGHTS)}
+    if vec is not None:
+        hy = linear([kw, vec], [solos_rank.KEYWORD_WEIGHT, solos_rank.VECTOR_WEIGHT], 100, "minmax")
+        modes["hybrid"] = (vec, hy, solos_rank.LTR_HYBRID_WEIGHTS)
+    figures = {}
+    for mode, (vecs, fused, weights) in modes.items():
+        data = build(convs, kw, vecs, fused)
+        figures[mode] = {
+            "first pass": summarise([r for c, m in zip(convs, fused) for r in query_rows(c, m)]),
+            "in-sample": summarise(with_weights(convs, fused, data, weights)),
+            "LOCO": summarise(held_out(convs, fused, data)),
+        }
+    return figures
 
 
 def variants(convs, kw, raw, vec, hy) -> None:
     """Also tried (--variants): pairwise feature products (a quadratic model), and vector-neighbour features."""
     global DEPTH
-    DEPTH = rank_v2.RERANK_DEPTH
+    DEPTH = solos_rank.RERANK_DEPTH
 
     def quad(X: np.ndarray) -> np.ndarray:
         n = X.shape[1]
@@ -209,43 +240,35 @@ def variants(convs, kw, raw, vec, hy) -> None:
 def latency(convs, kw, vec, fused) -> None:
     """Per-question cost of the pure-Python part at RERANK_DEPTH: features of every candidate, score, sort."""
     global DEPTH
-    DEPTH = rank_v2.RERANK_DEPTH
+    DEPTH = solos_rank.RERANK_DEPTH
     timings = []
+    first_pass = {
+        "fused": 0.5,
+        "fused_rank": 3.0,
+        "keyword": 0.4,
+        "keyword_rank": 2.0,
+        "neighbour_prev": 0.1,
+        "neighbour_next": 0.2,
+        "cosine": 0.4,
+        "vector": 0.5,
+    }
     for ci, conv in enumerate(convs):
         for qi, q in enumerate(conv.queries):
             order = np.argsort(-fused[ci][qi], kind="stable")[:DEPTH]
-            rows = [
-                {"text": conv.turns[int(i)].fact, "agent": conv.turns[int(i)].speaker, "topic": conv.turns[int(i)].date}
-                for i in order
-            ]
-            fp = {
-                "fused": 0.5,
-                "fused_rank": 3.0,
-                "keyword": 0.4,
-                "keyword_rank": 2.0,
-                "neighbour_prev": 0.1,
-                "neighbour_next": 0.2,
-                "cosine": 0.4,
-                "vector": 0.5,
-            }
+            turns = [conv.turns[int(i)] for i in order]
             t0 = time.perf_counter()
-            words = rank_v2.query_words(q.question)
-            stems_q = {w[:5] for w in words if w not in rank_v2.STOP_WORDS}
-            named = {s.lower() for s in conv.speakers if s.lower() in words}
-            window = rank_v2.date_window(q.question, 7)
-            feats = [
-                rank_v2.ltr_features(
-                    stems_q,
-                    named,
-                    window,
-                    r,
-                    rows[j - 1] if j else None,
-                    rows[j + 1] if j + 1 < len(rows) else None,
-                    fp,
+            question = solos_rank.Question.of(q.question, solos_rank.query_words(q.question), conv.speakers)
+            rows = [solos_rank.ranking_view(t.fact, t.speaker, t.date, None) for t in turns]
+            logits = [
+                solos_rank.ltr_score(
+                    solos_rank.ltr_features(
+                        question, r, rows[j - 1] if j else None, rows[j + 1] if j + 1 < len(rows) else None, first_pass
+                    ),
+                    solos_rank.LTR_HYBRID_WEIGHTS,
                 )
                 for j, r in enumerate(rows)
             ]
-            rank_v2.rerank(rows, feats, hybrid=True)
+            sorted(range(len(rows)), key=lambda j: -logits[j])
             timings.append(time.perf_counter() - t0)
     timings.sort()
     n = len(timings)
@@ -258,6 +281,8 @@ def latency(convs, kw, vec, fused) -> None:
 def main() -> int:
     started = time.perf_counter()
     convs = load_conversations(DEFAULT_DATA)
+    import solos_embed
+
     embedder = solos_embed.load_embedder(None)
     if "--dynint8" in sys.argv:  # the re-quantized model's vectors (bench/requantize_minilm.py)
         from recall_v2_research import dynint8_scores
@@ -267,7 +292,7 @@ def main() -> int:
     else:
         raw = vector_scores(convs, embedder, text_speaker_date)
         vec = smooth(convs, raw, 0.5, 1)
-    kw = kw_leg(convs, rank_v2.STOP_WORDS)
+    kw = kw_leg(convs, solos_rank.STOP_WORDS)
     kw_only = normalised_all = [normalised(m, 100, "minmax") for m in kw]
     hy = linear([kw, vec], [0.7, 0.3], 100, "minmax")
     del normalised_all
@@ -294,7 +319,7 @@ def main() -> int:
         for metric in ("hit@5", "frac@10", "MRR"):
             d = np.array([a[1][metric] - b[1][metric] for a, b in zip(on, off)])
             print(f"    {leg} {metric}: {d.mean():+.4f} +- {2 * d.std(ddof=1) / np.sqrt(len(d)):.4f}")
-    DEPTH, EXTRA = rank_v2.RERANK_DEPTH, False
+    DEPTH, EXTRA = solos_rank.RERANK_DEPTH, False
     latency(convs, kw, vec, hy)
     print(f"run time {time.perf_counter() - started:.1f} s")
     return 0

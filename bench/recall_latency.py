@@ -27,6 +27,10 @@ sends); a second line uses the same words in a question with function words
                       agents are audited, so some recalls also write
   long,episodic own   the caller's rows only: the same search without the audit write
 
+The learned reranker's cost is its own line per size (and for hybrid): the
+same content queries, interleaved, on two services over one database, with
+--rerank on and off (reranking costs `reranked p50 - off p50`).
+
 Hybrid is measured when the service, started with its default model dir,
 reports degraded:false; otherwise it prints "n/a (degraded)". The embedder
 needs fastembed, so run it with .venv/bin/python, and --backfill to embed the
@@ -190,6 +194,7 @@ def measure_size(label: str, db_source: Path, args: argparse.Namespace, floor_po
                     + f" p99 {service_stats['p99'] / floor_stats['p99']:.2f}x"
                 )
                 results[name] = (service_stats, floor_stats, fts_stats)
+        rerank_cost(db, args, "off")
         if hybrid:
             results["hybrid"] = measure_hybrid(db, args)
     return results
@@ -231,7 +236,40 @@ def measure_hybrid(db: Path, args: argparse.Namespace) -> dict | None:
             + f"  ranking {last.get('ranking')}, vectors for {vectors:,} of {rows:,} rows"
         )
         client.close()
-        return stats
+    rerank_cost(db, args, "")
+    return stats
+
+
+def rerank_cost(db: Path, args: argparse.Namespace, model_dir: str) -> None:
+    """The same queries, interleaved, on the service with --rerank on and off over one database."""
+    mode = "keyword" if model_dir == "off" else "hybrid"
+    with (
+        start_service(db, model_dir=model_dir) as on,
+        start_service(db, model_dir=model_dir, extra=["--rerank", "off"]) as off,
+    ):
+        clients = Client(on.port), Client(off.port)
+        queries = make_queries(db, args.queries + args.warmup, args.seed, "content")
+        timings: tuple[list[float], list[float]] = ([], [])
+        other = 0  # answers ranked otherwise (hybrid degraded to keyword by a timed-out query): left out
+        for i, q in enumerate(queries):
+            for client, samples in zip(clients, timings):
+                started = time.perf_counter()
+                status, body = client.json("GET", "/v1/recall", query={"agent": CALLER, "q": q, "k": K})
+                if status != 200:
+                    raise RuntimeError(f"recall answered {status}: {body}")
+                other += body["ranking"] != mode
+                if i >= args.warmup and body["ranking"] == mode:
+                    samples.append(time.perf_counter() - started)
+        for client in clients:
+            client.close()
+    reranked, first_pass = percentiles(timings[0]), percentiles(timings[1])
+    print(row(f"service {mode}, --rerank off [long,short]", first_pass))
+    print(
+        row(f"service {mode}, reranked [long,short]", reranked)
+        + f"  reranker cost p50 {reranked['p50'] - first_pass['p50']:+.3f} ms,"
+        + f" p99 {reranked['p99'] - first_pass['p99']:+.3f} ms"
+        + (f" ({other} answers not {mode}, left out)" if other else "")
+    )
 
 
 def main() -> int:

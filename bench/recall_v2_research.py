@@ -45,6 +45,7 @@ from locomo_research import (  # noqa: E402
 )
 
 import solos_embed  # noqa: E402
+import solos_rank  # noqa: E402
 
 E5_DIR = Path(os.environ.get("LOCOMO_E5_DIR", "/tmp/rr/e5"))  # written by bench/e5_vectors.py (python 3.12)
 CV_METRICS = ("hit@5", "frac@10", "MRR")
@@ -157,8 +158,8 @@ def kw_leg(
     stop: frozenset[str] = rank_v2.STOP_WORDS_V1,
     columns: list | None = None,
     weights: list[float] | None = None,
-    beta: float = 0.3,
-    gamma: float = 0.3,
+    beta: float = solos_rank.NAME_BOOST - 1,
+    gamma: float = solos_rank.NEIGHBOUR_KEYWORD_WEIGHT,
 ) -> Scores:
     kw = fts_scores_q(
         convs,
