@@ -463,14 +463,13 @@ def ltr_features(
 ) -> list[float]:
     """The reranker's inputs for one candidate, in KEYWORD_FEATURES (+ VECTOR_FEATURES when given) order.
 
-    row, previous and following carry "text", "agent" and "date" (a day ordinal
-    or None); first_pass carries fused, fused_rank, keyword, keyword_rank
+    row, previous and following are ranking_view()s ("text", "agent", "date":
+    a day ordinal or None, "stems"); first_pass carries fused, fused_rank, keyword, keyword_rank
     (None when absent), neighbour_prev, neighbour_next and, in hybrid mode,
     cosine and vector.
     """
-    text = row["text"]
-    words = stems(text)
-    around = set().union(*(stems(r["text"]) for r in (previous, following) if r is not None))
+    text, words = row["text"], row["stems"]
+    around = set().union(*(r["stems"] for r in (previous, following) if r is not None))
     wanted = max(len(question.stems), 1)
     window, day = question.window, row["date"]
     prev_asks = float(previous is not None and previous["text"].rstrip().endswith("?"))
@@ -531,9 +530,10 @@ def rerank(
     head = fused.rows[:RERANK_DEPTH]
     if not head:
         return fused.rows, None
-    around = topic_context(store, conn, tiers, caller, fused.keys[:RERANK_DEPTH])
+    rows = dict(zip(fused.keys, fused.rows))
+    around = topic_context(store, conn, tiers, caller, fused.keys[:RERANK_DEPTH], rows)
     try:
-        logits = head_logits(question, fused, around, cosines)
+        logits = head_logits(question, fused, rows, around, cosines)
     except Exception as error:  # a bug or odd data in one row must not fail the recall: keep the first pass
         log.exception("rerank failed; the first pass's order stands")
         return fused.rows, f"first-pass order: the reranker failed ({type(error).__name__}: {error})"
@@ -547,66 +547,82 @@ def rerank(
     return [head[i] for i in order] + fused.rows[RERANK_DEPTH:], None
 
 
-Around = dict[Key, tuple[dict | None, dict | None]]  # a row's previous and next fact of its topic, as ranking_view
+Around = dict[Key, tuple[Key | None, Key | None]]  # a long fact's previous and next fact of its topic
 
 
-def topic_context(store: Any, conn: Any, tiers: Sequence[Any], caller: str, keys: list[Key]) -> Around:
-    """Each long fact's previous and next fact of its topic, as the reranker sees them (with their key).
+def topic_context(store: Any, conn: Any, tiers: Sequence[Any], caller: str, keys: list[Key], rows: dict) -> Around:
+    """The previous and next fact of each long fact's topic; those not among `rows` (the candidates) join it.
 
-    Read in the recall's snapshot as ranking inputs only, never returned, so
-    with scope shared whatever the caller's scope: scope picks what comes
-    back, and every agent may read the long tier.
+    Those are read in the recall's snapshot as ranking inputs only, never
+    returned, so with scope shared whatever the caller's scope: scope picks
+    what comes back, and every agent may read the long tier.
     """
     around: Around = {}
     for tier in tiers:
         ids = [row_id for name, row_id in keys if name == tier.name]
         if not tier.threaded or not ids:
             continue
-        found = store.topic_neighbours(conn, ids)
-        wanted = sorted({n for pair in found.values() for n in pair if n is not None})
-        views = {
-            row["id"]: {
-                **ranking_view(row[tier.text_column], row["agent"], row["topic"], row["ts"]),
-                "key": (tier.name, row["id"]),
+        for row_id, (previous, following) in store.topic_neighbours(conn, ids).items():
+            around[(tier.name, row_id)] = (
+                None if previous is None else (tier.name, previous),
+                None if following is None else (tier.name, following),
+            )
+        unread = sorted({key[1] for pair in around.values() for key in pair if key and key not in rows})
+        for row in store.rows_by_id(conn, tier, caller, "shared", unread) if unread else ():
+            rows[(tier.name, row["id"])] = {
+                "text": row[tier.text_column],
+                "agent": row["agent"],
+                "topic": row["topic"],
+                "ts": row["ts"],
             }
-            for row in (store.rows_by_id(conn, tier, caller, "shared", wanted) if wanted else ())
-        }
-        for row_id, (previous, following) in found.items():
-            around[(tier.name, row_id)] = (views.get(previous), views.get(following))
     return around
 
 
 def head_logits(
-    question: Question, fused: Fused, around: Around, cosines: Callable[[list[Key]], dict[Key, float]] | None
+    question: Question,
+    fused: Fused,
+    rows: dict[Key, dict],
+    around: Around,
+    cosines: Callable[[list[Key]], dict[Key, float]] | None,
 ) -> list[float]:
-    """The reranker's logit for each of the first RERANK_DEPTH fused rows."""
+    """The reranker's logit for each of the first RERANK_DEPTH fused rows (`rows`: any row by key)."""
     keys, head = fused.keys[:RERANK_DEPTH], fused.rows[:RERANK_DEPTH]
     by_keyword = sorted(fused.keyword, key=fused.keyword.__getitem__, reverse=True)
     keyword_rank = {key: rank for rank, key in enumerate(by_keyword, 1)}
     missing = [key for key in keys if key not in fused.similar]
     similar = {**(cosines(missing) if cosines is not None and missing else {}), **fused.similar}
     weights = LTR_KEYWORD_WEIGHTS if cosines is None else LTR_HYBRID_WEIGHTS
+    views: dict[Key, dict] = {}
+
+    def view(key: Key) -> dict:
+        if key not in views:
+            row = rows[key]
+            views[key] = ranking_view(row["text"], row["agent"], row.get("topic"), row["ts"])
+        return views[key]
+
     logits = []
-    for rank, (key, result) in enumerate(zip(keys, head), 1):
-        previous, following = around.get(key, (None, None))
+    for rank, key in enumerate(keys, 1):
+        before, after = around.get(key, (None, None))
+        previous = view(before) if before in rows else None
+        following = view(after) if after in rows else None
         first_pass = {
-            "fused": result["score"],
+            "fused": head[rank - 1]["score"],
             "fused_rank": rank,
             "keyword": fused.keyword.get(key, 0.0),
             "keyword_rank": keyword_rank.get(key),
-            "neighbour_prev": fused.keyword.get(previous["key"], 0.0) if previous else 0.0,
-            "neighbour_next": fused.keyword.get(following["key"], 0.0) if following else 0.0,
+            "neighbour_prev": fused.keyword.get(before, 0.0) if before and previous else 0.0,
+            "neighbour_next": fused.keyword.get(after, 0.0) if after and following else 0.0,
         }
         if cosines is not None:
             first_pass.update(cosine=similar.get(key, 0.0), vector=fused.vector.get(key, 0.0))
-        row = ranking_view(result["text"], result["agent"], result.get("topic"), result["ts"])
-        logits.append(ltr_score(ltr_features(question, row, previous, following, first_pass), weights))
+        logits.append(ltr_score(ltr_features(question, view(key), previous, following, first_pass), weights))
     return logits
 
 
 def ranking_view(text: Any, agent: str, topic: Any, ts: Any) -> dict:
     """A row as the reranker sees it; its date is the topic's if that names one (LoCoMo's), else when written."""
-    return {"text": str(text or ""), "agent": agent, "date": parse_row_date(topic) or parse_row_date(ts)}
+    text = str(text or "")
+    return {"text": text, "agent": agent, "date": parse_row_date(topic) or parse_row_date(ts), "stems": stems(text)}
 
 
 # ==== Presenting: labels, duplicates ====

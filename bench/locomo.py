@@ -443,7 +443,7 @@ def figure_line(name: str, summary: dict[str, dict[str, float]]) -> str:
 
 def print_cross_validated(conversations: list[Conversation], service: dict[str, dict[str, dict]]) -> None:
     """The service's figures beside the reranker's simulated in-sample and leave-one-conversation-out ones."""
-    print(f"{'reranker (learned, fused top 20), overall':<62}" + "".join(f"{m:>8}" for m in CROSS_COLUMNS))
+    print(f"{'the reranker (fused top 20), overall':<62}" + "".join(f"{m:>8}" for m in CROSS_COLUMNS))
     for mode in ("vector", "keyword", "hybrid"):
         for name, summary in service.get(mode, {}).items():
             print(figure_line(f"{mode}: service (REST), {name}", summary))
@@ -463,7 +463,7 @@ def print_cross_validated(conversations: list[Conversation], service: dict[str, 
         for name, summary in figures.items():
             label = {
                 "first pass": "first pass",
-                "in-sample": "reranked, the service's weights (in-sample)",
+                "in-sample": "reranked, service weights (in-sample)",
                 "LOCO": "reranked, fit on 4, rank the 5th (LOCO)",
             }[name]
             print(figure_line(f"{mode}: simulated, {label}", summary))
