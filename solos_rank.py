@@ -593,11 +593,13 @@ def head_logits(
     similar = {**(cosines(missing) if cosines is not None and missing else {}), **fused.similar}
     weights = LTR_KEYWORD_WEIGHTS if cosines is None else LTR_HYBRID_WEIGHTS
     views: dict[Key, dict] = {}
+    dated = question.window is not None  # a row's date counts only against days the question names
 
     def view(key: Key) -> dict:
         if key not in views:
             row = rows[key]
-            views[key] = ranking_view(row["text"], row["agent"], row.get("topic"), row["ts"])
+            topic, ts = (row.get("topic"), row["ts"]) if dated else (None, None)
+            views[key] = ranking_view(row["text"], row["agent"], topic, ts)
         return views[key]
 
     logits = []
