@@ -1739,7 +1739,7 @@ RECALL_OUTPUT = result_schema(
         "count": {"type": "integer"},
         "results": {"type": "array", "items": RECALLED_ROW},
         "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
-        "degraded": {"type": "boolean", "description": "true: not every row was ranked by both legs (see the reason)."},
+        "degraded": {"type": "boolean", "description": "true: a leg or the reranker was unavailable (see the reason)."},
         "degraded_reason": NULLABLE_STRING,
         "ranking": {"type": "string"},
         "reranked": {
@@ -2830,7 +2830,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument(
         "--rerank",
-        choices=("on", "off"),
+        type=on_off,  # argparse converts a string default too: a bad SOLOS_MEMORY_RERANK stops startup
+        metavar="on|off",
         default=env_default("RERANK", "on"),
         help="reorder keyword and hybrid recall's best rows with the learned reranker (default: %(default)s)",
     )
@@ -2888,6 +2889,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
+
+
 def config_from(args: argparse.Namespace) -> Config:
     """The one Config for this run: the flags a command has, defaults for the rest."""
     return Config(
@@ -2901,7 +2908,7 @@ def config_from(args: argparse.Namespace) -> Config:
         allowed_origins=tuple(getattr(args, "allowed_origin", ())),
         log_requests=getattr(args, "log_requests", Config.log_requests),
         qdrant=solos_qdrant.target_from(args),
-        rerank=getattr(args, "rerank", "on") == "on",
+        rerank=getattr(args, "rerank", Config.rerank),
     )
 
 

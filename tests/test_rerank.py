@@ -272,3 +272,16 @@ def test_every_registered_agent_can_be_named(server):
         write_long(server, agent, f"{agent} owns the gateway rota")
     reply = server.recall("sol", "who owns the gateway rota, atlas?", k=10)
     assert {r["agent"] for r in reply.body["results"]} == set(AGENTS)
+
+
+def test_rerank_is_a_serve_setting_flag_over_environment(monkeypatch, capsys):
+    def rerank(*argv: str) -> bool:
+        return solos_memory.config_from(solos_memory.parse_args(["serve", *argv])).rerank
+
+    assert rerank() is True and rerank("--rerank", "off") is False
+    monkeypatch.setenv("SOLOS_MEMORY_RERANK", "off")
+    assert rerank() is False and rerank("--rerank", "on") is True
+    monkeypatch.setenv("SOLOS_MEMORY_RERANK", "yes")
+    with pytest.raises(SystemExit):
+        rerank()
+    assert "expected on or off, got 'yes'" in capsys.readouterr().err
