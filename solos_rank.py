@@ -144,6 +144,7 @@ class VectorIndex:
         self.generation: int | None = None
         self.reloading = False
         self.tiers: dict[str, tuple] = {}
+        self.sorted_ids: dict[str, tuple] = {}  # per tier: (its ids array, those ids sorted, their positions)
 
     def refresh(self, store: Any, conn: Any, tiers: Sequence[str]) -> None:
         """Make the snapshot current: at once while it holds nothing for these tiers, else in the background."""
@@ -171,6 +172,7 @@ class VectorIndex:
         import numpy as np
 
         tiers = {}
+        sorted_ids = {}
         for tier in self.tier_names:
             rows = store.load_vectors(conn, tier, self.model_id)
             ids = np.array([row["id"] for row in rows], dtype=np.int64)
@@ -191,9 +193,11 @@ class VectorIndex:
                 dtype=np.int64,
             )
             tiers[tier] = (ids, agents, expires, matrix, prev, after)
+            order = np.argsort(ids, kind="stable")
+            sorted_ids[tier] = (ids, ids[order], order)
         with self.lock:
             if self.generation is None or generation >= self.generation:
-                self.tiers, self.generation = tiers, generation
+                self.tiers, self.sorted_ids, self.generation = tiers, sorted_ids, generation
 
     def count(self, tiers: Sequence[str]) -> int:
         """Vectors loaded for these tiers."""
@@ -228,7 +232,7 @@ class VectorIndex:
             ids, _, _, matrix, prev, after = self.tiers.get(tier, (None,) * 6)
             if ids is None or not len(ids):
                 continue
-            at = np.flatnonzero(np.isin(ids, [row_id for name, row_id in keys if name == tier]))
+            at = self.positions(tier, ids, [row_id for name, row_id in keys if name == tier])
             if not len(at):
                 continue
             rows = np.concatenate([at, prev[at], after[at]])
@@ -238,6 +242,18 @@ class VectorIndex:
                 around = max(cosine[before], cosine[following]) if before >= 0 or following >= 0 else 0.0
                 scores[(tier, int(ids[i]))] = cosine[i] + NEIGHBOUR_WEIGHT * around
         return scores
+
+    def positions(self, tier: str, ids: Any, wanted: list[int]) -> Any:
+        """Where these row ids sit in the tier's snapshot `ids` (those without a vector left out): a binary
+        search, since a scan of the ids costs milliseconds from 100k rows."""
+        import numpy as np
+
+        snapshot, sorted_ids, order = self.sorted_ids.get(tier, (None, None, None))
+        if snapshot is not ids:  # reloaded between the two reads: the next recall has them in step
+            return np.flatnonzero(np.isin(ids, wanted))
+        wanted_ids = np.array(wanted, dtype=np.int64)
+        found = np.minimum(np.searchsorted(sorted_ids, wanted_ids), len(sorted_ids) - 1)
+        return order[found[sorted_ids[found] == wanted_ids]]
 
 
 def vector_candidates(
