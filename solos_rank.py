@@ -3,14 +3,16 @@
 In the order a recall meets them: query words and the FTS5 query; the keyword
 leg (BM25 per tier, a named writer's boost, topic neighbours); the vector leg
 (an in-memory index of the embedder's vectors, masked by scope and sharing);
-fusion of the two legs; duplicate collapse; labelling each row with its writer,
-tier, source and whether it is foreign. Every weight is a named constant with
-the bench result that chose it (bench/RESULTS-locomo.md).
+fusion of the two legs; the learned reranker over the fused top rows (their
+topic neighbours, the writer and days a question names); duplicate collapse;
+labelling each row with its writer, tier, source and whether it is foreign.
+Every weight is a named constant with the bench result that chose it
+(bench/RESULTS-locomo.md).
 
 Standard library only, but for numpy in the vector leg (imported when an
 embedder is loaded). Imports nothing from the service: the spine hands it rows,
 tiers (rows of its TIER_TABLE) and a store it can ask for more rows.
-bench/locomo_research.py uses these same functions.
+The bench's research scripts import these same functions and constants.
 """
 
 from __future__ import annotations
@@ -343,10 +345,10 @@ RERANK_DEPTH = 20
 DATE_WINDOW_AFTER_DAYS = 7
 STEM_LENGTH = 5  # a stemmer's poor cousin for the coverage features: the reranker was fitted with 5-letter prefixes
 # The reranker's inputs per candidate and their logistic-regression weights (keyword-only, hybrid), fitted on
-# all five LoCoMo dev conversations by bench/ltr_research.py (top 20, L2 1.0; features as bench/rank_v2.py
-# computes them). Held out (fitted on four conversations, ranking the fifth) they lift hit@5 and MRR of both
-# modes well past noise (RESULTS-locomo.md, "Recall v2", "learned linear reranker" rows). Fleet memories are
-# not chat turns ("previous row asks" means less there): fit again when a fleet dev set exists.
+# all five LoCoMo dev conversations by bench/ltr_research.py (top 20, L2 1.0, on ltr_features below). Held out
+# (fitted on four conversations, ranking the fifth) they lift hit@5 and MRR of both modes well past noise
+# (RESULTS-locomo.md, "Recall v2", "learned linear reranker" rows; "In the service"). Fleet memories are not
+# chat turns ("previous row asks" means less there): fit again when a fleet dev set exists.
 LTR_WEIGHTS: dict[str, tuple[float | None, float]] = {
     "bias": (-7.9995, -8.2211),
     "fused": (1.7835, 2.2354),  # the first pass's score (fusion, or the normalised keyword score alone)
