@@ -1543,12 +1543,8 @@ def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Ga
     fused = solos_rank.fuse(found.candidates, found.similar, found.ranking)
     if not memory.rerank or found.ranking == "vector":  # vector alone is for comparing the legs
         return found, fused.rows
-    vectors, query = memory.vectors, plan.vector
-    cosines = (lambda keys: vectors.similarity(query, keys)) if found.ranking == "hybrid" and vectors else None
-    question = solos_rank.Question.of(plan.query, plan.words, [r["agent"] for r in fused.rows])
-    ranked, found.rerank_failure = solos_rank.rerank(
-        memory.store, conn, plan.searched, plan.caller, question, fused, cosines
-    )
+    vectors = memory.vectors if found.ranking == "hybrid" else None
+    ranked, found.rerank_failure = solos_rank.rerank(memory.store, conn, plan, fused, vectors)
     found.reranked = found.rerank_failure is None
     return found, ranked
 
@@ -1742,10 +1738,7 @@ RECALL_OUTPUT = result_schema(
         "degraded": {"type": "boolean", "description": "true: a leg or the reranker was unavailable (see the reason)."},
         "degraded_reason": NULLABLE_STRING,
         "ranking": {"type": "string"},
-        "reranked": {
-            "type": "boolean",
-            "description": "true: the learned reranker ordered the best rows, and their score is its probability.",
-        },
+        "reranked": {"type": "boolean", "description": "true: the learned reranker ordered the best rows."},
     }
 )
 

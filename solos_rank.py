@@ -527,30 +527,28 @@ def logistic(logit: float) -> float:
 
 
 def rerank(
-    store: Any,
-    conn: Any,
-    tiers: Sequence[Any],
-    caller: str,
-    question: Question,
-    fused: Fused,
-    cosines: Callable[[list[Key]], dict[Key, float]] | None,
+    store: Any, conn: Any, plan: Any, fused: Fused, vectors: VectorIndex | None
 ) -> tuple[list[dict], str | None]:
     """The first RERANK_DEPTH fused rows reordered by the reranker, and None; or, if it fails, the first pass
     as it was and why.
 
-    A reranked row's `score` becomes the model's probability that it answers;
-    rows below keep their order, scaled under the lowest reranked score, so
-    scores fall down the list and stay in [0, 1]. `cosines` (hybrid only)
-    gives the vector leg's score of rows it did not rank. Storage errors
-    propagate (the store retries or answers 503); any other failure leaves
-    the first pass's order and scores, so the reranker cannot fail a recall.
+    `plan` is the recall's (searched tiers, caller, query, words, the query's
+    vector); `vectors` is given for hybrid ranking, whose weights read the
+    vector leg's score (of rows it did not rank too). A reranked row's
+    `score` becomes the model's probability that it answers; rows below keep
+    their order, scaled under the lowest reranked score, so scores fall down
+    the list and stay in [0, 1]. Storage errors propagate (the store retries
+    or answers 503); any other failure leaves the first pass's order and
+    scores, so the reranker cannot fail a recall.
     """
     head = fused.rows[:RERANK_DEPTH]
     if not head:
         return fused.rows, None
     rows = dict(zip(fused.keys, fused.rows))
-    around = topic_context(store, conn, tiers, caller, fused.keys[:RERANK_DEPTH], rows)
+    around = topic_context(store, conn, plan.searched, plan.caller, fused.keys[:RERANK_DEPTH], rows)
+    cosines = None if vectors is None else (lambda keys: vectors.similarity(plan.vector, keys))
     try:
+        question = Question.of(plan.query, plan.words, [result["agent"] for result in fused.rows])
         logits = head_logits(question, fused, rows, around, cosines)
     except Exception as error:  # a bug or odd data in one row must not fail the recall: keep the first pass
         log.exception("rerank failed; the first pass's order stands")
