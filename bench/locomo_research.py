@@ -112,9 +112,20 @@ def fts_scores(
     stop: bool = False,
 ) -> Scores:
     """-bm25() of every turn for every question (0 where the turn does not match)."""
+    return fts_scores_by(convs, columns, weights or [1.0] * len(columns), lambda q: fts_query(q, stop))
+
+
+def fts_scores_by(
+    convs: list[Conversation],
+    columns: list[Callable[[Conversation, int], str]],
+    weights: list[float],
+    make_query: Callable[[str], str | None],
+) -> Scores:
+    """-bm25() per turn per question for a question-to-MATCH function, called once per question in order
+    (None: no match)."""
     out = []
     names = [f"c{j}" for j in range(len(columns))]
-    weight_args = "".join(f", {w}" for w in (weights or [1.0] * len(columns)))
+    weight_args = "".join(f", {w}" for w in weights)
     for conv in convs:
         db = sqlite3.connect(":memory:")
         db.execute(f"CREATE VIRTUAL TABLE t USING fts5({', '.join(names)}, tokenize='{FTS_TOKENIZER}')")
@@ -124,8 +135,9 @@ def fts_scores(
         )
         matrix = np.zeros((len(conv.queries), len(conv.turns)))
         for qi, q in enumerate(conv.queries):
-            for rowid, rank in db.execute(
-                f"SELECT rowid, bm25(t{weight_args}) FROM t WHERE t MATCH ?", (fts_query(q.question, stop),)
+            match = make_query(q.question)
+            for rowid, rank in (
+                db.execute(f"SELECT rowid, bm25(t{weight_args}) FROM t WHERE t MATCH ?", (match,)) if match else ()
             ):
                 matrix[qi, rowid] = -rank
         out.append(matrix)

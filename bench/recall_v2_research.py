@@ -18,7 +18,6 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ from locomo_research import (  # noqa: E402
     RECIPE_WEIGHTS,
     Scores,
     date_col,
+    fts_scores_by,
     linear,
     name_boost,
     ranks_of,
@@ -123,36 +123,6 @@ def time_boost(convs: list[Conversation], scores: Scores, weight: float, after_d
     return out
 
 
-def fts_scores_q(
-    convs: list[Conversation],
-    columns: list[Callable[[Conversation, int], str]],
-    weights: list[float],
-    make_query: Callable[[str], str | None],
-) -> Scores:
-    """-bm25() per turn per question for a given question-to-MATCH function (None: no match)."""
-    import sqlite3
-
-    out = []
-    names = [f"c{j}" for j in range(len(columns))]
-    wargs = "".join(f", {w}" for w in weights)
-    for conv in convs:
-        db = sqlite3.connect(":memory:")
-        db.execute(f"CREATE VIRTUAL TABLE t USING fts5({', '.join(names)}, tokenize='{rank_v2.FTS_TOKENIZER}')")
-        db.executemany(
-            f"INSERT INTO t(rowid, {', '.join(names)}) VALUES (?{', ?' * len(names)})",
-            [(i, *(col(conv, i) for col in columns)) for i in range(len(conv.turns))],
-        )
-        matrix = np.zeros((len(conv.queries), len(conv.turns)))
-        for qi, q in enumerate(conv.queries):
-            match = make_query(q.question)
-            if match:
-                for rowid, rank in db.execute(f"SELECT rowid, bm25(t{wargs}) FROM t WHERE t MATCH ?", (match,)):
-                    matrix[qi, rowid] = -rank
-        out.append(matrix)
-        db.close()
-    return out
-
-
 def kw_leg(
     convs: list[Conversation],
     stop: frozenset[str] = rank_v2.STOP_WORDS_V1,
@@ -161,7 +131,7 @@ def kw_leg(
     beta: float = solos_rank.NAME_BOOST - 1,
     gamma: float = solos_rank.NEIGHBOUR_KEYWORD_WEIGHT,
 ) -> Scores:
-    kw = fts_scores_q(
+    kw = fts_scores_by(
         convs,
         columns or RECIPE_COLUMNS,
         weights or RECIPE_WEIGHTS,
@@ -188,7 +158,7 @@ def prf_scores(
             terms = rank_v2.feedback_terms(q.question, [texts[i] for i in top], df, len(texts), fb_terms, stop)
             queries.append(" OR ".join(f'"{w}"' for w in terms) if terms else None)
         it = iter(queries)
-        out.append(fts_scores_q([conv], RECIPE_COLUMNS, RECIPE_WEIGHTS, lambda _q, it=it: next(it))[0])
+        out.append(fts_scores_by([conv], RECIPE_COLUMNS, RECIPE_WEIGHTS, lambda _q, it=it: next(it))[0])
     return out
 
 
