@@ -49,6 +49,7 @@ REQUIRED_FILES = (
     "solos_lifecycle.py",
     "solos_rank.py",
     "solos_dataspace.py",
+    "solos_snapshot.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.
 EMBEDDER = "solos_embed.py"

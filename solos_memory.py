@@ -57,6 +57,7 @@ import solos_dataspace
 import solos_lifecycle
 import solos_qdrant
 import solos_rank
+import solos_snapshot
 import solos_status
 
 # Run as a script this module is __main__; the modules it carries import it by name and must get this copy.
@@ -2847,7 +2848,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="move episodic rows older than this to the archive, 0 never (default: %(default)s)",
     )
     add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
-    solos_dataspace.add_commands(commands, add_database_options)
+    solos_snapshot.add_commands(commands, add_database_options)
     imports = commands.add_parser(
         "import-qdrant", help="bring the Qdrant collection's attributable points in as long facts"
     )
@@ -2993,8 +2994,8 @@ def backfill(store: Store, config: Config, batch: int) -> int:
 
 def run_admin_command(args: argparse.Namespace, config: Config) -> int:
     """agents, purge, reindex, snapshot, restore: short transactions against the shared database."""
-    if args.command in solos_dataspace.COMMANDS:  # before open_store: restore checks before touching --db
-        log_event(args.command, **solos_dataspace.run_command(args, SCHEMA_VERSION))
+    if args.command in solos_snapshot.COMMANDS:  # before open_store: restore checks before touching --db
+        log_event(args.command, **solos_snapshot.run_command(args, SCHEMA_VERSION))
         return 0
     if args.command == "agents" and args.agents_command == "add":
         added = register_agents(config, args.names)
