@@ -263,14 +263,15 @@ def build_model(source: Path, dirs: list[Path]) -> Path:
             continue
         final = folder / MODEL_FILE
         temp = folder / f".{MODEL_FILE}.{os.getpid()}.tmp"
-        # The child imports this module from where it was imported (a folder or the .pyz).
+        # The child imports this module from where it was imported (a folder or the .pyz), ahead of its cwd.
         here = os.path.dirname(os.path.abspath(__file__))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
-        code = "import sys, solos_embed; sys.exit(solos_embed.build_main(sys.argv[1:]))"
+        code = (
+            f"import sys; sys.path.insert(0, {here!r}); import solos_embed; "
+            "sys.exit(solos_embed.build_main(sys.argv[1:]))"
+        )
         try:
             done = subprocess.run(
                 [sys.executable, "-c", code, str(source), str(temp)],
-                env=env,
                 capture_output=True,
                 text=True,
                 timeout=BUILD_TIMEOUT_S,
