@@ -330,7 +330,9 @@ def write_turns(service: Service, turns: list[Turn], agents: dict[str, str], cop
 
 def prepare(service: Service, mode: str, timeout_s: float = 900.0) -> None:
     """In hybrid mode, return once every long row has its vector: run the backfill command if
-    the CLI has one, then wait until /v1/stats counts as many long vectors as long rows."""
+    the CLI has one, then wait until /v1/stats counts as many long vectors as long rows and the
+    service's own worker is done too (/health embedder_state "ready", where it says one): until
+    then recall answers "catching up" (degraded), even when the backfill command did the work."""
     if mode == "keyword":
         return
     service.backfill()
@@ -338,10 +340,11 @@ def prepare(service: Service, mode: str, timeout_s: float = 900.0) -> None:
     while True:
         stats = service.request("GET", "/v1/stats")[1]
         rows, vectors = stats.get("rows", {}).get("long"), stats.get("vectors", {}).get("long")
-        if rows is None or vectors is None or vectors >= rows:
+        state = service.request("GET", "/health")[1].get("embedder_state", "ready")
+        if rows is None or vectors is None or (vectors >= rows and state == "ready"):
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {vectors} of {rows} long rows have vectors after {timeout_s:.0f} s")
+            raise RuntimeError(f"{vectors} of {rows} long rows have vectors, embedder {state}, after {timeout_s:.0f} s")
         time.sleep(0.2)
 
 
