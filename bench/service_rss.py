@@ -1,13 +1,14 @@
 """Peak RSS of the running service with hybrid recall on a LoCoMo conversation: this tree against another checkout.
 
-    .venv/bin/python bench/service_rss.py --base DIR [--conversation N] [LOCOMO.json]
+    .venv/bin/python bench/service_rss.py --base DIR [--conversation N] [--copies N] [LOCOMO.json]
 
 DIR is another checkout of solos-memory, such as the last commit with the
 fastembed loader: `git archive <commit> | tar -x -C DIR` (its embedder needs
 fastembed==0.9.1 in this interpreter). Per tree, on a fresh database:
 
 1. A keyword-only service of that tree (`--model-dir off`) takes the
-   conversation's turns as long facts over REST and stops: rows, no vectors.
+   conversation's turns as long facts over REST and stops: rows, no vectors
+   (--copies N: N distinct copies of the turns, for a larger vector matrix).
    This tree's keyword-only service also answers every question: the floor.
 2. `solos_memory.py backfill` on a copy of the database (its own process,
    every core): rows/s, from its `backfilled` line (load not included).
@@ -101,7 +102,7 @@ def ask(rest: Rest, questions: list[str]) -> tuple[dict, int]:
     return percentiles(samples), degraded
 
 
-def measure(tree: Path, folder: Path, conv, floor: bool) -> dict:
+def measure(tree: Path, folder: Path, conv, copies: int, floor: bool) -> dict:
     """Steps 1-5 above for one tree; the floor's figures too when asked."""
     db = folder / "solos.db"
     agents = agent_names(conv.speakers + [t.speaker for t in conv.turns])
@@ -110,7 +111,8 @@ def measure(tree: Path, folder: Path, conv, floor: bool) -> dict:
     result: dict = {}
     with serve(tree, db, ["--model-dir", "off"]) as keyword:
         rest = Rest(keyword.port)
-        write_turns(rest, conv.turns, agents)
+        for copy in range(copies):
+            write_turns(rest, conv.turns, agents, copy)
         if floor:
             result["floor_recall"], _ = ask(rest, questions)
             result["floor_peak"] = memory_mib(keyword.popen.pid)["VmHWM"]
@@ -156,14 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo JSON (default: %(default)s)")
     parser.add_argument("--base", type=Path, required=True, help="the other checkout (no default)")
     parser.add_argument("--conversation", type=int, default=0, help="which conversation, from 0 (default: %(default)s)")
+    parser.add_argument("--copies", type=int, default=1, help="copies of its turns written (default: %(default)s)")
     args = parser.parse_args(argv)
     conv = load_conversations(Path(args.data))[args.conversation]
     print(machine_note())
-    print(f"LoCoMo {conv.sample_id}: {len(conv.turns)} turns, {len(conv.queries)} questions; base {args.base}")
+    n_rows = len(conv.turns) * args.copies
+    print(f"LoCoMo {conv.sample_id}: {n_rows} rows ({args.copies} x {len(conv.turns)} turns), ", end="")
+    print(f"{len(conv.queries)} questions; base {args.base}")
     results = {}
     for name, tree in (("base", args.base.resolve()), ("this", ROOT)):
         with tempfile.TemporaryDirectory(prefix=f"service-rss-{name}-") as folder:
-            results[name] = measure(tree, Path(folder), conv, floor=name == "this")
+            results[name] = measure(tree, Path(folder), conv, args.copies, floor=name == "this")
     base, this = results["base"], results["this"]
     print(f"keyword-only (this tree, --model-dir off): peak RSS {this['floor_peak']:.0f} MiB, ", end="")
     print(f"recall p50 {this['floor_recall']['p50']:.1f} ms")
