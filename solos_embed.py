@@ -316,7 +316,8 @@ def load_embedder(
 
     weights: the pinned source file (default: the package's), checked first when given.
     cache_dir: the one folder for the built model (default: `cache_dirs()`).
-    threads: onnxruntime's intra-op threads (None: one per core).
+    threads: onnxruntime's intra-op threads (None: 1). One short text per run gains nothing from a
+    pool: on 2 cores, 235 texts/s on one thread against 110 on the default pool (bench/RESULTS-locomo.md).
     """
     folder = model_dir or CARRIED_MODEL_DIR
     dirs = [Path(cache_dir)] if cache_dir else cache_dirs()
@@ -351,8 +352,7 @@ def load_embedder(
         options.enable_mem_pattern = False
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.inter_op_num_threads = 1
-        if threads:
-            options.intra_op_num_threads = threads
+        options.intra_op_num_threads = threads or 1
         session = ort.InferenceSession(str(built), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # tokenizers and onnxruntime raise their own types
         raise EmbeddingsUnavailable(f"onnxruntime failed to load {built}: {exc}") from exc

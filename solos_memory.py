@@ -2688,7 +2688,7 @@ def load_embedder(config: Config, threads: int | None = 1) -> tuple[Any, str | N
     The service runs it on one thread: a default pool's spinning threads
     slowed the vector search after a query 5x on a 2-core host, and one
     thread embeds a question fastest (bench/service_rss.py). Batch backfill,
-    a process of its own, takes every core (threads=None).
+    a process of its own, leaves the choice to solos_embed (threads=None).
     """
     if config.model_dir == "off":
         return None, "keyword-only recall: embeddings are turned off (--model-dir off)"
