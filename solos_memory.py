@@ -1111,9 +1111,9 @@ class Store:
         row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'vector_generation'").fetchone()
         return int(row[0]) if row else 0
 
-    def load_vectors(self, conn: sqlite3.Connection, tier: str, model: str) -> list[sqlite3.Row]:
-        """Every vector of one tier made by `model`, with what the vector search filters on."""
-        return conn.execute(TIER_TABLE[tier].vector_sql, (tier, model)).fetchall()
+    def load_vectors(self, conn: sqlite3.Connection, tier: str, model: str) -> sqlite3.Cursor:
+        """Every vector of one tier made by `model`, with what the vector search filters on, row by row."""
+        return conn.execute(TIER_TABLE[tier].vector_sql, (tier, model))
 
     def rows_missing_vectors(self, tier: str, model: str, limit: int) -> list[sqlite3.Row]:
         """Rows with no vector from `model` (new, changed, or embedded by another model)."""

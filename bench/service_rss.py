@@ -92,12 +92,12 @@ def cli(tree: Path, db: Path, *args: str) -> str:
     return done.stderr
 
 
-def ask(rest: Rest, questions: list[str]) -> tuple[dict, int]:
+def ask(rest: Rest, questions: list[str], mode: str = "hybrid") -> tuple[dict, int]:
     """Every question through /v1/recall; latency percentiles and how many answers were degraded."""
     samples, degraded = [], 0
     for question in questions:
         started = time.perf_counter()
-        degraded += recall_ids(rest, question, "hybrid")[1]
+        degraded += recall_ids(rest, question, mode)[1]
         samples.append(time.perf_counter() - started)
     return percentiles(samples), degraded
 
@@ -114,7 +114,7 @@ def measure(tree: Path, folder: Path, conv, copies: int, floor: bool) -> dict:
         for copy in range(copies):
             write_turns(rest, conv.turns, agents, copy)
         if floor:
-            result["floor_recall"], _ = ask(rest, questions)
+            result["floor_recall"], _ = ask(rest, questions, "keyword")  # degraded by design: never asked again
             result["floor_peak"] = memory_mib(keyword.popen.pid)["VmHWM"]
         rest.client.close()
     copy = folder / "backfill.db"
