@@ -49,6 +49,7 @@ REQUIRED_FILES = (
     "solos_qdrant.py",
     "solos_lifecycle.py",
     "solos_rank.py",
+    "solos_connections.py",
     "solos_dataspace.py",
     "solos_snapshot.py",
 )

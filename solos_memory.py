@@ -53,6 +53,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import mcp_bridge
 import solos_check
+import solos_connections
 import solos_dataspace
 import solos_lifecycle
 import solos_qdrant
@@ -2104,13 +2105,10 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
 # A write's largest field is 16 KiB of text; JSON escaping can grow it up to 6x
 # (\uXXXX), so 128 KiB admits every valid write and stops a memory-hungry body early.
 MAX_BODY_BYTES = 128 * 1024
-KEEPALIVE_IDLE_S = 30  # a connection idle (or dripping a request head) this long is closed, freeing its thread
 # The whole body, not each byte: a per-read timeout let a client hold a thread forever at one byte per 29 s.
 # 128 KiB in 10 s is 13 KB/s, far below any loopback or LAN client.
 BODY_DEADLINE_S = 10
 SERVED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
-MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the slowest waiting connection
-SLOT_WAIT_S = 1.0  # how long a newcomer waits for the slot of the connection it evicted
 
 
 def status_for(result: dict) -> int:
@@ -2126,7 +2124,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = "solos-memory/" + __version__
-    timeout = KEEPALIVE_IDLE_S
+    timeout = solos_connections.KEEPALIVE_IDLE_S
     server: MemoryServer
     started: float | None = None  # when the current request's route() began
 
@@ -2330,7 +2328,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 received += len(chunk)
                 self.server.received(self.connection, received)
         finally:
-            self.connection.settimeout(KEEPALIVE_IDLE_S)
+            self.connection.settimeout(solos_connections.KEEPALIVE_IDLE_S)
         return b"".join(chunks)
 
 
@@ -2494,33 +2492,7 @@ def mcp_tools(operations: Mapping[str, Operation]) -> list[mcp_bridge.Tool]:
     ]
 
 
-class SlotHandoff:
-    """A thread slot passed from an evicted connection's thread straight to the newcomer that evicted it.
-
-    Straight, not through the semaphore: there the next newcomer in the accept loop would take it first,
-    and a flood that reconnects as fast as it is evicted would starve everyone else.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.passed = threading.Event()
-        self.abandoned = False
-
-    def give(self) -> bool:
-        """Pass the slot on; False if the newcomer stopped waiting (the slot then goes back to the pool)."""
-        with self.lock:
-            if not self.abandoned:
-                self.passed.set()
-            return not self.abandoned
-
-    def take(self, timeout_s: float) -> bool:
-        self.passed.wait(timeout_s)
-        with self.lock:
-            self.abandoned = not self.passed.is_set()
-            return not self.abandoned
-
-
-class MemoryServer(ThreadingHTTPServer):
+class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
     """ThreadingHTTPServer with bounded threads, the memory, and /mcp mounted."""
 
     daemon_threads = True
@@ -2532,11 +2504,7 @@ class MemoryServer(ThreadingHTTPServer):
         self.config, self.memory, self.tokens = config, memory, tokens  # before binding: a failed bind closes them
         super().__init__((config.host, config.port), MemoryHandler)
         self.port = self.server_address[1]
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.handoffs: dict[socket.socket, SlotHandoff] = {}  # evicted connection -> the newcomer awaiting its slot
-        self.waiting_lock = threading.Lock()
-        self.waiting: dict[socket.socket, list] = {}  # evictable connections: [since, body bytes received]
-        self.unslotted: set[socket.socket] = set()  # event streams: their slot went back at the stream's start
+        self.bound_connections()
         names = [
             f"{name}:{self.port}" if ":" not in name else f"[{name}]:{self.port}"
             for name in {config.host, *LOOPBACK_HOSTS}
@@ -2575,84 +2543,16 @@ class MemoryServer(ThreadingHTTPServer):
             **self.memory.embedder_state(),
         }
 
-    # -- connections: a thread each, at most MAX_CONNECTIONS; the slowest waiting ones make room --
-
-    def idle(self, connection: socket.socket) -> None:
-        """The connection waits for (or is still receiving) its next request head: evictable."""
-        with self.waiting_lock:
-            self.waiting[connection] = [time.monotonic(), 0]
-
-    def receiving(self, connection: socket.socket) -> None:
-        """The connection is sending a body: evictable, the slowest first."""
-        with self.waiting_lock:
-            self.waiting[connection] = [time.monotonic(), 0]
-
-    def received(self, connection: socket.socket, count: int) -> None:
-        with self.waiting_lock:
-            if connection in self.waiting:
-                self.waiting[connection][1] = count
-
-    def forget(self, connection: socket.socket) -> None:
-        """The connection is working on a request (or gone): never evicted."""
-        with self.waiting_lock:
-            self.waiting.pop(connection, None)
-
-    def evict(self, older_than_s: float, handoff: SlotHandoff | None = None) -> bool:
-        """Shut waiting connections past the deadline; with a handoff, at least one, the slowest, gets it.
-
-        Slowest: the fewest bytes per second since it began waiting, the oldest first among equals (an idle
-        keep-alive and a body dripping a byte a second both rate about zero). A newcomer (a /health probe,
-        an agent's turn) is so never starved by sockets that send little or nothing.
-        """
-        now = time.monotonic()
-        with self.waiting_lock:
-            doomed = [conn for conn, (since, _) in self.waiting.items() if now - since > older_than_s]
-            if handoff is not None and not doomed and self.waiting:
-
-                def pace(conn: socket.socket) -> tuple[float, float]:
-                    since, got = self.waiting[conn]
-                    return got / max(now - since, 1e-3), since
-
-                doomed = [min(self.waiting, key=pace)]
-            for conn in doomed:
-                del self.waiting[conn]
-            if handoff is not None and doomed:
-                self.handoffs[doomed[0]] = handoff  # before the shutdown: its thread may end at once
-        for conn in doomed:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        return bool(doomed)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Start the connection's thread; when every slot is taken, evict the slowest waiting one for it.
-
-        The accept loop never sleeps: the newcomer waits for its victim's slot on its own thread.
-        """
-        self.evict(KEEPALIVE_IDLE_S)
-        handoff = None
-        if not self.slots.acquire(blocking=False):
-            handoff = SlotHandoff()
-            if not self.evict(KEEPALIVE_IDLE_S, handoff):
-                self.refuse(request)  # every connection is working: say so at once rather than queue
-                return
-        thread = threading.Thread(target=self.serve_connection, args=(request, client_address, handoff), daemon=True)
-        thread.start()
-
-    def serve_connection(self, request: Any, client_address: Any, handoff: SlotHandoff | None) -> None:
-        if handoff is not None and not handoff.take(SLOT_WAIT_S):
-            self.refuse(request)
-            return
-        try:
-            self.process_request_thread(request, client_address)  # ThreadingMixIn's: handle, then close
-        finally:
-            with self.waiting_lock:
-                successor = self.handoffs.pop(request, None)
-            if request in self.unslotted:  # an event stream: its slot went back when the stream began
-                self.unslotted.discard(request)
-            elif successor is None or not successor.give():
-                self.slots.release()
+    def refusal(self) -> bytes:
+        """The whole 503 answer for a newcomer no slot can be made for; counted."""
+        self.memory.stats.count("rejections", "too_many_connections")
+        error = Busy("too many connections are working; retry shortly")
+        body = json.dumps(error_body(error)).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            f"Retry-After: {error.retry_after_s}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A dropped connection is one log line; anything else keeps its traceback in the log."""
@@ -2661,22 +2561,6 @@ class MemoryServer(ThreadingHTTPServer):
             log_event("connection_error", client=client_address[0], error=type(error).__name__)
         else:
             logging.exception("unexpected error serving %s", client_address[0])
-
-    def refuse(self, request: socket.socket) -> None:
-        """Every slot is busy working: say so at once rather than queue."""
-        self.memory.stats.count("rejections", "too_many_connections")
-        error = Busy("too many connections are working; retry shortly")
-        body = json.dumps(error_body(error)).encode()
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            f"Retry-After: {error.retry_after_s}\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        try:
-            request.sendall(head.encode() + body)
-        except OSError:
-            pass
-        finally:
-            self.shutdown_request(request)
 
 
 # ==== Server and CLI ====

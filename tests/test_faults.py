@@ -20,6 +20,7 @@ from conftest import ROOT, raw_exchange, skip_or_fail, start_server, statuses_in
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import solos_connections
 import solos_memory
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -453,14 +454,14 @@ def test_idle_and_slowloris_sockets_cannot_starve_health_and_threads_stay_bounde
         for sock in idle + slow:
             sock.close()
     assert len(idle) == 200 and len(slow) == 20, "could not open the sockets (listen backlog?)"
-    assert peak_threads - baseline <= solos_memory.MAX_CONNECTIONS + 4, (
+    assert peak_threads - baseline <= solos_connections.MAX_CONNECTIONS + 4, (
         f"threads grew from {baseline} to {peak_threads} with {len(idle) + len(slow)} idle sockets"
     )
     starved = [(status, round(took, 2)) for status, took in probes if status != 200 or took > 1.0]
     assert not starved, (
         f"/health starved by {len(idle)} idle + {len(slow)} slowloris sockets: (status, seconds) of the failed "
         f"probes {starved} of {len(probes)}. Idle connections each hold one of MAX_CONNECTIONS="
-        f"{solos_memory.MAX_CONNECTIONS} threads for up to KEEPALIVE_IDLE_S={solos_memory.KEEPALIVE_IDLE_S} s "
+        f"{solos_connections.MAX_CONNECTIONS} threads for up to {solos_connections.KEEPALIVE_IDLE_S} s "
         "before sending a byte, and a full house answers new connections 503."
     )
 
@@ -526,7 +527,7 @@ def test_a_slow_body_flood_cannot_starve_health(server, monkeypatch):
     slow = [ms for ms in took_ms if ms > 100]
     assert len(slow) <= 1 and max(took_ms) < 500, f"/health under 200 slow bodies took {took_ms} ms"
     assert cut_off[0] >= 200, f"only {cut_off[0]} drippers were ever cut off: the body deadline did not bite"
-    assert peak_threads - baseline <= 2 * solos_memory.MAX_CONNECTIONS + 4
+    assert peak_threads - baseline <= 2 * solos_connections.MAX_CONNECTIONS + 4
     assert server.post("/v1/long", {"agent": "atlas", "fact": "written after the flood"}).status == 201
 
 

@@ -1,0 +1,147 @@
+"""solos_connections: a thread per connection, at most MAX_CONNECTIONS, and the slowest waiting ones make room.
+
+A mixin for ThreadingHTTPServer. A connection is evictable while it waits for
+its next request head or sends a body, and not while it works on a request.
+When every slot is taken, a newcomer evicts the slowest waiting connection and
+takes its slot; the accept loop never sleeps. The handler reports each phase
+(idle, receiving, received, forget); the server builds the 503 answer for a
+newcomer nothing can be made room for (`refusal()`). Imports nothing from the
+service.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+KEEPALIVE_IDLE_S = 30  # a connection idle (or dripping a request head) this long is closed, freeing its thread
+MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the slowest waiting connection
+SLOT_WAIT_S = 1.0  # how long a newcomer waits for the slot of the connection it evicted
+
+
+class SlotHandoff:
+    """A thread slot passed from an evicted connection's thread straight to the newcomer that evicted it.
+
+    Straight, not through the semaphore: there the next newcomer in the accept loop would take it first,
+    and a flood that reconnects as fast as it is evicted would starve everyone else.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.passed = threading.Event()
+        self.abandoned = False
+
+    def give(self) -> bool:
+        """Pass the slot on; False if the newcomer stopped waiting (the slot then goes back to the pool)."""
+        with self.lock:
+            if not self.abandoned:
+                self.passed.set()
+            return not self.abandoned
+
+    def take(self, timeout_s: float) -> bool:
+        self.passed.wait(timeout_s)
+        with self.lock:
+            self.abandoned = not self.passed.is_set()
+            return not self.abandoned
+
+
+class BoundedConnections:
+    """The ThreadingHTTPServer mixin: call bound_connections() in __init__, implement refusal()."""
+
+    def bound_connections(self) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.handoffs: dict[socket.socket, SlotHandoff] = {}  # evicted connection -> the newcomer awaiting its slot
+        self.waiting_lock = threading.Lock()
+        self.waiting: dict[socket.socket, list] = {}  # evictable connections: [since, body bytes received]
+        self.unslotted: set[socket.socket] = set()  # event streams: their slot went back at the stream's start
+
+    def refusal(self) -> bytes:
+        raise NotImplementedError
+
+    def idle(self, connection: socket.socket) -> None:
+        """The connection waits for (or is still receiving) its next request head: evictable."""
+        with self.waiting_lock:
+            self.waiting[connection] = [time.monotonic(), 0]
+
+    def receiving(self, connection: socket.socket) -> None:
+        """The connection is sending a body: evictable, the slowest first."""
+        with self.waiting_lock:
+            self.waiting[connection] = [time.monotonic(), 0]
+
+    def received(self, connection: socket.socket, count: int) -> None:
+        with self.waiting_lock:
+            if connection in self.waiting:
+                self.waiting[connection][1] = count
+
+    def forget(self, connection: socket.socket) -> None:
+        """The connection is working on a request (or gone): never evicted."""
+        with self.waiting_lock:
+            self.waiting.pop(connection, None)
+
+    def evict(self, older_than_s: float, handoff: SlotHandoff | None = None) -> bool:
+        """Shut waiting connections past the deadline; with a handoff, at least one, the slowest, gets it.
+
+        Slowest: the fewest bytes per second since it began waiting, the oldest first among equals (an idle
+        keep-alive and a body dripping a byte a second both rate about zero). A newcomer (a /health probe,
+        an agent's turn) is so never starved by sockets that send little or nothing.
+        """
+        now = time.monotonic()
+        with self.waiting_lock:
+            doomed = [conn for conn, (since, _) in self.waiting.items() if now - since > older_than_s]
+            if handoff is not None and not doomed and self.waiting:
+
+                def pace(conn: socket.socket) -> tuple[float, float]:
+                    since, got = self.waiting[conn]
+                    return got / max(now - since, 1e-3), since
+
+                doomed = [min(self.waiting, key=pace)]
+            for conn in doomed:
+                del self.waiting[conn]
+            if handoff is not None and doomed:
+                self.handoffs[doomed[0]] = handoff  # before the shutdown: its thread may end at once
+        for conn in doomed:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return bool(doomed)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Start the connection's thread; when every slot is taken, evict the slowest waiting one for it.
+
+        The accept loop never sleeps: the newcomer waits for its victim's slot on its own thread.
+        """
+        self.evict(KEEPALIVE_IDLE_S)
+        handoff = None
+        if not self.slots.acquire(blocking=False):
+            handoff = SlotHandoff()
+            if not self.evict(KEEPALIVE_IDLE_S, handoff):
+                self.refuse(request)  # every connection is working: say so at once rather than queue
+                return
+        thread = threading.Thread(target=self.serve_connection, args=(request, client_address, handoff), daemon=True)
+        thread.start()
+
+    def serve_connection(self, request: Any, client_address: Any, handoff: SlotHandoff | None) -> None:
+        if handoff is not None and not handoff.take(SLOT_WAIT_S):
+            self.refuse(request)
+            return
+        try:
+            self.process_request_thread(request, client_address)  # type: ignore[attr-defined]  # ThreadingMixIn's
+        finally:
+            with self.waiting_lock:
+                successor = self.handoffs.pop(request, None)
+            if request in self.unslotted:  # an event stream: its slot went back when the stream began
+                self.unslotted.discard(request)
+            elif successor is None or not successor.give():
+                self.slots.release()
+
+    def refuse(self, request: socket.socket) -> None:
+        """Every slot is busy working: say so at once rather than queue."""
+        try:
+            request.sendall(self.refusal())
+        except OSError:
+            pass
+        finally:
+            self.shutdown_request(request)  # type: ignore[attr-defined]  # ThreadingHTTPServer's
