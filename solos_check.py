@@ -117,6 +117,12 @@ class Client:
         return reply
 
 
+class CheckResults(list):
+    """The results in order, and how many facts the checks wrote (the cleanup hint shows only when there are some)."""
+
+    facts_written = 0
+
+
 def run_checks(
     url: str,
     writer: str,
@@ -125,21 +131,8 @@ def run_checks(
     *,
     writer_token: str | None = None,
     reader_token: str | None = None,
-) -> list[CheckResult]:
+) -> CheckResults:
     """Run every check in order; one failing does not stop the others."""
-    return run_checks_counting(url, writer, reader, timeout, writer_token=writer_token, reader_token=reader_token)[0]
-
-
-def run_checks_counting(
-    url: str,
-    writer: str,
-    reader: str,
-    timeout: float = 5.0,
-    *,
-    writer_token: str | None = None,
-    reader_token: str | None = None,
-) -> tuple[list[CheckResult], int]:
-    """run_checks, and how many facts the checks wrote (so the cleanup hint shows only when there are some)."""
     client = Client(url, timeout, {writer: writer_token, reader: reader_token})
     run_id = "run" + secrets.token_hex(5)
     checks: list[tuple[str, Callable[[], str]]] = [
@@ -150,7 +143,7 @@ def run_checks_counting(
         ("mcp tools", lambda: check_mcp_tools(client, reader)),
         ("degraded mode", lambda: check_degraded_mode(client, reader, run_id)),
     ]
-    results = []
+    results = CheckResults()
     for name, check in checks:
         try:
             results.append(CheckResult(name, True, check()))
@@ -160,7 +153,8 @@ def run_checks_counting(
             results.append(CheckResult(name, False, f"cannot talk to {url}: {error}"))
         except (KeyError, TypeError) as error:  # a reply without the fields this version of the service sends
             results.append(CheckResult(name, False, f"unexpected reply from {url}: missing or wrong {error}"))
-    return results, client.facts_written
+    results.facts_written = client.facts_written
+    return results
 
 
 # ==== The checks: each returns its detail or raises CheckFailed ====
@@ -448,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
         print("--writer and --reader must be different agents: the echo check needs a foreign reader", file=sys.stderr)
         return 2
     try:
-        results, written = run_checks_counting(
+        results = run_checks(
             args.url,
             args.writer,
             args.reader,
@@ -460,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return 2
     print_table(results)
-    if written:
+    if results.facts_written:
         print(CLEANUP_HINT.format(command=args.cleanup_command))
     return 0 if all(result.ok for result in results) else 1
 

@@ -871,27 +871,45 @@ class Store:
         tags: list[str],
     ) -> dict:
         """upsert_long inside the caller's transaction (promotion writes its sources in the same one)."""
-        content_key = hashlib.sha256(fact.encode("utf-8")).hexdigest()
         self.require_agent(conn, agent)
-        known = conn.execute(
-            "SELECT l.id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id "
-            "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ?",
-            (agent, content_key, fact),
-        ).fetchone()
-        if known:
+        known = self.known_long(conn, agent, fact)
+        if known is not None:
             conn.execute(
                 "UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, "
                 "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?",
-                (topic, source, confidence, json.dumps(tags), known["id"]),
+                (topic, source, confidence, json.dumps(tags), known),
             )
-            return {"id": known["id"], "status": "updated"}
+            return {"id": known, "status": "updated"}
+        return {"id": self.insert_long(conn, agent, topic, fact, source, confidence, tags), "status": "created"}
+
+    @staticmethod
+    def known_long(conn: sqlite3.Connection, agent: str, fact: str) -> int | None:
+        """The writer's row holding exactly this fact (keyed by the full text's sha256), if there is one."""
+        row = conn.execute(
+            "SELECT l.id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id "
+            "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ?",
+            (agent, hashlib.sha256(fact.encode("utf-8")).hexdigest(), fact),
+        ).fetchone()
+        return None if row is None else row[0]
+
+    @staticmethod
+    def insert_long(
+        conn: sqlite3.Connection,
+        agent: str,
+        topic: str | None,
+        fact: str,
+        source: str | None,
+        confidence: float | None,
+        tags: list[str],
+    ) -> int:
+        """A new long fact and its write key (the full text's sha256), so the same fact again finds it."""
         row_id = conn.execute(
             "INSERT INTO memory_longterm (agent, topic, fact, source, confidence, tags) "
             "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
             (agent, topic, fact, source, confidence, json.dumps(tags)),
         ).fetchone()[0]
-        self.remember_key(conn, agent, "long", content_key, row_id)
-        return {"id": row_id, "status": "created"}
+        Store.remember_key(conn, agent, "long", hashlib.sha256(fact.encode("utf-8")).hexdigest(), row_id)
+        return row_id
 
     def append_episodic(self, agent: str, event: dict, idempotency_key: str | None) -> dict:
         columns = ("event_type", "summary", "details", "outcome", "duration_s")

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import solos_rank
+
 COLLECTION = "long_term"
 BATCH = 256  # points per scroll page and per import or drain transaction
 DRAIN_INTERVAL_S = 0.5  # how often an idle mirror looks at the outbox (one indexed read)
@@ -165,14 +167,11 @@ def import_batch(conn: Any, collection: str, points: list[tuple[str, dict]]) -> 
 
 def import_fact(conn: Any, collection: str, pid: str, agent: str, text: str, payload: dict) -> tuple[int, str]:
     """The row for this fact: the writer's existing one (same full text), else a new one keyed like write_long's."""
-    key = sha256(text)
-    existing = conn.execute(
-        "SELECT l.id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id "
-        "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ?",
-        (agent, key, text),
-    ).fetchone()
-    if existing:
-        return existing[0], "same_fact_already_stored"
+    import solos_memory
+
+    existing = solos_memory.Store.known_long(conn, agent, text)
+    if existing is not None:
+        return existing, "same_fact_already_stored"
     topic = payload.get("topic") if isinstance(payload.get("topic"), str) else None
     score = payload.get("importance_score", payload.get("confidence"))
     confidence = score if isinstance(score, (int, float)) and not isinstance(score, bool) and 0 <= score <= 1 else None
@@ -181,17 +180,8 @@ def import_fact(conn: Any, collection: str, pid: str, agent: str, text: str, pay
         tags.append(f"scope:{payload['memory_scope']}")
     if len(text) >= LEGACY_TEXT_LIMIT:
         tags.append("maybe-truncated")
-    row_id = conn.execute(
-        "INSERT INTO memory_longterm (agent, topic, fact, source, confidence, tags) VALUES (?, ?, ?, ?, ?, ?) "
-        "RETURNING id",
-        (agent, topic, text, f"qdrant:{collection}/{pid}", confidence, json.dumps(tags)),
-    ).fetchone()[0]
-    conn.execute(
-        "INSERT INTO memory_write_key (agent, tier, key, row_id) VALUES (?, 'long', ?, ?) "
-        "ON CONFLICT (agent, tier, key) DO UPDATE SET row_id = excluded.row_id",
-        (agent, key, row_id),
-    )
-    return row_id, "imported"
+    source = f"qdrant:{collection}/{pid}"
+    return solos_memory.Store.insert_long(conn, agent, topic, text, source, confidence, tags), "imported"
 
 
 def import_counts(conn: Any) -> dict:
@@ -425,7 +415,7 @@ def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, 
 
 def payload(row: Any) -> dict:
     """Both shapes in one payload: agent/topic/content for old readers, agent_id/importance_score for newer."""
-    tags = parse_tags(row["tags"])
+    tags = solos_rank.parse_tags(row["tags"])
     scope = next((tag[6:] for tag in tags if tag.startswith("scope:")), "shared")
     return {
         "agent": row["agent"],
@@ -443,14 +433,6 @@ def payload(row: Any) -> dict:
         "updated_at": row["updated_at"],
         "written_by": SERVICE_MARK,
     }
-
-
-def parse_tags(raw: Any) -> list[str]:
-    try:
-        tags = json.loads(raw) if raw else []
-    except ValueError:
-        return [part.strip() for part in str(raw).split(",") if part.strip()]
-    return [str(tag) for tag in tags] if isinstance(tags, list) else [str(tags)]
 
 
 def mirror_status(store: Any, mirror: Mirror | None) -> dict:
