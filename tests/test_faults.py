@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import sqlite3
 import sys
@@ -20,6 +21,7 @@ from conftest import ROOT, raw_exchange, skip_or_fail, start_server, statuses_in
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import pyz_build
 import solos_connections
 import solos_memory
 
@@ -578,12 +580,17 @@ def nobody_folder(tmp_path_factory) -> str:
     folder = tempfile.mkdtemp(prefix="solos-readonly-")  # not under pytest's root-only tmp folder
     os.chmod(folder, 0o755)
     os.chown(folder, 65534, 65534)
+    # The service's own files, readable by nobody: the checkout may sit in a folder only root can enter.
+    app = os.path.join(folder, "app")
+    os.mkdir(app, 0o755)
+    for name in pyz_build.REQUIRED_FILES:
+        shutil.copy(ROOT / name, app)
+        os.chmod(os.path.join(app, name), 0o644)
     return folder
 
 
 def test_a_read_only_spell_answers_503_and_writes_recover_without_a_restart(tmp_path_factory):
     """Run as an unprivileged user; make the file 444 and its folder 555; write and recall; restore (finding 2)."""
-    import shutil
     import urllib.request
 
     sys.path.insert(0, str(ROOT / "bench"))
@@ -591,7 +598,7 @@ def test_a_read_only_spell_answers_503_and_writes_recover_without_a_restart(tmp_
 
     folder = nobody_folder(tmp_path_factory)
     db = os.path.join(folder, "solos.db")
-    service = harness.Process([sys.executable, "-c", RUN_AS_NOBODY, str(ROOT), db])
+    service = harness.Process([sys.executable, "-c", RUN_AS_NOBODY, os.path.join(folder, "app"), db])
     url = f"http://127.0.0.1:{service.port}"
 
     def call(method: str, path: str, body: dict | None = None) -> tuple[int, dict, dict]:
@@ -642,7 +649,6 @@ def test_a_read_only_spell_answers_503_and_writes_recover_without_a_restart(tmp_
 
 
 def test_starting_on_a_read_only_database_prints_one_clear_line(tmp_path_factory):
-    import shutil
     import subprocess
 
     folder = nobody_folder(tmp_path_factory)
@@ -654,7 +660,10 @@ def test_starting_on_a_read_only_database_prints_one_clear_line(tmp_path_factory
         os.chmod(db, 0o444)
         os.chmod(folder, 0o555)
         started = subprocess.run(
-            [sys.executable, "-c", RUN_AS_NOBODY, str(ROOT), db], capture_output=True, text=True, timeout=30
+            [sys.executable, "-c", RUN_AS_NOBODY, os.path.join(folder, "app"), db],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     finally:
         os.chmod(folder, 0o755)

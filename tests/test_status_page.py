@@ -21,6 +21,7 @@ import pytest
 from conftest import skip_or_fail, write_tokens
 from test_hybrid import WordHashEmbedder, wait_for_vectors
 
+import solos_connections
 import solos_memory
 
 PHONE = (390, 844)  # CSS pixels of a common phone
@@ -236,7 +237,7 @@ def test_head_and_other_methods(server):
 
 
 def test_busy_refusals_are_counted_on_the_page(make_server, monkeypatch):
-    monkeypatch.setattr(solos_memory, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(solos_connections, "MAX_CONNECTIONS", 2)
     server = make_server("busy.db")
     store = server.server.memory.store
     monkeypatch.setattr(store, "busy_timeout_ms", 1500)
