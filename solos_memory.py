@@ -1485,6 +1485,7 @@ class Gathered:
     candidates: dict[tuple[str, int], dict]
     similar: dict[tuple[str, int], float]
     ranking: str  # the plan's, or keyword when no row of these tiers has a vector yet
+    around: solos_rank.Around = field(default_factory=dict)  # topic neighbours read so far
     reranked: bool = False  # the learned reranker ordered the best rows
     rerank_failure: str | None = None  # why it could not, leaving the first pass's order
 
@@ -1540,9 +1541,10 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
         if not vectors.count(names):  # no row of these tiers has a vector (yet): the keyword leg alone
             ranking = "keyword"
     candidates: dict[tuple[str, int], dict] = {}
+    around: solos_rank.Around = {}
     if ranking != "vector":
         candidates = solos_rank.keyword_candidates(
-            store, conn, plan.searched, caller, scope, plan.match, plan.words, plan.depth
+            store, conn, plan.searched, caller, scope, plan.match, plan.words, plan.depth, around
         )
     similar: dict[tuple[str, int], float] = {}
     if ranking in ("vector", "hybrid") and vectors is not None:
@@ -1552,7 +1554,7 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
             missing = [row_id for (name, row_id) in similar if name == tier.name and (name, row_id) not in candidates]
             for row in store.rows_by_id(conn, tier, caller, scope, missing) if missing else ():
                 candidates[(tier.name, row["id"])] = {**solos_rank.tier_result(tier, row, caller), "keyword": None}
-    return Gathered(persona, candidates, similar, ranking)
+    return Gathered(persona, candidates, similar, ranking, around)
 
 
 def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Gathered, list[dict]]:
@@ -1564,7 +1566,7 @@ def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Ga
     if not memory.rerank or found.ranking == "vector":  # vector alone is for comparing the legs
         return found, fused.rows
     vectors = memory.vectors if found.ranking == "hybrid" else None
-    ranked, found.rerank_failure = solos_rank.rerank(memory.store, conn, plan, fused, vectors)
+    ranked, found.rerank_failure = solos_rank.rerank(memory.store, conn, plan, fused, vectors, found.around)
     found.reranked = found.rerank_failure is None
     return found, ranked
 

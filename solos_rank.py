@@ -18,15 +18,17 @@ The bench's research scripts import these same functions and constants.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import math
+import operator
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger("solos_memory")
 
@@ -83,10 +85,24 @@ NEIGHBOUR_KEYWORD_WEIGHT = 0.3
 Key = tuple[str, int]  # (tier name, row id)
 
 
+Around = dict[Key, tuple[Key | None, Key | None]]  # a long fact's previous and next fact of its topic
+
+
 def keyword_candidates(
-    store: Any, conn: Any, tiers: Sequence[Any], caller: str, scope: str, match: str, words: list[str], depth: int
+    store: Any,
+    conn: Any,
+    tiers: Sequence[Any],
+    caller: str,
+    scope: str,
+    match: str,
+    words: list[str],
+    depth: int,
+    around: Around,
 ) -> dict[Key, dict]:
-    """BM25 per tier after the scope, sharing and expiry filters, x NAME_BOOST for a named writer, then neighbours."""
+    """BM25 per tier after the scope, sharing and expiry filters, x NAME_BOOST for a named writer, then neighbours.
+
+    The topic neighbours read on the way are kept in `around` (the reranker reads them too).
+    """
     candidates = {}
     for tier in tiers:
         for row in store.ranked_rows(conn, tier, caller, scope, match, depth):
@@ -95,11 +111,24 @@ def keyword_candidates(
             candidates[(tier.name, row["id"])] = result
     threaded = [tier for tier in tiers if tier.threaded]
     for tier in threaded:
-        smooth_with_neighbours(store, conn, tier, caller, scope, candidates)
+        smooth_with_neighbours(store, conn, tier, caller, scope, candidates, around)
     return candidates
 
 
-def smooth_with_neighbours(store: Any, conn: Any, tier: Any, caller: str, scope: str, keyword: dict[Key, dict]) -> None:
+def read_neighbours(store: Any, conn: Any, tier: Any, ids: list[int], around: Around) -> None:
+    """Each of these rows' previous and next row of its topic, into `around` ((None, None) without a topic)."""
+    found = store.topic_neighbours(conn, ids)
+    for row_id in ids:
+        previous, following = found.get(row_id, (None, None))
+        around[(tier.name, row_id)] = (
+            None if previous is None else (tier.name, previous),
+            None if following is None else (tier.name, following),
+        )
+
+
+def smooth_with_neighbours(
+    store: Any, conn: Any, tier: Any, caller: str, scope: str, keyword: dict[Key, dict], around: Around
+) -> None:
     """Add to each fact a share of its best-matching topic neighbour's keyword score.
 
     An answer often sits in the turn after the one that matches the question
@@ -109,11 +138,12 @@ def smooth_with_neighbours(store: Any, conn: Any, tier: Any, caller: str, scope:
     matched = {row_id: result["keyword"] for (name, row_id), result in keyword.items() if name == tier.name}
     if not matched:
         return
+    read_neighbours(store, conn, tier, list(matched), around)
     borrowed: dict[int, float] = {}
-    for row_id, neighbours in store.topic_neighbours(conn, list(matched)).items():
-        for neighbour in neighbours:
+    for row_id, score in matched.items():
+        for neighbour in around[(tier.name, row_id)]:
             if neighbour is not None:
-                borrowed[neighbour] = max(borrowed.get(neighbour, 0.0), matched[row_id])
+                borrowed[neighbour[1]] = max(borrowed.get(neighbour[1], 0.0), score)
     entering = [row_id for row_id in borrowed if row_id not in matched]
     for row in store.rows_by_id(conn, tier, caller, scope, entering) if entering else ():
         keyword[(tier.name, row["id"])] = {**tier_result(tier, row, caller), "keyword": 0.0}
@@ -459,9 +489,28 @@ def date_window(question: str, after_days: int = DATE_WINDOW_AFTER_DAYS) -> tupl
     return None
 
 
-def stems(text: str) -> set[str]:
+WORD_STEM = re.compile(rf"(\w{{1,{STEM_LENGTH}}})\w*")  # a word, captured up to STEM_LENGTH letters
+# Distinct texts whose shape recall remembers (a few MiB): the rows an agent's questions meet recur.
+TEXT_SHAPES_KEPT = 4096
+
+
+def stems(text: str) -> frozenset[str]:
     """The words' STEM_LENGTH-letter prefixes, lower-cased: enough to count coverage."""
-    return {word[:STEM_LENGTH] for word in re.findall(r"\w+", text.lower())}
+    return frozenset(WORD_STEM.findall(text.lower()))
+
+
+class TextShape(NamedTuple):
+    """What the reranker reads of a text itself."""
+
+    stems: frozenset[str]
+    words: int  # whitespace-separated
+    asks: bool  # ends with "?"
+
+
+@functools.lru_cache(maxsize=TEXT_SHAPES_KEPT)
+def text_shape(text: str) -> TextShape:
+    """A text's stems, length and question mark, worked out once per distinct text."""
+    return TextShape(stems(text), len(text.split()), text.rstrip().endswith("?"))
 
 
 @dataclass(frozen=True)
@@ -485,16 +534,16 @@ def ltr_features(
 ) -> list[float]:
     """The reranker's inputs for one candidate, in KEYWORD_FEATURES (+ VECTOR_FEATURES when given) order.
 
-    row, previous and following are ranking_view()s ("text", "agent", "date":
-    a day ordinal or None, "stems"); first_pass carries fused, fused_rank, keyword, keyword_rank
-    (None when absent), neighbour_prev, neighbour_next and, in hybrid mode,
-    cosine and vector.
+    row, previous and following are ranking_view()s ("agent", "date": a day
+    ordinal or None, and text_shape's "stems", "words", "asks"); first_pass
+    carries fused, fused_rank, keyword, keyword_rank (None when absent),
+    neighbour_prev, neighbour_next and, in hybrid mode, cosine and vector.
     """
-    text, words = row["text"], row["stems"]
+    words = row["stems"]
     around = set().union(*(r["stems"] for r in (previous, following) if r is not None))
     wanted = max(len(question.stems), 1)
     window, day = question.window, row["date"]
-    prev_asks = float(previous is not None and previous["text"].rstrip().endswith("?"))
+    prev_asks = float(previous is not None and previous["asks"])
     prev_k, next_k = first_pass["neighbour_prev"], first_pass["neighbour_next"]
     named = row["agent"].lower() in question.named
     features = [
@@ -507,8 +556,8 @@ def ltr_features(
         next_k,
         float(named),
         float(bool(question.named) and not named),
-        float(text.rstrip().endswith("?")),
-        math.log1p(len(text.split())),
+        float(row["asks"]),
+        math.log1p(row["words"]),
         float(window is not None and day is not None and window[0] <= day <= window[1]),
         len(question.stems & words) / wanted,
         prev_asks,
@@ -523,7 +572,7 @@ def ltr_features(
 
 def ltr_score(features: list[float], weights: tuple[float, ...]) -> float:
     """The model's logit: weights[0] + the sum of weights[1:] x features (raw, unstandardised weights)."""
-    return weights[0] + sum(w * f for w, f in zip(weights[1:], features))
+    return weights[0] + sum(map(operator.mul, weights[1:], features))
 
 
 def logistic(logit: float) -> float:
@@ -531,13 +580,14 @@ def logistic(logit: float) -> float:
 
 
 def rerank(
-    store: Any, conn: Any, plan: Any, fused: Fused, vectors: VectorIndex | None
+    store: Any, conn: Any, plan: Any, fused: Fused, vectors: VectorIndex | None, around: Around
 ) -> tuple[list[dict], str | None]:
     """The first RERANK_DEPTH fused rows reordered by the reranker, and None; or, if it fails, the first pass
     as it was and why.
 
     `plan` is the recall's (searched tiers, caller, query, words, the query's
-    vector); `vectors` is given for hybrid ranking, whose weights read the
+    vector); `around` holds the topic neighbours already read (more join it);
+    `vectors` is given for hybrid ranking, whose weights read the
     vector leg's score (of rows it did not rank too). A reranked row's
     `score` becomes the model's probability that it answers; rows below keep
     their order, scaled under the lowest reranked score, so scores fall down
@@ -549,7 +599,7 @@ def rerank(
     if not head:
         return fused.rows, None
     rows = dict(zip(fused.keys, fused.rows))
-    around = topic_context(store, conn, plan.searched, plan.caller, fused.keys[:RERANK_DEPTH], rows)
+    topic_context(store, conn, plan.searched, plan.caller, fused.keys[:RERANK_DEPTH], rows, around)
     cosines = None if vectors is None else (lambda keys: vectors.similarity(plan.vector, keys))
     try:
         question = Question.of(plan.query, plan.words, [result["agent"] for result in fused.rows])
@@ -567,27 +617,24 @@ def rerank(
     return [head[i] for i in order] + fused.rows[RERANK_DEPTH:], None
 
 
-Around = dict[Key, tuple[Key | None, Key | None]]  # a long fact's previous and next fact of its topic
-
-
-def topic_context(store: Any, conn: Any, tiers: Sequence[Any], caller: str, keys: list[Key], rows: dict) -> Around:
-    """The previous and next fact of each long fact's topic; those not among `rows` (the candidates) join it.
+def topic_context(
+    store: Any, conn: Any, tiers: Sequence[Any], caller: str, keys: list[Key], rows: dict, around: Around
+) -> None:
+    """The previous and next fact of each long fact's topic, into `around` if the keyword leg did not read them;
+    those not among `rows` (the candidates) join it.
 
     Those are read in the recall's snapshot as ranking inputs only, never
     returned, so with scope shared whatever the caller's scope: scope picks
     what comes back, and every agent may read the long tier.
     """
-    around: Around = {}
     for tier in tiers:
-        ids = [row_id for name, row_id in keys if name == tier.name]
-        if not tier.threaded or not ids:
+        if not tier.threaded:
             continue
-        for row_id, (previous, following) in store.topic_neighbours(conn, ids).items():
-            around[(tier.name, row_id)] = (
-                None if previous is None else (tier.name, previous),
-                None if following is None else (tier.name, following),
-            )
-        unread = sorted({key[1] for pair in around.values() for key in pair if key and key not in rows})
+        unknown = [row_id for name, row_id in keys if name == tier.name and (name, row_id) not in around]
+        if unknown:
+            read_neighbours(store, conn, tier, unknown, around)
+        head = [around[key] for key in keys if key[0] == tier.name]
+        unread = sorted({key[1] for pair in head for key in pair if key and key not in rows})
         for row in store.rows_by_id(conn, tier, caller, "shared", unread) if unread else ():
             rows[(tier.name, row["id"])] = {
                 "text": row[tier.text_column],
@@ -595,7 +642,6 @@ def topic_context(store: Any, conn: Any, tiers: Sequence[Any], caller: str, keys
                 "topic": row["topic"],
                 "ts": row["ts"],
             }
-    return around
 
 
 def head_logits(
@@ -643,8 +689,9 @@ def head_logits(
 
 def ranking_view(text: Any, agent: str, topic: Any, ts: Any) -> dict:
     """A row as the reranker sees it; its date is the topic's if that names one (LoCoMo's), else when written."""
-    text = str(text or "")
-    return {"text": text, "agent": agent, "date": parse_row_date(topic) or parse_row_date(ts), "stems": stems(text)}
+    shape = text_shape(str(text or ""))
+    date = parse_row_date(topic) or parse_row_date(ts)
+    return {"agent": agent, "date": date, "stems": shape.stems, "words": shape.words, "asks": shape.asks}
 
 
 # ==== Presenting: labels, duplicates ====
@@ -652,18 +699,20 @@ def ranking_view(text: Any, agent: str, topic: Any, ts: Any) -> dict:
 
 def tier_result(tier: Any, row: Any, caller: str) -> dict:
     """One recalled row, labelled with tier, writer, time, score, source and foreign."""
+    row_id, agent = row["id"], row["agent"]
     result = {
-        "id": row["id"],
+        "id": row_id,
         "tier": tier.label,
-        "agent": row["agent"],
+        "agent": agent,
         "ts": row["ts"],
         "score": row["score"],
-        "foreign": row["agent"] != caller,
-        "source": f"{tier.table}#{row['id']}",
+        "foreign": agent != caller,
+        "source": None,
         "text": row[tier.text_column],
     }
-    result.update({column: row[column] for column in tier.result_columns})  # tags: parsed by present()
-    result["source"] = result["source"] or f"{tier.table}#{row['id']}"  # a long fact may name its own
+    for column in tier.result_columns:  # tags: parsed by present()
+        result[column] = row[column]
+    result["source"] = result["source"] or f"{tier.table}#{row_id}"  # a long fact may name its own
     if tier.opt_in:
         result["archived"] = tier.archived
     return result
@@ -696,6 +745,12 @@ def parse_tags(raw: Any) -> list[str]:
     return [str(tag) for tag in tags] if isinstance(tags, list) else [str(tags)]
 
 
+@functools.lru_cache(maxsize=TEXT_SHAPES_KEPT)
+def duplicate_key(text: str) -> str:
+    """Texts that differ only in case and spacing are one text."""
+    return " ".join(text.split()).casefold()
+
+
 def collapse_duplicates(ranked: list[dict], k: int) -> tuple[list[dict], list[dict]]:
     """Keep the best-ranked copy of each identical text; return the kept and the collapsed copies.
 
@@ -704,7 +759,7 @@ def collapse_duplicates(ranked: list[dict], k: int) -> tuple[list[dict], list[di
     kept: dict[str, dict] = {}
     collapsed = []
     for result in ranked:
-        text = " ".join(str(result["text"]).split()).casefold()
+        text = duplicate_key(str(result["text"]))
         if text in kept:
             first = kept[text]
             first["duplicates"] = first.get("duplicates", 0) + 1

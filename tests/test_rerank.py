@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import socket
 import uuid
 
@@ -285,3 +286,31 @@ def test_rerank_is_a_serve_setting_flag_over_environment(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         rerank()
     assert "expected on or off, got 'yes'" in capsys.readouterr().err
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_a_text_shape_is_its_words_prefixes_length_and_question_mark(text):
+    """The cached shape is what the reranker was fitted on: 5-letter prefixes of \\w+ words, lower-cased."""
+    shape = solos_rank.text_shape(text)
+    assert shape.stems == {word[: solos_rank.STEM_LENGTH] for word in re.findall(r"\w+", text.lower())}
+    assert (shape.words, shape.asks) == (len(text.split()), text.rstrip().endswith("?"))
+
+
+def test_a_recall_reads_each_rows_topic_neighbours_once(pair, monkeypatch):
+    """The keyword leg's neighbour read serves the reranker too: no row's neighbours are asked for twice."""
+    on, _ = pair
+    for turn in range(12):
+        write_long(on, "atlas", f"Turn {turn} about the boiler and its pilot light", topic="2026-05-01 boiler")
+    write_long(on, "sol", "The boiler pilot light is out again?", topic="2026-05-02 boiler")
+    asked: list[int] = []
+    real = solos_memory.Store.topic_neighbours
+
+    def counted(store, conn, ids):
+        asked.extend(ids)
+        return real(store, conn, ids)
+
+    monkeypatch.setattr(solos_memory.Store, "topic_neighbours", counted)
+    reply = on.recall("nova", "boiler pilot light", k=5)
+    assert reply.body["reranked"] is True and reply.body["count"] == 5
+    assert asked and len(asked) == len(set(asked))
