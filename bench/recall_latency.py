@@ -14,6 +14,10 @@ run, on the same machine and database:
                service's own MATCH string, weights and depth) on a direct
                sqlite3 connection, no join, no JSON
   floor        http floor + fts floor of the same query
+  own SQL      (main line) every statement the recall runs (its transaction, the
+               joins, scope filters, topic neighbours, the reranker's reads),
+               traced from the same recall in-process and replayed on a bare
+               connection: what recall's features cost in SQL before any Python
 
 Service, FTS5 and HTTP floor run back to back for each query, so whatever
 else loads the machine loads all three alike.
@@ -122,6 +126,44 @@ def fts_statements(tiers: str) -> list[str]:
     return statements
 
 
+def recall_statements(db: Path, queries: list[str], tiers: str, scope: str) -> list[list[str]]:
+    """Every SQL statement one recall runs, per query, parameters inlined: the recall run in this process, traced."""
+    config = solos_memory.Config(db=str(db), port=0, model_dir="off", log_requests=False)
+    server = solos_memory.build_server(config)
+    store, statements = server.memory.store, []
+    checkout = store.checkout
+
+    def traced() -> sqlite3.Connection:
+        conn = checkout()
+        conn.set_trace_callback(lambda sql: sql.startswith("--") or statements[-1].append(sql))  # not FTS5's own
+        return conn
+
+    store.checkout = traced  # type: ignore[method-assign]
+    try:
+        for q in queries:
+            statements.append([])
+            args = {"agent": CALLER, "q": q, "k": K, "tiers": tiers.split(","), "scope": scope}
+            solos_memory.invoke(server.memory, None, solos_memory.OPERATIONS["recall"], args, {})
+    finally:
+        server.server_close()
+        store.close()
+    return statements
+
+
+def time_statements(db: Path, per_query: list[list[str]], warmup: int) -> list[float]:
+    """Each recall's statements replayed back to back on a bare connection (rows fetched, nothing built of them)."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    timings = []
+    for i, statements in enumerate(per_query):
+        started = time.perf_counter()
+        for sql in statements:
+            conn.execute(sql).fetchall()
+        if i >= warmup:
+            timings.append(time.perf_counter() - started)
+    conn.close()
+    return timings
+
+
 def time_line(
     service_port: int, floor_port: int, db: Path, queries: list[str], tiers: str, scope: str, warmup: int
 ) -> tuple[list[float], list[float], list[float], dict]:
@@ -194,6 +236,16 @@ def measure_size(label: str, db_source: Path, args: argparse.Namespace, floor_po
                     + f" p99 {service_stats['p99'] / floor_stats['p99']:.2f}x"
                 )
                 results[name] = (service_stats, floor_stats, fts_stats)
+                if (tiers, scope, style) == LINES[0]:  # what the features themselves cost in SQL, beside the floor
+                    sql = time_statements(db, recall_statements(db, queries, tiers, scope), args.warmup)
+                    own = [a + b for a, b in zip(http, sql)]
+                    print(row(f"recall's own SQL, replayed [{name}]", percentiles(sql)))
+                    own_stats = percentiles(own)
+                    print(
+                        row(f"http floor + recall's own SQL [{name}]", own_stats)
+                        + f"  ratio to floor p50 {own_stats['p50'] / floor_stats['p50']:.2f}x;"
+                        + f" service / this p50 {service_stats['p50'] / own_stats['p50']:.2f}x"
+                    )
         rerank_cost(db, args, "off")
         if hybrid:
             results["hybrid"] = measure_hybrid(db, args)
