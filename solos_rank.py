@@ -379,31 +379,32 @@ RERANK_DEPTH = 20
 DATE_WINDOW_AFTER_DAYS = 7
 STEM_LENGTH = 5  # a stemmer's poor cousin for the coverage features: the reranker was fitted with 5-letter prefixes
 # The reranker's inputs per candidate and their logistic-regression weights (keyword-only, hybrid), fitted on
-# all five LoCoMo dev conversations by bench/ltr_research.py (top 20, L2 1.0, on ltr_features below). Held out
+# all five LoCoMo dev conversations by bench/ltr_research.py (top 20, L2 1.0, on ltr_features below; hybrid on the
+# vectors of the model the service builds, MiniLM re-quantized for integer kernels). Held out
 # (fitted on four conversations, ranking the fifth) they lift hit@5 and MRR of both modes well past noise
 # (RESULTS-locomo.md, "Recall v2", "learned linear reranker" rows; "In the service"). Fleet memories are not
 # chat turns ("previous row asks" means less there): fit again when a fleet dev set exists.
 LTR_WEIGHTS: dict[str, tuple[float | None, float]] = {
-    "bias": (-7.9995, -8.2211),
-    "fused": (1.7835, 2.2354),  # the first pass's score (fusion, or the normalised keyword score alone)
-    "fused_rr": (0.7124, 0.9039),  # 1 / its rank in the first pass
-    "keyword": (1.7835, 1.573),  # the keyword leg, min-max over its candidates (0 when absent)
-    "keyword_rr": (0.7124, 0.7989),  # 1 / the keyword rank (0 when absent)
-    "neighbour_best": (1.6277, 1.7517),  # the better normalised keyword score of the topic's previous and next row
-    "neighbour_prev": (-1.4205, -1.6436),
-    "neighbour_next": (-0.9538, -1.3532),
-    "writer_named": (-0.1547, 0.1121),  # the question names this row's writer
-    "other_named": (-0.8258, -0.2372),  # the question names a writer, not this one
-    "is_question": (-0.7169, -0.7629),  # the row ends with "?": asking is rarely the answer
-    "log_words": (0.5297, 0.5977),  # log(1 + words in the row)
-    "in_date_window": (0.5966, 0.6889),  # the row's date falls in the window the question names (date_window)
-    "coverage": (1.5528, 0.8212),  # share of the question's content stems in the row
-    "prev_is_question": (-0.1207, -0.1389),  # the topic's previous row asks something: this row may answer it
-    "answers_match": (2.6565, 2.6084),  # prev_is_question x neighbour_prev: it asks what the question asks
-    "coverage_around": (0.6, 0.4021),  # share of the question's content stems in the previous and next rows
-    "first_of_topic": (0.1561, -0.0237),  # no previous row in the topic
-    "cosine": (None, -0.1989),  # the vector leg's score (cosine, neighbour-smoothed) of any row with a vector
-    "vector": (None, 0.4871),  # the vector leg, min-max over its candidates (0 when absent)
+    "bias": (-7.9995, -8.2796),
+    "fused": (1.7835, 2.2617),  # the first pass's score (fusion, or the normalised keyword score alone)
+    "fused_rr": (0.7124, 0.8243),  # 1 / its rank in the first pass
+    "keyword": (1.7835, 1.6131),  # the keyword leg, min-max over its candidates (0 when absent)
+    "keyword_rr": (0.7124, 0.8398),  # 1 / the keyword rank (0 when absent)
+    "neighbour_best": (1.6277, 1.7311),  # the better normalised keyword score of the topic's previous and next row
+    "neighbour_prev": (-1.4205, -1.633),
+    "neighbour_next": (-0.9538, -1.3118),
+    "writer_named": (-0.1547, 0.0869),  # the question names this row's writer
+    "other_named": (-0.8258, -0.2723),  # the question names a writer, not this one
+    "is_question": (-0.7169, -0.7635),  # the row ends with "?": asking is rarely the answer
+    "log_words": (0.5297, 0.6066),  # log(1 + words in the row)
+    "in_date_window": (0.5966, 0.6877),  # the row's date falls in the window the question names (date_window)
+    "coverage": (1.5528, 0.822),  # share of the question's content stems in the row
+    "prev_is_question": (-0.1207, -0.1431),  # the topic's previous row asks something: this row may answer it
+    "answers_match": (2.6565, 2.6191),  # prev_is_question x neighbour_prev: it asks what the question asks
+    "coverage_around": (0.6, 0.3962),  # share of the question's content stems in the previous and next rows
+    "first_of_topic": (0.1561, -0.0075),  # no previous row in the topic
+    "cosine": (None, -0.1613),  # the vector leg's score (cosine, neighbour-smoothed) of any row with a vector
+    "vector": (None, 0.4528),  # the vector leg, min-max over its candidates (0 when absent)
 }
 KEYWORD_FEATURES = tuple(name for name, (weight, _) in LTR_WEIGHTS.items() if name != "bias" and weight is not None)
 VECTOR_FEATURES = ("cosine", "vector")
