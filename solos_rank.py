@@ -491,8 +491,9 @@ def date_window(question: str, after_days: int = DATE_WINDOW_AFTER_DAYS) -> tupl
 
 
 WORD_STEM = re.compile(rf"(\w{{1,{STEM_LENGTH}}})\w*")  # a word, captured up to STEM_LENGTH letters
-# Distinct texts whose shape recall remembers (a few MiB): the rows an agent's questions meet recur.
-TEXT_SHAPES_KEPT = 4096
+# Distinct texts whose shape and duplicate key recall remembers (about 4 MiB with both): the rows an agent's
+# questions meet recur.
+TEXT_SHAPES_KEPT = 2048
 
 
 def stems(text: str) -> frozenset[str]:
