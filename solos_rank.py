@@ -492,8 +492,11 @@ def date_window(question: str, after_days: int = DATE_WINDOW_AFTER_DAYS) -> tupl
 
 WORD_STEM = re.compile(rf"(\w{{1,{STEM_LENGTH}}})\w*")  # a word, captured up to STEM_LENGTH letters
 # Distinct texts whose shape and duplicate key recall remembers (about 4 MiB with both): the rows an agent's
-# questions meet recur.
+# questions meet recur. Only texts up to SHAPED_TEXT_MAX_CHARS are kept (every LoCoMo turn and bench fleet text
+# is): a 16 KiB value's shape and key took ~0.36 MiB, and 2,048 of them pinned 730 MiB of the service's memory.
+# At most about 45 MiB in all, whatever agents write (2,048 texts of 512 characters, each word distinct).
 TEXT_SHAPES_KEPT = 2048
+SHAPED_TEXT_MAX_CHARS = 512
 
 
 def stems(text: str) -> frozenset[str]:
@@ -509,10 +512,16 @@ class TextShape(NamedTuple):
     asks: bool  # ends with "?"
 
 
-@functools.lru_cache(maxsize=TEXT_SHAPES_KEPT)
 def text_shape(text: str) -> TextShape:
-    """A text's stems, length and question mark, worked out once per distinct text."""
+    """A text's stems, length and question mark, worked out once per distinct short text."""
+    return kept_text_shape(text) if len(text) <= SHAPED_TEXT_MAX_CHARS else shape_of(text)
+
+
+def shape_of(text: str) -> TextShape:
     return TextShape(stems(text), len(text.split()), text.rstrip().endswith("?"))
+
+
+kept_text_shape = functools.lru_cache(maxsize=TEXT_SHAPES_KEPT)(shape_of)
 
 
 @dataclass(frozen=True)
@@ -747,10 +756,16 @@ def parse_tags(raw: Any) -> list[str]:
     return [str(tag) for tag in tags] if isinstance(tags, list) else [str(tags)]
 
 
-@functools.lru_cache(maxsize=TEXT_SHAPES_KEPT)
 def duplicate_key(text: str) -> str:
-    """Texts that differ only in case and spacing are one text."""
+    """Texts that differ only in case and spacing are one text (worked out once per distinct short text)."""
+    return kept_duplicate_key(text) if len(text) <= SHAPED_TEXT_MAX_CHARS else fold_spacing_and_case(text)
+
+
+def fold_spacing_and_case(text: str) -> str:
     return " ".join(text.split()).casefold()
+
+
+kept_duplicate_key = functools.lru_cache(maxsize=TEXT_SHAPES_KEPT)(fold_spacing_and_case)
 
 
 def collapse_duplicates(ranked: list[dict], k: int) -> tuple[list[dict], list[dict]]:

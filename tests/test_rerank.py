@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import re
 import socket
+import tracemalloc
 import uuid
 
 import pytest
@@ -314,3 +316,29 @@ def test_a_recall_reads_each_rows_topic_neighbours_once(pair, monkeypatch):
     reply = on.recall("nova", "boiler pilot light", k=5)
     assert reply.body["reranked"] is True and reply.body["count"] == 5
     assert asked and len(asked) == len(set(asked))
+
+
+def test_what_recall_keeps_of_the_texts_it_met_stays_small_however_long_they_are(server):
+    """The per-text caches hold short texts only: a writer of 16 KiB values must not pin the service's memory.
+
+    Each such value's shape kept ~0.36 MiB: at TEXT_SHAPES_KEPT of them, 730 MiB of RSS stayed after the recalls.
+    """
+
+    def word(n: int) -> str:  # distinct in its first five letters, so one stem each
+        return "".join("abcdefghijklmnopqrstuvwxyz"[n // 26**place % 26] for place in range(4))
+
+    for i in range(60):  # distinct words up to the longest value a write takes
+        value = f"group{i // 20} " + " ".join(word(i * 4000 + j) for j in range(3300))
+        assert server.post("/v1/short", {"agent": "atlas", "key": f"k{i}", "value": value[:16_384]}).status == 201
+    server.recall("sol", "group2", tiers="short", k=20)  # what a first recall sets up, before measuring
+    tracemalloc.start()
+    try:
+        for group in (0, 1):
+            reply = server.recall("sol", f"group{group}", tiers="short", k=20)
+            assert (reply.body["count"], reply.body["reranked"]) == (20, True)
+        del reply  # 0.6 MiB of texts on this side
+        gc.collect()
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept < 2**20, f"{kept / 2**20:.1f} MiB kept after recalling 40 long values"
