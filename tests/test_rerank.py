@@ -342,3 +342,28 @@ def test_what_recall_keeps_of_the_texts_it_met_stays_small_however_long_they_are
     finally:
         tracemalloc.stop()
     assert kept < 2**20, f"{kept / 2**20:.1f} MiB kept after recalling 40 long values"
+
+
+def test_a_rewritten_value_is_ranked_by_its_new_text(make_server):
+    """Whatever recall remembers per text, a short row upserted in place (same id) is ranked as if written anew."""
+    rewritten, fresh = make_server("rewritten.db"), make_server("fresh.db")
+    pad = {"agent": "atlas", "key": "pad", "value": "unrelated"}
+    assert fresh.post("/v1/short", pad).status == 201  # so the two databases' rows have different ids
+    for server in (rewritten, fresh):
+        assert server.post("/v1/short", {"agent": "atlas", "key": "other", "value": "boiler pilot light"}).status == 201
+    question = {"agent": "atlas", "key": "pilot", "value": "Is the boiler pilot light out again?"}
+    assert rewritten.post("/v1/short", question).status == 201
+
+    def recall(server) -> dict[str, tuple[int, float]]:
+        reply = server.recall("sol", "boiler pilot light", tiers="short", k=2)
+        return {r["text"]: (r["id"], r["score"]) for r in reply.body["results"]}
+
+    first = recall(rewritten)
+    statement = {**question, "value": "The boiler pilot light is out again, all of it."}
+    for server in (rewritten, fresh):
+        assert server.post("/v1/short", statement).status in (200, 201)
+    assert fresh.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "pad"}).status == 200
+    after, anew = recall(rewritten), recall(fresh)
+    assert after[statement["value"]][0] == first[question["value"]][0]  # the same row, rewritten
+    assert after[statement["value"]][0] != anew[statement["value"]][0]
+    assert [(text, score) for text, (_, score) in after.items()] == [(t, score) for t, (_, score) in anew.items()]
