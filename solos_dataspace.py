@@ -164,6 +164,7 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
     without the text (who, which row, when, a content hash); subscribers get a `forget` event.
     """
     import solos_memory as core
+    import solos_rank
 
     agent, tier, row_id = args["agent"], args["tier"], args["id"]
     if tier == "durable":
@@ -182,6 +183,7 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
 
     retraction = memory.store.write(work)
     memory.written()
+    solos_rank.drop_kept_texts()
     return {
         "tier": tier,
         "agent": agent,

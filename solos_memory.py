@@ -587,6 +587,18 @@ STORAGE_FAILURES = {
 }
 
 
+def read_varint(blob: bytes) -> int:
+    """SQLite's varint at the start of blob: 7 bits a byte, high bit set while more follow; a ninth byte has 8."""
+    value = 0
+    for index, byte in enumerate(blob[:9]):
+        if index == 8:
+            return (value << 8) | byte
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            break
+    return value
+
+
 def decode_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
@@ -1110,6 +1122,16 @@ class Store:
         )
         return conn.execute(sql, (match, *params, limit)).fetchall()
 
+    def indexed_rows(self, conn: sqlite3.Connection, tier: Tier) -> int | None:
+        """Rows in the tier's FTS5 index, read from FTS5's averages record (its first varint): no count scan."""
+        row = conn.execute(f"SELECT block FROM {tier.fts}_data WHERE id = 1").fetchone()
+        return read_varint(row[0]) if row and isinstance(row[0], bytes) and row[0] else None
+
+    def matches_at_least(self, conn: sqlite3.Connection, tier: Tier, match: str, count: int) -> bool:
+        """Whether `match` finds at least `count` rows of the tier's index; reads no more than that many."""
+        sql = f"SELECT count(*) FROM (SELECT 1 FROM {tier.fts} WHERE {tier.fts} MATCH ? LIMIT ?)"
+        return conn.execute(sql, (match, count)).fetchone()[0] >= count
+
     def topic_neighbours(self, conn: sqlite3.Connection, ids: list[int]) -> dict[int, tuple[int | None, int | None]]:
         """For long facts, the previous and next fact of the same (non-empty) topic."""
         rows = conn.execute(
@@ -1382,6 +1404,7 @@ class Memory:
         self.stats = Stats()
         self.activity = solos_status.Activity()
         self.vectors = solos_rank.VectorIndex(embedder.model_id, [t.name for t in EMBEDDED_TIERS]) if embedder else None
+        self.common_words = solos_rank.CommonWords(store)
         self.worker = EmbedWorker(store, embedder) if embedder else None
         self.query_pool = concurrent.futures.ThreadPoolExecutor(1, "embed-query") if embedder else None
         self.stuck_query: concurrent.futures.Future | None = None
@@ -1433,6 +1456,7 @@ class Memory:
             self.worker.stop()
         if self.query_pool:
             self.query_pool.shutdown(wait=False, cancel_futures=True)
+        self.common_words.close()
         if self.mirror:
             self.mirror.stop()
             self.mirror.join(timeout=10)  # it closes its client: a local-mode folder is unlocked after this
@@ -1544,7 +1568,7 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
     around: solos_rank.Around = {}
     if ranking != "vector":
         candidates = solos_rank.keyword_candidates(
-            store, conn, plan.searched, caller, scope, plan.match, plan.words, plan.depth, around
+            store, conn, plan.searched, caller, scope, plan.match, plan.words, plan.depth, around, memory.common_words
         )
     similar: dict[tuple[str, int], float] = {}
     if ranking in ("vector", "hybrid") and vectors is not None:
@@ -1641,6 +1665,7 @@ def op_write_episodic(memory: Memory, args: dict) -> dict:
 def op_delete_short(memory: Memory, args: dict) -> dict:
     """Delete one of the calling agent's short-term keys (never another agent's)."""
     outcome = memory.store.delete_short(args["agent"], args["key"])
+    solos_rank.drop_kept_texts()
     return {"tier": "short", "agent": args["agent"], "key": args["key"], **outcome}
 
 

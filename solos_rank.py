@@ -17,6 +17,7 @@ The bench's research scripts import these same functions and constants.
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import functools
 import json
@@ -64,7 +65,94 @@ def make_fts_query(words: list[str], stop: frozenset[str] = STOP_WORDS) -> str |
     kept = [word for word in words if word not in stop] or words
     if not kept:
         return None
-    return " OR ".join('"' + word.replace('"', '""') + '"' for word in kept)
+    return " OR ".join(quoted(word) for word in kept)
+
+
+def quoted(word: str) -> str:
+    """One word as an FTS5 string literal."""
+    return '"' + word.replace('"', '""') + '"'
+
+
+# A word in half of a tier's rows or more has no BM25 weight there: FTS5 clamps its IDF (not positive) to 1e-6. Yet
+# an OR query naming it scores and sorts every row it matches (chat turns all name their two speakers: 10k rows,
+# keyword recall p50 9.7 -> 3.2 ms without them; RESULTS-locomo.md, "Words every row has"). Whether a word is that
+# common is checked off the recall path, once per COMMON_WORD_RECHECK_S per tier, reading at most half the index;
+# below COMMON_WORDS_MIN_ROWS scoring every row costs less than the check.
+COMMON_WORD_RECHECK_S = 300.0
+COMMON_WORDS_MIN_ROWS = 1000
+COMMON_WORDS_KEPT = 10_000  # words remembered at most; then forgotten all at once
+
+
+class CommonWords:
+    """Which query words match half of a tier's rows or more, learned in the background.
+
+    A word not checked yet counts as rare: the query keeps it, as it always
+    did, while one thread of its own checks it; later recalls leave it out.
+    So no recall waits for a check.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.known: dict[tuple[str, str], tuple[float, bool]] = {}  # (fts table, word) -> (checked at, common)
+        self.pending: set[tuple[str, str]] = set()
+        self.lock = threading.Lock()
+        self.checker = concurrent.futures.ThreadPoolExecutor(1, "common-words")
+
+    def of(self, conn: Any, tier: Any, words: Sequence[str]) -> set[str]:
+        """The words known to be common in this tier (an O(1) read); unknown and stale ones are queued for a check."""
+        rows = self.store.indexed_rows(conn, tier)
+        if rows is None or rows < COMMON_WORDS_MIN_ROWS:
+            return set()
+        now, common, unknown = time.monotonic(), set(), []
+        for word in words:
+            checked = self.known.get((tier.fts, word))
+            if checked is None or now - checked[0] > COMMON_WORD_RECHECK_S:
+                unknown.append(word)
+            if checked is not None and checked[1]:
+                common.add(word)
+        if unknown:
+            self.check_later(tier, unknown)
+        return common
+
+    def check_later(self, tier: Any, words: list[str]) -> None:
+        with self.lock:
+            new = [word for word in words if (tier.fts, word) not in self.pending]
+            if not new:
+                return
+            if len(self.known) > COMMON_WORDS_KEPT:
+                self.known.clear()
+            self.pending.update((tier.fts, word) for word in new)
+        try:
+            self.checker.submit(self.check, tier, new)
+        except RuntimeError:  # shut down: the service is stopping
+            pass
+
+    def check(self, tier: Any, words: list[str]) -> None:
+        def counts(conn: Any) -> dict[str, bool]:
+            half = ((self.store.indexed_rows(conn, tier) or 0) + 1) // 2
+            return {word: self.store.matches_at_least(conn, tier, quoted(word), half) for word in words}
+
+        try:
+            found = self.store.read(counts)
+            now = time.monotonic()
+            for word, common in found.items():
+                self.known[(tier.fts, word)] = (now, common)
+        except Exception:  # a busy or failing database: the words stay unknown, and are asked again later
+            log.warning("checking common words failed; they stay in queries", exc_info=True)
+        finally:
+            with self.lock:
+                self.pending.difference_update((tier.fts, word) for word in words)
+
+    def close(self) -> None:
+        self.checker.shutdown(wait=True, cancel_futures=True)
+
+
+def tier_match(match: str, words: list[str], common: set[str]) -> str:
+    """The FTS5 query without the words every row has, unless they are all it asks for."""
+    content = [word for word in words if word not in STOP_WORDS]
+    if not common or not set(content) - common:
+        return match
+    return make_fts_query([word for word in content if word not in common]) or match
 
 
 def term_overlap(query: str, text: str) -> int:
@@ -98,14 +186,18 @@ def keyword_candidates(
     words: list[str],
     depth: int,
     around: Around,
+    common: CommonWords,
 ) -> dict[Key, dict]:
     """BM25 per tier after the scope, sharing and expiry filters, x NAME_BOOST for a named writer, then neighbours.
 
-    The topic neighbours read on the way are kept in `around` (the reranker reads them too).
+    Words in more than half of a tier's rows are left out of its query (`common`). The topic neighbours read
+    on the way are kept in `around` (the reranker reads them too).
     """
     candidates = {}
+    content = [word for word in words if word not in STOP_WORDS]
     for tier in tiers:
-        for row in store.ranked_rows(conn, tier, caller, scope, match, depth):
+        searched = tier_match(match, words, common.of(conn, tier, content))
+        for row in store.ranked_rows(conn, tier, caller, scope, searched, depth):
             result = tier_result(tier, row, caller)
             result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in words else 1.0)
             candidates[(tier.name, row["id"])] = result
@@ -255,7 +347,12 @@ class VectorIndex:
         candidates = np.flatnonzero(mask)
         if not len(candidates):
             return {}
-        top = candidates[np.argsort(-score[candidates], kind="stable")[:depth]]
+        order = -score[candidates]
+        if len(candidates) > depth:  # only the rows that can make the top (ties at its edge included): no full sort
+            edge = np.partition(order, depth - 1)[depth - 1]
+            kept = order <= edge
+            candidates, order = candidates[kept], order[kept]
+        top = candidates[np.argsort(order, kind="stable")[:depth]]
         return {int(ids[i]): float(score[i]) for i in top}
 
     def similarity(self, query: Any, keys: Sequence[Key]) -> dict[Key, float]:
@@ -766,6 +863,12 @@ def fold_spacing_and_case(text: str) -> str:
 
 
 kept_duplicate_key = functools.lru_cache(maxsize=TEXT_SHAPES_KEPT)(fold_spacing_and_case)
+
+
+def drop_kept_texts() -> None:
+    """Forget every text recall keeps: a forgotten or deleted row's text must not stay in the service's memory."""
+    kept_text_shape.cache_clear()
+    kept_duplicate_key.cache_clear()
 
 
 def collapse_duplicates(ranked: list[dict], k: int) -> tuple[list[dict], list[dict]]:

@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from threading import get_ident
 
 import gen_db
 from harness import ROOT, Client, machine_note, percentiles, start_floor, start_service, verdict
@@ -130,12 +131,13 @@ def recall_statements(db: Path, queries: list[str], tiers: str, scope: str) -> l
     """Every SQL statement one recall runs, per query, parameters inlined: the recall run in this process, traced."""
     config = solos_memory.Config(db=str(db), port=0, model_dir="off", log_requests=False)
     server = solos_memory.build_server(config)
-    store, statements = server.memory.store, []
+    store, statements, caller = server.memory.store, [], get_ident()
     checkout = store.checkout
 
     def traced() -> sqlite3.Connection:
         conn = checkout()
-        conn.set_trace_callback(lambda sql: sql.startswith("--") or statements[-1].append(sql))  # not FTS5's own
+        # Not FTS5's own statements, nor those of the service's background threads (its common-word checks).
+        conn.set_trace_callback(lambda sql: sql.startswith("--") or get_ident() != caller or statements[-1].append(sql))
         return conn
 
     store.checkout = traced  # type: ignore[method-assign]

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import solos_memory
+import solos_rank
 
 ALL_TIERS = "short,long,episodic"
 
@@ -283,3 +284,19 @@ def test_an_archived_episode_can_be_forgotten(server):
     assert ok and body["wal_checkpoint"] == "complete", body
     assert server.recall("atlas", word, tiers="episodic", archive="true").body["results"] == []
     assert files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}
+
+
+@pytest.mark.parametrize("how", ["forget", "delete_short"])
+def test_a_forgotten_rows_text_does_not_stay_in_what_recall_keeps(server, how):
+    """Recall keeps the shapes of the texts it ranked (solos_rank.text_shape); a forget or delete drops them."""
+    word = marker()
+    row = server.post("/v1/short", {"agent": "atlas", "key": "k", "value": f"we met {word} at noon"}).body["id"]
+    server.post("/v1/long", {"agent": "atlas", "topic": "diary", "fact": f"then {word} left"})
+    assert server.recall("sol", word).body["count"] == 2
+    kept = (solos_rank.kept_text_shape, solos_rank.kept_duplicate_key)
+    assert all(cache.cache_info().currsize > 0 for cache in kept)
+    if how == "forget":
+        assert forget(server, "atlas", "short", row)[0]
+    else:
+        assert server.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "k"}).status == 200
+    assert [cache.cache_info().currsize for cache in kept] == [0, 0]

@@ -282,3 +282,68 @@ def test_the_fact_after_a_match_in_the_same_topic_is_recalled_too(server):
     assert "Lemon sorbet recipe" not in texts(reply)
     scoped = server.recall("atlas", "picnic", scope="own", k=5)
     assert texts(scoped) == ["Lemon risotto with peas."]  # entering through a neighbour still obeys scope
+
+
+def test_a_word_every_row_has_is_left_out_of_the_query_and_the_ranking_stands(make_server, monkeypatch):
+    """A word in half the rows or more has no BM25 weight (FTS5 clamps its IDF), but matching it scores every row:
+    the query leaves it out, and the rows the other words find come back in the same order."""
+    import solos_memory
+    import solos_rank
+
+    monkeypatch.setattr(solos_rank, "COMMON_WORDS_MIN_ROWS", 10)
+    pruned, full = make_server("a.db", rerank=False), make_server("b.db", rerank=False)
+    for server in (pruned, full):
+        for n in range(24):
+            extra = " the boiler" + " pilot light" * (n // 5) + " went out" if n % 5 == 0 else ""  # scores differ
+            write_long(server, "atlas", f"Melanie said turn {n} of the diary{extra}", topic=f"day {n}")
+    asked: list[str] = []
+    real = solos_memory.Store.ranked_rows
+
+    def recording(store, conn, tier, caller, scope, match, limit):
+        asked.append(match)
+        return real(store, conn, tier, caller, scope, match, limit)
+
+    monkeypatch.setattr(solos_memory.Store, "ranked_rows", recording)
+    question = "what did Melanie say about the boiler"
+    first = pruned.recall("sol", question, k=10, tiers="long")
+    assert asked == ['"melanie" OR "say" OR "boiler"']  # not known yet: asked as always, checked in the background
+    pruned.server.memory.common_words.checker.submit(lambda: None).result()  # the check is done
+    asked.clear()
+    got = pruned.recall("sol", question, k=10, tiers="long")
+    assert asked == ['"say" OR "boiler"']
+    assert texts(got) == [text for text in texts(first) if "boiler" in text]
+    monkeypatch.setattr(solos_rank, "COMMON_WORDS_MIN_ROWS", 10**9)  # the other service: every word asked
+    asked.clear()
+    want = full.recall("sol", question, k=10, tiers="long")
+    assert asked == ['"melanie" OR "say" OR "boiler"']
+    boiler = [r["text"] for r in want.body["results"] if "boiler" in r["text"]]
+    assert texts(got) == boiler
+    assert len(boiler) == 5 and len({r["score"] for r in got.body["results"]}) == 5
+
+
+def test_a_question_of_only_common_words_still_asks_for_them(make_server, monkeypatch):
+    import solos_rank
+
+    monkeypatch.setattr(solos_rank, "COMMON_WORDS_MIN_ROWS", 10)
+    server = make_server()
+    for n in range(12):
+        write_long(server, "atlas", f"Melanie wrote diary entry {n}")
+    assert server.recall("sol", "Melanie diary", k=5).body["count"] == 5
+    server.server.memory.common_words.checker.submit(lambda: None).result()
+    known = server.server.memory.common_words.known
+    assert {word for (_, word), (_, common) in known.items() if common} == {"melanie", "diary"}
+    assert server.recall("sol", "Melanie diary", k=5).body["count"] == 5
+
+
+@pytest.mark.parametrize("rows", [3, 130, 20_000])
+def test_the_index_row_count_is_read_from_fts5_without_a_scan(server, rows):
+    """Store.indexed_rows reads FTS5's own record (a varint: one, two and three bytes here), kept on deletes."""
+    import solos_memory
+
+    with server.db() as conn:
+        facts = [(f"f{n}",) for n in range(rows)]
+        conn.executemany("INSERT INTO memory_longterm (agent, topic, fact) VALUES ('atlas', '', ?)", facts)
+        conn.execute("DELETE FROM memory_longterm WHERE id = (SELECT min(id) FROM memory_longterm)")
+    store = server.server.memory.store
+    counted = store.read(lambda conn: store.indexed_rows(conn, solos_memory.TIER_TABLE["long"]))
+    assert counted == rows - 1
