@@ -17,7 +17,6 @@ The bench's research scripts import these same functions and constants.
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime
 import functools
 import json
@@ -28,6 +27,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -96,7 +96,7 @@ class CommonWords:
         self.known: dict[tuple[str, str], tuple[float, bool]] = {}  # (fts table, word) -> (checked at, common)
         self.pending: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
-        self.checker = concurrent.futures.ThreadPoolExecutor(1, "common-words")
+        self.checker = ThreadPoolExecutor(1, "common-words")
 
     def of(self, conn: Any, tier: Any, words: Sequence[str]) -> set[str]:
         """The words known to be common in this tier (an O(1) read); unknown and stale ones are queued for a check."""
