@@ -13,7 +13,9 @@ run, on the same machine and database:
   fts floor    the raw FTS5 query per tier (MATCH + bm25 ORDER BY + LIMIT, the
                service's own MATCH string, weights and depth) on a direct
                sqlite3 connection, no join, no JSON
-  floor        http floor + fts floor of the same query
+  floor        http floor + fts floor of the same query (every word asked: the
+               service leaves out words in half a tier's rows or more, which
+               the generated fleet data has none of)
   own SQL      (main line) every statement the recall runs (its transaction, the
                joins, scope filters, topic neighbours, the reranker's reads),
                traced from the same recall in-process and replayed on a bare
