@@ -129,7 +129,7 @@ class CommonWords:
 
     def check(self, tier: Any, words: list[str]) -> None:
         def counts(conn: Any) -> dict[str, bool]:
-            half = ((self.store.indexed_rows(conn, tier) or 0) + 1) // 2
+            half = max(1, ((self.store.indexed_rows(conn, tier) or 0) + 1) // 2)  # emptied index: no word common
             return {word: self.store.matches_at_least(conn, tier, quoted(word), half) for word in words}
 
         try:
