@@ -157,26 +157,29 @@ def plain_bm25_scores(convs: list[Conversation]) -> Scores:
 # ==== Vector leg: MiniLM ====
 
 
-def embed_cached(embedder: solos_embed.Embedder, texts: list[str]) -> np.ndarray:
-    """Vectors of texts, cached on disk by model id and content."""
+def embed_cached(embedder: solos_embed.Embedder, texts: list[str], cache: Path = CACHE) -> np.ndarray:
+    """Vectors of texts, cached on disk (in `cache`) by model id and content."""
     key = hashlib.sha256("\0".join([embedder.model_id, *texts]).encode()).hexdigest()[:24]
-    path = CACHE / f"{key}.npy"
+    path = cache / f"{key}.npy"
     if path.exists():
         return np.load(path)
     vectors = solos_embed.decode_vectors(embedder.embed(texts), embedder.dim)
-    CACHE.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
     np.save(path, vectors)
     return vectors
 
 
 def vector_scores(
-    convs: list[Conversation], embedder: solos_embed.Embedder, text: Callable[[Conversation, int], str]
+    convs: list[Conversation],
+    embedder: solos_embed.Embedder,
+    text: Callable[[Conversation, int], str],
+    cache: Path = CACHE,
 ) -> Scores:
     """Cosine similarity of every turn's vector to every question's."""
     out = []
     for conv in convs:
-        docs = embed_cached(embedder, [text(conv, i) for i in range(len(conv.turns))])
-        queries = embed_cached(embedder, [q.question for q in conv.queries])
+        docs = embed_cached(embedder, [text(conv, i) for i in range(len(conv.turns))], cache)
+        queries = embed_cached(embedder, [q.question for q in conv.queries], cache)
         out.append(queries @ docs.T)
     return out
 

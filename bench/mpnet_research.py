@@ -310,23 +310,7 @@ def check_model(fp32: Path, int8: Path) -> None:
 
 def mpnet_scores(convs, embedder: MPNet) -> list[np.ndarray]:
     """vector_scores with MPNet, cached under /tmp/mpnet/cache."""
-
-    def cached(texts):
-        key = hashlib.sha256("\0".join([embedder.model_id, *texts]).encode()).hexdigest()[:24]
-        path = CACHE / f"{key}.npy"
-        if path.exists():
-            return np.load(path)
-        vectors = solos_embed.decode_vectors(embedder.embed(texts), embedder.dim)
-        CACHE.mkdir(parents=True, exist_ok=True)
-        np.save(path, vectors)
-        return vectors
-
-    out = []
-    for conv in convs:
-        docs = cached([text_speaker_date(conv, i) for i in range(len(conv.turns))])
-        queries = cached([q.question for q in conv.queries])
-        out.append(queries @ docs.T)
-    return out
+    return vector_scores(convs, embedder, text_speaker_date, CACHE)
 
 
 def rows_of(convs, scores) -> list:
