@@ -87,69 +87,83 @@ class CommonWords:
     """Which query words match half of a tier's rows or more, learned in the background.
 
     A word not checked yet counts as rare: the query keeps it, as it always
-    did, while one thread of its own checks it; later recalls leave it out.
-    So no recall waits for a check.
+    did, while one thread of its own checks it (and the tier's size); later
+    recalls leave it out. So no recall waits for a check, nor reads anything.
     """
+
+    SIZE = ""  # stands for the tier's size in `pending` (no query word is empty)
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        self.sizes: dict[str, tuple[float, int]] = {}  # fts table -> (checked at, rows in its index)
         self.known: dict[tuple[str, str], tuple[float, bool]] = {}  # (fts table, word) -> (checked at, common)
         self.pending: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
         self.checker = ThreadPoolExecutor(1, "common-words")
 
-    def of(self, conn: Any, tier: Any, words: Sequence[str]) -> set[str]:
-        """The words known to be common in this tier (an O(1) read); unknown and stale ones are queued for a check."""
-        rows = self.store.indexed_rows(conn, tier)
-        if rows is None or rows < COMMON_WORDS_MIN_ROWS:
+    def of(self, tier: Any, words: Sequence[str]) -> set[str]:
+        """The words known to be common in this tier; the size, and unknown or stale words, are queued for a check."""
+        now = time.monotonic()
+        size = self.sizes.get(tier.fts)
+        stale = size is None or now - size[0] > COMMON_WORD_RECHECK_S
+        if size is None or size[1] < COMMON_WORDS_MIN_ROWS:
+            if stale:  # the words are checked only if the tier turns out large enough
+                self.check_later(tier, list(words))
             return set()
-        now, common, unknown = time.monotonic(), set(), []
+        common, unknown = set(), []
         for word in words:
             checked = self.known.get((tier.fts, word))
             if checked is None or now - checked[0] > COMMON_WORD_RECHECK_S:
                 unknown.append(word)
             if checked is not None and checked[1]:
                 common.add(word)
-        if unknown:
+        if unknown or stale:
             self.check_later(tier, unknown)
         return common
 
     def check_later(self, tier: Any, words: list[str]) -> None:
+        """Queue a check of the tier's size and of those words not queued already."""
         with self.lock:
             new = [word for word in words if (tier.fts, word) not in self.pending]
-            if not new:
+            if not new and (tier.fts, self.SIZE) in self.pending:
                 return
             if len(self.known) > COMMON_WORDS_KEPT:
                 self.known.clear()
-            self.pending.update((tier.fts, word) for word in new)
+            self.pending.update((tier.fts, word) for word in [self.SIZE, *new])
         try:
             self.checker.submit(self.check, tier, new)
         except RuntimeError:  # shut down: the service is stopping
             pass
 
     def check(self, tier: Any, words: list[str]) -> None:
-        def counts(conn: Any) -> dict[str, bool]:
-            half = max(1, ((self.store.indexed_rows(conn, tier) or 0) + 1) // 2)  # emptied index: no word common
-            return {word: self.store.matches_at_least(conn, tier, quoted(word), half) for word in words}
+        """The tier's size, then (if it is large enough) which of the words match half its rows or more."""
+
+        def counts(conn: Any) -> tuple[int, dict[str, bool]]:
+            rows = self.store.indexed_rows(conn, tier) or 0
+            if rows < COMMON_WORDS_MIN_ROWS:
+                return rows, {}
+            half = (rows + 1) // 2
+            return rows, {word: self.store.matches_at_least(conn, tier, quoted(word), half) for word in words}
 
         try:
-            found = self.store.read(counts)
+            rows, found = self.store.read(counts)
             now = time.monotonic()
+            self.sizes[tier.fts] = (now, rows)
             for word, common in found.items():
                 self.known[(tier.fts, word)] = (now, common)
         except Exception:  # a busy or failing database: the words stay unknown, and are asked again later
             log.warning("checking common words failed; they stay in queries", exc_info=True)
         finally:
             with self.lock:
-                self.pending.difference_update((tier.fts, word) for word in words)
+                self.pending.difference_update((tier.fts, word) for word in [self.SIZE, *words])
 
     def close(self) -> None:
         self.checker.shutdown(wait=True, cancel_futures=True)
 
 
-def tier_match(match: str, words: list[str], common: set[str]) -> str:
-    """The FTS5 query without the words every row has, unless they are all it asks for."""
-    content = [word for word in words if word not in STOP_WORDS]
+def tier_match(match: str, content: list[str], common: set[str]) -> str:
+    """The FTS5 query without the words every row has, unless they are all it asks for (`content`: the query's
+    words but stop words)."""
     if not common or not set(content) - common:
         return match
     return make_fts_query([word for word in content if word not in common]) or match
@@ -196,7 +210,7 @@ def keyword_candidates(
     candidates = {}
     content = [word for word in words if word not in STOP_WORDS]
     for tier in tiers:
-        searched = tier_match(match, words, common.of(conn, tier, content))
+        searched = tier_match(match, content, common.of(tier, content))
         for row in store.ranked_rows(conn, tier, caller, scope, searched, depth):
             result = tier_result(tier, row, caller)
             result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in words else 1.0)
