@@ -407,3 +407,83 @@ CREATE TRIGGER IF NOT EXISTS memory_durable_event_ad AFTER DELETE ON memory_dura
 WHEN substr(old.key, 1, 8) = 'persona/' BEGIN
     INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('delete', 'durable', old.id, substr(old.key, 9));
 END;
+
+-- ==== Row ids: never reused ====
+-- The fleet's tables have no AUTOINCREMENT, so SQLite gives a new row the
+-- largest id + 1: forget the newest row and the next writer's row takes its
+-- id, which events, the archive, retractions and clients still name (issue 18:
+-- a replayed event showed another agent's private episode). The high-water
+-- mark of each id space (an archived episode keeps its id, so the archive
+-- shares the episodic one) lives in solos_memory_meta as 'row_id_high:<tier>'.
+-- When a table's largest id has fallen below its mark, a new row without an id
+-- of its own is placed above the mark: a placeholder row (agent '', which no
+-- agent name can be, and a text saying so) holds the mark while SQLite picks
+-- the next id, and goes again, with the events and outbox rows it caused, once
+-- the row is in (or, for an upsert that became an update, once that is done).
+-- Rows inserted with explicit ids (purge's archive, restore) keep them. The
+-- service sets each mark at start from every id it knows of (Store.migrate).
+CREATE TRIGGER IF NOT EXISTS memory_longterm_id_mark AFTER INSERT ON memory_longterm
+WHEN new.id > coalesce((SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:long'), 0)
+BEGIN
+    INSERT OR REPLACE INTO solos_memory_meta (key, value) VALUES ('row_id_high:long', new.id);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_longterm_id_reserve BEFORE INSERT ON memory_longterm
+WHEN new.id < 0 AND coalesce((SELECT max(id) FROM memory_longterm), 0)
+    < coalesce((SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:long'), 0) BEGIN
+    INSERT INTO memory_longterm (id, agent, fact) VALUES (
+        coalesce((SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:long'), 0),
+        '', '(row id reserved by solos-memory)');
+END;
+CREATE TRIGGER IF NOT EXISTS memory_longterm_id_release_in AFTER INSERT ON memory_longterm
+WHEN new.agent <> '' AND EXISTS (SELECT 1 FROM memory_longterm WHERE agent = '' AND fact = '(row id reserved by solos-memory)') BEGIN
+    DELETE FROM memory_longterm WHERE agent = '' AND fact = '(row id reserved by solos-memory)';
+    DELETE FROM memory_event WHERE id > (SELECT max(id) FROM memory_event) - 8 AND tier = 'long' AND agent = '';
+    DELETE FROM qdrant_outbox WHERE id > (SELECT max(id) FROM qdrant_outbox) - 4
+        AND (agent = '' OR (action = 'upsert' AND row_id NOT IN (SELECT id FROM memory_longterm)));
+END;
+
+CREATE TRIGGER IF NOT EXISTS memory_episodic_id_mark AFTER INSERT ON memory_episodic
+WHEN new.id > coalesce((SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:episodic'), 0)
+BEGIN
+    INSERT OR REPLACE INTO solos_memory_meta (key, value) VALUES ('row_id_high:episodic', new.id);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_episodic_archive_id_mark AFTER INSERT ON memory_episodic_archive
+WHEN new.id > coalesce((SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:episodic'), 0)
+BEGIN
+    INSERT OR REPLACE INTO solos_memory_meta (key, value) VALUES ('row_id_high:episodic', new.id);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_episodic_id_reserve BEFORE INSERT ON memory_episodic
+WHEN new.id < 0 AND coalesce((SELECT max(id) FROM memory_episodic), 0)
+    < coalesce((SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:episodic'), 0) BEGIN
+    INSERT INTO memory_episodic (id, agent, event_type, summary) VALUES (
+        coalesce((SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:episodic'), 0),
+        '', 'reserved', '(row id reserved by solos-memory)');
+END;
+CREATE TRIGGER IF NOT EXISTS memory_episodic_id_release_in AFTER INSERT ON memory_episodic
+WHEN new.agent <> '' AND EXISTS (SELECT 1 FROM memory_episodic WHERE agent = '' AND summary = '(row id reserved by solos-memory)') BEGIN
+    DELETE FROM memory_episodic WHERE agent = '' AND summary = '(row id reserved by solos-memory)';
+    DELETE FROM memory_event WHERE id > (SELECT max(id) FROM memory_event) - 8 AND tier = 'episodic' AND agent = '';
+END;
+
+CREATE TRIGGER IF NOT EXISTS memory_short_id_mark AFTER INSERT ON memory_short
+WHEN new.id > coalesce((SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:short'), 0)
+BEGIN
+    INSERT OR REPLACE INTO solos_memory_meta (key, value) VALUES ('row_id_high:short', new.id);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_short_id_reserve BEFORE INSERT ON memory_short
+WHEN new.id < 0 AND coalesce((SELECT max(id) FROM memory_short), 0)
+    < coalesce((SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:short'), 0) BEGIN
+    INSERT INTO memory_short (id, agent, key, value, expires_at) VALUES (
+        coalesce((SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:short'), 0),
+        '', '', '(row id reserved by solos-memory)', '');
+END;
+CREATE TRIGGER IF NOT EXISTS memory_short_id_release_in AFTER INSERT ON memory_short
+WHEN new.agent <> '' AND EXISTS (SELECT 1 FROM memory_short WHERE agent = '' AND value = '(row id reserved by solos-memory)') BEGIN
+    DELETE FROM memory_short WHERE agent = '' AND value = '(row id reserved by solos-memory)';
+    DELETE FROM memory_event WHERE id > (SELECT max(id) FROM memory_event) - 8 AND tier = 'short' AND agent = '';
+END;
+CREATE TRIGGER IF NOT EXISTS memory_short_id_release_up AFTER UPDATE ON memory_short
+WHEN new.agent <> '' AND EXISTS (SELECT 1 FROM memory_short WHERE agent = '' AND value = '(row id reserved by solos-memory)') BEGIN
+    DELETE FROM memory_short WHERE agent = '' AND value = '(row id reserved by solos-memory)';
+    DELETE FROM memory_event WHERE id > (SELECT max(id) FROM memory_event) - 8 AND tier = 'short' AND agent = '';
+END;

@@ -71,6 +71,7 @@ CONTENT_FIELDS = {
     "short": ("key", "value"),
 }
 REMOVALS = ("delete", "forget", "expire", "archive")  # events that carry no row
+PLACEHOLDER_COLUMN = {"short": "value", "long": "fact", "episodic": "summary"}  # a reserved id's text (schema.sql)
 
 # ==== Schema pieces for the operation table ====
 
@@ -457,6 +458,37 @@ def set_meta(conn: sqlite3.Connection, key: str, value: Any) -> None:
     )
 
 
+def row_id_marks(conn: sqlite3.Connection) -> dict[str, int]:
+    """Each id space's high-water mark: its kept mark, or any larger id the database still names."""
+    marks = {}
+    for tier, tables in RETRACTABLE.items():
+        named = [f"SELECT max(id) AS id FROM {table}" for table in tables if table_exists(conn, table)] + [
+            f"SELECT max(row_id) FROM {table} WHERE tier = :tier"
+            for table in ("memory_event", "memory_retraction", "memory_write_key")
+            if table_exists(conn, table)
+        ]
+        if table_exists(conn, "solos_memory_meta"):
+            named.append("SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:' || :tier")
+        sql = f"SELECT coalesce(max(id), 0) FROM ({' UNION ALL '.join(named)})"
+        marks[tier] = int(conn.execute(sql, {"tier": tier}).fetchone()[0])
+    return marks
+
+
+def mark_row_ids(conn: sqlite3.Connection, floor: dict[str, int] | None = None) -> None:
+    """Raise the id marks to every id named here or in `floor` (a replaced database's), and drop stray placeholders.
+
+    The triggers keep the marks (schema.sql, "Row ids: never reused"); this covers a database that had rows
+    forgotten before the marks existed, a restore (ids the replaced database handed out stay spent), and a
+    placeholder an ignored INSERT OR IGNORE left behind.
+    """
+    for tier, mark in row_id_marks(conn).items():
+        set_meta(conn, f"row_id_high:{tier}", max(mark, (floor or {}).get(tier, 0)))
+        table, column = RETRACTABLE[tier][0], PLACEHOLDER_COLUMN[tier]
+        conn.execute(f"DELETE FROM {table} WHERE agent = '' AND {column} = '(row id reserved by solos-memory)'")
+    if table_exists(conn, "memory_event"):
+        conn.execute("DELETE FROM memory_event WHERE agent = ''")
+
+
 def head_event(conn: sqlite3.Connection) -> int:
     return conn.execute("SELECT coalesce(max(id), 0) FROM memory_event").fetchone()[0]
 
@@ -487,6 +519,19 @@ def current_rows(conn: sqlite3.Connection, tiers: dict, events: Sequence[Any]) -
             )
         found.update({(tier, row["id"]): row for row in conn.execute(sql, (json.dumps(ids),))})
     return found
+
+
+def logged_for(event: Any, row: Any) -> bool:
+    """The row is the one the event was logged for: the same writer, and not written after the event.
+
+    Row ids are never reused (schema.sql), so this is the second lock: an id
+    that named another row when the event was logged (a database from before
+    the marks, or a fleet writer choosing ids) is never shown in its place.
+    """
+    if event["tier"] == "durable":
+        return True
+    born = {"long": "created_at", "episodic": "ts"}.get(event["tier"])  # short rows restart created_at on update
+    return row["agent"] == event["agent"] and (born is None or row[born] <= event["ts"])
 
 
 def sharing_agents(conn: sqlite3.Connection) -> set[str]:
@@ -776,7 +821,7 @@ class Dataspace:
             shown = None
             if event["kind"] not in REMOVALS:
                 row = rows.get((tier, event["row_id"]))
-                if row is None:  # gone or expired since: a later event says so
+                if row is None or not logged_for(event, row):  # gone or expired since: a later event says so
                     continue
                 key = (event["id"], agent != caller)
                 if key not in shared:

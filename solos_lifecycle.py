@@ -102,8 +102,7 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
 def archive_episodic(store: Any, older_than_days: float) -> int:
     """Move episodic rows older than the age into the archive, batch by batch; return how many moved.
 
-    The newest row (highest id) always stays: memory_episodic has no
-    AUTOINCREMENT, so emptying its top would let a new row reuse an archived id.
+    Archived rows keep their ids; a new episode never takes one (schema.sql's id marks).
     """
     if older_than_days <= 0:
         return 0
@@ -115,7 +114,7 @@ def archive_episodic(store: Any, older_than_days: float) -> int:
             row[0]
             for row in conn.execute(
                 "SELECT id FROM memory_episodic WHERE timestamp < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) "
-                "AND id < (SELECT max(id) FROM memory_episodic) ORDER BY id LIMIT ?",
+                "ORDER BY id LIMIT ?",
                 (cutoff, ARCHIVE_BATCH),
             )
         ]

@@ -792,6 +792,7 @@ class Store:
                 (SCHEMA_VERSION,),
             )
             conn.execute("INSERT OR IGNORE INTO solos_memory_meta (key, value) VALUES ('vector_generation', 0)")
+            solos_dataspace.mark_row_ids(conn)
             conn.execute("COMMIT")
         finally:
             if conn.in_transaction:

@@ -264,12 +264,13 @@ def restore_snapshot(named: Path, target: Path, schema_version: str, busy_timeou
     other connections), a new one by a rename. Event ids keep increasing.
     """
     snapshot, manifest, retractions = verify_snapshot(named, schema_version)
-    event_seq = 0
+    event_seq, id_marks = 0, {}
     if target.exists():
         current = sqlite3.connect(target, timeout=busy_timeout_ms / 1000)
         current.row_factory = sqlite3.Row
         try:
             retractions += solos_dataspace.retractions_after(current, 0)
+            id_marks = solos_dataspace.row_id_marks(current)
             if solos_dataspace.table_exists(current, "sqlite_sequence"):
                 row = current.execute("SELECT seq FROM sqlite_sequence WHERE name = 'memory_event'").fetchone()
                 event_seq = row[0] if row else 0
@@ -284,6 +285,7 @@ def restore_snapshot(named: Path, target: Path, schema_version: str, busy_timeou
             conn.execute("BEGIN IMMEDIATE")
             erased = sum(solos_dataspace.reapply(conn, retraction) for retraction in retractions)
             keep_counting(conn, event_seq)
+            solos_dataspace.mark_row_ids(conn, id_marks)  # ids the replaced database handed out stay spent
             conn.execute("COMMIT")
             for fts in [name for names in solos_dataspace.KEYWORD_INDEX.values() for name in names]:
                 while solos_dataspace.merge_step(conn, fts) >= 2:

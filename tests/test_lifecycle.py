@@ -173,15 +173,6 @@ def test_archived_episodes_keep_the_sharing_and_audit_rules(server):
     assert (refused.status, refused.body["error"]["field"]) == (400, "archive")
 
 
-def test_the_newest_episode_is_never_archived_so_ids_are_never_reused(server):
-    ids = [episode(server, "atlas", f"Ancient event {i}") for i in range(3)]
-    age(server, ids)
-    purge(server)
-    assert server.get("/v1/stats").body["episodic_archived"] == 2
-    new = episode(server, "atlas", "A new event")
-    assert new == ids[-1] + 1
-
-
 # ==== Properties: attribution and the foreign label hold for archived and promoted rows ====
 
 
