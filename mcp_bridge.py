@@ -40,6 +40,10 @@ SUPPORTED_VERSIONS = MODERN_VERSIONS + HANDSHAKE_VERSIONS
 VERSION_WITHOUT_HEADER = "2025-03-26"
 # 2025-06-18 removed JSON-RPC batches; 2025-03-26 servers MUST accept them.
 BATCH_VERSIONS = frozenset({"2025-03-26"})
+# A batch multiplies one call's answer (issue 18: 8 read_events calls in 1,480 bytes built 1.5 GB). At most
+# this many items, and replies past this many bytes in all are errors asking for the call on its own.
+MAX_BATCH_ITEMS = 16
+MAX_BATCH_BYTES = 4 << 20
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -183,9 +187,20 @@ class McpBridge:
             return _respond(400, error.reply())
         if not batch:
             return _respond(400, RpcError(INVALID_REQUEST, "Empty batch").reply())
+        if len(batch) > MAX_BATCH_ITEMS:
+            error = RpcError(INVALID_REQUEST, f"a batch holds at most {MAX_BATCH_ITEMS} messages, got {len(batch)}")
+            return _respond(400, error.reply())
         response_headers: dict[str, str] = {}
-        replies = [self._answer_handshake_era(item, headers, response_headers, in_batch=True) for item in batch]
-        answered = [reply for reply in replies if reply is not None]
+        answered, size = [], 0
+        for item in batch:
+            reply = self._answer_handshake_era(item, headers, response_headers, in_batch=True)
+            if reply is None:
+                continue
+            size += len(json.dumps(reply, ensure_ascii=False))
+            if size > MAX_BATCH_BYTES:  # answered, but not carried: the client asks again with the call alone
+                message = f"the batch's replies passed {MAX_BATCH_BYTES} bytes; send this call on its own"
+                reply = RpcError(INVALID_REQUEST, message).reply(item)
+            answered.append(reply)
         if not answered:
             return 202, response_headers, b""
         return _respond(200, answered, response_headers)

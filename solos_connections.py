@@ -54,21 +54,26 @@ class BoundedConnections:
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.handoffs: dict[socket.socket, SlotHandoff] = {}  # evicted connection -> the newcomer awaiting its slot
         self.waiting_lock = threading.Lock()
-        self.waiting: dict[socket.socket, list] = {}  # evictable connections: [since, body bytes received]
+        # evictable connections: [since, body bytes received, has completed a request before]
+        self.waiting: dict[socket.socket, list] = {}
         self.unslotted: set[socket.socket] = set()  # event streams: their slot went back at the stream's start
 
     def refusal(self) -> bytes:
         raise NotImplementedError
 
-    def idle(self, connection: socket.socket) -> None:
-        """The connection waits for (or is still receiving) its next request head: evictable."""
+    def idle(self, connection: socket.socket, served: bool = False) -> None:
+        """The connection waits for (or is still receiving) its next request head: evictable.
+
+        `served`: it has completed a request, so it is a client keeping its connection alive for the next.
+        """
         with self.waiting_lock:
-            self.waiting[connection] = [time.monotonic(), 0]
+            self.waiting[connection] = [time.monotonic(), 0, served]
 
     def receiving(self, connection: socket.socket) -> None:
         """The connection is sending a body: evictable, the slowest first."""
         with self.waiting_lock:
-            self.waiting[connection] = [time.monotonic(), 0]
+            served = connection in self.waiting and self.waiting[connection][2]
+            self.waiting[connection] = [time.monotonic(), 0, served]
 
     def received(self, connection: socket.socket, count: int) -> None:
         with self.waiting_lock:
@@ -83,18 +88,21 @@ class BoundedConnections:
     def evict(self, older_than_s: float, handoff: SlotHandoff | None = None) -> bool:
         """Shut waiting connections past the deadline; with a handoff, at least one, the slowest, gets it.
 
-        Slowest: the fewest bytes per second since it began waiting, the oldest first among equals (an idle
-        keep-alive and a body dripping a byte a second both rate about zero). A newcomer (a /health probe,
-        an agent's turn) is so never starved by sockets that send little or nothing.
+        Connections that never completed a request go first (a flood that sends nothing, or drips a
+        head); a client that kept its connection alive after a request goes last, so its next request
+        finds it open (issue 18: 41 of 82 such reuses were reset). Among equals, the slowest: the fewest
+        bytes per second since it began waiting, the oldest first (an idle keep-alive and a body dripping
+        a byte a second both rate about zero). A newcomer (a /health probe, an agent's turn) is so never
+        starved by sockets that send little or nothing.
         """
         now = time.monotonic()
         with self.waiting_lock:
-            doomed = [conn for conn, (since, _) in self.waiting.items() if now - since > older_than_s]
+            doomed = [conn for conn, (since, _, _) in self.waiting.items() if now - since > older_than_s]
             if handoff is not None and not doomed and self.waiting:
 
-                def pace(conn: socket.socket) -> tuple[float, float]:
-                    since, got = self.waiting[conn]
-                    return got / max(now - since, 1e-3), since
+                def pace(conn: socket.socket) -> tuple[bool, float, float]:
+                    since, got, served = self.waiting[conn]
+                    return served, got / max(now - since, 1e-3), since
 
                 doomed = [min(self.waiting, key=pace)]
             for conn in doomed:

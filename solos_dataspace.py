@@ -23,6 +23,7 @@ import json
 import logging
 import queue
 import re
+import select
 import socket
 import sqlite3
 import struct
@@ -33,19 +34,25 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
+import solos_bounds
+
 log = logging.getLogger("solos_dataspace")
 
 # ==== Configuration ====
 
 EVENT_RETENTION_S = 7 * 86_400  # a week: an agent offline over a weekend still catches up by id
 MAX_SUBSCRIBERS = 32  # streams each hold a thread; past this, 503 (MAX_CONNECTIONS stays for everyone else)
+# One agent's share: its newest stream replaces its oldest past this, and at the cap an agent holding more
+# than a newcomer's share gives up its oldest, so no agent holds every stream (issue 18, item 4).
+STREAMS_PER_AGENT = 4
+GONE_CHECK_S = 1.0  # how often a quiet stream looks for a client that hung up
 SUBSCRIBER_BUFFER = 1024  # events queued for one stream; a consumer that far behind is dropped, not waited for
 HEARTBEAT_S = 15.0  # under common proxy idle timeouts (30-60 s) and the handler's 30 s socket timeout
 POLL_S = 0.05  # how often the fleet's own direct writes are looked for while anyone subscribes
 SWEEP_S = 1.0  # expiry events are at most this late
 PRUNE_EVERY_S = 600
 BATCH = 500  # events read per query
-WIRE_CACHE = 4096  # encoded events kept for the streams still to send them
+WIRE_CACHE_BYTES = 8 << 20  # encoded events kept for the streams still to send them: 8 MiB, 4,000 small ones
 SCAN_LIMIT = 5000  # events one read_events call examines at most (next_since says where it stopped)
 MERGE_PAGES = 128  # FTS5 pages one merge step writes: about 10 ms at 100k facts, so no long write lock
 MAX_MERGE_STEPS = 10_000
@@ -81,7 +88,12 @@ FORGET_FIELDS = {
         "enum": ["short", "long", "episodic", "durable"],
         "description": "The row's tier. Durable records are the fleet's, read-only: forgetting one is refused (403).",
     },
-    "id": {"type": "integer", "minimum": 1, "description": "The row's id, as recall returned it."},
+    "id": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": solos_bounds.MAX_ID,
+        "description": "The row's id, as recall returned it.",
+    },
 }
 FORGET_OUTPUT = {
     "tier": {"type": "string"},
@@ -120,6 +132,7 @@ def event_fields(agent: dict, tags: dict, tiers: Sequence[str], scopes: Sequence
         "since": {
             "type": "integer",
             "minimum": 0,
+            "maximum": solos_bounds.MAX_ID,
             "description": "Only events with a larger id (the stream: or Last-Event-ID). Default: the oldest kept.",
         },
         "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100, "description": "At most, 1-1000."},
@@ -621,6 +634,17 @@ class Subscriber:
     connection: socket.socket | None
     queue: queue.Queue = field(default_factory=lambda: queue.Queue(SUBSCRIBER_BUFFER))
     dropped: str | None = None
+    opened: float = field(default_factory=time.monotonic)
+
+    def gone(self) -> bool:
+        """The client hung up: its socket reads end-of-file (an SSE client sends nothing after its request)."""
+        if self.connection is None:
+            return False
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (OSError, ValueError):
+            return True
 
     def offer(self, events: list[dict]) -> bool:
         """Queue events without ever waiting; False (and dropped) when the queue is full."""
@@ -689,8 +713,10 @@ class Dataspace:
         self.mirror_waits: set[int] = set()  # forgotten long rows the Qdrant outbox still holds
         self.wire_lock = threading.Lock()
         self.wire: dict[tuple[int, bool], bytes] = {}  # encoded events, oldest first
+        self.wire_bytes = 0
         self.max_subscribers, self.heartbeat_s, self.poll_s = MAX_SUBSCRIBERS, HEARTBEAT_S, POLL_S
-        self.counters = {"delivered": 0, "dropped": 0, "refused": 0}
+        self.streams_per_agent = STREAMS_PER_AGENT
+        self.counters = {"delivered": 0, "dropped": 0, "refused": 0, "replaced": 0}
         # Its own connection, kept off the request pool, for the thread's reads and its rare writes.
         self.own, self.own_lock = store.connect(), threading.Lock()
         self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
@@ -707,9 +733,11 @@ class Dataspace:
             self.thread.join(timeout=10)
 
     def stats(self) -> dict:
-        """Open streams, events delivered, streams dropped as slow, streams refused at the cap."""
+        """Open streams, events delivered, streams dropped as slow, refused at the cap, the encoded-event cache."""
         with self.lock:
-            return {"open": len(self.subscribers), **self.counters}
+            found = {"open": len(self.subscribers), **self.counters}
+        with self.wire_lock:
+            return {**found, "cache_events": len(self.wire), "cache_bytes": self.wire_bytes}
 
     def wake(self) -> None:
         """A write committed: look now rather than at the next poll."""
@@ -885,9 +913,10 @@ class Dataspace:
     def collect(
         self, conn: sqlite3.Connection, pattern: Pattern, since: int, limit: int = BATCH
     ) -> tuple[list[dict], int]:
-        """Up to `limit` matching events after `since`, examining at most SCAN_LIMIT; (events, last examined)."""
+        """Up to `limit` matching events after `since`, examining at most SCAN_LIMIT and holding at most
+        solos_bounds.ANSWER_BYTES of JSON (always one event at least); (events, last examined)."""
         found: list[dict] = []
-        examined, scanned = since, 0
+        examined, scanned, size = since, 0, 0
         while len(found) < limit and scanned < SCAN_LIMIT:
             events = events_after(conn, examined, BATCH)
             if not events:
@@ -901,7 +930,8 @@ class Dataspace:
             }
             for event in events:
                 if event["id"] in shown:
-                    if len(found) == limit:
+                    size += solos_bounds.json_bytes(shown[event["id"]]) + 1
+                    if len(found) == limit or (found and size > solos_bounds.ANSWER_BYTES):
                         return found, examined
                     found.append(shown[event["id"]])
                 examined = event["id"]
@@ -937,11 +967,29 @@ class Dataspace:
     # -- streams --
 
     def subscribe(self, pattern: Pattern, connection: socket.socket | None) -> Subscriber | None:
-        """Register a stream, or None when MAX_SUBSCRIBERS are already open."""
+        """Register a stream, or None when the cap is reached and no agent holds more than its share.
+
+        An agent at STREAMS_PER_AGENT gives up its own oldest stream for its newest. At the cap, the agent
+        holding the most streams gives up its oldest if it holds more than the newcomer's agent would.
+        """
         with self.lock:
-            if len(self.subscribers) >= self.max_subscribers:
-                self.counters["refused"] += 1
-                return None
+            held: dict[str, list[Subscriber]] = {}
+            for subscriber in sorted(self.subscribers, key=lambda s: s.opened):
+                held.setdefault(subscriber.pattern.caller, []).append(subscriber)
+            mine = held.get(pattern.caller, [])
+            victim = None
+            if len(mine) >= self.streams_per_agent:
+                victim = mine[0]
+            elif len(self.subscribers) >= self.max_subscribers:
+                most = max(held.values(), key=len)
+                if len(most) <= len(mine) + 1:
+                    self.counters["refused"] += 1
+                    return None
+                victim = most[0]
+            if victim is not None:
+                self.subscribers.discard(victim)
+                victim.drop(f"replaced by a newer stream ({victim.pattern.caller} holds its share)")
+                self.counters["replaced"] += 1
             if not self.subscribers:  # nobody was listening: start from the head, not from a backlog
                 self.cursor = self.store.read(head_event)
             subscriber = Subscriber(pattern, connection)
@@ -969,10 +1017,16 @@ class Dataspace:
                 if examined == last:
                     break
                 last = self.deliver(subscriber, events, examined, write)
+            next_heartbeat = time.monotonic() + self.heartbeat_s
             while not self.stopped and not subscriber.dropped:
                 try:
-                    events = [subscriber.queue.get(timeout=self.heartbeat_s)]
+                    events = [subscriber.queue.get(timeout=min(GONE_CHECK_S, self.heartbeat_s))]
                 except queue.Empty:
+                    if subscriber.gone():  # found within a second, not at the next failed heartbeat's write
+                        return
+                    if time.monotonic() < next_heartbeat:
+                        continue
+                    next_heartbeat = time.monotonic() + self.heartbeat_s
                     with self.lock:  # nothing queued under the lock: everything up to the cursor was examined
                         cursor = self.cursor if subscriber.queue.empty() else last
                     last = max(last, cursor)
@@ -993,25 +1047,39 @@ class Dataspace:
             self.unsubscribe(subscriber)
 
     def deliver(self, subscriber: Subscriber, events: list[dict], examined: int, write: Callable[[bytes], Any]) -> int:
-        """Audit, then write the events in one send; returns the new last id."""
+        """Audit, then write the events in sends of at most solos_bounds.ANSWER_BYTES; returns the new last id."""
         self.audit(subscriber.pattern.caller, events)
-        payload = b"".join(self.encode(event) for event in events)
-        write(payload + (sse(event_id=examined) if not events or events[-1]["id"] != examined else b""))
+        pending: list[bytes] = []
+        size = 0
+        for event in events:
+            wire = self.encode(event)
+            if pending and size + len(wire) > solos_bounds.ANSWER_BYTES:
+                write(b"".join(pending))
+                pending, size = [], 0
+            pending.append(wire)
+            size += len(wire)
+        write(b"".join(pending) + (sse(event_id=examined) if not events or events[-1]["id"] != examined else b""))
         with self.lock:
             self.counters["delivered"] += len(events)
         return examined
 
     def encode(self, event: dict) -> bytes:
-        """The event as an SSE message, encoded once for all the streams it goes to (the last WIRE_CACHE kept)."""
+        """The event as an SSE message, encoded once for all the streams it goes to.
+
+        The newest encodings are kept up to WIRE_CACHE_BYTES in all: bounded by bytes, since one event can
+        encode to a quarter of a megabyte (issue 18: 4,000 large events held 1.1 GiB by a count bound).
+        """
         key = (event["id"], event["foreign"])
         with self.wire_lock:
             wire = self.wire.get(key)
         if wire is None:
             wire = sse(event, event_id=event["id"])
             with self.wire_lock:
-                self.wire[key] = wire
-                while len(self.wire) > WIRE_CACHE:
-                    del self.wire[next(iter(self.wire))]
+                if key not in self.wire:
+                    self.wire[key] = wire
+                    self.wire_bytes += len(wire)
+                while self.wire_bytes > WIRE_CACHE_BYTES:
+                    self.wire_bytes -= len(self.wire.pop(next(iter(self.wire))))
         return wire
 
     # -- forget's scrub, pruning --
@@ -1027,6 +1095,7 @@ class Dataspace:
         """
         with self.wire_lock:  # encoded events may quote the forgotten row
             self.wire.clear()
+            self.wire_bytes = 0
         for fts in KEYWORD_INDEX[tier]:
             self.merge(fts)
         if tier == "long" and self.store.read(functools.partial(mirror_waiting, row_ids=[row_id])):

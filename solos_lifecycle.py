@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import solos_bounds
+
 MAX_PROMOTED = 100  # rows per promotion; one fact distilled from more is not one fact
 ARCHIVE_BATCH = 500  # rows moved per write transaction, so no write lock is held long
 ARCHIVE_TIER = "episodic_archive"  # recall's internal name for the archived rows; results say "episodic"
@@ -23,7 +25,7 @@ ARCHIVE_TIER = "episodic_archive"  # recall's internal name for the archived row
 PROMOTE_INPUT_PROPERTIES = {
     "ids": {
         "type": "array",
-        "items": {"type": "integer", "minimum": 1},
+        "items": {"type": "integer", "minimum": 1, "maximum": solos_bounds.MAX_ID},
         "maxItems": MAX_PROMOTED,
         "uniqueItems": True,
         "description": "The caller's episodic row ids to distil into one long fact (1-100).",

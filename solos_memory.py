@@ -52,6 +52,7 @@ from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
 import mcp_bridge
+import solos_bounds
 import solos_check
 import solos_connections
 import solos_dataspace
@@ -323,6 +324,10 @@ def check_one(name: str, schema: dict, value: Any) -> Any:
         raise BadRequest(f"{name} must be {article(kind)} {kind}, got {describe(value)}", name)
     if isinstance(value, float) and not math.isfinite(value):
         raise BadRequest(f"{name} must be a finite number, got {describe(value)}", name)
+    if kind == "integer" and not -solos_bounds.MAX_ID - 1 <= value <= solos_bounds.MAX_ID:
+        raise BadRequest(
+            f"{name} must be a 64-bit integer (at most {solos_bounds.MAX_ID}), got {describe(value)}", name
+        )
     if kind in ("integer", "number"):
         low, high = schema.get("minimum"), schema.get("maximum")
         low_open = schema.get("exclusiveMinimum")
@@ -1599,6 +1604,18 @@ def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Ga
 def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:
     """Collapse duplicates, cut to k, audit foreign episodes, count; the response."""
     results, collapsed = solos_rank.collapse_duplicates(found.persona + ranked, plan.k)
+    kept = solos_bounds.fitting(results)
+    truncated = None
+    if kept < len(results):  # left out, not handed over: neither audited nor counted as read
+        results, truncated = (
+            results[:kept],
+            {
+                "left_out": len(results) - kept,
+                "max_bytes": solos_bounds.ANSWER_BYTES,
+                "message": f"the next {len(results) - kept} results would pass {solos_bounds.ANSWER_BYTES} bytes; "
+                "ask with a narrower q, tiers or scope",
+            },
+        )
     for result in results:  # presentation work, only for the rows returned
         result["score"] = round(result["score"], 6)
         if "tags" in result:
@@ -1623,6 +1640,7 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
         "degraded_reason": reason,
         "ranking": found.ranking,
         "reranked": found.reranked,
+        "truncated": truncated,
     }
 
 
@@ -1787,6 +1805,10 @@ RECALL_OUTPUT = result_schema(
         "degraded_reason": NULLABLE_STRING,
         "ranking": {"type": "string"},
         "reranked": {"type": "boolean", "description": "true: the learned reranker ordered the best rows."},
+        "truncated": {
+            "type": ["object", "null"],
+            "description": "Set when the next results were left out to keep the answer under max_bytes of JSON.",
+        },
     }
 )
 
@@ -1979,7 +2001,12 @@ OPERATIONS = {
                     "default": 100,
                     "description": "At most this many, 1-1000.",
                 },
-                "before_id": {"type": "integer", "minimum": 1, "description": "Page: only reads with a smaller id."},
+                "before_id": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": solos_bounds.MAX_ID,
+                    "description": "Page: only reads with a smaller id.",
+                },
             }
         ),
         result_schema(
@@ -2293,7 +2320,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.respond(500, error_body(ServiceError("internal error; see the service log")))
         finally:
-            self.server.idle(self.connection)
+            self.server.idle(self.connection, served=True)
             if self.server.config.log_requests:
                 log_event(
                     "request",
@@ -2340,14 +2367,14 @@ class MemoryHandler(BaseHTTPRequestHandler):
             if "chunked" in self.headers["Transfer-Encoding"].lower():
                 raise LengthRequired("chunked bodies are not accepted; send Content-Length", "Content-Length")
             raise BadRequest("Transfer-Encoding is not accepted; send Content-Length", "Transfer-Encoding")
-        lengths = {part.strip() for raw in self.headers.get_all("Content-Length") or () for part in raw.split(",")}
+        lengths = self.headers.get_all("Content-Length") or []
         if not lengths:
             if self.command in ("POST", "PUT", "PATCH"):
                 raise LengthRequired(f"a {self.command} needs a body with Content-Length", "Content-Length")
             return b""
-        if len(lengths) > 1:
-            raise BadRequest(f"conflicting Content-Length headers: {', '.join(sorted(lengths))}", "Content-Length")
-        raw_length = lengths.pop()
+        if len(lengths) > 1 or "," in lengths[0]:  # even "N, N", which RFC 9110 lets a server accept: one framing
+            raise BadRequest(f"Content-Length must be one number, got {describe(', '.join(lengths))}", "Content-Length")
+        raw_length = lengths[0].strip()
         if not re.fullmatch(r"[0-9]{1,15}", raw_length):  # not isdigit(): it admits '²', which int() refuses
             raise BadRequest(f"Content-Length must be a number, got {describe(raw_length)}", "Content-Length")
         length = int(raw_length)
@@ -2504,6 +2531,11 @@ def metrics_text(server: MemoryServer) -> bytes:
     family("rows", "gauge", "Rows per tier (short: live only).")
     for tier, count in rows.items():
         lines.append(f'solos_memory_rows{{tier="{label(tier)}"}} {count}')
+    streams = server.memory.dataspace.stats()
+    family("event_streams", "gauge", "Open event streams.")
+    lines.append(f"solos_memory_event_streams {streams['open']}")
+    family("event_cache_bytes", "gauge", "Encoded events kept for the streams (bounded by bytes).")
+    lines.append(f"solos_memory_event_cache_bytes {streams['cache_bytes']}")
     lines.extend(solos_qdrant.metrics_lines(solos_qdrant.mirror_status(server.memory.store, server.memory.mirror)))
     return ("\n".join(lines) + "\n").encode()
 
