@@ -595,26 +595,12 @@ def turn_context(client: Client, message: str, *, agent: str | None = None, k: i
     return format_recall(client.recall(message, agent=agent, k=k, scope="shared"))
 
 
-def record_turn(
-    client: Client,
-    message: str,
-    reply: str,
-    *,
-    turn_id: str,
-    agent: str | None = None,
-    outcome: str = "success",
-    event_type: str = A2A_EVENT_TYPE,
-) -> dict:
-    """Turn end: queue the turn's episodic row (write_turn) for the client's background thread; never waits.
+def record_turn(client: Client, message: str, reply: str, *, turn_id: str, **fields: Any) -> dict:
+    """Turn end: queue write_turn (same arguments) for the client's background thread; never waits.
 
     Returns {"status": "queued"}, or with the queue full {"status": None, "error": ...} (dropped, counted).
     """
-    queued = client.submit(
-        "turn record",
-        lambda: write_turn(
-            client, message, reply, turn_id=turn_id, agent=agent, outcome=outcome, event_type=event_type
-        ),
-    )
+    queued = client.submit("turn record", lambda: write_turn(client, message, reply, turn_id=turn_id, **fields))
     if queued:
         return {"status": "queued"}
     return {
@@ -670,9 +656,15 @@ def module_source(name: str) -> str:
     return source
 
 
-def install_hermes(hermes_home: str) -> Path:
-    """Write the provider into HERMES_HOME/plugins/solos/: solos_hermes.py as __init__.py, this client beside it."""
-    target = Path(hermes_home).expanduser() / "plugins" / HERMES_PLUGIN_NAME
+def install_hermes(hermes_home: str, *, create: bool = False) -> Path:
+    """Write the provider into HERMES_HOME/plugins/solos/: solos_hermes.py as __init__.py, this client beside it.
+
+    A missing HERMES_HOME is a FileNotFoundError unless `create`: a mistyped path must not "work".
+    """
+    home = Path(hermes_home).expanduser()
+    if not home.is_dir() and not create:
+        raise FileNotFoundError(f"no Hermes home at {home} (run Hermes once, or pass --create to make it)")
+    target = home / "plugins" / HERMES_PLUGIN_NAME
     target.mkdir(parents=True, exist_ok=True)
     files = {
         "__init__.py": module_source("solos_hermes"),
@@ -684,6 +676,56 @@ def install_hermes(hermes_home: str) -> Path:
         temporary.write_text(text, encoding="utf-8")
         temporary.replace(target / name)
     return target
+
+
+def hermes_agent(hermes_home: str, environ: Mapping[str, str]) -> tuple[str, str]:
+    """(agent, where it comes from) as solos_hermes would pick it: plugins.solos.agent, SOLOS_MEMORY_AGENT, profile."""
+    home = Path(hermes_home).expanduser()
+    configured = configured_agent(home / "config.yaml")
+    if configured:
+        return configured, f"plugins.solos.agent in {home / 'config.yaml'}"
+    if environ.get(ENV_PREFIX + "AGENT"):
+        return environ[ENV_PREFIX + "AGENT"], ENV_PREFIX + "AGENT"
+    # Hermes's get_active_profile_name: ~/.hermes is "default" (the provider says "hermes"),
+    # ~/.hermes/profiles/NAME is NAME, any other folder "custom".
+    if home.parent.name == "profiles":
+        return home.name, "the profile's name"
+    if home.resolve() == (Path.home() / ".hermes").resolve():
+        return "hermes", "the default profile"
+    return "custom", "Hermes's name for a profile outside ~/.hermes"
+
+
+def configured_agent(config: Path) -> str | None:
+    """plugins: solos: agent: from a config.yaml in block style (as `hermes config set` writes it); no YAML parser."""
+    try:
+        lines = config.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    path: list[tuple[int, str]] = []
+    for line in lines:
+        if not line.strip() or line.lstrip().startswith("#") or ":" not in line:
+            continue
+        indent = len(line) - len(line.lstrip())
+        key, _, value = line.strip().partition(":")
+        while path and path[-1][0] >= indent:
+            path.pop()
+        if [k for _, k in path] == ["plugins", HERMES_PLUGIN_NAME] and key == "agent" and value.strip():
+            return value.strip().strip("'\"")
+        path.append((indent, key))
+    return None
+
+
+def check_agent_known(client: Client, agent: str) -> str | None:
+    """A warning when the service does not know the agent (or cannot say); None when it does."""
+    try:
+        client.recall("", agent=agent, k=1)
+    except Rejected as error:
+        if error.status == 422:
+            return f"the service does not know agent {agent!r}: every call will get 422 until `agents add {agent}`"
+        return f"could not check agent {agent!r}: {error}"
+    except SolosError as error:
+        return f"could not check agent {agent!r} at {client.url}: {error}"
+    return None
 
 
 # ==== CLI ====
@@ -758,7 +800,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=env.get("HERMES_HOME") or "~/.hermes",
         help="the Hermes profile's home (default: %(default)s, or HERMES_HOME)",
     )
+    install.add_argument(
+        "--create", action="store_true", help="create the Hermes home if it is missing (default: refuse)"
+    )
     return parser.parse_args(argv)
+
+
+def run_install_hermes(args: argparse.Namespace) -> int:
+    """install-hermes: install, say which agent the provider will be, warn if the service does not know it."""
+    try:
+        target = install_hermes(args.hermes_home, create=args.create)
+    except FileNotFoundError as error:
+        print(json.dumps(UsageError(str(error)).as_dict()), file=sys.stderr)
+        return EXIT_USAGE
+    agent, source = hermes_agent(args.hermes_home, os.environ)
+    report: dict[str, Any] = {
+        "installed": str(target),
+        "agent": agent,
+        "agent_from": source,
+        "select_with": "hermes config set memory.provider solos",
+    }
+    try:
+        warning = check_agent_known(Client.from_env(url=args.url, token_file=args.token_file), agent)
+    except (ValueError, OSError) as error:
+        warning = f"could not check agent {agent!r}: {error}"
+    if warning:
+        report["warning"] = warning
+        print(f"warning: {warning}", file=sys.stderr)
+    print(json.dumps(report))
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -766,9 +836,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     if args.command == "install-hermes":
-        target = install_hermes(args.hermes_home)
-        print(json.dumps({"installed": str(target), "select_with": "hermes config set memory.provider solos"}))
-        return EXIT_OK
+        return run_install_hermes(args)
     try:
         client = Client.from_env(
             url=args.url, agent=args.agent, token_file=args.token_file, best_effort=args.best_effort

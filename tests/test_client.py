@@ -662,3 +662,29 @@ def test_queued_turns_are_flushed_at_exit_within_the_bound(server, fault_server)
     (row,) = episodic_rows(server, "sol", solos_client.A2A_EVENT_TYPE)  # written by the exit flush
     assert (row["summary"], row["details"]) == ("a question", "an answer")
     assert runs["hung"].returncode == 0 and "1 queued writes not written at exit" in runs["hung"].stderr
+
+
+def test_install_hermes_checks_the_home_names_the_agent_and_warns_when_unknown(server, tmp_path):
+    def install(home: Path, *extra: str) -> subprocess.CompletedProcess:
+        return client_command("install-hermes", "--hermes-home", str(home), *extra, url=server.url)
+
+    typo = tmp_path / ".hermse"
+    refused = install(typo)
+    assert refused.returncode == 2 and "--create" in json.loads(refused.stderr)["error"]["message"]
+    assert not typo.exists()
+
+    profile = tmp_path / ".hermes" / "profiles" / "ops"
+    profile.mkdir(parents=True)
+    unknown = install(profile)
+    assert unknown.returncode == 0, unknown.stderr
+    report = json.loads(unknown.stdout)
+    assert (report["agent"], report["agent_from"]) == ("ops", "the profile's name")
+    assert "does not know agent 'ops'" in report["warning"] and "agents add ops" in unknown.stderr
+    assert (profile / "plugins" / "solos" / "__init__.py").is_file()
+
+    (profile / "config.yaml").write_text("memory:\n  provider: solos\nplugins:\n  solos:\n    agent: sol\n")
+    known = json.loads(install(profile).stdout)
+    assert known["agent"] == "sol" and "warning" not in known
+    created = install(tmp_path / "fresh", "--create")
+    assert created.returncode == 0 and (tmp_path / "fresh" / "plugins" / "solos").is_dir()
+    assert json.loads(created.stdout)["agent"] == "custom"  # Hermes's own name for a home outside ~/.hermes
