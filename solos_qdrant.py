@@ -118,8 +118,9 @@ def connect(target: Target) -> Any:
     try:
         if target.url:
             # httpx follows http_proxy even to 127.0.0.1: a loopback Qdrant is reached directly.
-            direct = is_loopback(urlsplit(target.url).hostname or "")
-            return QdrantClient(url=target.url, timeout=5, **({"trust_env": False} if direct else {}))
+            if is_loopback(urlsplit(target.url).hostname or ""):
+                return QdrantClient(url=target.url, timeout=5, trust_env=False)  # passed on to httpx
+            return QdrantClient(url=target.url, timeout=5)
         return QdrantClient(path=target.path)
     except Exception as error:  # a locked local folder raises RuntimeError, a bad URL ValueError
         raise QdrantUnavailable(f"{target.describe()}: {type(error).__name__}: {error}") from None
@@ -459,9 +460,10 @@ class Mirror(threading.Thread):
             self.last_error_at = utc_now()
         return len(finished)
 
-    def valid_ids(self, texts: set[str]) -> list[int | str]:
+    def valid_ids(self, texts: set[str]) -> list[int | str | uuid.UUID]:
         """The ids in Qdrant's types; one it would refuse is counted and logged, never sent (it would retry forever)."""
-        ids, refused = [], []
+        ids: list[int | str | uuid.UUID] = []
+        refused = []
         for text in sorted(texts):
             pid = qdrant_id(text)
             if pid is None:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import solos_client
 import solos_memory
-from solos_client import Client, Rejected, Unavailable, record_turn, turn_context, write_turn
+from solos_client import Client, Rejected, Unavailable, record_turn, turn_context
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -272,11 +272,11 @@ def test_turn_context_is_the_top_three_shared_rows_with_writer_and_foreign_label
 def test_write_turn_writes_one_row_per_turn_even_when_retried(server):
     client = Client(server.url, "sol")
 
-    first = write_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="msg-17")
-    retried = write_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="msg-17")
-    other = write_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="msg-18")
+    first = solos_client.write_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="msg-17")
+    retried = solos_client.write_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="msg-17")
+    other = solos_client.write_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="msg-18")
     with pytest.raises(Rejected) as changed:  # a retried turn with another reply: the first record stands
-        write_turn(client, "When do backups run?", "At 3.", turn_id="msg-17")
+        solos_client.write_turn(client, "When do backups run?", "At 3.", turn_id="msg-17")
 
     assert (first["status"], retried["status"], other["status"]) == ("created", "unchanged", "created")
     assert changed.value.status == 409
