@@ -8,7 +8,7 @@ bare python3 and is copied as is into a Hermes plugin folder.
     from solos_client import Client, turn_context, record_turn
     memory = Client.from_env(best_effort=True)          # SOLOS_MEMORY_URL, _AGENT, _TOKEN, _TOKEN_FILE
     context = turn_context(memory, incoming_text)        # turn start: top-3 shared recall, prompt-ready
-    record_turn(memory, incoming_text, reply, turn_id=message_id)   # turn end: one episodic row
+    record_turn(memory, incoming_text, reply, turn_id=message_id)   # turn end: queued, one episodic row
 
 As a command (also `python3 solos-memory.pyz client ...`), printing JSON:
 
@@ -27,7 +27,14 @@ whole call (retry included), enforced by a watchdog that shuts the socket, so
 a server that accepts and never answers, or trickles bytes, costs at most the
 deadline. Idempotent calls (recall, remember, an event with an
 idempotency_key) are retried at most once, only for a failure that is not
-the service's refusal, and only inside the same deadline.
+the service's refusal, and only inside the same deadline. A call that finds
+the service unavailable opens a circuit breaker: for the next 15 s
+(`breaker_cooldown`) every call fails at once, then one call tries again. So
+a hung service costs one deadline per cooldown, not one per call.
+
+record_turn does not wait: it queues the write for one background thread
+(64 queued at most; a full queue drops the turn and counts it in
+`client.background.counts`), which is flushed for at most 2 s at exit.
 
 Settings (a flag beats the environment, which beats the default):
   --url         SOLOS_MEMORY_URL         http://127.0.0.1:8437
@@ -39,16 +46,19 @@ Settings (a flag beats the environment, which beats the default):
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import http.client
 import json
 import logging
 import os
+import queue
 import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+import unicodedata
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -68,6 +78,12 @@ RECALL_TIMEOUT_S = 0.8
 # a busy database answers 503 after --busy-timeout-ms (5 s), so 2 s gives up first.
 WRITE_TIMEOUT_S = 2.0
 RETRY_PAUSE_S = 0.05  # a refused connect retried at once meets the same restart
+# After a call finds the service unavailable, calls fail at once for this long; then one tries.
+# A restart takes a few seconds; a hung service should cost a turn once, not every turn.
+BREAKER_COOLDOWN_S = 15.0
+# record_turn's background queue: minutes of turns behind a dead service; past that, drop and count.
+WRITE_QUEUE_SIZE = 64
+EXIT_FLUSH_S = 2.0  # at exit, queued writes get this long (one write's deadline), then are dropped with a log line
 # The service's own cap on a request body (MAX_BODY_BYTES in solos_memory.py);
 # the largest recall answer (100 rows of 16 KiB) fits well under 4 MiB.
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
@@ -78,11 +94,17 @@ ROUTES = {
     "recall": ("GET", "/v1/recall"),
     "write_long": ("POST", "/v1/long"),
     "write_episodic": ("POST", "/v1/episodic"),
+    "forget": ("DELETE", "/v1/memory"),
 }
 A2A_RECALL_K = 3  # the fleet spec's turn-start recall: top 3, shared scope
 A2A_EVENT_TYPE = "a2a_turn"
 SUMMARY_CHARS = 4_096  # write_episodic's summary maxLength
 DETAILS_CHARS = 16_384  # write_episodic's details maxLength
+
+NO_AGENT = (
+    "no agent: pass --agent NAME or set SOLOS_MEMORY_AGENT (Client(agent=...)); "
+    "it must be registered in the service (solos-memory agents add NAME)"
+)
 
 LOG = logging.getLogger("solos_client")
 
@@ -114,6 +136,12 @@ class Unavailable(SolosError):
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
+
+
+class UsageError(SolosError):
+    """The call cannot be made as configured (no agent and no token); nothing was sent."""
+
+    code = "usage"
 
 
 class Rejected(SolosError):
@@ -154,6 +182,8 @@ class Client:
         recall_timeout: float = RECALL_TIMEOUT_S,
         write_timeout: float = WRITE_TIMEOUT_S,
         best_effort: bool = False,
+        breaker_cooldown: float = BREAKER_COOLDOWN_S,
+        write_queue_size: int = WRITE_QUEUE_SIZE,
     ):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -169,6 +199,8 @@ class Client:
         self.recall_timeout = recall_timeout
         self.write_timeout = write_timeout
         self.best_effort = best_effort
+        self.breaker = Breaker(breaker_cooldown)
+        self.background = Background(write_queue_size)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Client:
@@ -255,8 +287,13 @@ class Client:
             "write_episodic", body=body, timeout=timeout or self.write_timeout, idempotent=bool(idempotency_key)
         )
 
+    def forget(self, tier: str, row_id: int, *, agent: str | None = None, timeout: float | None = None) -> dict:
+        """Forget one of the agent's own rows by id; a retry after a lost answer gets 404 (already forgotten)."""
+        query = {"agent": self.agent_for(agent), "tier": tier, "id": row_id}
+        return self.call("forget", query=query, timeout=timeout or self.write_timeout, idempotent=True)
+
     def agent_for(self, agent: str | None) -> str | None:
-        """The agent a call names; None lets the service answer 400 naming `agent` (or bind it by token)."""
+        """The agent a call names; None only with a token, which the service binds to its agent."""
         return agent or self.agent
 
     # -- one bounded call ------------------------------------------------------
@@ -288,6 +325,9 @@ class Client:
         self, operation: str, *, query: dict | None, body: dict | None, timeout: float, idempotent: bool
     ) -> dict:
         """One attempt, and for an idempotent call one retry if the first was Unavailable and time remains."""
+        if not (query or body or {}).get("agent") and not self.token:
+            raise UsageError(NO_AGENT)
+        self.breaker.check()
         method, path = ROUTES[operation]
         target = (
             self.base_path
@@ -297,15 +337,26 @@ class Client:
         payload = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
         deadline = time.monotonic() + timeout
         try:
-            return self.attempt(operation, method, target, payload, deadline)
+            answer = self.attempt(operation, method, target, payload, deadline)
         except Unavailable as first:
             if not idempotent or deadline - time.monotonic() <= RETRY_PAUSE_S + 0.01:
+                self.breaker.failed(first)
                 raise
             time.sleep(RETRY_PAUSE_S)
             try:
-                return self.attempt(operation, method, target, payload, deadline)
+                answer = self.attempt(operation, method, target, payload, deadline)
             except Unavailable as second:
+                self.breaker.failed(second)
                 raise Unavailable(f"{second} (after one retry; first: {first})", second.status) from second
+        except Rejected:
+            self.breaker.succeeded()  # the service answered
+            raise
+        self.breaker.succeeded()
+        return answer
+
+    def submit(self, what: str, job: Callable[[], Any]) -> bool:
+        """Queue a write for the background thread; False if the queue was full (the write is dropped, counted)."""
+        return self.background.submit(what, job)
 
     def attempt(self, operation: str, method: str, target: str, payload: bytes | None, deadline: float) -> dict:
         """One request and its checked answer."""
@@ -353,6 +404,98 @@ class Client:
         return response.status, data
 
 
+class Breaker:
+    """Stops calling a service that just failed: for `cooldown` seconds calls fail at once, then one call tries."""
+
+    def __init__(self, cooldown: float):
+        self.cooldown = cooldown
+        self.lock = threading.Lock()
+        self.open_until = 0.0
+        self.failures = 0
+        self.last_error = ""
+
+    def check(self) -> None:
+        """Raise Unavailable while open; once the cooldown is over, let this one call through and hold the rest."""
+        with self.lock:
+            if not self.failures:
+                return
+            now = time.monotonic()
+            if now < self.open_until:
+                raise Unavailable(
+                    f"not called: the service failed {self.failures}x, last: {self.last_error}; "
+                    f"next try in {self.open_until - now:.1f} s"
+                )
+            self.open_until = now + self.cooldown  # this call is the try; concurrent ones wait it out
+
+    def failed(self, error: Exception) -> None:
+        with self.lock:
+            self.failures += 1
+            self.last_error = str(error)[:200]
+            self.open_until = time.monotonic() + self.cooldown
+
+    def succeeded(self) -> None:
+        with self.lock:
+            self.failures = 0
+
+
+class Background:
+    """One daemon thread running queued writes in order; a full queue drops the write and counts it."""
+
+    def __init__(self, size: int = WRITE_QUEUE_SIZE):
+        self.jobs: queue.Queue = queue.Queue(maxsize=size)
+        self.counts = {"queued": 0, "written": 0, "failed": 0, "dropped": 0}
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def submit(self, what: str, job: Callable[[], Any]) -> bool:
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self.run, name="solos-client-writes", daemon=True)
+                self.thread.start()
+                atexit.register(self.flush_at_exit)
+            try:
+                self.jobs.put_nowait((what, job))
+            except queue.Full:
+                self.counts["dropped"] += 1
+                LOG.warning("solos_client: write queue full (%d); dropped a %s", self.jobs.maxsize, what)
+                return False
+            self.counts["queued"] += 1
+            return True
+
+    def run(self) -> None:
+        while True:
+            what, job = self.jobs.get()
+            try:
+                answer = job()
+                failed = isinstance(answer, dict) and "error" in answer  # best-effort mode's empty result
+            except Exception as error:
+                failed = True
+                LOG.warning("solos_client: queued %s not written: %s", what, error)
+            finally:
+                with self.lock:
+                    self.counts["failed" if failed else "written"] += 1
+                self.jobs.task_done()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued write is done, for at most `timeout` seconds; True if they all are."""
+        deadline = time.monotonic() + timeout
+        with self.jobs.all_tasks_done:
+            while self.jobs.unfinished_tasks:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.jobs.all_tasks_done.wait(remaining)
+        return True
+
+    def flush_at_exit(self) -> None:
+        if not self.flush(EXIT_FLUSH_S):
+            LOG.warning(
+                "solos_client: %d queued writes not written at exit (waited %s s)",
+                self.jobs.unfinished_tasks,
+                EXIT_FLUSH_S,
+            )
+
+
 def abort(conn: http.client.HTTPConnection) -> None:
     """Shut a connection's socket from the watchdog thread; a blocked read returns at once."""
     sock = conn.sock
@@ -381,6 +524,8 @@ def parse_answer(status: int, data: bytes) -> dict:
     """The answer's JSON object; a 4xx becomes Rejected, anything else unusable becomes Unavailable."""
     try:
         answer = json.loads(data)
+    except RecursionError:  # nested past the stack: no status of it can be trusted, 4xx or not
+        raise Unavailable(f"answer nested too deep to read: {snippet(data)}", status) from None
     except (ValueError, UnicodeDecodeError):
         answer = None
     if 400 <= status < 500:
@@ -407,7 +552,12 @@ def check_recall(answer: dict) -> None:
     if not isinstance(rows, list) or not all(
         isinstance(row, dict) and isinstance(row.get("text"), str) and isinstance(row.get("agent"), str) for row in rows
     ):
-        raise Unavailable(f"recall answer without a list of rows: {snippet(json.dumps(answer).encode())}")
+        raise Unavailable(f"recall answer without a list of rows: {describe_rows(rows)}")
+
+
+def describe_rows(rows: Any) -> str:
+    """What a recall answer held instead of rows, briefly (never the whole, possibly hostile, value)."""
+    return f"results is {type(rows).__name__}" + (f" of {len(rows)}" if isinstance(rows, list) else "")
 
 
 def drop_none(fields: dict) -> dict:
@@ -418,16 +568,26 @@ def drop_none(fields: dict) -> dict:
 
 
 def format_recall(answer: dict, heading: str = "Shared memory") -> str:
-    """Rows as prompt lines naming each writer, with `foreign` on rows another agent wrote; "" for none."""
+    """Rows as prompt lines naming each writer, with `foreign` on rows another agent wrote; "" for none.
+
+    Every field shown is one line (prompt_text): a writer's name holding a
+    newline cannot start a forged line of its own.
+    """
     rows = answer.get("results") or []
     if not rows:
         return ""
     lines = [f"{heading} (most relevant first; 'foreign' rows were written by another agent):"]
     for row in rows:
-        label = f"{row['agent']}, foreign" if row.get("foreign") else f"{row['agent']}, own"
-        tier = row.get("tier", "?")
-        lines.append(f"- [{label}; {tier}] {' '.join(row['text'].split())}")
+        writer = prompt_text(row["agent"])
+        label = f"{writer}, foreign" if row.get("foreign") else f"{writer}, own"
+        tier = prompt_text(row["tier"]) if isinstance(row.get("tier"), str) else "?"
+        lines.append(f"- [{label}; {tier}] {prompt_text(row['text'])}")
     return "\n".join(lines)
+
+
+def prompt_text(value: str) -> str:
+    """The text on one line: control characters, line and paragraph separators and runs of spaces become one space."""
+    return " ".join("".join(" " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in value).split())
 
 
 def turn_context(client: Client, message: str, *, agent: str | None = None, k: int = A2A_RECALL_K) -> str:
@@ -435,7 +595,21 @@ def turn_context(client: Client, message: str, *, agent: str | None = None, k: i
     return format_recall(client.recall(message, agent=agent, k=k, scope="shared"))
 
 
-def record_turn(
+def record_turn(client: Client, message: str, reply: str, *, turn_id: str, **fields: Any) -> dict:
+    """Turn end: queue write_turn (same arguments) for the client's background thread; never waits.
+
+    Returns {"status": "queued"}, or with the queue full {"status": None, "error": ...} (dropped, counted).
+    """
+    queued = client.submit("turn record", lambda: write_turn(client, message, reply, turn_id=turn_id, **fields))
+    if queued:
+        return {"status": "queued"}
+    return {
+        "status": None,
+        "error": {"code": "dropped", "message": "the write queue is full; the turn is not recorded"},
+    }
+
+
+def write_turn(
     client: Client,
     message: str,
     reply: str,
@@ -443,26 +617,20 @@ def record_turn(
     turn_id: str,
     agent: str | None = None,
     outcome: str = "success",
-    duration_s: float | None = None,
     event_type: str = A2A_EVENT_TYPE,
 ) -> dict:
-    """Turn end: one episodic row for the turn, keyed by turn_id, so a retried turn writes it once.
+    """One episodic row for the turn, keyed by turn_id, so a redelivered turn writes it once (`unchanged`).
 
-    turn_id is the A2A message or task id. A retry that brings a different
-    reply meets the first row's key: the service answers 409 and the first
-    record stands (best-effort mode logs it and returns the empty result).
+    turn_id is the A2A message or task id. Everything written is the turn's
+    own (no timing measured per delivery): a redelivery brings the same
+    content. A retry that brings a different reply meets the first row's key:
+    the service answers 409 and the first record stands.
     """
     who = client.agent_for(agent) or ""
     key = "turn-" + hashlib.sha256(f"{who}\0{turn_id}".encode()).hexdigest()[:40]
     summary = " ".join(message.split())[:SUMMARY_CHARS] or "(empty message)"
     return client.event(
-        event_type,
-        summary,
-        agent=agent,
-        details=reply[:DETAILS_CHARS],
-        outcome=outcome,
-        duration_s=duration_s,
-        idempotency_key=key,
+        event_type, summary, agent=agent, details=reply[:DETAILS_CHARS], outcome=outcome, idempotency_key=key
     )
 
 
@@ -488,9 +656,15 @@ def module_source(name: str) -> str:
     return source
 
 
-def install_hermes(hermes_home: str) -> Path:
-    """Write the provider into HERMES_HOME/plugins/solos/: solos_hermes.py as __init__.py, this client beside it."""
-    target = Path(hermes_home).expanduser() / "plugins" / HERMES_PLUGIN_NAME
+def install_hermes(hermes_home: str, *, create: bool = False) -> Path:
+    """Write the provider into HERMES_HOME/plugins/solos/: solos_hermes.py as __init__.py, this client beside it.
+
+    A missing HERMES_HOME is a FileNotFoundError unless `create`: a mistyped path must not "work".
+    """
+    home = Path(hermes_home).expanduser()
+    if not home.is_dir() and not create:
+        raise FileNotFoundError(f"no Hermes home at {home} (run Hermes once, or pass --create to make it)")
+    target = home / "plugins" / HERMES_PLUGIN_NAME
     target.mkdir(parents=True, exist_ok=True)
     files = {
         "__init__.py": module_source("solos_hermes"),
@@ -502,6 +676,56 @@ def install_hermes(hermes_home: str) -> Path:
         temporary.write_text(text, encoding="utf-8")
         temporary.replace(target / name)
     return target
+
+
+def hermes_agent(hermes_home: str, environ: Mapping[str, str]) -> tuple[str, str]:
+    """(agent, where it comes from) as solos_hermes would pick it: plugins.solos.agent, SOLOS_MEMORY_AGENT, profile."""
+    home = Path(hermes_home).expanduser()
+    configured = configured_agent(home / "config.yaml")
+    if configured:
+        return configured, f"plugins.solos.agent in {home / 'config.yaml'}"
+    if environ.get(ENV_PREFIX + "AGENT"):
+        return environ[ENV_PREFIX + "AGENT"], ENV_PREFIX + "AGENT"
+    # Hermes's get_active_profile_name: ~/.hermes is "default" (the provider says "hermes"),
+    # ~/.hermes/profiles/NAME is NAME, any other folder "custom".
+    if home.parent.name == "profiles":
+        return home.name, "the profile's name"
+    if home.resolve() == (Path.home() / ".hermes").resolve():
+        return "hermes", "the default profile"
+    return "custom", "Hermes's name for a profile outside ~/.hermes"
+
+
+def configured_agent(config: Path) -> str | None:
+    """plugins: solos: agent: from a config.yaml in block style (as `hermes config set` writes it); no YAML parser."""
+    try:
+        lines = config.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    path: list[tuple[int, str]] = []
+    for line in lines:
+        if not line.strip() or line.lstrip().startswith("#") or ":" not in line:
+            continue
+        indent = len(line) - len(line.lstrip())
+        key, _, value = line.strip().partition(":")
+        while path and path[-1][0] >= indent:
+            path.pop()
+        if [k for _, k in path] == ["plugins", HERMES_PLUGIN_NAME] and key == "agent" and value.strip():
+            return value.strip().strip("'\"")
+        path.append((indent, key))
+    return None
+
+
+def check_agent_known(client: Client, agent: str) -> str | None:
+    """A warning when the service does not know the agent (or cannot say); None when it does."""
+    try:
+        client.recall("", agent=agent, k=1)
+    except Rejected as error:
+        if error.status == 422:
+            return f"the service does not know agent {agent!r}: every call will get 422 until `agents add {agent}`"
+        return f"could not check agent {agent!r}: {error}"
+    except SolosError as error:
+        return f"could not check agent {agent!r} at {client.url}: {error}"
+    return None
 
 
 # ==== CLI ====
@@ -576,7 +800,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=env.get("HERMES_HOME") or "~/.hermes",
         help="the Hermes profile's home (default: %(default)s, or HERMES_HOME)",
     )
+    install.add_argument(
+        "--create", action="store_true", help="create the Hermes home if it is missing (default: refuse)"
+    )
     return parser.parse_args(argv)
+
+
+def run_install_hermes(args: argparse.Namespace) -> int:
+    """install-hermes: install, say which agent the provider will be, warn if the service does not know it."""
+    try:
+        target = install_hermes(args.hermes_home, create=args.create)
+    except FileNotFoundError as error:
+        print(json.dumps(UsageError(str(error)).as_dict()), file=sys.stderr)
+        return EXIT_USAGE
+    agent, source = hermes_agent(args.hermes_home, os.environ)
+    report: dict[str, Any] = {
+        "installed": str(target),
+        "agent": agent,
+        "agent_from": source,
+        "select_with": "hermes config set memory.provider solos",
+    }
+    try:
+        warning = check_agent_known(Client.from_env(url=args.url, token_file=args.token_file), agent)
+    except (ValueError, OSError) as error:
+        warning = f"could not check agent {agent!r}: {error}"
+    if warning:
+        report["warning"] = warning
+        print(f"warning: {warning}", file=sys.stderr)
+    print(json.dumps(report))
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -584,15 +836,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     if args.command == "install-hermes":
-        target = install_hermes(args.hermes_home)
-        print(json.dumps({"installed": str(target), "select_with": "hermes config set memory.provider solos"}))
-        return EXIT_OK
+        return run_install_hermes(args)
     try:
         client = Client.from_env(
             url=args.url, agent=args.agent, token_file=args.token_file, best_effort=args.best_effort
         )
     except (ValueError, OSError) as error:
         print(json.dumps({"error": {"code": "usage", "message": str(error)}}), file=sys.stderr)
+        return EXIT_USAGE
+    if not client.agent and not client.token:  # a usage error even with --best-effort: nothing could ever work
+        print(json.dumps(UsageError(NO_AGENT).as_dict()), file=sys.stderr)
         return EXIT_USAGE
     try:
         if args.command == "recall":
@@ -616,6 +869,9 @@ def main(argv: list[str] | None = None) -> int:
                 idempotency_key=args.idempotency_key,
                 timeout=args.timeout,
             )
+    except UsageError as error:
+        print(json.dumps(error.as_dict()), file=sys.stderr)
+        return EXIT_USAGE
     except SolosError as error:
         print(json.dumps(error.as_dict()), file=sys.stderr)
         return EXIT_REJECTED if isinstance(error, Rejected) else EXIT_UNAVAILABLE

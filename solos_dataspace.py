@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import solos_bounds
+import solos_qdrant
 
 log = logging.getLogger("solos_dataspace")
 
@@ -106,12 +107,14 @@ FORGET_OUTPUT = {
         "type": "string",
         "enum": ["complete", "pending"],
         "description": "complete: the text has left the database file and its WAL; pending: a reader held "
-        "the WAL, or the Qdrant mirror's outbox still holds the row; the service finishes it within seconds.",
+        "the WAL; the service finishes it within seconds.",
     },
     "mirror": {
         "type": "string",
-        "enum": ["none", "pending"],
-        "description": "pending: the Qdrant point's delete is queued in the mirror's outbox (same transaction).",
+        "enum": ["none", "pending", "no_mirror_configured"],
+        "description": "pending: the Qdrant point's delete is queued in the mirror's outbox (same transaction; "
+        "the entry keeps the text's hash, not the text); no_mirror_configured: queued, but this service runs no "
+        "mirror, so the point stays in Qdrant until one runs.",
     },
 }
 EVENTS_OUTPUT = {
@@ -198,14 +201,10 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
     retraction = memory.store.write(work)
     memory.written()
     solos_rank.drop_kept_texts()
-    return {
-        "tier": tier,
-        "agent": agent,
-        "id": row_id,
-        "status": "forgotten",
-        **retraction,
-        **memory.dataspace.scrub(tier, row_id),
-    }
+    scrubbed = memory.dataspace.scrub(tier, row_id)
+    if scrubbed["mirror"] == "pending" and memory.mirror is None:
+        scrubbed["mirror"] = "no_mirror_configured"
+    return {"tier": tier, "agent": agent, "id": row_id, "status": "forgotten", **retraction, **scrubbed}
 
 
 def op_read_events(memory: Any, args: dict) -> dict:
@@ -361,6 +360,7 @@ def erase(conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | 
         "DELETE FROM memory_write_key WHERE agent = ? AND tier = ? AND row_id = ?", (row["agent"], tier, row_id)
     )
     if tier == "long":
+        solos_qdrant.keep_only_hash(conn, row_id)
         carriers = context_carriers(conn, row)
         conn.execute(
             "UPDATE memory_longterm SET tags = tags WHERE id IN (SELECT value FROM json_each(?))",
@@ -443,7 +443,7 @@ def reapply(conn: sqlite3.Connection, retraction: dict) -> bool:
 
 
 def mirror_waiting(conn: sqlite3.Connection, row_ids: Iterable[int]) -> set[int]:
-    """Long rows whose delete still waits in the Qdrant mirror's outbox (it keeps their text until sent)."""
+    """Long rows whose point delete still waits in the Qdrant mirror's outbox."""
     if not table_exists(conn, "qdrant_outbox"):
         return set()
     rows = conn.execute(
@@ -710,7 +710,6 @@ class Dataspace:
         self.wakeup = threading.Event()
         self.stopped = False
         self.checkpoint_pending = False
-        self.mirror_waits: set[int] = set()  # forgotten long rows the Qdrant outbox still holds
         self.wire_lock = threading.Lock()
         self.wire: dict[tuple[int, bool], bytes] = {}  # encoded events, oldest first
         self.wire_bytes = 0
@@ -778,11 +777,9 @@ class Dataspace:
                 if now >= next_prune:
                     next_prune = now + PRUNE_EVERY_S
                     self.prune()
-                if (self.checkpoint_pending or self.mirror_waits) and now >= next_checkpoint:
+                if self.checkpoint_pending and now >= next_checkpoint:
                     next_checkpoint = now + RETRY_CHECKPOINT_S
-                    self.mirror_waits &= self.own_read(functools.partial(mirror_waiting, row_ids=self.mirror_waits))
-                    if not self.mirror_waits:
-                        self.checkpoint()
+                    self.checkpoint()
                 self.fan_out()
             except Exception:  # a busy or broken database: log it, the next round tries again
                 log.exception("dataspace round failed")
@@ -1098,10 +1095,12 @@ class Dataspace:
             self.wire_bytes = 0
         for fts in KEYWORD_INDEX[tier]:
             self.merge(fts)
-        if tier == "long" and self.store.read(functools.partial(mirror_waiting, row_ids=[row_id])):
-            self.mirror_waits.add(row_id)  # the mirror sends the point's delete; then the hub checkpoints
-            return {"wal_checkpoint": "pending", "mirror": "pending"}
-        return {"wal_checkpoint": "complete" if self.checkpoint() else "pending", "mirror": "none"}
+        # The outbox's entry holds only the text's hash (keep_only_hash): nothing waits for the mirror.
+        queued = tier == "long" and bool(self.store.read(functools.partial(mirror_waiting, row_ids=[row_id])))
+        return {
+            "wal_checkpoint": "complete" if self.checkpoint() else "pending",
+            "mirror": "pending" if queued else "none",
+        }
 
     def merge(self, fts: str) -> None:
         """Merge one keyword index down to a single segment, a short write transaction per step."""

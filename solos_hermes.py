@@ -20,11 +20,14 @@ What each hook does, and how it fails:
                    worker thread; a full queue drops the turn (counted), a dead worker is
                    restarted on the next hook. Never blocks, never raises.
   on_delegation    a subagent's task and result as one episodic event, via the same queue.
-  on_memory_write  MEMORY.md / USER.md entries added or replaced become long facts of the
-                   agent; removals become an episodic event (the service has no fact delete).
+  on_memory_write  a MEMORY.md / USER.md entry added becomes a long fact of the agent; a
+                   removal forgets the fact written for that entry; a replace is that
+                   forget plus a write. Hermes 0.19.0 names the entry only by old_text, a
+                   substring, so each fact's row id is kept per entry in
+                   $HERMES_HOME/solos-entries.json.
   on_pre_compress  the transcript archived as episodic events keyed by sha256(agent, content),
                    so a retry is a no-op. Fails closed: raises ArchiveFailed when the archive
-                   is not committed, after spooling the transcript to
+                   is not committed (whatever went wrong), after spooling the transcript to
                    $HERMES_HOME/solos-spool/ (Hermes 0.19.0 swallows the exception and
                    compacts anyway; see README "Hermes memory provider").
 """
@@ -60,6 +63,7 @@ QUEUE_SIZE = 256
 ARCHIVE_TIMEOUT_S = 5.0
 SHUTDOWN_WAIT_S = 2.0
 SPOOL_DIR = "solos-spool"
+ENTRIES_FILE = "solos-entries.json"  # topic -> {entry text: long row id}, for on_memory_write's forgets
 ARCHIVE_EVENT = "transcript_archive"
 TURN_EVENT = "hermes_turn"
 MEMORY_TOPICS = {"memory": "MEMORY.md", "user": "USER.md"}
@@ -188,7 +192,7 @@ class SolosMemoryProvider(MemoryProvider):
         client = self.strict
         self.submit(
             "turn",
-            lambda: solos_client.record_turn(
+            lambda: solos_client.write_turn(
                 client, user_content, assistant_content, turn_id=turn_id, outcome="answered", event_type=TURN_EVENT
             ),
         )
@@ -211,26 +215,63 @@ class SolosMemoryProvider(MemoryProvider):
         )
 
     def on_memory_write(self, action: str, target: str, content: str, metadata: dict[str, Any] | None = None) -> None:
-        """Mirror Hermes's MEMORY.md / USER.md writes into the service as this agent."""
-        if not self.writes_enabled or self.strict is None or not (content or "").strip():
+        """Mirror Hermes's MEMORY.md / USER.md changes: add writes a fact, remove forgets it, replace does both.
+
+        Hermes 0.19.0 calls a remove with empty content and the entry's
+        substring in metadata["old_text"]; the entry is then gone from its file.
+        """
+        if not self.writes_enabled or self.strict is None:
             return
         topic = MEMORY_TOPICS.get(target, target or "memory")
-        client = self.strict
-        if action in ("add", "replace"):
-            self.submit(
-                "memory write",
-                lambda: client.remember(content, topic=topic, source=f"hermes {topic}", tags=["hermes-memory"]),
-            )
-        elif action == "remove":
-            key = "memory-remove-" + hashlib.sha256(f"{self.agent}\0{topic}\0{content}".encode()).hexdigest()[:40]
-            self.submit(
-                "memory removal",
-                lambda: client.event(
-                    "memory_remove",
-                    f"Removed from {topic}: {' '.join(content.split())}"[: solos_client.SUMMARY_CHARS],
-                    idempotency_key=key,
-                ),
-            )
+        old_text = str((metadata or {}).get("old_text") or "").strip()
+        new_text = (content or "").strip()
+        if action in ("replace", "remove") and old_text:
+            still_there = entries_on_disk(target)  # now, before later writes change the file
+            self.submit("memory removal", lambda: self.forget_entry(topic, old_text, still_there))
+        if action in ("add", "replace") and new_text:
+            self.submit("memory write", lambda: self.write_entry(topic, new_text))
+
+    def write_entry(self, topic: str, text: str) -> dict:
+        """Write an entry as a long fact and note its row id (run by the worker)."""
+        assert self.strict is not None, "written before initialize"
+        answer = self.strict.remember(text, topic=topic, source=f"hermes {topic}", tags=["hermes-memory"])
+        entries = self.entries()
+        entries.setdefault(topic, {})[text] = answer["id"]
+        self.save_entries(entries)
+        return answer
+
+    def forget_entry(self, topic: str, old_text: str, still_there: set[str]) -> dict | None:
+        """Forget the facts written for entries holding old_text that left the file (run by the worker)."""
+        assert self.strict is not None, "forgotten before initialize"
+        entries = self.entries()
+        written = entries.get(topic, {})
+        gone = [text for text in written if old_text in text and text not in still_there]
+        if not gone:
+            LOG.warning("solos: no fact written for the %s entry matching %r; nothing to forget", topic, old_text[:80])
+            return None
+        answer = None
+        for text in gone:
+            try:
+                answer = self.strict.forget("long", written[text])
+            except solos_client.Rejected as error:
+                if error.status != 404:  # 404: already forgotten (a retried job, or by hand)
+                    raise
+            del written[text]
+            self.save_entries(entries)
+        return answer
+
+    def entries(self) -> dict[str, dict[str, int]]:
+        path = self.hermes_home / ENTRIES_FILE
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+
+    def save_entries(self, entries: dict[str, dict[str, int]]) -> None:
+        path = self.hermes_home / ENTRIES_FILE
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(entries, ensure_ascii=False), encoding="utf-8")
+        temporary.replace(path)
 
     def submit(self, what: str, job: Any) -> None:
         """Hand a job to the worker without waiting; a full queue drops it and counts the drop."""
@@ -309,12 +350,13 @@ class SolosMemoryProvider(MemoryProvider):
         content = json.dumps(messages, ensure_ascii=False, sort_keys=True, default=str)
         try:
             digest = archive(self.strict, self.agent, content, self.session_id, len(messages))
-        except solos_client.SolosError as error:
+        except Exception as error:  # whatever failed, the transcript must reach the spool before Hermes compacts
             try:
                 spooled: Path | str = self.spool(content)
             except OSError as spool_error:
                 spooled = f"nowhere ({spool_error})"
-            failure = f"transcript ({len(messages)} messages) not archived: {error.code}: {error}; spooled to {spooled}"
+            reason = getattr(error, "code", type(error).__name__)
+            failure = f"transcript ({len(messages)} messages) not archived: {reason}: {error}; spooled to {spooled}"
             # Hermes 0.19.0 logs a raising on_pre_compress at DEBUG only, then compacts anyway: say it here.
             LOG.error("solos: %s", failure)
             raise ArchiveFailed(failure) from error
@@ -419,6 +461,17 @@ def check_recall_k(value: Any) -> int:
     if not 1 <= k <= 100 or str(value).strip() != str(k):
         raise ValueError(f"plugins.{PROVIDER_NAME}.recall_k must be an integer 1-100, got {value!r}")
     return k
+
+
+def entries_on_disk(target: str) -> set[str]:
+    """The entries of Hermes's MEMORY.md or USER.md as they are now (empty if Hermes's store cannot be read)."""
+    try:
+        from tools.memory_tool import MemoryStore
+
+        return set(MemoryStore._read_file(MemoryStore._path_for(target)))
+    except Exception as error:  # a later Hermes may move it: then every entry matching old_text counts as gone
+        LOG.warning("solos: cannot read Hermes's %s entries: %s", target, error)
+        return set()
 
 
 def salted_digest(agent: str, content: str) -> str:

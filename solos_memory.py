@@ -2811,11 +2811,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
     solos_snapshot.add_commands(commands, add_database_options)
-    imports = commands.add_parser(
-        "import-qdrant", help="bring the Qdrant collection's attributable points in as long facts"
-    )
-    add_database_options(imports, creates)
-    solos_qdrant.add_arguments(imports, env_default)
+    for qdrant_command in solos_qdrant.add_commands(commands, env_default):
+        add_database_options(qdrant_command, creates)
 
     check = commands.add_parser("check", help="rollout checks against a running instance; --cleanup removes their rows")
     add_database_options(check, "the service's database, for --cleanup; must exist (default: %(default)s)")
@@ -2973,8 +2970,8 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         elif args.command == "reindex":
             store.reindex()
             log_event("reindexed", tables=list(FTS_TABLES))
-        elif args.command == "import-qdrant":
-            return solos_qdrant.run_import(store, config.qdrant)
+        elif args.command in solos_qdrant.COMMANDS:
+            return solos_qdrant.run_command(args, store, config.qdrant)
         elif args.command == "backfill":
             return backfill(store, config, args.batch)
     finally:

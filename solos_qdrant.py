@@ -2,18 +2,31 @@
 
 Reading: `import-qdrant` brings the collection's points (both payload shapes)
 into memory_longterm as long facts, each with source `qdrant:<collection>/<point id>`.
-Attribution is coalesce(payload.agent, payload.agent_id); a point without an
-agent, without text, or whose agent is not in agent_registry is left out and
-its reason recorded in qdrant_import, which /v1/stats counts. Idempotent and
+Attribution is coalesce(payload.agent, payload.agent_id). A point is left out,
+its reason recorded in qdrant_import (which the output, /v1/stats and /metrics
+count), when it has no agent or no text, its agent is not in agent_registry,
+the service wrote it, its fields break the API's own rules (write_long's
+schema: `invalid_fact`, `invalid_topic`, ...), or its payload says
+`memory_scope: private` (long facts are read by every agent;
+`--import-private` brings those in as the agent's own episodic rows instead,
+which only it reads while it has not opted in to sharing). Idempotent and
 resumable: every batch is one short write transaction, and a point already
 imported (same id, same text) is passed over on the next run.
+
+Point ids are unsigned integers or UUIDs. qdrant_import keeps them as text,
+and `qdrant_id` gives each back in its own type: the text `1001` is the
+integer 1001 (Qdrant refuses the string, and local mode deletes nothing for
+it). `qdrant-verify` compares the collection with the table: points per row,
+strays (points of rows that are gone), missing points.
 
 Mirror: with a target configured (`--qdrant-url` or `--qdrant-path`), triggers
 in schema.sql queue every insert, update and delete of memory_longterm in
 qdrant_outbox, inside the writer's own transaction. A background thread
 drains the queue into Qdrant, retrying with backoff: a write never waits for,
 or fails because of, Qdrant. Points get id uuid5(agent:long:sha256(fact))
-and a payload both old readers understand.
+and a payload both old readers understand. A forget leaves only the text's
+hash in its outbox entry (`keep_only_hash`), so the text leaves the database
+at once, whether or not a mirror runs.
 
 qdrant-client is imported only here and only when used; the service runs
 without it. Nothing here imports at module level what the service lacks.
@@ -22,6 +35,7 @@ without it. Nothing here imports at module level what the service lacks.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import struct
 import sys
@@ -32,6 +46,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import solos_rank
 
@@ -44,6 +59,11 @@ ENQUEUE_CHUNK = 5_000  # rows per transaction when a first mirror queues the exi
 SERVICE_MARK = "solos-memory"  # payload.written_by on points the service wrote
 TEXT_FIELDS = ("content", "fact", "text", "memory")  # where each payload shape keeps the text
 LEGACY_TEXT_LIMIT = 2_000  # the old node cut text here; such points are tagged maybe-truncated
+MAX_INT_ID = 2**64 - 1  # Qdrant's integer ids are unsigned 64-bit
+# A forgotten fact's outbox entry holds this plus the text's sha256 instead of the text.
+# The API refuses NUL in a fact, so no fact the service stores starts with it.
+HASH_ONLY = "\x00sha256:"
+PRIVATE_EVENT = "qdrant_private_memory"  # event_type of a private point imported with --import-private
 NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 
 
@@ -65,11 +85,28 @@ class Target:
 
 def point_id(agent: str, tier: str, text: str) -> str:
     """uuid5 of agent:tier:sha256(full text); the same as solos_store_memory.point_id."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{agent}:{tier}:{sha256(text)}"))
+    return point_id_of(agent, tier, sha256(text))
+
+
+def point_id_of(agent: str, tier: str, digest: str) -> str:
+    """point_id from the text's sha256, for a forgotten fact whose text is gone."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{agent}:{tier}:{digest}"))
+
+
+def qdrant_id(text: str) -> int | str | None:
+    """A stored point id in the type Qdrant takes: an int for digits, a UUID's canonical text; None for neither."""
+    if text.isascii() and text.isdigit():
+        number = int(text)
+        return number if number <= MAX_INT_ID else None
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return None
 
 
 def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    """Hex sha256 of the text's UTF-8; a lone surrogate (a bad point's text) is hashed, not raised."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def connect(target: Target) -> Any:
@@ -80,10 +117,20 @@ def connect(target: Target) -> Any:
         raise QdrantUnavailable("qdrant-client is not installed (pip install qdrant-client)") from None
     try:
         if target.url:
+            # httpx follows http_proxy even to 127.0.0.1: a loopback Qdrant is reached directly.
+            if is_loopback(urlsplit(target.url).hostname or ""):
+                return QdrantClient(url=target.url, timeout=5, trust_env=False)  # passed on to httpx
             return QdrantClient(url=target.url, timeout=5)
         return QdrantClient(path=target.path)
     except Exception as error:  # a locked local folder raises RuntimeError, a bad URL ValueError
         raise QdrantUnavailable(f"{target.describe()}: {type(error).__name__}: {error}") from None
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 # ==== Reading: attribution and import ====
@@ -96,8 +143,13 @@ def attribute(payload: dict) -> tuple[str | None, str | None]:
     return agent, text
 
 
-def import_points(store: Any, target: Target, progress: Callable[[Counter], None] | None = None) -> Counter:
-    """Bring the collection's attributable points into memory_longterm; return counts by outcome."""
+def import_points(
+    store: Any, target: Target, progress: Callable[[Counter], None] | None = None, *, private: bool = False
+) -> Counter:
+    """Bring the collection's attributable points into the service; return counts by outcome.
+
+    private: points with `memory_scope: private` become their agent's own episodic rows (else left out).
+    """
     client = connect(target)
     counts: Counter = Counter()
     try:
@@ -109,7 +161,9 @@ def import_points(store: Any, target: Target, progress: Callable[[Counter], None
                 target.collection, limit=BATCH, offset=offset, with_payload=True, with_vectors=False
             )
             batch = [(str(p.id), p.payload or {}) for p in points]
-            counts.update(store.write(lambda conn, batch=batch: import_batch(conn, target.collection, batch)))
+            counts.update(
+                store.write(lambda conn, batch=batch: import_batch(conn, target.collection, batch, private=private))
+            )
             if progress:
                 progress(counts)
             if offset is None:
@@ -118,60 +172,99 @@ def import_points(store: Any, target: Target, progress: Callable[[Counter], None
         client.close()
 
 
-def import_batch(conn: Any, collection: str, points: list[tuple[str, dict]]) -> Counter:
+def import_batch(conn: Any, collection: str, points: list[tuple[str, dict]], *, private: bool = False) -> Counter:
     """One page of points, in one transaction: import, pass over, or record why it is left out."""
     registered = {row[0] for row in conn.execute("SELECT agent FROM agent_registry")}
     counts: Counter = Counter()
     for pid, payload in points:
-        if payload.get("written_by") == SERVICE_MARK:
-            counts["mirrored_by_service"] += 1  # the service's own copy of a row it holds
-            continue
         agent, text = attribute(payload)
         digest = sha256(text) if text else ""
         known = conn.execute(
-            "SELECT row_id FROM qdrant_import WHERE collection = ? AND point_id = ? AND content_sha256 = ?",
+            "SELECT row_id, reason FROM qdrant_import WHERE collection = ? AND point_id = ? AND content_sha256 = ?",
             (collection, pid, digest),
         ).fetchone()
-        if known and known[0] is not None:
+        if known and (known[0] is not None or known[1] == "imported_private"):
             counts["already_imported"] += 1
             continue
         # An earlier verdict on this point (unregistered agent, since registered; older text) is replaced.
         conn.execute(
-            "DELETE FROM qdrant_import WHERE collection = ? AND point_id = ? AND row_id IS NULL", (collection, pid)
+            "DELETE FROM qdrant_import WHERE collection = ? AND point_id = ? AND row_id IS NULL "
+            "AND reason IS NOT 'imported_private'",
+            (collection, pid),
         )
-        reason = (
-            "no_agent"
-            if agent is None
-            else "no_text"
-            if text is None
-            else "unregistered_agent"
-            if agent not in registered
-            else None
-        )
-        if reason or agent is None or text is None:
-            conn.execute(
-                "INSERT INTO qdrant_import (collection, point_id, content_sha256, row_id, reason) "
-                "VALUES (?, ?, ?, NULL, ?)",
-                (collection, pid, digest, reason),
-            )
-            counts[f"left_out:{reason}"] += 1
-            continue
-        row_id, outcome = import_fact(conn, collection, pid, agent, text, payload)
+        outcome, row_id = import_point(conn, collection, pid, payload, agent, text, registered, private)
         conn.execute(
-            "INSERT INTO qdrant_import (collection, point_id, content_sha256, row_id) VALUES (?, ?, ?, ?)",
-            (collection, pid, digest, row_id),
+            "INSERT INTO qdrant_import (collection, point_id, content_sha256, row_id, reason) VALUES (?, ?, ?, ?, ?)",
+            (collection, pid, digest, row_id, None if row_id is not None else outcome.removeprefix("left_out:")),
         )
         counts[outcome] += 1
     return counts
 
 
-def import_fact(conn: Any, collection: str, pid: str, agent: str, text: str, payload: dict) -> tuple[int, str]:
-    """The row for this fact: the writer's existing one (same full text), else a new one keyed like write_long's."""
+def import_point(
+    conn: Any,
+    collection: str,
+    pid: str,
+    payload: dict,
+    agent: str | None,
+    text: str | None,
+    registered: set[str],
+    private: bool,
+) -> tuple[str, int | None]:
+    """(outcome, long row id or None): the point imported as a fact, as a private episode, or why it is left out."""
     import solos_memory
 
-    existing = solos_memory.Store.known_long(conn, agent, text)
-    if existing is not None:
-        return existing, "same_fact_already_stored"
+    if payload.get("written_by") == SERVICE_MARK:
+        return "left_out:written_by_service", None  # the service's own copy of a row it holds
+    if agent is None:
+        return "left_out:no_agent", None
+    if text is None:
+        return "left_out:no_text", None
+    if agent not in registered:
+        return "left_out:unregistered_agent", None
+    is_private = payload.get("memory_scope") == "private"
+    if is_private and not private:
+        return "left_out:private", None
+    try:
+        if is_private:
+            return import_private(conn, collection, pid, agent, text, payload), None
+        return import_fact(conn, collection, pid, agent, text, payload)
+    except solos_memory.BadRequest as refused:  # the API's own rule, as POST /v1/long would answer it
+        return f"left_out:invalid_{refused.field}", None
+
+
+def import_private(conn: Any, collection: str, pid: str, agent: str, text: str, payload: dict) -> str:
+    """A private point as its agent's own episodic row: others read it only if the agent opts in to sharing."""
+    import solos_memory
+
+    shares = conn.execute("SELECT shared FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
+    if shares and shares[0]:
+        return "left_out:private_agent_shares_episodic"
+    topic = payload.get("topic") if isinstance(payload.get("topic"), str) and payload["topic"] else None
+    event = solos_memory.check_args(
+        solos_memory.OPERATIONS["write_episodic"].input_schema,
+        {
+            "agent": agent,
+            "event_type": PRIVATE_EVENT,
+            "summary": f"Private memory imported from qdrant:{collection}/{pid}" + (f" ({topic})" if topic else ""),
+            "details": text,
+            "outcome": "imported",
+        },
+    )
+    conn.execute(
+        "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome) VALUES (?, ?, ?, ?, ?)",
+        (agent, event["event_type"], event["summary"], event["details"], event["outcome"]),
+    )
+    return "imported_private"
+
+
+def import_fact(conn: Any, collection: str, pid: str, agent: str, text: str, payload: dict) -> tuple[str, int]:
+    """The row for this fact: the writer's existing one (same full text), else a new one keyed like write_long's.
+
+    Its fields go through write_long's schema first: a point the API would refuse raises BadRequest.
+    """
+    import solos_memory
+
     topic = payload.get("topic") if isinstance(payload.get("topic"), str) else None
     score = payload.get("importance_score", payload.get("confidence"))
     confidence = score if isinstance(score, (int, float)) and not isinstance(score, bool) and 0 <= score <= 1 else None
@@ -180,8 +273,24 @@ def import_fact(conn: Any, collection: str, pid: str, agent: str, text: str, pay
         tags.append(f"scope:{payload['memory_scope']}")
     if len(text) >= LEGACY_TEXT_LIMIT:
         tags.append("maybe-truncated")
-    source = f"qdrant:{collection}/{pid}"
-    return solos_memory.Store.insert_long(conn, agent, topic, text, source, confidence, tags), "imported"
+    fact = solos_memory.check_args(
+        solos_memory.OPERATIONS["write_long"].input_schema,
+        {
+            "agent": agent,
+            "topic": topic,
+            "fact": text,
+            "source": f"qdrant:{collection}/{pid}",
+            "confidence": confidence,
+            "tags": tags,
+        },
+    )
+    existing = solos_memory.Store.known_long(conn, agent, text)
+    if existing is not None:
+        return "same_fact_already_stored", existing
+    row_id = solos_memory.Store.insert_long(
+        conn, agent, fact["topic"], text, fact["source"], fact["confidence"], fact["tags"]
+    )
+    return "imported", row_id
 
 
 def import_counts(conn: Any) -> dict:
@@ -191,7 +300,11 @@ def import_counts(conn: Any) -> dict:
         "GROUP BY reason"
     ).fetchall()
     counts = {row[0]: row[1] for row in rows}
-    return {"imported_points": counts.pop("imported", 0), "left_out": counts}
+    return {
+        "imported_points": counts.pop("imported", 0),
+        "imported_private": counts.pop("imported_private", 0),
+        "left_out": counts,
+    }
 
 
 # ==== Mirror: outbox and drain ====
@@ -216,6 +329,7 @@ class Mirror(threading.Thread):
         self.last_error_at: str | None = None
         self.last_drained_at: str | None = None
         self.sent_total = 0
+        self.refused_ids = 0  # point ids Qdrant would refuse, never sent
 
     def enable(self) -> int:
         """Turn the outbox triggers on; the first time, queue every existing fact. Return how many were queued."""
@@ -319,10 +433,11 @@ class Mirror(threading.Thread):
                 waiting[row["id"]] = str(error)
             else:
                 deletes |= legacy.get(pid, set())  # only once its canonical point is written
+        ids = self.valid_ids(deletes)
         if points:
             client.upsert(self.target.collection, points=points, wait=True)
-        if deletes:
-            client.delete(self.target.collection, models.PointIdsList(points=sorted(deletes)), wait=True)
+        if ids:
+            client.delete(self.target.collection, models.PointIdsList(points=ids), wait=True)
         finished = [e["id"] for e in entries if e["action"] == "delete" or e["row_id"] not in waiting]
 
         def settle(conn: Any) -> None:
@@ -338,12 +453,27 @@ class Mirror(threading.Thread):
                     )
 
         self.store.write(settle)
-        self.sent_total += len(points) + len(deletes)
+        self.sent_total += len(points) + len(ids)
         self.last_drained_at = utc_now()
         if waiting:
             self.last_error = f"{len(waiting)} rows wait for a vector: {next(iter(waiting.values()))}"
             self.last_error_at = utc_now()
         return len(finished)
+
+    def valid_ids(self, texts: set[str]) -> list[int | str | uuid.UUID]:
+        """The ids in Qdrant's types; one it would refuse is counted and logged, never sent (it would retry forever)."""
+        ids: list[int | str | uuid.UUID] = []
+        refused = []
+        for text in sorted(texts):
+            pid = qdrant_id(text)
+            if pid is None:
+                refused.append(text)
+            else:
+                ids.append(pid)
+        if refused:
+            self.refused_ids += len(refused)
+            log("qdrant_point_ids_refused", count=len(refused), example=refused[0][:80])
+        return ids
 
     def vector(self, row: Any, size: int | None) -> Any:
         """The row's vector for a collection of this size: its stored embedding, else a fresh one."""
@@ -372,6 +502,7 @@ class Mirror(threading.Thread):
             "oldest_queued_at": oldest,
             "rows_waiting_for_retry": waiting,
             "sent_total": self.sent_total,
+            "refused_point_ids": self.refused_ids,
             "consecutive_failures": self.failures,
             "last_error": self.last_error,
             "last_error_at": self.last_error_at,
@@ -380,7 +511,10 @@ class Mirror(threading.Thread):
 
 
 def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, set[str]]]:
-    """The batch's final state per point id: rows to upsert (read now), points to delete, legacy points per id."""
+    """The batch's final state per point id: rows to upsert (read now), points to delete, legacy points per id.
+
+    Legacy ids are qdrant_import's text; `send` turns them into Qdrant's types.
+    """
     final: dict[str, Any] = {}  # point id -> row to upsert, or None to delete
     legacy: dict[str, set[str]] = {}
     for entry in entries:
@@ -388,22 +522,25 @@ def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, 
             row = conn.execute(ROW_SQL + " WHERE id = ?", (entry["row_id"],)).fetchone()
             if row is None:
                 continue  # deleted since: its delete entry follows
-            agent, fact = row["agent"], row["fact"]
+            agent, digest = row["agent"], sha256(row["fact"])
+        elif (entry["fact"] or "").startswith(HASH_ONLY):  # a forgotten fact: keep_only_hash checked for twins
+            agent, digest, row = entry["agent"], entry["fact"][len(HASH_ONLY) :], None
         else:
             agent, fact = entry["agent"], entry["fact"]
+            digest = sha256(fact)
             # Another row may still hold the same writer and text (a fleet writer's duplicate): keep its point.
             row = conn.execute(
                 ROW_SQL + " WHERE agent = ? AND fact = ? AND id != ? ORDER BY id LIMIT 1",
                 (agent, fact, entry["row_id"]),
             ).fetchone()
-        pid = point_id(agent, "long", fact)
+        pid = point_id_of(agent, "long", digest)
         final[pid] = row
         # The point an import came from is replaced by the canonical one: never two points for one record.
         legacy.setdefault(pid, set()).update(
             r[0]
             for r in conn.execute(
                 "SELECT point_id FROM qdrant_import WHERE row_id = ? AND content_sha256 = ?",
-                (entry["row_id"], sha256(fact)),
+                (entry["row_id"], digest),
             )
         )
     upserts = {pid: row for pid, row in final.items() if row is not None}
@@ -411,6 +548,31 @@ def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, 
     for pid in list(deletes):  # a deleted fact's imported point goes too
         deletes |= legacy.pop(pid, set())
     return upserts, deletes, {pid: ids - set(final) for pid, ids in legacy.items()}
+
+
+def keep_only_hash(conn: Any, row_id: int) -> None:
+    """After a forget, inside its transaction: the row's queued point delete keeps the text's hash, not the text.
+
+    So the text leaves the database with the WAL checkpoint, mirror running or
+    not. A writer's twin row (same text) keeps the point: the entry becomes its upsert.
+    """
+    entries = conn.execute(
+        "SELECT id, agent, fact FROM qdrant_outbox WHERE action = 'delete' AND row_id = ? AND fact IS NOT NULL",
+        (row_id,),
+    ).fetchall()
+    for entry_id, agent, fact in entries:
+        if fact.startswith(HASH_ONLY):
+            continue
+        twin = conn.execute(
+            "SELECT id FROM memory_longterm WHERE agent = ? AND fact = ? AND id != ? LIMIT 1", (agent, fact, row_id)
+        ).fetchone()
+        if twin is not None:
+            conn.execute(
+                "UPDATE qdrant_outbox SET action = 'upsert', row_id = ?, agent = NULL, fact = NULL WHERE id = ?",
+                (twin[0], entry_id),
+            )
+        else:
+            conn.execute("UPDATE qdrant_outbox SET fact = ? WHERE id = ?", (HASH_ONLY + sha256(fact), entry_id))
 
 
 def payload(row: Any) -> dict:
@@ -524,11 +686,39 @@ def target_from(args: Any) -> Target | None:
     return Target(url, path, args.qdrant_collection) if url or path else None
 
 
-def run_import(store: Any, target: Target | None) -> int:
-    """import-qdrant: progress on stderr, the counts as one JSON line; exit 1 if Qdrant cannot be read."""
+COMMANDS = ("import-qdrant", "qdrant-verify")
+
+
+def add_commands(commands: Any, env_default: Callable[[str, str | None], str | None]) -> list[Any]:
+    """The import-qdrant and qdrant-verify subcommands; the caller adds the database options to each."""
+    imports = commands.add_parser(
+        "import-qdrant", help="bring the Qdrant collection's attributable points in as long facts"
+    )
+    add_arguments(imports, env_default)
+    imports.add_argument(
+        "--import-private",
+        action="store_true",
+        help="import `memory_scope: private` points as their agent's own episodic rows (default: leave them out)",
+    )
+    verify = commands.add_parser(
+        "qdrant-verify",
+        help="compare the collection with the long facts: points per row, strays, missing; exit 1 on any",
+    )
+    add_arguments(verify, env_default)
+    return [imports, verify]
+
+
+def run_command(args: Any, store: Any, target: Target | None) -> int:
     if target is None:
-        log("failed", command="import-qdrant", reason="give --qdrant-url or --qdrant-path")
+        log("failed", command=args.command, reason="give --qdrant-url or --qdrant-path")
         return 1
+    if args.command == "qdrant-verify":
+        return run_verify(store, target)
+    return run_import(store, target, private=args.import_private)
+
+
+def run_import(store: Any, target: Target, *, private: bool = False) -> int:
+    """import-qdrant: progress on stderr, the counts as one JSON line; exit 1 if Qdrant cannot be read."""
     started = time.monotonic()
 
     def progress(counts: Counter) -> None:
@@ -536,7 +726,7 @@ def run_import(store: Any, target: Target | None) -> int:
         sys.stderr.flush()
 
     try:
-        counts = import_points(store, target, progress)
+        counts = import_points(store, target, progress, private=private)
     except QdrantUnavailable as error:
         log("failed", command="import-qdrant", reason=str(error))
         return 1
@@ -545,3 +735,87 @@ def run_import(store: Any, target: Target | None) -> int:
     print(json.dumps(summary))
     log("imported_qdrant", target=target.describe(), seconds=round(time.monotonic() - started, 2), **summary)
     return 0
+
+
+# ==== Verify: the collection against the table ====
+
+EXAMPLES = 5  # ids shown per kind of difference
+
+
+def verify(store: Any, target: Target) -> dict:
+    """Points per long row (its canonical point plus imported points still there), strays, missing points.
+
+    A stray is a point of a row that is gone: one the service wrote, or one an
+    import brought in whose row was since deleted or forgotten. Points the
+    service never took in (left out, never imported) are `unmanaged`.
+    """
+
+    def expected(conn: Any) -> tuple[dict[str, int], dict[str, int], set[int], int]:
+        canonical = {
+            point_id(agent, "long", fact): row
+            for row, agent, fact in conn.execute("SELECT id, agent, fact FROM memory_longterm")
+        }
+        imported = {}
+        for text, row in conn.execute("SELECT point_id, row_id FROM qdrant_import WHERE row_id IS NOT NULL"):
+            pid = qdrant_id(text)
+            if pid is not None:
+                imported[str(pid)] = row
+        backlog = conn.execute("SELECT count(*) FROM qdrant_outbox").fetchone()[0]
+        return canonical, imported, set(canonical.values()), backlog
+
+    canonical, imported, rows, backlog = store.read(expected)
+    per_row: Counter = Counter()
+    strays: list[str] = []
+    unmanaged = 0
+    client = connect(target)
+    try:
+        if not client.collection_exists(target.collection):
+            raise QdrantUnavailable(f"{target.describe()}: no such collection")
+        offset = None
+        while True:
+            points, offset = client.scroll(
+                target.collection, limit=BATCH, offset=offset, with_payload=["written_by"], with_vectors=False
+            )
+            for point in points:
+                pid = str(point.id)
+                row = canonical.get(pid, imported.get(pid))
+                if row in rows:
+                    per_row[row] += 1
+                elif pid in imported or (point.payload or {}).get("written_by") == SERVICE_MARK:
+                    strays.append(pid)
+                else:
+                    unmanaged += 1
+            if offset is None:
+                break
+    finally:
+        client.close()
+    missing = sorted(rows - set(per_row))
+    doubled = sorted(row for row, count in per_row.items() if count > 1)
+    histogram = Counter(per_row.values())
+    histogram[0] = len(missing)
+    return {
+        "rows": len(rows),
+        "points_per_row": {str(n): histogram[n] for n in sorted(histogram)},
+        "missing": len(missing),
+        "strays": len(strays),
+        "rows_with_several_points": len(doubled),
+        "unmanaged_points": unmanaged,
+        "outbox_backlog": backlog,
+        "examples": {
+            "missing_rows": missing[:EXAMPLES],
+            "stray_points": strays[:EXAMPLES],
+            "rows_with_several_points": doubled[:EXAMPLES],
+        },
+        "matches": not (missing or strays or doubled),
+    }
+
+
+def run_verify(store: Any, target: Target) -> int:
+    """qdrant-verify: the report as one JSON line; exit 0 when the collection matches, 1 on any difference."""
+    try:
+        report = verify(store, target)
+    except QdrantUnavailable as error:
+        log("failed", command="qdrant-verify", reason=str(error))
+        return 1
+    print(json.dumps(report))
+    return 0 if report["matches"] else 1

@@ -14,6 +14,8 @@ writes the point under `point_id(agent, "long", content)`: uuid5 of
 `agent:tier:sha256(full text)`, never truncated. Standard library only; it
 never imports the service. The URL and token come from the arguments, else
 SOLOS_MEMORY_URL / SOLOS_MEMORY_TOKEN, else http://127.0.0.1:8437 and none.
+Like solos_client, it never goes through a proxy (http_proxy and the like
+are ignored): the fact and the token go to the service and nowhere else.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import uuid
 DEFAULT_URL = "http://127.0.0.1:8437"
 SOURCE = "store_memory"
 TIMEOUT_S = 10.0
+# urlopen's default opener follows http_proxy even to 127.0.0.1; this one has no proxy at all.
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class StoreMemoryError(Exception):
@@ -82,7 +86,7 @@ def store_memory(
         headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(base + "/v1/long", json.dumps(body).encode(), headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with DIRECT.open(request, timeout=timeout) as response:
             answer = json.loads(response.read())
     except urllib.error.HTTPError as error:
         raise refusal(error) from None

@@ -12,7 +12,8 @@ manager, the way the agent loop calls it, and prints one JSON report:
 
     {"provider": {"name", "class", "module"}, "discovered": [...], "steps": [{"op", ..., "result" | "raised"}]}
 
-Steps: prefetch, sync, flush, memory_write, delegation, tool, schemas,
+Steps: prefetch, sync, flush, memory_write, memory_tool (Hermes's own memory tool),
+break_client, delegation, tool, schemas,
 pre_compress (through the manager), pre_compress_direct and direct (the
 provider's own hook, so what it raises shows), trivial, sync_many,
 block_worker and release, kill_worker, counts, spooled. `compress` runs a
@@ -58,6 +59,22 @@ def run_step(step: dict, manager, provider, module, llm_url: str) -> dict:
         # What the agent loop does after the built-in memory tool committed a write.
         args = {"action": step["action"], "target": step["target"], "content": step["content"]}
         manager.notify_memory_tool_write(json.dumps({"success": True}), args)
+        return {}
+    if op == "memory_tool":
+        # What agent/tool_executor.py does for the model's `memory` tool call: Hermes's own tool on its own
+        # store (MEMORY.md / USER.md under HERMES_HOME), then the manager's mirror of a committed write.
+        from tools.memory_tool import load_on_disk_store, memory_tool
+
+        args = {key: step[key] for key in ("action", "target", "content", "old_text") if key in step}
+        result = memory_tool(**args, store=load_on_disk_store())
+        manager.notify_memory_tool_write(result, args)
+        return {"result": json.loads(result)}
+    if op == "break_client":
+        # The archive's client fails in a way no one planned for (not a SolosError).
+        def broken(*args, **kwargs):
+            raise MemoryError("simulated: the client blew up")
+
+        provider.strict.call_or_raise = broken
         return {}
     if op == "delegation":
         manager.on_delegation(step["task"], step["result"], child_session_id=step.get("child_session_id", ""))

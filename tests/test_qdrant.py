@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from conftest import AGENTS, REQUIRE_ALL, ROOT, stop_server
 import solos_memory
 import solos_qdrant
 import solos_store_memory
+from solos_client import Client
 from solos_store_memory import StoreMemoryError, legacy_point_id, point_id, store_memory
 
 PREFIX = "The staging cluster's ingress controller was moved to the new node pool during the Tuesday maintenance"
@@ -161,6 +164,7 @@ def test_import_labels_both_shapes_and_counts_what_it_leaves_out(server, tmp_pat
     assert stats["configured"] is False
     assert stats["import"] == {
         "imported_points": 5,
+        "imported_private": 0,
         "left_out": {"no_agent": 2, "no_text": 1, "unregistered_agent": 1},
     }
     metrics = server.get("/metrics").raw.decode()
@@ -421,3 +425,252 @@ def test_a_mirror_without_qdrant_client_stops_startup(tmp_path):
         timeout=60,
     )
     assert run.returncode != 0 and "need qdrant-client" in run.stderr
+
+
+# ==== Issue 20: ids in their own type, the API's rules, private points, verify ====
+
+UUID_NEW = "6f1c2a0e-1d3b-4c55-9e0f-2a7b8c9d0e11"
+UUID_OLD = "0b9e4d2c-7a61-4f38-8c2d-5e6f7a8b9c0d"
+ID_FIXTURE = {  # integer and UUID ids, each in both payload shapes, plus a point nobody signed
+    1001: {
+        "agent_id": "atlas",
+        "topic": "infra",
+        "content": "Integer-id fact in the new shape",
+        "memory_scope": "shared",
+    },
+    1002: {"agent": "sol", "topic": "weather", "content": "Integer-id fact in the old shape", "fid": 3},
+    UUID_NEW: {"agent_id": "sol", "topic": "ops", "content": "UUID-id fact in the new shape", "importance_score": 0.4},
+    UUID_OLD: {"agent": "atlas", "topic": "ops", "content": "UUID-id fact in the old shape"},
+    7: {"topic": "misc", "content": "A fact nobody signed"},
+}
+
+
+def seed_vectorless(path: Path, points: dict) -> None:
+    client = QdrantClient(path=str(path))
+    client.create_collection("long_term", vectors_config={})
+    if points:
+        client.upsert("long_term", points=[models.PointStruct(id=k, vector={}, payload=v) for k, v in points.items()])
+    client.close()
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, dict]:
+    capsys.readouterr()
+    status = solos_memory.main(list(argv))
+    return status, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def raw_ids(path: Path) -> set:
+    client = QdrantClient(path=str(path))
+    try:
+        return {r.id for r in client.scroll("long_term", limit=10_000)[0]}
+    finally:
+        client.close()
+
+
+def test_integer_and_uuid_ids_through_import_mirror_forget_and_verify(make_server, tmp_path, capsys):
+    path, db = tmp_path / "qdrant", tmp_path / "solos.db"
+    seed_vectorless(path, ID_FIXTURE)
+    plain = make_server()
+    counts = import_qdrant(plain, path, capsys)
+    assert (counts["imported"], counts["left_out:no_agent"]) == (4, 1)
+    with plain.db() as conn:
+        facts = {r["fact"]: (r["id"], r["agent"]) for r in conn.execute("SELECT id, agent, fact FROM memory_longterm")}
+    stop_server(plain)
+    target = ("--db", str(db), "--qdrant-path", str(path))
+    # Before any mirror: each row has its one imported point; the unsigned point is not the service's.
+    status, report = run_cli(capsys, "qdrant-verify", *target)
+    assert status == 0 and report["points_per_row"] == {"0": 0, "1": 4} and report["unmanaged_points"] == 1
+
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    wait_for(lambda: drained(mirrored), what="the imported rows to be mirrored")
+    stop_server(mirrored)
+    canonical = {point_id(agent, "long", fact) for fact, (_, agent) in facts.items()}
+    # Each legacy point, integer or UUID, is replaced by its canonical one: 1001 and 1002 are gone too.
+    assert raw_ids(path) == canonical | {7}
+    status, report = run_cli(capsys, "qdrant-verify", *target)
+    assert status == 0 and report["points_per_row"] == {"0": 0, "1": 4}, report
+    assert (report["strays"], report["missing"], report["matches"]) == (0, 0, True)
+
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    row, agent = facts["Integer-id fact in the new shape"]
+    gone = mirrored.request("DELETE", f"/v1/memory?agent={agent}&tier=long&id={row}")
+    assert gone.status == 200 and gone.body["mirror"] == "pending", gone.body
+    wait_for(lambda: drained(mirrored), what="the forget's delete")
+    stop_server(mirrored)
+    assert raw_ids(path) == canonical - {point_id(agent, "long", "Integer-id fact in the new shape")} | {7}
+    assert "Integer-id fact in the new shape" not in json.dumps(list(points_in(path).values()))
+    status, report = run_cli(capsys, "qdrant-verify", *target)
+    assert status == 0 and report["rows"] == 3
+
+    # A difference of each kind: a point the service wrote for no row, and a row without its point.
+    client = QdrantClient(path=str(path))
+    client.upsert("long_term", points=[models.PointStruct(id=99, vector={}, payload={"written_by": "solos-memory"})])
+    lost = facts["UUID-id fact in the old shape"]
+    client.delete("long_term", models.PointIdsList(points=[point_id("atlas", "long", "UUID-id fact in the old shape")]))
+    client.close()
+    status, report = run_cli(capsys, "qdrant-verify", *target)
+    assert status == 1 and (report["strays"], report["missing"]) == (1, 1), report
+    assert report["examples"]["stray_points"] == ["99"] and report["examples"]["missing_rows"] == [lost[0]]
+
+
+def test_ids_qdrant_would_refuse_are_counted_and_never_block_the_outbox(make_server, tmp_path):
+    path = tmp_path / "qdrant"
+    seed_vectorless(path, {})
+    server = make_server()
+    row = server.post("/v1/long", {"agent": "atlas", "fact": "A fact two bad legacy ids point at"}).body["id"]
+    digest = hashlib.sha256(b"A fact two bad legacy ids point at").hexdigest()
+    with server.db() as conn:  # what a broken or hand-edited import table holds
+        for bad in ("not-a-point-id", str(2**64)):
+            conn.execute(
+                "INSERT INTO qdrant_import (collection, point_id, content_sha256, row_id) "
+                "VALUES ('long_term', ?, ?, ?)",
+                (bad, digest, row),
+            )
+    stop_server(server)
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    wait_for(lambda: drained(mirrored), what="the outbox to drain")
+    status = mirrored.get("/v1/stats").body["qdrant"]
+    assert status["refused_point_ids"] == 2 and status["backlog"] == 0
+    stop_server(mirrored)
+    assert raw_ids(path) == {point_id("atlas", "long", "A fact two bad legacy ids point at")}
+
+
+HOSTILE = {  # each breaks a rule POST /v1/long enforces; none may reach the table
+    11: {"agent_id": "atlas", "content": "x" * 9_000},
+    12: {"agent_id": "atlas", "content": "a fact with a NUL \x00 inside"},
+    13: {"agent_id": "atlas", "topic": "t" * 100_000, "content": "A fact with a huge topic"},
+    14: {"agent_id": "atlas", "content": "A fact with a hostile scope tag", "memory_scope": "s\x00" * 2_500},
+    15: {"agent_id": "atlas", "content": "a lone surrogate \ud800 here"},
+    16: {"agent_id": "atlas", "content": "A point claiming the service wrote it", "written_by": "solos-memory"},
+    17: {
+        "agent_id": "sol",
+        "topic": "diary",
+        "content": "Sol's private note about the launch",
+        "memory_scope": "private",
+    },
+    18: {"agent_id": "atlas", "topic": "diary", "content": "Atlas's private note", "memory_scope": "private"},
+    19: {"agent_id": "atlas", "content": "The one well-formed fact"},
+}
+
+
+def test_import_applies_the_apis_rules_and_counts_every_skipped_point(server, tmp_path, capsys):
+    path = tmp_path / "qdrant"
+    seed_vectorless(path, HOSTILE)
+    counts = import_qdrant(server, path, capsys)
+    assert counts == {
+        "points": 9,
+        "imported": 1,
+        "left_out:invalid_fact": 3,
+        "left_out:invalid_topic": 1,
+        "left_out:invalid_tags": 1,
+        "left_out:written_by_service": 1,
+        "left_out:private": 2,
+    }
+    with server.db() as conn:
+        assert [r[0] for r in conn.execute("SELECT fact FROM memory_longterm")] == ["The one well-formed fact"]
+    left_out = {"invalid_fact": 3, "invalid_topic": 1, "invalid_tags": 1, "written_by_service": 1, "private": 2}
+    assert server.get("/v1/stats").body["qdrant"]["import"]["left_out"] == left_out
+    metrics = server.get("/metrics").raw.decode()
+    for reason, count in left_out.items():
+        assert f'solos_memory_qdrant_left_out{{reason="{reason}"}} {count}' in metrics
+    # Every client recall still works: no row past the API's limits is in the table.
+    assert Client(server.url, "sol").recall("fact", k=20)["count"] == 1
+
+    # Opt in: private points become their agent's own episodes, unless the agent shares its episodes.
+    assert server.request("PUT", "/v1/sharing", {"agent": "atlas", "episodic": True}).status in (200, 201)
+    capsys.readouterr()
+    argv = ["import-qdrant", "--db", str(server.db_path), "--qdrant-path", str(path), "--import-private"]
+    assert solos_memory.main(argv) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["imported_private"] == 1 and again["left_out:private_agent_shares_episodic"] == 1
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 1
+        episodes = [dict(r) for r in conn.execute("SELECT agent, event_type, details FROM memory_episodic")]
+    assert episodes == [{"agent": "sol", "event_type": "qdrant_private_memory", "details": HOSTILE[17]["content"]}]
+    own = server.recall("sol", "private note launch", tiers="episodic", scope="own").body["results"]
+    assert [r["agent"] for r in own] == ["sol"]
+    assert server.recall("atlas", "private note launch", tiers="episodic,long", k=10).body["count"] == 0
+    stats = server.get("/v1/stats").body["qdrant"]["import"]
+    assert stats["imported_private"] == 1 and stats["left_out"]["private_agent_shares_episodic"] == 1
+
+
+def test_forget_without_a_running_mirror_says_so_and_the_text_leaves_the_outbox(make_server, tmp_path):
+    """Issue 18 #13: the outbox is on (a mirror ran once) but this service runs none."""
+    path = tmp_path / "qdrant"
+    seed_vectorless(path, {})
+    stop_server(make_server(qdrant=solos_qdrant.Target(path=str(path))))  # switches the outbox on
+    server = make_server()
+    secret = "the outbox secret is heliotrope-7731"
+    row = server.post("/v1/long", {"agent": "atlas", "fact": secret}).body["id"]
+    gone = server.request("DELETE", f"/v1/memory?agent=atlas&tier=long&id={row}")
+    assert gone.status == 200 and gone.body["mirror"] == "no_mirror_configured", gone.body
+    assert gone.body["wal_checkpoint"] == "complete"
+    with server.db() as conn:
+        outbox = [dict(r) for r in conn.execute("SELECT action, agent, fact FROM qdrant_outbox")]
+    assert [e["action"] for e in outbox] == ["upsert", "delete"]
+    assert not any(secret in (e["fact"] or "") for e in outbox)
+    stop_server(server)
+    for suffix in ("", "-wal"):
+        file = Path(str(tmp_path / "solos.db") + suffix)
+        assert not file.exists() or b"heliotrope-7731" not in file.read_bytes()
+    # A mirror started later still deletes the point (it never existed here: the delete is a no-op that drains).
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    wait_for(lambda: drained(mirrored), what="the queued delete")
+    stop_server(mirrored)
+    assert raw_ids(path) == set()
+
+
+class RecordingListener:
+    """A loopback 'proxy' that records every request reaching it and answers 502."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.seen: list[bytes] = []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.seen.append(conn.recv(65536))
+                    conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def proxy(monkeypatch):
+    """http_proxy and friends point at a recording listener, with no no_proxy exception."""
+    listener = RecordingListener()
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, listener.url)
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    yield listener
+    listener.listener.close()
+
+
+def test_loopback_calls_never_go_through_a_proxy(server, proxy):
+    assert store_memory("atlas", "infra", "Written past a proxy", url=server.url, token="s3cret") == point_id(
+        "atlas", "long", "Written past a proxy"
+    )
+    assert Client(server.url, "sol", token=None).recall("proxy")["count"] == 1
+    assert proxy.seen == []
+
+
+def test_a_loopback_qdrant_is_reached_directly(proxy):
+    qdrant = RecordingListener()  # stands in for Qdrant: whatever reaches it is recorded
+    client = solos_qdrant.connect(solos_qdrant.Target(url=qdrant.url))
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - the stand-in answers 502; only where the request went matters
+            client.collection_exists("long_term")
+    finally:
+        client.close()
+        qdrant.listener.close()
+    assert proxy.seen == [] and qdrant.seen and qdrant.seen[0].startswith(b"GET /collections/long_term/exists")
