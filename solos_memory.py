@@ -435,7 +435,7 @@ def parse_json_body(body: bytes) -> Any:
 BUSY_RETRIES = 3
 OVERFETCH = 4  # ranked keyword matches read per wanted row when scope, sharing or expiry filters apply
 POOL_SIZE = 8
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 # What the service reads from the fleet's tables; startup refuses if one is missing.
 REQUIRED_COLUMNS = {
@@ -2052,7 +2052,7 @@ OPERATIONS = {
         object_schema({"agent": AGENT_SCHEMA, **solos_dataspace.FORGET_FIELDS}, ("agent", "tier", "id")),
         result_schema(solos_dataspace.FORGET_OUTPUT),
         writes=True,
-        idempotent=False,
+        idempotent=True,  # a repeat answers the same (and runs the scrub again)
         destructive=True,
         title="Forget one of my rows",
     ),
