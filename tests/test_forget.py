@@ -317,6 +317,7 @@ root, db, tier, row_id = sys.argv[1:]
 sys.path.insert(0, root)
 import solos_dataspace, solos_memory
 solos_dataspace.Dataspace.scrub = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
+solos_dataspace.Dataspace.finish_scrubs = lambda *_: None  # the hub thread gets no head start on the kill either
 memory = solos_memory.Memory(solos_memory.open_store(solos_memory.Config(db=db, model_dir="off")))
 solos_dataspace.op_forget_memory(memory, {"agent": "atlas", "tier": tier, "id": int(row_id)})
 """
