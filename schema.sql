@@ -333,6 +333,16 @@ CREATE TABLE IF NOT EXISTS memory_retraction (
     forgotten_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 );
 
+-- Forgets whose scrub has not finished: the tier's keyword-index segments and
+-- the WAL may still hold the forgotten text. Written in the forget's own
+-- transaction, cleared once a merge and a WAL checkpoint are done; a service
+-- that died in between finishes the scrub when it starts again.
+CREATE TABLE IF NOT EXISTS memory_scrub_pending (
+    tier           TEXT PRIMARY KEY,
+    retraction_id  INTEGER NOT NULL,   -- the latest retraction the scrub covers
+    queued_at      TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+
 -- Every write, update, delete, forget and expiry, in commit order, whoever made
 -- it: the triggers below log rows the fleet's other writers change directly.
 -- AUTOINCREMENT: an id is never reused, so subscribers resume by id. No text:

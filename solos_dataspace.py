@@ -178,7 +178,8 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
 
     The row, its index entries, vector and the copies neighbours carry as context go in one transaction, then
     the index is merged and the WAL checkpointed so the text leaves the database file. A retraction is kept
-    without the text (who, which row, when, a content hash); subscribers get a `forget` event.
+    without the text (who, which row, when, a content hash); subscribers get a `forget` event. Forgetting a row
+    already forgotten answers the same and runs the scrub again.
     """
     import solos_memory as core
     import solos_rank
@@ -191,7 +192,11 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
         core.Store.require_agent(conn, agent)
         found = find_row(conn, tier, row_id)
         if found is None:
-            raise core.NotFound(f"there is no {tier} row with id {row_id}", "id")
+            earlier = own_retraction(conn, agent, tier, row_id)
+            if earlier is None:
+                raise core.NotFound(f"there is no {tier} row with id {row_id}", "id")
+            queue_scrub(conn, tier, earlier["retraction_id"])  # a retry finishes what a crash left unscrubbed
+            return earlier
         if found[1]["agent"] != agent:
             raise core.Forbidden(
                 f"{tier} row {row_id} was written by another agent; only its author can forget it", "id"
@@ -381,7 +386,42 @@ def erase(conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | 
         "VALUES (?, ?, ?, ?, ?, coalesce(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))) RETURNING id",
         (row["agent"], tier, row_id, digest, key_hash, forgotten_at),
     ).fetchone()[0]
+    queue_scrub(conn, tier, retraction)
     return {"content_hash": digest, "retraction_id": retraction}
+
+
+def own_retraction(conn: sqlite3.Connection, agent: str, tier: str, row_id: int) -> dict | None:
+    """The agent's latest retraction of this row, as forget answers it; None if it never forgot it."""
+    row = conn.execute(
+        "SELECT content_hash, id FROM memory_retraction WHERE agent = ? AND tier = ? AND row_id = ? "
+        "ORDER BY id DESC LIMIT 1",
+        (agent, tier, row_id),
+    ).fetchone()
+    return None if row is None else {"content_hash": row[0], "retraction_id": row[1]}
+
+
+def queue_scrub(conn: sqlite3.Connection, tier: str, retraction_id: int) -> None:
+    """Record, in the forget's own transaction, that the tier's index segments and the WAL still hold its text.
+
+    Dataspace.scrub clears it once they no longer do; a service that died
+    first finishes it when it starts again (Dataspace.finish_scrubs).
+    """
+    conn.execute(
+        "INSERT INTO memory_scrub_pending (tier, retraction_id) VALUES (?, ?) ON CONFLICT (tier) "
+        "DO UPDATE SET retraction_id = max(retraction_id, excluded.retraction_id)",
+        (tier, retraction_id),
+    )
+
+
+def queued_scrubs(conn: sqlite3.Connection) -> dict[str, int]:
+    """Tiers whose scrub is still to finish, with the latest retraction each one covers."""
+    return dict(conn.execute("SELECT tier, retraction_id FROM memory_scrub_pending").fetchall())
+
+
+def scrubs_done(conn: sqlite3.Connection, done: dict[str, int]) -> None:
+    """Clear what a finished scrub covered; a forget that committed meanwhile keeps its own entry."""
+    for tier, through in done.items():
+        conn.execute("DELETE FROM memory_scrub_pending WHERE tier = ? AND retraction_id <= ?", (tier, through))
 
 
 def merge_step(conn: sqlite3.Connection, fts: str) -> int:
@@ -710,6 +750,7 @@ class Dataspace:
         self.wakeup = threading.Event()
         self.stopped = False
         self.checkpoint_pending = False
+        self.scrubs_due = True  # the first round finishes any scrub a service that died left queued
         self.wire_lock = threading.Lock()
         self.wire: dict[tuple[int, bool], bytes] = {}  # encoded events, oldest first
         self.wire_bytes = 0
@@ -777,9 +818,9 @@ class Dataspace:
                 if now >= next_prune:
                     next_prune = now + PRUNE_EVERY_S
                     self.prune()
-                if self.checkpoint_pending and now >= next_checkpoint:
+                if (self.scrubs_due or self.checkpoint_pending) and now >= next_checkpoint:
                     next_checkpoint = now + RETRY_CHECKPOINT_S
-                    self.checkpoint()
+                    self.finish_scrubs()
                 self.fan_out()
             except Exception:  # a busy or broken database: log it, the next round tries again
                 log.exception("dataspace round failed")
@@ -1093,14 +1134,30 @@ class Dataspace:
         with self.wire_lock:  # encoded events may quote the forgotten row
             self.wire.clear()
             self.wire_bytes = 0
+        queued = {t: n for t, n in self.store.read(queued_scrubs).items() if t == tier}
         for fts in KEYWORD_INDEX[tier]:
             self.merge(fts)
         # The outbox's entry holds only the text's hash (keep_only_hash): nothing waits for the mirror.
-        queued = tier == "long" and bool(self.store.read(functools.partial(mirror_waiting, row_ids=[row_id])))
-        return {
-            "wal_checkpoint": "complete" if self.checkpoint() else "pending",
-            "mirror": "pending" if queued else "none",
-        }
+        mirrored = tier == "long" and bool(self.store.read(functools.partial(mirror_waiting, row_ids=[row_id])))
+        done = self.checkpoint()
+        if done and queued:
+            self.store.write(functools.partial(scrubs_done, done=queued))
+        return {"wal_checkpoint": "complete" if done else "pending", "mirror": "pending" if mirrored else "none"}
+
+    def finish_scrubs(self) -> None:
+        """Finish the scrubs still queued (the service died mid-scrub, or a reader held the WAL): merge, checkpoint.
+
+        Their queue entries go only once the checkpoint has emptied the WAL,
+        so a crash at any point leaves them queued for the next start.
+        """
+        queued = self.store.read(queued_scrubs)
+        if queued or self.checkpoint_pending:
+            for tier in queued:
+                for fts in KEYWORD_INDEX[tier]:
+                    self.merge(fts)
+            if self.checkpoint() and queued:
+                self.store.write(functools.partial(scrubs_done, done=queued))
+        self.scrubs_due = False
 
     def merge(self, fts: str) -> None:
         """Merge one keyword index down to a single segment, a short write transaction per step."""

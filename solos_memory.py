@@ -440,7 +440,7 @@ def parse_json_body(body: bytes) -> Any:
 BUSY_RETRIES = 3
 OVERFETCH = 4  # ranked keyword matches read per wanted row when scope, sharing or expiry filters apply
 POOL_SIZE = 8
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 # What the service reads from the fleet's tables; startup refuses if one is missing.
 REQUIRED_COLUMNS = {
@@ -2080,7 +2080,7 @@ OPERATIONS = {
         object_schema({"agent": AGENT_SCHEMA, **solos_dataspace.FORGET_FIELDS}, ("agent", "tier", "id")),
         result_schema(solos_dataspace.FORGET_OUTPUT),
         writes=True,
-        idempotent=False,
+        idempotent=True,  # a repeat answers the same (and runs the scrub again)
         destructive=True,
         title="Forget one of my rows",
     ),
@@ -2576,6 +2576,7 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
+    hold: solos_snapshot.Hold | None = None  # the lock a restore checks; released once the database is closed
 
     def __init__(self, config: Config, memory: Memory, tokens: Tokens | None):
         self.address_family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
@@ -2605,6 +2606,8 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
     def server_close(self) -> None:
         super().server_close()
         self.memory.close()
+        if self.hold:
+            self.hold.release()
 
     def call_tool(self, name: str, arguments: dict, headers: Mapping[str, str]) -> mcp_bridge.ToolOutcome:
         try:
@@ -2666,6 +2669,7 @@ def load_embedder(config: Config, threads: int | None = 1) -> tuple[Any, str | N
 
 def open_store(config: Config, admin: bool = False) -> Store:
     """The database, migrated (additively); SchemaMismatch names what a fleet table lacks."""
+    solos_snapshot.create_private(config.db)  # a new database, and so its -wal and -shm, is its owner's alone
     store = Store(config.db, config.busy_timeout_ms, admin)
     store.migrate()
     return store
@@ -2681,6 +2685,23 @@ def register_agents(config: Config, names: list[str]) -> list[str]:
 
 
 def build_server(config: Config, register: Sequence[str] = ()) -> MemoryServer:
+    """Hold the database (a restore refuses while the service runs), then open it and bind (open_server)."""
+    try:
+        hold = solos_snapshot.hold_database(config.db, tokens_on=config.tokens_file is not None)
+    except solos_snapshot.SnapshotError as error:
+        raise SystemExit(f"{config.db}: cannot start: {error}") from None
+    for warning in hold.warnings:
+        log_event("warning", db=os.path.abspath(config.db), message=warning)
+    try:
+        server = open_server(config, register)
+    except BaseException:
+        hold.release()
+        raise
+    server.hold = hold
+    return server
+
+
+def open_server(config: Config, register: Sequence[str]) -> MemoryServer:
     """Open (or create) the database, register agents, load extras, bind the socket."""
     if config.host not in LOOPBACK_HOSTS and not config.allow_remote:
         raise SystemExit(
@@ -2954,7 +2975,8 @@ def backfill(store: Store, config: Config, batch: int) -> int:
 def run_admin_command(args: argparse.Namespace, config: Config) -> int:
     """agents, purge, reindex, snapshot, restore: short transactions against the shared database."""
     if args.command in solos_snapshot.COMMANDS:  # before open_store: restore checks before touching --db
-        log_event(args.command, **solos_snapshot.run_command(args, SCHEMA_VERSION))
+        migrate = lambda path: Store(str(path), config.busy_timeout_ms, admin=True).migrate()  # noqa: E731
+        log_event(args.command, **solos_snapshot.run_command(args, SCHEMA_VERSION, migrate))
         return 0
     if args.command == "agents" and args.agents_command == "add":
         added = register_agents(config, args.names)

@@ -1,25 +1,37 @@
-"""solos_snapshot: verified snapshots of the database, and a restore that checks before it touches anything.
+"""solos_snapshot: verified snapshots of the database, a restore that checks before it touches anything, and the files.
 
 `snapshot` takes a consistent online copy (VACUUM INTO) with a manifest per
-copy: its sha256, row counts, schema, the time, and the previous manifest's
-digest (a hash chain); it keeps the last N. `restore` verifies the chain, the
-file, the schema and SQLite's integrity before it writes, then re-applies the
-retractions recorded after the snapshot, so a forgotten row stays forgotten.
+copy: its sha256, row counts, schema, the time, the database it came from and
+the previous manifest's digest (a hash chain); it keeps the last N and anchors
+the chain's head in the database itself. `restore` verifies the chain, the
+file, the schema and SQLite's integrity before it writes, brings an older
+snapshot's schema up to date, re-applies the retractions recorded after the
+snapshot (so a forgotten row stays forgotten), says which newer rows it
+discards, and checks the result as the service will open it. It refuses while
+a service holds the database, unless --force.
+
+The files: the database (so its -wal and -shm), snapshots and manifests are
+created 0600, snapshot folders 0700. A running service holds a shared flock
+on DB.lock (`hold_database`); a restore takes it exclusively.
 
     python3 solos_memory.py snapshot [--dir DIR] [--keep N]
-    python3 solos_memory.py restore SNAPSHOT [--db TARGET]
+    python3 solos_memory.py restore SNAPSHOT [--db TARGET] [--force]
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
 import sqlite3
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +49,25 @@ COUNTED_TABLES = (
     "memory_retraction",
     "memory_event",
 )
+# What a snapshot folder may hold; anything else there means the folder is not ours to chmod.
+SNAPSHOT_NAME = re.compile(r"\.?solos-\d{6}-\d{8}T\d{6}Z\.(db|json)(\.partial(-journal)?)?")
+# SQLite's files beside a database. Left by a database that is gone, SQLite applies them to a new file there.
+SIDE_FILES = ("-wal", "-shm", "-journal")
+ANCHOR_KEY = "snapshot_head"  # solos_memory_meta: the newest manifest this database has seen written
+# What a restore compares to say which rows it discards: per tier, the tables, the writer and the columns
+# a writer sets (an embedding filled in later, or a timestamp alone, is no loss).
+DISCARD_COLUMNS = {
+    "short": (("memory_short",), "agent", "key, value, tags, expires_at"),
+    "long": (("memory_longterm",), "agent", "topic, fact, source, confidence, tags"),
+    "episodic": (
+        ("memory_episodic", "memory_episodic_archive"),  # an episode archived since is not lost
+        "agent",
+        "event_type, summary, details, outcome, duration_s, timestamp",
+    ),
+    "durable": (("memory_durable",), "'fleet'", "key, value"),
+}
 
-# ==== Snapshots and restore ====
+# ==== The database's files: modes, the service's hold ====
 
 
 class SnapshotError(RuntimeError):
@@ -47,6 +76,109 @@ class SnapshotError(RuntimeError):
     def __init__(self, check: str, message: str):
         super().__init__(f"{check} check failed: {message}")
         self.check = check
+
+
+def create_private(path: str | Path) -> bool:
+    """Create an empty file only its owner can read (SQLite gives a database's -wal and -shm its mode).
+
+    False if it existed, or could not be made (SQLite then says why it cannot open it).
+    """
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        return False
+    return True
+
+
+def lock_path(db: Path) -> Path:
+    return db.with_name(db.name + ".lock")
+
+
+def take_lock(db: Path, exclusive: bool) -> int | None:
+    """flock DB.lock without waiting: its descriptor; None when the lock file cannot be opened (read-only folder).
+
+    BlockingIOError when another process holds it the other way. Not a lock
+    on the database file itself: closing any descriptor of a file drops every
+    POSIX lock the process holds on it, SQLite's own included
+    (https://sqlite.org/howtocorrupt.html#posix_close_bug).
+    """
+    try:
+        descriptor = os.open(lock_path(db), os.O_RDONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(descriptor, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def work_path(target: Path) -> Path:
+    """Where a restore builds the new database before it replaces the target."""
+    return target.with_name(f".{target.name}.restore")
+
+
+def remove_work(target: Path) -> list[str]:
+    """Remove a restore's work copy and its side files (a killed restore's, when no restore holds the lock)."""
+    work = work_path(target)
+    removed = []
+    for path in (work, *(work.with_name(work.name + suffix) for suffix in SIDE_FILES)):
+        if path.exists():
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
+@dataclass
+class Hold:
+    """A running service's shared lock on its database: a restore refuses while one is held."""
+
+    descriptor: int | None
+    warnings: list[str] = field(default_factory=list)
+
+    def release(self) -> None:
+        if self.descriptor is not None:
+            os.close(self.descriptor)
+            self.descriptor = None
+
+
+def hold_database(db: str, tokens_on: bool) -> Hold:
+    """For a starting service: the lock (SnapshotError while a restore runs), a killed restore's copy removed.
+
+    Warns when tokens guard the service but the file lets other local users read every agent's memory.
+    """
+    path = Path(db)
+    try:
+        descriptor = take_lock(path, exclusive=False)
+    except BlockingIOError:
+        raise SnapshotError("lock", f"a restore into {path.name} is running: it holds {lock_path(path).name}") from None
+    hold = Hold(descriptor)
+    if descriptor is not None:
+        remove_work(path)  # no restore runs: a copy left is a killed one's, maybe holding forgotten rows
+    for file in (path, *(path.with_name(path.name + suffix) for suffix in SIDE_FILES)):
+        mode = file.stat().st_mode & 0o777 if tokens_on and file.exists() else 0
+        if mode & 0o044:
+            hold.warnings.append(
+                f"{file} is mode {mode:o}: tokens guard the service, yet any local user can read every agent's "
+                f"memory from the file; chmod 600 it"
+            )
+    return hold
+
+
+def private_folder(folder: Path) -> list[str]:
+    """Create the folder 0700; tighten one that holds nothing but snapshots; say so of one that holds more."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = folder.stat().st_mode & 0o777
+    if not mode & 0o077:
+        return []
+    if all(SNAPSHOT_NAME.fullmatch(entry.name) for entry in folder.iterdir()):
+        folder.chmod(0o700)
+        return []
+    return [f"{folder} is mode {mode:o} and holds more than snapshots, so it is left so: snapshots hold every memory"]
+
+
+# ==== Manifests and their chain ====
 
 
 def file_sha256(path: Path) -> str:
@@ -100,10 +232,18 @@ def load_manifest(path: Path) -> tuple[dict, bytes]:
     return manifest, raw
 
 
-def verify_chain(folder: Path) -> list[tuple[Path, dict]]:
+@dataclass(frozen=True)
+class Link:
+    """One manifest of a verified chain, with the sha256 of its bytes (what the next one and the anchor carry)."""
+
+    path: Path
+    manifest: dict
+    digest: str
+
+
+def verify_chain(folder: Path) -> list[Link]:
     """Every manifest in order: names, sequence numbers, times and each one's digest of the one before."""
-    chain: list[tuple[Path, dict]] = []
-    previous: tuple[dict, bytes] | None = None
+    chain: list[Link] = []
     for path in manifests(folder):
         manifest, raw = load_manifest(path)
         seq = manifest.get("seq")
@@ -111,44 +251,134 @@ def verify_chain(folder: Path) -> list[tuple[Path, dict]]:
             raise SnapshotError(
                 "chain", f"{path.name} holds sequence number {seq!r}: manifests were renamed or reordered"
             )
-        if previous is not None:
-            before, before_raw = previous
-            if seq != before["seq"] + 1:
-                raise SnapshotError("chain", f"{path.name} follows sequence {before['seq']}: a manifest is missing")
-            if manifest.get("previous") != hashlib.sha256(before_raw).hexdigest():
+        if manifest.get("file") != path.stem + ".db":  # never a path: ../victim.db would be restored
+            raise SnapshotError("manifest", f"{path.name} names the file {manifest.get('file')!r}, not {path.stem}.db")
+        if chain:
+            before = chain[-1]
+            if seq != before.manifest["seq"] + 1:
                 raise SnapshotError(
-                    "chain", f"{path.name} does not carry the digest of {chain[-1][0].name}: a manifest was altered"
+                    "chain", f"{path.name} follows sequence {before.manifest['seq']}: a manifest is missing"
                 )
-            if str(manifest.get("created_at")) <= str(before["created_at"]):
+            if manifest.get("previous") != before.digest:
                 raise SnapshotError(
-                    "chain", f"{path.name} is not newer than {chain[-1][0].name}: the chain is reordered"
+                    "chain", f"{path.name} does not carry the digest of {before.path.name}: a manifest was altered"
+                )
+            if str(manifest.get("created_at")) <= str(before.manifest["created_at"]):
+                raise SnapshotError(
+                    "chain", f"{path.name} is not newer than {before.path.name}: the chain is reordered"
                 )
         elif seq == 1 and manifest.get("previous") is not None:
             raise SnapshotError("chain", f"{path.name} is the first snapshot but names a previous one")
-        chain.append((path, manifest))
-        previous = (manifest, raw)
+        chain.append(Link(path, manifest, sha256_bytes(raw)))
     return chain
 
 
+def read_anchor(conn: sqlite3.Connection) -> dict | None:
+    """The chain head a database anchored (take_snapshot), or None."""
+    if not solos_dataspace.table_exists(conn, "solos_memory_meta"):
+        return None
+    try:
+        anchor = json.loads(solos_dataspace.meta_value(conn, ANCHOR_KEY) or "null")
+    except ValueError:
+        return None
+    return anchor if isinstance(anchor, dict) and isinstance(anchor.get("seq"), int) else None
+
+
+def anchor_of(manifest: dict, digest: str) -> dict | None:
+    """What a database records of its chain's newest manifest; None for a manifest written before anchors."""
+    if not manifest.get("chain"):
+        return None
+    return {"chain": manifest["chain"], "seq": manifest["seq"], "sha256": digest, "at": manifest["created_at"]}
+
+
+def removed_after(chain: list[Link], anchor: dict | None, where: str) -> str | None:
+    """Compare a database's anchor with the folder: a warning when newer manifests were removed, else None.
+
+    Raises when the anchored manifest is there but is not the one anchored
+    (rewritten). None also when the anchor is of another chain, or absent.
+    """
+    head = chain[-1].manifest if chain else {}
+    if anchor is None or not head.get("chain") or anchor.get("chain") != head["chain"]:
+        return None
+    if anchor["seq"] > head["seq"]:
+        return (
+            f"{where} anchored snapshot {anchor['seq']} of this chain, but the folder ends at {head['seq']}: "
+            f"the manifests after it were removed"
+        )
+    anchored = next((link for link in chain if link.manifest["seq"] == anchor["seq"]), None)
+    if anchored is not None and anchored.digest != anchor.get("sha256"):
+        raise SnapshotError("chain", f"{anchored.path.name} is not the manifest {where} anchored: it was rewritten")
+    return None
+
+
+# ==== Snapshot ====
+
+
 def take_snapshot(db: str, folder: Path, keep: int, busy_timeout_ms: int) -> dict:
-    """A consistent online copy (VACUUM INTO: one read transaction, no write lock), its manifest, then rotation."""
+    """A consistent online copy, its manifest, the chain's head anchored in the database, then rotation.
+
+    One snapshot at a time per folder (a flock on the folder), so what a
+    killed one left (`.partial` files) is removed first.
+    """
     if keep < 1:
         raise SnapshotError("keep", f"--keep must be at least 1, got {keep}")
     if not os.path.exists(db):
         raise SnapshotError("database", f"no database at {db}")
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # snapshots hold what the database holds
-    existing = manifests(folder)
-    previous = load_manifest(existing[-1]) if existing else None
+    warnings = private_folder(folder)  # snapshots hold what the database holds
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SnapshotError("lock", f"another snapshot is being taken in {folder}") from None
+        abandoned = [path.name for path in folder.glob(".solos-*.partial*")]  # and VACUUM INTO's -journal
+        for name in abandoned:
+            (folder / name).unlink()
+        existing = manifests(folder)
+        previous = load_manifest(existing[-1]) if existing else None
+        if previous is not None:
+            link = Link(existing[-1], previous[0], sha256_bytes(previous[1]))
+            dropped = removed_after([link], database_anchor(db), db)  # raises if that manifest was rewritten
+            warnings += [dropped] if dropped else []
+        manifest, raw = write_snapshot(db, folder, previous, busy_timeout_ms)
+        warnings += anchor_head(db, anchor_of(manifest, sha256_bytes(raw)), busy_timeout_ms)
+        removed = []
+        for old in manifests(folder)[:-keep]:  # oldest first; the chain then starts at the oldest kept
+            old.with_suffix(".db").unlink(missing_ok=True)  # the name the manifest's own implies, never its field
+            old.unlink()
+            removed.append(old.name)
+    finally:
+        os.close(descriptor)
+    return {
+        "snapshot": str(folder / manifest["file"]),
+        "seq": manifest["seq"],
+        "sha256": manifest["sha256"],
+        "rows": manifest["row_counts"],
+        "removed": removed,
+        "abandoned_removed": abandoned,
+        "warnings": warnings,
+    }
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_snapshot(
+    db: str, folder: Path, previous: tuple[dict, bytes] | None, busy_timeout_ms: int
+) -> tuple[dict, bytes]:
+    """VACUUM INTO (one read transaction, no write lock) a 0600 file, then its manifest; (manifest, its bytes)."""
     seq = previous[0]["seq"] + 1 if previous else 1
     name = f"solos-{seq:06d}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     partial = folder / f".{name}.db.partial"
-    source = sqlite3.connect(f"{Path(db).absolute().as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms / 1000)
+    create_private(partial)  # VACUUM INTO fills an empty file and keeps its mode
     try:
-        source.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        source.execute("VACUUM INTO ?", (str(partial),))
-    finally:
-        source.close()
-    try:
+        source = sqlite3.connect(f"{Path(db).absolute().as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms / 1000)
+        try:
+            source.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            source.execute("VACUUM INTO ?", (str(partial),))
+        finally:
+            source.close()
         with open(partial, "rb+") as handle:
             os.fsync(handle.fileno())
         snapshot = open_readonly(partial)
@@ -168,33 +398,47 @@ def take_snapshot(db: str, folder: Path, keep: int, busy_timeout_ms: int) -> dic
             **described,
             "last_retraction_id": retractions[-1]["id"] if retractions else after,
             "retractions": retractions,
-            "previous": hashlib.sha256(previous[1]).hexdigest() if previous else None,
+            "previous": sha256_bytes(previous[1]) if previous else None,
+            "database": str(Path(db).absolute()),  # where a restore asks which later retractions exist
+            "chain": (previous[0].get("chain") if previous else None) or secrets.token_hex(8),
         }
+        raw = json.dumps(manifest, indent=1, sort_keys=True).encode() + b"\n"
         partial.replace(folder / manifest["file"])
-        write_atomically(folder / f"{name}.json", json.dumps(manifest, indent=1, sort_keys=True).encode() + b"\n")
+        write_atomically(folder / f"{name}.json", raw)
     finally:
         partial.unlink(missing_ok=True)
-    removed = []
-    for old in manifests(folder)[:-keep]:  # oldest first; the chain then starts at the oldest kept
-        old_manifest, _ = load_manifest(old)
-        (folder / str(old_manifest.get("file"))).unlink(missing_ok=True)
-        old.unlink()
-        removed.append(old.name)
-    return {
-        "snapshot": str(folder / manifest["file"]),
-        "seq": seq,
-        "sha256": manifest["sha256"],
-        "rows": manifest["row_counts"],
-        "removed": removed,
-    }
+    return manifest, raw
 
 
-def keep_counting(conn: sqlite3.Connection, event_seq: int) -> None:
-    """Event ids continue above any the replaced database handed out, so no subscriber's Last-Event-ID goes stale."""
-    if not conn.execute(
-        "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'memory_event'", (event_seq,)
-    ).rowcount:
-        conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('memory_event', ?)", (event_seq,))
+def database_anchor(db: str | Path) -> dict | None:
+    """The anchor a database holds, read without writing anything; None if it cannot be read."""
+    try:
+        conn = sqlite3.connect(f"{Path(db).absolute().as_uri()}?mode=ro", uri=True)
+        try:
+            return read_anchor(conn)
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+
+
+def anchor_head(db: str, anchor: dict | None, busy_timeout_ms: int) -> list[str]:
+    """Record the chain's newest manifest in the database, so a restore notices newer manifests removed."""
+    if anchor is None:
+        return []
+    try:
+        conn = sqlite3.connect(db, isolation_level=None, timeout=busy_timeout_ms / 1000)
+        try:
+            if not solos_dataspace.table_exists(conn, "solos_memory_meta"):
+                return [f"{db} has no solos_memory_meta table (never served): the chain's head is not anchored"]
+            conn.execute("BEGIN IMMEDIATE")
+            solos_dataspace.set_meta(conn, ANCHOR_KEY, json.dumps(anchor, sort_keys=True))
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+    except sqlite3.Error as error:
+        return [f"the chain's head is not anchored in {db}: {error}"]
+    return []
 
 
 def stamp_ns(ns: int) -> str:
@@ -204,36 +448,61 @@ def stamp_ns(ns: int) -> str:
 
 def write_atomically(path: Path, data: bytes) -> None:
     partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as handle:
+    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     partial.replace(path)
 
 
-def verify_snapshot(named: Path, schema_version: str) -> tuple[Path, dict, list[dict]]:
+# ==== Restore ====
+
+
+def schema_number(version: Any) -> int | None:
+    """A schema version as a number: 0 before the service recorded one; None for one it cannot read."""
+    if version is None:
+        return 0
+    return int(version) if isinstance(version, str) and version.isdigit() else None
+
+
+@dataclass
+class Verified:
+    """A snapshot that passed every check: its file, manifest, the chain it is in, and the retractions after it."""
+
+    snapshot: Path
+    manifest: dict
+    chain: list[Link]
+    later: list[dict]
+
+
+def verify_snapshot(named: Path, schema_version: str) -> Verified:
     """All checks, before anything is touched: chain, file hash, schema, integrity, row counts.
 
-    Returns the snapshot file, its manifest and the retractions recorded in
-    the manifests after it (the snapshot's own are already in the file).
+    The snapshot is verified as it was written (its own schema against its
+    manifest's); an older schema is brought up to date afterwards, in the
+    copy. Only a schema newer than this service's is refused. The
+    retractions after it come from the manifests after it (its own are
+    already in the file).
     """
     manifest_path = named if named.suffix == ".json" else named.with_suffix(".json")
     if not manifest_path.is_file():
         raise SnapshotError("manifest", f"no manifest {manifest_path.name} beside the snapshot")
     chain = verify_chain(manifest_path.parent)
-    position = next((i for i, (path, _) in enumerate(chain) if path.name == manifest_path.name), None)
+    position = next((i for i, link in enumerate(chain) if link.path.name == manifest_path.name), None)
     if position is None:
         raise SnapshotError("chain", f"{manifest_path.name} is not part of the chain in {manifest_path.parent}")
-    manifest = chain[position][1]
-    snapshot = manifest_path.parent / str(manifest["file"])
+    manifest = chain[position].manifest
+    snapshot = manifest_path.with_suffix(".db")
     if not snapshot.is_file():
         raise SnapshotError("file", f"{snapshot.name} is missing")
     if file_sha256(snapshot) != manifest["sha256"]:
         raise SnapshotError("file", f"{snapshot.name} does not match its manifest's sha256: the file was altered")
-    if manifest.get("schema_version") != schema_version:
+    version = schema_number(manifest.get("schema_version"))
+    if version is None or version > int(schema_version):
         raise SnapshotError(
             "schema",
-            f"the snapshot has schema version {manifest.get('schema_version')!r}; this service's is {schema_version!r}",
+            f"the snapshot has schema version {manifest.get('schema_version')!r}, newer than this service's "
+            f"{schema_version!r}: restore it with the release that took it",
         )
     conn = open_readonly(snapshot)
     try:
@@ -243,55 +512,95 @@ def verify_snapshot(named: Path, schema_version: str) -> tuple[Path, dict, list[
         raise SnapshotError("integrity", f"{snapshot.name} is not a readable database ({error})") from None
     finally:
         conn.close()
-    if described["schema_version"] != schema_version or described["schema_sha256"] != manifest.get("schema_sha256"):
+    if (described["schema_version"], described["schema_sha256"]) != (
+        manifest.get("schema_version"),
+        manifest.get("schema_sha256"),
+    ):
         raise SnapshotError("schema", f"{snapshot.name}'s schema is not the one its manifest records")
     if verdict != "ok":
         raise SnapshotError("integrity", f"quick_check of {snapshot.name}: {verdict}")
     if described["row_counts"] != manifest.get("row_counts"):
         raise SnapshotError("integrity", f"{snapshot.name}'s row counts differ from its manifest's")
-    later = [r for _, later_manifest in chain[position + 1 :] for r in later_manifest.get("retractions", [])]
-    return snapshot, manifest, later
+    later = [r for link in chain[position + 1 :] for r in link.manifest.get("retractions", [])]
+    return Verified(snapshot, manifest, chain, later)
 
 
-def restore_snapshot(named: Path, target: Path, schema_version: str, busy_timeout_ms: int) -> dict:
-    """Verify, rebuild the store in a private copy with later retractions re-applied, then put it in place.
+def restore_snapshot(
+    named: Path, target: Path, schema_version: str, busy_timeout_ms: int, migrate: Callable[[Path], None], force: bool
+) -> dict:
+    """Verify, then rebuild the store in a private copy and put it in place; refused while a service holds target.
 
-    Retractions come from the manifests after the snapshot and from the
-    target database, if it exists. The copy is scrubbed (secure delete, index
-    merges, VACUUM) before it replaces anything, so neither the target nor
-    its WAL ever holds a forgotten row again. An existing target is
-    overwritten through SQLite's backup API (one transaction; safe beside
-    other connections), a new one by a rename. Event ids keep increasing.
+    `migrate` brings the copy's schema up to this service's (the service's
+    own additive migration). --force restores under a running service:
+    whatever it writes meanwhile is lost.
     """
-    snapshot, manifest, retractions = verify_snapshot(named, schema_version)
-    event_seq, id_marks = 0, {}
-    if target.exists():
-        current = sqlite3.connect(target, timeout=busy_timeout_ms / 1000)
-        current.row_factory = sqlite3.Row
-        try:
-            retractions += solos_dataspace.retractions_after(current, 0)
-            id_marks = solos_dataspace.row_id_marks(current)
-            if solos_dataspace.table_exists(current, "sqlite_sequence"):
-                row = current.execute("SELECT seq FROM sqlite_sequence WHERE name = 'memory_event'").fetchone()
-                event_seq = row[0] if row else 0
-        finally:
-            current.close()
-    work = target.with_name(f".{target.name}.restore")
-    shutil.copyfile(snapshot, work)
+    verified = verify_snapshot(named, schema_version)
+    warnings = []
     try:
+        descriptor = take_lock(target, exclusive=True)
+    except BlockingIOError:
+        if not force:
+            raise SnapshotError(
+                "lock",
+                f"a running service holds {target.name} ({lock_path(target).name}): stop it first, or pass "
+                f"--force to restore under it (what it writes during the restore is lost)",
+            ) from None
+        descriptor = None
+        warnings.append("--force: a service holds the database; rows it wrote during the restore are lost")
+    try:
+        return rebuild(verified, target, busy_timeout_ms, migrate, force, warnings)
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)
+
+
+def rebuild(
+    verified: Verified, target: Path, busy_timeout_ms: int, migrate: Callable[[Path], None], force: bool, warnings: list
+) -> dict:
+    """restore_snapshot's work, under the lock: what the live database says, the copy, the swap, the check.
+
+    The copy is scrubbed (secure delete, index merges, VACUUM) before it
+    replaces anything, so neither the target nor its WAL ever holds a
+    forgotten row again. An existing target is overwritten through SQLite's
+    backup API (one transaction; safe beside other connections), a new one by
+    a rename. The result is opened as the service will open it and checked.
+    """
+    existed = target.exists()
+    abandoned = remove_work(target)  # a killed restore's: no other restore holds the lock
+    if not existed:
+        stale = [path for path in side_files(target) if path.exists()]
+        if stale and not force:
+            raise SnapshotError(
+                "target",
+                f"{target.name} is missing but {', '.join(p.name for p in stale)} are beside it: left by a database "
+                f"that is gone, SQLite would apply them to the restored file; remove them, or pass --force",
+            )
+        for path in stale:
+            path.unlink()
+            warnings.append(f"removed {path.name}, left by a database that is gone")
+    retractions, carried = later_retractions(verified, target, existed, busy_timeout_ms, warnings)
+    work = work_path(target)
+    create_private(work)
+    try:
+        shutil.copyfile(verified.snapshot, work)
+        migrate(work)  # an older snapshot's schema brought up to date, as the service does with an older database
         conn = sqlite3.connect(work, isolation_level=None)
         conn.row_factory = sqlite3.Row
         try:
             conn.execute("BEGIN IMMEDIATE")
             erased = sum(solos_dataspace.reapply(conn, retraction) for retraction in retractions)
-            keep_counting(conn, event_seq)
-            solos_dataspace.mark_row_ids(conn, id_marks)  # ids the replaced database handed out stay spent
+            carry_forward(conn, carried, anchor_of(verified.chain[-1].manifest, verified.chain[-1].digest))
             conn.execute("COMMIT")
             for fts in [name for names in solos_dataspace.KEYWORD_INDEX.values() for name in names]:
                 while solos_dataspace.merge_step(conn, fts) >= 2:
                     pass
+            solos_dataspace.scrubs_done(conn, solos_dataspace.queued_scrubs(conn))  # merged here, vacuumed next
             conn.execute("VACUUM")
-            if target.exists():
+            if conn.execute("PRAGMA journal_mode=delete").fetchone()[0] != "delete":  # all of it in the one file
+                raise SnapshotError("copy", f"{work.name} could not leave WAL mode")
+            schema = describe_database(conn)["schema_sha256"]
+            discarded = discarded_rows(conn, target) if existed else {}
+            if existed:
                 live = sqlite3.connect(target, timeout=busy_timeout_ms / 1000)
                 try:
                     live.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
@@ -302,18 +611,160 @@ def restore_snapshot(named: Path, target: Path, schema_version: str, busy_timeou
                     live.close()
         finally:
             conn.close()
-        if not target.exists():
+        if not existed:
             work.replace(target)
     finally:
-        work.unlink(missing_ok=True)
+        remove_work(target)
+    check_result(target, schema, busy_timeout_ms)
     return {
-        "snapshot": str(snapshot),
-        "seq": manifest["seq"],
+        "snapshot": str(verified.snapshot),
+        "seq": verified.manifest["seq"],
         "target": str(target),
         "checks": "passed",
+        "schema_version_restored": verified.manifest.get("schema_version"),
         "retractions_known": len(retractions),
         "rows_forgotten_again": erased,
+        "discarded_rows": sum(n for writers in discarded.values() for n in writers.values()),
+        "discarded": discarded,
+        "abandoned_removed": abandoned,
+        "warnings": warnings,
     }
+
+
+def side_files(db: Path) -> list[Path]:
+    return [db.with_name(db.name + suffix) for suffix in SIDE_FILES]
+
+
+def later_retractions(
+    verified: Verified, target: Path, existed: bool, busy_timeout_ms: int, warnings: list
+) -> tuple[list[dict], dict]:
+    """The retractions recorded after the snapshot, and what the replaced database carries forward.
+
+    From the manifests after it, and from the live database: the target if
+    it exists, else the database the snapshots came from when it anchored
+    this chain (a manifest removed since then cannot hide a retraction).
+    When neither can tell, the warning says from when on they are unknown.
+    """
+    head = verified.chain[-1]
+    retractions = list(verified.later)
+    if existed:  # the database being replaced knows every retraction it made, whatever the folder lost
+        conn = sqlite3.connect(target, timeout=busy_timeout_ms / 1000)
+        conn.row_factory = sqlite3.Row
+        try:
+            dropped = removed_after(verified.chain, read_anchor(conn), str(target))
+            warnings += [f"{dropped}; its own retractions are re-applied"] if dropped else []
+            return retractions + solos_dataspace.retractions_after(conn, 0), carried_state(conn)
+        finally:
+            conn.close()
+    source = Path(str(verified.manifest.get("database") or ""))
+    reason = "the manifests do not name the database they came from"
+    if source.name and not source.exists():
+        reason = f"the database they came from ({source}) is not here"
+    elif source.name:
+        try:
+            conn = sqlite3.connect(f"{source.absolute().as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms / 1000)
+            conn.row_factory = sqlite3.Row
+            try:
+                anchor = read_anchor(conn)
+                dropped = removed_after(verified.chain, anchor, str(source))
+                if anchor is not None and anchor.get("chain") == head.manifest.get("chain"):
+                    warnings += [f"{dropped}; {source}'s own retractions are re-applied"] if dropped else []
+                    return retractions + solos_dataspace.retractions_after(conn, 0), {}
+                reason = f"{source} does not anchor this chain"
+            finally:
+                conn.close()
+        except sqlite3.Error as error:
+            reason = f"{source} cannot be read ({error})"
+    warnings.append(
+        f"later retractions are known only up to snapshot {head.manifest['seq']} "
+        f"({head.manifest['created_at']}): {reason}, so a row forgotten after that comes back"
+    )
+    return retractions, {}
+
+
+def discarded_rows(conn: sqlite3.Connection, target: Path) -> dict[str, dict[str, int]]:
+    """Rows of the target that the restored copy lacks or holds otherwise (written or changed since), per tier, writer.
+
+    Expired short rows are not counted: they were going anyway.
+    """
+    conn.execute("ATTACH DATABASE ? AS replaced", (str(target),))
+    try:
+        found: dict[str, dict[str, int]] = {}
+        for tier in DISCARD_COLUMNS:
+            before, after = tier_rows(conn, "replaced", tier), tier_rows(conn, "main", tier)
+            if not before:  # the target never had the tier's table
+                continue
+            counts = conn.execute(
+                f"SELECT writer, count(*) FROM ({before} EXCEPT {after}) GROUP BY writer ORDER BY writer"
+            ).fetchall()
+            if counts:
+                found[tier] = {str(writer): n for writer, n in counts}
+        return found
+    finally:
+        conn.execute("DETACH DATABASE replaced")
+
+
+def tier_rows(conn: sqlite3.Connection, schema: str, tier: str) -> str:
+    """A SELECT of a tier's rows in one attached database as discarded_rows compares them ('' if it has none)."""
+    tables, writer, columns = DISCARD_COLUMNS[tier]
+    live = " WHERE expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')" if tier == "short" else ""
+    return " UNION ALL ".join(
+        f"SELECT id, {writer} AS writer, {columns} FROM {schema}.{table}{live}"
+        for table in tables
+        if conn.execute(f"SELECT 1 FROM {schema}.sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
+    )
+
+
+def check_result(target: Path, schema: str, busy_timeout_ms: int) -> None:
+    """Open the restored database as the service will (WAL and all) and check it before reporting success."""
+    conn = sqlite3.connect(target, timeout=busy_timeout_ms / 1000)
+    try:
+        verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+        same = describe_database(conn)["schema_sha256"] == schema
+    except sqlite3.DatabaseError as error:
+        verdict, same = str(error), True
+    finally:
+        conn.close()
+    if verdict != "ok":
+        raise SnapshotError("result", f"quick_check of the restored {target.name}: {verdict}")
+    if not same:
+        raise SnapshotError("result", f"the restored {target.name} does not hold the schema that was restored")
+
+
+def carried_state(conn: sqlite3.Connection) -> dict:
+    """What the replaced database hands on to the restored one (carry_forward writes it)."""
+    row = (
+        conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'memory_event'").fetchone()
+        if solos_dataspace.table_exists(conn, "sqlite_sequence")
+        else None
+    )
+    return {
+        "event_seq": row[0] if row else 0,
+        "anchor": read_anchor(conn),
+        "id_marks": solos_dataspace.row_id_marks(conn),
+    }
+
+
+def carry_forward(conn: sqlite3.Connection, carried: dict, head: dict | None) -> None:
+    """Write into the restored copy what must outlive the database it replaces.
+
+    Event ids keep counting above any the replaced database handed out, so
+    no subscriber's Last-Event-ID goes stale. The chain's anchor is the
+    folder's head, or the replaced database's if newer (so removed manifests
+    stay noticed). Row ids the replaced database handed out stay spent: the
+    id marks never go back (schema.sql, "Row ids: never reused").
+    """
+    solos_dataspace.mark_row_ids(conn, carried.get("id_marks"))
+    event_seq = carried.get("event_seq", 0)
+    if not conn.execute(
+        "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'memory_event'", (event_seq,)
+    ).rowcount:
+        conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('memory_event', ?)", (event_seq,))
+    before = carried.get("anchor")
+    if head is None or (before and before.get("chain") == head["chain"] and before["seq"] > head["seq"]):
+        head = before
+    if head:
+        solos_dataspace.set_meta(conn, ANCHOR_KEY, json.dumps(head, sort_keys=True))
 
 
 # ==== CLI: snapshot and restore ====
@@ -334,14 +785,22 @@ def add_commands(commands: Any, add_database_options: Callable[[argparse.Argumen
         restore, "the database to restore into, touched only once every check passed (default: %(default)s)"
     )
     restore.add_argument("snapshot", help="the snapshot's .db file or its .json manifest")
+    restore.add_argument(
+        "--force",
+        action="store_true",
+        help="restore even while a service holds --db (its writes meanwhile are lost), and remove a missing "
+        "database's leftover -wal/-shm/-journal (default: refuse both)",
+    )
 
 
-def run_command(args: argparse.Namespace, schema_version: str) -> dict:
+def run_command(args: argparse.Namespace, schema_version: str, migrate: Callable[[Path], None]) -> dict:
     """Run `snapshot` or `restore`; what it did, for the log line. SnapshotError names a failed check."""
     if args.command == "snapshot":
         folder = Path(args.dir) if args.dir else Path(args.db).absolute().parent / "snapshots"
         return take_snapshot(args.db, folder, args.keep, args.busy_timeout_ms)
-    return restore_snapshot(Path(args.snapshot), Path(args.db), schema_version, args.busy_timeout_ms)
+    return restore_snapshot(
+        Path(args.snapshot), Path(args.db), schema_version, args.busy_timeout_ms, migrate, args.force
+    )
 
 
 COMMANDS = ("snapshot", "restore")

@@ -5,10 +5,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
-from conftest import start_server, stop_server
+from conftest import ROOT, start_server, stop_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -300,3 +305,104 @@ def test_a_forgotten_rows_text_does_not_stay_in_what_recall_keeps(server, how):
     else:
         assert server.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "k"}).status == 200
     assert [cache.cache_info().currsize for cache in kept] == [0, 0]
+
+
+# ---- a forget interrupted between its commit and its scrub (issue 18, item 5) ----
+
+# The service's own code in a child process that dies by SIGKILL right after forget's transaction commits,
+# before its scrub (index merge, WAL checkpoint) starts: the window a kill -9 5-50 ms after the DELETE hit.
+KILLED_BEFORE_SCRUB = """
+import os, signal, sys
+root, db, tier, row_id = sys.argv[1:]
+sys.path.insert(0, root)
+import solos_dataspace, solos_memory
+solos_dataspace.Dataspace.scrub = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
+solos_dataspace.Dataspace.finish_scrubs = lambda *_: None  # the hub thread gets no head start on the kill either
+memory = solos_memory.Memory(solos_memory.open_store(solos_memory.Config(db=db, model_dir="off")))
+solos_dataspace.op_forget_memory(memory, {"agent": "atlas", "tier": tier, "id": int(row_id)})
+"""
+
+
+def no_automerge(server) -> None:
+    """As in a large index, where the segment holding a word is not merged by chance."""
+    with server.db() as conn:
+        for fts in ("memory_longterm_fts", "memory_short_fts", "memory_episodic_fts"):
+            conn.execute(f"INSERT INTO {fts} ({fts}, rank) VALUES ('automerge', 0)")
+
+
+def write_row(server, tier: str, text: str) -> int:
+    if tier == "long":
+        return write_topic(server, "atlas", "diary", [text, "then lunch", "then a walk"])[0]
+    body = {"agent": "atlas", "key": "k", "value": text} if tier == "short" else {"agent": "atlas", "event_type": "e"}
+    reply = server.post(f"/v1/{tier}", {**body, "summary": text} if tier == "episodic" else body)
+    assert reply.status == 201, reply.body
+    return reply.body["id"]
+
+
+def wait_until(condition, what: str, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return result
+
+
+@pytest.mark.parametrize("tier", ["long", "short", "episodic"])
+def test_a_forget_killed_before_its_scrub_is_scrubbed_when_the_service_starts_again(tmp_path, tier):
+    db = tmp_path / "solos.db"
+    server = start_server(db)
+    try:
+        no_automerge(server)
+        word = marker()
+        row_id = write_row(server, tier, f"met {word} at noon")
+        checkpoint(server)
+    finally:
+        stop_server(server)
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_BEFORE_SCRUB, str(ROOT), str(db), tier, str(row_id)],
+        capture_output=True,
+        timeout=60,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    with sqlite3.connect(db) as conn:  # the forget committed: the row and its retraction
+        assert conn.execute("SELECT count(*) FROM memory_retraction").fetchone()[0] == 1
+    tail = word[-16:]
+    assert sum(files_holding(server, tail).values()) > 0  # the index segments (and the WAL) still hold the text
+
+    server = start_server(db)
+    try:
+        wait_until(lambda: files_holding(server, tail) == {"db": 0, "-wal": 0}, "the scrub at start")
+        with server.db() as conn:
+            wait_until(lambda: not conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0], "queue")
+        assert recalled_ids(server, "atlas", word) == set()
+        ok, again = forget(server, "atlas", tier, row_id)  # the author's retry is answered, not 404
+        assert ok and again["status"] == "forgotten" and again["wal_checkpoint"] == "complete", again
+    finally:
+        stop_server(server)
+
+
+def test_forgetting_a_row_again_runs_its_scrub_again(server, monkeypatch):
+    import solos_dataspace
+
+    dataspace = server.server.memory.dataspace
+    wait_until(lambda: not getattr(dataspace, "scrubs_due", False), "the hub's first round")
+    no_automerge(server)
+    word = marker()
+    row_id = write_row(server, "long", f"met {word} at noon")
+    unscrubbed = {"wal_checkpoint": "pending", "mirror": "none"}
+    monkeypatch.setattr(solos_dataspace.Dataspace, "scrub", lambda *_: unscrubbed)  # as if the scrub never ran
+    ok, first = forget(server, "atlas", "long", row_id)
+    assert ok, first
+    checkpoint(server)
+    assert files_holding(server, word[-16:])["db"] > 0
+    monkeypatch.undo()
+
+    assert forget(server, "sol", "long", row_id)[1]["error"]["code"] == "not_found"  # not sol's retraction
+    ok, again = forget(server, "atlas", "long", row_id, "mcp")
+    assert ok, again
+    assert (again["retraction_id"], again["content_hash"]) == (first["retraction_id"], first["content_hash"])
+    assert again["wal_checkpoint"] == "complete"
+    assert files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_retraction").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0] == 0

@@ -74,7 +74,10 @@ def test_existing_fleet_database_is_adopted_without_changing_its_tables(make_ser
         for table, sql in columns_before.items():
             assert conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0] == sql
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 42  # the fleet's, untouched
-        assert conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_version'").fetchone()[0] == "1"
+        assert (
+            conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_version'").fetchone()[0]
+            == solos_memory.SCHEMA_VERSION
+        )
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 

@@ -21,8 +21,8 @@ def snapshot(server, folder: Path, keep: int = 7) -> dict:
     return {"path": path, **json.loads(path.read_text())}
 
 
-def restore(manifest: Path, target: Path, capsys=None) -> tuple[int, str]:
-    status = solos_memory.main(["restore", str(manifest), "--db", str(target)])
+def restore(manifest: Path, target: Path, capsys=None, *options: str) -> tuple[int, str]:
+    status = solos_memory.main(["restore", str(manifest), "--db", str(target), *options])
     return status, capsys.readouterr().err if capsys else ""
 
 
@@ -144,11 +144,11 @@ def test_restore_refuses_a_reordered_chain(chain, capsys):
     assert "reordered" in refused(manifests[2]["path"], target, capsys, "chain")
 
 
-def test_restore_refuses_a_snapshot_of_another_schema(server, tmp_path, capsys):
+def test_restore_refuses_a_snapshot_of_a_newer_schema(server, tmp_path, capsys):
     with server.db() as conn:
-        conn.execute("UPDATE solos_memory_meta SET value = '0' WHERE key = 'schema_version'")
+        conn.execute("UPDATE solos_memory_meta SET value = '99' WHERE key = 'schema_version'")
     manifest = snapshot(server, tmp_path / "snapshots")
-    assert "schema version '0'" in refused(manifest["path"], tmp_path / "target.db", capsys, "schema")
+    assert "schema version '99', newer" in refused(manifest["path"], tmp_path / "target.db", capsys, "schema")
 
 
 def test_a_restore_from_before_a_forget_does_not_bring_the_row_back(server, make_server, tmp_path):
@@ -177,7 +177,7 @@ def test_a_restore_from_before_a_forget_does_not_bring_the_row_back(server, make
     for manifest in folder.glob("solos-000002-*"):
         manifest.unlink()
     shutil.copyfile(server.db_path, tmp_path / "before.db")
-    assert restore(old["path"], server.db_path)[0] == 0
+    assert restore(old["path"], server.db_path, None, "--force")[0] == 0  # under the running service
     assert server.recall("sol", word, tiers="long,short").body["results"] == []
     checkpoint(server)
     assert files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}
