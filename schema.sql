@@ -290,6 +290,12 @@ CREATE TABLE IF NOT EXISTS memory_promotion (
     PRIMARY KEY (long_id, episodic_id)
 ) WITHOUT ROWID;
 
+-- A long fact that goes (forgotten, or deleted by any writer) takes its promotion records along,
+-- so promoted_facts counts facts that exist.
+CREATE TRIGGER IF NOT EXISTS memory_promotion_long_ad AFTER DELETE ON memory_longterm BEGIN
+    DELETE FROM memory_promotion WHERE long_id = old.id;
+END;
+
 -- Episodic rows past the archive age, moved here by `purge` with their ids:
 -- out of the hot table and its indexes, recallable with archive=true.
 CREATE TABLE IF NOT EXISTS memory_episodic_archive (

@@ -44,7 +44,11 @@ PROMOTE_OUTPUT_PROPERTIES = {
     "tier": {"type": "string", "enum": ["long"]},
     "agent": {"type": "string"},
     "id": {"type": "integer", "description": "The long fact's id."},
-    "status": {"type": "string", "enum": ["created", "updated"]},
+    "status": {
+        "type": "string",
+        "enum": ["created", "linked"],
+        "description": "linked: the caller already held this fact; its episodes now point to it, unchanged.",
+    },
     "sources": {"type": "array", "items": {"type": "integer"}, "description": "The episodic ids it came from."},
 }
 
@@ -53,8 +57,9 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
     """Promote episodic rows the caller wrote into one long-term fact that records its sources.
 
     Name the rows by `ids`; give `fact` (else the events' summaries are
-    joined). The long fact is written like write_long (the same fact again
-    updates one row) and its `source` lists the episodes. One-way: the
+    joined). A new fact's `source` lists the episodes; a fact the caller
+    already holds is linked to them as it is (`linked`: its topic, source,
+    confidence and tags are not rewritten). One-way: the
     episodes stay as they are, nothing becomes episodic again. Another agent's
     episode is refused (403); unknown ids are a 404 naming them.
     """
@@ -89,7 +94,14 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
         ordered = sorted(ids)
         fact = args["fact"] or "; ".join(found[i]["summary"] for i in ordered)
         source = "promoted:memory_episodic#" + ",".join(map(str, ordered))
-        outcome = store.put_long(conn, caller, args["topic"], fact, source, args["confidence"], ["promoted"])
+        known = store.known_long(conn, caller, fact)
+        if known is None:
+            outcome = {
+                "id": store.insert_long(conn, caller, args["topic"], fact, source, args["confidence"], ["promoted"]),
+                "status": "created",
+            }
+        else:  # the caller already holds this fact: link the episodes to it, leave its topic, source, tags alone
+            outcome = {"id": known, "status": "linked"}
         conn.executemany(
             "INSERT OR IGNORE INTO memory_promotion (long_id, episodic_id, agent) VALUES (?, ?, ?)",
             [(outcome["id"], i, caller) for i in ordered],
@@ -97,7 +109,7 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
         return {"tier": "long", "agent": caller, **outcome, "sources": ordered}
 
     result = store.write(work)
-    memory.written()
+    memory.written("long", result["id"])
     return result
 
 

@@ -460,6 +460,14 @@ REQUIRED_COLUMNS = {
     ),
     "memory_episodic": ("id", "agent", "event_type", "summary", "details", "outcome", "duration_s", "timestamp"),
 }
+# A row carries one of the wanted tags (a JSON array of them is the parameter, twice): tags as this service
+# stores them (a JSON array) or as a comma list, which other writers of the fleet use.
+TAGGED_SQL = (
+    "CASE WHEN json_valid(t.tags) THEN EXISTS (SELECT 1 FROM json_each(t.tags) AS have "
+    "WHERE have.value IN (SELECT value FROM json_each(?))) "
+    "ELSE EXISTS (SELECT 1 FROM json_each(?) AS want "
+    "WHERE instr(',' || replace(t.tags, ', ', ',') || ',', ',' || want.value || ',') > 0) END"
+)
 FTS_TABLES = ("memory_longterm_fts", "memory_episodic_fts", "memory_short_fts", "memory_episodic_archive_fts")
 
 
@@ -888,17 +896,18 @@ class Store:
         confidence: float | None,
         tags: list[str],
     ) -> dict:
-        """upsert_long inside the caller's transaction (promotion writes its sources in the same one)."""
+        """upsert_long inside the caller's transaction: an identical retry changes nothing (`unchanged`)."""
         self.require_agent(conn, agent)
         known = self.known_long(conn, agent, fact)
-        if known is not None:
-            conn.execute(
-                "UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, "
-                "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?",
-                (topic, source, confidence, json.dumps(tags), known),
-            )
-            return {"id": known, "status": "updated"}
-        return {"id": self.insert_long(conn, agent, topic, fact, source, confidence, tags), "status": "created"}
+        if known is None:
+            return {"id": self.insert_long(conn, agent, topic, fact, source, confidence, tags), "status": "created"}
+        changed = conn.execute(
+            "UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, "
+            "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ? "
+            "AND (topic, source, confidence, tags) IS NOT (?, ?, ?, ?)",
+            (topic, source, confidence, json.dumps(tags), known, topic, source, confidence, json.dumps(tags)),
+        ).rowcount
+        return {"id": known, "status": "updated" if changed else "unchanged"}
 
     @staticmethod
     def known_long(conn: sqlite3.Connection, agent: str, fact: str) -> int | None:
@@ -1068,9 +1077,13 @@ class Store:
     # -- recall's reads: each filters by scope, sharing and expiry before any ranking --
 
     @staticmethod
-    def visible(tier: Tier, caller: str, scope: str) -> tuple[list[str], list[Any]]:
-        """WHERE clauses (over alias t) and their parameters: what `caller` may read of `tier` in `scope`."""
+    def visible(tier: Tier, caller: str, scope: str, tags: Sequence[str] = ()) -> tuple[list[str], list[Any]]:
+        """WHERE clauses (over alias t) and their parameters: what `caller` may read of `tier` in `scope`, and
+        with `tags`, only rows carrying one of them (a tier without tags has none)."""
         where, params = [], []
+        if tags:
+            where.append(TAGGED_SQL if "tags" in tier.result_columns else "0")
+            params.extend([json.dumps(list(tags))] * (2 if "tags" in tier.result_columns else 0))
         if scope == "own":
             where.append("t.agent = ?")
             params.append(caller)
@@ -1084,27 +1097,38 @@ class Store:
             where.append("t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
         return where, params
 
-    def recent_rows(self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, limit: int) -> list:
+    def recent_rows(
+        self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, limit: int, tags: Sequence[str] = ()
+    ) -> list:
         """The most recent rows the caller may read (a recall without words)."""
-        where, params = self.visible(tier, caller, scope)
+        where, params = self.visible(tier, caller, scope, tags)
         sql = (
             f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t "
             f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY t.{tier.time_column} DESC, t.id DESC LIMIT ?"
         )
         return conn.execute(sql, (*params, limit)).fetchall()
 
-    def rows_by_id(self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, ids: list[int]) -> list:
+    def rows_by_id(
+        self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, ids: list[int], tags: Sequence[str] = ()
+    ) -> list:
         """Exactly these rows (another leg's candidates, a match's neighbours), if the caller may read them."""
-        where, params = self.visible(tier, caller, scope)
+        where, params = self.visible(tier, caller, scope, tags)
         where.append("t.id IN (SELECT value FROM json_each(?))")
         sql = f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t WHERE {' AND '.join(where)}"
         return conn.execute(sql, (*params, json.dumps(ids))).fetchall()
 
     def ranked_rows(
-        self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, match: str, limit: int
+        self,
+        conn: sqlite3.Connection,
+        tier: Tier,
+        caller: str,
+        scope: str,
+        match: str,
+        limit: int,
+        tags: Sequence[str] = (),
     ) -> list[sqlite3.Row]:
         """The best BM25 matches the caller may read; `score` is -bm25 (higher is better)."""
-        where, params = self.visible(tier, caller, scope)
+        where, params = self.visible(tier, caller, scope, tags)
         fts, weights = tier.fts, tier.bm25_weights
         # Rank inside FTS5, then join only the best: joining before the sort costs a table lookup
         # per matching row (bench/recall_latency.py, 1M rows: long tier p50 6.6 -> 3.9 ms, episodic
@@ -1162,24 +1186,27 @@ class Store:
         """Every vector of one tier made by `model`, with what the vector search filters on, row by row."""
         return conn.execute(TIER_TABLE[tier].vector_sql, (tier, model))
 
-    def rows_missing_vectors(self, tier: str, model: str, limit: int) -> list[sqlite3.Row]:
-        """Rows with no vector from `model` (new, changed, or embedded by another model)."""
+    def rows_missing_vectors(
+        self, tier: str, model: str, limit: int, ids: list[int] | None = None
+    ) -> list[sqlite3.Row]:
+        """Rows with no vector from `model` (new, changed, or embedded by another model), of `ids` if given."""
         table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
+        only = "" if ids is None else " AND t.id IN (SELECT value FROM json_each(?))"
         return self.read(
             lambda conn: conn.execute(
                 f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v "
-                f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL ORDER BY t.id LIMIT ?",
-                (tier, model, limit),
+                f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL{only} ORDER BY t.id LIMIT ?",
+                (tier, model, *(() if ids is None else (json.dumps(ids),)), limit),
             ).fetchall()
         )
 
-    def save_vectors(self, tier: str, model: str, embedded: list[tuple[sqlite3.Row, bytes]]) -> int:
-        """Store vectors for rows whose text is still what was embedded; return how many."""
+    def save_vectors(self, tier: str, model: str, embedded: list[tuple[sqlite3.Row, bytes]]) -> tuple[list[int], int]:
+        """Store vectors for rows whose text is still what was embedded; the ids saved and the vector generation."""
         table, fields = TIER_TABLE[tier].table, TIER_TABLE[tier].embedded
         same_text = " AND ".join(f"{name} IS ?" for name in fields)
 
-        def work(conn: sqlite3.Connection) -> int:
-            saved = 0
+        def work(conn: sqlite3.Connection) -> tuple[list[int], int]:
+            saved = []
             for row, vector in embedded:
                 current = (row["id"], *(row[name] for name in fields))
                 if tier == "long":
@@ -1197,8 +1224,8 @@ class Store:
                         "INSERT OR REPLACE INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?)",
                         (tier, row["id"], model, stored),
                     )
-                    saved += 1
-            return saved
+                    saved.append(row["id"])
+            return saved, self.vector_generation(conn)
 
         return self.write(work)
 
@@ -1235,6 +1262,11 @@ class Store:
 QUERY_EMBED_TIMEOUT_S = 2.0  # past this, recall answers keyword-only (degraded) rather than wait
 EMBED_BATCH = 32
 SWEEP_INTERVAL_S = 30  # the worker also looks for rows other writers added without vectors
+WRITE_EMBED_TIMEOUT_S = 1.0  # a write waits this long for its row's vector (about 5 ms); then the worker has it
+# Recall is degraded while more rows than this lack a vector: the fleet's direct writes (10k rows an hour would be
+# embedded as they come) never reach it; a bulk import or a stalled embedder does. The worker embeds about
+# 200 rows/s on 2 cores (bench/recall_ab.py), so this is a few seconds behind.
+DEGRADED_BACKLOG_ROWS = 1000
 
 
 def embedding_text(tier: str, row: Any) -> str:
@@ -1258,17 +1290,24 @@ def embed_missing(
             if not rows:
                 break
             vectors = embedder.embed([embedding_text(tier, row) for row in rows])
-            saved = store.save_vectors(tier, embedder.model_id, list(zip(rows, vectors)))
-            done += saved
+            saved, _ = store.save_vectors(tier, embedder.model_id, list(zip(rows, vectors)))
+            done += len(saved)
             if progress:
                 progress(done)
-            if saved == 0:
+            if not saved:
                 break  # every row changed under us; the next sweep takes them
     return done
 
 
 class EmbedWorker(threading.Thread):
-    """Embeds new rows in the background: a write never waits for, or fails because of, the embedder."""
+    """Embeds rows at write (read-your-writes) and, in the background, whatever that missed.
+
+    The service's own writes are embedded before they are acknowledged (about
+    5 ms a row, bench/recall_ab.py), on a pool of one thread with a timeout: a
+    write never fails because of the embedder, and one it could not embed in
+    time waits for the background pass. The background pass also embeds the
+    rows the fleet writes straight into the database, found at each sweep.
+    """
 
     def __init__(self, store: Store, embedder: Any):
         super().__init__(name="embed-worker", daemon=True)
@@ -1278,16 +1317,57 @@ class EmbedWorker(threading.Thread):
         self.wake.set()  # rows from before this start are embedded at once, not after the first sweep interval
         self.stopped = False
         self.last_error: str | None = None
-        # Rows without a vector: counted at start and at each sweep (the fleet's direct writes), one more per
-        # write of this service, counted down as they are embedded. While above 0, recall is not fully hybrid.
+        # Rows without a vector, each once: those the last count found (at start and each sweep: the fleet's
+        # direct writes) less those embedded since, and the service's own rows its write could not embed.
         self.lock = threading.Lock()
-        self.backlog = store.count_missing_vectors(embedder.model_id)
+        self.counted = store.count_missing_vectors(embedder.model_id)
+        self.queued: set[tuple[str, int]] = set()
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, "embed-write")
+        self.stuck: concurrent.futures.Future | None = None
 
-    def queue(self) -> None:
-        """A row was written: count it, and embed it soon."""
+    @property
+    def backlog(self) -> int:
+        return self.counted + len(self.queued)
+
+    def queue(self, key: tuple[str, int]) -> None:
+        """A row the write could not embed: count it (once), and embed it soon."""
         with self.lock:
-            self.backlog += 1
+            self.queued.add(key)
             self.wake.set()
+
+    def embed_written(self, tier: str, row_id: int, index: solos_rank.VectorIndex | None) -> None:
+        """Embed a row the service just wrote and put it in the vector index, before the write is acknowledged.
+
+        Waits at most WRITE_EMBED_TIMEOUT_S (at once not at all while an earlier one still runs); then, or on
+        any failure, the row waits for the background pass and the write goes on.
+        """
+        if self.stuck is not None and not self.stuck.done():
+            self.queue((tier, row_id))
+            return
+        future = self.pool.submit(self.embed_rows, tier, [row_id], index)
+        try:
+            future.result(timeout=WRITE_EMBED_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            self.stuck = future
+            self.queue((tier, row_id))
+        except Exception as error:  # a broken embedder or a busy database: the background pass retries
+            log_event("embed_failed", reason=f"{type(error).__name__}: {error}", tier=tier, id=row_id)
+            self.queue((tier, row_id))
+
+    def embed_rows(self, tier: str, ids: list[int], index: solos_rank.VectorIndex | None) -> None:
+        """Embed these rows if they lack a vector, save the vectors, and hand them to the index."""
+        import numpy as np
+
+        rows = self.store.rows_missing_vectors(tier, self.embedder.model_id, len(ids), ids)
+        if not rows:
+            return  # unchanged text keeps its vector
+        blobs = self.embedder.embed([embedding_text(tier, row) for row in rows])
+        saved, generation = self.store.save_vectors(tier, self.embedder.model_id, list(zip(rows, blobs)))
+        for row, blob in zip(rows, blobs):
+            if index is not None and row["id"] in saved:
+                expires = row["expires_at"] if "expires_at" in row.keys() else None
+                vector = np.frombuffer(blob, dtype="<f4")
+                index.add(self.store, tier, row["id"], row["agent"], expires, vector, generation)
 
     def run(self) -> None:
         while not self.stopped:
@@ -1308,23 +1388,29 @@ class EmbedWorker(threading.Thread):
     def catch_up(self, recount: bool) -> None:
         """Embed every row without a vector, counting the backlog down; a timed sweep counts it afresh."""
         if recount:
-            self.backlog = self.store.count_missing_vectors(self.embedder.model_id)
+            missing = self.store.count_missing_vectors(self.embedder.model_id)
+            with self.lock:  # the count includes the queued rows
+                self.counted, self.queued = missing, set()
+        else:
+            with self.lock:
+                self.counted, self.queued = self.counted + len(self.queued), set()
         counted = [0]
 
         def progress(done: int) -> None:
             with self.lock:
-                self.backlog, counted[0] = max(0, self.backlog - (done - counted[0])), done
+                self.counted, counted[0] = max(0, self.counted - (done - counted[0])), done
 
         embed_missing(self.store, self.embedder, progress=progress)
         with self.lock:
-            if not self.wake.is_set():  # no write came in meanwhile: nothing is left
-                self.backlog = 0
+            if not self.queued:  # nothing was queued meanwhile: nothing is left
+                self.counted = 0
 
     def stop(self) -> None:
         """Stop and wait for a sweep in progress, so nothing writes after the service has closed."""
         self.stopped = True
         self.halted.set()
         self.wake.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
         if self.is_alive() and self is not threading.current_thread():
             self.join(timeout=10)
 
@@ -1335,6 +1421,11 @@ TIERS = ("short", "long", "episodic", "durable")
 DEFAULT_TIERS = ("long", "short")
 SCOPES = ("own", "shared", "shared_except_self")
 KEYWORD_ONLY_REASON = "keyword-only recall: no embedder is loaded"
+RANKING_LEGS = {"recency": [], "keyword": ["keyword"], "vector": ["vector"], "hybrid": ["keyword", "vector"]}
+# Rows whose relevance is under this are left out of a recall that names no min_relevance: agents put what recall
+# returns straight into prompts, so an unrelated row there is a silent failure, not a harmless extra. The value
+# and its foreign-question rejection and hit@5 cost on the LoCoMo dev split: bench/RESULTS-locomo.md, "Honest recall".
+DEFAULT_MIN_RELEVANCE = 0.0
 
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -1427,15 +1518,24 @@ class Memory:
             state, reason = "busy", "keyword-only recall: the embedder is still busy with a query that timed out"
         elif worker and worker.last_error:
             state, reason = "failing", f"rows without a vector rank by keywords: embedding failed ({worker.last_error})"
-        elif backlog:
-            state, reason = "catching_up", f"catching up: rows without a vector yet: {backlog} (embedding them now)"
+        elif backlog and backlog > DEGRADED_BACKLOG_ROWS:
+            state, reason = (
+                "catching_up",
+                (
+                    f"catching up: {backlog} rows without a vector yet, over {DEGRADED_BACKLOG_ROWS} "
+                    "(embedding them now; until then they rank by keywords)"
+                ),
+            )
+        elif backlog:  # a few of the fleet's direct writes: each recall's receipt counts those it met
+            state = "catching_up"
         return {"embedder_state": state, "embed_backlog": backlog, "degraded": bool(reason), "degraded_reason": reason}
 
-    def written(self) -> None:
-        """A row was written: have the worker embed it soon, and subscribers hear of it now."""
+    def written(self, tier: str | None = None, row_id: int | None = None) -> None:
+        """A row was written (or removed: no row): embed it before the write is acknowledged, wake subscribers."""
+        if self.worker and tier is not None and row_id is not None:
+            self.worker.embed_written(tier, row_id, self.vectors)
+            self.worker.wake.set()  # as before: a write also has the fleet's direct writes looked for
         self.dataspace.wake()
-        if self.worker:
-            self.worker.queue()
 
     def embed_query(self, text: str) -> tuple[Any, str | None]:
         """The query's vector, or None and why (no embedder, still busy, failed, timed out)."""
@@ -1505,6 +1605,8 @@ class RecallPlan:
     ranking: str  # recency, keyword, vector or hybrid
     reason: str | None  # why ranking is degraded, or None
     depth: int  # candidates per tier and leg
+    tags: tuple[str, ...]  # only rows carrying one of these; () for any
+    floor: float  # min_relevance
 
 
 @dataclass
@@ -1518,6 +1620,7 @@ class Gathered:
     around: solos_rank.Around = field(default_factory=dict)  # topic neighbours read so far
     reranked: bool = False  # the learned reranker ordered the best rows
     rerank_failure: str | None = None  # why it could not, leaving the first pass's order
+    without_vector: int | None = None  # candidates with no vector yet; None: no embedder, or no question
 
 
 def plan_recall(memory: Memory, args: dict) -> RecallPlan:
@@ -1543,7 +1646,23 @@ def plan_recall(memory: Memory, args: dict) -> RecallPlan:
     else:
         ranking = "keyword" if vector is None else ("vector" if args["ranking"] == "vector" else "hybrid")
     depth = max(solos_rank.CANDIDATE_DEPTH, k * 4 + 20)  # room for collapsed duplicates without a second query
-    return RecallPlan(caller, k, scope, tiers, tuple(searched), query, words, match, vector, ranking, reason, depth)
+    tags = tuple(dict.fromkeys(args["tags"] or ()))
+    return RecallPlan(
+        caller,
+        k,
+        scope,
+        tiers,
+        tuple(searched),
+        query,
+        words,
+        match,
+        vector,
+        ranking,
+        reason,
+        depth,
+        tags,
+        args["min_relevance"],
+    )
 
 
 def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gathered:
@@ -1551,7 +1670,7 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
     store, caller, scope = memory.store, plan.caller, plan.scope
     Store.require_agent(conn, caller)
     persona = []
-    if "durable" in plan.tiers:
+    if "durable" in plan.tiers and not plan.tags:  # a persona has no tags
         row = store.persona(conn, caller)
         if row is not None and (plan.match is None or solos_rank.term_overlap(plan.query, row["value"])):
             persona.append(solos_rank.durable_result(row, caller))
@@ -1561,7 +1680,7 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
         recent = {
             (tier.name, row["id"]): solos_rank.tier_result(tier, row, caller)
             for tier in plan.searched
-            for row in store.recent_rows(conn, tier, caller, scope, plan.depth)
+            for row in store.recent_rows(conn, tier, caller, scope, plan.depth, plan.tags)
         }
         return Gathered(persona, recent, {}, plan.ranking)
     ranking, vectors = plan.ranking, memory.vectors
@@ -1574,7 +1693,17 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
     around: solos_rank.Around = {}
     if ranking != "vector":
         candidates = solos_rank.keyword_candidates(
-            store, conn, plan.searched, caller, scope, plan.match, plan.words, plan.depth, around, memory.common_words
+            store,
+            conn,
+            plan.searched,
+            caller,
+            scope,
+            plan.match,
+            plan.words,
+            plan.depth,
+            around,
+            memory.common_words,
+            plan.tags,
         )
     similar: dict[tuple[str, int], float] = {}
     if ranking in ("vector", "hybrid") and vectors is not None:
@@ -1582,8 +1711,12 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
         similar = solos_rank.vector_candidates(vectors, plan.vector, plan.searched, caller, scope, sharing, plan.depth)
         for tier in plan.searched:  # rows only the vector leg found, read through the same SQL filters
             missing = [row_id for (name, row_id) in similar if name == tier.name and (name, row_id) not in candidates]
-            for row in store.rows_by_id(conn, tier, caller, scope, missing) if missing else ():
+            for row in store.rows_by_id(conn, tier, caller, scope, missing, plan.tags) if missing else ():
                 candidates[(tier.name, row["id"])] = {**solos_rank.tier_result(tier, row, caller), "keyword": None}
+    if vectors is not None:
+        found = Gathered(persona, candidates, similar, ranking, around)
+        found.without_vector = vectors.lacking(list(candidates))
+        return found
     return Gathered(persona, candidates, similar, ranking, around)
 
 
@@ -1593,17 +1726,25 @@ def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Ga
     if found.ranking == "recency":
         return found, sorted(found.candidates.values(), key=lambda r: r["ts"] or "", reverse=True)
     fused = solos_rank.fuse(found.candidates, found.similar, found.ranking)
-    if not memory.rerank or found.ranking == "vector":  # vector alone is for comparing the legs
+    if found.ranking == "vector":  # vector alone is for comparing the legs: no reranker, no relevance
         return found, fused.rows
     vectors = memory.vectors if found.ranking == "hybrid" else None
-    ranked, found.rerank_failure = solos_rank.rerank(memory.store, conn, plan, fused, vectors, found.around)
-    found.reranked = found.rerank_failure is None
+    ranked, found.rerank_failure = solos_rank.rerank(
+        memory.store, conn, plan, fused, vectors, found.around, memory.rerank
+    )
+    found.reranked = memory.rerank and found.rerank_failure is None
     return found, ranked
 
 
 def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:
-    """Collapse duplicates, cut to k, audit foreign episodes, count; the response."""
+    """Collapse duplicates, cut to k after the relevance floor, audit foreign episodes, count; the response."""
+    for result in found.persona:
+        result["relevance"] = 1.0  # the caller's own persona, shown only when it shares a word with the question
     results, collapsed = solos_rank.collapse_duplicates(found.persona + ranked, plan.k)
+    below = [r for r in results if r.get("relevance") is not None and r["relevance"] < plan.floor]
+    if below:  # the top k as it would be with no floor, less the rows under it, refilled from those above it
+        passing = [r for r in found.persona + ranked if r.get("relevance") is None or r["relevance"] >= plan.floor]
+        results, collapsed = solos_rank.collapse_duplicates(passing, plan.k)
     kept = solos_bounds.fitting(results)
     truncated = None
     if kept < len(results):  # left out, not handed over: neither audited nor counted as read
@@ -1618,6 +1759,7 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
         )
     for result in results:  # presentation work, only for the rows returned
         result["score"] = round(result["score"], 6)
+        result["relevance"] = None if result.get("relevance") is None else round(result["relevance"], 6)
         if "tags" in result:
             result["tags"] = solos_rank.parse_tags(result["tags"])
     # A collapsed copy is revealed too (its twin's duplicates, also_written_by): its read is audited as well.
@@ -1636,11 +1778,19 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
         "count": len(results),
         "results": results,
         "suppressed_duplicates": len(collapsed),
+        "min_relevance": plan.floor,
+        "below_floor": len(below),
         "degraded": reason is not None,
         "degraded_reason": reason,
         "ranking": found.ranking,
         "reranked": found.reranked,
         "truncated": truncated,
+        "receipt": {
+            "legs": RANKING_LEGS[found.ranking],
+            "considered": len(found.persona) + len(found.candidates),
+            "below_floor": len(below),
+            "without_vector": found.without_vector,
+        },
     }
 
 
@@ -1651,7 +1801,7 @@ def op_write_short(memory: Memory, args: dict) -> dict:
     restarts its TTL. Expired keys are never recalled.
     """
     outcome = memory.store.upsert_short(args["agent"], args["key"], args["value"], args["ttl_s"], args["tags"] or [])
-    memory.written()
+    memory.written("short", outcome["id"])
     return {"tier": "short", "agent": args["agent"], "key": args["key"], **outcome}
 
 
@@ -1659,13 +1809,14 @@ def op_write_long(memory: Memory, args: dict) -> dict:
     """Store a long-term fact attributed to the calling agent.
 
     The write key is the fact's full content: the same fact from the same
-    agent updates one row (topic, source, confidence, tags); a different fact
-    is a new row, however long a prefix the two share.
+    agent updates one row (topic, source, confidence, tags), and an identical
+    retry answers `unchanged` and changes nothing; a different fact is a new
+    row, however long a prefix the two share.
     """
     outcome = memory.store.upsert_long(
         args["agent"], args["topic"], args["fact"], args["source"], args["confidence"], args["tags"] or []
     )
-    memory.written()
+    memory.written("long", outcome["id"])
     return {"tier": "long", "agent": args["agent"], **outcome}
 
 
@@ -1677,7 +1828,7 @@ def op_write_episodic(memory: Memory, args: dict) -> dict:
     """
     event = {name: args[name] for name in ("event_type", "summary", "details", "outcome", "duration_s")}
     outcome = memory.store.append_episodic(args["agent"], event, args["idempotency_key"])
-    memory.written()
+    memory.written("episodic", outcome["id"])
     return {"tier": "episodic", "agent": args["agent"], **outcome}
 
 
@@ -1793,6 +1944,11 @@ RECALLED_ROW = result_schema(
         "source": {"type": "string"},
         "foreign": {"type": "boolean", "description": "true when another agent wrote it."},
         "text": {"type": "string"},
+        "relevance": {
+            "type": ["number", "null"],
+            "description": "The probability (0-1) that the row is relevant to q, calibrated on a dev set; null "
+            "without words to judge by (empty q) or with ranking=vector.",
+        },
     }
 )
 RECALL_OUTPUT = result_schema(
@@ -1801,6 +1957,24 @@ RECALL_OUTPUT = result_schema(
         "count": {"type": "integer"},
         "results": {"type": "array", "items": RECALLED_ROW},
         "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
+        "min_relevance": {"type": "number", "description": "The floor this recall applied."},
+        "below_floor": {
+            "type": "integer",
+            "description": "Rows of the top k left out for a relevance under the floor: with count 0, an honest "
+            "'nothing relevant', not a failure.",
+        },
+        "receipt": {
+            "type": "object",
+            "description": "What this recall did, without content: legs run, visible rows considered, rows below "
+            "the floor, and matches with no vector yet (null without an embedder). Counts only rows the caller "
+            "may read.",
+            "properties": {
+                "legs": {"type": "array", "items": {"type": "string", "enum": ["keyword", "vector"]}},
+                "considered": {"type": "integer"},
+                "below_floor": {"type": "integer"},
+                "without_vector": {"type": ["integer", "null"]},
+            },
+        },
         "degraded": {"type": "boolean", "description": "true: a leg or the reranker was unavailable (see the reason)."},
         "degraded_reason": NULLABLE_STRING,
         "ranking": {"type": "string"},
@@ -1860,6 +2034,19 @@ OPERATIONS = {
                     "type": "boolean",
                     "default": False,
                     "description": "Also search archived episodic rows (needs episodic in tiers; keyword-ranked).",
+                },
+                "tags": {
+                    **TAGS_SCHEMA,
+                    "description": "Only rows carrying any of these tags (REST: comma-separated); rows of tiers "
+                    "without tags (episodic, durable) never match. With an empty q: the newest such rows.",
+                },
+                "min_relevance": {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": 1,
+                    "default": DEFAULT_MIN_RELEVANCE,
+                    "description": "Leave out rows less likely than this to be relevant (see relevance); 0 keeps "
+                    "every match. Not applied to an empty q.",
                 },
             }
         ),

@@ -201,6 +201,7 @@ def keyword_candidates(
     depth: int,
     around: Around,
     common: CommonWords,
+    tags: Sequence[str] = (),
 ) -> dict[Key, dict]:
     """BM25 per tier after the scope, sharing and expiry filters, x NAME_BOOST for a named writer, then neighbours.
 
@@ -211,13 +212,13 @@ def keyword_candidates(
     content = [word for word in words if word not in STOP_WORDS]
     for tier in tiers:
         searched = tier_match(match, content, common.of(tier, content))
-        for row in store.ranked_rows(conn, tier, caller, scope, searched, depth):
+        for row in store.ranked_rows(conn, tier, caller, scope, searched, depth, tags):
             result = tier_result(tier, row, caller)
             result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in words else 1.0)
             candidates[(tier.name, row["id"])] = result
     threaded = [tier for tier in tiers if tier.threaded]
     for tier in threaded:
-        smooth_with_neighbours(store, conn, tier, caller, scope, candidates, around)
+        smooth_with_neighbours(store, conn, tier, caller, scope, candidates, around, tags)
     return candidates
 
 
@@ -233,7 +234,14 @@ def read_neighbours(store: Any, conn: Any, tier: Any, ids: list[int], around: Ar
 
 
 def smooth_with_neighbours(
-    store: Any, conn: Any, tier: Any, caller: str, scope: str, keyword: dict[Key, dict], around: Around
+    store: Any,
+    conn: Any,
+    tier: Any,
+    caller: str,
+    scope: str,
+    keyword: dict[Key, dict],
+    around: Around,
+    tags: Sequence[str] = (),
 ) -> None:
     """Add to each fact a share of its best-matching topic neighbour's keyword score.
 
@@ -251,7 +259,7 @@ def smooth_with_neighbours(
             if neighbour is not None:
                 borrowed[neighbour[1]] = max(borrowed.get(neighbour[1], 0.0), score)
     entering = [row_id for row_id in borrowed if row_id not in matched]
-    for row in store.rows_by_id(conn, tier, caller, scope, entering) if entering else ():
+    for row in store.rows_by_id(conn, tier, caller, scope, entering, tags) if entering else ():
         keyword[(tier.name, row["id"])] = {**tier_result(tier, row, caller), "keyword": 0.0}
     for row_id, share in borrowed.items():
         if (tier.name, row_id) in keyword:
@@ -263,6 +271,8 @@ def smooth_with_neighbours(
 # A long fact borrows half the best cosine of its topic neighbours (RESULTS-locomo.md, "Recall v2": vector
 # smoothing 0.3 / 0.5 / 0.7 gave vector hit@5 .519 / .520 / .509).
 NEIGHBOUR_WEIGHT = 0.5
+# Rows embedded since the last snapshot kept beside it (1.5 KiB each); past this a reload folds them in.
+RECENT_VECTORS_KEPT = 4096
 
 
 class VectorIndex:
@@ -270,9 +280,10 @@ class VectorIndex:
 
     Vectors from any other model are never loaded, so never compared. A
     reload (about 3 ms per 1,000 rows) runs in the background while recall
-    keeps using the last snapshot: a just-embedded row joins the vector leg a
-    moment later (the keyword leg has it at once), and a deleted row never
-    comes back, because candidates are re-read through the SQL filters.
+    keeps using the last snapshot plus the rows the service embedded since
+    (`add`, before its write is acknowledged: read-your-writes); rows the fleet
+    writes directly join at the reload after the worker embeds them. A deleted
+    row never comes back, because candidates are re-read through the SQL filters.
     """
 
     def __init__(self, model_id: str, tiers: Sequence[str]):
@@ -283,6 +294,19 @@ class VectorIndex:
         self.reloading = False
         self.tiers: dict[str, tuple] = {}
         self.sorted_ids: dict[str, tuple] = {}  # per tier: (its ids array, those ids sorted, their positions)
+        # Rows embedded since the snapshot: tier -> id -> (agent, expires_at or "", vector, generation saved at).
+        # Each overrides the snapshot's row and is dropped once a snapshot of that generation or later is in.
+        self.recent: dict[str, dict[int, tuple[str, str, Any, int]]] = {tier: {} for tier in self.tier_names}
+
+    def add(
+        self, store: Any, tier: str, row_id: int, agent: str, expires_at: str | None, vector: Any, generation: int
+    ) -> None:
+        """A row the service just embedded and saved (at `generation`): the next search sees it."""
+        with self.lock:
+            self.recent[tier][row_id] = (agent, expires_at or "", vector, generation)
+            crowded = sum(map(len, self.recent.values())) > RECENT_VECTORS_KEPT
+        if crowded:  # writes with no recall between: fold them into a snapshot rather than grow this
+            self.reload_soon(store)
 
     def refresh(self, store: Any, conn: Any, tiers: Sequence[str]) -> None:
         """Make the snapshot current: at once while it holds nothing for these tiers, else in the background."""
@@ -292,6 +316,10 @@ class VectorIndex:
         if not self.count(tiers):
             self.load(store, conn, generation)
             return
+        self.reload_soon(store)
+
+    def reload_soon(self, store: Any) -> None:
+        """Reload in the background, unless a reload runs already."""
         with self.lock:
             if self.reloading:
                 return
@@ -340,22 +368,45 @@ class VectorIndex:
         with self.lock:
             if self.generation is None or generation >= self.generation:
                 self.tiers, self.sorted_ids, self.generation = tiers, sorted_ids, generation
+                for recent in self.recent.values():
+                    for row_id in [i for i, entry in recent.items() if entry[3] <= generation]:
+                        del recent[row_id]
 
     def count(self, tiers: Sequence[str]) -> int:
-        """Vectors loaded for these tiers."""
-        return sum(len(self.tiers[tier][0]) for tier in tiers if tier in self.tiers)
+        """Vectors loaded for these tiers (a row embedded since the snapshot may count twice: enough for a test
+        of none)."""
+        loaded = sum(len(self.tiers[tier][0]) for tier in tiers if tier in self.tiers)
+        return loaded + sum(len(self.recent.get(tier, ())) for tier in tiers)
 
     def search(self, tier: str, query: Any, allowed: Callable[[Any], Any], depth: int) -> dict[int, float]:
-        """Top `depth` rows by cosine (plus topic neighbours'), among rows `allowed` keeps and not expired."""
+        """Top `depth` rows by cosine (plus topic neighbours'), among rows `allowed` keeps and not expired.
+
+        A row embedded since the snapshot is scored by its own cosine (its topic neighbours join at the reload).
+        """
         import numpy as np
 
         ids, agents, expires, matrix, prev, after = self.tiers.get(tier, (None,) * 6)
-        if ids is None or not len(ids):
+        with self.lock:
+            recent = dict(self.recent.get(tier, {}))
+        if ids is None:
+            ids, agents, expires = (np.zeros(0, dtype=t) for t in (np.int64, object, object))
+        score = np.zeros(0)
+        if len(ids):
+            cosine = matrix @ query
+            padded = np.append(cosine, 0.0)  # index -1 (no neighbour) reads 0
+            neighbours = np.maximum(padded[prev], padded[after])
+            score = cosine + NEIGHBOUR_WEIGHT * np.where((prev >= 0) | (after >= 0), neighbours, 0.0)
+        if recent:  # the snapshot's copy of a re-embedded row is stale: the recent one replaces it
+            stale = np.isin(ids, list(recent))
+            keep = ~stale
+            ids, agents, expires, score = ids[keep], agents[keep], expires[keep], score[keep]
+            entries = list(recent.values())
+            ids = np.concatenate([ids, np.array(list(recent), dtype=np.int64)])
+            agents = np.concatenate([agents, np.array([e[0] for e in entries], dtype=object)])
+            expires = np.concatenate([expires, np.array([e[1] for e in entries], dtype=object)])
+            score = np.concatenate([score, np.stack([e[2] for e in entries]) @ query])
+        if not len(ids):
             return {}
-        cosine = matrix @ query
-        padded = np.append(cosine, 0.0)  # index -1 (no neighbour) reads 0
-        neighbours = np.maximum(padded[prev], padded[after])
-        score = cosine + NEIGHBOUR_WEIGHT * np.where((prev >= 0) | (after >= 0), neighbours, 0.0)
         now = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())  # to the second: SQL re-filters candidates
         mask = allowed(agents) & ((expires == "") | (expires > now)).astype(bool)
         candidates = np.flatnonzero(mask)
@@ -376,10 +427,15 @@ class VectorIndex:
 
         scores = {}
         for tier in {name for name, _ in keys}:
+            with self.lock:
+                added = self.recent.get(tier, {})
+                recent = {row_id: added[row_id] for name, row_id in keys if name == tier and row_id in added}
+            for row_id, entry in recent.items():
+                scores[(tier, row_id)] = float(entry[2] @ query)
             ids, _, _, matrix, prev, after = self.tiers.get(tier, (None,) * 6)
             if ids is None or not len(ids):
                 continue
-            at = self.positions(tier, ids, [row_id for name, row_id in keys if name == tier])
+            at = self.positions(tier, ids, [row_id for name, row_id in keys if name == tier and row_id not in recent])
             if not len(at):
                 continue
             rows = np.concatenate([at, prev[at], after[at]])
@@ -389,6 +445,19 @@ class VectorIndex:
                 around = max(cosine[before], cosine[following]) if before >= 0 or following >= 0 else 0.0
                 scores[(tier, int(ids[i]))] = cosine[i] + NEIGHBOUR_WEIGHT * around
         return scores
+
+    def lacking(self, keys: Sequence[Key]) -> int:
+        """How many of these rows have no vector in the index (none yet, or of a tier it does not embed)."""
+        found = 0
+        for tier in {name for name, _ in keys}:
+            wanted = [row_id for name, row_id in keys if name == tier]
+            with self.lock:
+                added = self.recent.get(tier, {})
+                fresh = {row_id for row_id in wanted if row_id in added}
+            ids = self.tiers.get(tier, (None,))[0]
+            rest = [row_id for row_id in wanted if row_id not in fresh]
+            found += len(fresh) + (len(self.positions(tier, ids, rest)) if ids is not None and len(ids) and rest else 0)
+        return len(keys) - found
 
     def positions(self, tier: str, ids: Any, wanted: list[int]) -> Any:
         """Where these row ids sit in the tier's snapshot `ids` (those without a vector left out): a binary
@@ -517,6 +586,10 @@ LTR_WEIGHTS: dict[str, tuple[float | None, float]] = {
     "cosine": (None, -0.1613),  # the vector leg's score (cosine, neighbour-smoothed) of any row with a vector
     "vector": (None, 0.4528),  # the vector leg, min-max over its candidates (0 when absent)
 }
+# `relevance` = logistic(bias + a x the reranker's logit + b x question_coverage), per mode (keyword, hybrid). Fitted
+# by bench/relevance_fit.py on the LoCoMo dev split: each conversation's own questions (evidence turns relevant) and
+# the other conversations' questions (nothing relevant), leave-one-conversation-out figures in RESULTS-locomo.md.
+RELEVANCE_WEIGHTS = {"keyword": (0.0, 1.0, 0.0), "hybrid": (0.0, 1.0, 0.0)}
 KEYWORD_FEATURES = tuple(name for name, (weight, _) in LTR_WEIGHTS.items() if name != "bias" and weight is not None)
 VECTOR_FEATURES = ("cosine", "vector")
 LTR_KEYWORD_WEIGHTS = tuple(weight for weight, _ in LTR_WEIGHTS.values() if weight is not None)  # bias first
@@ -702,7 +775,7 @@ def logistic(logit: float) -> float:
 
 
 def rerank(
-    store: Any, conn: Any, plan: Any, fused: Fused, vectors: VectorIndex | None, around: Around
+    store: Any, conn: Any, plan: Any, fused: Fused, vectors: VectorIndex | None, around: Around, reorder: bool = True
 ) -> tuple[list[dict], str | None]:
     """The first RERANK_DEPTH fused rows reordered by the reranker, and None; or, if it fails, the first pass
     as it was and why.
@@ -713,9 +786,11 @@ def rerank(
     vector leg's score (of rows it did not rank too). A reranked row's
     `score` becomes the model's probability that it answers; rows below keep
     their order, scaled under the lowest reranked score, so scores fall down
-    the list and stay in [0, 1]. Storage errors propagate (the store retries
-    or answers 503); any other failure leaves the first pass's order and
-    scores, so the reranker cannot fail a recall.
+    the list and stay in [0, 1]. Every row also gets its `relevance`
+    (`calibrated_relevance`); with reorder False (`--rerank off`) only that,
+    the first pass's order and scores stay. Storage errors propagate (the
+    store retries or answers 503); any other failure leaves the first pass's
+    order and scores, and no relevance, so the reranker cannot fail a recall.
     """
     head = fused.rows[:RERANK_DEPTH]
     if not head:
@@ -726,10 +801,21 @@ def rerank(
     try:
         question = Question.of(plan.query, plan.words, [result["agent"] for result in fused.rows])
         logits = head_logits(question, fused, rows, around, cosines)
+        weights = RELEVANCE_WEIGHTS["keyword" if cosines is None else "hybrid"]
+        relevance = [
+            calibrated_relevance(weights, logit, question, r["text"], r["agent"]) for r, logit in zip(head, logits)
+        ]
     except Exception as error:  # a bug or odd data in one row must not fail the recall: keep the first pass
         log.exception("rerank failed; the first pass's order stands")
         return fused.rows, f"first-pass order: the reranker failed ({type(error).__name__}: {error})"
     cut = head[-1]["score"]
+    for result, value in zip(head, relevance):
+        result["relevance"] = value
+    lowest = min(relevance)
+    for result in fused.rows[RERANK_DEPTH:]:  # below every reranked row, as their scores are
+        result["relevance"] = lowest * result["score"] / cut
+    if not reorder:
+        return fused.rows, None
     for result, logit in zip(head, logits):
         result["score"] = logistic(logit)
     floor = min(result["score"] for result in head)
@@ -737,6 +823,20 @@ def rerank(
         result["score"] = floor * result["score"] / cut
     order = sorted(range(len(head)), key=lambda i: -logits[i])  # stable: ties keep the first pass's order
     return [head[i] for i in order] + fused.rows[RERANK_DEPTH:], None
+
+
+def question_coverage(question: Question, text: Any, agent: str) -> float:
+    """The share of the question's content stems a row accounts for: in its text, or as its writer's name."""
+    if not question.stems:
+        return 0.0
+    covered = text_shape(str(text or "")).stems | {agent.lower()[:STEM_LENGTH]}
+    return len(question.stems & covered) / len(question.stems)
+
+
+def calibrated_relevance(weights: tuple[float, ...], logit: float, question: Question, text: Any, agent: str) -> float:
+    """The probability that a row is relevant: a logistic calibration of the reranker's logit and the row's
+    coverage of the question (RELEVANCE_WEIGHTS)."""
+    return logistic(weights[0] + weights[1] * logit + weights[2] * question_coverage(question, text, agent))
 
 
 def topic_context(

@@ -185,3 +185,14 @@ def token_server(make_server, tmp_path: Path):
     tokens = tmp_path / "tokens"
     write_tokens(tokens, {"atlas-token": "atlas", "sol-token": "sol"})
     return make_server("tokens.db", tokens_file=str(tokens))
+
+
+@pytest.fixture
+def embedded_server(make_server, monkeypatch):
+    """Start a server whose embedder is the given stand-in."""
+
+    def make(embedder, name: str = "hybrid.db", **config):
+        monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (embedder, None))
+        return make_server(name, **config)
+
+    return make

@@ -39,17 +39,6 @@ class WordHashEmbedder:
         return [self.vector(text).astype("<f4").tobytes() for text in texts]
 
 
-@pytest.fixture
-def embedded_server(make_server, monkeypatch):
-    """Start a server whose embedder is the given stand-in."""
-
-    def make(embedder, name: str = "hybrid.db", **config):
-        monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (embedder, None))
-        return make_server(name, **config)
-
-    return make
-
-
 def wait_for_vectors(server, expected: int, timeout_s: float = 10.0) -> None:
     """Until `expected` vectors are stored and the service has counted them off its backlog."""
     deadline = time.monotonic() + timeout_s
@@ -138,10 +127,10 @@ def test_a_write_never_fails_because_the_embedder_does(embedded_server):
 
 
 class QueriesOnly(WordHashEmbedder):
-    """Embeds queries, never rows (the background worker's calls fail)."""
+    """Embeds queries, never rows (the background worker's and the write path's calls fail)."""
 
     def embed(self, texts: list[str]) -> list[bytes]:
-        if threading.current_thread().name == "embed-worker":
+        if threading.current_thread().name.startswith(("embed-worker", "embed-write")):
             raise RuntimeError("not embedding rows in this test")
         return super().embed(texts)
 
@@ -324,8 +313,10 @@ def metric(server, name: str) -> float:
     return float(line.split()[1])
 
 
-def test_catching_up_after_a_start_is_the_same_on_every_surface(make_server, embedded_server):
-    """Rows from before the start wait for vectors: /health, /v1/stats, /metrics, the page and recall say so alike."""
+def test_catching_up_after_a_start_is_the_same_on_every_surface(make_server, embedded_server, monkeypatch):
+    """Rows from before the start wait for vectors: /health, /v1/stats, /metrics, the page and recall say so alike
+    (past the backlog bound: lowered here to 4 rows)."""
+    monkeypatch.setattr(solos_memory, "DEGRADED_BACKLOG_ROWS", 4)
     before = make_server("catch-up.db")  # keyword-only, as after a zero-install start
     for n in range(3):
         before.post("/v1/long", {"agent": "atlas", "fact": f"harbour crane {n}"})
@@ -348,7 +339,7 @@ def test_catching_up_after_a_start_is_the_same_on_every_surface(make_server, emb
         health = server.get("/health").body
         assert (health["embedder_state"], health["embed_backlog"], health["degraded"]) == ("catching_up", 5, True)
         reason = health["degraded_reason"]
-        assert "rows without a vector yet: 5" in reason and "backfill" not in reason
+        assert "5 rows without a vector yet, over 4" in reason and "backfill" not in reason
         stats = server.get("/v1/stats").body
         state = ("embedder_state", "embed_backlog", "degraded", "degraded_reason")
         assert {key: stats[key] for key in state} == {key: health[key] for key in state}
@@ -356,7 +347,7 @@ def test_catching_up_after_a_start_is_the_same_on_every_surface(make_server, emb
         recall = server.recall("nova", "harbour crane", ranking="hybrid")
         assert recall.body["count"] == 4 and recall.body["degraded_reason"] == reason
         assert recall.headers["x-memory-degraded"] == "true"
-        assert "rows without a vector yet: 5" in server.get("/status").raw.decode()
+        assert "5 rows without a vector yet" in server.get("/status").raw.decode()
     finally:
         released.set()
     wait_for_vectors(server, 5)

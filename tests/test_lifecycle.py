@@ -66,7 +66,7 @@ def test_promote_makes_one_long_fact_that_records_its_sources(server):
     again = server.post(
         "/v1/promote", {"agent": "atlas", "ids": [first, second], "fact": "Gateway v2 needs a 30 s upstream timeout"}
     )
-    assert (again.status, again.body["status"], again.body["id"]) == (200, "updated", reply.body["id"])
+    assert (again.status, again.body["status"], again.body["id"]) == (200, "linked", reply.body["id"])
     joined = server.post("/v1/promote", {"agent": "atlas", "ids": [first]})
     assert joined.status == 201
     with server.db() as conn:
