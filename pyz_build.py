@@ -50,7 +50,10 @@ REQUIRED_FILES = (
     "solos_lifecycle.py",
     "solos_rank.py",
     "solos_connections.py",
-    "solos_dataspace.py",
+    "solos_events.py",
+    "solos_forget.py",
+    "solos_store.py",
+    "solos_validation.py",
     "solos_snapshot.py",
     "solos_bounds.py",
 )

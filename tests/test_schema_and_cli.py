@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT
 
 import solos_memory
+import solos_store
 
 FLEET_SCHEMA = """
 CREATE TABLE agent_registry (agent TEXT PRIMARY KEY, role TEXT, created_at TEXT);
@@ -76,7 +77,7 @@ def test_existing_fleet_database_is_adopted_without_changing_its_tables(make_ser
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 42  # the fleet's, untouched
         assert (
             conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_version'").fetchone()[0]
-            == solos_memory.SCHEMA_VERSION
+            == solos_store.SCHEMA_VERSION
         )
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
