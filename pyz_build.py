@@ -52,6 +52,7 @@ REQUIRED_FILES = (
     "solos_connections.py",
     "solos_dataspace.py",
     "solos_snapshot.py",
+    "solos_jobs.py",
     "solos_bounds.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.

@@ -56,6 +56,7 @@ import solos_bounds
 import solos_check
 import solos_connections
 import solos_dataspace
+import solos_jobs
 import solos_lifecycle
 import solos_qdrant
 import solos_rank
@@ -797,6 +798,7 @@ class Store:
                 (SCHEMA_VERSION,),
             )
             conn.execute("INSERT OR IGNORE INTO solos_memory_meta (key, value) VALUES ('vector_generation', 0)")
+            solos_jobs.watch(conn)
             solos_dataspace.mark_row_ids(conn)
             conn.execute("COMMIT")
         finally:
@@ -1055,15 +1057,24 @@ class Store:
 
         return self.read(work)
 
-    def writes_by_agent(self) -> dict[str, tuple[int, int]]:
-        """Rows each writer (the fleet's too) created or changed in the last hour and day, by the rows' timestamps."""
-        since = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 {}')"
+    def writes_by_hour(self) -> dict[str, list[int]]:
+        """Rows each writer (the fleet's too) created or changed per hour of the last day (index 0: the last
+        hour), by the rows' timestamps; one that does not parse counts as now."""
         recent = " UNION ALL ".join(
-            f"SELECT agent, {column} AS ts FROM {table} WHERE {column} >= {since.format('day')}"
+            f"SELECT agent, {column} AS ts FROM {table} "
+            f"WHERE {column} >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 day')"
             for table, column in {tier.table: tier.time_column for tier in LIVE_TIERS}.items()
         )
-        sql = f"SELECT agent, sum(ts >= {since.format('hour')}), count(*) FROM ({recent}) GROUP BY agent"
-        return self.read(lambda conn: {row[0]: (row[1], row[2]) for row in conn.execute(sql)})
+        hours_ago = "ifnull(min(23, max(0, CAST((julianday('now') - julianday(ts)) * 24 AS INTEGER))), 0)"
+        sql = f"SELECT agent, {hours_ago}, count(*) FROM ({recent}) GROUP BY 1, 2"
+
+        def work(conn: sqlite3.Connection) -> dict[str, list[int]]:
+            hours: dict[str, list[int]] = {}
+            for agent, ago, count in conn.execute(sql):
+                hours.setdefault(agent, [0] * 24)[ago] += count
+            return hours
+
+        return self.read(work)
 
     # -- recall's reads: each filters by scope, sharing and expiry before any ranking --
 
@@ -1408,7 +1419,7 @@ class Memory:
         self.embedder = embedder
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
         self.stats = Stats()
-        self.activity = solos_status.Activity()
+        self.activity = solos_status.Activity(store)
         self.vectors = solos_rank.VectorIndex(embedder.model_id, [t.name for t in EMBEDDED_TIERS]) if embedder else None
         self.common_words = solos_rank.CommonWords(store)
         self.worker = EmbedWorker(store, embedder) if embedder else None
@@ -1457,6 +1468,7 @@ class Memory:
         return np.frombuffer(blob, dtype="<f4"), None
 
     def close(self) -> None:
+        self.activity.close()
         self.dataspace.stop()
         if self.worker:
             self.worker.stop()
@@ -1484,9 +1496,12 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     ranking was unavailable (the embedder: keyword-only) and says why.
     Identical texts are collapsed and counted in `suppressed_duplicates`.
     """
+    started = time.perf_counter()
     plan = plan_recall(memory, args)
     found, ranked = memory.store.read(lambda conn: rank(memory, plan, conn))
-    return present(memory, plan, found, ranked)
+    answer = present(memory, plan, found, ranked)
+    memory.activity.recalled(plan.caller, [r["agent"] for r in answer["results"]], time.perf_counter() - started)
+    return answer
 
 
 @dataclass(frozen=True)
@@ -1625,7 +1640,6 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
     if audit:
         memory.store.record_audit(plan.caller, audit)
     memory.stats.record_recall(results, len(collapsed))
-    memory.activity.recalled(plan.caller, [r["agent"] for r in results])
     reason = "; ".join(why for why in (plan.reason, found.rerank_failure) if why) or None
     return {
         "agent": plan.caller,
@@ -1705,7 +1719,8 @@ def op_read_audit(memory: Memory, args: dict) -> dict:
 
 
 def op_read_stats(memory: Memory, args: dict) -> dict:
-    """Counts per tier, embed backlog, degraded state, counters, and agents' writes and recalls (hour, day).
+    """Counts per tier, embed backlog, degraded state, counters, agents' writes and recalls (hour, day, and
+    per hour with recall latency), and the daily jobs' last runs.
 
     An agent sees its own recent rejections and activity only; the operator view (the operator token, or
     no agent named under loopback trust) sees everyone's.
@@ -1722,10 +1737,11 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "vectors": memory.store.count_vectors(embedder.model_id) if embedder else {},
         "embed_error": memory.worker.last_error if memory.worker else None,
         **memory.embedder_state(),
-        "activity": memory.activity.snapshot(memory.store.writes_by_agent(), args["agent"]),
+        "activity": memory.activity.snapshot(memory.store.writes_by_hour(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
         **memory.store.read(solos_lifecycle.lifecycle_counts),
         "event_streams": memory.dataspace.stats(),
+        "jobs": memory.store.read(solos_jobs.status),
     }
 
 
@@ -2537,6 +2553,7 @@ def metrics_text(server: MemoryServer) -> bytes:
     family("event_cache_bytes", "gauge", "Encoded events kept for the streams (bounded by bytes).")
     lines.append(f"solos_memory_event_cache_bytes {streams['cache_bytes']}")
     lines.extend(solos_qdrant.metrics_lines(solos_qdrant.mirror_status(server.memory.store, server.memory.mirror)))
+    lines.extend(solos_jobs.metrics_lines(server.memory.store.read(solos_jobs.status)))
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -2968,8 +2985,11 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         if args.command == "agents":
             print("\n".join(store.list_agents()))
         elif args.command == "purge":
-            rows = store.purge_expired()
-            log_event("purged", rows=rows, archived=solos_lifecycle.archive_episodic(store, args.archive_after_days))
+            rows = solos_jobs.recorded(config.db, "purge", store.purge_expired)
+            archived = solos_jobs.recorded(
+                config.db, "archive", lambda: solos_lifecycle.archive_episodic(store, args.archive_after_days)
+            )
+            log_event("purged", rows=rows, archived=archived)
         elif args.command == "reindex":
             store.reindex()
             log_event("reindexed", tables=list(FTS_TABLES))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import solos_dataspace
+import solos_jobs
 
 SNAPSHOT_KEEP = 7
 SNAPSHOT_FORMAT = "solos-memory-snapshot/1"
@@ -340,7 +341,12 @@ def run_command(args: argparse.Namespace, schema_version: str) -> dict:
     """Run `snapshot` or `restore`; what it did, for the log line. SnapshotError names a failed check."""
     if args.command == "snapshot":
         folder = Path(args.dir) if args.dir else Path(args.db).absolute().parent / "snapshots"
-        return take_snapshot(args.db, folder, args.keep, args.busy_timeout_ms)
+        return solos_jobs.recorded(
+            args.db,
+            "snapshot",
+            lambda: take_snapshot(args.db, folder, args.keep, args.busy_timeout_ms),
+            lambda done: sum(done["rows"].values()),
+        )
     return restore_snapshot(Path(args.snapshot), Path(args.db), schema_version, args.busy_timeout_ms)
 
 
