@@ -55,6 +55,7 @@ REQUIRED_FILES = (
     "solos_store.py",
     "solos_validation.py",
     "solos_snapshot.py",
+    "solos_jobs.py",
     "solos_bounds.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.

@@ -29,7 +29,6 @@ from typing import Any
 import solos_bounds
 import solos_rank
 import solos_store
-from solos_store import Forbidden
 
 log = logging.getLogger("solos_events")
 
@@ -121,8 +120,7 @@ def op_read_events(memory: Any, args: dict) -> dict:
 def event_pattern(memory: Any, args: dict) -> Pattern:
     """What a subscriber watches, after recall's checks: a registered caller, durable rows private."""
     tiers = tuple(dict.fromkeys(args["tiers"] or solos_store.DEFAULT_TIERS))
-    if "durable" in tiers and args["scope"] == "shared_except_self":
-        raise Forbidden("durable memory is private: an agent may watch only its own persona/<agent>", "tiers")
+    solos_store.refuse_foreign_persona(tiers, args["scope"])
     memory.store.read(lambda conn: solos_store.Store.require_agent(conn, args["agent"]))
     return Pattern.of(args, tiers, solos_rank.make_fts_query(solos_rank.query_words(args["q"] or "")))
 
@@ -226,10 +224,7 @@ def sse(event: dict | None = None, name: str | None = None, event_id: int | None
     return ("\n".join(lines) + "\n\n").encode()
 
 
-SSE_HEAD = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-store\r\n"
-    b"X-Accel-Buffering: no\r\nConnection: close\r\n\r\nretry: 2000\n\n"
-)
+SSE_PREAMBLE = b"retry: 2000\n\n"  # after the transport's head: how long a client waits to reconnect
 
 
 class EventHub:
@@ -378,19 +373,12 @@ class EventHub:
         """
         caller, kept = pattern.caller, []
         shared = {} if shared is None else shared
+        seen = solos_store.Visibility(caller, pattern.scope, sharing)  # recall's rule, for one row at a time
         for event in events:
             tier, agent = event["tier"], event["agent"]
-            if tier not in pattern.tiers:
+            if tier not in pattern.tiers or not seen.allows(tier, agent):
                 continue
-            if tier == "durable":
-                if agent != caller:  # a persona is its own agent's alone
-                    continue
-            elif (
-                (pattern.scope == "own" and agent != caller)
-                or (pattern.scope == "shared_except_self" and agent == caller)
-                or (pattern.writers and agent not in pattern.writers)
-                or (tier == "episodic" and agent != caller and agent not in sharing)
-            ):
+            if tier != "durable" and pattern.writers and agent not in pattern.writers:
                 continue
             shown = None
             if event["kind"] not in solos_store.REMOVALS:
@@ -551,7 +539,7 @@ class EventHub:
         with self.lock:
             self.subscribers.discard(subscriber)
 
-    def stream(self, subscriber: Subscriber, since: int | None, write: Callable[[bytes], Any]) -> None:
+    def stream(self, subscriber: Subscriber, since: int | None, write: Callable[[bytes], Any], head: bytes) -> None:
         """Write the SSE response: catch-up from `since` (None: from now), then live events and heartbeats.
 
         Returns when the client goes away, the subscriber is dropped, an audit
@@ -561,7 +549,7 @@ class EventHub:
         try:
             last = since if since is not None else self.store.read(solos_store.head_event)
             gap = self.store.read(lambda conn: self.gap(conn, last)) if since is not None else None
-            write(SSE_HEAD + (sse(gap, "gap") if gap else b""))
+            write(head + SSE_PREAMBLE + (sse(gap, "gap") if gap else b""))
             while not self.stopped:  # catch up from the log until it has nothing newer
                 events, examined = self.store.read(functools.partial(self.collect, pattern=pattern, since=last))
                 if examined == last:

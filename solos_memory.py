@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 import mcp_bridge
 import solos_bounds
@@ -56,6 +56,7 @@ import solos_check
 import solos_connections
 import solos_events
 import solos_forget
+import solos_jobs
 import solos_lifecycle
 import solos_qdrant
 import solos_rank
@@ -87,9 +88,11 @@ from solos_store import (
     Tier,
     Unauthorized,
     UnsupportedMediaType,
+    Visibility,
     error_body,
     log_event,
     primary_code,
+    refuse_foreign_persona,
     utc_now,
 )
 from solos_validation import (
@@ -376,7 +379,7 @@ class Memory:
         self.embedder = embedder
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
         self.stats = Stats()
-        self.activity = solos_status.Activity()
+        self.activity = solos_status.Activity(store)
         self.vectors = solos_rank.VectorIndex(embedder.model_id, [t.name for t in EMBEDDED_TIERS]) if embedder else None
         self.common_words = solos_rank.CommonWords(store)
         self.worker = EmbedWorker(store, embedder) if embedder else None
@@ -435,6 +438,7 @@ class Memory:
         return np.frombuffer(blob, dtype="<f4"), None
 
     def close(self) -> None:
+        self.activity.close()
         self.events.stop()
         if self.worker:
             self.worker.stop()
@@ -462,9 +466,12 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     ranking was unavailable (the embedder: keyword-only) and says why.
     Identical texts are collapsed and counted in `suppressed_duplicates`.
     """
+    started = time.perf_counter()
     plan = plan_recall(memory, args)
     found, ranked = memory.store.read(lambda conn: rank(memory, plan, conn))
-    return present(memory, plan, found, ranked)
+    answer = present(memory, plan, found, ranked)
+    memory.activity.recalled(plan.caller, [r["agent"] for r in answer["results"]], time.perf_counter() - started)
+    return answer
 
 
 @dataclass(frozen=True)
@@ -489,8 +496,9 @@ class RecallPlan:
 
 @dataclass
 class Gathered:
-    """What one read found: the persona, each leg's candidates, and the ranking they allow."""
+    """What one read found: who may see what, the persona, each leg's candidates, and the ranking they allow."""
 
+    seen: Visibility
     persona: list[dict]
     candidates: dict[tuple[str, int], dict]
     similar: dict[tuple[str, int], float]
@@ -505,8 +513,7 @@ def plan_recall(memory: Memory, args: dict) -> RecallPlan:
     """Check the request against the rules, parse the question, embed it if the embedder may rank."""
     caller, k, scope = args["agent"], args["k"], args["scope"]
     tiers = tuple(dict.fromkeys(args["tiers"] or DEFAULT_TIERS))
-    if "durable" in tiers and scope == "shared_except_self":
-        raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
+    refuse_foreign_persona(tiers, scope)
     searched = [TIER_TABLE[tier] for tier in tiers if tier != "durable"]
     if args["archive"]:
         if "episodic" not in tiers:
@@ -545,8 +552,9 @@ def plan_recall(memory: Memory, args: dict) -> RecallPlan:
 
 def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gathered:
     """Every candidate both legs find, in one read snapshot, already filtered by scope, sharing and expiry."""
-    store, caller, scope = memory.store, plan.caller, plan.scope
+    store, caller = memory.store, plan.caller
     Store.require_agent(conn, caller)
+    seen = Visibility.read(conn, caller, plan.scope)
     persona = []
     if "durable" in plan.tiers and not plan.tags:  # a persona has no tags
         row = store.persona(conn, caller)
@@ -554,13 +562,13 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
             persona.append(solos_rank.durable_result(row, caller))
     if plan.match is None:
         if plan.query.strip():  # words-free text (only punctuation): nothing can match
-            return Gathered(persona, {}, {}, plan.ranking)
+            return Gathered(seen, persona, {}, {}, plan.ranking)
         recent = {
             (tier.name, row["id"]): solos_rank.tier_result(tier, row, caller)
             for tier in plan.searched
-            for row in store.recent_rows(conn, tier, caller, scope, plan.depth, plan.tags)
+            for row in store.recent_rows(conn, tier, seen, plan.depth, plan.tags)
         }
-        return Gathered(persona, recent, {}, plan.ranking)
+        return Gathered(seen, persona, recent, {}, plan.ranking)
     ranking, vectors = plan.ranking, memory.vectors
     names = [tier.name for tier in plan.searched]
     if plan.vector is not None and vectors is not None:
@@ -574,8 +582,7 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
             store,
             conn,
             plan.searched,
-            caller,
-            scope,
+            seen,
             plan.match,
             plan.words,
             plan.depth,
@@ -585,17 +592,16 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
         )
     similar: dict[tuple[str, int], float] = {}
     if ranking in ("vector", "hybrid") and vectors is not None:
-        sharing = store.sharing_agents(conn)
-        similar = solos_rank.vector_candidates(vectors, plan.vector, plan.searched, caller, scope, sharing, plan.depth)
+        similar = solos_rank.vector_candidates(vectors, plan.vector, plan.searched, seen, plan.depth)
         for tier in plan.searched:  # rows only the vector leg found, read through the same SQL filters
             missing = [row_id for (name, row_id) in similar if name == tier.name and (name, row_id) not in candidates]
-            for row in store.rows_by_id(conn, tier, caller, scope, missing, plan.tags) if missing else ():
+            for row in store.rows_by_id(conn, tier, seen, missing, plan.tags) if missing else ():
                 candidates[(tier.name, row["id"])] = {**solos_rank.tier_result(tier, row, caller), "keyword": None}
     if vectors is not None:
-        found = Gathered(persona, candidates, similar, ranking, around)
+        found = Gathered(seen, persona, candidates, similar, ranking, around)
         found.without_vector = vectors.lacking(list(candidates))
         return found
-    return Gathered(persona, candidates, similar, ranking, around)
+    return Gathered(seen, persona, candidates, similar, ranking, around)
 
 
 def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Gathered, list[dict]]:
@@ -608,7 +614,7 @@ def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Ga
         return found, fused.rows
     vectors = memory.vectors if found.ranking == "hybrid" else None
     ranked, found.rerank_failure = solos_rank.rerank(
-        memory.store, conn, plan, fused, vectors, found.around, memory.rerank
+        memory.store, conn, plan, found.seen, fused, vectors, found.around, memory.rerank
     )
     found.reranked = memory.rerank and found.rerank_failure is None
     return found, ranked
@@ -645,7 +651,6 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
     if audit:
         memory.store.record_audit(plan.caller, audit)
     memory.stats.record_recall(results, len(collapsed))
-    memory.activity.recalled(plan.caller, [r["agent"] for r in results])
     reason = "; ".join(why for why in (plan.reason, found.rerank_failure) if why) or None
     return {
         "agent": plan.caller,
@@ -734,7 +739,8 @@ def op_read_audit(memory: Memory, args: dict) -> dict:
 
 
 def op_read_stats(memory: Memory, args: dict) -> dict:
-    """Counts per tier, embed backlog, degraded state, counters, and agents' writes and recalls (hour, day).
+    """Counts per tier, embed backlog, degraded state, counters, agents' writes and recalls (hour, day, and
+    per hour with recall latency), and the daily jobs' last runs.
 
     An agent sees its own recent rejections and activity only; the operator view (the operator token, or
     no agent named under loopback trust) sees everyone's.
@@ -751,10 +757,11 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "vectors": memory.store.count_vectors(embedder.model_id) if embedder else {},
         "embed_error": memory.worker.last_error if memory.worker else None,
         **memory.embedder_state(),
-        "activity": memory.activity.snapshot(memory.store.writes_by_agent(), args["agent"]),
+        "activity": memory.activity.snapshot(memory.store.writes_by_hour(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
         **memory.store.read(solos_store.lifecycle_counts),
         "event_streams": memory.events.stats(),
+        "jobs": memory.store.read(solos_jobs.status),
     }
 
 
@@ -1262,6 +1269,12 @@ def degraded_header(result: dict) -> dict[str, str]:
     return {"X-Memory-Degraded": "true" if result["degraded"] else "false"} if "degraded" in result else {}
 
 
+def http_head(status: int, fields: Mapping[str, str]) -> bytes:
+    """A response's status line and header fields: every answer's head, sent in one write with its body."""
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", *(f"{name}: {value}" for name, value in fields.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
 class MemoryHandler(BaseHTTPRequestHandler):
     """Answers every request itself: JSON bodies, Content-Length, one write per response."""
 
@@ -1310,19 +1323,14 @@ class MemoryHandler(BaseHTTPRequestHandler):
         content_type: str = "application/json",
     ) -> None:
         body = payload if isinstance(payload, bytes) else b"" if payload is None else json.dumps(payload).encode()
-        lines = [
-            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-            f"Server: {self.server_version}",
-            f"Date: {self.date_time_string()}",
-        ]
+        fields = {"Server": self.server_version, "Date": self.date_time_string()}
         if body or status not in (202, 204):
-            lines.append(f"Content-Type: {content_type}")
-        lines.append(f"Content-Length: {len(body)}")
-        for name, value in (headers or {}).items():
-            lines.append(f"{name}: {value}")
+            fields["Content-Type"] = content_type
+        fields["Content-Length"] = str(len(body))
+        fields.update(headers or {})
         if self.close_connection:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            fields["Connection"] = "close"
+        head = http_head(status, fields)
         self.status_sent = status
         self.count_request()  # before the write: a client that reads /metrics next must see this one
         # One write: headers and body in separate segments meet Nagle + delayed ACK (~40 ms).
@@ -1356,29 +1364,10 @@ class MemoryHandler(BaseHTTPRequestHandler):
                     raise Forbidden(refusal, "Host" if refusal.startswith("Host") else "Origin")
             body = self.read_body()
             self.server.forget(self.connection)  # working: not to be evicted
-            if url.path in SERVICE_DOCUMENTS:
-                self.only(("GET", "HEAD"))
-                content_type, produce = SERVICE_DOCUMENTS[url.path]
-                self.respond(200, produce(self.server), content_type=content_type)
-            elif url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
+            if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
                 self.serve_stream(url.query)
-            elif url.path in STATUS_PAGES:  # what /v1/stats shows the same caller, readable
-                self.only(("GET", "HEAD"))
-                server = self.server
-                stats = lambda auth: invoke(server.memory, server.tokens, OPERATIONS["stats"], {}, auth)  # noqa: E731
-                page = solos_status.serve_page(self.headers.get("Authorization"), stats, server.health, Unauthorized)
-                self.respond(*page, content_type="text/html; charset=utf-8")
-            elif url.path == "/mcp":
-                if self.server.tokens is not None and self.command == "POST":
-                    # Refuse at the door, not per tool: Hermes then reports the server as not connected
-                    # instead of connecting and tripping its circuit breaker on failed calls.
-                    self.server.tokens.agent_for(self.headers.get("Authorization"))
-                status, headers, reply = self.server.bridge.handle(
-                    self.command, cast(Mapping[str, str], self.headers), body
-                )
-                self.respond(status, reply or None, headers, headers.pop("Content-Type", "application/json"))
             else:
-                self.call_operation(url.path, url.query, body)
+                SERVED.get(url.path, MemoryHandler.call_operation)(self, url, body)
         except ServiceError as error:
             if body is None:
                 self.close_connection = True  # what follows on the socket cannot be told from this body
@@ -1429,13 +1418,40 @@ class MemoryHandler(BaseHTTPRequestHandler):
         server.unslot(self.connection)
         self.status_sent = 200
         self.count_request()
-        server.memory.events.stream(subscriber, checked["since"], self.wfile.write)
+        fields = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store"}
+        head = http_head(200, {**fields, "X-Accel-Buffering": "no", "Connection": "close"})
+        server.memory.events.stream(subscriber, checked["since"], self.wfile.write, head)
 
     def only(self, methods: tuple[str, ...]) -> None:
         if self.command not in methods:
             raise MethodNotAllowed(f"{self.command} is not allowed on {urlsplit(self.path).path}", list(methods))
 
-    def call_operation(self, path: str, query: str, body: bytes) -> None:
+    def serve_document(self, url: SplitResult, body: bytes) -> None:
+        """/health, /openapi.json, /metrics: documents about the service itself."""
+        self.only(("GET", "HEAD"))
+        content_type, produce = SERVICE_DOCUMENTS[url.path]
+        self.respond(200, produce(self.server), content_type=content_type)
+
+    def serve_status(self, url: SplitResult, body: bytes) -> None:
+        """The status page: what /v1/stats shows the same caller, readable."""
+        self.only(("GET", "HEAD"))
+        server = self.server
+        stats = lambda auth: invoke(server.memory, server.tokens, OPERATIONS["stats"], {}, auth)  # noqa: E731
+        page = solos_status.serve_page(self.headers.get("Authorization"), stats, server.health, Unauthorized)
+        self.respond(*page, content_type="text/html; charset=utf-8")
+
+    def serve_mcp(self, url: SplitResult, body: bytes) -> None:
+        """/mcp: the bridge answers from the same operation table."""
+        if self.server.tokens is not None and self.command == "POST":
+            # Refuse at the door, not per tool: Hermes then reports the server as not connected
+            # instead of connecting and tripping its circuit breaker on failed calls.
+            self.server.tokens.agent_for(self.headers.get("Authorization"))
+        status, headers, reply = self.server.bridge.handle(self.command, cast(Mapping[str, str], self.headers), body)
+        self.respond(status, reply or None, headers, headers.pop("Content-Type", "application/json"))
+
+    def call_operation(self, url: SplitResult, body: bytes) -> None:
+        """/v1/...: one operation of the table, its arguments from the query (GET, DELETE) or the JSON body."""
+        path, query = url.path, url.query
         op = ROUTES.get((self.command, path))
         if op is None:
             allowed = [method for method, route in ROUTES if route == path]
@@ -1469,8 +1485,8 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 raise LengthRequired("chunked bodies are not accepted; send Content-Length", "Content-Length")
             raise BadRequest("Transfer-Encoding is not accepted; send Content-Length", "Transfer-Encoding")
         lengths = self.headers.get_all("Content-Length") or []
-        if not lengths:
-            if self.command in ("POST", "PUT", "PATCH"):
+        if not lengths:  # no route takes a PATCH: one without a body gets 405 with Allow, not 411
+            if self.command in ("POST", "PUT"):
                 raise LengthRequired(f"a {self.command} needs a body with Content-Length", "Content-Length")
             return b""
         if len(lengths) > 1 or "," in lengths[0]:  # even "N, N", which RFC 9110 lets a server accept: one framing
@@ -1638,6 +1654,7 @@ def metrics_text(server: MemoryServer) -> bytes:
     family("event_cache_bytes", "gauge", "Encoded events kept for the streams (bounded by bytes).")
     lines.append(f"solos_memory_event_cache_bytes {streams['cache_bytes']}")
     lines.extend(solos_qdrant.metrics_lines(solos_qdrant.mirror_status(server.memory.store, server.memory.mirror)))
+    lines.extend(solos_jobs.metrics_lines(server.memory.store.read(solos_jobs.status)))
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -1648,6 +1665,12 @@ SERVICE_DOCUMENTS: dict[str, tuple[str, Callable[[MemoryServer], Any]]] = {
     "/metrics": ("text/plain; version=0.0.4; charset=utf-8", metrics_text),
 }
 STATUS_PAGES = ("/", "/status")  # the operator's page (solos_status.py)
+# Paths that are not operations, and who serves them; any other path is an operation's (ROUTES) or a 404.
+SERVED: dict[str, Callable[[MemoryHandler, SplitResult, bytes], None]] = {
+    **dict.fromkeys(SERVICE_DOCUMENTS, MemoryHandler.serve_document),
+    **dict.fromkeys(STATUS_PAGES, MemoryHandler.serve_status),
+    "/mcp": MemoryHandler.serve_mcp,
+}
 KNOWN_PATHS = {*SERVICE_DOCUMENTS, *STATUS_PAGES, "/mcp", *(op.path for op in OPERATIONS.values())}
 
 
@@ -1730,11 +1753,8 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
         self.memory.stats.count("rejections", "too_many_connections")
         error = Busy("too many connections are working; retry shortly")
         body = json.dumps(error_body(error)).encode()
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            f"Retry-After: {error.retry_after_s}\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        return head.encode() + body
+        fields = {"Content-Type": "application/json", "Connection": "close", **error.headers()}
+        return http_head(503, {**fields, "Content-Length": str(len(body))}) + body
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A dropped connection is one log line; anything else keeps its traceback in the log."""
@@ -2088,8 +2108,11 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         if args.command == "agents":
             print("\n".join(store.list_agents()))
         elif args.command == "purge":
-            rows = store.purge_expired()
-            log_event("purged", rows=rows, archived=solos_lifecycle.archive_episodic(store, args.archive_after_days))
+            rows = solos_jobs.recorded(config.db, "purge", store.purge_expired)
+            archived = solos_jobs.recorded(
+                config.db, "archive", lambda: solos_lifecycle.archive_episodic(store, args.archive_after_days)
+            )
+            log_event("purged", rows=rows, archived=archived)
         elif args.command == "reindex":
             store.reindex()
             log_event("reindexed", tables=list(FTS_TABLES))

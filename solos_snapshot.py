@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import solos_jobs
 import solos_store
 
 SNAPSHOT_KEEP = 7
@@ -794,7 +795,12 @@ def run_command(args: argparse.Namespace, schema_version: str, migrate: Callable
     """Run `snapshot` or `restore`; what it did, for the log line. SnapshotError names a failed check."""
     if args.command == "snapshot":
         folder = Path(args.dir) if args.dir else Path(args.db).absolute().parent / "snapshots"
-        return take_snapshot(args.db, folder, args.keep, args.busy_timeout_ms)
+        return solos_jobs.recorded(
+            args.db,
+            "snapshot",
+            lambda: take_snapshot(args.db, folder, args.keep, args.busy_timeout_ms),
+            lambda done: sum(done["rows"].values()),
+        )
     return restore_snapshot(
         Path(args.snapshot), Path(args.db), schema_version, args.busy_timeout_ms, migrate, args.force
     )

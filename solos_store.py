@@ -10,9 +10,9 @@ second backend implements the same):
     Store(path, busy_timeout_ms, admin)      connect, read(work), write(work), migrate(), close()
       writes        upsert_short, upsert_long, put_long, known_long, insert_long, append_episodic,
                     delete_short, set_sharing, purge_expired, record_audit, register_agents
-      reads         read_audit, counts, writes_by_agent, list_agents, require_agent, persona
-      recall        Visibility (for the caller and scope) and Store.recent_rows, rows_by_id,
-                    ranked_rows, indexed_rows, matches_at_least, topic_neighbours
+      reads         read_audit, counts, writes_by_hour, list_agents, require_agent, persona
+      recall        Visibility (one caller, one scope: where, mask, allows), refuse_foreign_persona,
+                    Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_at_least, topic_neighbours
       vectors       vector_generation, load_vectors, rows_missing_vectors, save_vectors,
                     count_missing_vectors, count_vectors
     forget          find_row, erase, own_retraction, queue_scrub, queued_scrubs, scrubs_done,
@@ -211,6 +211,7 @@ BUSY_RETRIES = 3
 OVERFETCH = 4  # ranked keyword matches read per wanted row when scope, sharing or expiry filters apply
 POOL_SIZE = 8
 SCHEMA_VERSION = "2"
+JOBS_WATCHED_SINCE = "jobs_watched_since"  # solos_memory_meta key, read by solos_jobs
 
 # What the service reads from the fleet's tables; startup refuses if one is missing.
 REQUIRED_COLUMNS = {
@@ -430,6 +431,70 @@ def deny_fleet_writes(action: int, table: str | None, *_: Any) -> int:
     return sqlite3.SQLITE_OK
 
 
+class Visibility:
+    """Which rows one caller may see in one scope: one rule, asked three ways, built once per call.
+
+    `where` gives SQL over alias t (recall's keyword leg, every read by id or recency), `mask` a numpy filter
+    over an array of writers (the vector leg), `allows` the answer for one row (events). `sharing` holds the
+    agents who opted in to episodic sharing, read in the caller's own transaction, so the three forms agree
+    row for row (tests/test_visibility.py). A durable row (a persona) is its own agent's alone.
+    """
+
+    def __init__(self, caller: str, scope: str, sharing: Iterable[str] = ()):
+        self.caller, self.scope, self.sharing = caller, scope, frozenset(sharing)
+        self.sharing_json = json.dumps(sorted(self.sharing))
+
+    @classmethod
+    def read(cls, conn: sqlite3.Connection, caller: str, scope: str) -> Visibility:
+        return cls(caller, scope, sharing_agents(conn))
+
+    def widened(self) -> Visibility:
+        """The same caller in scope shared: for rows read as ranking inputs only, never returned."""
+        return Visibility(self.caller, "shared", self.sharing)
+
+    def allows(self, tier: str, agent: str) -> bool:
+        if tier == "durable":
+            return agent == self.caller
+        if (self.scope == "own" and agent != self.caller) or (
+            self.scope == "shared_except_self" and agent == self.caller
+        ):
+            return False
+        return not TIER_TABLE[tier].opt_in or agent == self.caller or agent in self.sharing
+
+    def where(self, tier: Tier) -> tuple[list[str], list[Any]]:
+        where: list[str] = []
+        params: list[Any] = []
+        if self.scope == "own":
+            where.append("t.agent = ?")
+            params.append(self.caller)
+        elif self.scope == "shared_except_self":
+            where.append("t.agent != ?")
+            params.append(self.caller)
+        if tier.opt_in:
+            where.append("(t.agent = ? OR t.agent IN (SELECT value FROM json_each(?)))")
+            params.extend([self.caller, self.sharing_json])
+        return where, params
+
+    def mask(self, tier: Tier, agents: Any) -> Any:
+        """A boolean array: which of these writers' rows of `tier` the caller may see (numpy)."""
+        import numpy as np
+
+        mask = np.ones(len(agents), dtype=bool)
+        if self.scope == "own":
+            mask &= agents == self.caller
+        elif self.scope == "shared_except_self":
+            mask &= agents != self.caller
+        if tier.opt_in:
+            mask &= np.isin(agents, [*self.sharing, self.caller])
+        return mask.astype(bool)
+
+
+def refuse_foreign_persona(tiers: Sequence[str], scope: str) -> None:
+    """Durable memory is private: shared_except_self with durable asks for other agents' personas."""
+    if "durable" in tiers and scope == "shared_except_self":
+        raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
+
+
 class Store:
     """The SQLite database: connections, transactions with retry, every query.
 
@@ -600,6 +665,12 @@ class Store:
                 (SCHEMA_VERSION,),
             )
             conn.execute("INSERT OR IGNORE INTO solos_memory_meta (key, value) VALUES ('vector_generation', 0)")
+            # When this database began expecting the daily jobs (solos_jobs): one never run is overdue a period later.
+            conn.execute(
+                "INSERT OR IGNORE INTO solos_memory_meta (key, value) "
+                "VALUES (?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+                (JOBS_WATCHED_SINCE,),
+            )
             mark_row_ids(conn)
             conn.execute("COMMIT")
         finally:
@@ -859,44 +930,44 @@ class Store:
 
         return self.read(work)
 
-    def writes_by_agent(self) -> dict[str, tuple[int, int]]:
-        """Rows each writer (the fleet's too) created or changed in the last hour and day, by the rows' timestamps."""
-        since = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 {}')"
+    def writes_by_hour(self) -> dict[str, list[int]]:
+        """Rows each writer (the fleet's too) created or changed per hour of the last day (index 0: the last
+        hour), by the rows' timestamps; one that does not parse counts as now."""
         recent = " UNION ALL ".join(
-            f"SELECT agent, {column} AS ts FROM {table} WHERE {column} >= {since.format('day')}"
+            f"SELECT agent, {column} AS ts FROM {table} "
+            f"WHERE {column} >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 day')"
             for table, column in {tier.table: tier.time_column for tier in LIVE_TIERS}.items()
         )
-        sql = f"SELECT agent, sum(ts >= {since.format('hour')}), count(*) FROM ({recent}) GROUP BY agent"
-        return self.read(lambda conn: {row[0]: (row[1], row[2]) for row in conn.execute(sql)})
+        hours_ago = "ifnull(min(23, max(0, CAST((julianday('now') - julianday(ts)) * 24 AS INTEGER))), 0)"
+        sql = f"SELECT agent, {hours_ago}, count(*) FROM ({recent}) GROUP BY 1, 2"
+
+        def work(conn: sqlite3.Connection) -> dict[str, list[int]]:
+            hours: dict[str, list[int]] = {}
+            for agent, ago, count in conn.execute(sql):
+                hours.setdefault(agent, [0] * 24)[ago] += count
+            return hours
+
+        return self.read(work)
 
     # -- recall's reads: each filters by scope, sharing and expiry before any ranking --
 
     @staticmethod
-    def visible(tier: Tier, caller: str, scope: str, tags: Sequence[str] = ()) -> tuple[list[str], list[Any]]:
-        """WHERE clauses (over alias t) and their parameters: what `caller` may read of `tier` in `scope`, and
-        with `tags`, only rows carrying one of them (a tier without tags has none)."""
-        where, params = [], []
+    def visible(tier: Tier, seen: Visibility, tags: Sequence[str] = ()) -> tuple[list[str], list[Any]]:
+        """WHERE clauses (over alias t) and their parameters: the rows of `tier` the caller may see, live (not
+        expired), and with `tags`, carrying one of them (a tier without tags has none)."""
+        where, params = seen.where(tier)
         if tags:
             where.append(TAGGED_SQL if "tags" in tier.result_columns else "0")
             params.extend([json.dumps(list(tags))] * (2 if "tags" in tier.result_columns else 0))
-        if scope == "own":
-            where.append("t.agent = ?")
-            params.append(caller)
-        elif scope == "shared_except_self":
-            where.append("t.agent != ?")
-            params.append(caller)
-        if tier.opt_in:
-            where.append("(t.agent = ? OR t.agent IN (SELECT agent FROM episodic_sharing WHERE shared = 1))")
-            params.append(caller)
         if tier.expires:
             where.append("t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
         return where, params
 
     def recent_rows(
-        self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, limit: int, tags: Sequence[str] = ()
+        self, conn: sqlite3.Connection, tier: Tier, seen: Visibility, limit: int, tags: Sequence[str] = ()
     ) -> list:
         """The most recent rows the caller may read (a recall without words)."""
-        where, params = self.visible(tier, caller, scope, tags)
+        where, params = self.visible(tier, seen, tags)
         sql = (
             f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t "
             f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY t.{tier.time_column} DESC, t.id DESC LIMIT ?"
@@ -904,10 +975,10 @@ class Store:
         return conn.execute(sql, (*params, limit)).fetchall()
 
     def rows_by_id(
-        self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, ids: list[int], tags: Sequence[str] = ()
+        self, conn: sqlite3.Connection, tier: Tier, seen: Visibility, ids: list[int], tags: Sequence[str] = ()
     ) -> list:
         """Exactly these rows (another leg's candidates, a match's neighbours), if the caller may read them."""
-        where, params = self.visible(tier, caller, scope, tags)
+        where, params = self.visible(tier, seen, tags)
         where.append("t.id IN (SELECT value FROM json_each(?))")
         sql = f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t WHERE {' AND '.join(where)}"
         return conn.execute(sql, (*params, json.dumps(ids))).fetchall()
@@ -916,14 +987,13 @@ class Store:
         self,
         conn: sqlite3.Connection,
         tier: Tier,
-        caller: str,
-        scope: str,
+        seen: Visibility,
         match: str,
         limit: int,
         tags: Sequence[str] = (),
     ) -> list[sqlite3.Row]:
         """The best BM25 matches the caller may read; `score` is -bm25 (higher is better)."""
-        where, params = self.visible(tier, caller, scope, tags)
+        where, params = self.visible(tier, seen, tags)
         fts, weights = tier.fts, tier.bm25_weights
         # Rank inside FTS5, then join only the best: joining before the sort costs a table lookup
         # per matching row (bench/recall_latency.py, 1M rows: long tier p50 6.6 -> 3.9 ms, episodic
@@ -967,9 +1037,6 @@ class Store:
             (json.dumps(ids),),
         )
         return {row[0]: (row[1], row[2]) for row in rows}
-
-    def sharing_agents(self, conn: sqlite3.Connection) -> set[str]:
-        return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
 
     # -- vectors --
 

@@ -221,7 +221,8 @@ def test_acceptance_story_atlas_writes_sol_recalls(server):
 
 
 def test_check_command_is_part_of_the_service_cli(server, capsys):
-    assert solos_memory.main(["check", "--url", server.url, "--writer", "atlas", "--reader", "sol"]) == 0
+    argv = ["check", "--url", server.url, "--writer", "atlas", "--reader", "sol", "--a2a-ports", "none"]
+    assert solos_memory.main(argv) == 0
     table = capsys.readouterr().out
     assert "6/6 checks passed" in table
     assert solos_memory.main(["check", "--cleanup", "--db", str(server.db_path)]) == 0
