@@ -11,7 +11,7 @@ the service's host. The mesh check asks each of the fleet's A2A agents on
 loopback for its agent card and compares with the answers recorded before the
 rollout (--a2a-record): an agent that answered 200 then and does not now, or
 the service on one of the mesh's ports, fails it. Every fact they write is a long-term fact with source
-"solos-check" and tags ["solos-check", <run id>]; cleanup() deletes those.
+"solos-check" and tags ["solos-check", <run id>]; --cleanup deletes those.
 
 Environment: SOLOS_CHECK_WRITER_TOKEN, SOLOS_CHECK_READER_TOKEN (bearer tokens,
 needed when the service runs with a tokens file; /health says "auth": "tokens").
@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
+
+import solos_store
 
 EMBED_WAIT_S = 10.0  # how long the degraded check waits for the background embedder to reach the run's facts
 DEFAULT_URL = "http://127.0.0.1:8437"
@@ -436,7 +438,7 @@ def default_baseline() -> Path:
 
 
 def write_check_fact(client: Client, writer: str, run_id: str, fact: str) -> Reply:
-    """Write one long fact tagged so cleanup() can find it."""
+    """Write one long fact tagged so --cleanup can find it."""
     reply = client.expect(
         (200, 201),
         "POST",
@@ -520,34 +522,6 @@ def print_table(results: list[CheckResult]) -> None:
 
 
 # ==== Cleanup ====
-
-
-def cleanup(conn: sqlite3.Connection) -> int:
-    """Delete the long facts these checks wrote (and their write keys); return how many.
-
-    A row is the checks' only if both its source and a JSON tag say solos-check,
-    so an agent's own fact tagged solos-check stays. One short write transaction:
-    the database is shared with running agents.
-    """
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        deleted = [
-            row[0]
-            for row in conn.execute(
-                "DELETE FROM memory_longterm WHERE source = ? AND EXISTS ("
-                "  SELECT 1 FROM json_each(CASE WHEN json_valid(tags) THEN tags ELSE '[]' END) WHERE value = ?"
-                ") RETURNING id",
-                (CHECK_SOURCE, CHECK_TAG),
-            )
-        ]
-        conn.executemany(
-            "DELETE FROM memory_write_key WHERE tier = 'long' AND row_id = ?", [(row_id,) for row_id in deleted]
-        )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return len(deleted)
 
 
 # ==== CLI ====
@@ -650,11 +624,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def cleanup_database(path: str) -> int:
-    """cleanup() on an existing database file (mode=rw: a mistyped path is an error, not a new file)."""
+    """Delete the long facts these checks wrote, from an existing database file (mode=rw: a mistyped path is
+    an error, not a new file). A row is the checks' only if both its source and a JSON tag say solos-check."""
     try:
         conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=rw", uri=True, isolation_level=None, timeout=5)
         try:
-            removed = cleanup(conn)
+            removed = solos_store.delete_tagged_facts(conn, CHECK_SOURCE, CHECK_TAG)
         finally:
             conn.close()
     except sqlite3.Error as error:

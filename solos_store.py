@@ -21,6 +21,7 @@ second backend implements the same):
     events          head_event, events_after, current_rows, text_matches, sweep_expired, expiry_due,
                     prune_step, sharing_agents
     meta and ids    meta_value, set_meta, table_exists, row_id_marks, mark_row_ids
+    lifecycle       episodes_by_id, link_promotion, archive_batch, lifecycle_counts, delete_tagged_facts (check)
     tiers           Tier, TIER_TABLE, TIERS, DEFAULT_TIERS, SCOPES, LIVE_TIERS, EMBEDDED_TIERS,
                     tier_tables, tier_indexes
     errors          ServiceError and its subclasses, error_body
@@ -1550,3 +1551,31 @@ def lifecycle_counts(conn: sqlite3.Connection) -> dict:
         "episodic_archived": conn.execute("SELECT count(*) FROM memory_episodic_archive").fetchone()[0],
         "promoted_facts": conn.execute("SELECT count(DISTINCT long_id) FROM memory_promotion").fetchone()[0],
     }
+
+
+# ==== The rollout checks' own rows (solos_check) ====
+
+
+def delete_tagged_facts(conn: sqlite3.Connection, source: str, tag: str) -> int:
+    """Delete the long facts whose source is `source` and whose JSON tags hold `tag` (and their write keys), in
+    one short write transaction: the database is shared with running agents. An agent's fact carrying only the
+    tag stays. Returns how many went."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        deleted = [
+            row[0]
+            for row in conn.execute(
+                "DELETE FROM memory_longterm WHERE source = ? AND EXISTS ("
+                "  SELECT 1 FROM json_each(CASE WHEN json_valid(tags) THEN tags ELSE '[]' END) WHERE value = ?"
+                ") RETURNING id",
+                (source, tag),
+            )
+        ]
+        conn.executemany(
+            "DELETE FROM memory_write_key WHERE tier = 'long' AND row_id = ?", [(row_id,) for row_id in deleted]
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return len(deleted)
