@@ -71,6 +71,11 @@ CONTENT_FIELDS = {
     "short": ("key", "value"),
 }
 REMOVALS = ("delete", "forget", "expire", "archive")  # events that carry no row
+# A removal reaches a stream with a tags or q filter only if the row matched that filter when it was shown written
+# or when the service removed it: decided while the text exists, kept in memory as row ids only. Up to this many
+# distinct filters (streams' and read_events callers', most recent kept) and rows each.
+REMEMBERED_FILTERS = 256
+REMEMBERED_MATCHES = 10_000
 
 # ==== Schema pieces for the operation table ====
 
@@ -179,6 +184,7 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
             raise core.Forbidden(
                 f"{tier} row {row_id} was written by another agent; only its author can forget it", "id"
             )
+        memory.dataspace.note_removal(conn, tier, [row_id])
         return erase(conn, tier, row_id)
 
     retraction = memory.store.write(work)
@@ -506,12 +512,17 @@ def text_matches(conn: sqlite3.Connection, match: str, candidates: dict[str, lis
     return found
 
 
-def sweep_expired(conn: sqlite3.Connection) -> int:
-    """Log 'expire' for short rows whose TTL passed since the last sweep (inside a write transaction)."""
+def sweep_expired(conn: sqlite3.Connection, note: Callable[[sqlite3.Connection, str, list[int]], None]) -> int:
+    """Log 'expire' for short rows whose TTL passed since the last sweep (inside a write transaction); `note` is
+    told their ids first, while their text exists."""
     now = utc_stamp(conn)
     through = meta_value(conn, "events_expired_through")
     added = 0
     if through is not None:
+        expiring = conn.execute(
+            "SELECT id FROM memory_short WHERE expires_at > ? AND expires_at <= ?", (through, now)
+        ).fetchall()
+        note(conn, "short", [row[0] for row in expiring])
         added = conn.execute(
             "INSERT INTO memory_event (kind, tier, row_id, agent) SELECT 'expire', 'short', id, agent "
             "FROM memory_short WHERE expires_at > ? AND expires_at <= ? ORDER BY expires_at, id",
@@ -646,6 +657,8 @@ class Dataspace:
         self.wire: dict[tuple[int, bool], bytes] = {}  # encoded events, oldest first
         self.max_subscribers, self.heartbeat_s, self.poll_s = MAX_SUBSCRIBERS, HEARTBEAT_S, POLL_S
         self.counters = {"delivered": 0, "dropped": 0, "refused": 0}
+        # (tags, q, match) of a filter -> the rows it matched, oldest first: what removals are decided by.
+        self.matched: dict[tuple, dict[tuple[str, int], None]] = {}
         # Its own connection, kept off the request pool, for the thread's reads and its rare writes.
         self.own, self.own_lock = store.connect(), threading.Lock()
         self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
@@ -701,7 +714,7 @@ class Dataspace:
                 if now >= next_sweep:
                     next_sweep = now + SWEEP_S
                     if self.own_read(expiry_due):
-                        self.own_read(sweep_expired, write=True)
+                        self.own_read(functools.partial(sweep_expired, note=self.note_removal), write=True)
                 if now >= next_prune:
                     next_prune = now + PRUNE_EVERY_S
                     self.prune()
@@ -759,6 +772,7 @@ class Dataspace:
         """
         caller, kept = pattern.caller, []
         shared = {} if shared is None else shared
+        content = self.content_filter(pattern)
         for event in events:
             tier, agent = event["tier"], event["agent"]
             if tier not in pattern.tiers:
@@ -774,7 +788,10 @@ class Dataspace:
             ):
                 continue
             shown = None
-            if event["kind"] not in REMOVALS:
+            if event["kind"] in REMOVALS:
+                if content is not None and not self.had_matched(content, (tier, event["row_id"])):
+                    continue
+            else:
                 row = rows.get((tier, event["row_id"]))
                 if row is None:  # gone or expired since: a later event says so
                     continue
@@ -787,6 +804,8 @@ class Dataspace:
             kept.append((event, shown))
         if pattern.q:
             kept = self.text_filter(conn, pattern, kept)
+        if content is not None:
+            self.remember(content, [(event["tier"], event["row_id"]) for event, shown in kept if shown is not None])
         found = []
         for event, shown in kept:
             message = ("event", event["id"], event["agent"] != caller)
@@ -803,6 +822,58 @@ class Dataspace:
                 }
             found.append(shared[message])
         return found
+
+    # -- removals follow the filters: decided while the row's text exists, remembered as row ids --
+
+    def content_filter(self, pattern: Pattern) -> tuple | None:
+        """The pattern's tags and q (None without either), registered so the service's removals are matched
+        against it from now on."""
+        if not pattern.tags and not pattern.q:
+            return None
+        key = (pattern.tags, pattern.q, pattern.match)
+        with self.lock:
+            if key not in self.matched:
+                if len(self.matched) >= REMEMBERED_FILTERS:
+                    del self.matched[next(iter(self.matched))]
+                self.matched[key] = {}
+        return key
+
+    def remember(self, content: tuple, keys: Iterable[tuple[str, int]]) -> None:
+        with self.lock:
+            rows = self.matched.setdefault(content, {})
+            for key in keys:
+                rows.pop(key, None)
+                rows[key] = None
+            while len(rows) > REMEMBERED_MATCHES:
+                del rows[next(iter(rows))]
+
+    def had_matched(self, content: tuple, key: tuple[str, int]) -> bool:
+        with self.lock:
+            return key in self.matched.get(content, {})
+
+    def note_removal(self, conn: sqlite3.Connection, tier: str, ids: list[int]) -> None:
+        """Rows the service is about to remove (forget, delete, expiry), inside that transaction: which known
+        filters they match, by their tags and words as they are now."""
+        import solos_rank
+
+        with self.lock:
+            filters = list(self.matched)
+        if not ids or not filters or tier not in RETRACTABLE:
+            return
+        tags = {}
+        if tier in ("short", "long"):
+            table = RETRACTABLE[tier][0]
+            found = conn.execute(
+                f"SELECT id, tags FROM {table} WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)
+            )
+            tags = {row[0]: set(solos_rank.parse_tags(row[1])) for row in found}
+        for content in filters:
+            wanted, q, match = content
+            hits = [i for i in ids if not wanted or set(wanted) & tags.get(i, set())]
+            if q and hits:
+                words = text_matches(conn, match, {tier: hits}) if match else set()
+                hits = [i for i in hits if (tier, i) in words]
+            self.remember(content, [(tier, i) for i in hits])
 
     @staticmethod
     def text_filter(conn: sqlite3.Connection, pattern: Pattern, kept: list) -> list:

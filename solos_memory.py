@@ -969,9 +969,16 @@ class Store:
             (agent, tier, key, row_id),
         )
 
-    def delete_short(self, agent: str, key: str) -> dict:
+    def delete_short(
+        self, agent: str, key: str, before: Callable[[sqlite3.Connection, str, list[int]], None] | None = None
+    ) -> dict:
+        """Delete one short row; `before` is told its id first, in the same transaction (its text still there)."""
+
         def work(conn: sqlite3.Connection) -> dict:
             self.require_agent(conn, agent)
+            found = conn.execute("SELECT id FROM memory_short WHERE agent = ? AND key = ?", (agent, key)).fetchone()
+            if before is not None and found is not None:
+                before(conn, "short", [found[0]])
             row = conn.execute(
                 "DELETE FROM memory_short WHERE agent = ? AND key = ? "
                 "RETURNING id, expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') AS expired",
@@ -1416,10 +1423,6 @@ DEFAULT_TIERS = ("long", "short")
 SCOPES = ("own", "shared", "shared_except_self")
 KEYWORD_ONLY_REASON = "keyword-only recall: no embedder is loaded"
 RANKING_LEGS = {"recency": [], "keyword": ["keyword"], "vector": ["vector"], "hybrid": ["keyword", "vector"]}
-# Rows whose relevance is under this are left out of a recall that names no min_relevance: agents put what recall
-# returns straight into prompts, so an unrelated row there is a silent failure, not a harmless extra. The value
-# and its foreign-question rejection and hit@5 cost on the LoCoMo dev split: bench/RESULTS-locomo.md, "Honest recall".
-DEFAULT_MIN_RELEVANCE = 0.0
 
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -1574,9 +1577,15 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     the read is audited); `durable` is the caller's own persona only.
     Ranking fuses BM25 keyword matches with embedding similarity, then a
     learned reranker reorders the best (`reranked`); `score` is in [0, 1] and
-    comparable within one response. `degraded: true` means part of the
-    ranking was unavailable (the embedder: keyword-only) and says why.
-    Identical texts are collapsed and counted in `suppressed_duplicates`.
+    comparable within one response. Each row's `relevance` is the calibrated
+    probability that it is relevant to `q`; rows under `min_relevance`
+    (default 0: every match) are left out and counted in `below_floor`: an
+    empty answer then means nothing relevant, not a failure. `tags` keeps rows
+    carrying any of them. `receipt` says, without content, which legs ran and
+    how many rows the caller may read were considered. `degraded: true` means
+    part of the ranking was unavailable (the embedder missing, failing or far
+    behind: keyword-only) and says why. Identical texts are collapsed and
+    counted in `suppressed_duplicates`.
     """
     plan = plan_recall(memory, args)
     found, ranked = memory.store.read(lambda conn: rank(memory, plan, conn))
@@ -1815,7 +1824,7 @@ def op_write_episodic(memory: Memory, args: dict) -> dict:
 
 def op_delete_short(memory: Memory, args: dict) -> dict:
     """Delete one of the calling agent's short-term keys (never another agent's)."""
-    outcome = memory.store.delete_short(args["agent"], args["key"])
+    outcome = memory.store.delete_short(args["agent"], args["key"], memory.dataspace.note_removal)
     solos_rank.drop_kept_texts()
     return {"tier": "short", "agent": args["agent"], "key": args["key"], **outcome}
 
@@ -2021,9 +2030,14 @@ OPERATIONS = {
                     "type": "number",
                     "minimum": 0,
                     "maximum": 1,
-                    "default": DEFAULT_MIN_RELEVANCE,
-                    "description": "Leave out rows less likely than this to be relevant (see relevance); 0 keeps "
-                    "every match. Not applied to an empty q.",
+                    # 0 by default: the calibration is fitted on chat turns and rejects only 0.16 of foreign
+                    # questions at the floor that keeps hit@5 (RESULTS-locomo.md, "Honest recall"), and misses
+                    # paraphrases; dropping rows for every caller of the fleet needs better evidence than that.
+                    # What goes straight into a prompt (turn_context, the Hermes prefetch) uses the floor.
+                    "default": 0.0,
+                    "description": "Leave out rows less likely than this to be relevant (see relevance); default 0: "
+                    f"every match. The client's turn helpers use {solos_rank.RELEVANCE_FLOOR}. Not applied to an "
+                    "empty q.",
                 },
             }
         ),
