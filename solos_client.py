@@ -97,6 +97,10 @@ ROUTES = {
     "forget": ("DELETE", "/v1/memory"),
 }
 A2A_RECALL_K = 3  # the fleet spec's turn-start recall: top 3, shared scope
+# Rows less likely than this to be relevant stay out of a turn's prompt (turn_context, and so the Hermes prefetch):
+# solos_rank.RELEVANCE_FLOOR, chosen on the LoCoMo dev split (bench/relevance_fit.py; RESULTS-locomo.md, "Honest
+# recall"); the service's API keeps every match unless asked.
+TURN_MIN_RELEVANCE = 0.008
 A2A_EVENT_TYPE = "a2a_turn"
 SUMMARY_CHARS = 4_096  # write_episodic's summary maxLength
 DETAILS_CHARS = 16_384  # write_episodic's details maxLength
@@ -227,12 +231,17 @@ class Client:
         k: int = 5,
         scope: str = "shared",
         tiers: list[str] | None = None,
+        min_relevance: float | None = None,
         timeout: float | None = None,
     ) -> dict:
-        """Recall rows for q; each row says who wrote it and whether it is foreign to the caller."""
+        """Recall rows for q; each row says who wrote it and whether it is foreign to the caller.
+
+        min_relevance: leave out rows less likely to be relevant (None: the service's default floor)."""
         query: dict[str, Any] = {"agent": self.agent_for(agent), "q": q, "k": k, "scope": scope}
         if tiers:
             query["tiers"] = ",".join(tiers)
+        if min_relevance is not None:
+            query["min_relevance"] = min_relevance
         return self.call("recall", query=query, timeout=timeout or self.recall_timeout, idempotent=True)
 
     def remember(
@@ -590,9 +599,17 @@ def prompt_text(value: str) -> str:
     return " ".join("".join(" " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in value).split())
 
 
-def turn_context(client: Client, message: str, *, agent: str | None = None, k: int = A2A_RECALL_K) -> str:
-    """Turn start: the top-k shared recall for the incoming message, formatted for the prompt ("" if none)."""
-    return format_recall(client.recall(message, agent=agent, k=k, scope="shared"))
+def turn_context(
+    client: Client,
+    message: str,
+    *,
+    agent: str | None = None,
+    k: int = A2A_RECALL_K,
+    min_relevance: float = TURN_MIN_RELEVANCE,
+) -> str:
+    """Turn start: the top-k shared rows at or above the relevance floor for the incoming message, formatted for
+    the prompt ("" if none: nothing relevant is an honest empty context)."""
+    return format_recall(client.recall(message, agent=agent, k=k, scope="shared", min_relevance=min_relevance))
 
 
 def record_turn(client: Client, message: str, reply: str, *, turn_id: str, **fields: Any) -> dict:

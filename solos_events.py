@@ -46,6 +46,11 @@ POLL_S = 0.05  # how often the fleet's own direct writes are looked for while an
 SWEEP_S = 1.0  # expiry events are at most this late
 PRUNE_EVERY_S = 600
 BATCH = 500  # events read per query
+# A removal reaches a stream with a tags or q filter only if the row matched that filter when it was shown written
+# or when the service removed it: decided while the text exists, kept in memory as row ids only. Up to this many
+# distinct filters (streams' and read_events callers', most recent kept) and rows each.
+REMEMBERED_FILTERS = 256
+REMEMBERED_MATCHES = 10_000
 WIRE_CACHE_BYTES = 8 << 20  # encoded events kept for the streams still to send them: 8 MiB, 4,000 small ones
 SCAN_LIMIT = 5000  # events one read_events call examines at most (next_since says where it stopped)
 
@@ -130,7 +135,7 @@ def event_row(tier: str, row: Any, caller: str) -> dict:
     if tier == "durable":
         return solos_rank.durable_result(row, caller)
     result = solos_rank.tier_result(solos_store.TIER_TABLE[tier], row, caller)
-    return {**result, "tags": solos_rank.parse_tags(result["tags"])} if "tags" in result else result
+    return {**result, "tags": solos_store.parse_tags(result["tags"])} if "tags" in result else result
 
 
 def logged_for(event: Any, row: Any) -> bool:
@@ -253,6 +258,8 @@ class EventHub:
         self.max_subscribers, self.heartbeat_s, self.poll_s = MAX_SUBSCRIBERS, HEARTBEAT_S, POLL_S
         self.streams_per_agent = STREAMS_PER_AGENT
         self.counters = {"delivered": 0, "dropped": 0, "refused": 0, "replaced": 0}
+        # (tags, q, match) of a filter -> the rows it matched, oldest first: what removals are decided by.
+        self.matched: dict[tuple, dict[tuple[str, int], None]] = {}
         # Its own connection, kept off the request pool, for the thread's reads and its rare writes.
         self.own, self.own_lock = store.connect(), threading.Lock()
         self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
@@ -316,7 +323,7 @@ class EventHub:
                 if now >= next_sweep:
                     next_sweep = now + SWEEP_S
                     if self.own_read(solos_store.expiry_due):
-                        self.own_read(solos_store.sweep_expired, write=True)
+                        self.own_read(functools.partial(solos_store.sweep_expired, note=self.note_removal), write=True)
                 if now >= next_prune:
                     next_prune = now + PRUNE_EVERY_S
                     self.prune()
@@ -374,6 +381,7 @@ class EventHub:
         caller, kept = pattern.caller, []
         shared = {} if shared is None else shared
         seen = solos_store.Visibility(caller, pattern.scope, sharing)  # recall's rule, for one row at a time
+        content = self.content_filter(pattern)
         for event in events:
             tier, agent = event["tier"], event["agent"]
             if tier not in pattern.tiers or not seen.allows(tier, agent):
@@ -381,7 +389,10 @@ class EventHub:
             if tier != "durable" and pattern.writers and agent not in pattern.writers:
                 continue
             shown = None
-            if event["kind"] not in solos_store.REMOVALS:
+            if event["kind"] in solos_store.REMOVALS:
+                if content is not None and not self.had_matched(content, (tier, event["row_id"])):
+                    continue
+            else:
                 row = rows.get((tier, event["row_id"]))
                 if row is None or not logged_for(event, row):  # gone or expired since: a later event says so
                     continue
@@ -394,6 +405,8 @@ class EventHub:
             kept.append((event, shown))
         if pattern.q:
             kept = self.text_filter(conn, pattern, kept)
+        if content is not None:
+            self.remember(content, [(event["tier"], event["row_id"]) for event, shown in kept if shown is not None])
         found = []
         for event, shown in kept:
             message = ("event", event["id"], event["agent"] != caller)
@@ -410,6 +423,50 @@ class EventHub:
                 }
             found.append(shared[message])
         return found
+
+    # -- removals follow the filters: decided while the row's text exists, remembered as row ids --
+
+    def content_filter(self, pattern: Pattern) -> tuple | None:
+        """The pattern's tags and q (None without either), registered so the service's removals are matched
+        against it from now on."""
+        if not pattern.tags and not pattern.q:
+            return None
+        key = (pattern.tags, pattern.q, pattern.match)
+        with self.lock:
+            if key not in self.matched:
+                if len(self.matched) >= REMEMBERED_FILTERS:
+                    del self.matched[next(iter(self.matched))]
+                self.matched[key] = {}
+        return key
+
+    def remember(self, content: tuple, keys: Iterable[tuple[str, int]]) -> None:
+        with self.lock:
+            rows = self.matched.setdefault(content, {})
+            for key in keys:
+                rows.pop(key, None)
+                rows[key] = None
+            while len(rows) > REMEMBERED_MATCHES:
+                del rows[next(iter(rows))]
+
+    def had_matched(self, content: tuple, key: tuple[str, int]) -> bool:
+        with self.lock:
+            return key in self.matched.get(content, {})
+
+    def note_removal(self, conn: sqlite3.Connection, tier: str, ids: list[int]) -> None:
+        """Rows the service is about to remove (forget, delete, expiry), inside that transaction: which known
+        filters they match, by their tags and words as they are now."""
+        with self.lock:
+            filters = list(self.matched)
+        if not ids or not filters or tier not in solos_store.RETRACTABLE:
+            return
+        tags = solos_store.tags_of(conn, tier, ids)
+        for content in filters:
+            wanted, q, match = content
+            hits = [i for i in ids if not wanted or set(wanted) & tags.get(i, set())]
+            if q and hits:
+                words = solos_store.text_matches(conn, match, {tier: hits}) if match else set()
+                hits = [i for i in hits if (tier, i) in words]
+            self.remember(content, [(tier, i) for i in hits])
 
     @staticmethod
     def text_filter(conn: sqlite3.Connection, pattern: Pattern, kept: list) -> list:

@@ -93,6 +93,7 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
             return earlier
         if found[1]["agent"] != agent:
             raise Forbidden(f"{tier} row {row_id} was written by another agent; only its author can forget it", "id")
+        memory.events.note_removal(conn, tier, [row_id])
         return solos_store.erase(conn, tier, row_id)
 
     retraction = memory.store.write(work)

@@ -169,7 +169,8 @@ class SolosMemoryProvider(MemoryProvider):
     # -- before the turn -------------------------------------------------------
 
     def prefetch(self, query: str, *, session_id: str = "") -> str:
-        """The top recall_k shared rows for this prompt, as prompt lines; "" for trivial prompts or failures."""
+        """The top recall_k shared rows for this prompt at or above the relevance floor (turn_context's), as prompt
+        lines; "" for trivial prompts, failures, or nothing relevant."""
         if self.soft is None or is_trivial_prompt(query):
             return ""
         return solos_client.turn_context(self.soft, query, k=self.recall_k)

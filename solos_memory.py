@@ -300,10 +300,6 @@ class EmbedWorker(threading.Thread):
 
 KEYWORD_ONLY_REASON = "keyword-only recall: no embedder is loaded"
 RANKING_LEGS = {"recency": [], "keyword": ["keyword"], "vector": ["vector"], "hybrid": ["keyword", "vector"]}
-# Rows whose relevance is under this are left out of a recall that names no min_relevance: agents put what recall
-# returns straight into prompts, so an unrelated row there is a silent failure, not a harmless extra. The value
-# and its foreign-question rejection and hit@5 cost on the LoCoMo dev split: bench/RESULTS-locomo.md, "Honest recall".
-DEFAULT_MIN_RELEVANCE = 0.0
 
 
 class Memory:
@@ -398,9 +394,15 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     the read is audited); `durable` is the caller's own persona only.
     Ranking fuses BM25 keyword matches with embedding similarity, then a
     learned reranker reorders the best (`reranked`); `score` is in [0, 1] and
-    comparable within one response. `degraded: true` means part of the
-    ranking was unavailable (the embedder: keyword-only) and says why.
-    Identical texts are collapsed and counted in `suppressed_duplicates`.
+    comparable within one response. Each row's `relevance` is the calibrated
+    probability that it is relevant to `q`; rows under `min_relevance`
+    (default 0: every match) are left out and counted in `below_floor`: an
+    empty answer then means nothing relevant, not a failure. `tags` keeps rows
+    carrying any of them. `receipt` says, without content, which legs ran and
+    how many rows the caller may read were considered. `degraded: true` means
+    part of the ranking was unavailable (the embedder missing, failing or far
+    behind: keyword-only) and says why. Identical texts are collapsed and
+    counted in `suppressed_duplicates`.
     """
     started = time.perf_counter()
     plan = plan_recall(memory, args)
@@ -581,7 +583,7 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
         result["score"] = round(result["score"], 6)
         result["relevance"] = None if result.get("relevance") is None else round(result["relevance"], 6)
         if "tags" in result:
-            result["tags"] = solos_rank.parse_tags(result["tags"])
+            result["tags"] = solos_store.parse_tags(result["tags"])
     # A collapsed copy is revealed too (its twin's duplicates, also_written_by): its read is audited as well.
     audit = [(r["agent"], r["id"]) for r in results + collapsed if r["tier"] == "episodic" and r["foreign"]]
     if audit:
@@ -653,7 +655,7 @@ def op_write_episodic(memory: Memory, args: dict) -> dict:
 
 def op_delete_short(memory: Memory, args: dict) -> dict:
     """Delete one of the calling agent's short-term keys (never another agent's)."""
-    outcome = memory.store.delete_short(args["agent"], args["key"])
+    outcome = memory.store.delete_short(args["agent"], args["key"], memory.events.note_removal)
     solos_rank.drop_kept_texts()
     return {"tier": "short", "agent": args["agent"], "key": args["key"], **outcome}
 
@@ -865,9 +867,14 @@ OPERATIONS = {
                     "type": "number",
                     "minimum": 0,
                     "maximum": 1,
-                    "default": DEFAULT_MIN_RELEVANCE,
-                    "description": "Leave out rows less likely than this to be relevant (see relevance); 0 keeps "
-                    "every match. Not applied to an empty q.",
+                    # 0 by default: the calibration is fitted on chat turns and rejects only 0.16 of foreign
+                    # questions at the floor that keeps hit@5 (RESULTS-locomo.md, "Honest recall"), and misses
+                    # paraphrases; dropping rows for every caller of the fleet needs better evidence than that.
+                    # What goes straight into a prompt (turn_context, the Hermes prefetch) uses the floor.
+                    "default": 0.0,
+                    "description": "Leave out rows less likely than this to be relevant (see relevance); default 0: "
+                    f"every match. The client's turn helpers use {solos_rank.RELEVANCE_FLOOR}. Not applied to an "
+                    "empty q.",
                 },
             }
         ),

@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import solos_rank
 import solos_store
 
 COLLECTION = "long_term"
@@ -562,7 +561,7 @@ def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, 
 
 def payload(row: Any) -> dict:
     """Both shapes in one payload: agent/topic/content for old readers, agent_id/importance_score for newer."""
-    tags = solos_rank.parse_tags(row["tags"])
+    tags = solos_store.parse_tags(row["tags"])
     scope = next((tag[6:] for tag in tags if tag.startswith("scope:")), "shared")
     return {
         "agent": row["agent"],

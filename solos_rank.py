@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import logging
 import math
 import operator
@@ -445,7 +444,9 @@ class VectorIndex:
         return scores
 
     def lacking(self, keys: Sequence[Key]) -> int:
-        """How many of these rows have no vector in the index (none yet, or of a tier it does not embed)."""
+        """How many of these rows have no vector in the index yet (rows of a tier it does not embed, the archive,
+        are not counted)."""
+        keys = [key for key in keys if key[0] in self.tier_names]
         found = 0
         for tier in {name for name, _ in keys}:
             wanted = [row_id for name, row_id in keys if name == tier]
@@ -565,10 +566,21 @@ LTR_WEIGHTS: dict[str, tuple[float | None, float]] = {
     "cosine": (None, -0.1613),  # the vector leg's score (cosine, neighbour-smoothed) of any row with a vector
     "vector": (None, 0.4528),  # the vector leg, min-max over its candidates (0 when absent)
 }
-# `relevance` = logistic(bias + a x the reranker's logit + b x question_coverage), per mode (keyword, hybrid). Fitted
+# `relevance` = logistic(bias + a x the reranker's logit + b x question_coverage + c x list_coverage + d x the vector
+# leg's score), per mode (keyword, hybrid: no vector leg, d = 0). Fitted
 # by bench/relevance_fit.py on the LoCoMo dev split: each conversation's own questions (evidence turns relevant) and
 # the other conversations' questions (nothing relevant), leave-one-conversation-out figures in RESULTS-locomo.md.
-RELEVANCE_WEIGHTS = {"keyword": (0.0, 1.0, 0.0), "hybrid": (0.0, 1.0, 0.0)}
+# The floor for rows that go straight into a prompt: the client's turn_context (and so the Hermes prefetch) uses
+# it (solos_client.TURN_MIN_RELEVANCE, the same number). Chosen on the dev split: the highest floor whose
+# own-question hit@5 drop is <= 0.01 in both modes; it rejects only 0.16 of foreign questions (hybrid; keyword
+# 0.12), short of the 0.9 wanted, which costs 0.28 of hit@5 (floor 0.2). A paraphrase sharing no word with the
+# question is mostly under it. Figures in RESULTS-locomo.md, "Honest recall". The API's own default is 0 (every
+# match, each labelled with its relevance): see the recall operation's min_relevance.
+RELEVANCE_FLOOR = 0.008
+RELEVANCE_WEIGHTS = {
+    "keyword": (-4.7487, 0.9448, 1.0038, 4.1019, 0.0),
+    "hybrid": (-4.8917, 0.9193, 0.565, 2.6924, 2.4352),
+}
 KEYWORD_FEATURES = tuple(name for name, (weight, _) in LTR_WEIGHTS.items() if name != "bias" and weight is not None)
 VECTOR_FEATURES = ("cosine", "vector")
 LTR_KEYWORD_WEIGHTS = tuple(weight for weight, _ in LTR_WEIGHTS.values() if weight is not None)  # bias first
@@ -783,13 +795,24 @@ def rerank(
         return fused.rows, None
     rows = dict(zip(fused.keys, fused.rows))
     topic_context(store, conn, plan.searched, seen, fused.keys[:RERANK_DEPTH], rows, around)
-    cosines = None if vectors is None else (lambda keys: vectors.similarity(plan.vector, keys))
     try:
+        similar = None
+        if vectors is not None:  # the vector leg's score of every head row with a vector, ranked by that leg or not
+            missing = [key for key in fused.keys[:RERANK_DEPTH] if key not in fused.similar]
+            similar = {**(vectors.similarity(plan.vector, missing) if missing else {}), **fused.similar}
         question = Question.of(plan.query, plan.words, [result["agent"] for result in fused.rows])
-        logits = head_logits(question, fused, rows, around, cosines)
-        weights = RELEVANCE_WEIGHTS["keyword" if cosines is None else "hybrid"]
+        logits = head_logits(question, fused, rows, around, similar)
+        weights = RELEVANCE_WEIGHTS["keyword" if similar is None else "hybrid"]
+        found = list_coverage(question, head)
         relevance = [
-            calibrated_relevance(weights, logit, question, r["text"], r["agent"]) for r, logit in zip(head, logits)
+            calibrated_relevance(
+                weights,
+                logit,
+                question_coverage(question, r["text"], r["agent"]),
+                found,
+                0.0 if similar is None else similar.get(key, 0.0),
+            )
+            for r, logit, key in zip(head, logits, fused.keys)
         ]
     except Exception as error:  # a bug or odd data in one row must not fail the recall: keep the first pass
         log.exception("rerank failed; the first pass's order stands")
@@ -811,18 +834,32 @@ def rerank(
     return [head[i] for i in order] + fused.rows[RERANK_DEPTH:], None
 
 
+def covered_stems(text: Any, agent: str) -> frozenset[str]:
+    """What a row can account for of a question: its text's stems and its writer's name."""
+    return text_shape(str(text or "")).stems | {agent.lower()[:STEM_LENGTH]}
+
+
 def question_coverage(question: Question, text: Any, agent: str) -> float:
-    """The share of the question's content stems a row accounts for: in its text, or as its writer's name."""
+    """The share of the question's content stems a row accounts for."""
+    return len(question.stems & covered_stems(text, agent)) / len(question.stems) if question.stems else 0.0
+
+
+def list_coverage(question: Question, rows: Sequence[dict]) -> float:
+    """The share of the question's content stems any of these rows accounts for: a question about something the
+    memory never mentions leaves its words unaccounted for, whatever ranks first."""
     if not question.stems:
         return 0.0
-    covered = text_shape(str(text or "")).stems | {agent.lower()[:STEM_LENGTH]}
-    return len(question.stems & covered) / len(question.stems)
+    found = set().union(*(covered_stems(row["text"], row["agent"]) for row in rows))
+    return len(question.stems & found) / len(question.stems)
 
 
-def calibrated_relevance(weights: tuple[float, ...], logit: float, question: Question, text: Any, agent: str) -> float:
-    """The probability that a row is relevant: a logistic calibration of the reranker's logit and the row's
-    coverage of the question (RELEVANCE_WEIGHTS)."""
-    return logistic(weights[0] + weights[1] * logit + weights[2] * question_coverage(question, text, agent))
+def calibrated_relevance(
+    weights: tuple[float, ...], logit: float, coverage: float, found: float, cosine: float = 0.0
+) -> float:
+    """The probability that a row is relevant: a logistic calibration (RELEVANCE_WEIGHTS) of the reranker's logit,
+    the row's coverage of the question, the reranked rows' coverage of it together and (hybrid) the vector leg's
+    score of the row, which speaks for a paraphrase that shares no word with the question."""
+    return logistic(weights[0] + weights[1] * logit + weights[2] * coverage + weights[3] * found + weights[4] * cosine)
 
 
 def topic_context(
@@ -857,15 +894,14 @@ def head_logits(
     fused: Fused,
     rows: dict[Key, dict],
     around: Around,
-    cosines: Callable[[list[Key]], dict[Key, float]] | None,
+    similar: dict[Key, float] | None,
 ) -> list[float]:
-    """The reranker's logit for each of the first RERANK_DEPTH fused rows (`rows`: any row by key)."""
+    """The reranker's logit for each of the first RERANK_DEPTH fused rows (`rows`: any row by key; `similar`: the
+    vector leg's score of the head rows with a vector, None for keyword-only weights)."""
     keys, head = fused.keys[:RERANK_DEPTH], fused.rows[:RERANK_DEPTH]
     by_keyword = sorted(fused.keyword, key=fused.keyword.__getitem__, reverse=True)
     keyword_rank = {key: rank for rank, key in enumerate(by_keyword, 1)}
-    missing = [key for key in keys if key not in fused.similar]
-    similar = {**(cosines(missing) if cosines is not None and missing else {}), **fused.similar}
-    weights = LTR_KEYWORD_WEIGHTS if cosines is None else LTR_HYBRID_WEIGHTS
+    weights = LTR_KEYWORD_WEIGHTS if similar is None else LTR_HYBRID_WEIGHTS
     views: dict[Key, dict] = {}
     dated = question.window is not None  # a row's date counts only against days the question names
 
@@ -889,7 +925,7 @@ def head_logits(
             "neighbour_prev": fused.keyword.get(before, 0.0) if before and previous else 0.0,
             "neighbour_next": fused.keyword.get(after, 0.0) if after and following else 0.0,
         }
-        if cosines is not None:
+        if similar is not None:
             first_pass.update(cosine=similar.get(key, 0.0), vector=fused.vector.get(key, 0.0))
         logits.append(ltr_score(ltr_features(question, view(key), previous, following, first_pass), weights))
     return logits
@@ -940,17 +976,6 @@ def durable_result(row: Any, caller: str) -> dict:
         "key": row["key"],
         "value": row["value"],
     }
-
-
-def parse_tags(raw: Any) -> list[str]:
-    """Tags as stored: a JSON array from this service, maybe a comma list from other writers."""
-    if not raw:
-        return []
-    try:
-        tags = json.loads(raw)
-    except (TypeError, ValueError):
-        return [part.strip() for part in str(raw).split(",") if part.strip()]
-    return [str(tag) for tag in tags] if isinstance(tags, list) else [str(tags)]
 
 
 def duplicate_key(text: str) -> str:

@@ -842,9 +842,16 @@ class Store:
             (agent, tier, key, row_id),
         )
 
-    def delete_short(self, agent: str, key: str) -> dict:
+    def delete_short(
+        self, agent: str, key: str, before: Callable[[sqlite3.Connection, str, list[int]], None] | None = None
+    ) -> dict:
+        """Delete one short row; `before` is told its id first, in the same transaction (its text still there)."""
+
         def work(conn: sqlite3.Connection) -> dict:
             self.require_agent(conn, agent)
+            found = conn.execute("SELECT id FROM memory_short WHERE agent = ? AND key = ?", (agent, key)).fetchone()
+            if before is not None and found is not None:
+                before(conn, "short", [found[0]])
             row = conn.execute(
                 "DELETE FROM memory_short WHERE agent = ? AND key = ? "
                 "RETURNING id, expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') AS expired",
@@ -1416,6 +1423,28 @@ def current_rows(conn: sqlite3.Connection, tiers: dict, events: Sequence[Any]) -
     return found
 
 
+def parse_tags(raw: Any) -> list[str]:
+    """Tags as stored: a JSON array from this service, maybe a comma list from other writers."""
+    if not raw:
+        return []
+    try:
+        tags = json.loads(raw)
+    except (TypeError, ValueError):
+        return [part.strip() for part in str(raw).split(",") if part.strip()]
+    return [str(tag) for tag in tags] if isinstance(tags, list) else [str(tags)]
+
+
+def tags_of(conn: sqlite3.Connection, tier: str, ids: list[int]) -> dict[int, set[str]]:
+    """The tags of these rows of a tier that has tags (short, long): a JSON array or the fleet's comma list."""
+    if "tags" not in TIER_TABLE[tier].result_columns:
+        return {}
+    found = conn.execute(
+        f"SELECT id, tags FROM {TIER_TABLE[tier].table} WHERE id IN (SELECT value FROM json_each(?))",
+        (json.dumps(ids),),
+    )
+    return {row[0]: set(parse_tags(row[1])) for row in found}
+
+
 def sharing_agents(conn: sqlite3.Connection) -> set[str]:
     return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
 
@@ -1433,12 +1462,17 @@ def text_matches(conn: sqlite3.Connection, match: str, candidates: dict[str, lis
     return found
 
 
-def sweep_expired(conn: sqlite3.Connection) -> int:
-    """Log 'expire' for short rows whose TTL passed since the last sweep (inside a write transaction)."""
+def sweep_expired(conn: sqlite3.Connection, note: Callable[[sqlite3.Connection, str, list[int]], None]) -> int:
+    """Log 'expire' for short rows whose TTL passed since the last sweep (inside a write transaction); `note` is
+    told their ids first, while their text exists."""
     now = utc_stamp(conn)
     through = meta_value(conn, "events_expired_through")
     added = 0
     if through is not None:
+        expiring = conn.execute(
+            "SELECT id FROM memory_short WHERE expires_at > ? AND expires_at <= ?", (through, now)
+        ).fetchall()
+        note(conn, "short", [row[0] for row in expiring])
         added = conn.execute(
             "INSERT INTO memory_event (kind, tier, row_id, agent) SELECT 'expire', 'short', id, agent "
             "FROM memory_short WHERE expires_at > ? AND expires_at <= ? ORDER BY expires_at, id",

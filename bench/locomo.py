@@ -478,6 +478,25 @@ def print_cross_validated(conversations: list[Conversation], service: dict[str, 
 
 CROSS_COLUMNS = ("hit@1", "hit@5", "hit@10", "frac@10", "MRR", "mh@5", "od@5")
 
+
+def print_floor(conversations: list[Conversation], modes: list[str], args: argparse.Namespace) -> None:
+    """Honest recall (issue 19): each conversation's service asked its own and the other conversations'
+    questions; rejection of the foreign ones and hit@5 of the own ones at the service's default floor, in-sample
+    and held out by conversation (bench/relevance_fit.py, which needs numpy)."""
+    try:
+        import relevance_fit
+    except ImportError as error:
+        print(f"relevance floor figures: n/a ({error}; run with .venv/bin/python)")
+        return
+    import solos_rank
+
+    print()
+    for mode in modes:
+        serve_args = shlex.split(args.keyword_args if mode == "keyword" else args.hybrid_args)
+        asked = relevance_fit.collect(conversations, mode, args.python, serve_args)
+        relevance_fit.report(asked, mode, solos_rank.RELEVANCE_FLOOR, len(conversations))
+
+
 # ==== CLI ====
 
 
@@ -502,6 +521,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--latency-rows", type=int, default=0, help="also time recall on one database of this many rows (default: off)"
+    )
+    parser.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the relevance floor block: foreign-question rejection and hit@5 at the default floor "
+        "(default: run it for keyword and hybrid; it asks each service every conversation's questions)",
     )
     args = parser.parse_args(argv)
 
@@ -541,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"WARNING: {mode} expected {expected} degraded answers, got {timings['degraded']}")
         print()
     print_cross_validated(conversations, service_figures)
+    if args.floor:
+        print_floor(conversations, [m for m in modes if m != "vector"], args)
     if args.latency_rows:
         for mode in modes:
             serve_args = shlex.split(args.keyword_args if mode == "keyword" else args.hybrid_args)

@@ -158,9 +158,16 @@ def test_a_tagged_fact_is_in_the_next_recall_ranked_by_both_legs(embedded_server
     assert reply["receipt"]["without_vector"] == 0 and reply["receipt"]["legs"] == ["keyword", "vector"]
 
 
+class WideWordHashEmbedder(WordHashEmbedder):
+    """256 dimensions, not 16: unrelated texts' cosines near 0, as a real model's are, rather than spread over
+    +-0.5 (which let hundreds of earlier examples' rows outrank a fresh row's own words in the vector leg)."""
+
+    dim = 256
+
+
 @pytest.fixture(scope="module")
 def hybrid_server(tmp_path_factory):
-    embedder = WordHashEmbedder()
+    embedder = WideWordHashEmbedder()
     real = solos_memory.load_embedder
     solos_memory.load_embedder = lambda config, threads=1: (embedder, None)
     try:
@@ -210,3 +217,116 @@ def test_every_acknowledged_row_is_recalled_at_once_by_both_legs(hybrid_server, 
             assert fresh["receipt"]["without_vector"] == 0 and fresh["degraded"] is False
             if written:
                 assert fresh["ranking"] == "hybrid" and fresh["receipt"]["legs"] == ["keyword", "vector"]
+
+
+# ==== 6 (build). Removals follow the stream filters ====
+
+
+def forget(server, agent: str, tier: str, row_id: int):
+    return server.request("DELETE", "/v1/memory", query={"agent": agent, "tier": tier, "id": row_id})
+
+
+def test_removals_reach_only_the_streams_whose_filters_the_row_matched(server):
+    from test_events import Stream
+
+    tagged = Stream(server, {"agent": "nova", "tags": "preference", "tiers": "long,short"})
+    worded = Stream(server, {"agent": "nova", "q": "coffee", "tiers": "long,short"})
+    everything = Stream(server, {"agent": "nova", "tiers": "long,short"})
+    try:
+        time.sleep(0.2)
+        liked = server.post("/v1/long", {"agent": "atlas", "fact": "likes green tea", "tags": ["preference"]})
+        plain = server.post("/v1/long", {"agent": "atlas", "fact": "the build broke at noon"})
+        brewed = server.post("/v1/long", {"agent": "sol", "fact": "sol brews coffee at nine"})
+        server.post("/v1/short", {"agent": "sol", "key": "k", "value": "untagged note", "ttl_s": 0.5})
+        cup = server.post("/v1/short", {"agent": "sol", "key": "cup", "value": "coffee cup", "tags": ["preference"]})
+        assert [e["kind"] for e in tagged.events(2)] == ["write", "write"]
+        assert [e["kind"] for e in worded.events(2)] == ["write", "write"]
+        assert len(everything.events(5)) == 5
+        assert forget(server, "atlas", "long", plain.body["id"]).status == 200
+        assert forget(server, "atlas", "long", liked.body["id"]).status == 200
+        assert forget(server, "sol", "long", brewed.body["id"]).status == 200
+        assert server.request("DELETE", "/v1/short", query={"agent": "sol", "key": "cup"}).status == 200
+        removals = [(e["kind"], e["tier"], e["row_id"]) for e in everything.events(5, timeout=8)]
+        assert sorted(kind for kind, _, _ in removals) == ["delete", "expire", "forget", "forget", "forget"]
+        assert [(e["kind"], e["row_id"]) for e in tagged.events(2)] == [
+            ("forget", liked.body["id"]),
+            ("delete", cup.body["id"]),
+        ]
+        assert [(e["kind"], e["row_id"]) for e in worded.events(2)] == [
+            ("forget", brewed.body["id"]),
+            ("delete", cup.body["id"]),
+        ]
+        assert tagged.quiet(0.5) == [] and worded.quiet(0.1) == []  # not the untagged forget, nor the expiry
+    finally:
+        for stream in (tagged, worded, everything):
+            stream.close()
+    polled = server.get("/v1/events", agent="nova", since=0, tags="preference", tiers="long,short").body
+    assert [(e["kind"], e["row_id"]) for e in polled["events"]] == [
+        ("forget", liked.body["id"]),
+        ("delete", cup.body["id"]),
+    ]
+
+
+# ==== 1. A relevance floor, and 2. the receipt ====
+
+
+@pytest.fixture(scope="module")
+def model_server(tmp_path_factory):
+    """A service with the real embedder (MiniLM), holding the README's A2A example and a burst of unrelated facts."""
+    from test_embed import require_embedder
+
+    require_embedder()
+    running = start_server(tmp_path_factory.mktemp("floor") / "solos.db", model_dir=None)
+    running.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": "The backup job runs nightly at 02:00 UTC"})
+    for n in range(40):
+        running.post("/v1/long", {"agent": "sol", "fact": f"burst fact {n} about rotating certificates"})
+    yield running
+    stop_server(running)
+
+
+def test_the_readme_examples_inject_no_unrelated_rows(model_server):
+    import solos_client
+    from solos_client import Client, turn_context
+
+    client = Client(model_server.url, "nova")
+    context = turn_context(client, "When does the backup job run?")
+    assert context.splitlines()[1:] == ["- [atlas, foreign; long] The backup job runs nightly at 02:00 UTC"]
+    assert turn_context(client, "who owns the kubernetes cluster") == ""
+    floor = solos_client.TURN_MIN_RELEVANCE
+    assert floor == solos_memory.solos_rank.RELEVANCE_FLOOR > 0
+    honest = model_server.recall("nova", "who owns the kubernetes cluster", min_relevance=floor).body
+    assert (honest["count"], honest["ranking"], honest["degraded"]) == (0, "hybrid", False)
+    assert honest["below_floor"] == 5 == honest["receipt"]["below_floor"]
+    everything = model_server.recall("nova", "who owns the kubernetes cluster").body  # the API keeps every match
+    assert everything["count"] == 5 and everything["below_floor"] == 0 and everything["min_relevance"] == 0
+    assert all(0 <= r["relevance"] < floor for r in everything["results"])
+
+
+def test_relevance_is_a_probability_and_the_floor_is_a_choice(server):
+    for n in range(12):
+        server.post("/v1/long", {"agent": "atlas", "fact": f"cluster note {n}: nodes drained for the upgrade"})
+    server.post("/v1/long", {"agent": "atlas", "fact": "The kubernetes cluster is owned by the platform team"})
+    found = server.recall("nova", "who owns the kubernetes cluster", k=20, min_relevance=0).body
+    assert found["count"] == 13 and found["ranking"] == "keyword"
+    relevance = [r["relevance"] for r in found["results"]]
+    assert all(0 <= value <= 1 for value in relevance)
+    assert found["results"][0]["text"] == "The kubernetes cluster is owned by the platform team"
+    assert relevance[0] == max(relevance) > relevance[1]
+    cut = (relevance[0] + relevance[1]) / 2
+    kept = server.recall("nova", "who owns the kubernetes cluster", k=20, min_relevance=cut).body
+    assert kept["count"] == 1 and kept["below_floor"] == 12 and kept["receipt"]["below_floor"] == 12
+    assert server.recall("nova", "", min_relevance=0.99).body["count"] == 5  # no question, nothing to judge by
+    assert server.recall("nova", "cluster", min_relevance=1.5).status == 400
+
+
+def test_the_receipt_never_counts_rows_the_caller_may_not_read(server):
+    server.post("/v1/episodic", {"agent": "atlas", "event_type": "task", "summary": "private migration notes"})
+    server.post("/v1/episodic", {"agent": "atlas", "event_type": "task", "summary": "private migration plan"})
+    server.post("/v1/long", {"agent": "sol", "fact": "the migration is on Tuesday"})
+    query = {"tiers": "long,episodic", "min_relevance": 0}
+    theirs = server.recall("nova", "migration", **query).body
+    assert theirs["receipt"] == {"legs": ["keyword"], "considered": 1, "below_floor": 0, "without_vector": None}
+    own = server.recall("atlas", "migration", **query).body
+    assert own["receipt"]["considered"] == 3
+    error, payload = mcp_payload(server.mcp_tool("recall", {"agent": "nova", "q": "migration", "tiers": ["episodic"]}))
+    assert not error and payload["count"] == 0 and payload["receipt"]["considered"] == 0
