@@ -1,6 +1,6 @@
 """Embedder speed: load time, texts/s one at a time and 64 per call, peak RSS (LoCoMo turns as texts).
 
-.venv/bin/python bench/embed.py [LOCOMO.json] [--n 512]
+.venv/bin/python bench/embed.py [--data LOCOMO.json] [--n 512]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import solos_embed
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo JSON (default: %(default)s)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo JSON (default: %(default)s)")
     parser.add_argument("--n", type=int, default=512, help="texts per measurement (default: %(default)s)")
     args = parser.parse_args(argv)
     texts = [f"{t.speaker} ({t.date}): {t.fact}" for c in load_conversations(Path(args.data)) for t in c.turns]

@@ -15,7 +15,7 @@ puts them beside the reranker's leave-one-conversation-out estimate: fitted on
 four conversations, ranking the fifth (bench/ltr_research.py's simulation,
 which needs numpy; with the embedder for hybrid).
 
-    .venv/bin/python bench/locomo.py [LOCOMO.json] [--modes keyword,vector,hybrid] [--limit N] [--no-first-pass]
+    .venv/bin/python bench/locomo.py [--data LOCOMO.json] [--modes keyword,vector,hybrid] [--limit N] [--no-first-pass]
     .venv/bin/python bench/locomo.py --latency-rows 10000    # also recall p50 on 10k rows
     python3 bench/locomo.py --reference-only
 
@@ -100,7 +100,12 @@ def normalise_evidence(raw: list[str], known: set[str]) -> list[str]:
 
 
 def load_conversations(path: Path) -> list[Conversation]:
-    """Parse a LoCoMo file; queries without any valid evidence are left out."""
+    """Parse a LoCoMo file; queries without any valid evidence are left out.
+
+    The data set lives outside the repository: a missing file stops the bench with one line naming it.
+    """
+    if not Path(path).is_file():
+        raise SystemExit(f"LoCoMo data not found: {path} (give its path with --data)")
     conversations = []
     for sample in json.loads(Path(path).read_text()):
         conv = sample["conversation"]
@@ -483,7 +488,7 @@ CROSS_COLUMNS = ("hit@1", "hit@5", "hit@10", "frac@10", "MRR", "mh@5", "od@5")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo JSON file (default: %(default)s)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo JSON file (default: %(default)s)")
     parser.add_argument("--modes", default="keyword,vector,hybrid", help="service modes to run (default: %(default)s)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N conversations (default: all)")
     parser.add_argument(

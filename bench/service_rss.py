@@ -1,6 +1,6 @@
 """Peak RSS of the running service with hybrid recall on a LoCoMo conversation: this tree against another checkout.
 
-    .venv/bin/python bench/service_rss.py --base DIR [--conversation N] [--copies N] [LOCOMO.json]
+    .venv/bin/python bench/service_rss.py --base DIR [--conversation N] [--copies N] [--data LOCOMO.json]
 
 DIR is another checkout of solos-memory, such as the last commit with the
 fastembed loader: `git archive <commit> | tar -x -C DIR` (its embedder needs
@@ -155,7 +155,7 @@ def measure(tree: Path, folder: Path, conv, copies: int, floor: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo JSON (default: %(default)s)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo JSON (default: %(default)s)")
     parser.add_argument("--base", type=Path, required=True, help="the other checkout (no default)")
     parser.add_argument("--conversation", type=int, default=0, help="which conversation, from 0 (default: %(default)s)")
     parser.add_argument("--copies", type=int, default=1, help="copies of its turns written (default: %(default)s)")

@@ -1,5 +1,7 @@
-"""The LoCoMo harness's own arithmetic (bench/locomo.py): evidence ids, metrics, reference BM25."""
+"""The LoCoMo harness's own arithmetic (bench/locomo.py): evidence ids, metrics, reference BM25; and the benches
+that read LoCoMo, which lives outside the repository, stop in one line naming it when it is missing."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -7,6 +9,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import locomo
+
+BENCH = Path(locomo.__file__).parent
+
+# Every bench that reads LoCoMo, with the arguments it needs besides --data.
+LOCOMO_BENCHES = {"locomo.py": [], "embed.py": [], "ltr_research.py": [], "service_rss.py": ["--base", "."]}
 
 
 def test_malformed_evidence_ids_are_normalised_and_unknown_ones_dropped():
@@ -49,3 +56,18 @@ def test_agent_names_fit_the_registry_pattern():
 def test_speakers_that_normalise_alike_get_distinct_agents():
     assert locomo.agent_name("Éva") == "Eva"
     assert locomo.agent_names(["Jo Ann", "Jo_Ann", "Jo Ann"]) == {"Jo Ann": "Jo_Ann", "Jo_Ann": "Jo_Ann-2"}
+
+
+def test_every_bench_that_reads_locomo_is_checked_for_its_missing_data():
+    texts = {path.name: path.read_text() for path in BENCH.glob("*.py")}
+    readers = {name for name, text in texts.items() if "load_conversations(" in text and "def main(" in text}
+    assert readers == set(LOCOMO_BENCHES)
+
+
+@pytest.mark.parametrize("script", sorted(LOCOMO_BENCHES))
+def test_a_bench_without_its_data_stops_with_one_line_naming_it(script, tmp_path):
+    missing = tmp_path / "locomo-dev.json"
+    argv = [sys.executable, str(BENCH / script), *LOCOMO_BENCHES[script], "--data", str(missing)]
+    run = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert (run.returncode, run.stdout) == (1, "")
+    assert run.stderr.splitlines() == [f"LoCoMo data not found: {missing} (give its path with --data)"]
