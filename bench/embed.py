@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from locomo import DEFAULT_DATA, load_conversations
+from locomo_data import DEFAULT_DATA, load_conversations
 
 import solos_embed
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from locomo import REPO, Conversation, Turn, score, summarise
+from locomo_data import REPO, Conversation, Turn, score, summarise
 
 import solos_embed
 import solos_memory

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from locomo import DEFAULT_DATA, Conversation, load_conversations, summarise
+from locomo_data import DEFAULT_DATA, Conversation, load_conversations, summarise
 from locomo_research import (
     HEAD,
     line,

@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 from harness import ROOT, Client, Process, machine_note, percentiles
-from locomo import DEFAULT_DATA, READER, agent_names, load_conversations, recall_ids, write_turns
+from locomo import READER, recall_ids, write_turns
+from locomo_data import DEFAULT_DATA, agent_names, load_conversations
 
 CATCH_UP_TIMEOUT_S = 900
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1"}
