@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -31,10 +32,12 @@ def test_two_facts_sharing_a_100_character_prefix_get_two_ids():
     # The node's old scheme gives both the same point: the second overwrote the first.
     assert legacy_point_id("atlas", "infra", FACT_A) == legacy_point_id("atlas", "infra", FACT_B)
     assert point_id("atlas", "long", FACT_A) != point_id("atlas", "long", FACT_B)
-    # The id depends on writer and tier too, and on nothing else.
+    # The id depends on writer and tier too, and on nothing else: it is the README's recipe, so the fleet's
+    # other writers derive the same id for the same memory.
     assert point_id("atlas", "long", FACT_A) != point_id("sol", "long", FACT_A)
     assert point_id("atlas", "long", FACT_A) != point_id("atlas", "episodic", FACT_A)
-    assert point_id("atlas", "long", FACT_A) == point_id("atlas", "long", FACT_A)
+    digest = hashlib.sha256(FACT_A.encode()).hexdigest()
+    assert point_id("atlas", "long", FACT_A) == str(uuid.uuid5(uuid.NAMESPACE_URL, f"atlas:long:{digest}"))
 
 
 def test_store_memory_writes_through_the_service_and_both_colliding_facts_survive(server):
