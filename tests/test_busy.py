@@ -7,7 +7,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-BUDGET_MS = 300
+from conftest import BUDGET_MS
 
 
 @contextmanager

@@ -10,10 +10,8 @@ documented error (or, in best-effort mode, the empty result and no exception).
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import logging
-import os
 import queue
 import re
 import secrets
@@ -25,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import write_tokens
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -217,16 +216,9 @@ def test_best_effort_logs_one_line_and_returns_the_empty_result(server, caplog):
     assert len(caplog.records) == 2 and all("carrying on without memory" in r.message for r in caplog.records)
 
 
-def write_tokens(path: Path, tokens: dict[str, str]) -> None:
-    """A tokens file as `solos_memory.py token` writes it: sha256 and agent per line, mode 600."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.writelines(f"{hashlib.sha256(token.encode()).hexdigest()} {agent}\n" for agent, token in tokens.items())
-
-
 def test_tokens_bind_the_caller(make_server, tmp_path):
     token = secrets.token_urlsafe(32)
-    write_tokens(tmp_path / "tokens", {"atlas": token})
+    write_tokens(tmp_path / "tokens", {token: "atlas"})
     server = make_server(tokens_file=str(tmp_path / "tokens"))
     (tmp_path / "atlas.token").write_text(token + "\n")
 
@@ -406,15 +398,6 @@ def client_command(*argv: str, url: str, pyz: Path | None = None) -> subprocess.
         timeout=30,
         check=False,
     )
-
-
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pyz") / "solos-memory.pyz"
-    subprocess.run(
-        [sys.executable, str(ROOT / "pyz_build.py"), "--out", str(out)], check=True, capture_output=True, timeout=120
-    )
-    return out
 
 
 @pytest.mark.parametrize("packaging", ["script", "pyz"])

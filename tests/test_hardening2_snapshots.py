@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, skip_or_fail, start_server, stop_server, write_tokens
-from test_forget import forget, marker
+from conftest import ROOT, marker, skip_or_fail, start_server, stop_server, write_tokens
+from test_forget import forget
 from test_snapshots import refused, restore, snapshot
 
 import solos_memory

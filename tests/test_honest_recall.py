@@ -8,11 +8,10 @@ import threading
 import time
 
 import pytest
-from conftest import start_server, stop_server
+from conftest import PROPERTY_SETTINGS, fresh_agents, marker, start_server, stop_server
 from hypothesis import given
 from hypothesis import strategies as st
 from test_hybrid import WordHashEmbedder
-from test_properties import PROPERTY_SETTINGS, fresh_agents, marker
 
 import solos_memory
 

@@ -7,21 +7,13 @@ import json
 import sqlite3
 
 import pytest
-from conftest import start_server, stop_server, write_tokens
+from conftest import episode, start_server, stop_server, write_tokens
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_events import Stream, subscribed
 
 import solos_memory
 import solos_snapshot
-
-
-def episode(server, agent: str, summary: str, headers: dict | None = None) -> int:
-    reply = server.request(
-        "POST", "/v1/episodic", body={"agent": agent, "event_type": "task", "summary": summary}, headers=headers
-    )
-    assert reply.status == 201, reply.body
-    return reply.body["id"]
 
 
 def forget(server, agent: str, tier: str, row_id: int, headers: dict | None = None) -> int:

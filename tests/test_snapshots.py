@@ -9,8 +9,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from conftest import marker
 from test_events import Stream, subscribed
-from test_forget import checkpoint, files_holding, marker
+from test_forget import checkpoint, files_holding
 
 import solos_memory
 
