@@ -10,7 +10,7 @@ import time
 
 import pytest
 import test_events
-from conftest import raw_exchange, statuses_in
+from conftest import raw_exchange, statuses_in, wait_until
 from test_events import subscribed
 
 import mcp_bridge
@@ -197,7 +197,7 @@ def test_past_the_cap_a_kept_alive_client_keeps_its_connection(make_server, monk
         assert conn.getresponse().read()
         kept.append(conn)
     silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]  # never send a head
-    time.sleep(0.2)
+    wait_until(lambda: len(server.server.waiting) == 8, "the silent sockets to take the last slots")
     newcomers = []
     for _ in range(4):  # past the cap: each evicts someone
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from conftest import PROPERTY_SETTINGS, fresh_agents, marker, start_server, stop_server
+from conftest import PROPERTY_SETTINGS, fresh_agents, marker, start_server, stop_server, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
 from test_hybrid import WordHashEmbedder
@@ -135,7 +135,7 @@ def test_a_fact_written_twice_is_one_row_of_backlog(embedded_server):
     for _ in range(2):
         server.post("/v1/long", {"agent": "atlas", "fact": "written twice while the embedder is broken"})
     server.post("/v1/long", {"agent": "atlas", "fact": "written twice while the embedder is broken", "topic": "t"})
-    time.sleep(0.3)
+    wait_until(lambda: server.get("/v1/stats").body["embed_error"], "the background pass to fail on the row")
     health = server.get("/health").body
     assert health["embed_backlog"] == 1 == server.get("/v1/stats").body["embed_backlog"]
     recall = server.recall("sol", "embedder broken", min_relevance=0).body
