@@ -54,6 +54,7 @@ def test_set_up_has_exactly_two_commands_the_service_and_the_tests():
     assert zero_install_command() == ["python3", "solos_memory.py", "serve", "--register", "atlas,sol"]
 
 
+@pytest.mark.slow
 def test_quick_start_works_right_after_the_zero_install_set_up_command(tmp_path):
     """Run the README's own commands: the serve line (on a free port) in a fresh folder, then every curl."""
     if shutil.which("curl") is None:

@@ -122,6 +122,7 @@ def read_events(server, transport: str = "rest", **args) -> dict:
     return {"status": result["structuredContent"].get("error", {}).get("status", 200), **result["structuredContent"]}
 
 
+@pytest.mark.slow
 def test_a_stream_sees_writes_updates_direct_inserts_forgets_and_expiry_as_they_commit(server, streams):
     stream = subscribed(streams(server, {"agent": "sol", "tiers": "long,short,episodic"}))
     fact = server.post("/v1/long", {"agent": "atlas", "topic": "t", "fact": "the lab door code changed"}).body["id"]
@@ -194,6 +195,7 @@ def test_rest_and_mcp_read_events_agree(server):
         assert rest == mcp
 
 
+@pytest.mark.slow
 def test_episodic_events_need_the_authors_opt_in_and_every_delivery_is_audited(server, streams):
     stream = subscribed(streams(server, {"agent": "sol", "tiers": "episodic"}))
     server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "private episode"})
@@ -229,6 +231,7 @@ def test_a_stream_hands_out_no_unaudited_episode(server, streams):
     assert "needs an audit" not in json.dumps(message)
 
 
+@pytest.mark.slow
 def test_durable_events_reach_only_their_own_agent_and_others_durable_is_403(server, streams):
     mine = subscribed(streams(server, {"agent": "atlas", "tiers": "durable"}))
     with server.db() as conn:
@@ -246,6 +249,7 @@ def test_durable_events_reach_only_their_own_agent_and_others_durable_is_403(ser
     assert [e["row"]["text"] for e in polled["events"]] == ["sol is careful"]
 
 
+@pytest.mark.slow
 def test_scope_applies_to_streams(server, streams):
     own = subscribed(streams(server, {"agent": "sol", "scope": "own"}))
     others = subscribed(streams(server, {"agent": "sol", "scope": "shared_except_self"}))
@@ -323,6 +327,7 @@ def test_subscribers_are_capped_with_a_503_and_do_not_take_connection_slots(serv
     assert subscribed(streams(server, {"agent": "sol"})).status == 200
 
 
+@pytest.mark.slow
 def test_a_slow_consumer_is_dropped_and_writers_never_wait(server, monkeypatch):
     monkeypatch.setattr(solos_dataspace, "SUBSCRIBER_BUFFER", 8)
     hub = server.server.memory.dataspace

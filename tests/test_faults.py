@@ -28,6 +28,8 @@ import solos_memory
 sys.path.insert(0, str(ROOT / "bench"))
 import crash_rounds  # noqa: E402
 
+pytestmark = pytest.mark.slow  # floods, kill -9 rounds, hypothesis on raw HTTP
+
 TRACEBACK_MARKERS = (b"Traceback", b'File "', b"sqlite3.", b"OperationalError", b'.py"', b"solos_memory.py")
 
 

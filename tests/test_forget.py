@@ -182,6 +182,7 @@ def test_a_retraction_keeps_who_what_and_when_but_not_the_text(server):
 # ---- property: no recall, with any query, scope or ranking, returns a forgotten row ----
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_no_recall_returns_a_forgotten_row(shared_server, data):
@@ -226,6 +227,7 @@ def test_no_recall_returns_a_forgotten_row(shared_server, data):
         assert not found & forgotten, (q, scope, ranking)
 
 
+@pytest.mark.slow
 def test_forget_reaches_the_qdrant_mirror_and_its_outbox(make_server, tmp_path):
     """The point's delete is queued in the same transaction; once sent, the text leaves the outbox and the files."""
     pytest.importorskip("qdrant_client")
@@ -318,6 +320,7 @@ def write_row(server, tier: str, text: str) -> int:
     return reply.body["id"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tier", ["long", "short", "episodic"])
 def test_a_forget_killed_before_its_scrub_is_scrubbed_when_the_service_starts_again(tmp_path, tier):
     db = tmp_path / "solos.db"
@@ -352,6 +355,7 @@ def test_a_forget_killed_before_its_scrub_is_scrubbed_when_the_service_starts_ag
         stop_server(server)
 
 
+@pytest.mark.slow
 def test_forgetting_a_row_again_runs_its_scrub_again(server, monkeypatch):
     import solos_dataspace
 

@@ -241,6 +241,7 @@ def previous_release(tmp_path: Path) -> Path:
     return old
 
 
+@pytest.mark.slow
 def test_a_snapshot_the_previous_release_took_restores_into_the_current_schema(tmp_path, capsys):
     old = previous_release(tmp_path)
     db, folder = tmp_path / "old.db", tmp_path / "snapshots"
@@ -332,6 +333,7 @@ def cli(command: str, *args: str) -> list[str]:
     return [sys.executable, str(ROOT / "solos_memory.py"), command, *args]
 
 
+@pytest.mark.slow
 def test_a_killed_snapshots_partial_file_is_removed_by_the_next_one(tmp_path):
     db, folder = tmp_path / "solos.db", tmp_path / "snapshots"
     large_database(db)
@@ -353,6 +355,7 @@ def test_a_killed_snapshots_partial_file_is_removed_by_the_next_one(tmp_path):
         os.close(held)
 
 
+@pytest.mark.slow
 def test_a_killed_restores_copy_is_removed_when_the_service_starts(tmp_path):
     db, folder = tmp_path / "solos.db", tmp_path / "snapshots"
     large_database(db)

@@ -28,6 +28,8 @@ from conftest import skip_or_fail, write_tokens
 from hermes_provider_probe import transcript
 from test_client import FaultServer, dead_url, episodic_rows
 
+pytestmark = pytest.mark.slow  # Hermes Agent in its own venv, a process per probe
+
 ROOT = Path(__file__).resolve().parents[1]
 HERMES_BIN = ROOT / ".venv-hermes" / "bin"
 PROBE = Path(__file__).resolve().parent / "hermes_provider_probe.py"

@@ -107,6 +107,7 @@ def test_recall_filters_by_tags_on_rest_and_mcp(server):
 # ==== 3. degraded means something ====
 
 
+@pytest.mark.slow
 def test_normal_writes_never_flip_degraded_and_the_backlog_counts_rows_once(embedded_server):
     server = embedded_server(WordHashEmbedder(delay_s=0.02))
     seen = []
@@ -176,6 +177,7 @@ def settle(running) -> None:
     store.read(lambda conn: vectors.load(store, conn, store.vector_generation(conn)))
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_every_acknowledged_row_is_recalled_at_once_by_both_legs(hybrid_server, data):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import PROPERTY_SETTINGS, episode, fresh_agents, marker, sentences
 from hypothesis import given
 from hypothesis import strategies as st
@@ -168,6 +169,7 @@ def test_archived_episodes_keep_the_sharing_and_audit_rules(server):
 # ==== Properties: attribution and the foreign label hold for archived and promoted rows ====
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_archived_and_promoted_rows_keep_their_writer_and_foreign_label(shared_server, data):

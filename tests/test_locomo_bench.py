@@ -64,6 +64,7 @@ def test_every_bench_that_reads_locomo_is_checked_for_its_missing_data():
     assert readers == set(LOCOMO_BENCHES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(LOCOMO_BENCHES))
 def test_a_bench_without_its_data_stops_with_one_line_naming_it(script, tmp_path):
     missing = tmp_path / "locomo-dev.json"

@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 from conftest import build_pyz, skip_or_fail
 
+pytestmark = pytest.mark.slow  # builds archives and venvs, runs systemd-analyze and make lint
+
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = ROOT / "systemd"
 UNIT_NAMES = (

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
 from conftest import BUDGET_MS, PROPERTY_SETTINGS, fresh_agents, marker, sentences
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+pytestmark = pytest.mark.slow  # hypothesis: hundreds of requests per test
 
 SHARED_SERVER_CONFIG = {"busy_timeout_ms": BUDGET_MS}  # the locked-database property waits this long for its 503
 

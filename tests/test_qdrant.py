@@ -250,6 +250,7 @@ def points_in(path: Path) -> dict[str, dict]:
     return {str(r.id): r.payload for r in records}
 
 
+@pytest.mark.slow
 def test_mirror_sends_every_long_write_update_and_delete(make_server, tmp_path):
     path = tmp_path / "qdrant"
     server = make_server(qdrant=solos_qdrant.Target(path=str(path)))
@@ -289,6 +290,7 @@ def test_mirror_sends_every_long_write_update_and_delete(make_server, tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_outbox_keeps_200_writes_through_an_outage_and_delivers_each_once(make_server, tmp_path):
     path = tmp_path / "qdrant"
     holder = QdrantClient(path=str(path))  # local mode allows one client per folder: Qdrant is "down"
@@ -330,6 +332,7 @@ def outbox_size(db: Path) -> int:
         conn.close()
 
 
+@pytest.mark.slow
 def test_kill_9_mid_drain_loses_nothing(tmp_path):
     """Queue 2,000 facts with the mirror on but unconfigured, start one that drains, kill -9 it midway, restart."""
     db, path, total = tmp_path / "solos.db", tmp_path / "qdrant", 2000
@@ -359,6 +362,7 @@ def test_kill_9_mid_drain_loses_nothing(tmp_path):
     assert set(points) == {point_id("atlas", "long", f"Queued fact {i}") for i in range(total)}
 
 
+@pytest.mark.slow
 def test_mirroring_imported_facts_replaces_their_legacy_points_and_leaves_the_rest(make_server, tmp_path, capsys):
     path = tmp_path / "qdrant"
     seed(path, legacy_points())
@@ -459,6 +463,7 @@ def raw_ids(path: Path) -> set:
         client.close()
 
 
+@pytest.mark.slow
 def test_integer_and_uuid_ids_through_import_mirror_forget_and_verify(make_server, tmp_path, capsys):
     path, db = tmp_path / "qdrant", tmp_path / "solos.db"
     seed_vectorless(path, ID_FIXTURE)
@@ -505,6 +510,7 @@ def test_integer_and_uuid_ids_through_import_mirror_forget_and_verify(make_serve
     assert report["examples"]["stray_points"] == ["99"] and report["examples"]["missing_rows"] == [lost[0]]
 
 
+@pytest.mark.slow
 def test_ids_qdrant_would_refuse_are_counted_and_never_block_the_outbox(make_server, tmp_path):
     path = tmp_path / "qdrant"
     seed_vectorless(path, {})
@@ -586,6 +592,7 @@ def test_import_applies_the_apis_rules_and_counts_every_skipped_point(server, tm
     assert stats["imported_private"] == 1 and stats["left_out"]["private_agent_shares_episodic"] == 1
 
 
+@pytest.mark.slow
 def test_forget_without_a_running_mirror_says_so_and_the_text_leaves_the_outbox(make_server, tmp_path):
     """Issue 18 #13: the outbox is on (a mirror ran once) but this service runs none."""
     path = tmp_path / "qdrant"
@@ -656,6 +663,7 @@ def test_loopback_calls_never_go_through_a_proxy(server, proxy):
     assert proxy.seen == []
 
 
+@pytest.mark.slow
 def test_a_loopback_qdrant_is_reached_directly(proxy):
     qdrant = RecordingListener()  # stands in for Qdrant: whatever reaches it is recorded
     client = solos_qdrant.connect(solos_qdrant.Target(url=qdrant.url))

@@ -33,6 +33,7 @@ def replay(server, agent: str, transport: str, headers: dict | None = None, **ar
     return reply.body["result"]["structuredContent"]["events"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens", [False, True])
 def test_a_replayed_event_never_shows_the_next_writers_private_episode(make_server, tmp_path, tokens):
     config = {}
@@ -180,6 +181,7 @@ steps = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plan=steps)
 def test_an_event_shows_only_its_own_row_and_every_foreign_episode_read_is_audited(tmp_path_factory, plan):

@@ -37,6 +37,7 @@ def recall_view(server, agent: str, q: str, **query) -> list[tuple]:
     ]
 
 
+@pytest.mark.slow
 def test_the_dataspace_test_vector(server, make_server, tmp_path):
     """The fleet's dataspace note, through the service's own API and commands."""
     first = server.post(
@@ -152,6 +153,7 @@ def test_restore_refuses_a_snapshot_of_a_newer_schema(server, tmp_path, capsys):
     assert "schema version '99', newer" in refused(manifest["path"], tmp_path / "target.db", capsys, "schema")
 
 
+@pytest.mark.slow
 def test_a_restore_from_before_a_forget_does_not_bring_the_row_back(server, make_server, tmp_path):
     folder = tmp_path / "snapshots"
     word = marker()
