@@ -50,8 +50,13 @@ REQUIRED_FILES = (
     "solos_lifecycle.py",
     "solos_rank.py",
     "solos_connections.py",
-    "solos_dataspace.py",
+    "solos_events.py",
+    "solos_forget.py",
+    "solos_store.py",
+    "solos_validation.py",
+    "solos_telemetry.py",
     "solos_snapshot.py",
+    "solos_jobs.py",
     "solos_bounds.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.

@@ -503,3 +503,31 @@ WHEN new.agent <> '' AND EXISTS (SELECT 1 FROM memory_short WHERE agent = '' AND
     DELETE FROM memory_short WHERE agent = '' AND value = '(row id reserved by solos-memory)';
     DELETE FROM memory_event WHERE id > (SELECT max(id) FROM memory_event) - 8 AND tier = 'short' AND agent = '';
 END;
+
+-- ==== The operator's view: jobs and activity (solos_jobs.py, solos_status.py) ====
+
+-- One row per run of a daily job (purge, archive, snapshot): when it started and
+-- ended, how it went and how many rows it touched. The last 100 per job are kept.
+CREATE TABLE IF NOT EXISTS memory_job_run (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    job         TEXT NOT NULL,
+    started_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    ended_at    TEXT,                                -- NULL while it runs (or if it died unrecorded)
+    result      TEXT NOT NULL DEFAULT 'running',     -- running, ok, failed
+    rows        INTEGER,                             -- rows touched (a snapshot: rows copied)
+    error       TEXT                                 -- a failed run's message
+);
+CREATE INDEX IF NOT EXISTS memory_job_run_job ON memory_job_run (job, id);
+
+-- What the service counted per minute, so the status page's hour and day survive a
+-- restart: recalls per agent, rows an agent read of another's, and recall latency
+-- (how many of an agent's recalls took at most `detail` ms). Counts only, never text;
+-- rows older than 25 hours are deleted.
+CREATE TABLE IF NOT EXISTS memory_activity (
+    minute  INTEGER NOT NULL,          -- minutes since the Unix epoch
+    kind    TEXT NOT NULL,             -- recall, read, latency
+    agent   TEXT NOT NULL,             -- the reader
+    detail  TEXT NOT NULL DEFAULT '',  -- read: the writer; latency: the bucket's upper bound in ms
+    n       INTEGER NOT NULL,
+    PRIMARY KEY (minute, kind, agent, detail)
+) WITHOUT ROWID;

@@ -1,13 +1,17 @@
 """Rollout checks for a running solos-memory: the fleet spec's acceptance list as a pass/fail table.
 
-Run:   python3 solos_memory.py check --url http://127.0.0.1:8437 [--writer atlas --reader sol]
+Run:   python3 solos_memory.py check --a2a-record       # before a rollout: the A2A mesh's baseline
+       python3 solos_memory.py check --url http://127.0.0.1:8437 [--writer atlas --reader sol] [--expect hybrid]
        python3 solos_memory.py check --cleanup --db PATH    # remove what the checks wrote
 
 The checks talk to the service over HTTP only (nothing is imported from
 solos_memory), except the loopback check, which reads this host's listening
 sockets from /proc/net/tcp and /proc/net/tcp6 as `ss -ltn` does, so run it on
-the service's host. Every fact they write is a long-term fact with source
-"solos-check" and tags ["solos-check", <run id>]; cleanup() deletes those.
+the service's host. The mesh check asks each of the fleet's A2A agents on
+loopback for its agent card and compares with the answers recorded before the
+rollout (--a2a-record): an agent that answered 200 then and does not now, or
+the service on one of the mesh's ports, fails it. Every fact they write is a long-term fact with source
+"solos-check" and tags ["solos-check", <run id>]; --cleanup deletes those.
 
 Environment: SOLOS_CHECK_WRITER_TOKEN, SOLOS_CHECK_READER_TOKEN (bearer tokens,
 needed when the service runs with a tokens file; /health says "auth": "tokens").
@@ -20,6 +24,7 @@ import http.client
 import ipaddress
 import json
 import os
+import re
 import secrets
 import sqlite3
 import sys
@@ -29,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
+
+import solos_store
 
 EMBED_WAIT_S = 10.0  # how long the degraded check waits for the background embedder to reach the run's facts
 DEFAULT_URL = "http://127.0.0.1:8437"
@@ -40,20 +47,44 @@ DELTA_WRITE_ORDER = (0, 1, 0, 2, 1)
 PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 TCP_LISTEN = "0A"  # include/net/tcp_states.h: TCP_LISTEN = 10
 TOKEN_HINT = " (pass --writer-token and --reader-token, or SOLOS_CHECK_WRITER_TOKEN / SOLOS_CHECK_READER_TOKEN)"
+EXPECTATIONS = ("any", "hybrid", "keyword")  # --expect: which recall the operator rolled out
+# The fleet's A2A agents answer on loopback 8300-8307; 8305 is known dead. A2A serves each agent's card here.
+A2A_PORTS, A2A_SKIP, A2A_PATH = "8300-8307", "8305", "/.well-known/agent.json"
+A2A_TIMEOUT_S = 1.0  # per agent: one on loopback that takes longer is not answering
 CLEANUP_HINT = "The facts these checks wrote are tagged solos-check; remove them with: {command} (the service's --db)"
 
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One row of the table: which check, whether it passed, and what it saw."""
+    """One row of the table: which check, whether it passed (with a warning or not), and what it saw."""
 
     name: str
     ok: bool
     detail: str
+    warning: bool = False
 
 
 class CheckFailed(Exception):
     """A check's expectation was not met; the message is the table's detail."""
+
+
+class CheckWarning(Exception):
+    """A check passed in a way the operator should know of (keyword-only recall, no mesh baseline)."""
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The fleet's A2A agents: their loopback ports (skipped ones still count as the mesh's), the path each
+    answers, and the file holding their answers from before the rollout."""
+
+    ports: tuple[int, ...]
+    skip: tuple[int, ...]
+    path: str
+    baseline: Path
+
+    @property
+    def swept(self) -> list[int]:
+        return [port for port in self.ports if port not in self.skip]
 
 
 @dataclass
@@ -131,8 +162,10 @@ def run_checks(
     *,
     writer_token: str | None = None,
     reader_token: str | None = None,
+    expect: str = "any",
+    mesh: Mesh | None = None,
 ) -> CheckResults:
-    """Run every check in order; one failing does not stop the others."""
+    """Run every check in order (the mesh's only when given one); one failing does not stop the others."""
     client = Client(url, timeout, {writer: writer_token, reader: reader_token})
     run_id = "run" + secrets.token_hex(5)
     checks: list[tuple[str, Callable[[], str]]] = [
@@ -141,12 +174,16 @@ def run_checks(
         ("cross-agent echo", lambda: check_cross_agent_echo(client, writer, reader, run_id)),
         ("long row delta", lambda: check_long_row_delta(client, writer, run_id)),
         ("mcp tools", lambda: check_mcp_tools(client, reader)),
-        ("degraded mode", lambda: check_degraded_mode(client, reader, run_id)),
+        ("degraded mode", lambda: check_degraded_mode(client, reader, run_id, expect)),
     ]
+    if mesh is not None:
+        checks.append(("a2a mesh", lambda: check_a2a_mesh(client.port, mesh)))
     results = CheckResults()
     for name, check in checks:
         try:
             results.append(CheckResult(name, True, check()))
+        except CheckWarning as warning:
+            results.append(CheckResult(name, True, str(warning), warning=True))
         except CheckFailed as failure:
             results.append(CheckResult(name, False, str(failure)))
         except (OSError, http.client.HTTPException) as error:
@@ -255,11 +292,14 @@ def check_mcp_tools(client: Client, agent: str) -> str:
     return f"protocol {negotiated}, {len(names)} tools: {', '.join(names)}"
 
 
-def check_degraded_mode(client: Client, agent: str, run_id: str) -> str:
+def check_degraded_mode(client: Client, agent: str, run_id: str, expect: str = "any") -> str:
     """Recall returns rows either way, and says in body and header whether ranking is keyword-only.
 
     With an embedder loaded, the run's fresh facts get their vectors in the
     background: ask again for a few seconds before reporting it degraded.
+    Keyword-only recall is a supported way to run, but not the one an operator
+    who rolled out hybrid recall expects: a warning, a failure under
+    `expect="hybrid"`, a plain pass under `expect="keyword"`.
     """
     deadline = time.monotonic() + EMBED_WAIT_S
     while True:
@@ -280,18 +320,125 @@ def check_degraded_mode(client: Client, agent: str, run_id: str) -> str:
         if not degraded or not embedder_loaded or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    if degraded:
-        return (
-            f"{reply.body['count']} rows, degraded true, X-Memory-Degraded true ({reply.body.get('degraded_reason')})"
+    if not degraded:
+        if expect == "keyword":
+            raise CheckFailed("expected keyword-only recall, but an embedder is loaded (degraded false)")
+        return f"embedder loaded (degraded false): {reply.body['count']} rows, X-Memory-Degraded false"
+    reason = reply.body.get("degraded_reason")
+    if embedder_loaded:
+        seen = f"{reply.body['count']} rows, degraded true after {EMBED_WAIT_S:g} s, X-Memory-Degraded true ({reason})"
+        if expect == "any":
+            raise CheckWarning(seen)
+        raise CheckFailed(f"expected {expect} recall: {seen}")
+    seen = f"keyword-only recall: {reply.body['count']} rows, degraded true, X-Memory-Degraded true ({reason})"
+    if expect == "hybrid":
+        raise CheckFailed(f"expected hybrid recall, got {seen}")
+    if expect == "any":
+        raise CheckWarning(f"{seen}; --expect hybrid makes this a failure, --expect keyword a pass")
+    return seen
+
+
+def check_a2a_mesh(service_port: int, mesh: Mesh) -> str:
+    """The mesh is untouched: every agent that answered 200 before the rollout still does, and the service
+    holds none of the mesh's ports (a skipped one included)."""
+    if service_port in mesh.ports:
+        raise CheckFailed(
+            f"the memory service listens on {service_port}, a port of the A2A mesh ({describe_ports(mesh)})"
         )
-    return f"embedder loaded (degraded false): {reply.body['count']} rows, X-Memory-Degraded false"
+    now = sweep(mesh)
+    try:
+        recorded = json.loads(mesh.baseline.read_text())
+        before = {int(port): answer for port, answer in recorded["answers"].items()}
+    except FileNotFoundError:
+        raise CheckWarning(
+            f"no baseline at {mesh.baseline} to compare with (record one with check --a2a-record before a rollout); "
+            f"now: {describe_answers(now)}"
+        ) from None
+    except (ValueError, KeyError, AttributeError, TypeError) as error:
+        raise CheckFailed(f"the baseline {mesh.baseline} is not one check --a2a-record wrote ({error})") from None
+    lost = {port: answer for port, answer in now.items() if before.get(port) == 200 and answer != 200}
+    if lost:
+        raise CheckFailed(
+            f"answered 200 before the rollout ({recorded.get('recorded_at')}), not now: {describe_answers(lost)}"
+        )
+    unknown = [port for port in now if port not in before]
+    note = f"; not in the baseline: {', '.join(map(str, unknown))}" if unknown else ""
+    return f"as before the rollout ({recorded.get('recorded_at')}): {describe_answers(now)}{note}"
+
+
+def record_mesh(mesh: Mesh) -> dict[int, int | str]:
+    """Ask every agent of the mesh now and keep the answers as the baseline the mesh check compares with."""
+    answers = sweep(mesh)
+    mesh.baseline.parent.mkdir(parents=True, exist_ok=True)
+    recorded = {
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "path": mesh.path,
+        "answers": {str(port): answer for port, answer in answers.items()},
+    }
+    partial = mesh.baseline.with_name(mesh.baseline.name + ".partial")
+    partial.write_text(json.dumps(recorded, indent=1) + "\n")
+    partial.replace(mesh.baseline)
+    return answers
 
 
 # ==== Helpers ====
 
 
+def sweep(mesh: Mesh) -> dict[int, int | str]:
+    """Each swept port's answer to GET mesh.path on loopback: its status, or why there was none."""
+    answers: dict[int, int | str] = {}
+    for port in mesh.swept:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=A2A_TIMEOUT_S)
+        try:
+            conn.request("GET", mesh.path, headers={"Accept": "application/json"})
+            response = conn.getresponse()
+            response.read()
+            answers[port] = response.status
+        except ConnectionRefusedError:
+            answers[port] = "refused"
+        except TimeoutError:
+            answers[port] = "timed out"
+        except (OSError, http.client.HTTPException) as error:
+            answers[port] = type(error).__name__
+        finally:
+            conn.close()
+    return answers
+
+
+def describe_answers(answers: dict[int, int | str]) -> str:
+    """'8300 200, 8301 refused, ...'."""
+    return ", ".join(f"{port} {answer}" for port, answer in answers.items()) or "no ports swept"
+
+
+def describe_ports(mesh: Mesh) -> str:
+    skipped = f", {', '.join(map(str, mesh.skip))} skipped" if mesh.skip else ""
+    return f"{min(mesh.ports)}-{max(mesh.ports)}{skipped}" if mesh.ports else "none"
+
+
+def parse_ports(text: str) -> tuple[int, ...]:
+    """'8300-8307', '8300,8302,8310-8312' or 'none' as ports, in order."""
+    if text.strip().lower() in ("none", ""):
+        return ()
+    ports: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?", part)
+        if not match:
+            raise argparse.ArgumentTypeError(f"expected ports like 8300-8307 or 8300,8302, got {text!r}")
+        first, last = int(match[1]), int(match[2] or match[1])
+        if not 1 <= first <= last <= 65535:
+            raise argparse.ArgumentTypeError(f"expected ports between 1 and 65535, low to high, got {part.strip()!r}")
+        ports.extend(range(first, last + 1))
+    return tuple(dict.fromkeys(ports))
+
+
+def default_baseline() -> Path:
+    """Where --a2a-record keeps the mesh's answers: the user's state folder (XDG), not the working directory."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "solos-memory" / "a2a-baseline.json"
+
+
 def write_check_fact(client: Client, writer: str, run_id: str, fact: str) -> Reply:
-    """Write one long fact tagged so cleanup() can find it."""
+    """Write one long fact tagged so --cleanup can find it."""
     reply = client.expect(
         (200, 201),
         "POST",
@@ -365,43 +512,16 @@ def describe_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> 
 
 
 def print_table(results: list[CheckResult]) -> None:
-    """One line per check, PASS/FAIL, and a summary."""
+    """One line per check, PASS/WARN/FAIL, and a summary."""
     width = max(len(result.name) for result in results)
     for result in results:
-        print(f"{result.name:<{width}}  {'PASS' if result.ok else 'FAIL'}  {result.detail}")
-    passed = sum(result.ok for result in results)
-    print(f"{passed}/{len(results)} checks passed")
+        verdict = "FAIL" if not result.ok else "WARN" if result.warning else "PASS"
+        print(f"{result.name:<{width}}  {verdict}  {result.detail}")
+    passed, warned = sum(result.ok for result in results), sum(result.warning for result in results)
+    print(f"{passed}/{len(results)} checks passed" + (f", {warned} with a warning" if warned else ""))
 
 
 # ==== Cleanup ====
-
-
-def cleanup(conn: sqlite3.Connection) -> int:
-    """Delete the long facts these checks wrote (and their write keys); return how many.
-
-    A row is the checks' only if both its source and a JSON tag say solos-check,
-    so an agent's own fact tagged solos-check stays. One short write transaction:
-    the database is shared with running agents.
-    """
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        deleted = [
-            row[0]
-            for row in conn.execute(
-                "DELETE FROM memory_longterm WHERE source = ? AND EXISTS ("
-                "  SELECT 1 FROM json_each(CASE WHEN json_valid(tags) THEN tags ELSE '[]' END) WHERE value = ?"
-                ") RETURNING id",
-                (CHECK_SOURCE, CHECK_TAG),
-            )
-        ]
-        conn.executemany(
-            "DELETE FROM memory_write_key WHERE tier = 'long' AND row_id = ?", [(row_id,) for row_id in deleted]
-        )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return len(deleted)
 
 
 # ==== CLI ====
@@ -428,6 +548,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request (default: %(default)s)")
     parser.add_argument(
+        "--expect",
+        choices=EXPECTATIONS,
+        default="any",
+        help="the recall rolled out: hybrid fails on keyword-only, keyword on an embedder, any warns "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--a2a-ports",
+        type=parse_ports,
+        default=A2A_PORTS,
+        help="the fleet's A2A agents on loopback, e.g. 8300-8307 or 8300,8302; none: no mesh check "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--a2a-skip",
+        type=parse_ports,
+        default=A2A_SKIP,
+        help="mesh ports not asked (known dead) (default: %(default)s)",
+    )
+    parser.add_argument("--a2a-path", default=A2A_PATH, help="what each A2A agent is asked for (default: %(default)s)")
+    parser.add_argument(
+        "--a2a-baseline",
+        type=Path,
+        default=default_baseline(),
+        help="the mesh's answers from before the rollout (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--a2a-record",
+        action="store_true",
+        help="instead of checking, ask the mesh now and record the answers as --a2a-baseline (before a rollout)",
+    )
+    parser.add_argument(
         "--cleanup",
         action="store_true",
         help="instead of checking, delete the rows earlier checks wrote to --db (default: check)",
@@ -438,6 +590,16 @@ def run(args: argparse.Namespace) -> int:
     """Run the checks (or the cleanup) the parsed arguments ask for; 0 when all is well."""
     if args.cleanup:
         return cleanup_database(args.db)
+    mesh = Mesh(args.a2a_ports, args.a2a_skip, args.a2a_path, args.a2a_baseline) if args.a2a_ports else None
+    if args.a2a_record:
+        if mesh is None:
+            print("--a2a-record needs mesh ports (--a2a-ports)", file=sys.stderr)
+            return 2
+        answers = record_mesh(mesh)
+        answered = sum(answer == 200 for answer in answers.values())
+        print(f"A2A mesh ({describe_ports(mesh)}): {describe_answers(answers)}")
+        print(f"recorded {answered} of {len(answers)} answering 200 in {mesh.baseline}")
+        return 0
     if args.writer == args.reader:
         print("--writer and --reader must be different agents: the echo check needs a foreign reader", file=sys.stderr)
         return 2
@@ -449,6 +611,8 @@ def run(args: argparse.Namespace) -> int:
             args.timeout,
             writer_token=args.writer_token,
             reader_token=args.reader_token,
+            expect=args.expect,
+            mesh=mesh,
         )
     except ValueError as error:
         print(error, file=sys.stderr)
@@ -460,11 +624,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def cleanup_database(path: str) -> int:
-    """cleanup() on an existing database file (mode=rw: a mistyped path is an error, not a new file)."""
+    """Delete the long facts these checks wrote, from an existing database file (mode=rw: a mistyped path is
+    an error, not a new file). A row is the checks' only if both its source and a JSON tag say solos-check."""
     try:
         conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=rw", uri=True, isolation_level=None, timeout=5)
         try:
-            removed = cleanup(conn)
+            removed = solos_store.delete_tagged_facts(conn, CHECK_SOURCE, CHECK_TAG)
         finally:
             conn.close()
     except sqlite3.Error as error:

@@ -80,6 +80,11 @@ class BoundedConnections:
             if connection in self.waiting:
                 self.waiting[connection][1] = count
 
+    def unslot(self, connection: socket.socket) -> None:
+        """The connection becomes a long-lived stream: its thread slot goes back now, for everyone else."""
+        self.slots.release()
+        self.unslotted.add(connection)
+
     def forget(self, connection: socket.socket) -> None:
         """The connection is working on a request (or gone): never evicted."""
         with self.waiting_lock:

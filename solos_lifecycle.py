@@ -13,14 +13,14 @@ sharing and audit rules. Standard library only; the service imports this module.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import solos_bounds
+import solos_store
+from solos_store import BadRequest, Forbidden, NotFound
 
 MAX_PROMOTED = 100  # rows per promotion; one fact distilled from more is not one fact
 ARCHIVE_BATCH = 500  # rows moved per write transaction, so no write lock is held long
-ARCHIVE_TIER = "episodic_archive"  # recall's internal name for the archived rows; results say "episodic"
 
 PROMOTE_INPUT_PROPERTIES = {
     "ids": {
@@ -63,30 +63,20 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
     episodes stay as they are, nothing becomes episodic again. Another agent's
     episode is refused (403); unknown ids are a 404 naming them.
     """
-    import solos_memory as core
-
     caller, ids = args["agent"], args["ids"] or []
     if not ids:
-        raise core.BadRequest("ids must name at least one episodic row", "ids")
+        raise BadRequest("ids must name at least one episodic row", "ids")
     store = memory.store
 
     def work(conn: Any) -> dict:
         store.require_agent(conn, caller)
-        found = {
-            row["id"]: row
-            for row in conn.execute(
-                "SELECT id, agent, summary FROM memory_episodic WHERE id IN (SELECT value FROM json_each(?)) "
-                "UNION ALL SELECT id, agent, summary FROM memory_episodic_archive "
-                "WHERE id IN (SELECT value FROM json_each(?))",
-                (json.dumps(ids), json.dumps(ids)),
-            )
-        }
+        found = solos_store.episodes_by_id(conn, ids)
         missing = [i for i in ids if i not in found]
         if missing:
-            raise core.NotFound(f"no episodic rows with ids {', '.join(map(str, missing))}", "ids")
+            raise NotFound(f"no episodic rows with ids {', '.join(map(str, missing))}", "ids")
         foreign = [i for i in ids if found[i]["agent"] != caller]
         if foreign:
-            raise core.Forbidden(
+            raise Forbidden(
                 f"episodic rows {', '.join(map(str, foreign))} were written by other agents; "
                 f"an agent promotes only its own episodes",
                 "ids",
@@ -102,10 +92,7 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
             }
         else:  # the caller already holds this fact: link the episodes to it, leave its topic, source, tags alone
             outcome = {"id": known, "status": "linked"}
-        conn.executemany(
-            "INSERT OR IGNORE INTO memory_promotion (long_id, episodic_id, agent) VALUES (?, ?, ?)",
-            [(outcome["id"], i, caller) for i in ordered],
-        )
+        solos_store.link_promotion(conn, outcome["id"], ordered, caller)
         return {"tier": "long", "agent": caller, **outcome, "sources": ordered}
 
     result = store.write(work)
@@ -121,25 +108,9 @@ def archive_episodic(store: Any, older_than_days: float) -> int:
     if older_than_days <= 0:
         return 0
     cutoff = f"-{older_than_days} days"
-    columns = "id, agent, event_type, summary, details, outcome, duration_s, timestamp"
 
     def move(conn: Any) -> int:
-        ids = [
-            row[0]
-            for row in conn.execute(
-                "SELECT id FROM memory_episodic WHERE timestamp < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) "
-                "ORDER BY id LIMIT ?",
-                (cutoff, ARCHIVE_BATCH),
-            )
-        ]
-        chosen = json.dumps(ids)
-        conn.execute(
-            f"INSERT INTO memory_episodic_archive ({columns}) SELECT {columns} FROM memory_episodic "
-            "WHERE id IN (SELECT value FROM json_each(?))",
-            (chosen,),
-        )
-        conn.execute("DELETE FROM memory_episodic WHERE id IN (SELECT value FROM json_each(?))", (chosen,))
-        return len(ids)
+        return solos_store.archive_batch(conn, cutoff, ARCHIVE_BATCH)
 
     total = 0
     while True:
@@ -147,11 +118,3 @@ def archive_episodic(store: Any, older_than_days: float) -> int:
         total += moved
         if moved < ARCHIVE_BATCH:
             return total
-
-
-def lifecycle_counts(conn: Any) -> dict:
-    """Archived episodic rows and promotions, for /v1/stats."""
-    return {
-        "episodic_archived": conn.execute("SELECT count(*) FROM memory_episodic_archive").fetchone()[0],
-        "promoted_facts": conn.execute("SELECT count(DISTINCT long_id) FROM memory_promotion").fetchone()[0],
-    }

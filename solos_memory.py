@@ -25,15 +25,13 @@ Settings (a flag beats the environment, which beats the default):
 from __future__ import annotations
 
 import argparse
-import bisect
 import concurrent.futures
+import dataclasses
 import hashlib
 import hmac
 import json
 import logging
-import math
 import os
-import queue
 import re
 import secrets
 import signal
@@ -43,27 +41,69 @@ import stat
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 import mcp_bridge
 import solos_bounds
 import solos_check
 import solos_connections
-import solos_dataspace
+import solos_events
+import solos_forget
+import solos_jobs
 import solos_lifecycle
 import solos_qdrant
 import solos_rank
 import solos_snapshot
 import solos_status
-
-# Run as a script this module is __main__; the modules it carries import it by name and must get this copy.
-sys.modules.setdefault("solos_memory", sys.modules[__name__])
+import solos_store
+import solos_telemetry
+from solos_store import (
+    DEFAULT_TIERS,
+    EMBEDDED_TIERS,
+    FTS_TABLES,
+    SCOPES,
+    STORAGE_FAILURES,
+    TIER_TABLE,
+    TIERS,
+    BadRequest,
+    Busy,
+    Forbidden,
+    JsonLogHandler,
+    LengthRequired,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolError,
+    RequestTimeout,
+    SchemaMismatch,
+    ServiceError,
+    StorageUnavailable,
+    Store,
+    Tier,
+    Unauthorized,
+    UnsupportedMediaType,
+    Visibility,
+    error_body,
+    log_event,
+    primary_code,
+    refuse_foreign_persona,
+)
+from solos_validation import (
+    AGENT_PATTERN,
+    AGENT_SCHEMA,
+    NO_NUL,
+    TAGS_SCHEMA,
+    check_args,
+    coerce_query,
+    describe,
+    fully_matches,
+    parse_json_body,
+)
 
 __version__ = "0.1.0"
 
@@ -104,1159 +144,6 @@ def env_int(name: str, default: int) -> int:
         raise SystemExit(f"SOLOS_MEMORY_{name} must be an integer, got {raw!r}") from None
 
 
-def log_event(event: str, **fields: Any) -> None:
-    """One JSON line on stderr (the journal under systemd)."""
-    record = {"ts": utc_now(), "event": event, **fields}
-    sys.stderr.write(json.dumps(record, default=str) + "\n")
-    sys.stderr.flush()
-
-
-class JsonLogHandler(logging.Handler):
-    """Route `logging` (tracebacks included) into the same one-line JSON as log_event."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        fields: dict[str, Any] = {
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            fields["traceback"] = logging.Formatter().formatException(record.exc_info)
-        log_event("log", **fields)
-
-
-def utc_now() -> str:
-    """Now as the schema's timestamp format (UTC, milliseconds, 'Z')."""
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-
-
-# ==== Errors ====
-
-
-class ServiceError(Exception):
-    """Base for expected errors; subclasses set status and code."""
-
-    status, code = 500, "internal"
-    retry_after_s: int | None = None  # set for conditions that pass by themselves
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-        self.counted = False  # set once Stats.reject has logged and counted it
-
-    def headers(self) -> dict[str, str]:
-        """Response headers this error needs besides its body (Allow, Retry-After, ...)."""
-        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
-
-
-class BadRequest(ServiceError):
-    """A field is missing, of the wrong type, or out of range."""
-
-    status, code = 400, "bad_request"
-
-
-class Unauthorized(ServiceError):
-    """Tokens are enabled and the request carries no valid bearer token."""
-
-    status, code = 401, "unauthorized"
-
-    def headers(self) -> dict[str, str]:
-        return {"WWW-Authenticate": 'Bearer realm="solos-memory"'}
-
-
-class Forbidden(ServiceError):
-    """The caller may not do this (another agent's persona, another agent's identity)."""
-
-    status, code = 403, "forbidden"
-
-
-class NotFound(ServiceError):
-    """No such route, or no such row for this agent."""
-
-    status, code = 404, "not_found"
-
-
-class MethodNotAllowed(ServiceError):
-    """The route exists, the method does not."""
-
-    status, code = 405, "method_not_allowed"
-
-    def __init__(self, message: str, allow: list[str]):
-        super().__init__(message)
-        self.allow = allow
-
-    def headers(self) -> dict[str, str]:
-        return {"Allow": ", ".join(self.allow)}
-
-
-class Conflict(ServiceError):
-    """An idempotency key was reused with different content."""
-
-    status, code = 409, "conflict"
-
-
-class LengthRequired(ServiceError):
-    """A body without Content-Length (chunked bodies are not accepted)."""
-
-    status, code = 411, "length_required"
-
-
-class PayloadTooLarge(ServiceError):
-    """The body is over MAX_BODY_BYTES."""
-
-    status, code = 413, "payload_too_large"
-
-
-class UnsupportedMediaType(ServiceError):
-    """A body that is not application/json."""
-
-    status, code = 415, "unsupported_media_type"
-
-
-class UnknownAgent(ServiceError):
-    """The agent is not in agent_registry: no orphan rows, ever."""
-
-    status, code = 422, "unknown_agent"
-
-
-class ProtocolError(ServiceError):
-    """http.server's own refusals (a malformed request line, headers too long), in the one JSON shape."""
-
-    def __init__(self, status: int, message: str | None):
-        phrase = HTTPStatus(status).phrase
-        super().__init__(message or phrase)
-        self.status, self.code = status, phrase.lower().replace(" ", "_")  # per instance: the status varies
-
-
-class RequestTimeout(ServiceError):
-    """The body did not arrive within BODY_DEADLINE_S (a slow-body attack, or a stalled client)."""
-
-    status, code = 408, "request_timeout"
-
-
-class Busy(ServiceError):
-    """The database stayed locked through every retry; never an empty success."""
-
-    status, code = 503, "busy"
-    retry_after_s = 1
-
-
-class StorageUnavailable(ServiceError):
-    """The database cannot be written or read right now (read-only, disk full, I/O error).
-
-    A condition outside the service that an operator fixes; the service recovers by itself once it is gone.
-    """
-
-    status, code = 503, "storage_unavailable"
-    retry_after_s = 5
-
-
-def error_body(error: ServiceError) -> dict:
-    """The one JSON shape every error takes, on REST and inside MCP results."""
-    body: dict[str, Any] = {"code": error.code, "status": error.status, "message": error.message}
-    if error.field:
-        body["field"] = error.field
-    return {"error": body}
-
-
-# ==== Validation ====
-
-# Fields are checked once, here, against the same JSON Schema MCP advertises.
-AGENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-NO_NUL = "^[^\\u0000]*$"  # stored text: C-string consumers of the database would cut it at a NUL
-TAGS_SCHEMA = {
-    "type": "array",
-    "maxItems": 32,
-    "items": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": NO_NUL},
-    "description": "Labels, at most 32 strings of 1-64 characters.",
-}
-AGENT_SCHEMA = {
-    "type": "string",
-    "pattern": AGENT_PATTERN,
-    "description": "The calling agent, as registered in agent_registry.",
-}
-JSON_TYPES: dict[str, type | tuple[type, ...]] = {
-    "string": str,
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "array": list,
-    "object": dict,
-}
-
-
-def describe(value: Any) -> str:
-    """A short rendering of a bad value for an error message, whatever the value (deep, huge, odd)."""
-    try:
-        text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    except (RecursionError, ValueError):  # nesting past the recursion limit; ints past 4,300 digits
-        text = f"a deeply nested {type(value).__name__}" if isinstance(value, (list, dict)) else "a huge number"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def fully_matches(pattern: str, value: str) -> bool:
-    """The whole value matches an anchored schema pattern (`$` alone would admit a trailing newline)."""
-    return re.fullmatch(pattern.removeprefix("^").removesuffix("$"), value) is not None
-
-
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # valid in a JSON escape, not encodable as UTF-8
-
-
-def check_value(name: str, schema: dict, value: Any) -> Any:
-    """Check one value against its schema; raise BadRequest naming the field.
-
-    `name` may point inside the field (`tags[2]`); the error's field is the top-level name.
-    """
-    try:
-        return check_one(name, schema, value)
-    except BadRequest as error:
-        error.field = name.split("[")[0]
-        raise
-
-
-def check_one(name: str, schema: dict, value: Any) -> Any:
-    kind = schema["type"]
-    is_bool = isinstance(value, bool)
-    right_type = isinstance(value, JSON_TYPES[kind])  # kept apart: mypy would narrow value to object
-    if not right_type or (is_bool and kind != "boolean"):
-        raise BadRequest(f"{name} must be {article(kind)} {kind}, got {describe(value)}", name)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise BadRequest(f"{name} must be a finite number, got {describe(value)}", name)
-    if kind == "integer" and not -solos_bounds.MAX_ID - 1 <= value <= solos_bounds.MAX_ID:
-        raise BadRequest(
-            f"{name} must be a 64-bit integer (at most {solos_bounds.MAX_ID}), got {describe(value)}", name
-        )
-    if kind in ("integer", "number"):
-        low, high = schema.get("minimum"), schema.get("maximum")
-        low_open = schema.get("exclusiveMinimum")
-        if (
-            (low is not None and value < low)
-            or (high is not None and value > high)
-            or (low_open is not None and value <= low_open)
-        ):
-            raise BadRequest(f"{name} must be {kind_range(schema)}, got {describe(value)}", name)
-    if kind == "string":
-        if LONE_SURROGATE.search(value):
-            raise BadRequest(f"{name} must be valid Unicode text: it holds a lone surrogate (\\ud800-\\udfff)", name)
-        if "enum" in schema and value not in schema["enum"]:
-            raise BadRequest(f"{name} must be one of {', '.join(schema['enum'])}, got {describe(value)}", name)
-        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", 1 << 30):
-            raise BadRequest(
-                f"{name} must be {schema.get('minLength', 0)}-{schema.get('maxLength')} characters, got {len(value)}",
-                name,
-            )
-        if "pattern" in schema and not fully_matches(schema["pattern"], value):
-            if schema["pattern"] == NO_NUL:
-                raise BadRequest(f"{name} must not contain NUL characters", name)
-            raise BadRequest(f"{name} must match {schema['pattern']}, got {describe(value)}", name)
-    if kind == "array":
-        if len(value) > schema.get("maxItems", 1 << 30):
-            raise BadRequest(f"{name} must have at most {schema['maxItems']} items, got {len(value)}", name)
-        value = [check_one(f"{name}[{i}]", schema["items"], item) for i, item in enumerate(value)]
-        if schema.get("uniqueItems"):
-            value = list(dict.fromkeys(value))
-    return value
-
-
-def article(kind: str) -> str:
-    return "an" if kind[0] in "aeiou" else "a"
-
-
-def kind_range(schema: dict) -> str:
-    """'a number in (0, 31536000]' style description of a numeric range."""
-    low = schema.get("minimum", schema.get("exclusiveMinimum"))
-    left = "[" if "minimum" in schema else "("
-    return f"{article(schema['type'])} {schema['type']} in {left}{low}, {schema.get('maximum')}]"
-
-
-def check_args(schema: dict, args: Any) -> dict:
-    """Validate an argument object; return it with defaults filled in."""
-    if not isinstance(args, dict):
-        raise BadRequest(f"arguments must be a JSON object, got {describe(args)}", "body")
-    properties = schema["properties"]
-    unknown = sorted(set(args) - set(properties))
-    if unknown:
-        raise BadRequest(f"{unknown[0]} is not a known field (known: {', '.join(properties)})", unknown[0])
-    checked = {}
-    for name, spec in properties.items():
-        if name in args and args[name] is not None:
-            checked[name] = check_value(name, spec, args[name])
-        elif name in schema.get("required", ()):
-            raise BadRequest(f"{name} is required", name)
-        else:
-            checked[name] = spec.get("default")
-    return checked
-
-
-def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
-    """Turn query-string pairs into typed arguments, per the operation's schema.
-
-    REST clients send `k=5` and `tiers=long,short`; MCP clients send 5 and
-    ["long", "short"]. Both then meet the same check_args.
-    """
-    args: dict[str, Any] = {}
-    for name, raw in pairs:
-        if name in args:
-            raise BadRequest(f"{name} is given more than once", name)
-        kind = schema["properties"].get(name, {}).get("type")
-        if kind == "integer":
-            args[name] = int(raw) if re.fullmatch(r"-?\d{1,12}", raw) else raw
-        elif kind == "number":
-            args[name] = float(raw) if re.fullmatch(r"-?\d{1,12}(\.\d{1,12})?", raw) else raw
-        elif kind == "boolean":
-            args[name] = {"true": True, "false": False}.get(raw, raw)
-        elif kind == "array":
-            args[name] = [part.strip() for part in raw.split(",") if part.strip()]
-        else:
-            args[name] = raw
-    return args
-
-
-def reject_constant(name: str) -> None:
-    """json.loads hook: NaN and Infinity are not JSON."""
-    raise BadRequest(f"body must be valid JSON: {name} is not a JSON number", "body")
-
-
-def parse_json_body(body: bytes) -> Any:
-    """Decode a request body as strict UTF-8 JSON."""
-    try:
-        return json.loads(body.decode("utf-8"), parse_constant=reject_constant)
-    except UnicodeDecodeError:
-        raise BadRequest("body must be UTF-8 encoded JSON", "body") from None
-    except RecursionError:
-        raise BadRequest("body nests too deeply", "body") from None
-    except json.JSONDecodeError as error:
-        raise BadRequest(
-            f"body must be valid JSON: {error.msg} at line {error.lineno} column {error.colno}", "body"
-        ) from None
-    except ValueError:  # an integer past Python's 4,300-digit conversion limit
-        raise BadRequest("body holds a number too long to read", "body") from None
-
-
-# ==== Storage: all SQL lives here ====
-
-BUSY_RETRIES = 3
-OVERFETCH = 4  # ranked keyword matches read per wanted row when scope, sharing or expiry filters apply
-POOL_SIZE = 8
-SCHEMA_VERSION = "2"
-
-# What the service reads from the fleet's tables; startup refuses if one is missing.
-REQUIRED_COLUMNS = {
-    "agent_registry": ("agent",),
-    "memory_durable": ("id", "key", "value", "updated_at"),
-    "memory_longterm": (
-        "id",
-        "agent",
-        "topic",
-        "fact",
-        "source",
-        "confidence",
-        "tags",
-        "embedding",
-        "created_at",
-        "updated_at",
-    ),
-    "memory_episodic": ("id", "agent", "event_type", "summary", "details", "outcome", "duration_s", "timestamp"),
-}
-# A row carries one of the wanted tags (a JSON array of them is the parameter, twice): tags as this service
-# stores them (a JSON array) or as a comma list, which other writers of the fleet use.
-TAGGED_SQL = (
-    "CASE WHEN json_valid(t.tags) THEN EXISTS (SELECT 1 FROM json_each(t.tags) AS have "
-    "WHERE have.value IN (SELECT value FROM json_each(?))) "
-    "ELSE EXISTS (SELECT 1 FROM json_each(?) AS want "
-    "WHERE instr(',' || replace(t.tags, ', ', ',') || ',', ',' || want.value || ',') > 0) END"
-)
-FTS_TABLES = ("memory_longterm_fts", "memory_episodic_fts", "memory_short_fts", "memory_episodic_archive_fts")
-
-
-@dataclass(frozen=True)
-class Tier:
-    """One searchable table: how recall reads, ranks, labels and embeds its rows."""
-
-    name: str  # recall's internal name, and memory_vector.tier
-    label: str  # what results call it
-    table: str
-    fts: str
-    columns: str  # selected for results
-    time_column: str  # recency order, and when a row was written
-    bm25_weights: str  # FTS5 column weights, in the index's column order
-    text_column: str  # the result's `text`
-    result_columns: tuple[str, ...]  # returned as they are
-    embedded: tuple[str, ...] = ()  # what a vector is made of: (writer, label, text); a change drops the vector
-    vector_sql: str = ""  # the model's vectors with what the vector search filters on
-    opt_in: bool = False  # other agents read it only where its author opted in, and each read is audited
-    archived: bool = False  # archived episodes: searched only with archive=true
-    expires: bool = False  # rows past expires_at are never returned
-    threaded: bool = False  # rows of one topic form a thread: a match lends its neighbours score
-
-
-EPISODE_COLUMNS = "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts"
-EPISODE_RESULT = ("event_type", "summary", "details", "outcome", "duration_s")
-TIER_TABLE = {
-    tier.name: tier
-    for tier in (
-        Tier(
-            "long",
-            "long",
-            "memory_longterm",
-            "memory_longterm_fts",
-            "t.id, t.agent, t.topic, t.fact, t.source, t.confidence, t.tags, t.created_at, t.updated_at AS ts",
-            "updated_at",
-            "1.0, 1.0, 0.5, 0.5, 0.3",
-            "fact",
-            ("source", "topic", "fact", "confidence", "tags"),
-            embedded=("agent", "topic", "fact"),
-            # Ordered by topic, so a row's neighbours (the same topic, adjacent ids) sit beside it.
-            vector_sql="SELECT t.id, t.agent, t.topic AS thread, NULL AS expires_at, t.embedding AS vector "
-            "FROM memory_vector v JOIN memory_longterm t ON t.id = v.row_id "
-            "WHERE v.tier = ? AND v.model = ? AND t.embedding IS NOT NULL ORDER BY t.topic, t.id",
-            threaded=True,
-        ),
-        Tier(
-            "episodic",
-            "episodic",
-            "memory_episodic",
-            "memory_episodic_fts",
-            EPISODE_COLUMNS,
-            "timestamp",
-            "0.5, 1.0, 0.7, 0.7, 0.5",
-            "summary",
-            EPISODE_RESULT,
-            embedded=("agent", "event_type", "summary"),
-            vector_sql="SELECT t.id, t.agent, NULL AS thread, NULL AS expires_at, v.vector FROM memory_vector v "
-            "JOIN memory_episodic t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
-            opt_in=True,
-        ),
-        Tier(
-            solos_lifecycle.ARCHIVE_TIER,
-            "episodic",
-            "memory_episodic_archive",
-            "memory_episodic_archive_fts",
-            EPISODE_COLUMNS,
-            "timestamp",
-            "0.5, 1.0, 0.7, 0.7, 0.5",
-            "summary",
-            EPISODE_RESULT,
-            opt_in=True,
-            archived=True,
-        ),
-        Tier(
-            "short",
-            "short",
-            "memory_short",
-            "memory_short_fts",
-            "t.id, t.agent, t.key, t.value, t.tags, t.expires_at, t.created_at AS ts",
-            "created_at",
-            "1.0, 1.0, 0.5, 0.5",
-            "value",
-            ("key", "value", "tags", "expires_at"),
-            embedded=("agent", "key", "value"),
-            vector_sql="SELECT t.id, t.agent, NULL AS thread, t.expires_at, v.vector FROM memory_vector v "
-            "JOIN memory_short t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
-            expires=True,
-        ),
-    )
-}
-EMBEDDED_TIERS = tuple(tier for tier in TIER_TABLE.values() if tier.embedded)
-LIVE_TIERS = tuple(tier for tier in TIER_TABLE.values() if not tier.archived)  # where writes land
-
-
-class SchemaMismatch(Exception):
-    """The fleet's database lacks a column the service needs."""
-
-
-def read_resource(name: str) -> bytes:
-    """A file shipped beside this module, also from inside the .pyz."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    loader = globals().get("__loader__")
-    if loader is not None and hasattr(loader, "get_data"):
-        return loader.get_data(path)
-    with open(path, "rb") as handle:
-        return handle.read()
-
-
-def primary_code(error: sqlite3.Error) -> int | None:
-    """SQLite's primary result code (extended codes carry it in their low byte)."""
-    code = getattr(error, "sqlite_errorcode", None)
-    return None if code is None else code & 0xFF
-
-
-def is_busy(error: sqlite3.Error) -> bool:
-    """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock."""
-    return primary_code(error) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(error)
-
-
-# Conditions of the disk or the file, not of the request: 503 with Retry-After, and the connection is not reused.
-STORAGE_FAILURES = {
-    sqlite3.SQLITE_READONLY: "the database is read-only (file or folder permissions, or a read-only mount)",
-    sqlite3.SQLITE_FULL: "the disk holding the database is full",
-    sqlite3.SQLITE_IOERR: "the disk reported an I/O error",
-    sqlite3.SQLITE_CANTOPEN: "the database file cannot be opened",
-    sqlite3.SQLITE_PERM: "access to the database is denied",
-    sqlite3.SQLITE_CORRUPT: "the database file is damaged",
-    sqlite3.SQLITE_NOTADB: "the database file is not an SQLite database",
-}
-
-
-def read_varint(blob: bytes) -> int:
-    """SQLite's varint at the start of blob: 7 bits a byte, high bit set while more follow; a ninth byte has 8."""
-    value = 0
-    for index, byte in enumerate(blob[:9]):
-        if index == 8:
-            return (value << 8) | byte
-        value = (value << 7) | (byte & 0x7F)
-        if not byte & 0x80:
-            break
-    return value
-
-
-def decode_text(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
-
-
-class PooledConnection(sqlite3.Connection):
-    """A connection that knows whether it may go back to the pool."""
-
-    # False for one opened while the file was not writable (SQLite then silently opens it read-only, for
-    # good) and for one that met a storage failure: reusing either kept writes failing after the cause was gone.
-    reusable = True
-
-
-FLEET_OWNED_TABLES = ("agent_registry", "memory_durable")
-WRITE_ACTIONS = (sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE)
-
-
-def deny_fleet_writes(action: int, table: str | None, *_: Any) -> int:
-    """SQLite authorizer: the service never writes the fleet's registry or durable records."""
-    if action in WRITE_ACTIONS and table in FLEET_OWNED_TABLES:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-
-class Store:
-    """The SQLite database: connections, transactions with retry, every query.
-
-    An admin store (the CLI registering agents) may write agent_registry; the
-    serving store cannot, enforced by an authorizer on every connection.
-    """
-
-    def __init__(self, path: str, busy_timeout_ms: int = 5000, admin: bool = False):
-        self.path = path
-        self.busy_timeout_ms = busy_timeout_ms
-        self.admin = admin
-        self.pool: queue.LifoQueue[PooledConnection] = queue.LifoQueue()
-        # The service's own writers queue here, in order, rather than race for SQLite's lock: its busy
-        # handler polls with sleeps of up to 100 ms, so sixteen threads contending lose their time asleep
-        # (bench/write_throughput.py, 16 clients: p99 104 -> 11 ms) and the fleet's writers meet sixteen rivals.
-        self.write_lock = threading.Lock()
-
-    # -- connections --
-
-    def connect(self) -> PooledConnection:
-        """A connection with the fleet's pragmas, read back to be sure they took."""
-        writable = os.access(self.path, os.W_OK) and os.access(os.path.dirname(os.path.abspath(self.path)), os.W_OK)
-        conn = sqlite3.connect(
-            self.path,
-            isolation_level=None,
-            check_same_thread=False,
-            timeout=self.busy_timeout_ms / 1000,
-            factory=PooledConnection,
-        )
-        conn.reusable = writable
-        conn.row_factory = sqlite3.Row
-        # WAL lets agents read while one writes; busy_timeout absorbs the fleet's short write locks.
-        mode = conn.execute("PRAGMA journal_mode=wal").fetchone()[0]
-        if mode != "wal":
-            conn.close()
-            raise StorageUnavailable(f"journal_mode is {mode!r}: WAL could not be enabled (is the folder writable?)")
-        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
-        if conn.execute("PRAGMA busy_timeout").fetchone()[0] != self.busy_timeout_ms:
-            raise RuntimeError(f"{self.path}: busy_timeout did not take")
-        # FULL: an acknowledged write survives power loss, not only a process crash.
-        conn.execute("PRAGMA synchronous=FULL")
-        solos_dataspace.secure_delete(conn)  # what any delete removes is zeroed, not left in free pages (forget)
-        if not self.admin:
-            conn.set_authorizer(deny_fleet_writes)
-        return conn
-
-    def checkout(self) -> PooledConnection:
-        try:
-            return self.pool.get_nowait()
-        except queue.Empty:
-            return self.connect()
-
-    def checkin(self, conn: PooledConnection) -> None:
-        if conn.reusable and conn.in_transaction:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                conn.reusable = False
-        if conn.reusable and self.pool.qsize() < POOL_SIZE:
-            self.pool.put(conn)
-        else:
-            conn.close()
-
-    def close(self) -> None:
-        while not self.pool.empty():
-            self.pool.get_nowait().close()
-
-    def run(self, work: Callable[[sqlite3.Connection], Any], write: bool) -> Any:
-        """Run work on one connection, in a short BEGIN IMMEDIATE if it writes.
-
-        A busy database is retried with backoff up to BUSY_RETRIES times, all
-        inside one busy_timeout budget, then refused with Busy (503): never an
-        empty success.
-        """
-        deadline = time.monotonic() + self.busy_timeout_ms / 1000
-        if not write:
-            return self.attempt(work, write, deadline)
-        if not self.write_lock.acquire(timeout=self.busy_timeout_ms / 1000):
-            raise Busy(f"database is locked: this service's own writes queued for {self.busy_timeout_ms} ms")
-        try:
-            return self.attempt(work, write, deadline)
-        finally:
-            self.write_lock.release()
-
-    def attempt(self, work: Callable[[sqlite3.Connection], Any], write: bool, deadline: float) -> Any:
-        """run's retries: up to BUSY_RETRIES more tries before the deadline, then Busy."""
-        for attempt in range(BUSY_RETRIES + 1):
-            conn = None
-            try:
-                conn = self.checkout()
-                if attempt or write:  # a retry, or a write that queued, waits only for what is left
-                    remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
-                    conn.execute(f"PRAGMA busy_timeout={remaining_ms}")
-                # Reads get one snapshot (cheap under WAL); writes take the lock up front, briefly.
-                begin = "BEGIN IMMEDIATE" if write else "BEGIN"
-                conn.execute(begin)
-                try:
-                    result = work(conn)
-                except sqlite3.OperationalError as error:
-                    if "Could not decode to UTF-8" not in str(error) or conn.text_factory is not str:
-                        raise
-                    # Text another writer stored as invalid UTF-8: read it with U+FFFD rather than fail every
-                    # call that meets the row. Only then, and from scratch: the C decoder is 0.1 ms per recall faster.
-                    conn.execute("ROLLBACK")
-                    conn.text_factory = decode_text
-                    conn.execute(begin)
-                    result = work(conn)
-                conn.execute("COMMIT")
-                return result
-            except sqlite3.Error as error:
-                failure = STORAGE_FAILURES.get(primary_code(error) or 0)
-                if failure is not None:
-                    if conn is not None:
-                        conn.reusable = False
-                    self.close()  # its pool-mates may have opened in the same spell: start afresh
-                    log_event("storage_failure", db=self.path, reason=failure, error=str(error))
-                    raise StorageUnavailable(f"{failure}; nothing was changed, retry later") from None
-                if not (isinstance(error, sqlite3.OperationalError) and is_busy(error)):
-                    raise
-                last_error = error
-            finally:
-                if conn is not None:
-                    if (attempt or write) and conn.reusable:
-                        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
-                    self.checkin(conn)
-            pause = min(0.05 * 2**attempt, deadline - time.monotonic())
-            if pause <= 0 or attempt == BUSY_RETRIES:
-                break
-            time.sleep(pause)
-        raise Busy(
-            f"database is locked by another writer; gave up after {attempt + 1} attempts "
-            f"in {self.busy_timeout_ms} ms ({last_error})"
-        )
-
-    def read(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
-        return self.run(work, write=False)
-
-    def write(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
-        return self.run(work, write=True)
-
-    # -- schema --
-
-    def migrate(self) -> None:
-        """Create what is missing (additive only) after checking what exists."""
-        conn = self.connect()
-        try:
-            if not conn.execute("SELECT sqlite_compileoption_used('ENABLE_FTS5')").fetchone()[0]:
-                raise SchemaMismatch("this SQLite has no FTS5; keyword recall needs it")
-            existing = {
-                row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
-            }
-            for table, needed in REQUIRED_COLUMNS.items():
-                if table not in existing:
-                    continue
-                have = {row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))}
-                for column in needed:
-                    if column not in have:
-                        raise SchemaMismatch(f"table {table} has no column {column}; solos-memory needs it")
-            schema = read_resource("schema.sql").decode("utf-8")
-            conn.executescript("BEGIN IMMEDIATE;\n" + schema + "\nCOMMIT;")
-            conn.execute("BEGIN IMMEDIATE")
-            for fts in FTS_TABLES:
-                if fts not in existing:  # new index over rows the fleet already has
-                    self.rebuild_index(conn, fts)
-            conn.execute(
-                "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (SCHEMA_VERSION,),
-            )
-            conn.execute("INSERT OR IGNORE INTO solos_memory_meta (key, value) VALUES ('vector_generation', 0)")
-            solos_dataspace.mark_row_ids(conn)
-            conn.execute("COMMIT")
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            conn.close()
-
-    @staticmethod
-    def rebuild_index(conn: sqlite3.Connection, fts: str) -> None:
-        """Refill one keyword index from its table, as the triggers would have."""
-        if fts != "memory_longterm_fts":
-            conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
-            return
-        conn.execute("DELETE FROM memory_longterm_fts")
-        # context: the two previous facts of the same topic, newest first, as the insert trigger writes it.
-        conn.execute(
-            "INSERT INTO memory_longterm_fts (rowid, topic, fact, tags, agent, context) "
-            "SELECT id, topic, fact, tags, agent, CASE WHEN topic <> '' THEN trim("
-            "    coalesce(lag(agent, 1) OVER w || ': ' || lag(fact, 1) OVER w, '') || ' ' || "
-            "    coalesce(lag(agent, 2) OVER w || ': ' || lag(fact, 2) OVER w, '')) ELSE '' END "
-            "FROM memory_longterm WINDOW w AS (PARTITION BY topic ORDER BY id)"
-        )
-
-    def reindex(self) -> None:
-        """Rebuild the keyword indexes from their tables (one write transaction)."""
-
-        def work(conn: sqlite3.Connection) -> None:
-            for fts in FTS_TABLES:
-                self.rebuild_index(conn, fts)
-
-        self.write(work)
-
-    # -- agents (admin CLI only; the HTTP service never writes agent_registry) --
-
-    def register_agents(self, names: list[str]) -> list[str]:
-        """Insert agents that are not registered yet; return the ones added."""
-
-        def work(conn: sqlite3.Connection) -> list[str]:
-            added = []
-            for name in names:
-                cursor = conn.execute("INSERT OR IGNORE INTO agent_registry (agent) VALUES (?)", (name,))
-                if cursor.rowcount:
-                    added.append(name)
-            return added
-
-        return self.write(work)
-
-    def list_agents(self) -> list[str]:
-        return self.read(
-            lambda conn: [row[0] for row in conn.execute("SELECT agent FROM agent_registry ORDER BY agent")]
-        )
-
-    @staticmethod
-    def require_agent(conn: sqlite3.Connection, agent: str) -> None:
-        if conn.execute("SELECT 1 FROM agent_registry WHERE agent = ?", (agent,)).fetchone() is None:
-            raise UnknownAgent(f"agent {agent!r} is not registered in agent_registry", "agent")
-
-    # -- writes --
-
-    def upsert_short(self, agent: str, key: str, value: str, ttl_s: float, tags: list[str]) -> dict:
-        def work(conn: sqlite3.Connection) -> dict:
-            self.require_agent(conn, agent)
-            existing = conn.execute("SELECT id FROM memory_short WHERE agent = ? AND key = ?", (agent, key)).fetchone()
-            row = conn.execute(
-                "INSERT INTO memory_short (agent, key, value, tags, created_at, expires_at) "
-                "VALUES (?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), "
-                "        strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)) "
-                "ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags, "
-                "    created_at = excluded.created_at, expires_at = excluded.expires_at "
-                "RETURNING id, expires_at",
-                (agent, key, value, json.dumps(tags), f"+{ttl_s:.3f} seconds"),
-            ).fetchone()
-            return {"id": row["id"], "status": "updated" if existing else "created", "expires_at": row["expires_at"]}
-
-        return self.write(work)
-
-    def upsert_long(
-        self, agent: str, topic: str | None, fact: str, source: str | None, confidence: float | None, tags: list[str]
-    ) -> dict:
-        return self.write(lambda conn: self.put_long(conn, agent, topic, fact, source, confidence, tags))
-
-    def put_long(
-        self,
-        conn: sqlite3.Connection,
-        agent: str,
-        topic: str | None,
-        fact: str,
-        source: str | None,
-        confidence: float | None,
-        tags: list[str],
-    ) -> dict:
-        """upsert_long inside the caller's transaction: an identical retry changes nothing (`unchanged`)."""
-        self.require_agent(conn, agent)
-        known = self.known_long(conn, agent, fact)
-        if known is None:
-            return {"id": self.insert_long(conn, agent, topic, fact, source, confidence, tags), "status": "created"}
-        changed = conn.execute(
-            "UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, "
-            "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ? "
-            "AND (topic, source, confidence, tags) IS NOT (?, ?, ?, ?)",
-            (topic, source, confidence, json.dumps(tags), known, topic, source, confidence, json.dumps(tags)),
-        ).rowcount
-        return {"id": known, "status": "updated" if changed else "unchanged"}
-
-    @staticmethod
-    def known_long(conn: sqlite3.Connection, agent: str, fact: str) -> int | None:
-        """The writer's row holding exactly this fact (keyed by the full text's sha256), if there is one."""
-        row = conn.execute(
-            "SELECT l.id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id "
-            "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ?",
-            (agent, hashlib.sha256(fact.encode("utf-8")).hexdigest(), fact),
-        ).fetchone()
-        return None if row is None else row[0]
-
-    @staticmethod
-    def insert_long(
-        conn: sqlite3.Connection,
-        agent: str,
-        topic: str | None,
-        fact: str,
-        source: str | None,
-        confidence: float | None,
-        tags: list[str],
-    ) -> int:
-        """A new long fact and its write key (the full text's sha256), so the same fact again finds it."""
-        row_id = conn.execute(
-            "INSERT INTO memory_longterm (agent, topic, fact, source, confidence, tags) "
-            "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-            (agent, topic, fact, source, confidence, json.dumps(tags)),
-        ).fetchone()[0]
-        Store.remember_key(conn, agent, "long", hashlib.sha256(fact.encode("utf-8")).hexdigest(), row_id)
-        return row_id
-
-    def append_episodic(self, agent: str, event: dict, idempotency_key: str | None) -> dict:
-        columns = ("event_type", "summary", "details", "outcome", "duration_s")
-
-        def work(conn: sqlite3.Connection) -> dict:
-            self.require_agent(conn, agent)
-            if idempotency_key:
-                earlier = conn.execute(
-                    "SELECT e.* FROM memory_write_key k JOIN memory_episodic e ON e.id = k.row_id "
-                    "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND e.agent = k.agent",
-                    (agent, idempotency_key),
-                ).fetchone()
-                if earlier:
-                    if any(earlier[c] != event[c] for c in columns):
-                        raise Conflict(
-                            f"idempotency_key {idempotency_key!r} was used for a different event (id {earlier['id']})",
-                            "idempotency_key",
-                        )
-                    return {"id": earlier["id"], "status": "unchanged"}
-            row_id = conn.execute(
-                "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome, duration_s) "
-                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                (agent, *(event[c] for c in columns)),
-            ).fetchone()[0]
-            if idempotency_key:
-                self.remember_key(conn, agent, "episodic", idempotency_key, row_id)
-            return {"id": row_id, "status": "created"}
-
-        return self.write(work)
-
-    @staticmethod
-    def remember_key(conn: sqlite3.Connection, agent: str, tier: str, key: str, row_id: int) -> None:
-        conn.execute(
-            "INSERT INTO memory_write_key (agent, tier, key, row_id) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (agent, tier, key) DO UPDATE SET row_id = excluded.row_id",
-            (agent, tier, key, row_id),
-        )
-
-    def delete_short(self, agent: str, key: str) -> dict:
-        def work(conn: sqlite3.Connection) -> dict:
-            self.require_agent(conn, agent)
-            row = conn.execute(
-                "DELETE FROM memory_short WHERE agent = ? AND key = ? "
-                "RETURNING id, expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') AS expired",
-                (agent, key),
-            ).fetchone()
-            if row is None:
-                raise NotFound(f"agent {agent!r} has no short-term key {key!r}", "key")
-            return {"id": row["id"], "status": "deleted", "was_expired": bool(row["expired"])}
-
-        return self.write(work)
-
-    def set_sharing(self, agent: str, episodic: bool) -> dict:
-        def work(conn: sqlite3.Connection) -> dict:
-            self.require_agent(conn, agent)
-            existing = conn.execute("SELECT 1 FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
-            conn.execute(
-                "INSERT INTO episodic_sharing (agent, shared) VALUES (?, ?) ON CONFLICT (agent) DO UPDATE "
-                "SET shared = excluded.shared, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
-                (agent, int(episodic)),
-            )
-            return {"status": "updated" if existing else "created"}
-
-        return self.write(work)
-
-    def purge_expired(self, batch: int = 1000) -> int:
-        """Delete expired short rows in short batches, so no write lock is held long."""
-        total = 0
-        while True:
-            removed = self.write(
-                lambda conn: (
-                    conn.execute(
-                        "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
-                        "WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') LIMIT ?)",
-                        (batch,),
-                    ).rowcount
-                )
-            )
-            total += removed
-            if removed < batch:
-                return total
-
-    def record_audit(self, reader: str, rows: list[tuple[str, int]]) -> None:
-        """Log foreign episodic rows handed to reader; they are not returned unlogged."""
-        self.write(
-            lambda conn: conn.executemany(
-                "INSERT INTO episodic_read_audit (reader, author, row_id) VALUES (?, ?, ?)",
-                [(reader, author, row_id) for author, row_id in rows],
-            )
-        )
-
-    # -- reads --
-
-    def read_audit(self, author: str, limit: int, before_id: int | None) -> list[dict]:
-        def work(conn: sqlite3.Connection) -> list[dict]:
-            self.require_agent(conn, author)
-            rows = conn.execute(
-                "SELECT id, reader, author, row_id, read_at FROM episodic_read_audit "
-                "WHERE author = ? AND id < ? ORDER BY id DESC LIMIT ?",
-                (author, before_id or (1 << 62), limit),
-            )
-            return [dict(row) for row in rows]
-
-        return self.read(work)
-
-    def counts(self) -> dict:
-        def work(conn: sqlite3.Connection) -> dict:
-            one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
-            return {
-                "agents": one("SELECT count(*) FROM agent_registry"),
-                "rows": {
-                    "short": one(
-                        "SELECT count(*) FROM memory_short WHERE expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-                    ),
-                    "short_expired": one(
-                        "SELECT count(*) FROM memory_short WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-                    ),
-                    "long": one("SELECT count(*) FROM memory_longterm"),
-                    "episodic": one("SELECT count(*) FROM memory_episodic"),
-                    "durable": one("SELECT count(*) FROM memory_durable"),
-                },
-                "episodic_sharing_agents": one("SELECT count(*) FROM episodic_sharing WHERE shared = 1"),
-                "audit_rows": one("SELECT count(*) FROM episodic_read_audit"),
-            }
-
-        return self.read(work)
-
-    def writes_by_agent(self) -> dict[str, tuple[int, int]]:
-        """Rows each writer (the fleet's too) created or changed in the last hour and day, by the rows' timestamps."""
-        since = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 {}')"
-        recent = " UNION ALL ".join(
-            f"SELECT agent, {column} AS ts FROM {table} WHERE {column} >= {since.format('day')}"
-            for table, column in {tier.table: tier.time_column for tier in LIVE_TIERS}.items()
-        )
-        sql = f"SELECT agent, sum(ts >= {since.format('hour')}), count(*) FROM ({recent}) GROUP BY agent"
-        return self.read(lambda conn: {row[0]: (row[1], row[2]) for row in conn.execute(sql)})
-
-    # -- recall's reads: each filters by scope, sharing and expiry before any ranking --
-
-    @staticmethod
-    def visible(tier: Tier, caller: str, scope: str, tags: Sequence[str] = ()) -> tuple[list[str], list[Any]]:
-        """WHERE clauses (over alias t) and their parameters: what `caller` may read of `tier` in `scope`, and
-        with `tags`, only rows carrying one of them (a tier without tags has none)."""
-        where, params = [], []
-        if tags:
-            where.append(TAGGED_SQL if "tags" in tier.result_columns else "0")
-            params.extend([json.dumps(list(tags))] * (2 if "tags" in tier.result_columns else 0))
-        if scope == "own":
-            where.append("t.agent = ?")
-            params.append(caller)
-        elif scope == "shared_except_self":
-            where.append("t.agent != ?")
-            params.append(caller)
-        if tier.opt_in:
-            where.append("(t.agent = ? OR t.agent IN (SELECT agent FROM episodic_sharing WHERE shared = 1))")
-            params.append(caller)
-        if tier.expires:
-            where.append("t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
-        return where, params
-
-    def recent_rows(
-        self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, limit: int, tags: Sequence[str] = ()
-    ) -> list:
-        """The most recent rows the caller may read (a recall without words)."""
-        where, params = self.visible(tier, caller, scope, tags)
-        sql = (
-            f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t "
-            f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY t.{tier.time_column} DESC, t.id DESC LIMIT ?"
-        )
-        return conn.execute(sql, (*params, limit)).fetchall()
-
-    def rows_by_id(
-        self, conn: sqlite3.Connection, tier: Tier, caller: str, scope: str, ids: list[int], tags: Sequence[str] = ()
-    ) -> list:
-        """Exactly these rows (another leg's candidates, a match's neighbours), if the caller may read them."""
-        where, params = self.visible(tier, caller, scope, tags)
-        where.append("t.id IN (SELECT value FROM json_each(?))")
-        sql = f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t WHERE {' AND '.join(where)}"
-        return conn.execute(sql, (*params, json.dumps(ids))).fetchall()
-
-    def ranked_rows(
-        self,
-        conn: sqlite3.Connection,
-        tier: Tier,
-        caller: str,
-        scope: str,
-        match: str,
-        limit: int,
-        tags: Sequence[str] = (),
-    ) -> list[sqlite3.Row]:
-        """The best BM25 matches the caller may read; `score` is -bm25 (higher is better)."""
-        where, params = self.visible(tier, caller, scope, tags)
-        fts, weights = tier.fts, tier.bm25_weights
-        # Rank inside FTS5, then join only the best: joining before the sort costs a table lookup
-        # per matching row (bench/recall_latency.py, 1M rows: long tier p50 6.6 -> 3.9 ms, episodic
-        # 35 -> 24 ms). With filters, rank OVERFETCH times as many; only when fewer than `limit`
-        # pass them and more matches exist can allowed rows rank lower: then the full join runs.
-        fetch = limit * OVERFETCH if where else limit
-        ranked = (
-            f"WITH m AS MATERIALIZED (SELECT rowid AS id, bm25({fts}, {weights}) AS rank FROM {fts} "
-            f"WHERE {fts} MATCH ? ORDER BY rank LIMIT ?) "
-            f"SELECT {tier.columns}, -m.rank AS score, (SELECT count(*) FROM m) AS ranked FROM m "
-            f"JOIN {tier.table} t ON t.id = m.id {'WHERE ' + ' AND '.join(where) if where else ''} "
-            "ORDER BY m.rank LIMIT ?"
-        )
-        rows = conn.execute(ranked, (match, fetch, *params, limit)).fetchall()
-        if len(rows) == limit or not where or (rows and rows[0]["ranked"] < fetch):
-            return rows
-        sql = (
-            f"SELECT {tier.columns}, -bm25({fts}, {weights}) AS score FROM {fts} "
-            f"JOIN {tier.table} t ON t.id = {fts}.rowid WHERE {fts} MATCH ? "
-            f"{''.join(' AND ' + w for w in where)} ORDER BY bm25({fts}, {weights}) LIMIT ?"
-        )
-        return conn.execute(sql, (match, *params, limit)).fetchall()
-
-    def indexed_rows(self, conn: sqlite3.Connection, tier: Tier) -> int | None:
-        """Rows in the tier's FTS5 index, read from FTS5's averages record (its first varint): no count scan."""
-        row = conn.execute(f"SELECT block FROM {tier.fts}_data WHERE id = 1").fetchone()
-        return read_varint(row[0]) if row and isinstance(row[0], bytes) and row[0] else None
-
-    def matches_at_least(self, conn: sqlite3.Connection, tier: Tier, match: str, count: int) -> bool:
-        """Whether `match` finds at least `count` rows of the tier's index; reads no more than that many."""
-        sql = f"SELECT count(*) FROM (SELECT 1 FROM {tier.fts} WHERE {tier.fts} MATCH ? LIMIT ?)"
-        return conn.execute(sql, (match, count)).fetchone()[0] >= count
-
-    def topic_neighbours(self, conn: sqlite3.Connection, ids: list[int]) -> dict[int, tuple[int | None, int | None]]:
-        """For long facts, the previous and next fact of the same (non-empty) topic."""
-        rows = conn.execute(
-            "SELECT l.id, "
-            "  (SELECT max(p.id) FROM memory_longterm p WHERE p.topic = l.topic AND p.id < l.id) AS previous, "
-            "  (SELECT min(n.id) FROM memory_longterm n WHERE n.topic = l.topic AND n.id > l.id) AS following "
-            "FROM memory_longterm l WHERE l.topic <> '' AND l.id IN (SELECT value FROM json_each(?))",
-            (json.dumps(ids),),
-        )
-        return {row[0]: (row[1], row[2]) for row in rows}
-
-    def sharing_agents(self, conn: sqlite3.Connection) -> set[str]:
-        return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
-
-    # -- vectors --
-
-    def vector_generation(self, conn: sqlite3.Connection) -> int:
-        row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'vector_generation'").fetchone()
-        return int(row[0]) if row else 0
-
-    def load_vectors(self, conn: sqlite3.Connection, tier: str, model: str) -> sqlite3.Cursor:
-        """Every vector of one tier made by `model`, with what the vector search filters on, row by row."""
-        return conn.execute(TIER_TABLE[tier].vector_sql, (tier, model))
-
-    def rows_missing_vectors(
-        self, tier: str, model: str, limit: int, ids: list[int] | None = None
-    ) -> list[sqlite3.Row]:
-        """Rows with no vector from `model` (new, changed, or embedded by another model), of `ids` if given."""
-        table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
-        only = "" if ids is None else " AND t.id IN (SELECT value FROM json_each(?))"
-        return self.read(
-            lambda conn: conn.execute(
-                f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v "
-                f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL{only} ORDER BY t.id LIMIT ?",
-                (tier, model, *(() if ids is None else (json.dumps(ids),)), limit),
-            ).fetchall()
-        )
-
-    def save_vectors(self, tier: str, model: str, embedded: list[tuple[sqlite3.Row, bytes]]) -> tuple[list[int], int]:
-        """Store vectors for rows whose text is still what was embedded; the ids saved and the vector generation."""
-        table, fields = TIER_TABLE[tier].table, TIER_TABLE[tier].embedded
-        same_text = " AND ".join(f"{name} IS ?" for name in fields)
-
-        def work(conn: sqlite3.Connection) -> tuple[list[int], int]:
-            saved = []
-            for row, vector in embedded:
-                current = (row["id"], *(row[name] for name in fields))
-                if tier == "long":
-                    changed = conn.execute(
-                        f"UPDATE memory_longterm SET embedding = ? WHERE id = ? AND {same_text}", (vector, *current)
-                    ).rowcount
-                    stored = None  # the long tier keeps its vector in memory_longterm.embedding
-                else:
-                    stored = vector
-                    changed = conn.execute(
-                        f"SELECT count(*) FROM {table} WHERE id = ? AND {same_text}", current
-                    ).fetchone()[0]
-                if changed:
-                    conn.execute(
-                        "INSERT OR REPLACE INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?)",
-                        (tier, row["id"], model, stored),
-                    )
-                    saved.append(row["id"])
-            return saved, self.vector_generation(conn)
-
-        return self.write(work)
-
-    def count_missing_vectors(self, model: str) -> int:
-        return self.read(
-            lambda conn: sum(
-                conn.execute(
-                    f"SELECT count(*) FROM {tier.table} t LEFT JOIN memory_vector v "
-                    f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL",
-                    (tier.name, model),
-                ).fetchone()[0]
-                for tier in EMBEDDED_TIERS
-            )
-        )
-
-    def count_vectors(self, model: str) -> dict:
-        return self.read(
-            lambda conn: {
-                row[0]: row[1]
-                for row in conn.execute(
-                    "SELECT tier, count(*) FROM memory_vector WHERE model = ? GROUP BY tier", (model,)
-                )
-            }
-        )
-
-    def persona(self, conn: sqlite3.Connection, agent: str) -> sqlite3.Row | None:
-        return conn.execute(
-            "SELECT id, key, value, updated_at FROM memory_durable WHERE key = ?", ("persona/" + agent,)
-        ).fetchone()
-
-
 # ==== Embeddings (optional) ====
 
 QUERY_EMBED_TIMEOUT_S = 2.0  # past this, recall answers keyword-only (degraded) rather than wait
@@ -1267,12 +154,6 @@ WRITE_EMBED_TIMEOUT_S = 1.0  # a write waits this long for its row's vector (abo
 # embedded as they come) never reach it; a bulk import or a stalled embedder does. The worker embeds about
 # 200 rows/s on 2 cores (bench/recall_ab.py), so this is a few seconds behind.
 DEGRADED_BACKLOG_ROWS = 1000
-
-
-def embedding_text(tier: str, row: Any) -> str:
-    """What a row's vector is made of: its writer and topic carry signal (LoCoMo vector hit@5 +0.19)."""
-    agent, label, text = (row[name] for name in TIER_TABLE[tier].embedded)
-    return f"{agent} ({label}): {text}" if label else f"{agent}: {text}"
 
 
 def embed_missing(
@@ -1289,7 +170,7 @@ def embed_missing(
             rows = store.rows_missing_vectors(tier, embedder.model_id, batch)
             if not rows:
                 break
-            vectors = embedder.embed([embedding_text(tier, row) for row in rows])
+            vectors = embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
             saved, _ = store.save_vectors(tier, embedder.model_id, list(zip(rows, vectors)))
             done += len(saved)
             if progress:
@@ -1361,7 +242,7 @@ class EmbedWorker(threading.Thread):
         rows = self.store.rows_missing_vectors(tier, self.embedder.model_id, len(ids), ids)
         if not rows:
             return  # unchanged text keeps its vector
-        blobs = self.embedder.embed([embedding_text(tier, row) for row in rows])
+        blobs = self.embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
         saved, generation = self.store.save_vectors(tier, self.embedder.model_id, list(zip(rows, blobs)))
         for row, blob in zip(rows, blobs):
             if index is not None and row["id"] in saved:
@@ -1417,77 +298,12 @@ class EmbedWorker(threading.Thread):
 
 # ==== Operations ====
 
-TIERS = ("short", "long", "episodic", "durable")
-DEFAULT_TIERS = ("long", "short")
-SCOPES = ("own", "shared", "shared_except_self")
 KEYWORD_ONLY_REASON = "keyword-only recall: no embedder is loaded"
 RANKING_LEGS = {"recency": [], "keyword": ["keyword"], "vector": ["vector"], "hybrid": ["keyword", "vector"]}
 # Rows whose relevance is under this are left out of a recall that names no min_relevance: agents put what recall
 # returns straight into prompts, so an unrelated row there is a silent failure, not a harmless extra. The value
 # and its foreign-question rejection and hit@5 cost on the LoCoMo dev split: bench/RESULTS-locomo.md, "Honest recall".
 DEFAULT_MIN_RELEVANCE = 0.0
-
-
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-@dataclass
-class Stats:
-    """Counters since start; /v1/stats shows them so a green 200 is never mistaken for working recall."""
-
-    started: float = field(default_factory=time.time)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    calls: Counter = field(default_factory=Counter)
-    rejections: Counter = field(default_factory=Counter)
-    recall_hits: Counter = field(default_factory=Counter)
-    recall_empty: int = 0
-    duplicates_suppressed: int = 0
-    recent_rejections: list = field(default_factory=list)
-    requests: Counter = field(default_factory=Counter)  # (route, method, status) -> count
-    latency: dict = field(default_factory=dict)  # route -> [count per LATENCY_BUCKETS_S bucket..., +Inf, sum]
-
-    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
-        """Count one answered request and its latency, for /metrics."""
-        with self.lock:
-            self.requests[(route, method, status)] += 1
-            buckets = self.latency.setdefault(route, [0] * (len(LATENCY_BUCKETS_S) + 1) + [0.0])
-            buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
-            buckets[-1] += seconds
-
-    def count(self, counter: str, key: str, amount: int = 1) -> None:
-        with self.lock:
-            getattr(self, counter)[key] += amount
-
-    def reject(self, agent: str | None, operation: str, error: ServiceError, claimed: Any = None) -> None:
-        """Log and count a refused call: the caller (its token's holder when tokens are on), operation, reason."""
-        record = {"agent": agent, "operation": operation, "code": error.code, "reason": error.message}
-        if claimed is not None and claimed != agent:
-            record["claimed_agent"] = describe(claimed)
-        error.counted = True
-        log_event("rejected", **record)
-        with self.lock:
-            self.rejections[error.code] += 1
-            self.recent_rejections = [{"ts": utc_now(), **record}, *self.recent_rejections[:19]]
-
-    def record_recall(self, results: list[dict], suppressed: int) -> None:
-        """One recall's rows per tier, whether it found nothing, and the duplicates it collapsed."""
-        with self.lock:
-            self.duplicates_suppressed += suppressed
-            self.recall_hits.update(r["tier"] for r in results)
-            self.recall_empty += not results
-
-    def snapshot(self) -> dict:
-        with self.lock:
-            return {
-                "uptime_s": round(time.time() - self.started, 1),
-                "calls": dict(self.calls),
-                "rejections": dict(self.rejections),
-                "recent_rejections": list(self.recent_rejections),
-                "recall_hits": dict(self.recall_hits),
-                "recall_empty": self.recall_empty,
-                "duplicates_suppressed": self.duplicates_suppressed,
-                "answered_503": sum(n for (_, _, status), n in self.requests.items() if status == 503),
-            }
 
 
 class Memory:
@@ -1498,8 +314,8 @@ class Memory:
         self.rerank = rerank
         self.embedder = embedder
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
-        self.stats = Stats()
-        self.activity = solos_status.Activity()
+        self.stats = solos_telemetry.Stats()
+        self.activity = solos_status.Activity(store)
         self.vectors = solos_rank.VectorIndex(embedder.model_id, [t.name for t in EMBEDDED_TIERS]) if embedder else None
         self.common_words = solos_rank.CommonWords(store)
         self.worker = EmbedWorker(store, embedder) if embedder else None
@@ -1508,7 +324,8 @@ class Memory:
         self.mirror: solos_qdrant.Mirror | None = None
         if self.worker:
             self.worker.start()
-        self.dataspace = solos_dataspace.Dataspace(store)
+        self.scrubber = solos_forget.Scrubber(store)
+        self.events = solos_events.EventHub(store, self.scrubber)
 
     def embedder_state(self) -> dict:
         """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall."""
@@ -1535,7 +352,7 @@ class Memory:
         if self.worker and tier is not None and row_id is not None:
             self.worker.embed_written(tier, row_id, self.vectors)
             self.worker.wake.set()  # as before: a write also has the fleet's direct writes looked for
-        self.dataspace.wake()
+        self.events.wake()
 
     def embed_query(self, text: str) -> tuple[Any, str | None]:
         """The query's vector, or None and why (no embedder, still busy, failed, timed out)."""
@@ -1557,7 +374,8 @@ class Memory:
         return np.frombuffer(blob, dtype="<f4"), None
 
     def close(self) -> None:
-        self.dataspace.stop()
+        self.activity.close()
+        self.events.stop()
         if self.worker:
             self.worker.stop()
         if self.query_pool:
@@ -1584,9 +402,12 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     ranking was unavailable (the embedder: keyword-only) and says why.
     Identical texts are collapsed and counted in `suppressed_duplicates`.
     """
+    started = time.perf_counter()
     plan = plan_recall(memory, args)
     found, ranked = memory.store.read(lambda conn: rank(memory, plan, conn))
-    return present(memory, plan, found, ranked)
+    answer = present(memory, plan, found, ranked)
+    memory.activity.recalled(plan.caller, [r["agent"] for r in answer["results"]], time.perf_counter() - started)
+    return answer
 
 
 @dataclass(frozen=True)
@@ -1611,8 +432,9 @@ class RecallPlan:
 
 @dataclass
 class Gathered:
-    """What one read found: the persona, each leg's candidates, and the ranking they allow."""
+    """What one read found: who may see what, the persona, each leg's candidates, and the ranking they allow."""
 
+    seen: Visibility
     persona: list[dict]
     candidates: dict[tuple[str, int], dict]
     similar: dict[tuple[str, int], float]
@@ -1627,13 +449,12 @@ def plan_recall(memory: Memory, args: dict) -> RecallPlan:
     """Check the request against the rules, parse the question, embed it if the embedder may rank."""
     caller, k, scope = args["agent"], args["k"], args["scope"]
     tiers = tuple(dict.fromkeys(args["tiers"] or DEFAULT_TIERS))
-    if "durable" in tiers and scope == "shared_except_self":
-        raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
+    refuse_foreign_persona(tiers, scope)
     searched = [TIER_TABLE[tier] for tier in tiers if tier != "durable"]
     if args["archive"]:
         if "episodic" not in tiers:
             raise BadRequest("archive=true searches archived episodic rows: add episodic to tiers", "archive")
-        searched.append(TIER_TABLE[solos_lifecycle.ARCHIVE_TIER])
+        searched.append(TIER_TABLE[solos_store.ARCHIVE_TIER])
     query = args["q"] or ""
     words = solos_rank.query_words(query)
     match = solos_rank.make_fts_query(words)
@@ -1667,8 +488,9 @@ def plan_recall(memory: Memory, args: dict) -> RecallPlan:
 
 def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gathered:
     """Every candidate both legs find, in one read snapshot, already filtered by scope, sharing and expiry."""
-    store, caller, scope = memory.store, plan.caller, plan.scope
+    store, caller = memory.store, plan.caller
     Store.require_agent(conn, caller)
+    seen = Visibility.read(conn, caller, plan.scope)
     persona = []
     if "durable" in plan.tiers and not plan.tags:  # a persona has no tags
         row = store.persona(conn, caller)
@@ -1676,13 +498,13 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
             persona.append(solos_rank.durable_result(row, caller))
     if plan.match is None:
         if plan.query.strip():  # words-free text (only punctuation): nothing can match
-            return Gathered(persona, {}, {}, plan.ranking)
+            return Gathered(seen, persona, {}, {}, plan.ranking)
         recent = {
             (tier.name, row["id"]): solos_rank.tier_result(tier, row, caller)
             for tier in plan.searched
-            for row in store.recent_rows(conn, tier, caller, scope, plan.depth, plan.tags)
+            for row in store.recent_rows(conn, tier, seen, plan.depth, plan.tags)
         }
-        return Gathered(persona, recent, {}, plan.ranking)
+        return Gathered(seen, persona, recent, {}, plan.ranking)
     ranking, vectors = plan.ranking, memory.vectors
     names = [tier.name for tier in plan.searched]
     if plan.vector is not None and vectors is not None:
@@ -1696,8 +518,7 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
             store,
             conn,
             plan.searched,
-            caller,
-            scope,
+            seen,
             plan.match,
             plan.words,
             plan.depth,
@@ -1707,17 +528,16 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
         )
     similar: dict[tuple[str, int], float] = {}
     if ranking in ("vector", "hybrid") and vectors is not None:
-        sharing = store.sharing_agents(conn)
-        similar = solos_rank.vector_candidates(vectors, plan.vector, plan.searched, caller, scope, sharing, plan.depth)
+        similar = solos_rank.vector_candidates(vectors, plan.vector, plan.searched, seen, plan.depth)
         for tier in plan.searched:  # rows only the vector leg found, read through the same SQL filters
             missing = [row_id for (name, row_id) in similar if name == tier.name and (name, row_id) not in candidates]
-            for row in store.rows_by_id(conn, tier, caller, scope, missing, plan.tags) if missing else ():
+            for row in store.rows_by_id(conn, tier, seen, missing, plan.tags) if missing else ():
                 candidates[(tier.name, row["id"])] = {**solos_rank.tier_result(tier, row, caller), "keyword": None}
     if vectors is not None:
-        found = Gathered(persona, candidates, similar, ranking, around)
+        found = Gathered(seen, persona, candidates, similar, ranking, around)
         found.without_vector = vectors.lacking(list(candidates))
         return found
-    return Gathered(persona, candidates, similar, ranking, around)
+    return Gathered(seen, persona, candidates, similar, ranking, around)
 
 
 def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Gathered, list[dict]]:
@@ -1730,7 +550,7 @@ def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Ga
         return found, fused.rows
     vectors = memory.vectors if found.ranking == "hybrid" else None
     ranked, found.rerank_failure = solos_rank.rerank(
-        memory.store, conn, plan, fused, vectors, found.around, memory.rerank
+        memory.store, conn, plan, found.seen, fused, vectors, found.around, memory.rerank
     )
     found.reranked = memory.rerank and found.rerank_failure is None
     return found, ranked
@@ -1767,7 +587,6 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
     if audit:
         memory.store.record_audit(plan.caller, audit)
     memory.stats.record_recall(results, len(collapsed))
-    memory.activity.recalled(plan.caller, [r["agent"] for r in results])
     reason = "; ".join(why for why in (plan.reason, found.rerank_failure) if why) or None
     return {
         "agent": plan.caller,
@@ -1856,7 +675,8 @@ def op_read_audit(memory: Memory, args: dict) -> dict:
 
 
 def op_read_stats(memory: Memory, args: dict) -> dict:
-    """Counts per tier, embed backlog, degraded state, counters, and agents' writes and recalls (hour, day).
+    """Counts per tier, embed backlog, degraded state, counters, agents' writes and recalls (hour, day, and
+    per hour with recall latency), and the daily jobs' last runs.
 
     An agent sees its own recent rejections and activity only; the operator view (the operator token, or
     no agent named under loopback trust) sees everyone's.
@@ -1873,10 +693,11 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "vectors": memory.store.count_vectors(embedder.model_id) if embedder else {},
         "embed_error": memory.worker.last_error if memory.worker else None,
         **memory.embedder_state(),
-        "activity": memory.activity.snapshot(memory.store.writes_by_agent(), args["agent"]),
+        "activity": memory.activity.snapshot(memory.store.writes_by_hour(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
-        **memory.store.read(solos_lifecycle.lifecycle_counts),
-        "event_streams": memory.dataspace.stats(),
+        **memory.store.read(solos_store.lifecycle_counts),
+        "event_streams": memory.events.stats(),
+        "jobs": memory.store.read(solos_jobs.status),
     }
 
 
@@ -2263,9 +1084,9 @@ OPERATIONS = {
         "forget",
         "DELETE",
         "/v1/memory",
-        solos_dataspace.op_forget_memory,
-        object_schema({"agent": AGENT_SCHEMA, **solos_dataspace.FORGET_FIELDS}, ("agent", "tier", "id")),
-        result_schema(solos_dataspace.FORGET_OUTPUT),
+        solos_forget.op_forget_memory,
+        object_schema({"agent": AGENT_SCHEMA, **solos_forget.FORGET_FIELDS}, ("agent", "tier", "id")),
+        result_schema(solos_forget.FORGET_OUTPUT),
         writes=True,
         idempotent=True,  # a repeat answers the same (and runs the scrub again)
         destructive=True,
@@ -2275,9 +1096,9 @@ OPERATIONS = {
         "read_events",
         "GET",
         "/v1/events",
-        solos_dataspace.op_read_events,
-        object_schema(solos_dataspace.event_fields(AGENT_SCHEMA, TAGS_SCHEMA, TIERS, SCOPES, DEFAULT_TIERS)),
-        result_schema(solos_dataspace.EVENTS_OUTPUT),
+        solos_events.op_read_events,
+        object_schema(solos_events.event_fields(AGENT_SCHEMA, TAGS_SCHEMA, TIERS, SCOPES, DEFAULT_TIERS)),
+        result_schema(solos_events.EVENTS_OUTPUT),
         writes=False,
         idempotent=True,
         title="What changed since an event id",
@@ -2334,6 +1155,11 @@ class Tokens:
         return found
 
 
+def validate_for(name: str, args: dict) -> dict:
+    """An operation's argument check, for the modules that write rows outside a request (import-qdrant)."""
+    return check_args(OPERATIONS[name].input_schema, args)
+
+
 def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, headers: Mapping[str, str]) -> dict:
     """Authenticate, validate and run one operation; count and log refusals.
 
@@ -2377,6 +1203,12 @@ def status_for(result: dict) -> int:
 
 def degraded_header(result: dict) -> dict[str, str]:
     return {"X-Memory-Degraded": "true" if result["degraded"] else "false"} if "degraded" in result else {}
+
+
+def http_head(status: int, fields: Mapping[str, str]) -> bytes:
+    """A response's status line and header fields: every answer's head, sent in one write with its body."""
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", *(f"{name}: {value}" for name, value in fields.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class MemoryHandler(BaseHTTPRequestHandler):
@@ -2427,19 +1259,14 @@ class MemoryHandler(BaseHTTPRequestHandler):
         content_type: str = "application/json",
     ) -> None:
         body = payload if isinstance(payload, bytes) else b"" if payload is None else json.dumps(payload).encode()
-        lines = [
-            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-            f"Server: {self.server_version}",
-            f"Date: {self.date_time_string()}",
-        ]
+        fields = {"Server": self.server_version, "Date": self.date_time_string()}
         if body or status not in (202, 204):
-            lines.append(f"Content-Type: {content_type}")
-        lines.append(f"Content-Length: {len(body)}")
-        for name, value in (headers or {}).items():
-            lines.append(f"{name}: {value}")
+            fields["Content-Type"] = content_type
+        fields["Content-Length"] = str(len(body))
+        fields.update(headers or {})
         if self.close_connection:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            fields["Connection"] = "close"
+        head = http_head(status, fields)
         self.status_sent = status
         self.count_request()  # before the write: a client that reads /metrics next must see this one
         # One write: headers and body in separate segments meet Nagle + delayed ACK (~40 ms).
@@ -2473,29 +1300,10 @@ class MemoryHandler(BaseHTTPRequestHandler):
                     raise Forbidden(refusal, "Host" if refusal.startswith("Host") else "Origin")
             body = self.read_body()
             self.server.forget(self.connection)  # working: not to be evicted
-            if url.path in SERVICE_DOCUMENTS:
-                self.only(("GET", "HEAD"))
-                content_type, produce = SERVICE_DOCUMENTS[url.path]
-                self.respond(200, produce(self.server), content_type=content_type)
-            elif url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
-                solos_dataspace.serve_stream(self, url.query)
-            elif url.path in STATUS_PAGES:  # what /v1/stats shows the same caller, readable
-                self.only(("GET", "HEAD"))
-                server = self.server
-                stats = lambda auth: invoke(server.memory, server.tokens, OPERATIONS["stats"], {}, auth)  # noqa: E731
-                page = solos_status.serve_page(self.headers.get("Authorization"), stats, server.health, Unauthorized)
-                self.respond(*page, content_type="text/html; charset=utf-8")
-            elif url.path == "/mcp":
-                if self.server.tokens is not None and self.command == "POST":
-                    # Refuse at the door, not per tool: Hermes then reports the server as not connected
-                    # instead of connecting and tripping its circuit breaker on failed calls.
-                    self.server.tokens.agent_for(self.headers.get("Authorization"))
-                status, headers, reply = self.server.bridge.handle(
-                    self.command, cast(Mapping[str, str], self.headers), body
-                )
-                self.respond(status, reply or None, headers, headers.pop("Content-Type", "application/json"))
+            if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
+                self.serve_stream(url.query)
             else:
-                self.call_operation(url.path, url.query, body)
+                SERVED.get(url.path, MemoryHandler.call_operation)(self, url, body)
         except ServiceError as error:
             if body is None:
                 self.close_connection = True  # what follows on the socket cannot be told from this body
@@ -2517,11 +1325,69 @@ class MemoryHandler(BaseHTTPRequestHandler):
                     ms=round((time.perf_counter() - started) * 1000, 2),
                 )
 
+    def serve_stream(self, query: str) -> None:
+        """GET /v1/events with Accept: text/event-stream: read_events' checks and filter, then events as they commit.
+
+        Refusals raise the service's errors (JSON 4xx/503, before any event byte).
+        A stream gives its connection slot back while it lasts: it counts against MAX_SUBSCRIBERS instead.
+        """
+        self.only(("GET",))
+        resume = self.headers.get("Last-Event-ID")  # a reconnecting EventSource: it wins over the URL's since
+        if resume is not None and not resume.strip().isdigit():
+            raise BadRequest(f"Last-Event-ID must be an event id (an integer), got {describe(resume)}", "Last-Event-ID")
+        op = OPERATIONS["read_events"]
+        pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if resume is None or k != "since"]
+        args = coerce_query(op.input_schema, pairs + ([("since", resume.strip())] if resume else []))
+        server = self.server
+        subscribe = dataclasses.replace(
+            op,
+            function=lambda memory, checked: {
+                "pattern": solos_events.event_pattern(memory, checked),
+                "since": checked["since"],
+            },
+        )
+        checked = invoke(server.memory, server.tokens, subscribe, args, cast(Mapping[str, str], self.headers))
+        subscriber = server.memory.events.subscribe(checked["pattern"], self.connection)
+        if subscriber is None:
+            raise Busy(f"{server.memory.events.max_subscribers} event streams are open; that is the cap")
+        self.close_connection = True
+        server.unslot(self.connection)
+        self.status_sent = 200
+        self.count_request()
+        fields = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store"}
+        head = http_head(200, {**fields, "X-Accel-Buffering": "no", "Connection": "close"})
+        server.memory.events.stream(subscriber, checked["since"], self.wfile.write, head)
+
     def only(self, methods: tuple[str, ...]) -> None:
         if self.command not in methods:
             raise MethodNotAllowed(f"{self.command} is not allowed on {urlsplit(self.path).path}", list(methods))
 
-    def call_operation(self, path: str, query: str, body: bytes) -> None:
+    def serve_document(self, url: SplitResult, body: bytes) -> None:
+        """/health, /openapi.json, /metrics: documents about the service itself."""
+        self.only(("GET", "HEAD"))
+        content_type, produce = SERVICE_DOCUMENTS[url.path]
+        self.respond(200, produce(self.server), content_type=content_type)
+
+    def serve_status(self, url: SplitResult, body: bytes) -> None:
+        """The status page: what /v1/stats shows the same caller, readable."""
+        self.only(("GET", "HEAD"))
+        server = self.server
+        stats = lambda auth: invoke(server.memory, server.tokens, OPERATIONS["stats"], {}, auth)  # noqa: E731
+        page = solos_status.serve_page(self.headers.get("Authorization"), stats, server.health, Unauthorized)
+        self.respond(*page, content_type="text/html; charset=utf-8")
+
+    def serve_mcp(self, url: SplitResult, body: bytes) -> None:
+        """/mcp: the bridge answers from the same operation table."""
+        if self.server.tokens is not None and self.command == "POST":
+            # Refuse at the door, not per tool: Hermes then reports the server as not connected
+            # instead of connecting and tripping its circuit breaker on failed calls.
+            self.server.tokens.agent_for(self.headers.get("Authorization"))
+        status, headers, reply = self.server.bridge.handle(self.command, cast(Mapping[str, str], self.headers), body)
+        self.respond(status, reply or None, headers, headers.pop("Content-Type", "application/json"))
+
+    def call_operation(self, url: SplitResult, body: bytes) -> None:
+        """/v1/...: one operation of the table, its arguments from the query (GET, DELETE) or the JSON body."""
+        path, query = url.path, url.query
         op = ROUTES.get((self.command, path))
         if op is None:
             allowed = [method for method, route in ROUTES if route == path]
@@ -2555,8 +1421,8 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 raise LengthRequired("chunked bodies are not accepted; send Content-Length", "Content-Length")
             raise BadRequest("Transfer-Encoding is not accepted; send Content-Length", "Transfer-Encoding")
         lengths = self.headers.get_all("Content-Length") or []
-        if not lengths:
-            if self.command in ("POST", "PUT", "PATCH"):
+        if not lengths:  # no route takes a PATCH: one without a body gets 405 with Allow, not 411
+            if self.command in ("POST", "PUT"):
                 raise LengthRequired(f"a {self.command} needs a body with Content-Length", "Content-Length")
             return b""
         if len(lengths) > 1 or "," in lengths[0]:  # even "N, N", which RFC 9110 lets a server accept: one framing
@@ -2603,137 +1469,25 @@ ERROR_SCHEMA = {
 }
 
 
-def openapi_document(operations: Mapping[str, Operation]) -> dict:
-    """OpenAPI 3.1 for /v1, generated from the operation table so it cannot drift."""
-    paths: dict[str, dict] = {
-        "/health": {
-            "get": {
-                "operationId": "health",
-                "summary": "Liveness, auth mode and degraded state",
-                "responses": {
-                    "200": {"description": "Up", "content": {"application/json": {"schema": {"type": "object"}}}}
-                },
-            }
-        }
-    }
-    errors = {
-        str(status): {"description": phrase, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
-        for status, phrase in (
-            (400, "A field is missing or invalid; the error names it"),
-            (401, "Tokens are enabled and the token is missing or unknown"),
-            (403, "Not allowed for this agent"),
-            (404, "No such row"),
-            (409, "Idempotency key reused for another event"),
-            (413, "Body over the size cap"),
-            (415, "Body is not application/json"),
-            (422, "The agent is not registered"),
-            (503, "Database locked past the retry budget; see Retry-After"),
-        )
-    }
-    for op in operations.values():
-        spec: dict[str, Any] = {
-            "operationId": op.name,
-            "summary": op.title,
-            "description": op.description,
-            "responses": {
-                "200": {"description": "OK", "content": {"application/json": {"schema": op.output_schema}}},
-                **errors,
-            },
-        }
-        if op.name == "read_events":
-            spec["responses"]["200"]["content"]["text/event-stream"] = {"schema": {"type": "string"}}
-        if op.writes and op.method == "POST":
-            spec["responses"]["201"] = {
-                "description": "Created",
-                "content": {"application/json": {"schema": op.output_schema}},
-            }
-        if op.method in ("GET", "DELETE"):
-            spec["parameters"] = [
-                {
-                    "name": name,
-                    "in": "query",
-                    "required": name in op.input_schema["required"],
-                    "schema": schema,
-                    **({"style": "form", "explode": False} if schema["type"] == "array" else {}),
-                }
-                for name, schema in op.input_schema["properties"].items()
-            ]
-        else:
-            spec["requestBody"] = {"required": True, "content": {"application/json": {"schema": op.input_schema}}}
-        paths.setdefault(op.path, {})[op.method.lower()] = spec
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "solos-memory",
-            "version": __version__,
-            "description": "Shared, attributed memory for an agent fleet. MCP is served at /mcp.",
-        },
-        "servers": [{"url": "/"}],
-        "paths": paths,
-    }
-
-
-def label(value: Any) -> str:
-    """A Prometheus label value, escaped per the text exposition format (backslash, quote, newline)."""
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def metrics_text(server: MemoryServer) -> bytes:
-    """Prometheus text exposition: requests, latency, rejections, degraded state, rows per tier."""
-    stats, lines = server.memory.stats, []
-
-    def family(name: str, kind: str, help_text: str) -> None:
-        lines.extend([f"# HELP solos_memory_{name} {help_text}", f"# TYPE solos_memory_{name} {kind}"])
-
-    rows = server.memory.store.counts()["rows"]
-    with stats.lock:
-        requests, latency = dict(stats.requests), {k: list(v) for k, v in stats.latency.items()}
-        rejections, hits = dict(stats.rejections), dict(stats.recall_hits)
-        suppressed = stats.duplicates_suppressed
-    family("requests_total", "counter", "HTTP requests answered, by route, method and status.")
-    for (route, method, status), count in sorted(requests.items()):
-        lines.append(
-            f'solos_memory_requests_total{{route="{label(route)}",method="{label(method)}",status="{status}"}} {count}'
-        )
-    family("request_duration_seconds", "histogram", "Time from request line to response written.")
-    for route, buckets in sorted(latency.items()):
-        cumulative = 0
-        for bound, count in zip((*LATENCY_BUCKETS_S, "+Inf"), buckets[:-1]):
-            cumulative += count
-            lines.append(
-                f'solos_memory_request_duration_seconds_bucket{{route="{label(route)}",le="{bound}"}} {cumulative}'
-            )
-        lines.append(f'solos_memory_request_duration_seconds_sum{{route="{label(route)}"}} {buckets[-1]:.6f}')
-        lines.append(f'solos_memory_request_duration_seconds_count{{route="{label(route)}"}} {cumulative}')
-    family("rejections_total", "counter", "Refused calls by reason (error code).")
-    for reason, count in sorted(rejections.items()):
-        lines.append(f'solos_memory_rejections_total{{reason="{label(reason)}"}} {count}')
-    family("recall_hits_total", "counter", "Rows returned by recall, by tier.")
-    for tier, count in sorted(hits.items()):
-        lines.append(f'solos_memory_recall_hits_total{{tier="{label(tier)}"}} {count}')
-    family("duplicates_suppressed_total", "counter", "Identical texts collapsed out of recall results.")
-    lines.append(f"solos_memory_duplicates_suppressed_total {suppressed}")
-    family("degraded", "gauge", "1 while recall is not full hybrid (no embedder, or rows without vectors).")
-    lines.append(f"solos_memory_degraded {int(server.memory.embedder_state()['degraded'])}")
-    family("rows", "gauge", "Rows per tier (short: live only).")
-    for tier, count in rows.items():
-        lines.append(f'solos_memory_rows{{tier="{label(tier)}"}} {count}')
-    streams = server.memory.dataspace.stats()
-    family("event_streams", "gauge", "Open event streams.")
-    lines.append(f"solos_memory_event_streams {streams['open']}")
-    family("event_cache_bytes", "gauge", "Encoded events kept for the streams (bounded by bytes).")
-    lines.append(f"solos_memory_event_cache_bytes {streams['cache_bytes']}")
-    lines.extend(solos_qdrant.metrics_lines(solos_qdrant.mirror_status(server.memory.store, server.memory.mirror)))
-    return ("\n".join(lines) + "\n").encode()
-
-
 # Documents about the service itself, served on GET next to the operations.
 SERVICE_DOCUMENTS: dict[str, tuple[str, Callable[[MemoryServer], Any]]] = {
     "/health": ("application/json", lambda server: server.health()),
-    "/openapi.json": ("application/json", lambda server: openapi_document(OPERATIONS)),
-    "/metrics": ("text/plain; version=0.0.4; charset=utf-8", metrics_text),
+    "/openapi.json": (
+        "application/json",
+        lambda server: solos_telemetry.openapi_document(OPERATIONS, __version__, ERROR_SCHEMA),
+    ),
+    "/metrics": (
+        "text/plain; version=0.0.4; charset=utf-8",
+        lambda server: solos_telemetry.metrics_text(server.memory),
+    ),
 }
 STATUS_PAGES = ("/", "/status")  # the operator's page (solos_status.py)
+# Paths that are not operations, and who serves them; any other path is an operation's (ROUTES) or a 404.
+SERVED: dict[str, Callable[[MemoryHandler, SplitResult, bytes], None]] = {
+    **dict.fromkeys(SERVICE_DOCUMENTS, MemoryHandler.serve_document),
+    **dict.fromkeys(STATUS_PAGES, MemoryHandler.serve_status),
+    "/mcp": MemoryHandler.serve_mcp,
+}
 KNOWN_PATHS = {*SERVICE_DOCUMENTS, *STATUS_PAGES, "/mcp", *(op.path for op in OPERATIONS.values())}
 
 
@@ -2764,6 +1518,7 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
     hold: solos_snapshot.Hold | None = None  # the lock a restore checks; released once the database is closed
+    memory: Memory
 
     def __init__(self, config: Config, memory: Memory, tokens: Tokens | None):
         self.address_family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
@@ -2816,11 +1571,8 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
         self.memory.stats.count("rejections", "too_many_connections")
         error = Busy("too many connections are working; retry shortly")
         body = json.dumps(error_body(error)).encode()
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            f"Retry-After: {error.retry_after_s}\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        return head.encode() + body
+        fields = {"Content-Type": "application/json", "Connection": "close", **error.headers()}
+        return http_head(503, {**fields, "Content-Length": str(len(body))}) + body
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A dropped connection is one log line; anything else keeps its traceback in the log."""
@@ -3163,7 +1915,7 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
     """agents, purge, reindex, snapshot, restore: short transactions against the shared database."""
     if args.command in solos_snapshot.COMMANDS:  # before open_store: restore checks before touching --db
         migrate = lambda path: Store(str(path), config.busy_timeout_ms, admin=True).migrate()  # noqa: E731
-        log_event(args.command, **solos_snapshot.run_command(args, SCHEMA_VERSION, migrate))
+        log_event(args.command, **solos_snapshot.run_command(args, solos_store.SCHEMA_VERSION, migrate))
         return 0
     if args.command == "agents" and args.agents_command == "add":
         added = register_agents(config, args.names)
@@ -3174,13 +1926,16 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         if args.command == "agents":
             print("\n".join(store.list_agents()))
         elif args.command == "purge":
-            rows = store.purge_expired()
-            log_event("purged", rows=rows, archived=solos_lifecycle.archive_episodic(store, args.archive_after_days))
+            rows = solos_jobs.recorded(config.db, "purge", store.purge_expired)
+            archived = solos_jobs.recorded(
+                config.db, "archive", lambda: solos_lifecycle.archive_episodic(store, args.archive_after_days)
+            )
+            log_event("purged", rows=rows, archived=archived)
         elif args.command == "reindex":
             store.reindex()
             log_event("reindexed", tables=list(FTS_TABLES))
         elif args.command in solos_qdrant.COMMANDS:
-            return solos_qdrant.run_command(args, store, config.qdrant)
+            return solos_qdrant.run_command(args, store, config.qdrant, validate_for)
         elif args.command == "backfill":
             return backfill(store, config, args.batch)
     finally:

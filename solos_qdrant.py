@@ -49,6 +49,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import solos_rank
+import solos_store
 
 COLLECTION = "long_term"
 BATCH = 256  # points per scroll page and per import or drain transaction
@@ -60,11 +61,11 @@ SERVICE_MARK = "solos-memory"  # payload.written_by on points the service wrote
 TEXT_FIELDS = ("content", "fact", "text", "memory")  # where each payload shape keeps the text
 LEGACY_TEXT_LIMIT = 2_000  # the old node cut text here; such points are tagged maybe-truncated
 MAX_INT_ID = 2**64 - 1  # Qdrant's integer ids are unsigned 64-bit
-# A forgotten fact's outbox entry holds this plus the text's sha256 instead of the text.
-# The API refuses NUL in a fact, so no fact the service stores starts with it.
-HASH_ONLY = "\x00sha256:"
 PRIVATE_EVENT = "qdrant_private_memory"  # event_type of a private point imported with --import-private
 NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+
+
+Validate = Callable[[str, dict], dict]  # (operation, arguments) -> checked arguments, or BadRequest
 
 
 class QdrantUnavailable(Exception):
@@ -144,10 +145,16 @@ def attribute(payload: dict) -> tuple[str | None, str | None]:
 
 
 def import_points(
-    store: Any, target: Target, progress: Callable[[Counter], None] | None = None, *, private: bool = False
+    store: Any,
+    target: Target,
+    validate: Validate,
+    progress: Callable[[Counter], None] | None = None,
+    *,
+    private: bool = False,
 ) -> Counter:
     """Bring the collection's attributable points into the service; return counts by outcome.
 
+    validate(operation, arguments) checks a row as that operation's schema would (BadRequest if not).
     private: points with `memory_scope: private` become their agent's own episodic rows (else left out).
     """
     client = connect(target)
@@ -162,7 +169,9 @@ def import_points(
             )
             batch = [(str(p.id), p.payload or {}) for p in points]
             counts.update(
-                store.write(lambda conn, batch=batch: import_batch(conn, target.collection, batch, private=private))
+                store.write(
+                    lambda conn, batch=batch: import_batch(conn, target.collection, batch, validate, private=private)
+                )
             )
             if progress:
                 progress(counts)
@@ -172,7 +181,9 @@ def import_points(
         client.close()
 
 
-def import_batch(conn: Any, collection: str, points: list[tuple[str, dict]], *, private: bool = False) -> Counter:
+def import_batch(
+    conn: Any, collection: str, points: list[tuple[str, dict]], validate: Validate, *, private: bool = False
+) -> Counter:
     """One page of points, in one transaction: import, pass over, or record why it is left out."""
     registered = {row[0] for row in conn.execute("SELECT agent FROM agent_registry")}
     counts: Counter = Counter()
@@ -192,7 +203,7 @@ def import_batch(conn: Any, collection: str, points: list[tuple[str, dict]], *, 
             "AND reason IS NOT 'imported_private'",
             (collection, pid),
         )
-        outcome, row_id = import_point(conn, collection, pid, payload, agent, text, registered, private)
+        outcome, row_id = import_point(conn, collection, pid, payload, agent, text, registered, private, validate)
         conn.execute(
             "INSERT INTO qdrant_import (collection, point_id, content_sha256, row_id, reason) VALUES (?, ?, ?, ?, ?)",
             (collection, pid, digest, row_id, None if row_id is not None else outcome.removeprefix("left_out:")),
@@ -210,10 +221,9 @@ def import_point(
     text: str | None,
     registered: set[str],
     private: bool,
+    validate: Validate,
 ) -> tuple[str, int | None]:
     """(outcome, long row id or None): the point imported as a fact, as a private episode, or why it is left out."""
-    import solos_memory
-
     if payload.get("written_by") == SERVICE_MARK:
         return "left_out:written_by_service", None  # the service's own copy of a row it holds
     if agent is None:
@@ -227,22 +237,22 @@ def import_point(
         return "left_out:private", None
     try:
         if is_private:
-            return import_private(conn, collection, pid, agent, text, payload), None
-        return import_fact(conn, collection, pid, agent, text, payload)
-    except solos_memory.BadRequest as refused:  # the API's own rule, as POST /v1/long would answer it
+            return import_private(conn, collection, pid, agent, text, payload, validate), None
+        return import_fact(conn, collection, pid, agent, text, payload, validate)
+    except solos_store.BadRequest as refused:  # the API's own rule, as POST /v1/long would answer it
         return f"left_out:invalid_{refused.field}", None
 
 
-def import_private(conn: Any, collection: str, pid: str, agent: str, text: str, payload: dict) -> str:
+def import_private(
+    conn: Any, collection: str, pid: str, agent: str, text: str, payload: dict, validate: Validate
+) -> str:
     """A private point as its agent's own episodic row: others read it only if the agent opts in to sharing."""
-    import solos_memory
-
     shares = conn.execute("SELECT shared FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
     if shares and shares[0]:
         return "left_out:private_agent_shares_episodic"
     topic = payload.get("topic") if isinstance(payload.get("topic"), str) and payload["topic"] else None
-    event = solos_memory.check_args(
-        solos_memory.OPERATIONS["write_episodic"].input_schema,
+    event = validate(
+        "write_episodic",
         {
             "agent": agent,
             "event_type": PRIVATE_EVENT,
@@ -258,13 +268,13 @@ def import_private(conn: Any, collection: str, pid: str, agent: str, text: str, 
     return "imported_private"
 
 
-def import_fact(conn: Any, collection: str, pid: str, agent: str, text: str, payload: dict) -> tuple[str, int]:
+def import_fact(
+    conn: Any, collection: str, pid: str, agent: str, text: str, payload: dict, validate: Validate
+) -> tuple[str, int]:
     """The row for this fact: the writer's existing one (same full text), else a new one keyed like write_long's.
 
     Its fields go through write_long's schema first: a point the API would refuse raises BadRequest.
     """
-    import solos_memory
-
     topic = payload.get("topic") if isinstance(payload.get("topic"), str) else None
     score = payload.get("importance_score", payload.get("confidence"))
     confidence = score if isinstance(score, (int, float)) and not isinstance(score, bool) and 0 <= score <= 1 else None
@@ -273,8 +283,8 @@ def import_fact(conn: Any, collection: str, pid: str, agent: str, text: str, pay
         tags.append(f"scope:{payload['memory_scope']}")
     if len(text) >= LEGACY_TEXT_LIMIT:
         tags.append("maybe-truncated")
-    fact = solos_memory.check_args(
-        solos_memory.OPERATIONS["write_long"].input_schema,
+    fact = validate(
+        "write_long",
         {
             "agent": agent,
             "topic": topic,
@@ -284,10 +294,10 @@ def import_fact(conn: Any, collection: str, pid: str, agent: str, text: str, pay
             "tags": tags,
         },
     )
-    existing = solos_memory.Store.known_long(conn, agent, text)
+    existing = solos_store.Store.known_long(conn, agent, text)
     if existing is not None:
         return "same_fact_already_stored", existing
-    row_id = solos_memory.Store.insert_long(
+    row_id = solos_store.Store.insert_long(
         conn, agent, fact["topic"], text, fact["source"], fact["confidence"], fact["tags"]
     )
     return "imported", row_id
@@ -485,9 +495,7 @@ class Mirror(threading.Thread):
                 raise RowUnsendable(
                     f"the collection wants {size}-dim vectors and the service has no embedder of that size"
                 )
-            label = f" ({row['topic']})" if row["topic"] else ""
-            text = f"{row['agent']}{label}: {row['fact']}"  # as the service embeds it (embedding_text)
-            blob = self.embedder.embed([text])[0]
+            blob = self.embedder.embed([solos_store.TIER_TABLE["long"].embedding_text(row)])[0]
         return list(struct.unpack(f"<{size}f", blob))
 
     def status(self, conn: Any) -> dict:
@@ -523,8 +531,10 @@ def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, 
             if row is None:
                 continue  # deleted since: its delete entry follows
             agent, digest = row["agent"], sha256(row["fact"])
-        elif (entry["fact"] or "").startswith(HASH_ONLY):  # a forgotten fact: keep_only_hash checked for twins
-            agent, digest, row = entry["agent"], entry["fact"][len(HASH_ONLY) :], None
+        elif (entry["fact"] or "").startswith(
+            solos_store.HASH_ONLY
+        ):  # a forgotten fact: keep_only_hash checked for twins
+            agent, digest, row = entry["agent"], entry["fact"][len(solos_store.HASH_ONLY) :], None
         else:
             agent, fact = entry["agent"], entry["fact"]
             digest = sha256(fact)
@@ -548,31 +558,6 @@ def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, 
     for pid in list(deletes):  # a deleted fact's imported point goes too
         deletes |= legacy.pop(pid, set())
     return upserts, deletes, {pid: ids - set(final) for pid, ids in legacy.items()}
-
-
-def keep_only_hash(conn: Any, row_id: int) -> None:
-    """After a forget, inside its transaction: the row's queued point delete keeps the text's hash, not the text.
-
-    So the text leaves the database with the WAL checkpoint, mirror running or
-    not. A writer's twin row (same text) keeps the point: the entry becomes its upsert.
-    """
-    entries = conn.execute(
-        "SELECT id, agent, fact FROM qdrant_outbox WHERE action = 'delete' AND row_id = ? AND fact IS NOT NULL",
-        (row_id,),
-    ).fetchall()
-    for entry_id, agent, fact in entries:
-        if fact.startswith(HASH_ONLY):
-            continue
-        twin = conn.execute(
-            "SELECT id FROM memory_longterm WHERE agent = ? AND fact = ? AND id != ? LIMIT 1", (agent, fact, row_id)
-        ).fetchone()
-        if twin is not None:
-            conn.execute(
-                "UPDATE qdrant_outbox SET action = 'upsert', row_id = ?, agent = NULL, fact = NULL WHERE id = ?",
-                (twin[0], entry_id),
-            )
-        else:
-            conn.execute("UPDATE qdrant_outbox SET fact = ? WHERE id = ?", (HASH_ONLY + sha256(fact), entry_id))
 
 
 def payload(row: Any) -> dict:
@@ -644,16 +629,8 @@ def start_mirror(store: Any, target: Target, embedder: Any) -> Mirror:
     return mirror
 
 
-def utc_now() -> str:
-    import solos_memory
-
-    return solos_memory.utc_now()
-
-
-def log(event: str, **fields: Any) -> None:
-    import solos_memory
-
-    solos_memory.log_event(event, **fields)
+utc_now = solos_store.utc_now
+log = solos_store.log_event
 
 
 # ==== CLI ====
@@ -708,16 +685,16 @@ def add_commands(commands: Any, env_default: Callable[[str, str | None], str | N
     return [imports, verify]
 
 
-def run_command(args: Any, store: Any, target: Target | None) -> int:
+def run_command(args: Any, store: Any, target: Target | None, validate: Validate) -> int:
     if target is None:
         log("failed", command=args.command, reason="give --qdrant-url or --qdrant-path")
         return 1
     if args.command == "qdrant-verify":
         return run_verify(store, target)
-    return run_import(store, target, private=args.import_private)
+    return run_import(store, target, validate, private=args.import_private)
 
 
-def run_import(store: Any, target: Target, *, private: bool = False) -> int:
+def run_import(store: Any, target: Target, validate: Validate, *, private: bool = False) -> int:
     """import-qdrant: progress on stderr, the counts as one JSON line; exit 1 if Qdrant cannot be read."""
     started = time.monotonic()
 
@@ -726,7 +703,7 @@ def run_import(store: Any, target: Target, *, private: bool = False) -> int:
         sys.stderr.flush()
 
     try:
-        counts = import_points(store, target, progress, private=private)
+        counts = import_points(store, target, validate, progress, private=private)
     except QdrantUnavailable as error:
         log("failed", command="import-qdrant", reason=str(error))
         return 1

@@ -194,8 +194,7 @@ def keyword_candidates(
     store: Any,
     conn: Any,
     tiers: Sequence[Any],
-    caller: str,
-    scope: str,
+    seen: Any,
     match: str,
     words: list[str],
     depth: int,
@@ -212,13 +211,13 @@ def keyword_candidates(
     content = [word for word in words if word not in STOP_WORDS]
     for tier in tiers:
         searched = tier_match(match, content, common.of(tier, content))
-        for row in store.ranked_rows(conn, tier, caller, scope, searched, depth, tags):
-            result = tier_result(tier, row, caller)
+        for row in store.ranked_rows(conn, tier, seen, searched, depth, tags):
+            result = tier_result(tier, row, seen.caller)
             result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in words else 1.0)
             candidates[(tier.name, row["id"])] = result
     threaded = [tier for tier in tiers if tier.threaded]
     for tier in threaded:
-        smooth_with_neighbours(store, conn, tier, caller, scope, candidates, around, tags)
+        smooth_with_neighbours(store, conn, tier, seen, candidates, around, tags)
     return candidates
 
 
@@ -237,8 +236,7 @@ def smooth_with_neighbours(
     store: Any,
     conn: Any,
     tier: Any,
-    caller: str,
-    scope: str,
+    seen: Any,
     keyword: dict[Key, dict],
     around: Around,
     tags: Sequence[str] = (),
@@ -259,8 +257,8 @@ def smooth_with_neighbours(
             if neighbour is not None:
                 borrowed[neighbour[1]] = max(borrowed.get(neighbour[1], 0.0), score)
     entering = [row_id for row_id in borrowed if row_id not in matched]
-    for row in store.rows_by_id(conn, tier, caller, scope, entering, tags) if entering else ():
-        keyword[(tier.name, row["id"])] = {**tier_result(tier, row, caller), "keyword": 0.0}
+    for row in store.rows_by_id(conn, tier, seen, entering, tags) if entering else ():
+        keyword[(tier.name, row["id"])] = {**tier_result(tier, row, seen.caller), "keyword": 0.0}
     for row_id, share in borrowed.items():
         if (tier.name, row_id) in keyword:
             keyword[(tier.name, row_id)]["keyword"] += NEIGHBOUR_KEYWORD_WEIGHT * share
@@ -473,33 +471,14 @@ class VectorIndex:
 
 
 def vector_candidates(
-    vectors: VectorIndex, query: Any, tiers: Sequence[Any], caller: str, scope: str, sharing: set[str], depth: int
+    vectors: VectorIndex, query: Any, tiers: Sequence[Any], seen: Any, depth: int
 ) -> dict[Key, float]:
-    """Cosine per tier among rows the scope (and, for opt-in tiers, the authors' sharing) allows."""
+    """Cosine per tier among rows the caller may see (`seen.mask`: scope and, for opt-in tiers, who shares)."""
     similar = {}
     for tier in tiers:
-        allowed = scope_mask(caller, scope, sharing | {caller} if tier.opt_in else None)
-        similar.update(
-            {(tier.name, row_id): cosine for row_id, cosine in vectors.search(tier.name, query, allowed, depth).items()}
-        )
+        found = vectors.search(tier.name, query, functools.partial(seen.mask, tier), depth)
+        similar.update({(tier.name, row_id): cosine for row_id, cosine in found.items()})
     return similar
-
-
-def scope_mask(caller: str, scope: str, readable: set[str] | None) -> Callable[[Any], Any]:
-    """The vector leg's filter over an array of writers: scope, then (opt-in tiers) who shares."""
-    import numpy as np
-
-    def allowed(agents: Any) -> Any:
-        mask = np.ones(len(agents), dtype=bool)
-        if scope == "own":
-            mask &= agents == caller
-        elif scope == "shared_except_self":
-            mask &= agents != caller
-        if readable is not None:
-            mask &= np.isin(agents, list(readable))
-        return mask.astype(bool)
-
-    return allowed
 
 
 # ==== Fusion ====
@@ -775,13 +754,20 @@ def logistic(logit: float) -> float:
 
 
 def rerank(
-    store: Any, conn: Any, plan: Any, fused: Fused, vectors: VectorIndex | None, around: Around, reorder: bool = True
+    store: Any,
+    conn: Any,
+    plan: Any,
+    seen: Any,
+    fused: Fused,
+    vectors: VectorIndex | None,
+    around: Around,
+    reorder: bool = True,
 ) -> tuple[list[dict], str | None]:
     """The first RERANK_DEPTH fused rows reordered by the reranker, and None; or, if it fails, the first pass
     as it was and why.
 
     `plan` is the recall's (searched tiers, caller, query, words, the query's
-    vector); `around` holds the topic neighbours already read (more join it);
+    vector), `seen` its solos_store.Visibility; `around` holds the topic neighbours already read (more join it);
     `vectors` is given for hybrid ranking, whose weights read the
     vector leg's score (of rows it did not rank too). A reranked row's
     `score` becomes the model's probability that it answers; rows below keep
@@ -796,7 +782,7 @@ def rerank(
     if not head:
         return fused.rows, None
     rows = dict(zip(fused.keys, fused.rows))
-    topic_context(store, conn, plan.searched, plan.caller, fused.keys[:RERANK_DEPTH], rows, around)
+    topic_context(store, conn, plan.searched, seen, fused.keys[:RERANK_DEPTH], rows, around)
     cosines = None if vectors is None else (lambda keys: vectors.similarity(plan.vector, keys))
     try:
         question = Question.of(plan.query, plan.words, [result["agent"] for result in fused.rows])
@@ -840,7 +826,7 @@ def calibrated_relevance(weights: tuple[float, ...], logit: float, question: Que
 
 
 def topic_context(
-    store: Any, conn: Any, tiers: Sequence[Any], caller: str, keys: list[Key], rows: dict, around: Around
+    store: Any, conn: Any, tiers: Sequence[Any], seen: Any, keys: list[Key], rows: dict, around: Around
 ) -> None:
     """The previous and next fact of each long fact's topic, into `around` if the keyword leg did not read them;
     those not among `rows` (the candidates) join it.
@@ -857,7 +843,7 @@ def topic_context(
             read_neighbours(store, conn, tier, unknown, around)
         head = [around[key] for key in keys if key[0] == tier.name]
         unread = sorted({key[1] for pair in head for key in pair if key and key not in rows})
-        for row in store.rows_by_id(conn, tier, caller, "shared", unread) if unread else ():
+        for row in store.rows_by_id(conn, tier, seen.widened(), unread) if unread else ():
             rows[(tier.name, row["id"])] = {
                 "text": row[tier.text_column],
                 "agent": row["agent"],

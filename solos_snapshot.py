@@ -35,17 +35,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import solos_dataspace
+import solos_jobs
+import solos_store
 
 SNAPSHOT_KEEP = 7
 SNAPSHOT_FORMAT = "solos-memory-snapshot/1"
 # The tables whose row counts a manifest records.
+# Rows counted in each manifest: the fleet's tables, every tier's, and the retractions and events.
 COUNTED_TABLES = (
     "agent_registry",
     "memory_durable",
-    "memory_longterm",
-    "memory_episodic",
-    "memory_short",
+    *(tier.table for tier in solos_store.LIVE_TIERS),
     "memory_retraction",
     "memory_event",
 )
@@ -196,9 +196,7 @@ def open_readonly(path: Path) -> sqlite3.Connection:
 def describe_database(conn: sqlite3.Connection) -> dict:
     """What a manifest records about a database: schema version and fingerprint, row counts."""
     version = (
-        solos_dataspace.meta_value(conn, "schema_version")
-        if solos_dataspace.table_exists(conn, "solos_memory_meta")
-        else None
+        solos_store.meta_value(conn, "schema_version") if solos_store.table_exists(conn, "solos_memory_meta") else None
     )
     schema = sorted(
         "|".join(map(str, row))
@@ -208,11 +206,11 @@ def describe_database(conn: sqlite3.Connection) -> dict:
     )
     return {
         "schema_version": version,
-        "schema_sha256": solos_dataspace.sha256_text("\n".join(schema)),
+        "schema_sha256": solos_store.sha256_text("\n".join(schema)),
         "row_counts": {
             table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
             for table in COUNTED_TABLES
-            if solos_dataspace.table_exists(conn, table)
+            if solos_store.table_exists(conn, table)
         },
     }
 
@@ -275,10 +273,10 @@ def verify_chain(folder: Path) -> list[Link]:
 
 def read_anchor(conn: sqlite3.Connection) -> dict | None:
     """The chain head a database anchored (take_snapshot), or None."""
-    if not solos_dataspace.table_exists(conn, "solos_memory_meta"):
+    if not solos_store.table_exists(conn, "solos_memory_meta"):
         return None
     try:
-        anchor = json.loads(solos_dataspace.meta_value(conn, ANCHOR_KEY) or "null")
+        anchor = json.loads(solos_store.meta_value(conn, ANCHOR_KEY) or "null")
     except ValueError:
         return None
     return anchor if isinstance(anchor, dict) and isinstance(anchor.get("seq"), int) else None
@@ -385,7 +383,7 @@ def write_snapshot(
         try:
             described = describe_database(snapshot)
             after = previous[0]["last_retraction_id"] if previous else 0
-            retractions = solos_dataspace.retractions_after(snapshot, after)
+            retractions = solos_store.retractions_after(snapshot, after)
         finally:
             snapshot.close()
         manifest = {
@@ -429,10 +427,10 @@ def anchor_head(db: str, anchor: dict | None, busy_timeout_ms: int) -> list[str]
     try:
         conn = sqlite3.connect(db, isolation_level=None, timeout=busy_timeout_ms / 1000)
         try:
-            if not solos_dataspace.table_exists(conn, "solos_memory_meta"):
+            if not solos_store.table_exists(conn, "solos_memory_meta"):
                 return [f"{db} has no solos_memory_meta table (never served): the chain's head is not anchored"]
             conn.execute("BEGIN IMMEDIATE")
-            solos_dataspace.set_meta(conn, ANCHOR_KEY, json.dumps(anchor, sort_keys=True))
+            solos_store.set_meta(conn, ANCHOR_KEY, json.dumps(anchor, sort_keys=True))
             conn.execute("COMMIT")
         finally:
             conn.close()
@@ -588,13 +586,13 @@ def rebuild(
         conn.row_factory = sqlite3.Row
         try:
             conn.execute("BEGIN IMMEDIATE")
-            erased = sum(solos_dataspace.reapply(conn, retraction) for retraction in retractions)
+            erased = sum(solos_store.reapply(conn, retraction) for retraction in retractions)
             carry_forward(conn, carried, anchor_of(verified.chain[-1].manifest, verified.chain[-1].digest))
             conn.execute("COMMIT")
-            for fts in [name for names in solos_dataspace.KEYWORD_INDEX.values() for name in names]:
-                while solos_dataspace.merge_step(conn, fts) >= 2:
+            for fts in [name for names in solos_store.KEYWORD_INDEX.values() for name in names]:
+                while solos_store.merge_step(conn, fts) >= 2:
                     pass
-            solos_dataspace.scrubs_done(conn, solos_dataspace.queued_scrubs(conn))  # merged here, vacuumed next
+            solos_store.scrubs_done(conn, solos_store.queued_scrubs(conn))  # merged here, vacuumed next
             conn.execute("VACUUM")
             if conn.execute("PRAGMA journal_mode=delete").fetchone()[0] != "delete":  # all of it in the one file
                 raise SnapshotError("copy", f"{work.name} could not leave WAL mode")
@@ -606,7 +604,7 @@ def rebuild(
                     live.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
                     conn.backup(live)
                     live.execute("PRAGMA journal_mode=wal")
-                    solos_dataspace.checkpoint_truncate(live, busy_timeout_ms)
+                    solos_store.checkpoint_truncate(live, busy_timeout_ms)
                 finally:
                     live.close()
         finally:
@@ -653,7 +651,7 @@ def later_retractions(
         try:
             dropped = removed_after(verified.chain, read_anchor(conn), str(target))
             warnings += [f"{dropped}; its own retractions are re-applied"] if dropped else []
-            return retractions + solos_dataspace.retractions_after(conn, 0), carried_state(conn)
+            return retractions + solos_store.retractions_after(conn, 0), carried_state(conn)
         finally:
             conn.close()
     source = Path(str(verified.manifest.get("database") or ""))
@@ -669,7 +667,7 @@ def later_retractions(
                 dropped = removed_after(verified.chain, anchor, str(source))
                 if anchor is not None and anchor.get("chain") == head.manifest.get("chain"):
                     warnings += [f"{dropped}; {source}'s own retractions are re-applied"] if dropped else []
-                    return retractions + solos_dataspace.retractions_after(conn, 0), {}
+                    return retractions + solos_store.retractions_after(conn, 0), {}
                 reason = f"{source} does not anchor this chain"
             finally:
                 conn.close()
@@ -735,13 +733,13 @@ def carried_state(conn: sqlite3.Connection) -> dict:
     """What the replaced database hands on to the restored one (carry_forward writes it)."""
     row = (
         conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'memory_event'").fetchone()
-        if solos_dataspace.table_exists(conn, "sqlite_sequence")
+        if solos_store.table_exists(conn, "sqlite_sequence")
         else None
     )
     return {
         "event_seq": row[0] if row else 0,
         "anchor": read_anchor(conn),
-        "id_marks": solos_dataspace.row_id_marks(conn),
+        "id_marks": solos_store.row_id_marks(conn),
     }
 
 
@@ -754,7 +752,7 @@ def carry_forward(conn: sqlite3.Connection, carried: dict, head: dict | None) ->
     stay noticed). Row ids the replaced database handed out stay spent: the
     id marks never go back (schema.sql, "Row ids: never reused").
     """
-    solos_dataspace.mark_row_ids(conn, carried.get("id_marks"))
+    solos_store.mark_row_ids(conn, carried.get("id_marks"))
     event_seq = carried.get("event_seq", 0)
     if not conn.execute(
         "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'memory_event'", (event_seq,)
@@ -764,7 +762,7 @@ def carry_forward(conn: sqlite3.Connection, carried: dict, head: dict | None) ->
     if head is None or (before and before.get("chain") == head["chain"] and before["seq"] > head["seq"]):
         head = before
     if head:
-        solos_dataspace.set_meta(conn, ANCHOR_KEY, json.dumps(head, sort_keys=True))
+        solos_store.set_meta(conn, ANCHOR_KEY, json.dumps(head, sort_keys=True))
 
 
 # ==== CLI: snapshot and restore ====
@@ -797,7 +795,12 @@ def run_command(args: argparse.Namespace, schema_version: str, migrate: Callable
     """Run `snapshot` or `restore`; what it did, for the log line. SnapshotError names a failed check."""
     if args.command == "snapshot":
         folder = Path(args.dir) if args.dir else Path(args.db).absolute().parent / "snapshots"
-        return take_snapshot(args.db, folder, args.keep, args.busy_timeout_ms)
+        return solos_jobs.recorded(
+            args.db,
+            "snapshot",
+            lambda: take_snapshot(args.db, folder, args.keep, args.busy_timeout_ms),
+            lambda done: sum(done["rows"].values()),
+        )
     return restore_snapshot(
         Path(args.snapshot), Path(args.db), schema_version, args.busy_timeout_ms, migrate, args.force
     )

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from locomo_data import REPO, Conversation, Turn, score, summarise
 
 import solos_embed
-import solos_memory
 import solos_rank
+import solos_store
 
 CACHE = REPO / ".cache" / "locomo-vectors"
 FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"  # schema.sql's
@@ -218,7 +218,7 @@ def linear(legs: list[Scores], weights: list[float], depth: int = 100, how: str 
 
 # The long tier's keyword index: the service's columns (topic, fact, tags, agent) plus context, its weights.
 RECIPE_COLUMNS = [date_col, text_fact, tags_col, speaker_col, text_context(2, 0)]
-RECIPE_WEIGHTS = [float(w) for w in solos_memory.TIER_TABLE["long"].bm25_weights.split(",")]
+RECIPE_WEIGHTS = [float(w) for w in solos_store.TIER_TABLE["long"].bm25_weights.split(",")]
 NAME_BETA = solos_rank.NAME_BOOST - 1
 KEYWORD_GAMMA = solos_rank.NEIGHBOUR_KEYWORD_WEIGHT
 VECTOR_GAMMA = solos_rank.NEIGHBOUR_WEIGHT

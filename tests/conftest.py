@@ -277,3 +277,33 @@ def build_pyz(out: Path, root: Path = ROOT) -> Path:
 def pyz(tmp_path_factory) -> Path:
     """The archive of this tree, built once per run."""
     return build_pyz(tmp_path_factory.mktemp("pyz") / "solos-memory.pyz")
+
+
+# ==== A hermetic run: nothing is installed while the tests run ====
+
+VENVS = (ROOT / ".venv", ROOT / ".venv-hermes")  # the set-up's; a test that installs into one breaks the next run
+
+
+def installed_packages(venvs: tuple[Path, ...] = VENVS) -> set[str]:
+    """Every distribution in these venvs' site-packages, by its .dist-info folder name."""
+    return {
+        str(dist.relative_to(venv)) for venv in venvs for dist in venv.glob("lib/python*/site-packages/*.dist-info")
+    }
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[INSTALLED] = installed_packages()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if any package appeared or went during it (Hermes's lazy installer once added edge-tts)."""
+    before = session.config.stash.get(INSTALLED, None)
+    if before is None:
+        return
+    changed = installed_packages() ^ before
+    if changed:
+        sys.stderr.write(f"\nthe test run changed the installed packages: {sorted(changed)}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+INSTALLED = pytest.StashKey[set[str]]()

@@ -82,7 +82,9 @@ def write_profile(home: Path, url: str, headers: dict, timeout: float) -> None:
     server = {"url": url, "connect_timeout": timeout, "timeout": timeout}
     if headers:
         server["headers"] = headers
-    (home / "config.yaml").write_text(yaml.safe_dump({"mcp_servers": {SERVER_NAME: server}}))
+    # Lazy installs off: a test run installs nothing (Hermes pip-installs optional packages on first use).
+    config = {"mcp_servers": {SERVER_NAME: server}, "security": {"allow_lazy_installs": False}}
+    (home / "config.yaml").write_text(yaml.safe_dump(config))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import http.server
 import ipaddress
 import itertools
 import json
+import re
+import socket
 import sys
+import threading
+from contextlib import contextmanager
 
 import pytest
 from conftest import ROOT, skip_or_fail
@@ -15,6 +20,7 @@ import solos_memory
 import solos_rank
 
 CHECK_NAMES = ["loopback only", "health", "cross-agent echo", "long row delta", "mcp tools", "degraded mode"]
+NO_MESH = ["--a2a-ports", "none"]  # tests never ask the fleet's real 8300-8307
 
 
 def by_name(results: list[solos_check.CheckResult]) -> dict[str, solos_check.CheckResult]:
@@ -23,6 +29,12 @@ def by_name(results: list[solos_check.CheckResult]) -> dict[str, solos_check.Che
 
 def failed(results: list[solos_check.CheckResult]) -> list[str]:
     return [result.name for result in results if not result.ok]
+
+
+def table_row(line: str) -> tuple[str, str, str]:
+    """A printed line as (check, verdict, detail)."""
+    name, verdict, detail = re.split(r"\s{2,}", line, maxsplit=2)
+    return name, verdict, detail
 
 
 def check_rows(server) -> list[dict]:
@@ -36,11 +48,12 @@ def check_rows(server) -> list[dict]:
 
 
 def test_every_check_passes_against_a_live_service(server, capsys):
-    assert solos_check.main(["--url", server.url, "--writer", "atlas", "--reader", "sol"]) == 0
+    assert solos_check.main(["--url", server.url, "--writer", "atlas", "--reader", "sol", *NO_MESH]) == 0
     table = capsys.readouterr().out.splitlines()
     assert [line.split("  ")[0].strip() for line in table[:6]] == CHECK_NAMES
-    assert all("  PASS  " in line for line in table[:6])
-    assert table[6] == "6/6 checks passed"
+    assert all("  PASS  " in line for line in table[:5])
+    assert "  WARN  keyword-only recall: " in table[5]  # a supported way to run, but not hybrid
+    assert table[6] == "6/6 checks passed, 1 with a warning"
     assert table[-1].endswith(f"python3 {sys.argv[0]} --cleanup --db PATH (the service's --db)")
     assert f"127.0.0.1:{server.port}" in table[0]
     assert "auth loopback-trust, degraded true" in table[1]
@@ -208,7 +221,7 @@ def test_with_an_embedder_the_check_says_so(make_server):
 def test_with_tokens_the_checks_send_each_agents_token(token_server, monkeypatch, capsys):
     monkeypatch.setenv("SOLOS_CHECK_WRITER_TOKEN", "atlas-token")
     monkeypatch.setenv("SOLOS_CHECK_READER_TOKEN", "sol-token")
-    assert solos_check.main(["--url", token_server.url]) == 0
+    assert solos_check.main(["--url", token_server.url, *NO_MESH]) == 0
     assert "auth tokens" in capsys.readouterr().out
 
 
@@ -277,7 +290,7 @@ def test_the_cleanup_hint_shows_only_when_the_checks_wrote_rows(server, capsys):
     port = server.port
     server.server.shutdown()
     server.server.server_close()
-    assert solos_check.main(["--url", f"http://127.0.0.1:{port}", "--timeout", "1"]) == 1
+    assert solos_check.main(["--url", f"http://127.0.0.1:{port}", "--timeout", "1", *NO_MESH]) == 1
     out = capsys.readouterr().out
     assert "0/6 checks passed" in out and "--cleanup" not in out
 
@@ -290,8 +303,146 @@ def test_the_cleanup_hint_names_the_program_that_ran(server, tmp_path):
     pyz = tmp_path / "solos-memory.pyz"
     subprocess.run([sys.executable, str(ROOT / "pyz_build.py"), "--out", str(pyz)], check=True, capture_output=True)
     run = subprocess.run(
-        [sys.executable, str(pyz), "check", "--url", server.url], capture_output=True, text=True, timeout=60
+        [sys.executable, str(pyz), "check", "--url", server.url, *NO_MESH], capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 0, run.stdout + run.stderr
     hint = run.stdout.splitlines()[-1]
     assert f"python3 {pyz} check --cleanup --db PATH" in hint and "solos_memory.py" not in hint
+
+
+# ---- keyword-only recall: a warning, or a failure when hybrid was expected ----
+
+
+def test_keyword_only_fails_when_hybrid_is_expected_and_passes_when_keyword_is(server, capsys):
+    argv = ["--url", server.url, *NO_MESH]
+    assert solos_check.main([*argv, "--expect", "hybrid"]) == 1
+    table = capsys.readouterr().out.splitlines()
+    name, verdict, detail = table_row(table[5])
+    assert (name, verdict) == ("degraded mode", "FAIL")
+    assert detail.startswith("expected hybrid recall, got keyword-only recall: 4 rows, degraded true")
+    assert table[6] == "5/6 checks passed"
+    assert solos_check.main([*argv, "--expect", "keyword"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    _, verdict, detail = table_row(table[5])
+    assert verdict == "PASS" and detail.startswith("keyword-only recall: ") and table[6] == "6/6 checks passed"
+
+
+def test_an_embedder_fails_when_keyword_only_is_expected(make_server, monkeypatch):
+    from test_hybrid import WordHashEmbedder
+
+    monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (WordHashEmbedder(), None))
+    server = make_server("hybrid.db")
+    results = by_name(solos_check.run_checks(server.url, "atlas", "sol", expect="keyword"))
+    assert not results["degraded mode"].ok
+    assert results["degraded mode"].detail == "expected keyword-only recall, but an embedder is loaded (degraded false)"
+    assert by_name(solos_check.run_checks(server.url, "atlas", "sol", expect="hybrid"))["degraded mode"].ok
+
+
+# ---- the A2A mesh: untouched by the rollout ----
+
+
+class StandInAgent(http.server.BaseHTTPRequestHandler):
+    """An A2A agent as the mesh check sees it: its card at the well-known path."""
+
+    def do_GET(self) -> None:
+        found = self.path == solos_check.A2A_PATH
+        body = b'{"name": "stand-in"}' if found else b""
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format, *args) -> None:
+        pass
+
+
+@contextmanager
+def stand_in_agents(count: int):
+    """count agents on free loopback ports, stoppable one by one: (ports, stop(port))."""
+    servers = {}
+    for _ in range(count):
+        agent = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandInAgent)
+        threading.Thread(target=agent.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers[agent.server_address[1]] = agent
+
+    def stop(port: int) -> None:
+        servers[port].shutdown()
+        servers.pop(port).server_close()
+
+    try:
+        yield list(servers), stop
+    finally:
+        for port in list(servers):
+            stop(port)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (a dead agent)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def mesh_argv(ports: list[int], skip: list[int], baseline) -> list[str]:
+    return ["--a2a-ports", ",".join(map(str, ports)), "--a2a-skip", ",".join(map(str, skip)) or "none",
+            "--a2a-baseline", str(baseline)]  # fmt: skip
+
+
+def test_an_agent_that_answered_before_the_rollout_and_not_after_fails_the_mesh_check(server, tmp_path, capsys):
+    baseline, dead, skipped = tmp_path / "state" / "a2a.json", free_port(), free_port()
+    with stand_in_agents(3) as (agents, stop):
+        mesh = mesh_argv([*agents, dead, skipped], [skipped], baseline)
+        assert solos_check.main(["--a2a-record", *mesh]) == 0
+        out = capsys.readouterr().out
+        assert f"{agents[0]} 200, {agents[1]} 200, {agents[2]} 200, {dead} refused" in out
+        assert f"recorded 3 of 4 answering 200 in {baseline}" in out
+        recorded = json.loads(baseline.read_text())["answers"]
+        assert recorded == {**{str(port): 200 for port in agents}, str(dead): "refused"}  # the skipped one unasked
+
+        assert solos_check.main(["--url", server.url, "--expect", "keyword", *mesh]) == 0  # the mesh as it was
+        table = capsys.readouterr().out.splitlines()
+        assert table_row(table[6])[:2] == ("a2a mesh", "PASS")
+        assert table_row(table[6])[2].startswith("as before the rollout (")
+        assert table[7] == "7/7 checks passed"
+
+        stop(agents[1])  # the rollout cost the mesh an agent
+        assert solos_check.main(["--url", server.url, "--expect", "keyword", *mesh]) == 1
+        table = capsys.readouterr().out.splitlines()
+        name, verdict, detail = table_row(table[6])
+        assert (name, verdict) == ("a2a mesh", "FAIL")
+        assert detail.startswith("answered 200 before the rollout (") and detail.endswith(
+            f"not now: {agents[1]} refused"
+        )
+        assert table[7] == "6/7 checks passed"
+
+
+def test_the_memory_service_on_a_mesh_port_fails_the_mesh_check(server, tmp_path):
+    mesh = solos_check.Mesh((server.port - 1, server.port), (server.port,), "/", tmp_path / "a2a.json")
+    result = by_name(solos_check.run_checks(server.url, "atlas", "sol", mesh=mesh))["a2a mesh"]
+    assert not result.ok  # even on a port skipped as dead: it is the mesh's
+    assert result.detail.startswith(f"the memory service listens on {server.port}, a port of the A2A mesh")
+
+
+def test_without_a_baseline_the_mesh_check_warns_and_says_how_to_record_one(server, tmp_path):
+    with stand_in_agents(1) as (agents, _):
+        mesh = solos_check.Mesh(tuple(agents), (), solos_check.A2A_PATH, tmp_path / "none.json")
+        result = by_name(solos_check.run_checks(server.url, "atlas", "sol", mesh=mesh))["a2a mesh"]
+    assert result.ok and result.warning
+    assert "record one with check --a2a-record before a rollout" in result.detail
+    assert result.detail.endswith(f"now: {agents[0]} 200")
+
+
+def test_mesh_ports_parse_as_the_fleet_writes_them():
+    assert solos_check.parse_ports("8300-8307") == tuple(range(8300, 8308))
+    assert solos_check.parse_ports("8300, 8302-8303,8300") == (8300, 8302, 8303)
+    assert solos_check.parse_ports("none") == ()
+    for bad in ("8307-8300", "83a0", "70000", "8300-"):
+        with pytest.raises(Exception, match="expected ports"):
+            solos_check.parse_ports(bad)
+
+
+def test_the_mesh_defaults_are_the_fleets():
+    parser = solos_check.argparse.ArgumentParser()
+    solos_check.add_arguments(parser)
+    args = parser.parse_args([])
+    assert args.a2a_ports == tuple(range(8300, 8308)) and args.a2a_skip == (8305,)

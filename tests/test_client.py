@@ -50,6 +50,25 @@ def episodic_rows(server, agent: str, event_type: str) -> list[dict]:
 # ---- misbehaving servers ----
 
 
+def read_request(conn: socket.socket) -> None:
+    """Read one request, head and Content-Length body, whatever the segments it arrives in."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+    )
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        body += chunk
+
+
 class FaultServer:
     """A loopback listener that treats each connection as the next behaviour in its queue says."""
 
@@ -80,7 +99,7 @@ class FaultServer:
         try:
             conn.settimeout(5)
             if kind != "reset":
-                conn.recv(65536)  # the request (small enough for one read)
+                read_request(conn)  # all of it: a close with bytes unread resets the client's read of the answer
             if kind == "hang":
                 self.held.append(conn)  # never answered, never closed until the test ends
                 return

@@ -96,7 +96,8 @@ def test_quick_start_works_right_after_the_zero_install_set_up_command(tmp_path)
 #   from a class of ours); a stdlib head (`http.server`) must import; a lower-case head that is neither
 #   (`qdrant.import.left_out`, a key path) must be named in the code part by part, as any snake_case name;
 # - an UPPER_CASE name must be defined at module level (`MAX_CONNECTIONS`), or be an environment variable
-#   the code reads (`SOLOS_MEMORY_DB`: the code asks for "DB" under its prefix);
+#   the code reads (`SOLOS_MEMORY_DB`: the code asks for "DB" under its prefix) or a systemd unit's command
+#   line does;
 # - a CamelCase name must be a class or name defined at module level (`Store`), or a string the code uses
 #   (the `Origin` header);
 # - a snake_case name with an underscore (`embed_backlog`, `memory_event`, `check_args`) must be named
@@ -131,6 +132,8 @@ class CodeIndex:
         self.classes: dict[str, list[tuple[set[str], list[str]]]] = {}  # class -> (members, base names)
         self.words: set[str] = set(re.findall(r"\w+", (ROOT / "schema.sql").read_text()))
         self.strings: set[str] = set()
+        units = (line for unit in (ROOT / "systemd").iterdir() for line in unit.read_text().splitlines())
+        self.unit_words = {word for line in units if not line.startswith("#") for word in re.findall(r"\w+", line)}
         for path in [*sorted(ROOT.glob("*.py")), ROOT / "tests" / "conftest.py"]:
             tree = ast.parse(path.read_text())
             self.modules[path.stem] = set().union(*(bound(node) for node in tree.body))
@@ -169,7 +172,7 @@ class CodeIndex:
         if rest:
             return self.dotted(head, rest)
         if re.fullmatch(r"[A-Z][A-Z0-9_]+", name):
-            if {name, name.removeprefix("SOLOS_MEMORY_")} & self.strings or name in self.defined:
+            if {name, name.removeprefix("SOLOS_MEMORY_")} & self.strings or name in self.defined | self.unit_words:
                 return None
             return "not defined at module level, nor an environment variable the code reads"
         if name[0].isupper():

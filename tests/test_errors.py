@@ -36,6 +36,15 @@ def test_wrong_method_is_405_with_allow(server):
     assert_error(server.request("POST", "/health", body={}), 405, "method_not_allowed")
 
 
+def test_a_patch_without_a_body_is_405_with_allow_not_411(server):
+    for path, allow in (("/v1/long", "POST"), ("/status", "GET, HEAD")):
+        response = raw_exchange(
+            server.port, b"PATCH %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % (path.encode(), server.port)
+        )
+        assert response.startswith(b"HTTP/1.1 405 "), response[:200]
+        assert f"\r\nAllow: {allow}\r\n".encode() in response
+
+
 def test_malformed_json_is_400_naming_the_body(server):
     reply = server.request("POST", "/v1/long", raw=b'{"agent": "atlas",', headers={"Content-Type": "application/json"})
     assert_error(reply, 400, "bad_request", "body")

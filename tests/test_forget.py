@@ -296,11 +296,11 @@ KILLED_BEFORE_SCRUB = """
 import os, signal, sys
 root, db, tier, row_id = sys.argv[1:]
 sys.path.insert(0, root)
-import solos_dataspace, solos_memory
-solos_dataspace.Dataspace.scrub = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
-solos_dataspace.Dataspace.finish_scrubs = lambda *_: None  # the hub thread gets no head start on the kill either
+import solos_forget, solos_memory
+solos_forget.Scrubber.scrub = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
+solos_forget.Scrubber.finish = lambda *_: None  # the hub thread gets no head start on the kill either
 memory = solos_memory.Memory(solos_memory.open_store(solos_memory.Config(db=db, model_dir="off")))
-solos_dataspace.op_forget_memory(memory, {"agent": "atlas", "tier": tier, "id": int(row_id)})
+solos_forget.op_forget_memory(memory, {"agent": "atlas", "tier": tier, "id": int(row_id)})
 """
 
 
@@ -357,15 +357,15 @@ def test_a_forget_killed_before_its_scrub_is_scrubbed_when_the_service_starts_ag
 
 @pytest.mark.slow
 def test_forgetting_a_row_again_runs_its_scrub_again(server, monkeypatch):
-    import solos_dataspace
+    import solos_forget
 
-    dataspace = server.server.memory.dataspace
-    wait_until(lambda: not getattr(dataspace, "scrubs_due", False), "the hub's first round")
+    scrubber = server.server.memory.scrubber
+    wait_until(lambda: not scrubber.due, "the hub's first round")
     no_automerge(server)
     word = marker()
     row_id = write_row(server, "long", f"met {word} at noon")
     unscrubbed = {"wal_checkpoint": "pending", "mirror": "none"}
-    monkeypatch.setattr(solos_dataspace.Dataspace, "scrub", lambda *_: unscrubbed)  # as if the scrub never ran
+    monkeypatch.setattr(solos_forget.Scrubber, "scrub", lambda *_: unscrubbed)  # as if the scrub never ran
     ok, first = forget(server, "atlas", "long", row_id)
     assert ok, first
     checkpoint(server)

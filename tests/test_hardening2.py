@@ -114,9 +114,9 @@ def test_an_mcp_batch_is_capped_in_items_and_in_bytes(server):
 
 
 def test_the_event_cache_is_bounded_by_bytes_and_shown_in_stats(server, streams, monkeypatch):
-    import solos_dataspace
+    import solos_events
 
-    monkeypatch.setattr(solos_dataspace, "WIRE_CACHE_BYTES", 1 << 20)
+    monkeypatch.setattr(solos_events, "WIRE_CACHE_BYTES", 1 << 20)
     stream = subscribed(streams(server, {"agent": "sol"}))
     for n in range(30):  # about 300 KB encoded each
         fact = f"cached fact {n} " + HEAVY[:8000]
@@ -129,7 +129,7 @@ def test_the_event_cache_is_bounded_by_bytes_and_shown_in_stats(server, streams,
 
 @pytest.mark.slow
 def test_an_agent_gets_its_share_of_streams_and_the_oldest_goes(server, streams):
-    hub = server.server.memory.dataspace
+    hub = server.server.memory.events
     hub.max_subscribers, hub.streams_per_agent = 4, 2
     sol = [subscribed(streams(server, {"agent": "sol"})) for _ in range(3)]
     sol[0].closed.wait(5)
@@ -143,7 +143,7 @@ def test_an_agent_gets_its_share_of_streams_and_the_oldest_goes(server, streams)
 
 @pytest.mark.slow
 def test_a_closed_stream_gives_its_slot_back_within_seconds(server, streams):
-    hub = server.server.memory.dataspace
+    hub = server.server.memory.events
     stream = subscribed(streams(server, {"agent": "sol"}))
     assert len(hub.subscribers) == 1
     stream.close()

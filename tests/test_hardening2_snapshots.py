@@ -23,6 +23,7 @@ from test_snapshots import refused, restore, snapshot
 
 import solos_memory
 import solos_snapshot
+import solos_store
 
 # The release before schema version 2 (memory_scrub_pending): snapshots it took must stay restorable.
 PREVIOUS_RELEASE = "0f4a7dc"
@@ -262,7 +263,7 @@ def test_a_snapshot_the_previous_release_took_restores_into_the_current_schema(t
     assert facts(target) == ["the old keeper"]
     with sqlite3.connect(target) as conn:
         assert conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_version'").fetchone()[0] == (
-            solos_memory.SCHEMA_VERSION
+            solos_store.SCHEMA_VERSION
         )
         assert conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0] == 0  # the new table
     running = start_server(target)
@@ -281,16 +282,16 @@ def test_the_next_release_restores_this_releases_snapshots(server, tmp_path, cap
     taken = snapshot(server, folder)
     assert forget(server, "atlas", "long", doomed)[0]
     snapshot(server, folder)
-    schema = solos_memory.read_resource("schema.sql") + b"\nCREATE TABLE IF NOT EXISTS next_release (x TEXT);\n"
-    monkeypatch.setattr(solos_memory, "read_resource", lambda name: schema)
-    monkeypatch.setattr(solos_memory, "SCHEMA_VERSION", str(int(solos_memory.SCHEMA_VERSION) + 1))
+    schema = solos_store.read_resource("schema.sql") + b"\nCREATE TABLE IF NOT EXISTS next_release (x TEXT);\n"
+    monkeypatch.setattr(solos_store, "read_resource", lambda name: schema)
+    monkeypatch.setattr(solos_store, "SCHEMA_VERSION", str(int(solos_store.SCHEMA_VERSION) + 1))
     target = tmp_path / "next.db"
     status, err = restore(taken["path"], target, capsys)
     assert status == 0, err
     assert facts(target) == ["still here"]
     with sqlite3.connect(target) as conn:
         assert conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_version'").fetchone()[0] == (
-            solos_memory.SCHEMA_VERSION
+            solos_store.SCHEMA_VERSION
         )
         assert conn.execute("SELECT count(*) FROM next_release").fetchone()[0] == 0
 

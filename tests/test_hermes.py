@@ -61,7 +61,14 @@ def run_hermes(hermes_python: Path, server, *calls: tuple[str, dict], headers: d
         argv += ["--call", name, json.dumps(arguments)]
     # A minimal environment: nothing of the project's venv leaks into Hermes's
     # imports, and no proxy variable sends httpx's loopback requests elsewhere.
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_PROXY": "*", "no_proxy": "*", "LANG": "C.UTF-8"}
+    # HERMES_DISABLE_LAZY_INSTALLS: Hermes installs no optional package into its venv during a test run.
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "NO_PROXY": "*",
+        "no_proxy": "*",
+        "LANG": "C.UTF-8",
+        "HERMES_DISABLE_LAZY_INSTALLS": "1",
+    }
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env, cwd=str(ROOT / "tests"), check=False
     )

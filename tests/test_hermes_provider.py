@@ -93,6 +93,7 @@ def hermes_env(home: Path, **extra: str) -> dict:
         "NO_PROXY": "*",
         "no_proxy": "*",
         "LANG": "C.UTF-8",
+        "HERMES_DISABLE_LAZY_INSTALLS": "1",  # Hermes installs no optional package into its venv during a run
     }
     return {**env, **extra}
 

@@ -301,9 +301,9 @@ def test_a_word_every_row_has_is_left_out_of_the_query_and_the_ranking_stands(ma
     asked: list[str] = []
     real = solos_memory.Store.ranked_rows
 
-    def recording(store, conn, tier, caller, scope, match, limit, tags=()):
+    def recording(store, conn, tier, seen, match, limit, tags=()):
         asked.append(match)
-        return real(store, conn, tier, caller, scope, match, limit, tags)
+        return real(store, conn, tier, seen, match, limit, tags)
 
     monkeypatch.setattr(solos_memory.Store, "ranked_rows", recording)
     question = "what did Melanie say about the boiler"

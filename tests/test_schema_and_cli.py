@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT
 
 import solos_memory
+import solos_store
 
 FLEET_SCHEMA = """
 CREATE TABLE agent_registry (agent TEXT PRIMARY KEY, role TEXT, created_at TEXT);
@@ -76,7 +77,7 @@ def test_existing_fleet_database_is_adopted_without_changing_its_tables(make_ser
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 42  # the fleet's, untouched
         assert (
             conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_version'").fetchone()[0]
-            == solos_memory.SCHEMA_VERSION
+            == solos_store.SCHEMA_VERSION
         )
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -224,7 +225,8 @@ def test_acceptance_story_atlas_writes_sol_recalls(server):
 
 
 def test_check_command_is_part_of_the_service_cli(server, capsys):
-    assert solos_memory.main(["check", "--url", server.url, "--writer", "atlas", "--reader", "sol"]) == 0
+    argv = ["check", "--url", server.url, "--writer", "atlas", "--reader", "sol", "--a2a-ports", "none"]
+    assert solos_memory.main(argv) == 0
     table = capsys.readouterr().out
     assert "6/6 checks passed" in table
     assert solos_memory.main(["check", "--cleanup", "--db", str(server.db_path)]) == 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sqlite3
 import subprocess
@@ -108,12 +107,12 @@ def test_readme_set_up_in_an_empty_folder_from_zero_install_to_hybrid(tmp_path):
     with service(["sh", "-c", commands[0] + " ARGS='--port 0'"], cwd=clone, timeout_s=SETUP_TIMEOUT_S) as (port, lines):
         setup_s = time.monotonic() - started
         listening = listening_line(lines)
-        assert listening["embedder_state"] == "catching_up" and listening["degraded"] is True, listening
+        # Catching up on fewer rows than the degraded bound is normal work, not a degraded service.
+        assert listening["embedder_state"] == "catching_up" and listening["degraded"] is False, listening
         assert 0 < listening["embed_backlog"] <= FLEET_ROWS + 1
-        assert re.search(r"catching up: rows without a vector yet: \d+", listening["degraded_reason"])
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
         while (health := call(port, "GET", "/health")[1])["embedder_state"] != "ready":
-            assert health["embedder_state"] == "catching_up" and health["degraded"] is True, health
+            assert health["embedder_state"] == "catching_up" and health["degraded"] is False, health
             assert time.monotonic() < deadline, health
             time.sleep(0.2)
         hybrid = recall(port, "where is the staging database now", ranking="hybrid")

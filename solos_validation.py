@@ -1,0 +1,187 @@
+"""solos_validation: arguments checked once, at the edge, against the JSON Schema each operation advertises.
+
+REST query strings are coerced to the schema's types first; MCP arguments
+arrive typed. Every refusal is a BadRequest naming the field, what it must be
+and what arrived. Imports only the store (for the errors) and the bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import solos_bounds
+from solos_store import BadRequest
+
+# Fields are checked once, here, against the same JSON Schema MCP advertises.
+AGENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+NO_NUL = "^[^\\u0000]*$"  # stored text: C-string consumers of the database would cut it at a NUL
+TAGS_SCHEMA = {
+    "type": "array",
+    "maxItems": 32,
+    "items": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": NO_NUL},
+    "description": "Labels, at most 32 strings of 1-64 characters.",
+}
+AGENT_SCHEMA = {
+    "type": "string",
+    "pattern": AGENT_PATTERN,
+    "description": "The calling agent, as registered in agent_registry.",
+}
+JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+}
+
+
+def describe(value: Any) -> str:
+    """A short rendering of a bad value for an error message, whatever the value (deep, huge, odd)."""
+    try:
+        text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    except (RecursionError, ValueError):  # nesting past the recursion limit; ints past 4,300 digits
+        text = f"a deeply nested {type(value).__name__}" if isinstance(value, (list, dict)) else "a huge number"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def fully_matches(pattern: str, value: str) -> bool:
+    """The whole value matches an anchored schema pattern (`$` alone would admit a trailing newline)."""
+    return re.fullmatch(pattern.removeprefix("^").removesuffix("$"), value) is not None
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # valid in a JSON escape, not encodable as UTF-8
+
+
+def check_value(name: str, schema: dict, value: Any) -> Any:
+    """Check one value against its schema; raise BadRequest naming the field.
+
+    `name` may point inside the field (`tags[2]`); the error's field is the top-level name.
+    """
+    try:
+        return check_one(name, schema, value)
+    except BadRequest as error:
+        error.field = name.split("[")[0]
+        raise
+
+
+def check_one(name: str, schema: dict, value: Any) -> Any:
+    kind = schema["type"]
+    is_bool = isinstance(value, bool)
+    right_type = isinstance(value, JSON_TYPES[kind])  # kept apart: mypy would narrow value to object
+    if not right_type or (is_bool and kind != "boolean"):
+        raise BadRequest(f"{name} must be {article(kind)} {kind}, got {describe(value)}", name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadRequest(f"{name} must be a finite number, got {describe(value)}", name)
+    if kind == "integer" and not -solos_bounds.MAX_ID - 1 <= value <= solos_bounds.MAX_ID:
+        raise BadRequest(
+            f"{name} must be a 64-bit integer (at most {solos_bounds.MAX_ID}), got {describe(value)}", name
+        )
+    if kind in ("integer", "number"):
+        low, high = schema.get("minimum"), schema.get("maximum")
+        low_open = schema.get("exclusiveMinimum")
+        if (
+            (low is not None and value < low)
+            or (high is not None and value > high)
+            or (low_open is not None and value <= low_open)
+        ):
+            raise BadRequest(f"{name} must be {kind_range(schema)}, got {describe(value)}", name)
+    if kind == "string":
+        if LONE_SURROGATE.search(value):
+            raise BadRequest(f"{name} must be valid Unicode text: it holds a lone surrogate (\\ud800-\\udfff)", name)
+        if "enum" in schema and value not in schema["enum"]:
+            raise BadRequest(f"{name} must be one of {', '.join(schema['enum'])}, got {describe(value)}", name)
+        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", 1 << 30):
+            raise BadRequest(
+                f"{name} must be {schema.get('minLength', 0)}-{schema.get('maxLength')} characters, got {len(value)}",
+                name,
+            )
+        if "pattern" in schema and not fully_matches(schema["pattern"], value):
+            if schema["pattern"] == NO_NUL:
+                raise BadRequest(f"{name} must not contain NUL characters", name)
+            raise BadRequest(f"{name} must match {schema['pattern']}, got {describe(value)}", name)
+    if kind == "array":
+        if len(value) > schema.get("maxItems", 1 << 30):
+            raise BadRequest(f"{name} must have at most {schema['maxItems']} items, got {len(value)}", name)
+        value = [check_one(f"{name}[{i}]", schema["items"], item) for i, item in enumerate(value)]
+        if schema.get("uniqueItems"):
+            value = list(dict.fromkeys(value))
+    return value
+
+
+def article(kind: str) -> str:
+    return "an" if kind[0] in "aeiou" else "a"
+
+
+def kind_range(schema: dict) -> str:
+    """'a number in (0, 31536000]' style description of a numeric range."""
+    low = schema.get("minimum", schema.get("exclusiveMinimum"))
+    left = "[" if "minimum" in schema else "("
+    return f"{article(schema['type'])} {schema['type']} in {left}{low}, {schema.get('maximum')}]"
+
+
+def check_args(schema: dict, args: Any) -> dict:
+    """Validate an argument object; return it with defaults filled in."""
+    if not isinstance(args, dict):
+        raise BadRequest(f"arguments must be a JSON object, got {describe(args)}", "body")
+    properties = schema["properties"]
+    unknown = sorted(set(args) - set(properties))
+    if unknown:
+        raise BadRequest(f"{unknown[0]} is not a known field (known: {', '.join(properties)})", unknown[0])
+    checked = {}
+    for name, spec in properties.items():
+        if name in args and args[name] is not None:
+            checked[name] = check_value(name, spec, args[name])
+        elif name in schema.get("required", ()):
+            raise BadRequest(f"{name} is required", name)
+        else:
+            checked[name] = spec.get("default")
+    return checked
+
+
+def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
+    """Turn query-string pairs into typed arguments, per the operation's schema.
+
+    REST clients send `k=5` and `tiers=long,short`; MCP clients send 5 and
+    ["long", "short"]. Both then meet the same check_args.
+    """
+    args: dict[str, Any] = {}
+    for name, raw in pairs:
+        if name in args:
+            raise BadRequest(f"{name} is given more than once", name)
+        kind = schema["properties"].get(name, {}).get("type")
+        if kind == "integer":
+            args[name] = int(raw) if re.fullmatch(r"-?\d{1,12}", raw) else raw
+        elif kind == "number":
+            args[name] = float(raw) if re.fullmatch(r"-?\d{1,12}(\.\d{1,12})?", raw) else raw
+        elif kind == "boolean":
+            args[name] = {"true": True, "false": False}.get(raw, raw)
+        elif kind == "array":
+            args[name] = [part.strip() for part in raw.split(",") if part.strip()]
+        else:
+            args[name] = raw
+    return args
+
+
+def reject_constant(name: str) -> None:
+    """json.loads hook: NaN and Infinity are not JSON."""
+    raise BadRequest(f"body must be valid JSON: {name} is not a JSON number", "body")
+
+
+def parse_json_body(body: bytes) -> Any:
+    """Decode a request body as strict UTF-8 JSON."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=reject_constant)
+    except UnicodeDecodeError:
+        raise BadRequest("body must be UTF-8 encoded JSON", "body") from None
+    except RecursionError:
+        raise BadRequest("body nests too deeply", "body") from None
+    except json.JSONDecodeError as error:
+        raise BadRequest(
+            f"body must be valid JSON: {error.msg} at line {error.lineno} column {error.colno}", "body"
+        ) from None
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        raise BadRequest("body holds a number too long to read", "body") from None

@@ -1,0 +1,63 @@
+"""The code's shape holds: modules import one way, none imports the spine, and the spine stays small."""
+
+from __future__ import annotations
+
+import ast
+
+from conftest import ROOT
+
+SPINE = "solos_memory"
+ENTRY_POINTS = {SPINE, "pyz_build"}  # the service, and the builder whose __main__ stub starts it
+SPINE_MAX_LINES = 2000  # "at most about 2,000" (issue 21)
+
+
+def project_modules() -> dict[str, set[str]]:
+    """Each top-level module of the project, and the project modules it imports anywhere (functions too)."""
+    names = {path.stem for path in ROOT.glob("*.py")}
+    found = {}
+    for path in ROOT.glob("*.py"):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+        found[path.stem] = (imported & names) - {path.stem}
+    return found
+
+
+def test_no_module_but_the_entry_points_imports_the_spine():
+    importers = {name for name, imported in project_modules().items() if SPINE in imported}
+    assert importers <= ENTRY_POINTS - {SPINE}, f"{sorted(importers - ENTRY_POINTS)} import the spine"
+
+
+def test_project_imports_have_no_cycle():
+    graph = project_modules()
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            raise AssertionError("import cycle: " + " -> ".join((*path[path.index(name) :], name)))
+        if name in done:
+            return
+        for imported in sorted(graph.get(name, ())):
+            visit(imported, (*path, name))
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, ())
+
+
+def test_the_store_imports_nothing_of_the_service():
+    assert project_modules()["solos_store"] == set()
+
+
+def test_the_client_and_the_hermes_plugin_never_import_the_service():
+    modules = project_modules()
+    for name in ("solos_client", "solos_hermes", "solos_store_memory"):
+        assert modules[name] <= {"solos_client"}, f"{name} imports {modules[name]}"
+
+
+def test_the_spine_stays_small():
+    lines = len((ROOT / f"{SPINE}.py").read_text().splitlines())
+    assert lines <= SPINE_MAX_LINES, f"{SPINE}.py is {lines} lines"
