@@ -47,6 +47,7 @@ def check_rows(server) -> list[dict]:
         ]
 
 
+@pytest.mark.slow
 def test_every_check_passes_against_a_live_service(server, capsys):
     assert solos_check.main(["--url", server.url, "--writer", "atlas", "--reader", "sol", *NO_MESH]) == 0
     table = capsys.readouterr().out.splitlines()

@@ -13,6 +13,7 @@ import pytest
 from conftest import raw_exchange, statuses_in
 
 import solos_memory
+import solos_telemetry
 
 # ---- 1. DNS rebinding: the Host/Origin rule on every route ----
 
@@ -166,7 +167,7 @@ def test_odd_method_names_add_no_series_and_metrics_stay_parseable(server):
 
 
 def test_label_values_are_escaped_per_the_exposition_format():
-    assert solos_memory.label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+    assert solos_telemetry.label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
 
 
 # ---- 7. /v1/stats in token mode: each caller sees its own; the log names the token's holder ----

@@ -337,6 +337,7 @@ MACHINE_PATH = re.compile(r"(?:^|[\s'\"(=])/(?:home|root|usr|tmp|var|opt|etc|srv
 FLEET = [f"agent-{name}" for name in "abcdefghijklm"]  # 13 agents, as found by a new user
 
 
+@pytest.mark.slow
 def test_the_page_reads_at_a_glance_at_desktop_and_phone_width(make_server, monkeypatch, tmp_path):
     import sys
 
