@@ -1,6 +1,6 @@
 """Embedder speed: load time, texts/s one at a time and 64 per call, peak RSS (LoCoMo turns as texts).
 
-.venv/bin/python bench/embed.py [LOCOMO.json] [--n 512]
+.venv/bin/python bench/embed.py [--data LOCOMO.json] [--n 512]
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from locomo import DEFAULT_DATA, load_conversations
+from locomo_data import DEFAULT_DATA, load_conversations
 
 import solos_embed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo JSON (default: %(default)s)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo JSON (default: %(default)s)")
     parser.add_argument("--n", type=int, default=512, help="texts per measurement (default: %(default)s)")
     args = parser.parse_args(argv)
     texts = [f"{t.speaker} ({t.date}): {t.fact}" for c in load_conversations(Path(args.data)) for t in c.turns]

@@ -1,25 +1,26 @@
-"""A learned linear reranker over the fused top candidates (issue 13), trained and scored leave-one-conversation-out.
+"""Fits the learned reranker's weights (solos_rank.LTR_WEIGHTS) on LoCoMo and scores it held out.
 
-Each (question, candidate) among the first pass's top DEPTH gets a few cheap
-features the service already has at recall time (both legs' scores and ranks,
-the neighbours' scores, whether the question names the writer, the row's own
-shape: a question? how long? an image?, the date window, query-term coverage).
-A linear model (numpy, L2; see OBJECTIVE) is fitted on four conversations and ranks
-the fifth; the printed figures are held-out only (plus an all-five fit for
-the weights the service carries, solos_rank.LTR_WEIGHTS). The features are
-the service's own (solos_rank.ltr_features). Serving it is a dot product per
-candidate: pure Python, keyword-only included. bench/locomo.py prints
-reranker_figures() beside the service's figures.
+Each (question, candidate) among the simulated first pass's top DEPTH
+(solos_rank.RERANK_DEPTH) gets the service's own features
+(solos_rank.ltr_features: both legs' scores and ranks, the neighbours' scores,
+whether the question names the writer, the row's shape, the date window,
+query-term coverage). A logistic regression (numpy, L2 1.0; OBJECTIVE) is
+fitted on four conversations and ranks the fifth (LOCO); the fit on all five
+gives the raw weights the service carries, printed for solos_rank.LTR_WEIGHTS
+and checked through solos_rank.ltr_score. A listwise fit (ListNet, calibrated
+after) is printed beside it. Serving it is a dot product per candidate: pure
+Python, keyword-only included. bench/locomo.py prints reranker_figures()
+beside the service's own figures.
 
-    .venv/bin/python bench/ltr_research.py [--dynint8] [--variants]
+    .venv/bin/python bench/ltr_research.py [--data LOCOMO.json]     # about 15 s with cached vectors
 
-The weights are fitted by OBJECTIVE (the pointwise logistic regression); a
-listwise fit (ListNet: a softmax over each question's candidates, calibrated
-to a probability after) is printed beside it.
+The first pass is bench/locomo_research.py's simulation of the service; the
+embedder is the service's (solos_embed). Figures: bench/RESULTS-locomo.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -28,27 +29,27 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import rank_v2  # noqa: E402
-from locomo import DEFAULT_DATA, Conversation, load_conversations, summarise  # noqa: E402
-from locomo_research import (  # noqa: E402
-    linear,
+from locomo_data import DEFAULT_DATA, Conversation, load_conversations, summarise
+from locomo_research import (
+    HEAD,
+    line,
     neighbour_scores,
     normalised,
+    query_rows,
     ranks_of,
-    smooth,
-    text_speaker_date,
-    vector_scores,  # noqa: E402
+    recipe_hybrid,
+    recipe_keyword,
+    recipe_vector,
 )
-from recall_v2_research import HEAD, kw_leg, line, query_rows  # noqa: E402
 
-import solos_rank  # noqa: E402
+import solos_embed
+import solos_rank
 
 DEPTH = solos_rank.RERANK_DEPTH
-EXTRA = False  # rank_v2.EXTRA_FEATURES on top
 # The fitting objective of the weights the service carries: "logistic" (a pointwise logistic regression) or
 # "listwise" (ListNet, first-pass rank weights held >= 0, then a logistic calibration of its score). Listwise
 # lifts held-out hit@1 and MRR by about 0.01 but stays within noise once its variant is chosen held-out, and
-# hit@5 / frac@10 do not move (RESULTS-locomo.md, "Recall v2", "Round two"): not adopted; run() prints both.
+# hit@5 / frac@10 do not move (research/README.md): not adopted; run() prints both.
 OBJECTIVE = "logistic"
 
 
@@ -68,8 +69,6 @@ def features(
         t = conv.turns[j]
         return solos_rank.ranking_view(t.fact, t.speaker, t.date, None)
 
-    sessions = [conv.turns[int(c)].session for c in cands]
-    asks_when = q.lower().startswith("when") or " when " in q.lower()
     cols = []
     for i in (int(c) for c in cands):
         t = conv.turns[i]
@@ -83,17 +82,9 @@ def features(
             "neighbour_prev": float(prev_k[i]),
             "neighbour_next": float(next_k[i]),
         }
-        if EXTRA:
-            same = [int(c) for c, sess in zip(cands, sessions) if sess == t.session]
-            first_pass.update(
-                topic_share=len(same) / len(cands),
-                topic_best=max(float(fused[qi, j]) for j in same),
-                asks_when=asks_when,
-            )
         if vec is not None:
             first_pass.update(cosine=float(vec[qi, i]), vector=float(vn[i]))
-        features = solos_rank.ltr_features(question, row(i), prev, nxt, first_pass)
-        cols.append(features + (rank_v2.extra_features(t.fact, features, first_pass) if EXTRA else []))
+        cols.append(solos_rank.ltr_features(question, row(i), prev, nxt, first_pass))
     return np.array(cols)
 
 
@@ -250,16 +241,14 @@ def with_weights(convs, fuseds, data, weights: tuple[float, ...]) -> list:
     return rows
 
 
-def run(convs, kws, vecs, fuseds, title: str, l2s=(0.1, 1.0, 10.0)) -> list:
+def run(convs, kws, vecs, fuseds, title: str) -> dict[str, list]:
+    """Held-out figures of both objectives, the in-sample fit, its raw weights and the same through ltr_score."""
     data = build(convs, kws, vecs, fuseds)
     print(line(f"{title}: first pass", summarise([r for c, m in zip(convs, fuseds) for r in query_rows(c, m)])))
-    kept = {}
+    held = {}
     for objective in ("logistic", "listwise"):
-        for l2 in l2s:
-            held = held_out(convs, fuseds, data, l2, objective)
-            print(line(f"{title}: LTR top {DEPTH}, {objective}, l2 {l2}, LOCO (held-out)", summarise(held)))
-            if l2 == 1.0:
-                kept[objective] = held
+        held[objective] = held_out(convs, fuseds, data, 1.0, objective)
+        print(line(f"{title}: LTR top {DEPTH}, {objective}, l2 1.0, LOCO (held-out)", summarise(held[objective])))
     model = fit_data(data, 1.0)
     ins = [r for c, f, d in zip(convs, fuseds, data) for r in query_rows(c, rerank(f, d, model))]
     print(line(f"{title}: LTR top {DEPTH}, {OBJECTIVE}, l2 1.0, in-sample", summarise(ins)))
@@ -272,19 +261,16 @@ def run(convs, kws, vecs, fuseds, title: str, l2s=(0.1, 1.0, 10.0)) -> list:
     print(
         line(f"{title}: the same through solos_rank.ltr_score", summarise(with_weights(convs, fuseds, data, rounded)))
     )
-    return kept
+    return held
 
 
 def reranker_figures(convs, vec) -> dict[str, dict[str, dict]]:
     """Per mode (keyword; hybrid when vectors are given): the first pass, the service's weights (fitted on all
     five conversations: in-sample) and the held-out figure (LOCO), simulated as this module does."""
-    global DEPTH, EXTRA
-    DEPTH, EXTRA = solos_rank.RERANK_DEPTH, False
-    kw = kw_leg(convs, solos_rank.STOP_WORDS)
+    kw = recipe_keyword(convs)
     modes = {"keyword": (None, [normalised(m, 100, "minmax") for m in kw], solos_rank.LTR_KEYWORD_WEIGHTS)}
     if vec is not None:
-        hy = linear([kw, vec], [solos_rank.KEYWORD_WEIGHT, solos_rank.VECTOR_WEIGHT], 100, "minmax")
-        modes["hybrid"] = (vec, hy, solos_rank.LTR_HYBRID_WEIGHTS)
+        modes["hybrid"] = (vec, recipe_hybrid(kw, vec), solos_rank.LTR_HYBRID_WEIGHTS)
     figures = {}
     for mode, (vecs, fused, weights) in modes.items():
         data = build(convs, kw, vecs, fused)
@@ -296,45 +282,15 @@ def reranker_figures(convs, vec) -> dict[str, dict[str, dict]]:
     return figures
 
 
-def variants(convs, kw, raw, vec, hy) -> None:
-    """Also tried (--variants): pairwise feature products (a quadratic model), and vector-neighbour features."""
-    global DEPTH
-    DEPTH = solos_rank.RERANK_DEPTH
-
-    def quad(X: np.ndarray) -> np.ndarray:
-        n = X.shape[1]
-        return np.hstack([X] + [(X[:, i] * X[:, j])[:, None] for i in range(n) for j in range(i, n)])
-
-    def held_out(fused, ds, transform, l2) -> dict:
-        held = []
-        for h in range(len(convs)):
-            X = np.vstack([transform(d[0]) for j, d in enumerate(ds) if j != h])
-            y = np.concatenate([d[1] for j, d in enumerate(ds) if j != h])
-            d = ds[h]
-            held += query_rows(convs[h], rerank(fused[h], (transform(d[0]), d[1], d[2], d[3]), fit(X, y, l2)))
-        return summarise(held)
-
-    kw_only = [normalised(m, 100, "minmax") for m in kw]
-    for title, vecs, fused in (("keyword", None, kw_only), ("hybrid", vec, hy)):
-        ds = build(convs, kw, vecs, fused)
-        print(line(f"{title}: linear, LOCO", held_out(fused, ds, lambda X: X, 1.0)))
-        for l2 in (10.0, 100.0, 1000.0):
-            print(line(f"{title}: quadratic, l2 {l2}, LOCO", held_out(fused, ds, quad, l2)), flush=True)
-    ds = build(convs, kw, vec, hy)
-    aug = []
-    for c, r, (X, y, qs, cs) in zip(convs, raw, ds):
-        prev_c, next_c = neighbour_scores(c, r, [-1, 1])
-        extra = np.stack([r[qs, cs], prev_c[qs, cs], next_c[qs, cs], X[:, 13] * prev_c[qs, cs]], axis=1)
-        aug.append((np.hstack([X, extra]), y, qs, cs))
-    print(
-        line("hybrid: + raw, previous and next cosine, previous asks x its cosine", held_out(hy, aug, lambda X: X, 1.0))
-    )
+def paired(title: str, on: list, off: list, metrics: tuple[str, ...]) -> None:
+    """Mean +- 2 SE of the per-question difference on - off, for each metric."""
+    for metric in metrics:
+        d = np.array([a[1][metric] - b[1][metric] for a, b in zip(on, off)])
+        print(f"    {title} {metric}: {d.mean():+.4f} +- {2 * d.std(ddof=1) / np.sqrt(len(d)):.4f}")
 
 
 def latency(convs, kw, vec, fused) -> None:
     """Per-question cost of the pure-Python part at RERANK_DEPTH: features of every candidate, score, sort."""
-    global DEPTH
-    DEPTH = solos_rank.RERANK_DEPTH
     timings = []
     first_pass = {
         "fused": 0.5,
@@ -372,54 +328,25 @@ def latency(convs, kw, vec, fused) -> None:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo JSON file (default: %(default)s)")
+    args = parser.parse_args(argv)
     started = time.perf_counter()
-    convs = load_conversations(DEFAULT_DATA)
-    import solos_embed
-
-    embedder = solos_embed.load_embedder(None)
-    if "--dynint8" in sys.argv:  # the re-quantized model's vectors (bench/requantize_minilm.py)
-        from recall_v2_research import dynint8_scores
-
-        vec = smooth(convs, dynint8_scores(convs), 0.5, 1)
-        print("vector leg: MiniLM re-quantized for integer kernels")
-    else:
-        raw = vector_scores(convs, embedder, text_speaker_date)
-        vec = smooth(convs, raw, 0.5, 1)
-    kw = kw_leg(convs, solos_rank.STOP_WORDS)
-    kw_only = normalised_all = [normalised(m, 100, "minmax") for m in kw]
-    hy = linear([kw, vec], [0.7, 0.3], 100, "minmax")
-    del normalised_all
+    convs = load_conversations(args.data)
+    kw = recipe_keyword(convs)
+    vec = recipe_vector(convs, solos_embed.load_embedder(None))
+    kw_only = [normalised(m, 100, "minmax") for m in kw]
+    hy = recipe_hybrid(kw, vec)
     print(HEAD)
-    if "--variants" in sys.argv:
-        variants(convs, kw, raw, vec, hy)
-        return 0
-    global DEPTH, EXTRA
-    held = {}
-    for depth, extra in ((20, False), (30, False), (50, False), (20, True)):
-        DEPTH, EXTRA = depth, extra
-        print(f"-- rerank depth {depth}{', with EXTRA_FEATURES' if extra else ''}")
-        held[depth, extra, "kw"] = run(convs, kw, None, kw_only, "keyword", (0.1, 1.0, 10.0) if depth == 30 else (1.0,))
-        held[depth, extra, "hy"] = run(convs, kw, vec, hy, "hybrid", (0.1, 1.0, 10.0) if depth == 30 else (1.0,))
-    print("-- paired difference, held-out LTR (depth 20) - first pass: mean +- 2 SE")
-    for leg, first in (("kw", kw_only), ("hy", hy)):
+    held = {"keyword": run(convs, kw, None, kw_only, "keyword"), "hybrid": run(convs, kw, vec, hy, "hybrid")}
+    print(f"-- paired difference, held-out LTR (top {DEPTH}) - first pass: mean +- 2 SE")
+    for mode, first in (("keyword", kw_only), ("hybrid", hy)):
         base = [r for c, m in zip(convs, first) for r in query_rows(c, m)]
-        for metric in ("hit@5", "frac@10", "MRR"):
-            d = np.array([a[1][metric] - b[1][metric] for a, b in zip(held[20, False, leg][OBJECTIVE], base)])
-            print(f"    {leg} {metric}: {d.mean():+.4f} +- {2 * d.std(ddof=1) / np.sqrt(len(d)):.4f}")
-    print("-- paired difference of the held-out figures, listwise - logistic (depth 20): mean +- 2 SE")
-    for leg in ("kw", "hy"):
-        on, off = held[20, False, leg]["listwise"], held[20, False, leg]["logistic"]
-        for metric in ("hit@1", "hit@5", "frac@10", "MRR"):
-            d = np.array([a[1][metric] - b[1][metric] for a, b in zip(on, off)])
-            print(f"    {leg} {metric}: {d.mean():+.4f} +- {2 * d.std(ddof=1) / np.sqrt(len(d)):.4f}")
-    print("-- paired difference of the held-out figures, EXTRA_FEATURES on - off (depth 20): mean +- 2 SE")
-    for leg in ("kw", "hy"):
-        on, off = held[20, True, leg][OBJECTIVE], held[20, False, leg][OBJECTIVE]
-        for metric in ("hit@5", "frac@10", "MRR"):
-            d = np.array([a[1][metric] - b[1][metric] for a, b in zip(on, off)])
-            print(f"    {leg} {metric}: {d.mean():+.4f} +- {2 * d.std(ddof=1) / np.sqrt(len(d)):.4f}")
-    DEPTH, EXTRA = solos_rank.RERANK_DEPTH, False
+        paired(mode, held[mode][OBJECTIVE], base, ("hit@5", "frac@10", "MRR"))
+    print(f"-- paired difference of the held-out figures, listwise - logistic (top {DEPTH}): mean +- 2 SE")
+    for mode in ("keyword", "hybrid"):
+        paired(mode, held[mode]["listwise"], held[mode]["logistic"], ("hit@1", "hit@5", "frac@10", "MRR"))
     latency(convs, kw, vec, hy)
     print(f"run time {time.perf_counter() - started:.1f} s")
     return 0

@@ -1,6 +1,6 @@
 """Peak RSS of the running service with hybrid recall on a LoCoMo conversation: this tree against another checkout.
 
-    .venv/bin/python bench/service_rss.py --base DIR [--conversation N] [--copies N] [LOCOMO.json]
+    .venv/bin/python bench/service_rss.py --base DIR [--conversation N] [--copies N] [--data LOCOMO.json]
 
 DIR is another checkout of solos-memory, such as the last commit with the
 fastembed loader: `git archive <commit> | tar -x -C DIR` (its embedder needs
@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 from harness import ROOT, Client, Process, machine_note, percentiles
-from locomo import DEFAULT_DATA, READER, agent_names, load_conversations, recall_ids, write_turns
+from locomo import READER, recall_ids, write_turns
+from locomo_data import DEFAULT_DATA, agent_names, load_conversations
 
 CATCH_UP_TIMEOUT_S = 900
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -155,7 +156,7 @@ def measure(tree: Path, folder: Path, conv, copies: int, floor: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo JSON (default: %(default)s)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo JSON (default: %(default)s)")
     parser.add_argument("--base", type=Path, required=True, help="the other checkout (no default)")
     parser.add_argument("--conversation", type=int, default=0, help="which conversation, from 0 (default: %(default)s)")
     parser.add_argument("--copies", type=int, default=1, help="copies of its turns written (default: %(default)s)")

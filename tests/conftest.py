@@ -1,15 +1,20 @@
-"""The real server on an ephemeral loopback port, on a fresh database, one per test."""
+"""The real server on an ephemeral loopback port, on a fresh database, one per test; and the helpers the test
+modules share (one place for each: a module imports them from here, never from another test module)."""
 
 from __future__ import annotations
 
 import hashlib
 import http.client
+import itertools
 import json
 import os
 import socket
 import sqlite3
+import subprocess
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +23,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -27,6 +34,8 @@ import solos_memory  # noqa: E402
 
 AGENTS = ("atlas", "sol", "hermes", "nova")
 REQUIRE_ALL = os.environ.get("SOLOS_TEST_REQUIRE_ALL") == "1"
+BUDGET_MS = 300  # busy_timeout_ms of a service whose database a test locks: its 503 comes within this
+SERVE_POLL_S = 0.01  # how soon a stopped test server notices; a sleeping server wakes 100 times a second
 
 
 def skip_or_fail(reason: str) -> None:
@@ -141,7 +150,8 @@ def start_server(db_path: Path, **config: Any) -> RunningServer:
     config.setdefault("model_dir", "off")
     config.setdefault("log_requests", False)
     server = solos_memory.build_server(solos_memory.Config(db=str(db_path), port=0, **config), list(AGENTS))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    # shutdown() waits for serve_forever's next poll: at 0.05 s that was 50 ms of every test's teardown.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SERVE_POLL_S}, daemon=True)
     thread.start()
     return RunningServer(server, db_path)
 
@@ -174,9 +184,11 @@ def make_server(tmp_path: Path):
 
 
 def write_tokens(path: Path, tokens: dict[str, str]) -> None:
-    """A tokens file: one `<sha256 of token> <agent>` per line, mode 600."""
-    path.write_text("".join(f"{hashlib.sha256(t.encode()).hexdigest()} {agent}\n" for t, agent in tokens.items()))
-    path.chmod(0o600)
+    """A tokens file as `solos_memory.py token` writes it: `<sha256 of token> <agent>` per line, mode 600 from
+    the start; tokens maps each token to its agent."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.writelines(f"{hashlib.sha256(token.encode()).hexdigest()} {agent}\n" for token, agent in tokens.items())
 
 
 @pytest.fixture
@@ -196,6 +208,75 @@ def embedded_server(make_server, monkeypatch):
         return make_server(name, **config)
 
     return make
+
+
+def wait_until(condition, what: str = "condition", timeout_s: float = 20.0):
+    """Poll condition() until it returns something truthy, and return that; fail naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+    return result
+
+
+def episode(server: RunningServer, agent: str, summary: str, headers: dict | None = None) -> int:
+    """Write one episodic row over REST; its id."""
+    body = {"agent": agent, "event_type": "task", "summary": summary}
+    reply = server.request("POST", "/v1/episodic", body=body, headers=headers)
+    assert reply.status == 201, reply.body
+    return reply.body["id"]
+
+
+# ==== Properties: one server per module, a fresh namespace per example ====
+
+PROPERTY_SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+words = st.text(alphabet=st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=1, max_size=12)
+sentences = st.lists(words, min_size=1, max_size=8).map(" ".join)
+NAMESPACES = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def shared_server(request, tmp_path_factory):
+    """One server for a module's property tests: `@given` runs a function-scoped fixture once for all its
+    examples, so each example takes fresh agents and a fresh marker word instead. A module's
+    SHARED_SERVER_CONFIG (a dict of Config fields) starts it with other settings."""
+    config = getattr(request.module, "SHARED_SERVER_CONFIG", {})
+    running = start_server(tmp_path_factory.mktemp("shared") / "solos.db", **config)
+    yield running
+    stop_server(running)
+
+
+def fresh_agents(server: RunningServer, count: int = 3) -> list[str]:
+    """A namespace of its own for one example: new registered agents."""
+    n = next(NAMESPACES)
+    names = [f"p{n}-agent{i}" for i in range(count)]
+    solos_memory.register_agents(solos_memory.Config(db=str(server.db_path)), names)
+    return names
+
+
+def marker() -> str:
+    """A word no other row holds; its tail is what the file scans look for (FTS5 prefix-compresses terms)."""
+    return "zq" + uuid.uuid4().hex
+
+
+# ==== The .pyz ====
+
+
+def build_pyz(out: Path, root: Path = ROOT) -> Path:
+    """Run pyz_build.py from root into out (it runs the archive with --version); fail with its output if it fails."""
+    cmd = [sys.executable, str(ROOT / "pyz_build.py"), "--root", str(root), "--out", str(out)]
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def pyz(tmp_path_factory) -> Path:
+    """The archive of this tree, built once per run."""
+    return build_pyz(tmp_path_factory.mktemp("pyz") / "solos-memory.pyz")
 
 
 # ==== A hermetic run: nothing is installed while the tests run ====

@@ -7,7 +7,8 @@ import threading
 import time
 from contextlib import contextmanager
 
-BUDGET_MS = 300
+import pytest
+from conftest import BUDGET_MS
 
 
 @contextmanager
@@ -27,6 +28,7 @@ def write_lock_held(db_path, exclusive: bool = False):
         conn.close()
 
 
+@pytest.mark.slow
 def test_writes_get_503_with_reason_and_retry_after_then_recover(make_server):
     server = make_server(busy_timeout_ms=BUDGET_MS)
     with write_lock_held(server.db_path):
@@ -46,6 +48,7 @@ def test_writes_get_503_with_reason_and_retry_after_then_recover(make_server):
         assert [r[0] for r in conn.execute("SELECT fact FROM memory_longterm")] == ["blocked fact"]
 
 
+@pytest.mark.slow
 def test_a_lock_released_within_the_budget_is_waited_for(make_server):
     server = make_server(busy_timeout_ms=2000)
     holder = sqlite3.connect(server.db_path, isolation_level=None, check_same_thread=False)
@@ -59,6 +62,7 @@ def test_a_lock_released_within_the_budget_is_waited_for(make_server):
         holder.close()
 
 
+@pytest.mark.slow
 def test_reads_under_a_plain_write_lock_still_return_the_data(make_server):
     """WAL readers do not wait for writers: recall answers with the real rows."""
     server = make_server(busy_timeout_ms=BUDGET_MS)
@@ -69,6 +73,7 @@ def test_reads_under_a_plain_write_lock_still_return_the_data(make_server):
         assert [r["text"] for r in reply.body["results"]] == ["visible during a write lock"]
 
 
+@pytest.mark.slow
 def test_reads_blocked_by_an_exclusive_lock_are_503_never_empty(make_server):
     server = make_server(busy_timeout_ms=BUDGET_MS)
     server.post("/v1/long", {"agent": "atlas", "fact": "hidden by an exclusive lock"})
@@ -84,6 +89,7 @@ def test_reads_blocked_by_an_exclusive_lock_are_503_never_empty(make_server):
     assert server.recall("sol", "hidden").body["count"] == 1
 
 
+@pytest.mark.slow
 def test_foreign_episodic_rows_are_not_returned_if_the_audit_cannot_be_written(make_server):
     server = make_server(busy_timeout_ms=BUDGET_MS)
     server.post("/v1/episodic", {"agent": "atlas", "event_type": "task", "summary": "audited event"})

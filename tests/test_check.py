@@ -47,6 +47,7 @@ def check_rows(server) -> list[dict]:
         ]
 
 
+@pytest.mark.slow
 def test_every_check_passes_against_a_live_service(server, capsys):
     assert solos_check.main(["--url", server.url, "--writer", "atlas", "--reader", "sol", *NO_MESH]) == 0
     table = capsys.readouterr().out.splitlines()
@@ -202,6 +203,7 @@ def test_missing_degraded_header_fails(server, monkeypatch):
     assert by_name(results)["degraded mode"].detail == "body says degraded true but X-Memory-Degraded is None"
 
 
+@pytest.mark.slow
 def test_with_an_embedder_the_check_says_so(make_server):
     try:
         server = make_server(model_dir=None)
@@ -294,6 +296,7 @@ def test_the_cleanup_hint_shows_only_when_the_checks_wrote_rows(server, capsys):
     assert "0/6 checks passed" in out and "--cleanup" not in out
 
 
+@pytest.mark.slow
 def test_the_cleanup_hint_names_the_program_that_ran(server, tmp_path):
     """Run from the .pyz, the hint names the .pyz and its check subcommand, not solos_memory.py."""
     import subprocess

@@ -10,10 +10,8 @@ documented error (or, in best-effort mode, the empty result and no exception).
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import logging
-import os
 import queue
 import re
 import secrets
@@ -25,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import write_tokens
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -236,16 +235,9 @@ def test_best_effort_logs_one_line_and_returns_the_empty_result(server, caplog):
     assert len(caplog.records) == 2 and all("carrying on without memory" in r.message for r in caplog.records)
 
 
-def write_tokens(path: Path, tokens: dict[str, str]) -> None:
-    """A tokens file as `solos_memory.py token` writes it: sha256 and agent per line, mode 600."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.writelines(f"{hashlib.sha256(token.encode()).hexdigest()} {agent}\n" for agent, token in tokens.items())
-
-
 def test_tokens_bind_the_caller(make_server, tmp_path):
     token = secrets.token_urlsafe(32)
-    write_tokens(tmp_path / "tokens", {"atlas": token})
+    write_tokens(tmp_path / "tokens", {token: "atlas"})
     server = make_server(tokens_file=str(tmp_path / "tokens"))
     (tmp_path / "atlas.token").write_text(token + "\n")
 
@@ -316,6 +308,7 @@ def test_dead_port_fails_fast(call):
     assert ("after one retry" in str(result)) == (call != "event_without_key")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", sorted(CALLS))
 @pytest.mark.parametrize("behaviour", ["hang", "trickle"])
 def test_a_server_that_never_finishes_answering_costs_the_deadline(fault_server, call, behaviour):
@@ -392,6 +385,7 @@ def chaos():
     server.close()
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(call=st.sampled_from(sorted(CALLS)), behaviours=st.lists(BEHAVIOURS, min_size=1, max_size=2))
 def test_best_effort_never_raises_and_keeps_its_deadline(chaos, call, behaviours):
@@ -427,15 +421,7 @@ def client_command(*argv: str, url: str, pyz: Path | None = None) -> subprocess.
     )
 
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pyz") / "solos-memory.pyz"
-    subprocess.run(
-        [sys.executable, str(ROOT / "pyz_build.py"), "--out", str(out)], check=True, capture_output=True, timeout=120
-    )
-    return out
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("packaging", ["script", "pyz"])
 def test_command_prints_json_and_exits_with_a_usable_status(server, packaging, request):
     archive = request.getfixturevalue("pyz") if packaging == "pyz" else None
@@ -540,6 +526,7 @@ def test_readme_a2a_example_runs(server):
     assert row["summary"] == "When does the backup job run?"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packaging", ["script", "pyz"])
 def test_readme_shell_example_runs(server, packaging, request, tmp_path):
     solos = f"{sys.executable} -I -S " + (
@@ -610,6 +597,7 @@ def test_no_agent_is_a_local_usage_error(fault_server):
         Client(listener.url).recall("x")
 
 
+@pytest.mark.slow
 def test_record_turn_queues_the_write_and_never_waits_for_it(fault_server):
     hung = fault_server(("hang",))
     client = Client(hung.url, "sol", write_timeout=0.5)
@@ -628,6 +616,7 @@ def test_a_full_write_queue_drops_and_counts(fault_server):
     assert client.background.counts["dropped"] == len(dropped) >= 3  # one in the worker's hand at most, two queued
 
 
+@pytest.mark.slow
 def test_the_breaker_stops_calling_a_hung_service_for_its_cooldown(fault_server):
     hung = fault_server(("hang",))
     client = Client(hung.url, "sol", recall_timeout=0.3, breaker_cooldown=0.5)
@@ -644,6 +633,7 @@ def test_the_breaker_stops_calling_a_hung_service_for_its_cooldown(fault_server)
     assert len(hung.held) > connections
 
 
+@pytest.mark.slow
 def test_the_breaker_closes_when_the_service_answers(fault_server):
     flaky = fault_server(("http", 200, b'{"results": [], "count": 0}'))
     flaky.behaviours.put(("reset",))
@@ -665,6 +655,7 @@ print(record_turn(client, "a question", "an answer", turn_id="exit-1"))
 """
 
 
+@pytest.mark.slow
 def test_queued_turns_are_flushed_at_exit_within_the_bound(server, fault_server):
     hung = fault_server(("hang",))
     runs = {
@@ -683,6 +674,7 @@ def test_queued_turns_are_flushed_at_exit_within_the_bound(server, fault_server)
     assert runs["hung"].returncode == 0 and "1 queued writes not written at exit" in runs["hung"].stderr
 
 
+@pytest.mark.slow
 def test_install_hermes_checks_the_home_names_the_agent_and_warns_when_unknown(server, tmp_path):
     def install(home: Path, *extra: str) -> subprocess.CompletedProcess:
         return client_command("install-hermes", "--hermes-home", str(home), *extra, url=server.url)

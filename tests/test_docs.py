@@ -1,7 +1,12 @@
-"""The README stays true: every operation documented, the quick start runs as written on a fresh service."""
+"""The docs stay true: every operation documented, the quick start runs as written on a fresh service, every code
+name README.md and DEVELOPERS.md give exists, and the Configuration table is the CLI's."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import importlib
+import io
 import json
 import re
 import shutil
@@ -49,6 +54,7 @@ def test_set_up_has_exactly_two_commands_the_service_and_the_tests():
     assert zero_install_command() == ["python3", "solos_memory.py", "serve", "--register", "atlas,sol"]
 
 
+@pytest.mark.slow
 def test_quick_start_works_right_after_the_zero_install_set_up_command(tmp_path):
     """Run the README's own commands: the serve line (on a free port) in a fresh folder, then every curl."""
     if shutil.which("curl") is None:
@@ -75,3 +81,251 @@ def test_quick_start_works_right_after_the_zero_install_set_up_command(tmp_path)
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+# ==== Every code name the docs give exists ====
+#
+# What counts as a code name: an inline code span (one pair of backticks, outside fenced blocks) of
+# README.md or DEVELOPERS.md that is a Python-style name, or that holds a path into the repository:
+#
+# - a path under one of the repository's folders (`bench/locomo.py`, `tests/test_setup.py`, also inside a
+#   command) or a bare .py/.md/.sql file name must exist (at the root, in tests/ or in bench/);
+# - a dotted name (`Store.read`, `solos_rank.fuse`, `Memory.embedder_state()`) whose head is one of the
+#   top-level modules or a class defined in one must resolve attribute by attribute: module-level names,
+#   class members (methods, class attributes, dataclass fields, `self.x` assigned in a method, inherited
+#   from a class of ours); a stdlib head (`http.server`) must import; a lower-case head that is neither
+#   (`qdrant.import.left_out`, a key path) must be named in the code part by part, as any snake_case name;
+# - an UPPER_CASE name must be defined at module level (`MAX_CONNECTIONS`), or be an environment variable
+#   the code reads (`SOLOS_MEMORY_DB`: the code asks for "DB" under its prefix) or a systemd unit's command
+#   line does;
+# - a CamelCase name must be a class or name defined at module level (`Store`), or a string the code uses
+#   (the `Origin` header);
+# - a snake_case name with an underscore (`embed_backlog`, `memory_event`, `check_args`) must be named
+#   somewhere in the code: an identifier, a string (a JSON key, SQL) or schema.sql; or be built there from a
+#   string ending in "_" and such a name (`invalid_fact` from f"invalid_{field}"). Docstrings and comments
+#   do not count. Hermes's name for one of our MCP tools (`mcp__solos_memory__recall`) must end in a name.
+# Single lower-case words (`recall`, `agent`) are not checked: they are English as often as code; nor are
+# Hermes Agent's own names (EXTERNAL) and files the service makes (RUNTIME_FILES).
+# "The code" is every top-level module (solos_*.py, mcp_bridge.py, pyz_build.py) and tests/conftest.py
+# (`skip_or_fail`), all searched at once, so moving a name between modules keeps the docs true.
+
+DOCS = ("README.md", "DEVELOPERS.md")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(\))?")
+REPO_PATH = re.compile(r"(?<![\w./~-])(?:bench|tests|research|scripts|systemd|models)/[\w./-]*")
+CHECKED_FILES = (".py", ".md", ".sql")
+MCP_CLIENT_TOOL = re.compile(r"mcp__\w+?__(\w+)")  # how Hermes names an MCP server's tool: the tool must be ours
+RUNTIME_FILES = (".db", ".lock", ".yaml", ".json")  # made by the service or Hermes, not in the repository
+# Hermes Agent's own names, which the README cites from its source (not ours to define).
+EXTERNAL = {"AIAgent", "MemoryManager", "compress_context", "MEMORY.md", "USER.md", "__init__.py"}
+
+
+def code_spans(text: str) -> list[str]:
+    return re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+
+
+class CodeIndex:
+    """What the top-level modules define, class by class, and every word they name outside docstrings."""
+
+    def __init__(self) -> None:
+        self.modules: dict[str, set[str]] = {}  # module -> the names it binds at module level (imports too)
+        self.defined: set[str] = set()  # module-level definitions of every module (no imports)
+        self.classes: dict[str, list[tuple[set[str], list[str]]]] = {}  # class -> (members, base names)
+        self.words: set[str] = set(re.findall(r"\w+", (ROOT / "schema.sql").read_text()))
+        self.strings: set[str] = set()
+        units = (line for unit in (ROOT / "systemd").iterdir() for line in unit.read_text().splitlines())
+        self.unit_words = {word for line in units if not line.startswith("#") for word in re.findall(r"\w+", line)}
+        for path in [*sorted(ROOT.glob("*.py")), ROOT / "tests" / "conftest.py"]:
+            tree = ast.parse(path.read_text())
+            self.modules[path.stem] = set().union(*(bound(node) for node in tree.body))
+            self.defined |= set().union(*(bound(node) for node in tree.body if not isinstance(node, IMPORTS)))
+            docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    bases = [ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases]  # module.Class: Class
+                    self.classes.setdefault(node.name, []).append((class_members(node), bases))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                    self.strings.add(node.value)
+                    self.words |= set(re.findall(r"\w+", node.value))
+                else:
+                    self.words.add(getattr(node, "id", None) or getattr(node, "attr", None) or named(node) or "")
+
+    def members(self, owner: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        """A class's members, with those of its bases that are classes of ours."""
+        found: set[str] = set()
+        for members, bases in self.classes.get(owner, []):
+            found |= members
+            for base in set(bases) & set(self.classes) - seen:
+                found |= self.members(base, seen | {owner})
+        return found
+
+    def problem(self, name: str) -> str | None:
+        """Why a code name does not resolve, or None when it does."""
+        name = name.removesuffix("()")
+        head, *rest = name.split(".")
+        if name in EXTERNAL or head in EXTERNAL or name.endswith(RUNTIME_FILES):
+            return None
+        if name.endswith(CHECKED_FILES):
+            found = any((folder / name).exists() for folder in (ROOT, ROOT / "tests", ROOT / "bench"))
+            return None if found else "no such file in the repository"
+        if (ROOT / name).is_file() or (tool := MCP_CLIENT_TOOL.fullmatch(name)) and tool[1] in self.words:
+            return None
+        if rest:
+            return self.dotted(head, rest)
+        if re.fullmatch(r"[A-Z][A-Z0-9_]+", name):
+            if {name, name.removeprefix("SOLOS_MEMORY_")} & self.strings or name in self.defined | self.unit_words:
+                return None
+            return "not defined at module level, nor an environment variable the code reads"
+        if name[0].isupper():
+            return None if name in self.defined | self.strings else "no class or name of that name"
+        if "_" in name.strip("_"):
+            return None if name in self.words or self.built(name) else "named nowhere in the code"
+        return None
+
+    def built(self, name: str) -> bool:
+        """Whether the code builds the name from a string ending in "_" and a name (f"invalid_{field}")."""
+        return any(
+            name.startswith(prefix) and name.removeprefix(prefix) in self.words
+            for prefix in self.words
+            if prefix.endswith("_") and prefix.strip("_")
+        )
+
+    def dotted(self, head: str, rest: list[str]) -> str | None:
+        """Resolve module.name, Class.member, module.Class.member; a stdlib path; or a key path."""
+        if head not in self.modules and head not in self.classes:
+            if head in sys.stdlib_module_names:
+                return None if stdlib_has(head, rest) else "not in the standard library"
+            if head[0].isupper():
+                return f"{head} is no module or class of ours"
+            missing = [part for part in (head, *rest) if part not in self.words]
+            return f"{missing} named nowhere in the code" if missing else None
+        owner = None if head in self.modules else head
+        for part in rest:
+            if owner is not None:  # a member's type is unknown: what follows it is not checked
+                return None if part in self.members(owner) else f"{owner} has no {part}"
+            if part not in self.modules[head]:
+                return f"{head} has no {part}"
+            if part not in self.classes:
+                return None
+            owner = part
+        return None
+
+
+IMPORTS = (ast.Import, ast.ImportFrom)
+
+
+def bound(node: ast.AST) -> set[str]:
+    """The names a module- or class-level statement binds."""
+    if isinstance(node, IMPORTS):
+        return {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    if name := named(node):
+        return {name}
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    return {leaf.id for target in filter(None, targets) for leaf in ast.walk(target) if isinstance(leaf, ast.Name)}
+
+
+def named(node: ast.AST) -> str | None:
+    """The name a def, a class, a parameter or a keyword argument gives."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return node.name
+    return node.arg if isinstance(node, ast.arg | ast.keyword) else None
+
+
+def class_members(node: ast.ClassDef) -> set[str]:
+    """Methods, class attributes and dataclass fields, and every `self.x` a method assigns."""
+    members = set().union(*(bound(item) for item in node.body))
+    for item in ast.walk(node):
+        targets = item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
+        for leaf in (leaf for target in filter(None, targets) for leaf in ast.walk(target)):
+            if isinstance(leaf, ast.Attribute) and getattr(leaf.value, "id", None) == "self":
+                members.add(leaf.attr)
+    return members
+
+
+def stdlib_has(module: str, path: list[str]) -> bool:
+    """Whether module.path names something in the standard library (a submodule or an attribute)."""
+    try:
+        target = importlib.import_module(module)
+        for part in path:
+            target = getattr(target, part) if hasattr(target, part) else importlib.import_module(f"{module}.{part}")
+    except ImportError:
+        return False
+    return True
+
+
+INDEX = CodeIndex()
+
+
+def doc_names() -> list[tuple[str, str]]:
+    return sorted(
+        {(doc, span) for doc in DOCS for span in code_spans((ROOT / doc).read_text()) if NAME.fullmatch(span)}
+    )
+
+
+@pytest.mark.parametrize(("doc", "name"), doc_names())
+def test_every_code_name_in_the_docs_exists(doc, name):
+    problem = INDEX.problem(name)
+    assert problem is None, f"{doc} names `{name}`: {problem}"
+
+
+def test_every_repository_path_in_the_docs_exists():
+    missing = [
+        (doc, path)
+        for doc in DOCS
+        for span in code_spans((ROOT / doc).read_text())
+        for path in REPO_PATH.findall(span)
+        if not (ROOT / path.rstrip(".,;:")).exists()
+    ]
+    assert missing == []
+
+
+# ==== The Configuration table is the CLI's ====
+
+
+def configuration_table() -> dict[str, str | None]:
+    """The README's Configuration rows: flag -> its environment variable (None where it has none)."""
+    section = README.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        if cells := re.match(r"\| `(--[\w-]+)` \| (`(SOLOS_MEMORY_\w+)`)?", line):
+            rows[cells[1]] = cells[3]
+    return rows
+
+
+def options(*command: str) -> set[str]:
+    """The long options a command's --help lists."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        solos_memory.main([*command, "--help"])
+    return set(re.findall(r"^\s+(?:-\w+, )?(--[\w-]+)", out.getvalue(), re.M)) - {"--help"}
+
+
+def commands() -> list[str]:
+    """The subcommands `solos_memory.py --help` lists, but client (the client's own CLI, not argparse here)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        solos_memory.main(["--help"])
+    return [name for name in re.search(r"\{([\w,-]+)\}", out.getvalue())[1].split(",") if name != "client"]
+
+
+def test_every_flag_in_the_configuration_table_is_an_option():
+    known = set().union(*(options(command) for command in commands()))
+    table = configuration_table()
+    assert "--db" in table and set(table) - known == set()
+
+
+def test_every_serve_option_is_in_the_configuration_table():
+    assert options("serve") - set(configuration_table()) == set()
+
+
+@pytest.mark.parametrize(("flag", "variable"), [(f, v) for f, v in configuration_table().items() if v])
+def test_the_tables_environment_variable_sets_its_flag(flag, variable, monkeypatch):
+    command = next(name for name in ("serve", *commands()) if flag in options(name))
+    dest = flag.removeprefix("--").replace("-", "_")
+    monkeypatch.delenv(variable, raising=False)
+    default = getattr(solos_memory.parse_args([command]), dest)
+    for value in ("4321", "off"):  # a number suits the numbers and the paths; on/off the switch
+        monkeypatch.setenv(variable, value)
+        with contextlib.suppress(SystemExit):
+            assert getattr(solos_memory.parse_args([command]), dest) != default
+            return
+    pytest.fail(f"{variable} takes neither 4321 nor off")

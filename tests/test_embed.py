@@ -14,6 +14,8 @@ import pytest
 import solos_embed
 from solos_embed import EmbeddingsUnavailable, decode_vectors, load_embedder
 
+pytestmark = pytest.mark.slow  # builds the embedder's model in a child process
+
 
 def require_embedder() -> None:
     """Skip the test without the embedder's packages and the weights, or fail under SOLOS_TEST_REQUIRE_ALL=1."""

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import ROOT, raw_exchange, skip_or_fail, start_server, statuses_in, stop_server
+from conftest import BUDGET_MS, ROOT, raw_exchange, skip_or_fail, start_server, statuses_in, stop_server
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +28,8 @@ import solos_memory
 sys.path.insert(0, str(ROOT / "bench"))
 import crash_rounds  # noqa: E402
 
-BUDGET_MS = 300
+pytestmark = pytest.mark.slow  # floods, kill -9 rounds, hypothesis on raw HTTP
+
 TRACEBACK_MARKERS = (b"Traceback", b'File "', b"sqlite3.", b"OperationalError", b'.py"', b"solos_memory.py")
 
 

@@ -3,29 +3,20 @@
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
-import uuid
 
 import pytest
-from conftest import ROOT, start_server, stop_server
+from conftest import ROOT, fresh_agents, marker, sentences, start_server, stop_server, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import solos_memory
 import solos_rank
 
 ALL_TIERS = "short,long,episodic"
-
-
-def marker() -> str:
-    """A word no other row holds; its tail is what the file scans look for (FTS5 prefix-compresses terms)."""
-    return "zq" + uuid.uuid4().hex
 
 
 def forget(server, agent: str, tier: str, row_id: int, transport: str = "rest"):
@@ -190,24 +181,13 @@ def test_a_retraction_keeps_who_what_and_when_but_not_the_text(server):
 
 # ---- property: no recall, with any query, scope or ranking, returns a forgotten row ----
 
-COUNTER = itertools.count()
-words = st.text(alphabet=st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=1, max_size=10)
-sentences = st.lists(words, min_size=1, max_size=6).map(" ".join)
 
-
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory):
-    running = start_server(tmp_path_factory.mktemp("forget-props") / "solos.db")
-    yield running
-    stop_server(running)
-
-
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_no_recall_returns_a_forgotten_row(shared_server, data):
     server = shared_server
-    agents = [f"f{next(COUNTER)}-{i}" for i in range(2)]
-    solos_memory.register_agents(solos_memory.Config(db=str(server.db_path)), agents)
+    agents = fresh_agents(server, 2)
     tag = marker()
     rows = []
     for agent, text, tier, topic in data.draw(
@@ -247,10 +227,11 @@ def test_no_recall_returns_a_forgotten_row(shared_server, data):
         assert not found & forgotten, (q, scope, ranking)
 
 
+@pytest.mark.slow
 def test_forget_reaches_the_qdrant_mirror_and_its_outbox(make_server, tmp_path):
     """The point's delete is queued in the same transaction; once sent, the text leaves the outbox and the files."""
     pytest.importorskip("qdrant_client")
-    from test_qdrant import drained, points_in, wait_for
+    from test_qdrant import drained, points_in
 
     import solos_qdrant
 
@@ -260,11 +241,11 @@ def test_forget_reaches_the_qdrant_mirror_and_its_outbox(make_server, tmp_path):
     fact = f"the mirrored secret is {word}"
     row_id = server.post("/v1/long", {"agent": "atlas", "topic": "t", "fact": fact}).body["id"]
     kept = server.post("/v1/long", {"agent": "atlas", "topic": "t", "fact": "a mirrored fact that stays"}).body["id"]
-    wait_for(lambda: drained(server), what="the first upserts")
+    wait_until(lambda: drained(server), what="the first upserts")
     ok, body = forget(server, "atlas", "long", row_id)
     assert ok and body["mirror"] in ("pending", "none"), body
-    wait_for(lambda: drained(server), what="the point's delete")
-    wait_for(lambda: files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}, what="the text to leave the files")
+    wait_until(lambda: drained(server), what="the point's delete")
+    wait_until(lambda: files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}, what="the text to leave the files")
     stop_server(server)
     points = points_in(path)
     assert [p["solos_row_id"] for p in points.values()] == [kept]
@@ -339,14 +320,7 @@ def write_row(server, tier: str, text: str) -> int:
     return reply.body["id"]
 
 
-def wait_until(condition, what: str, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return result
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("tier", ["long", "short", "episodic"])
 def test_a_forget_killed_before_its_scrub_is_scrubbed_when_the_service_starts_again(tmp_path, tier):
     db = tmp_path / "solos.db"
@@ -381,6 +355,7 @@ def test_a_forget_killed_before_its_scrub_is_scrubbed_when_the_service_starts_ag
         stop_server(server)
 
 
+@pytest.mark.slow
 def test_forgetting_a_row_again_runs_its_scrub_again(server, monkeypatch):
     import solos_forget
 

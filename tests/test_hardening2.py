@@ -10,7 +10,7 @@ import time
 
 import pytest
 import test_events
-from conftest import raw_exchange, statuses_in
+from conftest import raw_exchange, statuses_in, wait_until
 from test_events import subscribed
 
 import mcp_bridge
@@ -94,6 +94,7 @@ def call(n: int, name: str, arguments: dict) -> dict:
     return {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
 
 
+@pytest.mark.slow
 def test_an_mcp_batch_is_capped_in_items_and_in_bytes(server):
     heavy_episodes(server, 40)
     too_many = [call(n, "stats", {}) for n in range(mcp_bridge.MAX_BATCH_ITEMS + 1)]
@@ -126,6 +127,7 @@ def test_the_event_cache_is_bounded_by_bytes_and_shown_in_stats(server, streams,
     assert b"solos_memory_event_cache_bytes" in server.get("/metrics").raw
 
 
+@pytest.mark.slow
 def test_an_agent_gets_its_share_of_streams_and_the_oldest_goes(server, streams):
     hub = server.server.memory.events
     hub.max_subscribers, hub.streams_per_agent = 4, 2
@@ -139,6 +141,7 @@ def test_an_agent_gets_its_share_of_streams_and_the_oldest_goes(server, streams)
     assert hub.stats()["replaced"] == 2
 
 
+@pytest.mark.slow
 def test_a_closed_stream_gives_its_slot_back_within_seconds(server, streams):
     hub = server.server.memory.events
     stream = subscribed(streams(server, {"agent": "sol"}))
@@ -197,7 +200,7 @@ def test_past_the_cap_a_kept_alive_client_keeps_its_connection(make_server, monk
         assert conn.getresponse().read()
         kept.append(conn)
     silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]  # never send a head
-    time.sleep(0.2)
+    wait_until(lambda: len(server.server.waiting) == 8, "the silent sockets to take the last slots")
     newcomers = []
     for _ in range(4):  # past the cap: each evicts someone
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)

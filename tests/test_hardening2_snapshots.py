@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, skip_or_fail, start_server, stop_server, write_tokens
-from test_forget import forget, marker
+from conftest import ROOT, marker, skip_or_fail, start_server, stop_server, write_tokens
+from test_forget import forget
 from test_snapshots import refused, restore, snapshot
 
 import solos_memory
@@ -242,6 +242,7 @@ def previous_release(tmp_path: Path) -> Path:
     return old
 
 
+@pytest.mark.slow
 def test_a_snapshot_the_previous_release_took_restores_into_the_current_schema(tmp_path, capsys):
     old = previous_release(tmp_path)
     db, folder = tmp_path / "old.db", tmp_path / "snapshots"
@@ -333,6 +334,7 @@ def cli(command: str, *args: str) -> list[str]:
     return [sys.executable, str(ROOT / "solos_memory.py"), command, *args]
 
 
+@pytest.mark.slow
 def test_a_killed_snapshots_partial_file_is_removed_by_the_next_one(tmp_path):
     db, folder = tmp_path / "solos.db", tmp_path / "snapshots"
     large_database(db)
@@ -354,6 +356,7 @@ def test_a_killed_snapshots_partial_file_is_removed_by_the_next_one(tmp_path):
         os.close(held)
 
 
+@pytest.mark.slow
 def test_a_killed_restores_copy_is_removed_when_the_service_starts(tmp_path):
     db, folder = tmp_path / "solos.db", tmp_path / "snapshots"
     large_database(db)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # Hermes Agent in its own venv, a process per test
+
 ROOT = Path(__file__).resolve().parent.parent
 HERMES_PYTHON = ROOT / ".venv-hermes" / "bin" / "python"
 PROBE = Path(__file__).resolve().parent / "hermes_probe.py"

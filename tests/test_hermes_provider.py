@@ -24,9 +24,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import skip_or_fail
+from conftest import skip_or_fail, write_tokens
 from hermes_provider_probe import transcript
-from test_client import FaultServer, dead_url, episodic_rows, write_tokens
+from test_client import FaultServer, dead_url, episodic_rows
+
+pytestmark = pytest.mark.slow  # Hermes Agent in its own venv, a process per probe
 
 ROOT = Path(__file__).resolve().parents[1]
 HERMES_BIN = ROOT / ".venv-hermes" / "bin"
@@ -407,7 +409,7 @@ def test_a_full_queue_drops_and_counts_and_a_dead_worker_is_replaced(server, her
 
 def test_token_gated_even_on_loopback(make_server, hermes_home, tmp_path):
     token = secrets.token_urlsafe(32)
-    write_tokens(tmp_path / "tokens", {"hermes": token})
+    write_tokens(tmp_path / "tokens", {token: "hermes"})
     server = make_server(tokens_file=str(tmp_path / "tokens"))
     assert server.post("/v1/long", {"agent": "hermes", "fact": FACT}).status == 401
     turn = [{"op": "sync", "user": "Who holds the token?", "assistant": "hermes"}, {"op": "flush"}, {"op": "counts"}]

@@ -8,11 +8,10 @@ import threading
 import time
 
 import pytest
-from conftest import start_server, stop_server
+from conftest import PROPERTY_SETTINGS, fresh_agents, marker, start_server, stop_server, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
 from test_hybrid import WordHashEmbedder
-from test_properties import PROPERTY_SETTINGS, fresh_agents, marker
 
 import solos_memory
 
@@ -108,6 +107,7 @@ def test_recall_filters_by_tags_on_rest_and_mcp(server):
 # ==== 3. degraded means something ====
 
 
+@pytest.mark.slow
 def test_normal_writes_never_flip_degraded_and_the_backlog_counts_rows_once(embedded_server):
     server = embedded_server(WordHashEmbedder(delay_s=0.02))
     seen = []
@@ -136,7 +136,7 @@ def test_a_fact_written_twice_is_one_row_of_backlog(embedded_server):
     for _ in range(2):
         server.post("/v1/long", {"agent": "atlas", "fact": "written twice while the embedder is broken"})
     server.post("/v1/long", {"agent": "atlas", "fact": "written twice while the embedder is broken", "topic": "t"})
-    time.sleep(0.3)
+    wait_until(lambda: server.get("/v1/stats").body["embed_error"], "the background pass to fail on the row")
     health = server.get("/health").body
     assert health["embed_backlog"] == 1 == server.get("/v1/stats").body["embed_backlog"]
     recall = server.recall("sol", "embedder broken", min_relevance=0).body
@@ -184,6 +184,7 @@ def settle(running) -> None:
     store.read(lambda conn: vectors.load(store, conn, store.vector_generation(conn)))
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_every_acknowledged_row_is_recalled_at_once_by_both_legs(hybrid_server, data):

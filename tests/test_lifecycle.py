@@ -5,18 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import start_server, stop_server
+from conftest import PROPERTY_SETTINGS, episode, fresh_agents, marker, sentences
 from hypothesis import given
 from hypothesis import strategies as st
-from test_properties import PROPERTY_SETTINGS, fresh_agents, marker, sentences
 
 import solos_memory
-
-
-def episode(server, agent: str, summary: str) -> int:
-    reply = server.post("/v1/episodic", {"agent": agent, "event_type": "task", "summary": summary})
-    assert reply.status == 201
-    return reply.body["id"]
 
 
 def mcp_result(reply) -> tuple[bool, dict]:
@@ -176,13 +169,7 @@ def test_archived_episodes_keep_the_sharing_and_audit_rules(server):
 # ==== Properties: attribution and the foreign label hold for archived and promoted rows ====
 
 
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory):
-    running = start_server(tmp_path_factory.mktemp("lifecycle") / "solos.db")
-    yield running
-    stop_server(running)
-
-
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_archived_and_promoted_rows_keep_their_writer_and_foreign_label(shared_server, data):

@@ -16,6 +16,8 @@ from node_tooling import run_node_tool
 
 import solos_memory
 
+pytestmark = pytest.mark.slow  # Node and the MCP SDKs
+
 CLIENT_TIMEOUT_S = 60
 INSPECTOR_TIMEOUT_S = 120  # Node start-up dominates; a call takes well under a second
 

@@ -11,7 +11,10 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from node_tooling import run_node_tool
+
+pytestmark = pytest.mark.slow  # Node and the MCP conformance suite
 
 EXPECTED_FAILURES = Path(__file__).with_name("mcp-expected-failures.yml")
 MUST_PASS = ("server-initialize", "ping", "tools-list", "dns-rebinding-protection")

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, write_tokens
 from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import solos_memory
 
 
+@pytest.mark.slow
 def test_openapi_is_valid_and_covers_every_operation(server):
     reply = server.get("/openapi.json")
     assert reply.status == 200

@@ -1,6 +1,6 @@
 """Packaging: the .pyz archive and the systemd units.
 
-The archive is built once per module into tmp with pyz_build.py (which itself
+The archive is built once per run into tmp with pyz_build.py (which itself
 runs it with --version). It must be reproducible, start on a fresh venv with no
 packages (keyword recall, degraded), and use the embedder on an interpreter
 that has its packages. The units must pass `systemd-analyze verify`, and their
@@ -29,7 +29,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import skip_or_fail
+from conftest import build_pyz, skip_or_fail
+
+pytestmark = pytest.mark.slow  # builds archives and venvs, runs systemd-analyze and make lint
 
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = ROOT / "systemd"
@@ -45,21 +47,8 @@ UNIT_NAMES = (
 START_TIMEOUT_S = 60
 
 
-def build(out: Path, root: Path = ROOT) -> Path:
-    """Run pyz_build.py from root into out; fail with its output if it fails."""
-    cmd = [sys.executable, str(ROOT / "pyz_build.py"), "--root", str(root), "--out", str(out)]
-    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return out
-
-
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory) -> Path:
-    return build(tmp_path_factory.mktemp("pyz") / "solos-memory.pyz")
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +154,7 @@ def test_archive_holds_the_service_and_a_shebang(pyz):
 
 def test_build_is_reproducible(pyz, tmp_path):
     """The same inputs give the same bytes, whatever the files' mtimes, modes and checkout path."""
-    assert sha256(build(tmp_path / "again.pyz")) == sha256(pyz)
+    assert sha256(build_pyz(tmp_path / "again.pyz")) == sha256(pyz)
 
     copy = tmp_path / "elsewhere"
     with zipfile.ZipFile(pyz) as archive:
@@ -176,7 +165,7 @@ def test_build_is_reproducible(pyz, tmp_path):
         shutil.copyfile(ROOT / name, target)
         target.chmod(0o600 if i % 2 else 0o755)
         os.utime(target, (1_000_000_000 + i, 1_700_000_000 + 7 * i))
-    assert sha256(build(tmp_path / "copy.pyz", root=copy)) == sha256(pyz)
+    assert sha256(build_pyz(tmp_path / "copy.pyz", root=copy)) == sha256(pyz)
 
 
 def test_build_fails_and_keeps_the_old_archive_when_the_archive_cannot_start(pyz, tmp_path):

@@ -2,44 +2,16 @@
 
 from __future__ import annotations
 
-import itertools
 import sqlite3
-import uuid
 
 import pytest
-from conftest import start_server, stop_server
+from conftest import BUDGET_MS, PROPERTY_SETTINGS, fresh_agents, marker, sentences
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import solos_memory
+pytestmark = pytest.mark.slow  # hypothesis: hundreds of requests per test
 
-BUDGET_MS = 300
-COUNTER = itertools.count()
-PROPERTY_SETTINGS = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-
-words = st.text(alphabet=st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=1, max_size=12)
-sentences = st.lists(words, min_size=1, max_size=8).map(" ".join)
-
-
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory):
-    running = start_server(tmp_path_factory.mktemp("props") / "solos.db", busy_timeout_ms=BUDGET_MS)
-    yield running
-    stop_server(running)
-
-
-def fresh_agents(server, count: int = 3) -> list[str]:
-    """A namespace of its own for one example: new registered agents."""
-    n = next(COUNTER)
-    names = [f"p{n}-agent{i}" for i in range(count)]
-    solos_memory.register_agents(solos_memory.Config(db=str(server.db_path)), names)
-    return names
-
-
-def marker() -> str:
-    return "m" + uuid.uuid4().hex[:12]
+SHARED_SERVER_CONFIG = {"busy_timeout_ms": BUDGET_MS}  # the locked-database property waits this long for its 503
 
 
 @PROPERTY_SETTINGS

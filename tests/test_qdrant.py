@@ -9,11 +9,11 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
+import uuid
 from pathlib import Path
 
 import pytest
-from conftest import AGENTS, REQUIRE_ALL, ROOT, stop_server
+from conftest import AGENTS, REQUIRE_ALL, ROOT, stop_server, wait_until
 
 import solos_memory
 import solos_qdrant
@@ -31,10 +31,12 @@ def test_two_facts_sharing_a_100_character_prefix_get_two_ids():
     # The node's old scheme gives both the same point: the second overwrote the first.
     assert legacy_point_id("atlas", "infra", FACT_A) == legacy_point_id("atlas", "infra", FACT_B)
     assert point_id("atlas", "long", FACT_A) != point_id("atlas", "long", FACT_B)
-    # The id depends on writer and tier too, and on nothing else.
+    # The id depends on writer and tier too, and on nothing else: it is the README's recipe, so the fleet's
+    # other writers derive the same id for the same memory.
     assert point_id("atlas", "long", FACT_A) != point_id("sol", "long", FACT_A)
     assert point_id("atlas", "long", FACT_A) != point_id("atlas", "episodic", FACT_A)
-    assert point_id("atlas", "long", FACT_A) == point_id("atlas", "long", FACT_A)
+    digest = hashlib.sha256(FACT_A.encode()).hexdigest()
+    assert point_id("atlas", "long", FACT_A) == str(uuid.uuid5(uuid.NAMESPACE_URL, f"atlas:long:{digest}"))
 
 
 def test_store_memory_writes_through_the_service_and_both_colliding_facts_survive(server):
@@ -234,16 +236,6 @@ def test_import_of_a_missing_collection_fails_with_a_reason(server, tmp_path, ca
 # ==== Mirror: every long change reaches Qdrant, through a durable outbox ====
 
 
-def wait_for(predicate, timeout_s: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def drained(server) -> bool:
     status = server.get("/v1/stats").body["qdrant"]
     return status["backlog"] == 0 and status["last_drained_at"] is not None
@@ -258,6 +250,7 @@ def points_in(path: Path) -> dict[str, dict]:
     return {str(r.id): r.payload for r in records}
 
 
+@pytest.mark.slow
 def test_mirror_sends_every_long_write_update_and_delete(make_server, tmp_path):
     path = tmp_path / "qdrant"
     server = make_server(qdrant=solos_qdrant.Target(path=str(path)))
@@ -270,7 +263,7 @@ def test_mirror_sends_every_long_write_update_and_delete(make_server, tmp_path):
         conn.execute("UPDATE memory_longterm SET fact = 'Backups run at 03:00' WHERE fact = 'Backups run at 02:00'")
         conn.execute("DELETE FROM memory_longterm WHERE fact = 'Temporary'")
         row_ids = {r["fact"]: r["id"] for r in conn.execute("SELECT id, fact FROM memory_longterm")}
-    wait_for(lambda: drained(server), what="the outbox to drain")
+    wait_until(lambda: drained(server), what="the outbox to drain")
     stop_server(server)
     points = points_in(path)
     assert set(points) == {
@@ -297,6 +290,7 @@ def test_mirror_sends_every_long_write_update_and_delete(make_server, tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_outbox_keeps_200_writes_through_an_outage_and_delivers_each_once(make_server, tmp_path):
     path = tmp_path / "qdrant"
     holder = QdrantClient(path=str(path))  # local mode allows one client per folder: Qdrant is "down"
@@ -305,14 +299,14 @@ def test_outbox_keeps_200_writes_through_an_outage_and_delivers_each_once(make_s
     facts = [f"Outage fact number {i} about service {i % 7}" for i in range(200)]
     statuses = [server.post("/v1/long", {"agent": AGENTS[i % 4], "fact": f}).status for i, f in enumerate(facts)]
     assert statuses == [201] * 200  # every write acknowledged while Qdrant is unreachable
-    status = wait_for(lambda: (s := server.get("/v1/stats").body["qdrant"])["last_error"] and s, what="an error")
+    status = wait_until(lambda: (s := server.get("/v1/stats").body["qdrant"])["last_error"] and s, what="an error")
     assert status["backlog"] == 200 and "already accessed" in status["last_error"]
     assert status["consecutive_failures"] >= 1
     metrics = server.get("/metrics").raw.decode()
     assert "solos_memory_qdrant_outbox_backlog 200" in metrics and "solos_memory_qdrant_mirror_failing 1" in metrics
     holder.close()  # Qdrant is back
     server.server.memory.mirror.wake.set()  # rather than wait out the backoff
-    wait_for(lambda: drained(server), what="the backlog to drain")
+    wait_until(lambda: drained(server), what="the backlog to drain")
     assert server.get("/v1/stats").body["qdrant"]["consecutive_failures"] == 0
     stop_server(server)
     points = points_in(path)
@@ -338,6 +332,7 @@ def outbox_size(db: Path) -> int:
         conn.close()
 
 
+@pytest.mark.slow
 def test_kill_9_mid_drain_loses_nothing(tmp_path):
     """Queue 2,000 facts with the mirror on but unconfigured, start one that drains, kill -9 it midway, restart."""
     db, path, total = tmp_path / "solos.db", tmp_path / "qdrant", 2000
@@ -355,18 +350,19 @@ def test_kill_9_mid_drain_loses_nothing(tmp_path):
     assert outbox_size(db) == total
     draining = running_service(db, "--qdrant-path", str(path))
     with draining:
-        remaining = wait_for(lambda: (n := outbox_size(db)) < total and n, timeout_s=60, what="the drain to start")
+        remaining = wait_until(lambda: (n := outbox_size(db)) < total and n, timeout_s=60, what="the drain to start")
         draining.kill()  # SIGKILL: no shutdown code runs
     assert 0 < remaining < total, "the drain finished before the kill; nothing was tested"
     print("killed with", remaining, "of", total, "queued")
     assert outbox_size(db) > 0
     with running_service(db, "--qdrant-path", str(path)):
-        wait_for(lambda: outbox_size(db) == 0, timeout_s=60, what="the restarted drain")
+        wait_until(lambda: outbox_size(db) == 0, timeout_s=60, what="the restarted drain")
     points = points_in(path)
     assert len(points) == total
     assert set(points) == {point_id("atlas", "long", f"Queued fact {i}") for i in range(total)}
 
 
+@pytest.mark.slow
 def test_mirroring_imported_facts_replaces_their_legacy_points_and_leaves_the_rest(make_server, tmp_path, capsys):
     path = tmp_path / "qdrant"
     seed(path, legacy_points())
@@ -378,7 +374,7 @@ def test_mirroring_imported_facts_replaces_their_legacy_points_and_leaves_the_re
     before = points_in(path)
     # The collection has 4-dim vectors and this service no embedder: the mirror must say so, not send.
     mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
-    status = wait_for(lambda: (s := mirrored.get("/v1/stats").body["qdrant"])["rows_waiting_for_retry"] and s)
+    status = wait_until(lambda: (s := mirrored.get("/v1/stats").body["qdrant"])["rows_waiting_for_retry"] and s)
     assert "4-dim vectors" in status["last_error"] and status["backlog"] == len(facts)
     stop_server(mirrored)
     assert points_in(path) == before
@@ -393,7 +389,7 @@ def test_mirroring_imported_facts_replaces_their_legacy_points_and_leaves_the_re
     with sqlite3.connect(tmp_path / "solos.db") as conn:
         conn.execute("UPDATE qdrant_outbox SET next_try_at = ''")  # due now, not in a minute
     mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
-    wait_for(lambda: drained(mirrored), what="the outbox to drain")
+    wait_until(lambda: drained(mirrored), what="the outbox to drain")
     stop_server(mirrored)
     after = points_in(path)
     left_alone = {pid for pid, p in before.items() if solos_qdrant.attribute(p)[0] in (None, "ghost")}
@@ -467,6 +463,7 @@ def raw_ids(path: Path) -> set:
         client.close()
 
 
+@pytest.mark.slow
 def test_integer_and_uuid_ids_through_import_mirror_forget_and_verify(make_server, tmp_path, capsys):
     path, db = tmp_path / "qdrant", tmp_path / "solos.db"
     seed_vectorless(path, ID_FIXTURE)
@@ -482,7 +479,7 @@ def test_integer_and_uuid_ids_through_import_mirror_forget_and_verify(make_serve
     assert status == 0 and report["points_per_row"] == {"0": 0, "1": 4} and report["unmanaged_points"] == 1
 
     mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
-    wait_for(lambda: drained(mirrored), what="the imported rows to be mirrored")
+    wait_until(lambda: drained(mirrored), what="the imported rows to be mirrored")
     stop_server(mirrored)
     canonical = {point_id(agent, "long", fact) for fact, (_, agent) in facts.items()}
     # Each legacy point, integer or UUID, is replaced by its canonical one: 1001 and 1002 are gone too.
@@ -495,7 +492,7 @@ def test_integer_and_uuid_ids_through_import_mirror_forget_and_verify(make_serve
     row, agent = facts["Integer-id fact in the new shape"]
     gone = mirrored.request("DELETE", f"/v1/memory?agent={agent}&tier=long&id={row}")
     assert gone.status == 200 and gone.body["mirror"] == "pending", gone.body
-    wait_for(lambda: drained(mirrored), what="the forget's delete")
+    wait_until(lambda: drained(mirrored), what="the forget's delete")
     stop_server(mirrored)
     assert raw_ids(path) == canonical - {point_id(agent, "long", "Integer-id fact in the new shape")} | {7}
     assert "Integer-id fact in the new shape" not in json.dumps(list(points_in(path).values()))
@@ -513,6 +510,7 @@ def test_integer_and_uuid_ids_through_import_mirror_forget_and_verify(make_serve
     assert report["examples"]["stray_points"] == ["99"] and report["examples"]["missing_rows"] == [lost[0]]
 
 
+@pytest.mark.slow
 def test_ids_qdrant_would_refuse_are_counted_and_never_block_the_outbox(make_server, tmp_path):
     path = tmp_path / "qdrant"
     seed_vectorless(path, {})
@@ -528,7 +526,7 @@ def test_ids_qdrant_would_refuse_are_counted_and_never_block_the_outbox(make_ser
             )
     stop_server(server)
     mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
-    wait_for(lambda: drained(mirrored), what="the outbox to drain")
+    wait_until(lambda: drained(mirrored), what="the outbox to drain")
     status = mirrored.get("/v1/stats").body["qdrant"]
     assert status["refused_point_ids"] == 2 and status["backlog"] == 0
     stop_server(mirrored)
@@ -594,6 +592,7 @@ def test_import_applies_the_apis_rules_and_counts_every_skipped_point(server, tm
     assert stats["imported_private"] == 1 and stats["left_out"]["private_agent_shares_episodic"] == 1
 
 
+@pytest.mark.slow
 def test_forget_without_a_running_mirror_says_so_and_the_text_leaves_the_outbox(make_server, tmp_path):
     """Issue 18 #13: the outbox is on (a mirror ran once) but this service runs none."""
     path = tmp_path / "qdrant"
@@ -615,7 +614,7 @@ def test_forget_without_a_running_mirror_says_so_and_the_text_leaves_the_outbox(
         assert not file.exists() or b"heliotrope-7731" not in file.read_bytes()
     # A mirror started later still deletes the point (it never existed here: the delete is a no-op that drains).
     mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
-    wait_for(lambda: drained(mirrored), what="the queued delete")
+    wait_until(lambda: drained(mirrored), what="the queued delete")
     stop_server(mirrored)
     assert raw_ids(path) == set()
 
@@ -664,6 +663,7 @@ def test_loopback_calls_never_go_through_a_proxy(server, proxy):
     assert proxy.seen == []
 
 
+@pytest.mark.slow
 def test_a_loopback_qdrant_is_reached_directly(proxy):
     qdrant = RecordingListener()  # stands in for Qdrant: whatever reaches it is recorded
     client = solos_qdrant.connect(solos_qdrant.Target(url=qdrant.url))

@@ -47,11 +47,17 @@ def logits(weights: tuple, vector: bool) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("mode", ["keyword", "hybrid"])
-def test_weights_line_up_with_the_features(mode):
+def test_every_feature_ltr_features_gives_meets_one_weight(mode):
+    """ltr_score pairs weights and features by position: one more or one fewer would shift or drop some."""
     weights = solos_rank.LTR_KEYWORD_WEIGHTS if mode == "keyword" else solos_rank.LTR_HYBRID_WEIGHTS
-    features = len(solos_rank.KEYWORD_FEATURES) + (len(solos_rank.VECTOR_FEATURES) if mode == "hybrid" else 0)
-    assert len(weights) == 1 + features  # the bias first
-    assert len(logits(weights, mode == "hybrid")) == 3
+    question = solos_rank.Question.of(QUESTION, solos_rank.query_words(QUESTION), WRITERS)
+    vector = {"cosine": 0.6, "vector": 1.0} if mode == "hybrid" else {}
+    features = solos_rank.ltr_features(
+        question, view("I painted a sunset last week."), None, None, {**first_pass(0.8, 2, 0.8), **vector}
+    )
+    assert len(features) == len(weights) - 1  # the bias first
+    expected = weights[0] + sum(weight * value for weight, value in zip(weights[1:], features))
+    assert solos_rank.ltr_score(features, weights) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("mode", ["keyword", "hybrid"])

@@ -148,6 +148,7 @@ def test_own_episodic_rows_are_always_readable(server):
     assert texts(server.recall("atlas", "private event", tiers="episodic")) == ["atlas private event"]
 
 
+@pytest.mark.slow
 def test_expired_short_rows_are_never_returned(server):
     server.post("/v1/short", {"agent": "atlas", "key": "soon", "value": "ephemeral marker", "ttl_s": 0.3})
     server.post("/v1/short", {"agent": "atlas", "key": "later", "value": "durable marker", "ttl_s": 600})
@@ -284,6 +285,7 @@ def test_the_fact_after_a_match_in_the_same_topic_is_recalled_too(server):
     assert texts(scoped) == ["Lemon risotto with peas."]  # entering through a neighbour still obeys scope
 
 
+@pytest.mark.slow
 def test_a_word_every_row_has_is_left_out_of_the_query_and_the_ranking_stands(make_server, monkeypatch):
     """A word in half the rows or more has no BM25 weight (FTS5 clamps its IDF), but matching it scores every row:
     the query leaves it out, and the rows the other words find come back in the same order."""
@@ -335,6 +337,7 @@ def test_a_question_of_only_common_words_still_asks_for_them(make_server, monkey
     assert server.recall("sol", "Melanie diary", k=5).body["count"] == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [3, 130, 20_000])
 def test_the_index_row_count_is_read_from_fts5_without_a_scan(server, rows):
     """Store.indexed_rows reads FTS5's own record (a varint: one, two and three bytes here), kept on deletes."""

@@ -140,6 +140,7 @@ def test_odd_dates_never_fail_a_recall(server, topic, question):
     assert texts(reply) == ["something happened"]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(max_size=200) | st.from_regex(r"\d{1,2} [A-Za-z]{3,9},? (19|20)\d\d|(19|20)\d\d-\d\d-\d\d"))
 def test_date_parsing_never_raises(text):
@@ -217,6 +218,7 @@ def audited(server, author: str) -> list[tuple]:
     return sorted((a["reader"], a["row_id"]) for a in server.get("/v1/audit", agent=author, limit=1000).body["reads"])
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_reranking_only_reorders_what_the_rules_allow(shared_pair, data):
@@ -290,6 +292,7 @@ def test_rerank_is_a_serve_setting_flag_over_environment(monkeypatch, capsys):
     assert "expected on or off, got 'yes'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_a_text_shape_is_its_words_prefixes_length_and_question_mark(text):
@@ -318,6 +321,7 @@ def test_a_recall_reads_each_rows_topic_neighbours_once(pair, monkeypatch):
     assert asked and len(asked) == len(set(asked))
 
 
+@pytest.mark.slow
 def test_what_recall_keeps_of_the_texts_it_met_stays_small_however_long_they_are(server):
     """The per-text caches hold short texts only: a writer of 16 KiB values must not pin the service's memory.
 

@@ -7,21 +7,13 @@ import json
 import sqlite3
 
 import pytest
-from conftest import start_server, stop_server, write_tokens
+from conftest import episode, start_server, stop_server, write_tokens
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_events import Stream, subscribed
 
 import solos_memory
 import solos_snapshot
-
-
-def episode(server, agent: str, summary: str, headers: dict | None = None) -> int:
-    reply = server.request(
-        "POST", "/v1/episodic", body={"agent": agent, "event_type": "task", "summary": summary}, headers=headers
-    )
-    assert reply.status == 201, reply.body
-    return reply.body["id"]
 
 
 def forget(server, agent: str, tier: str, row_id: int, headers: dict | None = None) -> int:
@@ -41,6 +33,7 @@ def replay(server, agent: str, transport: str, headers: dict | None = None, **ar
     return reply.body["result"]["structuredContent"]["events"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens", [False, True])
 def test_a_replayed_event_never_shows_the_next_writers_private_episode(make_server, tmp_path, tokens):
     config = {}
@@ -188,6 +181,7 @@ steps = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plan=steps)
 def test_an_event_shows_only_its_own_row_and_every_foreign_episode_read_is_audited(tmp_path_factory, plan):

@@ -82,6 +82,7 @@ def test_existing_fleet_database_is_adopted_without_changing_its_tables(make_ser
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "table,column",
     [
@@ -107,6 +108,7 @@ def test_startup_refuses_a_database_missing_a_needed_column(tmp_path, table, col
     conn.close()
 
 
+@pytest.mark.slow
 def test_agents_add_and_list(tmp_path):
     db = str(tmp_path / "solos.db")
     added = cli("agents", "add", "atlas", "sol", "--db", db)
@@ -168,6 +170,7 @@ def test_the_check_db_help_says_it_must_exist(capsys):
     assert "must exist" in help_text and "created" not in help_text
 
 
+@pytest.mark.slow
 def test_purge_deletes_only_expired_short_rows(server):
     server.post("/v1/short", {"agent": "atlas", "key": "old", "value": "v", "ttl_s": 0.01})
     server.post("/v1/short", {"agent": "atlas", "key": "new", "value": "v", "ttl_s": 600})
@@ -181,6 +184,7 @@ def test_purge_deletes_only_expired_short_rows(server):
         assert [r[0] for r in conn.execute("SELECT key FROM memory_short")] == ["new"]
 
 
+@pytest.mark.slow
 def test_purge_fails_loudly_when_the_database_is_locked(server):
     with server.db() as conn:
         conn.execute("BEGIN EXCLUSIVE")
@@ -230,6 +234,7 @@ def test_check_command_is_part_of_the_service_cli(server, capsys):
         assert conn.execute("SELECT count(*) FROM memory_longterm WHERE source = 'solos-check'").fetchone()[0] == 0
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_service_cleanly(tmp_path):
     import signal
 

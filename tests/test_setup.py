@@ -20,11 +20,14 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+import pytest
 from conftest import ROOT, skip_or_fail
 from test_docs import README, set_up_commands, zero_install_command
 from test_packaging import call, service
 
 import solos_embed
+
+pytestmark = pytest.mark.slow  # pip installs the runtime venv, then the service catches up on 300 rows
 
 FLEET_ROWS = 300  # written directly, as the fleet does: the full service must catch up on them by itself
 SETUP_TIMEOUT_S = 600  # venv + pip install before the listening line; about 15 s from a nearby index

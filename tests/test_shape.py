@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 
+import pytest
 from conftest import ROOT
 
 SPINE = "solos_memory"
@@ -26,11 +27,13 @@ def project_modules() -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_no_module_but_the_entry_points_imports_the_spine():
     importers = {name for name, imported in project_modules().items() if SPINE in imported}
     assert importers <= ENTRY_POINTS - {SPINE}, f"{sorted(importers - ENTRY_POINTS)} import the spine"
 
 
+@pytest.mark.slow
 def test_project_imports_have_no_cycle():
     graph = project_modules()
     done: set[str] = set()

@@ -9,8 +9,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from conftest import marker
 from test_events import Stream, subscribed
-from test_forget import checkpoint, files_holding, marker
+from test_forget import checkpoint, files_holding
 
 import solos_memory
 import solos_store
@@ -37,6 +38,7 @@ def recall_view(server, agent: str, q: str, **query) -> list[tuple]:
     ]
 
 
+@pytest.mark.slow
 def test_the_dataspace_test_vector(server, make_server, tmp_path):
     """The fleet's dataspace note, through the service's own API and commands."""
     first = server.post(
@@ -152,6 +154,7 @@ def test_restore_refuses_a_snapshot_of_a_newer_schema(server, tmp_path, capsys):
     assert "schema version '99', newer" in refused(manifest["path"], tmp_path / "target.db", capsys, "schema")
 
 
+@pytest.mark.slow
 def test_a_restore_from_before_a_forget_does_not_bring_the_row_back(server, make_server, tmp_path):
     folder = tmp_path / "snapshots"
     word = marker()

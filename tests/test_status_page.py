@@ -138,6 +138,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", header[16:24])
 
 
+@pytest.mark.slow
 def test_the_page_shows_the_fleet_in_a_real_browser(make_server, monkeypatch, tmp_path):
     monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (WordHashEmbedder(), None))
     server = make_server("status.db")
@@ -187,6 +188,7 @@ def test_the_page_shows_the_fleet_in_a_real_browser(make_server, monkeypatch, tm
     assert "0.1.0" in dom.text_by_id["footer"]
 
 
+@pytest.mark.slow
 def test_keyword_only_is_a_neutral_mode_with_one_sentence_on_hybrid_and_no_machine_paths(
     make_server, monkeypatch, tmp_path
 ):
@@ -248,6 +250,7 @@ def test_with_tokens_an_agent_sees_its_own_part_and_the_operator_everything(make
     assert [row[1] for row in mine.tables["rejections"]] == ["atlas"]
 
 
+@pytest.mark.slow
 def test_with_tokens_a_browser_logs_in_with_the_token_as_password(token_server, tmp_path):
     refused = browse(token_server.url + "/status", tmp_path / "anonymous")  # headless: no one types a password
     assert not refused.tables and "agents" not in "".join(refused.text).lower()
@@ -263,6 +266,7 @@ def test_head_and_other_methods(server):
     assert post.status == 405 and post.headers["allow"] == "GET, HEAD"
 
 
+@pytest.mark.slow
 def test_busy_refusals_are_counted_on_the_page(make_server, monkeypatch):
     monkeypatch.setattr(solos_connections, "MAX_CONNECTIONS", 2)
     server = make_server("busy.db")
@@ -335,6 +339,7 @@ MACHINE_PATH = re.compile(r"(?:^|[\s'\"(=])/(?:home|root|usr|tmp|var|opt|etc|srv
 FLEET = [f"agent-{name}" for name in "abcdefghijklm"]  # 13 agents, as found by a new user
 
 
+@pytest.mark.slow
 def test_the_page_reads_at_a_glance_at_desktop_and_phone_width(make_server, monkeypatch, tmp_path):
     import sys
 

@@ -45,6 +45,7 @@ def insert(conn: sqlite3.Connection, tier: solos_store.Tier, agent: str, n: int)
         )
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(
     writers=st.lists(st.sampled_from(AGENTS), min_size=1, max_size=12),
