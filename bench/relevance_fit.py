@@ -264,7 +264,7 @@ def report(asked: list[Asked], mode: str, floor: float, conversations: int) -> N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="LoCoMo JSON file (default: %(default)s)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo JSON file (default: %(default)s)")
     parser.add_argument("--modes", default="hybrid,keyword", help="service modes (default: %(default)s)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N conversations (default: all)")
     parser.add_argument("--python", default=sys.executable, help="the service's interpreter (default: %(default)s)")

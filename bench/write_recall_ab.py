@@ -34,9 +34,8 @@ def start(tree: Path, db: Path) -> Process:
     )
 
 
-def build_db(db: Path, rows: int) -> tuple[list[str], list[str]]:
+def build_db(db: Path, rows: int, conversations: list) -> tuple[list[str], list[str]]:
     """LoCoMo turns as long facts (copies marked #n past the first pass), embedded; (agents, questions)."""
-    conversations = load_conversations(DEFAULT_DATA)
     turns = [t for c in conversations for t in c.turns]
     agents = agent_names([t.speaker for t in turns])
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -82,14 +81,16 @@ def line(name: str, samples: dict[str, list[float]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="the other checkout (no default)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo JSON (default: %(default)s)")
     parser.add_argument("--rows", type=int, default=2000, help="long facts in the database (default: %(default)s)")
     parser.add_argument("--writes", type=int, default=200, help="timed writes per side (default: %(default)s)")
     parser.add_argument("--queries", type=int, default=300, help="timed recalls per side (default: %(default)s)")
     args = parser.parse_args()
+    conversations = load_conversations(args.data)  # a missing file stops here, in one line
     print(machine_note())
     with tempfile.TemporaryDirectory() as folder:
         source = Path(folder) / "source.db"
-        agents, questions = build_db(source, args.rows)
+        agents, questions = build_db(source, args.rows, conversations)
         dbs = {name: Path(folder) / f"{name}.db" for name in ("base", "this")}
         for db in dbs.values():
             shutil.copy(source, db)

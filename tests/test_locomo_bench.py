@@ -13,7 +13,14 @@ import locomo_data
 BENCH = Path(locomo_data.__file__).parent
 
 # Every bench that reads LoCoMo, with the arguments it needs besides --data.
-LOCOMO_BENCHES = {"locomo.py": [], "embed.py": [], "ltr_research.py": [], "service_rss.py": ["--base", "."]}
+LOCOMO_BENCHES = {
+    "locomo.py": [],
+    "embed.py": [],
+    "ltr_research.py": [],
+    "service_rss.py": ["--base", "."],
+    "relevance_fit.py": [],
+    "write_recall_ab.py": ["--base", "."],
+}
 
 
 def test_malformed_evidence_ids_are_normalised_and_unknown_ones_dropped():
