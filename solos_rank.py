@@ -21,11 +21,10 @@ import datetime
 import functools
 import logging
 import math
-import operator
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -717,8 +716,8 @@ class Question:
 
 def ltr_features(
     question: Question, row: dict, previous: dict | None, following: dict | None, first_pass: dict
-) -> list[float]:
-    """The reranker's inputs for one candidate, in KEYWORD_FEATURES (+ VECTOR_FEATURES when given) order.
+) -> dict[str, float]:
+    """The reranker's inputs for one candidate by name, in KEYWORD_FEATURES (+ VECTOR_FEATURES when given) order.
 
     row, previous and following are ranking_view()s ("agent", "date": a day
     ordinal or None, and text_shape's "stems", "words", "asks"); first_pass
@@ -732,33 +731,45 @@ def ltr_features(
     prev_asks = float(previous is not None and previous["asks"])
     prev_k, next_k = first_pass["neighbour_prev"], first_pass["neighbour_next"]
     named = row["agent"].lower() in question.named
-    features = [
-        first_pass["fused"],
-        1.0 / first_pass["fused_rank"],
-        first_pass["keyword"],
-        1.0 / first_pass["keyword_rank"] if first_pass["keyword_rank"] else 0.0,
-        max(prev_k, next_k),
-        prev_k,
-        next_k,
-        float(named),
-        float(bool(question.named) and not named),
-        float(row["asks"]),
-        math.log1p(row["words"]),
-        float(window is not None and day is not None and window[0] <= day <= window[1]),
-        len(question.stems & words) / wanted,
-        prev_asks,
-        prev_asks * prev_k,
-        len(question.stems & around) / wanted,
-        float(previous is None),
-    ]
+    features = {
+        "fused": first_pass["fused"],
+        "fused_rr": 1.0 / first_pass["fused_rank"],
+        "keyword": first_pass["keyword"],
+        "keyword_rr": 1.0 / first_pass["keyword_rank"] if first_pass["keyword_rank"] else 0.0,
+        "neighbour_best": max(prev_k, next_k),
+        "neighbour_prev": prev_k,
+        "neighbour_next": next_k,
+        "writer_named": float(named),
+        "other_named": float(bool(question.named) and not named),
+        "is_question": float(row["asks"]),
+        "log_words": math.log1p(row["words"]),
+        "in_date_window": float(window is not None and day is not None and window[0] <= day <= window[1]),
+        "coverage": len(question.stems & words) / wanted,
+        "prev_is_question": prev_asks,
+        "answers_match": prev_asks * prev_k,
+        "coverage_around": len(question.stems & around) / wanted,
+        "first_of_topic": float(previous is None),
+    }
     if "cosine" in first_pass:
-        features += [first_pass["cosine"], first_pass["vector"]]
+        features.update(cosine=first_pass["cosine"], vector=first_pass["vector"])
     return features
 
 
-def ltr_score(features: list[float], weights: tuple[float, ...]) -> float:
-    """The model's logit: weights[0] + the sum of weights[1:] x features (raw, unstandardised weights)."""
-    return weights[0] + sum(map(operator.mul, weights[1:], features))
+def feature_names(hybrid: bool) -> tuple[str, ...]:
+    """The reranker's features in weight order: the keyword mode's, plus the vector leg's in hybrid."""
+    return KEYWORD_FEATURES + (VECTOR_FEATURES if hybrid else ())
+
+
+def ltr_score(features: Mapping[str, float], weights: tuple[float, ...]) -> float:
+    """The model's logit: weights[0] + the sum of weights[1:] x features (raw, unstandardised weights).
+
+    Weights pair with features by name: the features must be exactly feature_names() of the weights' mode, in
+    that order, or this raises (a positional zip would drop or shift some without a word).
+    """
+    names = feature_names(len(weights) - 1 > len(KEYWORD_FEATURES))
+    if tuple(features) != names or len(weights) != len(names) + 1:
+        raise ValueError(f"reranker features {list(features)} do not match its {len(weights) - 1} weights {names}")
+    return weights[0] + sum(weight * value for weight, value in zip(weights[1:], features.values()))
 
 
 def logistic(logit: float) -> float:

@@ -84,7 +84,7 @@ def features(
         }
         if vec is not None:
             first_pass.update(cosine=float(vec[qi, i]), vector=float(vn[i]))
-        cols.append(solos_rank.ltr_features(question, row(i), prev, nxt, first_pass))
+        cols.append(list(solos_rank.ltr_features(question, row(i), prev, nxt, first_pass).values()))
     return np.array(cols)
 
 
@@ -236,7 +236,8 @@ def with_weights(convs, fuseds, data, weights: tuple[float, ...]) -> list:
     rows = []
     for c, f, d in zip(convs, fuseds, data):
         out = f * 0.001
-        out[d[2], d[3]] = 10 + np.array([solos_rank.ltr_score(list(x), weights) for x in d[0]])
+        names = solos_rank.feature_names(len(weights) - 1 > len(solos_rank.KEYWORD_FEATURES))
+        out[d[2], d[3]] = 10 + np.array([solos_rank.ltr_score(dict(zip(names, x)), weights) for x in d[0]])
         rows += query_rows(c, out)
     return rows
 

@@ -56,8 +56,21 @@ def test_every_feature_ltr_features_gives_meets_one_weight(mode):
         question, view("I painted a sunset last week."), None, None, {**first_pass(0.8, 2, 0.8), **vector}
     )
     assert len(features) == len(weights) - 1  # the bias first
-    expected = weights[0] + sum(weight * value for weight, value in zip(weights[1:], features))
+    assert tuple(features) == solos_rank.feature_names(mode == "hybrid")
+    by_name = {name: pair[0 if mode == "keyword" else 1] for name, pair in solos_rank.LTR_WEIGHTS.items()}
+    expected = by_name["bias"] + sum(by_name[name] * value for name, value in features.items())
     assert solos_rank.ltr_score(features, weights) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mode", ["keyword", "hybrid"])
+def test_a_feature_missing_or_extra_is_an_error_not_a_truncation(mode):
+    weights = solos_rank.LTR_KEYWORD_WEIGHTS if mode == "keyword" else solos_rank.LTR_HYBRID_WEIGHTS
+    question = solos_rank.Question.of(QUESTION, solos_rank.query_words(QUESTION), WRITERS)
+    vector = {"cosine": 0.6, "vector": 1.0} if mode == "hybrid" else {}
+    features = solos_rank.ltr_features(question, view("A sunset."), None, None, {**first_pass(0.8, 2, 0.8), **vector})
+    for broken in ({k: v for k, v in features.items() if k != "coverage"}, {**features, "extra": 1.0}):
+        with pytest.raises(ValueError):
+            solos_rank.ltr_score(broken, weights)
 
 
 @pytest.mark.parametrize("mode", ["keyword", "hybrid"])
