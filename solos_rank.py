@@ -27,9 +27,39 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+from solos_store import Tier, Visibility
 
 log = logging.getLogger("solos_memory")
+
+Result = TypeVar("Result")
+
+
+class RankStore(Protocol):
+    """What ranking reads from a store: solos_store.Store is one; a second backend implements the same.
+
+    `conn` is the store's own connection for the recall's one read snapshot (sqlite3 for solos_store).
+    """
+
+    def read(self, work: Callable[[Any], Result]) -> Result: ...
+
+    def ranked_rows(
+        self, conn: Any, tier: Tier, seen: Visibility, match: str, limit: int, tags: Sequence[str] = ()
+    ) -> list: ...
+
+    def rows_by_id(self, conn: Any, tier: Tier, seen: Visibility, ids: list[int], tags: Sequence[str] = ()) -> list: ...
+
+    def topic_neighbours(self, conn: Any, ids: list[int]) -> dict[int, tuple[int | None, int | None]]: ...
+
+    def indexed_rows(self, conn: Any, tier: Tier) -> int | None: ...
+
+    def matches_at_least(self, conn: Any, tier: Tier, match: str, count: int) -> bool: ...
+
+    def vector_generation(self, conn: Any) -> int: ...
+
+    def load_vectors(self, conn: Any, tier: str, model: str) -> Any: ...
+
 
 # ==== Query words ====
 
@@ -91,7 +121,7 @@ class CommonWords:
 
     SIZE = ""  # stands for the tier's size in `pending` (no query word is empty)
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: RankStore) -> None:
         self.store = store
         self.sizes: dict[str, tuple[float, int]] = {}  # fts table -> (checked at, rows in its index)
         self.known: dict[tuple[str, str], tuple[float, bool]] = {}  # (fts table, word) -> (checked at, common)
@@ -99,7 +129,7 @@ class CommonWords:
         self.lock = threading.Lock()
         self.checker = ThreadPoolExecutor(1, "common-words")
 
-    def of(self, tier: Any, words: Sequence[str]) -> set[str]:
+    def of(self, tier: Tier, words: Sequence[str]) -> set[str]:
         """The words known to be common in this tier; the size, and unknown or stale words, are queued for a check."""
         now = time.monotonic()
         size = self.sizes.get(tier.fts)
@@ -119,7 +149,7 @@ class CommonWords:
             self.check_later(tier, unknown)
         return common
 
-    def check_later(self, tier: Any, words: list[str]) -> None:
+    def check_later(self, tier: Tier, words: list[str]) -> None:
         """Queue a check of the tier's size and of those words not queued already."""
         with self.lock:
             new = [word for word in words if (tier.fts, word) not in self.pending]
@@ -133,7 +163,7 @@ class CommonWords:
         except RuntimeError:  # shut down: the service is stopping
             pass
 
-    def check(self, tier: Any, words: list[str]) -> None:
+    def check(self, tier: Tier, words: list[str]) -> None:
         """The tier's size, then (if it is large enough) which of the words match half its rows or more."""
 
         def counts(conn: Any) -> tuple[int, dict[str, bool]]:
@@ -189,10 +219,10 @@ Around = dict[Key, tuple[Key | None, Key | None]]  # a long fact's previous and 
 
 
 def keyword_candidates(
-    store: Any,
+    store: RankStore,
     conn: Any,
-    tiers: Sequence[Any],
-    seen: Any,
+    tiers: Sequence[Tier],
+    seen: Visibility,
     match: str,
     words: list[str],
     depth: int,
@@ -219,7 +249,7 @@ def keyword_candidates(
     return candidates
 
 
-def read_neighbours(store: Any, conn: Any, tier: Any, ids: list[int], around: Around) -> None:
+def read_neighbours(store: RankStore, conn: Any, tier: Tier, ids: list[int], around: Around) -> None:
     """Each of these rows' previous and next row of its topic, into `around` ((None, None) without a topic)."""
     found = store.topic_neighbours(conn, ids)
     for row_id in ids:
@@ -231,10 +261,10 @@ def read_neighbours(store: Any, conn: Any, tier: Any, ids: list[int], around: Ar
 
 
 def smooth_with_neighbours(
-    store: Any,
+    store: RankStore,
     conn: Any,
-    tier: Any,
-    seen: Any,
+    tier: Tier,
+    seen: Visibility,
     keyword: dict[Key, dict],
     around: Around,
     tags: Sequence[str] = (),
@@ -295,7 +325,7 @@ class VectorIndex:
         self.recent: dict[str, dict[int, tuple[str, str, Any, int]]] = {tier: {} for tier in self.tier_names}
 
     def add(
-        self, store: Any, tier: str, row_id: int, agent: str, expires_at: str | None, vector: Any, generation: int
+        self, store: RankStore, tier: str, row_id: int, agent: str, expires_at: str | None, vector: Any, generation: int
     ) -> None:
         """A row the service just embedded and saved (at `generation`): the next search sees it."""
         with self.lock:
@@ -304,7 +334,7 @@ class VectorIndex:
         if crowded:  # writes with no recall between: fold them into a snapshot rather than grow this
             self.reload_soon(store)
 
-    def refresh(self, store: Any, conn: Any, tiers: Sequence[str]) -> None:
+    def refresh(self, store: RankStore, conn: Any, tiers: Sequence[str]) -> None:
         """Make the snapshot current: at once while it holds nothing for these tiers, else in the background."""
         generation = store.vector_generation(conn)
         if generation == self.generation:
@@ -314,7 +344,7 @@ class VectorIndex:
             return
         self.reload_soon(store)
 
-    def reload_soon(self, store: Any) -> None:
+    def reload_soon(self, store: RankStore) -> None:
         """Reload in the background, unless a reload runs already."""
         with self.lock:
             if self.reloading:
@@ -322,7 +352,7 @@ class VectorIndex:
             self.reloading = True
         threading.Thread(target=self.reload, args=(store,), name="vector-reload", daemon=True).start()
 
-    def reload(self, store: Any) -> None:
+    def reload(self, store: RankStore) -> None:
         try:
             store.read(lambda conn: self.load(store, conn, store.vector_generation(conn)))
         except Exception:  # the next recall tries again; until then the old snapshot serves
@@ -330,7 +360,7 @@ class VectorIndex:
         finally:
             self.reloading = False
 
-    def load(self, store: Any, conn: Any, generation: int) -> None:
+    def load(self, store: RankStore, conn: Any, generation: int) -> None:
         import numpy as np
 
         tiers = {}
@@ -471,7 +501,7 @@ class VectorIndex:
 
 
 def vector_candidates(
-    vectors: VectorIndex, query: Any, tiers: Sequence[Any], seen: Any, depth: int
+    vectors: VectorIndex, query: Any, tiers: Sequence[Tier], seen: Visibility, depth: int
 ) -> dict[Key, float]:
     """Cosine per tier among rows the caller may see (`seen.mask`: scope and, for opt-in tiers, who shares)."""
     similar = {}
@@ -777,10 +807,10 @@ def logistic(logit: float) -> float:
 
 
 def rerank(
-    store: Any,
+    store: RankStore,
     conn: Any,
     plan: Any,
-    seen: Any,
+    seen: Visibility,
     fused: Fused,
     vectors: VectorIndex | None,
     around: Around,
@@ -874,7 +904,7 @@ def calibrated_relevance(
 
 
 def topic_context(
-    store: Any, conn: Any, tiers: Sequence[Any], seen: Any, keys: list[Key], rows: dict, around: Around
+    store: RankStore, conn: Any, tiers: Sequence[Tier], seen: Visibility, keys: list[Key], rows: dict, around: Around
 ) -> None:
     """The previous and next fact of each long fact's topic, into `around` if the keyword leg did not read them;
     those not among `rows` (the candidates) join it.
@@ -952,7 +982,7 @@ def ranking_view(text: Any, agent: str, topic: Any, ts: Any) -> dict:
 # ==== Presenting: labels, duplicates ====
 
 
-def tier_result(tier: Any, row: Any, caller: str) -> dict:
+def tier_result(tier: Tier, row: Any, caller: str) -> dict:
     """One recalled row, labelled with tier, writer, time, score, source and foreign."""
     row_id, agent = row["id"], row["agent"]
     result = {
