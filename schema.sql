@@ -624,7 +624,8 @@ CREATE TABLE IF NOT EXISTS memory_forgotten_span (
     row_id         INTEGER NOT NULL,
     agent          TEXT NOT NULL,
     born_at        TEXT NOT NULL,
-    forgotten_at   TEXT NOT NULL
+    forgotten_at   TEXT NOT NULL,
+    lived_until    TEXT NOT NULL     -- forgotten_at, or a short row's expiry if that came first
 );
 CREATE INDEX IF NOT EXISTS memory_forgotten_span_time ON memory_forgotten_span (forgotten_at);
 

@@ -1606,9 +1606,11 @@ def erase_versions(conn: sqlite3.Connection, tier: str, row: Any, retraction_id:
         "SELECT min(valid_from) FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"])
     ).fetchone()[0]
     conn.execute(
-        "INSERT OR REPLACE INTO memory_forgotten_span (retraction_id, tier, row_id, agent, born_at, forgotten_at) "
-        "SELECT id, tier, row_id, agent, ?, forgotten_at FROM memory_retraction WHERE id = ?",
-        (min(born, earliest or born), retraction_id),
+        "INSERT OR REPLACE INTO memory_forgotten_span "
+        "(retraction_id, tier, row_id, agent, born_at, forgotten_at, lived_until) "
+        "SELECT id, tier, row_id, agent, ?, forgotten_at, min(coalesce(?, forgotten_at), forgotten_at) "
+        "FROM memory_retraction WHERE id = ?",
+        (min(born, earliest or born), row["expires_at"] if tier == "short" else None, retraction_id),
     )
     conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
 
@@ -1681,7 +1683,7 @@ def versions_of(conn: sqlite3.Connection, tier: str, ids: Sequence[int]) -> list
 def retracted_as_of(conn: sqlite3.Connection, at: str) -> list[dict]:
     """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text)."""
     rows = conn.execute(
-        "SELECT tier, row_id, agent, forgotten_at FROM memory_forgotten_span WHERE born_at <= ? AND forgotten_at > ? "
+        "SELECT tier, row_id, agent, forgotten_at FROM memory_forgotten_span WHERE born_at <= ? AND lived_until > ? "
         "ORDER BY forgotten_at",
         (at, at),
     )
