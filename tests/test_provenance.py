@@ -386,3 +386,22 @@ def test_the_daily_purge_drops_deliveries_past_ninety_days_and_records_its_run(s
         assert [r[0] for r in conn.execute("SELECT reader FROM memory_delivery")] == ["sol"]
         run = conn.execute("SELECT result, rows FROM memory_job_run WHERE job = 'purge'").fetchone()
         assert tuple(run) == ("ok", 1)
+
+
+# ==== The client and the Hermes provider surface them ====
+
+
+def test_the_client_turns_open_notices_into_prompt_lines_once_and_acknowledges_them(server):
+    import solos_client
+
+    word = marker()
+    row = server.post("/v1/long", {"agent": "atlas", "fact": f"{word} the old door code"}).body["id"]
+    client = solos_client.Client(server.url, "sol")
+    assert solos_client.turn_context(client, word)  # sol is shown the row
+    server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": row})
+    text = solos_client.retraction_context(client)
+    assert text.startswith("Facts you relied on were retracted")
+    assert f"long row {row} by atlas: forgotten" in text and word not in text
+    assert solos_client.retraction_context(client) == ""  # acknowledged: injected once
+    dead = solos_client.Client("http://127.0.0.1:9", "sol", best_effort=True)
+    assert solos_client.retraction_context(dead) == ""
