@@ -17,6 +17,7 @@ import sqlite3
 from typing import Any
 
 import solos_bounds
+import solos_provenance
 import solos_rank
 import solos_store
 from solos_store import Forbidden, NotFound
@@ -102,6 +103,7 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
     retraction = memory.store.write(work)
     memory.written()
     solos_rank.drop_kept_texts()
+    solos_provenance.drop_kept_texts()
     memory.events.forget_encoded()  # encoded events may quote the forgotten row
     scrubbed = memory.scrubber.scrub(tier, row_id)
     if scrubbed["mirror"] == "pending" and memory.mirror is None:

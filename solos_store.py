@@ -1588,11 +1588,11 @@ def first_delivery(conn: sqlite3.Connection, reader: str, tier: str, ids: Sequen
 
 
 def near_candidates(conn: sqlite3.Connection, match: str, limit: int) -> list[sqlite3.Row]:
-    """Long facts whose own text matches `match` (an FTS5 query), best first: id, agent, fact, created_at, vector."""
+    """Up to `limit` long facts whose own text matches `match` (an FTS5 query), unranked: id, agent, fact,
+    created_at, vector."""
     return conn.execute(
-        "SELECT l.id, l.agent, l.fact, l.created_at, l.embedding FROM (SELECT rowid AS id, rank "
-        "FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? ORDER BY rank LIMIT ?) m "
-        "JOIN memory_longterm l ON l.id = m.id ORDER BY m.rank",
+        "SELECT l.id, l.agent, l.fact, l.created_at, l.embedding FROM (SELECT rowid AS id "
+        "FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? LIMIT ?) m JOIN memory_longterm l ON l.id = m.id",
         ("{fact} : (" + match + ")", limit),
     ).fetchall()
 
