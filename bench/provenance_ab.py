@@ -24,13 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import ROOT, Client, Process, machine_note, percentiles
+from harness import ROOT, Client, machine_note, percentiles
+from recall_ab import alternate_recalls, start
 from recall_latency import CALLER, LINES, K, make_queries
-
-
-def start(tree: Path, db: Path) -> Process:
-    argv = [sys.executable, str(tree / "solos_memory.py"), "serve", "--db", str(db), "--port", "0"]
-    return Process(argv + ["--no-request-log", "--model-dir", "off"])
 
 
 def base_database(base: Path, size: str, seed: int) -> Path:
@@ -83,15 +79,7 @@ def main() -> int:
             print(f"{args.size} rows, base {base_tree}, this {ROOT}")
             print("recall (ms):")
             for tiers, scope, style in LINES:
-                queries = make_queries(source, args.queries, args.seed, style)
-                samples: dict[str, list[float]] = {"base": [], "this": []}
-                for q in queries[:20]:  # warm both
-                    for client in clients.values():
-                        client.json("GET", "/v1/recall", query={"agent": CALLER, "q": q, "tiers": tiers, "k": K})
-                for q in queries:
-                    for name, client in clients.items():
-                        query = {"agent": CALLER, "q": q, "tiers": tiers, "scope": scope, "k": K}
-                        samples[name].append(timed(client, "GET", "/v1/recall", query=query))
+                samples = alternate_recalls(clients, make_queries(source, args.queries, args.seed, style), tiers, scope)
                 b, t = percentiles(samples["base"]), percentiles(samples["this"])
                 print(
                     f"  {tiers:<14} {scope:<7} {style:<8} base p50 {b['p50']:6.3f} p99 {b['p99']:6.3f}  "
