@@ -214,7 +214,8 @@ def test_as_of_answers_equal_a_replay_of_the_writes_up_to_each_moment(shared, ac
             }
         elif state:
             key = sorted(state)[slot % len(state)]
-            shared.request("DELETE", "/v1/memory", query={"agent": "sol", "tier": key[0], "id": key[1]})
+            reply = shared.request("DELETE", "/v1/memory", query={"agent": "sol", "tier": key[0], "id": key[1]})
+            assert reply.status == 200, reply.body
             forgotten_at[key] = now_stamp()
             state.pop(key)
         step()
