@@ -58,6 +58,7 @@ REQUIRED_FILES = (
     "solos_snapshot.py",
     "solos_jobs.py",
     "solos_bounds.py",
+    "solos_provenance.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.
 EMBEDDER = "solos_embed.py"

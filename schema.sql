@@ -531,3 +531,130 @@ CREATE TABLE IF NOT EXISTS memory_activity (
     n       INTEGER NOT NULL,
     PRIMARY KEY (minute, kind, agent, detail)
 ) WITHOUT ROWID;
+
+-- ==== Provenance: who was shown what, versions, retraction notices (solos_provenance.py) ====
+
+-- Every row recall, read_events or a stream handed to an agent: reader, row, its writer, when. No text.
+-- Written in batches by one background thread (solos_provenance.DeliveryLog); kept 90 days (the daily purge).
+CREATE TABLE IF NOT EXISTS memory_delivery (
+    id            INTEGER PRIMARY KEY,
+    reader        TEXT NOT NULL,
+    tier          TEXT NOT NULL,
+    row_id        INTEGER NOT NULL,
+    writer        TEXT NOT NULL,
+    delivered_at  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS memory_delivery_row ON memory_delivery (tier, row_id, delivered_at);
+CREATE INDEX IF NOT EXISTS memory_delivery_reader ON memory_delivery (reader, delivered_at);
+CREATE INDEX IF NOT EXISTS memory_delivery_writer ON memory_delivery (writer, id);
+
+-- The versions an update or a delete replaced, for as-of recall: valid from valid_from until valid_to
+-- (a short row also only until its expires_at). Filled by the triggers below, whoever writes; the current
+-- version is the row itself. A forget deletes every version of its row (solos_store.erase).
+CREATE TABLE IF NOT EXISTS memory_version (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    tier        TEXT NOT NULL,
+    row_id      INTEGER NOT NULL,
+    agent       TEXT NOT NULL,
+    label       TEXT,            -- long: topic; short: key; episodic: event_type
+    text        TEXT NOT NULL,   -- long: fact; short: value; episodic: summary
+    tags        TEXT,
+    expires_at  TEXT,            -- short rows
+    valid_from  TEXT NOT NULL,
+    valid_to    TEXT NOT NULL,
+    ended_by    TEXT NOT NULL CHECK (ended_by IN ('update', 'refresh', 'delete'))  -- refresh: same text
+);
+CREATE INDEX IF NOT EXISTS memory_version_row ON memory_version (tier, row_id, valid_to);
+CREATE INDEX IF NOT EXISTS memory_version_until ON memory_version (valid_to);
+
+-- A row's versions follow each other: a version starts where the one before it ended (or at the row's birth).
+CREATE TRIGGER IF NOT EXISTS memory_longterm_version_au AFTER UPDATE OF agent, topic, fact, tags ON memory_longterm
+WHEN old.agent IS NOT new.agent OR old.topic IS NOT new.topic OR old.fact IS NOT new.fact OR old.tags IS NOT new.tags
+BEGIN
+    INSERT INTO memory_version (tier, row_id, agent, label, text, tags, valid_from, valid_to, ended_by)
+    VALUES ('long', old.id, old.agent, old.topic, old.fact, old.tags, max(old.created_at, coalesce(
+        (SELECT max(valid_to) FROM memory_version WHERE tier = 'long' AND row_id = old.id), '')),
+        strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
+        CASE WHEN old.fact IS NOT new.fact OR old.agent IS NOT new.agent THEN 'update' ELSE 'refresh' END);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_longterm_version_ad AFTER DELETE ON memory_longterm WHEN old.agent <> '' BEGIN
+    INSERT INTO memory_version (tier, row_id, agent, label, text, tags, valid_from, valid_to, ended_by)
+    VALUES ('long', old.id, old.agent, old.topic, old.fact, old.tags, max(old.created_at, coalesce(
+        (SELECT max(valid_to) FROM memory_version WHERE tier = 'long' AND row_id = old.id), '')),
+        strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'delete');
+END;
+CREATE TRIGGER IF NOT EXISTS memory_short_version_au AFTER UPDATE OF agent, key, value, tags, expires_at ON memory_short
+WHEN old.agent <> '' AND (old.agent IS NOT new.agent OR old.key IS NOT new.key OR old.value IS NOT new.value
+    OR old.tags IS NOT new.tags OR old.expires_at IS NOT new.expires_at) BEGIN
+    INSERT INTO memory_version (tier, row_id, agent, label, text, tags, expires_at, valid_from, valid_to, ended_by)
+    VALUES ('short', old.id, old.agent, old.key, old.value, old.tags, old.expires_at, max(old.created_at, coalesce(
+        (SELECT max(valid_to) FROM memory_version WHERE tier = 'short' AND row_id = old.id), '')),
+        strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
+        CASE WHEN old.value IS NOT new.value OR old.key IS NOT new.key OR old.agent IS NOT new.agent
+        THEN 'update' ELSE 'refresh' END);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_short_version_ad AFTER DELETE ON memory_short WHEN old.agent <> '' BEGIN
+    INSERT INTO memory_version (tier, row_id, agent, label, text, tags, expires_at, valid_from, valid_to, ended_by)
+    VALUES ('short', old.id, old.agent, old.key, old.value, old.tags, old.expires_at, max(old.created_at, coalesce(
+        (SELECT max(valid_to) FROM memory_version WHERE tier = 'short' AND row_id = old.id), '')),
+        strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'delete');
+END;
+CREATE TRIGGER IF NOT EXISTS memory_episodic_version_au AFTER UPDATE OF agent, event_type, summary ON memory_episodic
+WHEN old.agent <> '' AND (old.agent IS NOT new.agent OR old.event_type IS NOT new.event_type
+    OR old.summary IS NOT new.summary) BEGIN
+    INSERT INTO memory_version (tier, row_id, agent, label, text, valid_from, valid_to, ended_by)
+    VALUES ('episodic', old.id, old.agent, old.event_type, old.summary, max(old.timestamp, coalesce(
+        (SELECT max(valid_to) FROM memory_version WHERE tier = 'episodic' AND row_id = old.id), '')),
+        strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'update');
+END;
+-- An archived episode lives on in the archive table: only a real delete ends it.
+CREATE TRIGGER IF NOT EXISTS memory_episodic_version_ad AFTER DELETE ON memory_episodic
+WHEN old.agent <> '' AND NOT EXISTS (SELECT 1 FROM memory_episodic_archive WHERE id = old.id) BEGIN
+    INSERT INTO memory_version (tier, row_id, agent, label, text, valid_from, valid_to, ended_by)
+    VALUES ('episodic', old.id, old.agent, old.event_type, old.summary, max(old.timestamp, coalesce(
+        (SELECT max(valid_to) FROM memory_version WHERE tier = 'episodic' AND row_id = old.id), '')),
+        strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'delete');
+END;
+
+-- When a forgotten row was born (timestamps only), so as-of recall can show it as a retraction at the times
+-- it existed; written by the forget with its retraction.
+CREATE TABLE IF NOT EXISTS memory_forgotten_span (
+    retraction_id  INTEGER PRIMARY KEY,
+    tier           TEXT NOT NULL,
+    row_id         INTEGER NOT NULL,
+    agent          TEXT NOT NULL,
+    born_at        TEXT NOT NULL,
+    forgotten_at   TEXT NOT NULL,
+    lived_until    TEXT NOT NULL     -- forgotten_at, or a short row's expiry if that came first
+);
+CREATE INDEX IF NOT EXISTS memory_forgotten_span_time ON memory_forgotten_span (forgotten_at);
+
+-- A row an agent was delivered was forgotten or replaced: one notice per agent, no text. Forgotten: written
+-- by the forget; superseded: by the trigger below, for the agents delivered the replaced version (whoever
+-- updated it). The row's writer, who made the change, gets none. Acknowledged by the agent (acked_at).
+CREATE TABLE IF NOT EXISTS memory_notice (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent       TEXT NOT NULL,   -- who is told: an agent the row was delivered to
+    tier        TEXT NOT NULL,
+    row_id      INTEGER NOT NULL,
+    writer      TEXT NOT NULL,
+    kind        TEXT NOT NULL CHECK (kind IN ('forgotten', 'superseded')),
+    new_id      INTEGER,         -- superseded: the row now holding the fact (updates are in place: the same id)
+    version_id  INTEGER,         -- superseded: the replaced version in memory_version
+    at          TEXT NOT NULL,   -- when it was forgotten or replaced
+    acked_at    TEXT,
+    UNIQUE (agent, tier, row_id, kind, at)
+);
+CREATE INDEX IF NOT EXISTS memory_notice_open ON memory_notice (agent, acked_at, id);
+
+CREATE TRIGGER IF NOT EXISTS memory_version_notice_ai AFTER INSERT ON memory_version WHEN new.ended_by = 'update'
+BEGIN
+    INSERT OR IGNORE INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at)
+    SELECT DISTINCT reader, new.tier, new.row_id, new.agent, 'superseded', new.row_id, new.id, new.valid_to
+    FROM memory_delivery WHERE tier = new.tier AND row_id = new.row_id AND reader <> new.agent
+        AND delivered_at >= new.valid_from AND delivered_at <= new.valid_to;
+END;
+-- Each notice is an event for its agent alone (solos_events shows it whatever the stream's filter).
+CREATE TRIGGER IF NOT EXISTS memory_notice_event_ai AFTER INSERT ON memory_notice BEGIN
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('notice', 'notice', new.id, new.agent);
+END;

@@ -95,6 +95,8 @@ ROUTES = {
     "write_long": ("POST", "/v1/long"),
     "write_episodic": ("POST", "/v1/episodic"),
     "forget": ("DELETE", "/v1/memory"),
+    "read_notices": ("GET", "/v1/notices"),
+    "ack_notices": ("POST", "/v1/notices/ack"),
 }
 A2A_RECALL_K = 3  # the fleet spec's turn-start recall: top 3, shared scope
 # Rows less likely than this to be relevant stay out of a turn's prompt (turn_context, and so the Hermes prefetch):
@@ -169,7 +171,8 @@ def read_token_file(path: str) -> str:
 
 def empty_result(operation: str, error: SolosError) -> dict:
     """What best-effort mode returns for a failed call: no rows, and why."""
-    result: dict[str, Any] = {"results": [], "count": 0} if operation == "recall" else {"status": None}
+    empty = {"recall": {"results": [], "count": 0}, "read_notices": {"notices": [], "count": 0}}
+    result: dict[str, Any] = empty.get(operation, {"status": None})
     return {**result, **error.as_dict()}
 
 
@@ -301,6 +304,16 @@ class Client:
         query = {"agent": self.agent_for(agent), "tier": tier, "id": row_id}
         return self.call("forget", query=query, timeout=timeout or self.write_timeout, idempotent=True)
 
+    def notices(self, *, agent: str | None = None, timeout: float | None = None) -> dict:
+        """Open retraction notices: rows this agent was delivered that were since forgotten or replaced."""
+        query = {"agent": self.agent_for(agent)}
+        return self.call("read_notices", query=query, timeout=timeout or self.recall_timeout, idempotent=True)
+
+    def ack_notices(self, ids: list[int], *, agent: str | None = None, timeout: float | None = None) -> dict:
+        """Acknowledge notices by id, so they are not returned again."""
+        body = drop_none({"agent": self.agent_for(agent), "ids": list(ids)})
+        return self.call("ack_notices", body=body, timeout=timeout or self.write_timeout, idempotent=True)
+
     def agent_for(self, agent: str | None) -> str | None:
         """The agent a call names; None only with a token, which the service binds to its agent."""
         return agent or self.agent
@@ -373,6 +386,12 @@ class Client:
         answer = parse_answer(status, data)
         if operation == "recall":
             check_recall(answer)
+        elif operation == "read_notices":
+            if not isinstance(answer.get("notices"), list):
+                raise Unavailable(f"notices answer lacks its list: {snippet(data)}", status)
+        elif operation == "ack_notices":
+            if not isinstance(answer.get("acked"), int):
+                raise Unavailable(f"acknowledgement lacks its count: {snippet(data)}", status)
         elif "status" not in answer:
             raise Unavailable(f"write answer lacks a status: {snippet(data)}", status)
         return answer
@@ -597,6 +616,28 @@ def format_recall(answer: dict, heading: str = "Shared memory") -> str:
 def prompt_text(value: str) -> str:
     """The text on one line: control characters, line and paragraph separators and runs of spaces become one space."""
     return " ".join("".join(" " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in value).split())
+
+
+def format_retractions(answer: dict) -> str:
+    """Notices as prompt lines: which rows the agent relied on were forgotten or replaced; "" for none."""
+    notices = answer.get("notices") or []
+    if not notices:
+        return ""
+    lines = ["Facts you relied on were retracted (do not rely on them any more; recall again if you need them):"]
+    for notice in notices:
+        what = "forgotten" if notice["kind"] == "forgotten" else f"replaced by a newer version (id {notice['new_id']})"
+        writer, tier = prompt_text(str(notice["writer"])), prompt_text(str(notice["tier"]))
+        lines.append(f"- {tier} row {int(notice['row_id'])} by {writer}: {what} at {prompt_text(str(notice['at']))}")
+    return "\n".join(lines)
+
+
+def retraction_context(client: Client, *, agent: str | None = None) -> str:
+    """Open notices as prompt lines, acknowledged once read ("" for none; a failed ack shows them again)."""
+    answer = client.notices(agent=agent)
+    text = format_retractions(answer)
+    if text:
+        client.ack_notices([n["id"] for n in answer["notices"]], agent=agent)
+    return text
 
 
 def turn_context(

@@ -260,6 +260,7 @@ class EventHub:
         self.counters = {"delivered": 0, "dropped": 0, "refused": 0, "replaced": 0}
         # (tags, q, match) of a filter -> the rows it matched, oldest first: what removals are decided by.
         self.matched: dict[tuple, dict[tuple[str, int], None]] = {}
+        self.deliveries: Any = None  # solos_provenance.DeliveryLog: what a read or a stream hands out is logged
         # Its own connection, kept off the request pool, for the thread's reads and its rare writes.
         self.own, self.own_lock = store.connect(), threading.Lock()
         self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
@@ -378,12 +379,19 @@ class EventHub:
         `shared` carries renderings across the subscribers of one batch: an event looks the same to every
         caller it is foreign to (or not), so it is rendered (and later encoded) once, not per stream.
         """
-        caller, kept = pattern.caller, []
+        caller = pattern.caller
+        kept: list[tuple[Any, Any]] = []
+        notices: list[tuple[Any, Any]] = []
         shared = {} if shared is None else shared
         seen = solos_store.Visibility(caller, pattern.scope, sharing)  # recall's rule, for one row at a time
         content = self.content_filter(pattern)
         for event in events:
             tier, agent = event["tier"], event["agent"]
+            if event["kind"] == "notice":  # a retraction notice reaches its agent whatever the filter
+                notice = rows.get(("notice", event["row_id"]))
+                if agent == caller and notice is not None:
+                    notices.append((event, dict(notice)))
+                continue
             if tier not in pattern.tiers or not seen.allows(tier, agent):
                 continue
             if tier != "durable" and pattern.writers and agent not in pattern.writers:
@@ -408,7 +416,7 @@ class EventHub:
         if content is not None:
             self.remember(content, [(event["tier"], event["row_id"]) for event, shown in kept if shown is not None])
         found = []
-        for event, shown in kept:
+        for event, shown in sorted(kept + notices, key=lambda pair: pair[0]["id"]) if notices else kept:
             message = ("event", event["id"], event["agent"] != caller)
             if message not in shared:
                 shared[message] = {
@@ -419,7 +427,8 @@ class EventHub:
                     "agent": event["agent"],
                     "foreign": event["agent"] != caller,
                     "ts": event["ts"],
-                    "row": shown,
+                    "row": None if event["kind"] == "notice" else shown,
+                    **({"notice": shown} if event["kind"] == "notice" else {}),
                 }
             found.append(shared[message])
         return found
@@ -538,6 +547,11 @@ class EventHub:
         if rows:
             self.store.record_audit(caller, rows)
 
+    def logged(self, caller: str, events: Iterable[dict]) -> None:
+        """Rows handed out go to the delivery log (provenance), as recall's do."""
+        if self.deliveries is not None:
+            self.deliveries.record(caller, [(e["tier"], e["row_id"], e["agent"]) for e in events if e["row"]])
+
     def read(self, pattern: Pattern, since: int, limit: int) -> dict:
         """read_events: the matching events after `since`, the id to continue from, and any gap."""
 
@@ -547,6 +561,7 @@ class EventHub:
 
         events, examined, gap = self.store.read(work)
         self.audit(pattern.caller, events)
+        self.logged(pattern.caller, events)
         with self.lock:
             self.counters["delivered"] += len(events)
         return {
@@ -644,6 +659,7 @@ class EventHub:
     def deliver(self, subscriber: Subscriber, events: list[dict], examined: int, write: Callable[[bytes], Any]) -> int:
         """Audit, then write the events in sends of at most solos_bounds.ANSWER_BYTES; returns the new last id."""
         self.audit(subscriber.pattern.caller, events)
+        self.logged(subscriber.pattern.caller, events)
         pending: list[bytes] = []
         size = 0
         for event in events:

@@ -17,6 +17,7 @@ import sqlite3
 from typing import Any
 
 import solos_bounds
+import solos_provenance
 import solos_rank
 import solos_store
 from solos_store import Forbidden, NotFound
@@ -49,6 +50,7 @@ FORGET_OUTPUT = {
     "status": {"type": "string", "enum": ["forgotten"]},
     "content_hash": {"type": "string", "description": "sha256 of what the row said; the text itself is gone."},
     "retraction_id": {"type": "integer"},
+    "notified": {"type": "integer", "description": "Agents this forget sent a retraction notice (its readers)."},
     "wal_checkpoint": {
         "type": "string",
         "enum": ["complete", "pending"],
@@ -90,15 +92,19 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
             solos_store.queue_scrub(
                 conn, tier, earlier["retraction_id"]
             )  # a retry finishes what a crash left unscrubbed
-            return earlier
+            return {**earlier, "notified": 0}
         if found[1]["agent"] != agent:
             raise Forbidden(f"{tier} row {row_id} was written by another agent; only its author can forget it", "id")
         memory.events.note_removal(conn, tier, [row_id])
-        return solos_store.erase(conn, tier, row_id)
+        erased = solos_store.erase(conn, tier, row_id)
+        notified = solos_store.notify_forgotten(conn, tier, row_id, erased["retraction_id"])
+        return {**erased, "notified": notified}
 
+    memory.deliveries.flush()  # every delivery so far is in the log, so every reader gets its notice
     retraction = memory.store.write(work)
     memory.written()
     solos_rank.drop_kept_texts()
+    solos_provenance.drop_kept_texts()
     memory.events.forget_encoded()  # encoded events may quote the forgotten row
     scrubbed = memory.scrubber.scrub(tier, row_id)
     if scrubbed["mirror"] == "pending" and memory.mirror is None:

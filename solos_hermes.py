@@ -170,10 +170,15 @@ class SolosMemoryProvider(MemoryProvider):
 
     def prefetch(self, query: str, *, session_id: str = "") -> str:
         """The top recall_k shared rows for this prompt at or above the relevance floor (turn_context's), as prompt
-        lines; "" for trivial prompts, failures, or nothing relevant."""
-        if self.soft is None or is_trivial_prompt(query):
+        lines; "" for trivial prompts, failures, or nothing relevant.
+
+        Before them, "facts you relied on were retracted": notices of rows this agent was shown that were
+        since forgotten or replaced (acknowledged once injected), whatever the prompt.
+        """
+        if self.soft is None:
             return ""
-        return solos_client.turn_context(self.soft, query, k=self.recall_k)
+        recalled = "" if is_trivial_prompt(query) else solos_client.turn_context(self.soft, query, k=self.recall_k)
+        return "\n\n".join(part for part in (solos_client.retraction_context(self.soft), recalled) if part)
 
     # -- after the turn: the queue and its worker ------------------------------
 

@@ -56,6 +56,7 @@ import solos_events
 import solos_forget
 import solos_jobs
 import solos_lifecycle
+import solos_provenance
 import solos_qdrant
 import solos_rank
 import solos_snapshot
@@ -322,6 +323,7 @@ class Memory:
             self.worker.start()
         self.scrubber = solos_forget.Scrubber(store)
         self.events = solos_events.EventHub(store, self.scrubber)
+        self.deliveries = self.events.deliveries = solos_provenance.DeliveryLog(store)
 
     def embedder_state(self) -> dict:
         """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall."""
@@ -372,6 +374,7 @@ class Memory:
     def close(self) -> None:
         self.activity.close()
         self.events.stop()
+        self.deliveries.close()
         if self.worker:
             self.worker.stop()
         if self.query_pool:
@@ -588,6 +591,7 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
     audit = [(r["agent"], r["id"]) for r in results + collapsed if r["tier"] == "episodic" and r["foreign"]]
     if audit:
         memory.store.record_audit(plan.caller, audit)
+    corroboration = solos_provenance.witnessed(memory, plan.caller, results, collapsed)  # and the delivery log
     memory.stats.record_recall(results, len(collapsed))
     reason = "; ".join(why for why in (plan.reason, found.rerank_failure) if why) or None
     return {
@@ -606,6 +610,7 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
         "ranking": found.ranking,
         "reranked": found.reranked,
         "truncated": truncated,
+        "corroboration": corroboration,
         "receipt": {
             "legs": RANKING_LEGS[found.ranking],
             "considered": len(found.persona) + len(found.candidates),
@@ -699,6 +704,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
         **memory.store.read(solos_store.lifecycle_counts),
         "event_streams": memory.events.stats(),
+        "delivery_log": memory.deliveries.stats(),
         "jobs": memory.store.read(solos_jobs.status),
     }
 
@@ -1111,6 +1117,7 @@ OPERATIONS = {
         title="What changed since an event id",
     ),
 }
+OPERATIONS.update(solos_provenance.operations(Operation))
 ROUTES = {(op.method, op.path): op for op in OPERATIONS.values()}
 
 
@@ -1933,7 +1940,9 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         if args.command == "agents":
             print("\n".join(store.list_agents()))
         elif args.command == "purge":
-            rows = solos_jobs.recorded(config.db, "purge", store.purge_expired)
+            rows = solos_jobs.recorded(
+                config.db, "purge", lambda: store.purge_expired() + solos_provenance.purge(store)
+            )
             archived = solos_jobs.recorded(
                 config.db, "archive", lambda: solos_lifecycle.archive_episodic(store, args.archive_after_days)
             )

@@ -22,6 +22,9 @@ second backend implements the same):
                     prune_step, sharing_agents
     meta and ids    meta_value, set_meta, table_exists, row_id_marks, mark_row_ids
     lifecycle       episodes_by_id, link_promotion, archive_batch, lifecycle_counts, delete_tagged_facts (check)
+    provenance      record_deliveries, read_deliveries, purge_deliveries, first_delivery, near_candidates,
+                    notify_forgotten, read_notices, ack_notices, versions_of, rows_as_of, retracted_as_of,
+                    delivered_by (erase also erases a row's versions and keeps its span)
     tiers           Tier, TIER_TABLE, TIERS, DEFAULT_TIERS, SCOPES, LIVE_TIERS, EMBEDDED_TIERS,
                     tier_tables, tier_indexes
     errors          ServiceError and its subclasses, error_body
@@ -1235,6 +1238,7 @@ def erase(conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | 
         "VALUES (?, ?, ?, ?, ?, coalesce(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))) RETURNING id",
         (row["agent"], tier, row_id, digest, key_hash, forgotten_at),
     ).fetchone()[0]
+    erase_versions(conn, tier, row, retraction)
     queue_scrub(conn, tier, retraction)
     return {"content_hash": digest, "retraction_id": retraction}
 
@@ -1413,6 +1417,8 @@ def current_rows(conn: sqlite3.Connection, tiers: dict, events: Sequence[Any]) -
             sql = (
                 "SELECT id, key, value, updated_at FROM memory_durable t WHERE t.id IN (SELECT value FROM json_each(?))"
             )
+        elif tier == "notice":
+            sql = f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE id IN (SELECT value FROM json_each(?))"
         else:
             live = " AND t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')" if tiers[tier].expires else ""
             sql = (
@@ -1535,6 +1541,197 @@ def keep_only_hash(conn: Any, row_id: int) -> None:
             )
         else:
             conn.execute("UPDATE qdrant_outbox SET fact = ? WHERE id = ?", (HASH_ONLY + sha256_text(fact), entry_id))
+
+
+# ==== Provenance: deliveries, versions, notices (solos_provenance) ====
+
+DELIVERY_COLUMNS = "id, reader, tier, row_id, writer, delivered_at"
+NOTICE_COLUMNS = "id, agent, tier, row_id, writer, kind, new_id, version_id, at, acked_at"
+# Per versioned tier: its tables (an archived episode lives on in the archive), and the columns a version keeps.
+VERSIONED = {
+    "long": (("memory_longterm",), "topic", "fact", "tags", "NULL", "created_at"),
+    "short": (("memory_short",), "key", "value", "tags", "expires_at", "created_at"),
+    "episodic": (("memory_episodic", "memory_episodic_archive"), "event_type", "summary", "NULL", "NULL", "timestamp"),
+}
+VERSION_FIELDS = "id, agent, label, text, tags, expires_at, valid_from, valid_to"
+
+
+def record_deliveries(conn: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str]]) -> int:
+    """Log (reader, tier, row_id, writer, delivered_at) rows; notices for any already forgotten or replaced since.
+
+    The log is written after the fact, in batches: a row forgotten or updated between its delivery and this
+    write gets its notice here (the forget's and the update trigger's notices saw the log without it).
+    """
+    after = conn.execute("SELECT coalesce(max(id), 0) FROM memory_delivery").fetchone()[0]
+    conn.executemany(
+        "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, ?, ?, ?, ?)", rows
+    )
+    conn.execute(
+        "INSERT OR IGNORE INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at) "
+        "SELECT DISTINCT d.reader, v.tier, v.row_id, v.agent, 'superseded', v.row_id, v.id, v.valid_to "
+        "FROM memory_delivery d JOIN memory_version v ON v.tier = d.tier AND v.row_id = d.row_id "
+        "AND v.ended_by = 'update' AND d.delivered_at >= v.valid_from AND d.delivered_at <= v.valid_to "
+        "WHERE d.id > ? AND d.reader <> v.agent",
+        (after,),
+    )
+    conn.execute(
+        "INSERT OR IGNORE INTO memory_notice (agent, tier, row_id, writer, kind, at) "
+        "SELECT DISTINCT d.reader, s.tier, s.row_id, s.agent, 'forgotten', s.forgotten_at "
+        "FROM memory_delivery d JOIN memory_forgotten_span s ON s.tier = d.tier AND s.row_id = d.row_id "
+        "WHERE d.id > ? AND d.reader <> s.agent",
+        (after,),
+    )
+    return len(rows)
+
+
+def read_deliveries(
+    conn: sqlite3.Connection, writer: str | None, tier: str | None, row_id: int | None, limit: int, before_id: int
+) -> list[dict]:
+    """Deliveries newest first: of `writer`'s rows (None: everyone's), optionally of one row."""
+    rows = conn.execute(
+        f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ? AND (? IS NULL OR writer = ?) "
+        "AND (? IS NULL OR tier = ?) AND (? IS NULL OR row_id = ?) ORDER BY id DESC LIMIT ?",
+        (before_id, writer, writer, tier, tier, row_id, row_id, limit),
+    )
+    return [dict(row) for row in rows]
+
+
+def purge_deliveries(conn: sqlite3.Connection, cutoff: str, batch: int) -> int:
+    """Delete up to `batch` of the oldest deliveries, acknowledged notices and versions older than cutoff."""
+    removed = conn.execute(
+        "DELETE FROM memory_delivery WHERE id IN (SELECT id FROM memory_delivery ORDER BY id LIMIT ?) "
+        "AND delivered_at < ?",
+        (batch, cutoff),
+    ).rowcount
+    for sql in (
+        "DELETE FROM memory_notice WHERE id IN (SELECT id FROM memory_notice WHERE acked_at < ? LIMIT ?)",
+        "DELETE FROM memory_version WHERE id IN (SELECT id FROM memory_version WHERE valid_to < ? LIMIT ?)",
+        "DELETE FROM memory_forgotten_span WHERE retraction_id IN "
+        "(SELECT retraction_id FROM memory_forgotten_span WHERE forgotten_at < ? LIMIT ?)",
+    ):
+        removed += conn.execute(sql, (cutoff, batch)).rowcount
+    return removed
+
+
+def first_delivery(conn: sqlite3.Connection, reader: str, tier: str, ids: Sequence[int]) -> str | None:
+    """When `reader` was first delivered any of these rows, or None."""
+    return conn.execute(
+        "SELECT min(delivered_at) FROM memory_delivery WHERE tier = ? AND reader = ? "
+        "AND row_id IN (SELECT value FROM json_each(?))",
+        (tier, reader, json.dumps(list(ids))),
+    ).fetchone()[0]
+
+
+def near_candidates(conn: sqlite3.Connection, match: str, limit: int) -> list[sqlite3.Row]:
+    """Up to `limit` long facts whose own text matches `match` (an FTS5 query), unranked: id, agent, fact,
+    created_at, vector."""
+    return conn.execute(
+        "SELECT l.id, l.agent, l.fact, l.created_at, l.embedding FROM (SELECT rowid AS id "
+        "FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? LIMIT ?) m JOIN memory_longterm l ON l.id = m.id",
+        ("{fact} : (" + match + ")", limit),
+    ).fetchall()
+
+
+def erase_versions(conn: sqlite3.Connection, tier: str, row: Any, retraction_id: int) -> None:
+    """Inside a forget: delete every version of the row (their text), keeping only when it lived (a span)."""
+    if tier not in VERSIONED or not table_exists(conn, "memory_version"):
+        return
+    born = row[VERSIONED[tier][5]]
+    earliest = conn.execute(
+        "SELECT min(valid_from) FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"])
+    ).fetchone()[0]
+    conn.execute(
+        "INSERT OR REPLACE INTO memory_forgotten_span "
+        "(retraction_id, tier, row_id, agent, born_at, forgotten_at, lived_until) "
+        "SELECT id, tier, row_id, agent, ?, forgotten_at, min(coalesce(?, forgotten_at), forgotten_at) "
+        "FROM memory_retraction WHERE id = ?",
+        (min(born, earliest or born), row["expires_at"] if tier == "short" else None, retraction_id),
+    )
+    conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
+
+
+def notify_forgotten(conn: sqlite3.Connection, tier: str, row_id: int, retraction_id: int) -> int:
+    """A notice for every agent but the writer that was delivered the forgotten row; how many."""
+    return conn.execute(
+        "INSERT OR IGNORE INTO memory_notice (agent, tier, row_id, writer, kind, at) "
+        "SELECT DISTINCT d.reader, r.tier, r.row_id, r.agent, 'forgotten', r.forgotten_at "
+        "FROM memory_retraction r JOIN memory_delivery d ON d.tier = r.tier AND d.row_id = r.row_id "
+        "WHERE r.id = ? AND d.reader <> r.agent AND r.tier = ? AND r.row_id = ?",
+        (retraction_id, tier, row_id),
+    ).rowcount
+
+
+def read_notices(conn: sqlite3.Connection, agent: str, after_id: int, limit: int, acked: bool) -> list[dict]:
+    """The agent's notices after an id, oldest first; acknowledged ones only if asked."""
+    rows = conn.execute(
+        f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE agent = ? AND id > ? AND (? OR acked_at IS NULL) "
+        "ORDER BY id LIMIT ?",
+        (agent, after_id, int(acked), limit),
+    )
+    return [dict(row) for row in rows]
+
+
+def ack_notices(conn: sqlite3.Connection, agent: str, ids: Sequence[int]) -> int:
+    """Acknowledge the agent's own notices by id; how many were open."""
+    return conn.execute(
+        "UPDATE memory_notice SET acked_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE agent = ? "
+        "AND acked_at IS NULL AND id IN (SELECT value FROM json_each(?))",
+        (agent, json.dumps(list(ids))),
+    ).rowcount
+
+
+def lives_sql(tier: str) -> str:
+    """Every version of the tier's rows as one relation: the current ones (valid_to NULL) and the replaced."""
+    tables, label, text, tags, expires, born = VERSIONED[tier]
+    since = f"(SELECT max(v.valid_to) FROM memory_version v WHERE v.tier = '{tier}' AND v.row_id = c.id)"
+    current = " UNION ALL ".join(
+        f"SELECT c.id, c.agent, c.{label}, c.{text}, {'c.' + tags if tags != 'NULL' else 'NULL'}, "
+        f"{'c.' + expires if expires != 'NULL' else 'NULL'}, max(c.{born}, coalesce({since}, '')), NULL "
+        f"FROM {table} c WHERE c.agent <> ''"
+        for table in tables
+    )
+    return f"{current} UNION ALL SELECT {VERSION_FIELDS.replace('id,', 'row_id,', 1)} FROM memory_version v " + (
+        f"WHERE v.tier = '{tier}'"
+    )
+
+
+def rows_as_of(conn: sqlite3.Connection, tier: str, at: str, seen: Visibility) -> list[dict]:
+    """The tier's rows as they stood at `at` that the caller may see (scope, opt-in; expiry as of `at`)."""
+    where, params = seen.where(TIER_TABLE[tier])
+    sql = (
+        f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier)}) SELECT * FROM t WHERE t.valid_from <= ? "
+        "AND (t.valid_to IS NULL OR t.valid_to > ?) AND (t.expires_at IS NULL OR t.expires_at > ?)"
+        + "".join(" AND " + w for w in where)
+    )
+    return [dict(row) for row in conn.execute(sql, (at, at, at, *params))]
+
+
+def versions_of(conn: sqlite3.Connection, tier: str, ids: Sequence[int]) -> list[dict]:
+    """Every version (current and replaced) of these rows."""
+    sql = (
+        f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier)}) "
+        "SELECT * FROM t WHERE t.id IN (SELECT value FROM json_each(?))"
+    )
+    return [dict(row) for row in conn.execute(sql, (json.dumps(list(ids)),))]
+
+
+def retracted_as_of(conn: sqlite3.Connection, at: str) -> list[dict]:
+    """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text)."""
+    rows = conn.execute(
+        "SELECT tier, row_id, agent, forgotten_at FROM memory_forgotten_span WHERE born_at <= ? AND lived_until > ? "
+        "ORDER BY forgotten_at",
+        (at, at),
+    )
+    return [dict(row) for row in rows]
+
+
+def delivered_by(conn: sqlite3.Connection, reader: str, at: str) -> list[dict]:
+    """What `reader` was delivered up to `at`, oldest first."""
+    rows = conn.execute(
+        f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE reader = ? AND delivered_at <= ? ORDER BY delivered_at",
+        (reader, at),
+    )
+    return [dict(row) for row in rows]
 
 
 # ==== Promotion and archive (solos_lifecycle) ====

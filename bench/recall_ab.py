@@ -30,6 +30,22 @@ def start(tree: Path, db: Path) -> Process:
     return Process(argv + ["--no-request-log", "--model-dir", "off"])
 
 
+def alternate_recalls(clients: dict[str, Client], queries: list[str], tiers: str, scope: str) -> dict[str, list]:
+    """Each query to every client in turn, after 20 to warm them; seconds per recall, per client."""
+    samples: dict[str, list[float]] = {name: [] for name in clients}
+    for q in queries[:20]:
+        for client in clients.values():
+            client.json("GET", "/v1/recall", query={"agent": CALLER, "q": q, "tiers": tiers, "k": K})
+    for q in queries:
+        for name, client in clients.items():
+            query = {"agent": CALLER, "q": q, "tiers": tiers, "scope": scope, "k": K}
+            started = time.perf_counter()
+            status, _ = client.json("GET", "/v1/recall", query=query)
+            samples[name].append(time.perf_counter() - started)
+            assert status == 200, (name, status)
+    return samples
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="the other checkout (no default)")
@@ -47,18 +63,7 @@ def main() -> int:
             clients = {"base": Client(base.port), "this": Client(this.port)}
             print(f"{args.size} rows, {args.queries} queries per line, base {args.base}, this {ROOT}")
             for tiers, scope, style in LINES:
-                queries = make_queries(source, args.queries, args.seed, style)
-                samples: dict[str, list[float]] = {"base": [], "this": []}
-                for q in queries[:20]:  # warm both
-                    for client in clients.values():
-                        client.json("GET", "/v1/recall", query={"agent": CALLER, "q": q, "tiers": tiers, "k": K})
-                for q in queries:
-                    for name, client in clients.items():
-                        query = {"agent": CALLER, "q": q, "tiers": tiers, "scope": scope, "k": K}
-                        started = time.perf_counter()
-                        status, _ = client.json("GET", "/v1/recall", query=query)
-                        samples[name].append(time.perf_counter() - started)
-                        assert status == 200, (name, status)
+                samples = alternate_recalls(clients, make_queries(source, args.queries, args.seed, style), tiers, scope)
                 b, t = percentiles(samples["base"]), percentiles(samples["this"])
                 print(
                     f"  {tiers:<14} {scope:<7} {style:<8} base p50 {b['p50']:6.3f} p95 {b['p95']:6.3f}  "

@@ -133,7 +133,9 @@ def test_mcp_without_the_core_tools_fails(make_server, monkeypatch):
     server = make_server()
     results = solos_check.run_checks(server.url, "atlas", "sol")
     assert failed(results) == ["mcp tools"]
-    assert by_name(results)["mcp tools"].detail.startswith("tools/list lacks write_long, stats; it lists delete_short")
+    assert by_name(results)["mcp tools"].detail.startswith(
+        "tools/list lacks write_long, stats; it lists ack_notices, delete_short"
+    )
 
 
 def test_mcp_that_answers_initialize_with_an_error_fails(server, monkeypatch):

@@ -136,14 +136,16 @@ def test_a_stream_sees_writes_updates_direct_inserts_forgets_and_expiry_as_they_
     # The hub renders a write only while its row exists: let it see them (it may lag on a loaded runner).
     got = stream.events(4, timeout=WAIT_S)
     assert server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": fact}).status == 200
-    got += stream.events(1, timeout=WAIT_S + solos_events.SWEEP_S)
+    got += stream.events(2, timeout=WAIT_S + solos_events.SWEEP_S)
     assert [(e["kind"], e["tier"], e["row_id"], e["agent"]) for e in got] == [
         ("write", "long", fact, "atlas"),
         ("update", "long", fact, "atlas"),
         ("write", "long", direct, "nova"),
         ("write", "short", short, "atlas"),
         ("forget", "long", fact, "atlas"),
+        ("notice", "notice", 1, "sol"),  # the stream handed sol the fact: a retraction notice follows (issue 24)
     ]
+    assert got[5]["notice"] == {**got[5]["notice"], "tier": "long", "row_id": fact, "kind": "forgotten"}
     assert got[0]["row"]["text"] == "the lab door code changed" and got[0]["foreign"] is True
     assert got[1]["row"]["confidence"] == 0.4 and got[4]["row"] is None
     assert [e["id"] for e in got] == sorted(e["id"] for e in got)

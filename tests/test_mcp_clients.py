@@ -35,6 +35,10 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
     ("read_audit", {"agent": "sol"}),
     ("delete_short", {"agent": "sol", "key": "kettle-state"}),
     ("forget", {"agent": "sol", "tier": "long", "id": 1}),
+    ("read_deliveries", {"agent": "sol", "tier": "long"}),
+    ("recall_as_of", {"agent": "atlas", "as_of": "2099-01-01T00:00:00Z", "q": "kettle"}),
+    ("read_notices", {"agent": "atlas"}),
+    ("ack_notices", {"agent": "atlas", "ids": [1]}),
     ("stats", {}),
 ]
 
@@ -106,6 +110,12 @@ def test_mcp_sdk_client_calls_every_tool_and_agrees_with_rest(server, mode, vers
     assert FACT not in texts and texts == ["The kettle boils in three minutes."]
     assert results["read_audit"]["count"] >= 1  # atlas's recall of sol's shared episode was audited
     assert rest_answers["stats"].keys() == results["stats"].keys()  # counters move with every call
+    # atlas was shown sol's fact, which sol then forgot: the log says so, and atlas was told
+    assert rest_answers["read_deliveries"] == results["read_deliveries"]
+    assert ("atlas", 1) in {(d["reader"], d["row_id"]) for d in results["read_deliveries"]["deliveries"]}
+    assert rest_answers["recall_as_of"] == results["recall_as_of"]
+    assert [(n["row_id"], n["kind"]) for n in results["read_notices"]["notices"]] == [(1, "forgotten")]
+    assert results["ack_notices"]["acked"] == 1
     # delete_short took effect: REST no longer recalls the short row.
     rest = rest_call(server, "recall", {"agent": "atlas", "q": "kettle", "tiers": ["short"]})
     assert rest.body["results"] == []

@@ -55,6 +55,10 @@ def test_responses_match_the_advertised_output_schemas(server):
         "promote": server.post("/v1/promote", {"agent": "atlas", "ids": [1]}),
         "forget": server.request("DELETE", "/v1/memory", query={"agent": "sol", "tier": "long", "id": forgettable}),
         "read_events": server.get("/v1/events", agent="atlas", since=0, tiers="long,short,episodic"),
+        "read_deliveries": server.get("/v1/deliveries", agent="atlas"),
+        "recall_as_of": server.get("/v1/recall/as_of", agent="sol", as_of="2099-01-01T00:00:00Z"),
+        "read_notices": server.get("/v1/notices", agent="atlas"),
+        "ack_notices": server.post("/v1/notices/ack", {"agent": "atlas", "ids": [1]}),
     }
     assert set(samples) == set(solos_memory.OPERATIONS)
     for name, reply in samples.items():

@@ -1,0 +1,593 @@
+"""solos_provenance: who knew what, and when. The delivery log, corroboration, as-of recall, retraction notices.
+
+Attribution says who wrote a row; this module records who was shown it, so
+the service can tell agreement from echo and tell readers when what they
+relied on is gone.
+
+- The delivery log: every row recall, read_events or a stream hands an agent
+  (reader, row, writer, time; never text), written in batches by one thread
+  off the request path (`DeliveryLog`), kept RETENTION_S (the daily purge).
+  Its author sees who read their rows, the operator everything (`read_deliveries`).
+- Corroboration: each long result names the other agents holding the same or
+  a near-duplicate fact (`witnesses`), `independent` or `echo` by the log.
+- As-of recall: what the fleet's memory held at a time (`recall_as_of`), from
+  the rows and the versions schema.sql's triggers keep; with `reader`, what
+  one agent had been shown by then.
+- Retraction notices: an agent delivered a row that is then forgotten or
+  replaced is told (`read_notices`, `ack_notices`, and its event stream).
+
+The spine calls `witnessed` from recall's present() and adds `operations(Operation)` to its table.
+Imports the store, ranking helpers and validation schemas; never the spine.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import solos_bounds
+import solos_jobs
+import solos_rank
+import solos_store
+from solos_store import BadRequest, Forbidden
+from solos_validation import AGENT_SCHEMA
+
+log = logging.getLogger("solos_provenance")
+
+# ==== Configuration ====
+
+RETENTION_S = 90 * 86_400  # deliveries, acknowledged notices, replaced versions and forgotten spans
+LOGGED_TIERS = ("short", "long", "episodic")  # a persona is its own agent's: never a delivery
+BUFFER_ROWS = 20_000  # deliveries waiting for the writer (~2 MB); past it a request writes its own (nothing lost)
+FLUSH_S = 0.1  # the writer's pause between batches
+PURGE_BATCH = 5_000
+# Near-duplicate facts: the same content key (case and spacing folded), or the same numbers and negation and a
+# word overlap (Jaccard of stems) of at least TOKEN_JACCARD. On tests/data/near_duplicates.jsonl (97 pairs, chosen
+# on the same sample: optimistic) precision 1.000, recall 0.905; at 0.6 precision fell to 0.732: one swapped
+# subject in a short fact ("Alice owns ..." / "Bob owns ...") still overlaps 0.6 (bench/near_duplicates.py).
+TOKEN_JACCARD = 0.8
+COSINE = 0.9
+NEAR_KEY_WORDS = 3  # a fact's longest words a candidate must share (an FTS5 AND query: cheap, selective)
+NEAR_CANDIDATES = 20  # the first that match, unranked: ranking them doubled the query's cost (0.25 -> 0.11 ms)
+NEGATIONS = frozenset({"not", "no", "never", "none", "cannot", "without", "nobody", "nothing", "t"})
+NUMBER = re.compile(r"\d+(?:[.:,]\d+)*")
+TIMESTAMP = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,3})?Z$"
+
+
+# ==== The delivery log ====
+
+
+class DeliveryLog:
+    """Deliveries buffered in memory and written in batches by one thread, so a recall never waits for a write.
+
+    The buffer holds BUFFER_ROWS. When it is full (the writer is behind: a
+    long lock held by the fleet, a slow disk) the request writes its own rows
+    in a short transaction of its own: slower, never lost, because echo and
+    notices are only as exact as the log. A failed batch stays in flight and
+    is retried; `pending` lets corroboration count what is not written yet.
+    """
+
+    def __init__(self, store: Any, capacity: int = BUFFER_ROWS, flush_s: float = FLUSH_S):
+        self.store, self.capacity, self.flush_s = store, capacity, flush_s
+        self.lock = threading.Lock()  # the buffer and in_flight
+        self.write_lock = threading.Lock()  # one batch at a time: flush() waits for the thread's batch
+        self.buffer: list[tuple[str, str, int, str, str]] = []
+        self.in_flight: list[tuple[str, str, int, str, str]] = []
+        self.counters = {"logged": 0, "written_by_requests": 0, "failed_batches": 0}
+        self.last_error: str | None = None
+        self.wake = threading.Event()
+        self.stopped = False
+        self.thread = threading.Thread(target=self.run, name="delivery-log", daemon=True)
+        self.thread.start()
+
+    def record(self, reader: str, rows: Iterable[tuple[str, int, str]]) -> None:
+        """Log that reader was handed these (tier, row_id, writer) rows, now."""
+        stamp = solos_store.utc_now()
+        entries = [(reader, tier, row_id, writer, stamp) for tier, row_id, writer in rows if tier in LOGGED_TIERS]
+        with self.lock:
+            room = max(0, self.capacity - len(self.buffer))
+            self.buffer.extend(entries[:room])
+            overflow = entries[room:]
+        if overflow:
+            self.store.write(functools.partial(solos_store.record_deliveries, rows=overflow))
+            with self.lock:
+                self.counters["written_by_requests"] += len(overflow)
+                self.counters["logged"] += len(overflow)
+
+    def pending(self) -> list[tuple[str, str, int, str, str]]:
+        """Deliveries not yet committed (take this before reading the log: a batch may commit in between)."""
+        with self.lock:
+            return self.buffer + self.in_flight
+
+    def flush(self) -> int:
+        """Write everything buffered now (a forget calls this first, so its notices see every delivery)."""
+        with self.write_lock:
+            with self.lock:
+                if not self.in_flight:
+                    self.in_flight, self.buffer = self.buffer, []
+                batch = self.in_flight
+            if not batch:
+                return 0
+            self.store.write(functools.partial(solos_store.record_deliveries, rows=batch))
+            with self.lock:
+                self.in_flight = []
+                self.counters["logged"] += len(batch)
+            return len(batch)
+
+    def run(self) -> None:
+        while not self.stopped:
+            self.wake.wait(self.flush_s)
+            self.wake.clear()
+            try:
+                self.flush()
+                self.last_error = None
+            except Exception as error:  # busy or broken database: the batch stays in flight for the next round
+                self.last_error = f"{type(error).__name__}: {error}"
+                with self.lock:
+                    self.counters["failed_batches"] += 1
+                log.warning("delivery log batch not written, retrying: %s", self.last_error)
+                time.sleep(1)
+
+    def stats(self) -> dict:
+        with self.lock:
+            return {**self.counters, "buffered": len(self.buffer) + len(self.in_flight), "last_error": self.last_error}
+
+    def close(self) -> None:
+        """Stop the thread and write what is left."""
+        self.stopped = True
+        self.wake.set()
+        self.thread.join(timeout=10)
+        try:
+            self.flush()
+        except solos_store.ServiceError as error:
+            log.warning("delivery log: %d deliveries not written at close: %s", len(self.pending()), error)
+
+
+def purge(store: Any, now: float | None = None) -> int:
+    """The daily purge: deliveries, acknowledged notices, replaced versions and spans older than RETENTION_S."""
+    cutoff = solos_jobs.stamp((time.time() if now is None else now) - RETENTION_S)
+    total = 0
+    while True:
+        removed = store.write(functools.partial(solos_store.purge_deliveries, cutoff=cutoff, batch=PURGE_BATCH))
+        total += removed
+        if removed == 0:
+            return total
+
+
+# ==== Corroboration ====
+
+
+@functools.lru_cache(maxsize=4096)  # a fact is compared with each of its candidates: worked out once
+def content_words(text: str) -> frozenset[str]:
+    """A text's word stems less stop words: what two phrasings of one fact share."""
+    return frozenset(
+        stem for stem in solos_rank.stems(text) if stem not in solos_rank.STOP_WORDS and not stem.isdigit()
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def numbers(text: str) -> frozenset[str]:
+    return frozenset(NUMBER.findall(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def negated(text: str) -> bool:
+    return bool(NEGATIONS & set(re.findall(r"[a-z]+", text.lower())))
+
+
+def drop_kept_texts() -> None:
+    """After a forget: the caches above may hold the forgotten fact's words."""
+    for cached in (content_words, numbers, negated):
+        cached.cache_clear()
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    return len(a & b) / len(a | b) if a | b else 0.0
+
+
+def cosine(a: bytes | None, b: bytes | None) -> float | None:
+    """Of two stored unit vectors (little-endian float32), or None when either is missing."""
+    if not a or not b or len(a) != len(b):
+        return None
+    import numpy as np
+
+    return float(np.dot(np.frombuffer(a, dtype="<f4"), np.frombuffer(b, dtype="<f4")))
+
+
+def near_duplicate(
+    a: str, b: str, vector_a: bytes | None = None, vector_b: bytes | None = None, vectors: bool = False
+) -> str | None:
+    """How two facts are the same fact ('content_key', 'cosine', 'token_overlap'), or None.
+
+    Beyond the content key, both must carry the same numbers and the same
+    negation: "backups at 02:00" and "backups at 03:00" share every word and
+    are different facts. With vectors on, a pair with both vectors is judged
+    by cosine; any other pair, and every pair with vectors off, by word overlap.
+    """
+    if solos_rank.duplicate_key(a) == solos_rank.duplicate_key(b):
+        return "content_key"
+    if numbers(a) != numbers(b) or negated(a) != negated(b):
+        return None
+    similarity = cosine(vector_a, vector_b) if vectors else None
+    if similarity is not None:
+        return "cosine" if similarity >= COSINE else None
+    return "token_overlap" if jaccard(content_words(a), content_words(b)) >= TOKEN_JACCARD else None
+
+
+def rule_ran(vectors: bool) -> str:
+    """What the answer says about the rule: the text rule alone when the embedder is off."""
+    text = f"content_key, or same numbers and negation and word overlap >= {TOKEN_JACCARD}"
+    return f"{text}; with vectors on both facts: cosine >= {COSINE} instead of word overlap" if vectors else text
+
+
+def witnessed(memory: Any, reader: str, results: list[dict], collapsed: list[dict]) -> dict | None:
+    """Recall's hook (present): corroborate the long results, then log every row handed over as delivered."""
+    answer = corroborate(memory, results)
+    memory.deliveries.record(reader, [(r["tier"], r["id"], r["agent"]) for r in results + collapsed])
+    return answer
+
+
+def corroborate(memory: Any, results: list[dict]) -> dict | None:
+    """Give each long result `witnesses` and `single_source`; the rule that ran, or None without long results.
+
+    A witness is another agent holding the same or a near-duplicate fact:
+    `independent` if it wrote its fact before it was ever delivered any of
+    the others' copies, else `echo` (the log at millisecond resolution).
+    """
+    longs = [r for r in results if r["tier"] == "long"]
+    if not longs:
+        return None
+    vectors = memory.embedder is not None
+    pending = memory.deliveries.pending()  # before the read: a batch committing in between is in one or the other
+
+    def work(conn: Any) -> None:
+        for result in longs:
+            key = near_key(result["text"])
+            candidates = solos_store.near_candidates(conn, key, NEAR_CANDIDATES) if key else []
+            result["witnesses"] = witnesses_of(conn, result, candidates, vectors, pending)
+            result["single_source"] = not result["witnesses"]
+
+    memory.store.read(work)
+    return {"rule": rule_ran(vectors), "vectors": vectors, "candidates": NEAR_CANDIDATES}
+
+
+def near_key(text: str) -> str:
+    """An FTS5 query a near-duplicate of text matches: its NEAR_KEY_WORDS longest words, all of them."""
+    words = [w for w in solos_rank.query_words(text) if w not in solos_rank.STOP_WORDS]
+    return " AND ".join(f'"{w}"' for w in sorted(words, key=len, reverse=True)[:NEAR_KEY_WORDS])
+
+
+def witnesses_of(conn: Any, result: dict, candidates: list, vectors: bool, pending: Sequence[tuple]) -> list[dict]:
+    """The other agents holding result's fact, each as independent or echo of the others' copies."""
+    own = next((c["embedding"] for c in candidates if c["id"] == result["id"]), None)
+    cluster: dict[int, tuple[str, str, str]] = {result["id"]: (result["agent"], "", "")}
+    for c in candidates:
+        if c["agent"] != result["agent"] and c["id"] != result["id"]:
+            how = near_duplicate(result["text"], c["fact"], own, c["embedding"], vectors)
+            if how:
+                cluster[c["id"]] = (c["agent"], c["created_at"], how)
+    found = []
+    for agent in dict.fromkeys(a for a, _, _ in cluster.values() if a != result["agent"]):
+        born, row_id, how = min((born, row_id, how) for row_id, (a, born, how) in cluster.items() if a == agent)
+        others = {i for i, (a, _, _) in cluster.items() if a != agent}
+        shown = [at for reader, tier, i, _, at in pending if reader == agent and tier == "long" and i in others]
+        logged = solos_store.first_delivery(conn, agent, "long", sorted(others))
+        first = min([*shown, *([logged] if logged else [])], default=None)
+        found.append(
+            {
+                "agent": agent,
+                "id": row_id,
+                "written_at": born,
+                "match": how,
+                "kind": "independent" if first is None or born < first else "echo",
+                "first_shown_at": first,
+            }
+        )
+    return found
+
+
+# ==== Operations ====
+
+
+def op_read_deliveries(memory: Any, args: dict) -> dict:
+    """Who was handed which rows, and when (never the text), newest first, kept 90 days.
+
+    An agent sees the deliveries of the rows it wrote: who read them. The operator (the operator token, or no
+    agent under loopback trust) sees every delivery. Filter by `tier` and `id` for one row.
+    """
+    agent = args["agent"]
+    if agent is not None:
+        memory.store.read(lambda conn: solos_store.Store.require_agent(conn, agent))
+    memory.deliveries.flush()  # what was delivered a moment ago is part of the answer
+    rows = memory.store.read(
+        functools.partial(
+            solos_store.read_deliveries,
+            writer=agent,
+            tier=args["tier"],
+            row_id=args["id"],
+            limit=args["limit"],
+            before_id=args["before_id"] or solos_bounds.MAX_ID,
+        )
+    )
+    return {"agent": agent, "view": "operator" if agent is None else "author", "count": len(rows), "deliveries": rows}
+
+
+def op_read_notices(memory: Any, args: dict) -> dict:
+    """Retraction notices for the calling agent: rows it was delivered that were since forgotten or replaced.
+
+    Each names the row, its writer, the kind (`forgotten`, or `superseded` with `new_id`: updates are in place,
+    so the same id now holds the new version) and when; never the text. Open notices only unless
+    `include_acked`; acknowledge with ack_notices. They also arrive on the agent's event stream.
+    """
+    agent = args["agent"]
+    memory.store.read(lambda conn: solos_store.Store.require_agent(conn, agent))
+    memory.deliveries.flush()  # a row replaced since a delivery still in the buffer: its notice is written now
+    notices = memory.store.read(
+        functools.partial(
+            solos_store.read_notices,
+            agent=agent,
+            after_id=args["after_id"] or 0,
+            limit=args["limit"],
+            acked=args["include_acked"],
+        )
+    )
+    return {"agent": agent, "count": len(notices), "notices": notices}
+
+
+def op_ack_notices(memory: Any, args: dict) -> dict:
+    """Acknowledge the calling agent's retraction notices by id, so read_notices stops returning them."""
+    agent = args["agent"]
+
+    def work(conn: Any) -> int:
+        solos_store.Store.require_agent(conn, agent)
+        return solos_store.ack_notices(conn, agent, args["ids"])
+
+    return {"agent": agent, "acked": memory.store.write(work)}
+
+
+def op_recall_as_of(memory: Any, args: dict) -> dict:
+    """What the fleet's memory held at time `as_of` (UTC, e.g. 2026-11-30T06:00:00.000Z), as the caller may see it.
+
+    Updated rows answer with the version valid then; short rows count until their expiry; forgotten rows never
+    come back: one forgotten after `as_of` appears only under `retracted` (no text). With `reader`: what that
+    agent had been shown by then (the delivery log), for post-mortems; the caller must be that agent, or the
+    operator (no agent: the operator token). Words in `q` keep rows sharing one, most shared first; not ranked
+    like recall, and not logged as deliveries. Reaches back 90 days.
+    """
+    agent, reader, at = args["agent"], args["reader"], normal_stamp(args["as_of"])
+    if agent is not None and reader is not None and reader != agent:
+        raise Forbidden(f"only {reader!r} itself or the operator may ask what {reader!r} was shown", "reader")
+    view = reader or agent
+    if view is None:
+        raise BadRequest("name the agent whose view to answer (agent), or as the operator a reader", "agent")
+    if at < solos_jobs.stamp(time.time() - RETENTION_S):
+        raise BadRequest(f"as_of must be within the last {RETENTION_S // 86_400} days, got {at}", "as_of")
+    tiers = tuple(dict.fromkeys(args["tiers"] or ("long", "short")))
+    if reader is not None:
+        memory.deliveries.flush()
+
+    def work(conn: Any) -> tuple[list[dict], list[dict]]:
+        solos_store.Store.require_agent(conn, view)
+        seen = solos_store.Visibility.read(conn, view, args["scope"])
+        if reader is None:
+            rows = [{**row, "tier": t} for t in tiers for row in solos_store.rows_as_of(conn, t, at, seen)]
+            gone = solos_store.retracted_as_of(conn, at)
+        else:
+            rows, gone = shown_to(conn, reader, at, tiers)
+        allowed = [r for r in rows if seen.allows(r["tier"], r["agent"])]
+        return allowed, [g for g in gone if g["tier"] in tiers and seen.allows(g["tier"], g["agent"])]
+
+    rows, retracted = memory.store.read(work)
+    words = [w for w in solos_rank.query_words(args["q"] or "") if w not in solos_rank.STOP_WORDS]
+    scored = [(solos_rank.term_overlap(" ".join(words), f"{r['label'] or ''} {r['text']}"), r) for r in rows]
+    kept = [(n, r) for n, r in scored if n or not words]
+    kept.sort(key=lambda pair: (pair[0], pair[1]["valid_from"], pair[1]["id"]), reverse=True)
+    results = [as_of_result(r, view) for _, r in kept[: args["k"]]]
+    return {
+        "agent": agent,
+        "reader": reader,
+        "as_of": at,
+        "tiers": list(tiers),
+        "count": len(results),
+        "results": results,
+        "retracted": retracted,
+        "ranking": "word_overlap" if words else "recency",
+    }
+
+
+def shown_to(conn: Any, reader: str, at: str, tiers: Sequence[str]) -> tuple[list[dict], list[dict]]:
+    """Each version reader was delivered up to `at` (the one valid at its delivery), and the forgotten ones."""
+    delivered = [d for d in solos_store.delivered_by(conn, reader, at) if d["tier"] in tiers]
+    rows: dict[tuple, dict] = {}
+    gone: set[tuple[str, int]] = set()
+    for tier in tiers:
+        mine = [d for d in delivered if d["tier"] == tier]
+        versions = solos_store.versions_of(conn, tier, sorted({d["row_id"] for d in mine}))
+        for delivery in mine:
+            then = delivery["delivered_at"]
+            match = [
+                v
+                for v in versions
+                if v["id"] == delivery["row_id"] and v["valid_from"] <= then and (v["valid_to"] or "~") > then
+            ]
+            for version in match[:1]:
+                rows[(tier, version["id"], version["valid_from"])] = {**version, "tier": tier}
+            if not match:  # forgotten since (its versions went with it), or replaced within the same millisecond
+                gone.add((tier, delivery["row_id"]))
+    spans = {(g["tier"], g["row_id"]): g for g in solos_store.retracted_as_of(conn, at)}
+    return list(rows.values()), [spans[key] for key in gone if key in spans]
+
+
+def as_of_result(row: dict, caller: str) -> dict:
+    return {
+        "tier": row["tier"],
+        "id": row["id"],
+        "agent": row["agent"],
+        "foreign": row["agent"] != caller,
+        "label": row["label"],
+        "text": row["text"],
+        "tags": solos_store.parse_tags(row["tags"]) if row["tags"] else [],
+        "expires_at": row["expires_at"],
+        "valid_from": row["valid_from"],
+        "valid_to": row["valid_to"],
+    }
+
+
+def normal_stamp(text: str) -> str:
+    """A timestamp in the schema's own form (milliseconds), so text order is time order."""
+    seconds, _, fraction = text.rstrip("Z").partition(".")
+    return f"{seconds}.{(fraction + '000')[:3]}Z"
+
+
+# ==== The operation table's rows ====
+
+LIMIT = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100, "description": "At most, 1-1000."}
+ROW_ID = {"type": "integer", "minimum": 1, "maximum": solos_bounds.MAX_ID}
+VERSIONED_TIERS = list(solos_store.VERSIONED)
+
+
+def schema(properties: dict, required: tuple[str, ...] = ("agent",)) -> dict:
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+def output(properties: dict) -> dict:
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+def operations(operation: Callable[..., Any]) -> dict[str, Any]:
+    """The spine's Operation rows for this module (the spine passes its Operation class)."""
+    optional_agent = {**AGENT_SCHEMA, "description": "The calling agent; none: the operator's view (operator token)."}
+    rows = [
+        operation(
+            "read_deliveries",
+            "GET",
+            "/v1/deliveries",
+            op_read_deliveries,
+            schema(
+                {
+                    "agent": optional_agent,
+                    "tier": {"type": "string", "enum": list(LOGGED_TIERS), "description": "Only this tier's rows."},
+                    "id": {**ROW_ID, "description": "Only this row (with tier)."},
+                    "limit": LIMIT,
+                    "before_id": {**ROW_ID, "description": "Page: only deliveries with a smaller id."},
+                },
+                (),
+            ),
+            output(
+                {
+                    "agent": {"type": ["string", "null"]},
+                    "view": {"type": "string", "enum": ["author", "operator"]},
+                    "count": {"type": "integer"},
+                    "deliveries": {"type": "array", "items": {"type": "object"}},
+                }
+            ),
+            writes=False,
+            idempotent=True,
+            title="Who was shown my rows",
+            operator=True,
+        ),
+        operation(
+            "recall_as_of",
+            "GET",
+            "/v1/recall/as_of",
+            op_recall_as_of,
+            schema(
+                {
+                    "agent": optional_agent,
+                    "as_of": {
+                        "type": "string",
+                        "pattern": TIMESTAMP,
+                        "description": "The time, UTC: 2026-11-30T06:00:00.000Z.",
+                    },
+                    "reader": {**AGENT_SCHEMA, "description": "Answer what this agent had been shown by as_of."},
+                    "q": {"type": "string", "maxLength": 1000, "default": "", "description": "Words to look for."},
+                    "k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10, "description": "1-100."},
+                    "tiers": {
+                        "type": "array",
+                        "items": {"type": "string", "enum": VERSIONED_TIERS},
+                        "uniqueItems": True,
+                        "maxItems": len(VERSIONED_TIERS),
+                        "default": ["long", "short"],
+                        "description": "Tiers (REST: comma-separated). Default long,short.",
+                    },
+                    "scope": {
+                        "type": "string",
+                        "enum": list(solos_store.SCOPES),
+                        "default": "shared",
+                        "description": "own, shared or shared_except_self, as in recall.",
+                    },
+                },
+                ("as_of",),
+            ),
+            output(
+                {
+                    "as_of": {"type": "string"},
+                    "count": {"type": "integer"},
+                    "results": {"type": "array", "items": {"type": "object"}},
+                    "retracted": {
+                        "type": "array",
+                        "items": {"type": "object"},
+                        "description": "Rows that existed then and were forgotten since: tier, row_id, agent, "
+                        "forgotten_at; no text.",
+                    },
+                }
+            ),
+            writes=False,
+            idempotent=True,
+            title="Recall as of a time",
+            operator=True,
+        ),
+        operation(
+            "read_notices",
+            "GET",
+            "/v1/notices",
+            op_read_notices,
+            schema(
+                {
+                    "agent": AGENT_SCHEMA,
+                    "after_id": {**ROW_ID, "minimum": 0, "description": "Only notices with a larger id."},
+                    "limit": LIMIT,
+                    "include_acked": {"type": "boolean", "default": False, "description": "Acknowledged ones too."},
+                }
+            ),
+            output(
+                {
+                    "agent": {"type": "string"},
+                    "count": {"type": "integer"},
+                    "notices": {"type": "array", "items": {"type": "object"}},
+                }
+            ),
+            writes=False,
+            idempotent=True,
+            title="Retraction notices for me",
+        ),
+        operation(
+            "ack_notices",
+            "POST",
+            "/v1/notices/ack",
+            op_ack_notices,
+            schema(
+                {
+                    "agent": AGENT_SCHEMA,
+                    "ids": {
+                        "type": "array",
+                        "items": ROW_ID,
+                        "maxItems": 1000,
+                        "uniqueItems": True,
+                        "description": "The notices' ids (REST body: a JSON array).",
+                    },
+                },
+                ("agent", "ids"),
+            ),
+            output({"agent": {"type": "string"}, "acked": {"type": "integer"}}),
+            writes=True,
+            idempotent=True,
+            title="Acknowledge retraction notices",
+        ),
+    ]
+    return {row.name: row for row in rows}
