@@ -63,7 +63,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-__version__ = "0.1.0"
+# solos_store.__version__, repeated: this file is copied alone (to Hermes, to agents) and never imports the
+# service, so it cannot read it from there; tests/test_release.py fails when the two differ.
+__version__ = "0.2.0"
 
 # ==== Configuration ====
 
@@ -798,6 +800,7 @@ def split_list(text: str) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ
     parser = argparse.ArgumentParser(prog="solos_client", description="Call solos-memory; prints JSON.")
+    parser.add_argument("--version", action="version", version=f"solos_client {__version__}")
     parser.add_argument(
         "--url",
         default=env.get(ENV_PREFIX + "URL") or DEFAULT_URL,

@@ -106,7 +106,7 @@ from solos_validation import (
     parse_json_body,
 )
 
-__version__ = "0.1.0"
+__version__ = solos_store.__version__
 
 # ==== Configuration ====
 

@@ -32,7 +32,7 @@ import solos_memory
 from solos_client import Client, Rejected, Unavailable, record_turn, turn_context
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+INTEGRATIONS = (ROOT / "docs" / "integrations.md").read_text()
 # A loaded 2-core CI box wakes a thread tens of ms late; a deadline overrun
 # by more than this is a bug, not scheduling.
 SLACK_S = 0.3
@@ -491,11 +491,11 @@ def test_neither_the_client_nor_the_provider_imports_the_service():
     assert "solos_memory" not in bare.stdout
 
 
-# ---- the README's examples, run as written ----
+# ---- docs/integrations.md's examples, run as written ----
 
 
 def readme_block(language: str, marker: str) -> str:
-    section = README.split("## Clients", 1)[1].split("\n## ", 1)[0]
+    section = INTEGRATIONS.split("## Clients", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(rf"```{language}\n(.*?)```", section, re.S)
     return next(block for block in blocks if marker in block)
 

@@ -1,5 +1,6 @@
 """The docs stay true: every operation documented, the quick start runs as written on a fresh service, every code
-name README.md and DEVELOPERS.md give exists, and the Configuration table is the CLI's."""
+name, command, route and flag README.md, DEVELOPERS.md and docs/*.md give exists, and the Configuration table
+(docs/operations.md) is the CLI's."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import pytest
 from conftest import ROOT
 
 import pyz_build
+import solos_client
 import solos_memory
 
 README = (ROOT / "README.md").read_text()
+OPERATIONS_PAGE = (ROOT / "docs" / "operations.md").read_text()
 
 
 @pytest.mark.parametrize("name", list(solos_memory.OPERATIONS))
@@ -109,9 +112,9 @@ def test_quick_start_works_right_after_the_zero_install_set_up_command(tmp_path)
 # "The code" is every top-level module (solos_*.py, mcp_bridge.py, pyz_build.py) and tests/conftest.py
 # (`skip_or_fail`), all searched at once, so moving a name between modules keeps the docs true.
 
-DOCS = ("README.md", "DEVELOPERS.md")
+DOCS = ("README.md", "DEVELOPERS.md", *(str(page.relative_to(ROOT)) for page in sorted((ROOT / "docs").glob("*.md"))))
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(\))?")
-REPO_PATH = re.compile(r"(?<![\w./~-])(?:bench|tests|research|scripts|systemd|models)/[\w./-]*")
+REPO_PATH = re.compile(r"(?<![\w./~-])(?:bench|tests|research|scripts|systemd|models|docs)/[\w./-]*")
 CHECKED_FILES = (".py", ".md", ".sql")
 MCP_CLIENT_TOOL = re.compile(r"mcp__\w+?__(\w+)")  # how Hermes names an MCP server's tool: the tool must be ours
 RUNTIME_FILES = (".db", ".lock", ".yaml", ".json")  # made by the service or Hermes, not in the repository
@@ -165,7 +168,7 @@ class CodeIndex:
         if name in EXTERNAL or head in EXTERNAL or name.endswith(RUNTIME_FILES):
             return None
         if name.endswith(CHECKED_FILES):
-            found = any((folder / name).exists() for folder in (ROOT, ROOT / "tests", ROOT / "bench"))
+            found = any((folder / name).exists() for folder in (ROOT, ROOT / "tests", ROOT / "bench", ROOT / "docs"))
             return None if found else "no such file in the repository"
         if (ROOT / name).is_file() or (tool := MCP_CLIENT_TOOL.fullmatch(name)) and tool[1] in self.words:
             return None
@@ -278,12 +281,18 @@ def test_every_repository_path_in_the_docs_exists():
     assert missing == []
 
 
+def test_the_developers_layout_lists_every_module():
+    layout = (ROOT / "DEVELOPERS.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([^`]+)` \|", layout, re.M))
+    assert {path.name for path in ROOT.glob("*.py")} - listed == set()
+
+
 # ==== The Configuration table is the CLI's ====
 
 
 def configuration_table() -> dict[str, str | None]:
-    """The README's Configuration rows: flag -> its environment variable (None where it has none)."""
-    section = README.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    """docs/operations.md's Configuration rows: flag -> its environment variable (None where it has none)."""
+    section = OPERATIONS_PAGE.split("## Configuration", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         if cells := re.match(r"\| `(--[\w-]+)` \| (`(SOLOS_MEMORY_\w+)`)?", line):
@@ -329,3 +338,136 @@ def test_the_tables_environment_variable_sets_its_flag(flag, variable, monkeypat
             assert getattr(solos_memory.parse_args([command]), dest) != default
             return
     pytest.fail(f"{variable} takes neither 4321 nor off")
+
+
+# ==== Every command, route and flag the docs give exists ====
+#
+# Read from the docs' code: inline spans and fenced blocks. A command is a word after one of our programs
+# (`solos_memory.py`, `solos-memory.pyz`, their `client`, `solos_client.py`, `$SOLOS`), or after `make`; a route
+# is a path after an HTTP method, after the service's address, or a span that is a bare path of ours; a flag is
+# every `--option` on a line that runs one of our programs, and every span that is only an option.
+
+SERVICE_PROGRAM = r"(?:solos_memory\.py|solos-memory\.pyz)"
+CLIENT_PROGRAM = r"(?:solos_client\.py|\$SOLOS|(?:solos_memory\.py|solos-memory\.pyz) client)"
+METHOD_PATH = re.compile(r"\b(GET|POST|PUT|DELETE|PATCH|HEAD) (/[\w./-]*)")
+ADDRESS_PATH = re.compile(r"(?:localhost|127\.0\.0\.1):8437(/[\w./-]*)")
+SERVICE_PATHS = ("/v1/", "/health", "/mcp", "/metrics", "/openapi.json", "/status")
+
+
+def code_texts(doc: str) -> list[str]:
+    """A doc's inline code spans and the lines of its fenced blocks."""
+    text = (ROOT / doc).read_text()
+    blocks = re.findall(r"```\w*\n(.*?)```", text, re.S)
+    return code_spans(text) + [line for block in blocks for line in block.splitlines()]
+
+
+def parser_commands(parser_main, argv: list[str]) -> set[str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        parser_main([*argv, "--help"])
+    return set(re.search(r"\{([\w,-]+)\}", out.getvalue())[1].split(","))
+
+
+def client_options(*command: str) -> set[str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        solos_client.parse_args([*command, "--help"])
+    return set(re.findall(r"^\s+(?:-\w+, )?(--[\w-]+)", out.getvalue(), re.M))
+
+
+CLIENT_COMMANDS = parser_commands(solos_client.parse_args, [])
+MAKE_TARGETS = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+ALL_OPTIONS = (
+    set().union(*(options(command) for command in commands()))
+    | set().union(*(client_options(command) for command in ("", *CLIENT_COMMANDS) if command))
+    | client_options()
+    | {"--help", "--version"}
+)
+
+
+def command_lines(text: str) -> list[tuple[str, list[str]]]:
+    """(program, arguments) for each run of one of our programs in a span or a line of docs; a usage line's
+    `[optional]` brackets dropped and its `a|b` alternatives read as their first."""
+    runs = []
+    text = re.split(r"(?:^|\s)#", text)[0]  # a shell comment is prose
+    for program, pattern in (("client", CLIENT_PROGRAM), ("service", SERVICE_PROGRAM), ("make", r"\bmake\b")):
+        for match in re.finditer(pattern, text):
+            rest = re.split(r" #|\s\|\s|>|;|&&|\\$", text[match.end() :])[0].replace("[", "").replace("]", "")
+            words = [word.split("|")[0] for word in rest.split()]
+            if program == "service" and words[:1] == ["client"]:
+                continue  # the client's run, read above
+            if words and re.match(r"-|[a-z]", words[0]):  # not a path, a placeholder (COMMAND) or the line's end
+                runs.append((program, words))
+    return runs
+
+
+def command_problem(program: str, words: list[str]) -> str | None:
+    """Why our parser refuses the command a doc gives (an unknown command), or None."""
+    if program == "make":
+        return None if words[0].startswith(("-", "ARGS=")) or words[0] in MAKE_TARGETS else "no such make target"
+    err = io.StringIO()
+    parse = solos_client.parse_args if program == "client" else solos_memory.parse_args
+    with contextlib.redirect_stderr(err), contextlib.suppress(SystemExit):
+        parse(words)
+    return "no such command" if "invalid choice" in err.getvalue() else None
+
+
+def test_every_command_in_the_docs_exists():
+    runs = [(doc, program, words) for doc in DOCS for text in code_texts(doc) for program, words in command_lines(text)]
+    wrong = [(doc, words, problem) for doc, program, words in runs if (problem := command_problem(program, words))]
+    assert wrong == []
+    named = {words[0] for _, program, words in runs if program == "service"}
+    assert {"serve", "snapshot", "restore", "check", "agents", "token"} <= named  # the scan finds the commands
+    assert command_problem("service", ["snapshots"]) and command_problem("client", ["--best-effort", "recal"])
+
+
+def routes_named(text: str) -> list[tuple[str | None, str]]:
+    """(method or None, path) pairs a span or a line of docs names."""
+    named: list[tuple[str | None, str]] = [(method, path) for method, path in METHOD_PATH.findall(text)]
+    named += [(None, path) for path in ADDRESS_PATH.findall(text)]
+    if re.fullmatch(r"/[\w./-]*", text) and text.startswith(SERVICE_PATHS):
+        named.append((None, text))
+    return named
+
+
+def test_every_route_in_the_docs_is_served():
+    wrong = []
+    for doc in DOCS:
+        for text in code_texts(doc):
+            for method, path in routes_named(text):
+                path = path.rstrip(".,")
+                operation_path = any(op.path == path for op in solos_memory.OPERATIONS.values())
+                if path not in solos_memory.KNOWN_PATHS and path != "/":
+                    wrong.append((doc, path, "no such route"))
+                elif method and operation_path and (method, path) not in solos_memory.ROUTES:
+                    wrong.append((doc, f"{method} {path}", "no operation answers that method"))
+    assert wrong == []
+
+
+def flags_named(text: str) -> list[str]:
+    if re.fullmatch(r"--[\w-]+(?: \S+)?", text):
+        return [text.split()[0]]
+    if re.search(rf"{SERVICE_PROGRAM}|{CLIENT_PROGRAM}|make serve", text):
+        return re.findall(r"(?<![\w-])--[a-z][\w-]*", text.split("#", 1)[0].replace("pip install", "#"))
+    return []
+
+
+def test_every_flag_in_the_docs_is_an_option():
+    unknown = [(doc, flag) for doc in DOCS for text in code_texts(doc) for flag in flags_named(text)]
+    assert [(doc, flag) for doc, flag in unknown if flag not in ALL_OPTIONS] == []
+    assert {flag for _, flag in unknown} >= {"--db", "--keep", "--a2a-record", "--best-effort", "--create"}
+
+
+def install_commands(lines: list[str]) -> list[str]:
+    return [line.split(" #", 1)[0].strip() for line in lines if line.strip()]
+
+
+def test_the_units_install_steps_are_the_operations_pages():
+    """lab-memory.service's header repeats docs/operations.md's install, agents and snapshot timer included."""
+    header = (ROOT / "systemd" / "lab-memory.service").read_text().split("\n\n", 1)[0]
+    steps = install_commands([line.removeprefix("#   ") for line in header.splitlines() if line.startswith("#   ")])
+    section = OPERATIONS_PAGE.split("## Install and roll out on a systemd host", 1)[1]
+    page = install_commands(re.search(r"```sh\n(.*?)```", section, re.S)[1].splitlines())
+    assert [step for step in steps if step not in page] == []
+    assert any(" agents add " in step for step in steps)
+    assert any("lab-memory-snapshot.timer" in step and "enable" in step for step in steps)

@@ -1,6 +1,6 @@
 """The solos memory provider inside real Hermes Agent 0.19.0, against the live service, without an LLM.
 
-The plugin is installed by the README's command (`solos_client.py
+The plugin is installed by docs/integrations.md's command (`solos_client.py
 install-hermes`, on a bare python3) and selected by Hermes's own
 `hermes config set memory.provider solos`. tests/hermes_provider_probe.py then
 runs in .venv-hermes: Hermes's discovery loads the plugin from
@@ -40,7 +40,7 @@ PROBE_TIMEOUT = 120
 
 @pytest.fixture(scope="module")
 def installed_home(tmp_path_factory) -> Path:
-    """A Hermes home with the plugin installed and selected by the README's two commands."""
+    """A Hermes home with the plugin installed and selected by docs/integrations.md's two commands."""
     if not (HERMES_BIN / "python").exists():
         skip_or_fail(f"Hermes venv missing at {HERMES_BIN}: run scripts/setup_hermes.sh")
     home = tmp_path_factory.mktemp("hermes") / "home"

@@ -285,7 +285,7 @@ def test_removals_reach_only_the_streams_whose_filters_the_row_matched(server):
 
 @pytest.fixture(scope="module")
 def model_server(tmp_path_factory):
-    """A service with the real embedder (MiniLM), holding the README's A2A example and a burst of unrelated facts."""
+    """A service with the real embedder (MiniLM), holding the docs' A2A example and a burst of unrelated facts."""
     from test_embed import require_embedder
 
     require_embedder()

@@ -31,7 +31,7 @@ def test_two_facts_sharing_a_100_character_prefix_get_two_ids():
     # The node's old scheme gives both the same point: the second overwrote the first.
     assert legacy_point_id("atlas", "infra", FACT_A) == legacy_point_id("atlas", "infra", FACT_B)
     assert point_id("atlas", "long", FACT_A) != point_id("atlas", "long", FACT_B)
-    # The id depends on writer and tier too, and on nothing else: it is the README's recipe, so the fleet's
+    # The id depends on writer and tier too, and on nothing else: it is docs/integrations.md's recipe, so the fleet's
     # other writers derive the same id for the same memory.
     assert point_id("atlas", "long", FACT_A) != point_id("sol", "long", FACT_A)
     assert point_id("atlas", "long", FACT_A) != point_id("atlas", "episodic", FACT_A)

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 import pytest
 from conftest import ROOT, skip_or_fail
-from test_docs import README, set_up_commands, zero_install_command
+from test_docs import set_up_commands, zero_install_command
 from test_packaging import call, service
 
 import solos_embed
@@ -126,9 +126,10 @@ def test_readme_set_up_in_an_empty_folder_from_zero_install_to_hybrid(tmp_path):
 
 
 def test_the_embedder_pins_agree_everywhere():
-    """make serve, the README's systemd lines, the test venv and the degraded reason install the same packages."""
+    """make serve, docs/operations.md's systemd lines, the test venv and the degraded reason install the same
+    packages."""
     pins = " ".join(solos_embed.PACKAGES.values())
     assert f"EMBEDDER := {pins}\n" in (ROOT / "Makefile").read_text()
-    assert f"pip install {pins}" in README
+    assert f"pip install {pins}" in (ROOT / "docs" / "operations.md").read_text()
     requirements = (ROOT / "requirements-test.txt").read_text().split()
     assert set(solos_embed.PACKAGES.values()) <= set(requirements)

@@ -185,7 +185,7 @@ def test_the_page_shows_the_fleet_in_a_real_browser(make_server, monkeypatch, tm
     assert rejection[1:4] == ["<b>mallory</b>", "recall", "bad_request"]
     page_text = "".join(dom.text)
     assert "uneasy" not in page_text and "kestrel" not in page_text and "backup job" not in page_text
-    assert "0.1.0" in dom.text_by_id["footer"]
+    assert f"Version {solos_memory.__version__}," in dom.text_by_id["footer"]
 
 
 @pytest.mark.slow
