@@ -78,6 +78,7 @@ def test_reads_blocked_by_an_exclusive_lock_are_503_never_empty(make_server):
     server = make_server(busy_timeout_ms=BUDGET_MS)
     server.post("/v1/long", {"agent": "atlas", "fact": "hidden by an exclusive lock"})
     server.server.memory.events.stop()  # its background sweeps would open connections too
+    server.server.memory.deliveries.close()  # and the delivery log's batches
     server.server.memory.store.close()  # idle pooled connections would keep the exclusive lock out
     with write_lock_held(server.db_path, exclusive=True):
         started = time.monotonic()

@@ -81,6 +81,7 @@ def test_no_empty_success_while_the_database_is_locked(shared_server, q, k):
     tag = marker()
     shared_server.post("/v1/long", {"agent": agent, "fact": f"{tag} {q}"})
     shared_server.server.memory.events.stop()  # its background sweeps would open connections too
+    shared_server.server.memory.deliveries.close()  # and the delivery log's batches
     shared_server.server.memory.store.close()
     holder = sqlite3.connect(shared_server.db_path, isolation_level=None)
     holder.execute("PRAGMA locking_mode=EXCLUSIVE")
