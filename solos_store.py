@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -416,12 +416,19 @@ def decode_text(raw: bytes) -> str:
 
 @dataclass(eq=False)
 class QueuedWrite:
-    """One write waiting for a group commit (Store.run), and once done its result or its error."""
+    """One write waiting for a group commit (Store.run): whether it leads the next one, and once done its result or
+    its error. `woken` is set when it is done, or when it is handed the lead."""
 
     work: Callable[[sqlite3.Connection], Any]
+    leads: bool = False
     done: bool = False
     result: Any = None
     error: BaseException | None = None
+    woken: threading.Event = field(default_factory=threading.Event)
+
+    def finish(self, result: Any, error: BaseException | None) -> None:
+        self.result, self.error, self.done = result, error, True
+        self.woken.set()
 
 
 def run_each(batch: list[QueuedWrite], conn: sqlite3.Connection) -> list[tuple[Any, BaseException | None]]:
@@ -558,6 +565,7 @@ class Store:
         # Writes queued behind the lock's holder, which commits them with its own (group commit, see run).
         self.queued: list[QueuedWrite] = []
         self.queue_lock = threading.Lock()
+        self.leading = False  # a queued write leads: the next ones wait for it, not for the lock
 
     # -- connections --
 
@@ -619,31 +627,52 @@ class Store:
         deadline = time.monotonic() + self.busy_timeout_ms / 1000
         if not write:
             return self.attempt(work, write, deadline)
-        # Group commit: a write queues, then waits for the lock. Whoever gets it runs every write queued by then
-        # in one transaction, each in a savepoint of its own, and its one COMMIT (one WAL sync, FULL as ever)
-        # acknowledges them all; those it carried find theirs done when they get the lock. Sixteen writers
-        # otherwise pay sixteen syncs and sixteen lock hand-offs, one at a time (bench/write_throughput.py).
+        # Group commit: a write queues; the first of a run leads. The leader takes the lock and runs every write
+        # queued by then in one transaction, each in a savepoint of its own, and its one COMMIT (one WAL sync,
+        # FULL as ever) acknowledges them all, each woken by its own event; then it hands the lead to the first
+        # write queued since. Sixteen writers otherwise pay sixteen syncs and a chain of sixteen lock hand-offs,
+        # each waking one thread after the other (bench/write_throughput.py).
         mine = QueuedWrite(work)
         with self.queue_lock:
             self.queued.append(mine)
-        if not self.write_lock.acquire(timeout=self.busy_timeout_ms / 1000):
+            mine.leads, self.leading = not self.leading, True
+        if not mine.leads and not mine.woken.wait(self.busy_timeout_ms / 1000):
             with self.queue_lock:
-                waiting = mine in self.queued
-                if waiting:
+                abandoned = not mine.leads and mine in self.queued
+                if abandoned:
                     self.queued.remove(mine)
-            if waiting:
+            if abandoned:
                 raise Busy(f"database is locked: this service's own writes queued for {self.busy_timeout_ms} ms")
-            self.write_lock.acquire()  # a holder carries it now: its outcome comes with the holder's COMMIT
-        try:
-            if not mine.done:
-                with self.queue_lock:
-                    batch, self.queued = self.queued, []
-                self.commit_together(batch, deadline)
-        finally:
-            self.write_lock.release()
+        if mine.leads and not mine.done:
+            self.lead(mine, deadline)
+        mine.woken.wait()  # a leader carries it: its outcome comes with that leader's COMMIT
         if mine.error is not None:
             raise mine.error
         return mine.result
+
+    def lead(self, mine: QueuedWrite, deadline: float) -> None:
+        """Commit everything queued in one transaction under the write lock, then hand the lead on."""
+        try:
+            if not self.write_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                with self.queue_lock:  # only the leader gives up: the rest stay queued for the next one
+                    self.queued.remove(mine)
+                mine.finish(
+                    None, Busy(f"database is locked: this service's own writes queued for {self.busy_timeout_ms} ms")
+                )
+                return
+            try:
+                with self.queue_lock:
+                    batch, self.queued = self.queued, []
+                self.commit_together(batch, deadline)
+            finally:
+                self.write_lock.release()
+        finally:
+            with self.queue_lock:
+                if self.queued:
+                    self.queued[0].leads = True
+                    self.queued[0].woken.set()
+                else:
+                    self.leading = False
 
     def commit_together(self, batch: list[QueuedWrite], deadline: float) -> None:
         """The queued writes in one transaction: each one's own failure undoes only its savepoint; a busy or
@@ -657,7 +686,7 @@ class Store:
         except BaseException as failure:  # handed to every writer in the batch, raised in each
             outcomes = [(None, failure)] * len(batch)
         for queued, (result, error) in zip(batch, outcomes):
-            queued.result, queued.error, queued.done = result, error, True
+            queued.finish(result, error)
 
     def attempt(self, work: Callable[[sqlite3.Connection], Any], write: bool, deadline: float) -> Any:
         """run's retries: up to BUSY_RETRIES more tries before the deadline, then Busy."""

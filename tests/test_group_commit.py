@@ -103,3 +103,25 @@ def test_a_busy_database_fails_the_whole_batch_and_acknowledges_none(store, tmp_
     assert all(isinstance(o, solos_store.Busy) for o in outcomes), outcomes
     assert store.commits == []
     assert facts(store) == []
+
+
+def test_writes_queued_past_the_busy_timeout_are_refused_unrun_and_the_next_write_leads_afresh(store):
+    store.busy_timeout_ms = 300
+    outcomes: list = [None] * 4
+
+    def write(n):
+        try:
+            outcomes[n] = store.write(long_fact(store, f"fact {n}"))
+        except Exception as error:
+            outcomes[n] = error
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    with store.write_lock:  # held past every writer's busy timeout
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+    assert all(isinstance(o, solos_store.Busy) for o in outcomes), outcomes
+    assert store.queued == [] and store.commits == []
+    assert store.write(long_fact(store, "afterwards"))["status"] == "created"
+    assert facts(store) == ["afterwards"]
