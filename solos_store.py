@@ -33,6 +33,7 @@ second backend implements the same):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -43,7 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -420,6 +421,55 @@ def decode_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
+@dataclass(eq=False)
+class QueuedWrite:
+    """One write waiting for a group commit (Store.run): whether it leads the next one, and once done its result or
+    its error. `woken` is set when it is done, or when it is handed the lead."""
+
+    work: Callable[[sqlite3.Connection], Any]
+    leads: bool = False
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    woken: threading.Event = field(default_factory=threading.Event)
+
+    def finish(self, result: Any, error: BaseException | None) -> None:
+        self.result, self.error, self.done = result, error, True
+        self.woken.set()
+
+
+def run_each(batch: list[QueuedWrite], conn: sqlite3.Connection) -> list[tuple[Any, BaseException | None]]:
+    """Each queued write in a savepoint: its own failure (a refusal, a constraint) rolls back its changes alone.
+
+    What fails the transaction itself (busy, a storage failure, text to decode again) propagates to
+    Store.attempt, which retries or fails the whole batch as it would one write.
+    """
+    outcomes: list[tuple[Any, BaseException | None]] = []
+    for queued in batch:
+        conn.execute("SAVEPOINT queued_write")
+        try:
+            outcomes.append((queued.work(conn), None))
+        except sqlite3.Error as error:
+            if whole_transaction(error):
+                raise
+            conn.execute("ROLLBACK TO queued_write")
+            outcomes.append((None, error))
+        except Exception as error:  # a ServiceError (Conflict, UnknownAgent, ...) or a bug: this write's alone
+            conn.execute("ROLLBACK TO queued_write")
+            outcomes.append((None, error))
+        conn.execute("RELEASE queued_write")
+    return outcomes
+
+
+def whole_transaction(error: sqlite3.Error) -> bool:
+    """Errors Store.attempt handles for the whole transaction: busy, storage failures, undecodable text."""
+    return (
+        STORAGE_FAILURES.get(primary_code(error) or 0) is not None
+        or (isinstance(error, sqlite3.OperationalError) and is_busy(error))
+        or "Could not decode to UTF-8" in str(error)
+    )
+
+
 class PooledConnection(sqlite3.Connection):
     """A connection that knows whether it may go back to the pool."""
 
@@ -519,6 +569,10 @@ class Store:
         # handler polls with sleeps of up to 100 ms, so sixteen threads contending lose their time asleep
         # (bench/write_throughput.py, 16 clients: p99 104 -> 11 ms) and the fleet's writers meet sixteen rivals.
         self.write_lock = threading.Lock()
+        # Writes queued behind the lock's holder, which commits them with its own (group commit, see run).
+        self.queued: list[QueuedWrite] = []
+        self.queue_lock = threading.Lock()
+        self.leading = False  # a queued write leads: the next ones wait for it, not for the lock
 
     # -- connections --
 
@@ -580,12 +634,66 @@ class Store:
         deadline = time.monotonic() + self.busy_timeout_ms / 1000
         if not write:
             return self.attempt(work, write, deadline)
-        if not self.write_lock.acquire(timeout=self.busy_timeout_ms / 1000):
-            raise Busy(f"database is locked: this service's own writes queued for {self.busy_timeout_ms} ms")
+        # Group commit: a write queues; the first of a run leads. The leader takes the lock and runs every write
+        # queued by then in one transaction, each in a savepoint of its own, and its one COMMIT (one WAL sync,
+        # FULL as ever) acknowledges them all, each woken by its own event; then it hands the lead to the first
+        # write queued since. Sixteen writers otherwise pay sixteen syncs and a chain of sixteen lock hand-offs,
+        # each waking one thread after the other (bench/write_throughput.py).
+        mine = QueuedWrite(work)
+        with self.queue_lock:
+            self.queued.append(mine)
+            mine.leads, self.leading = not self.leading, True
+        if not mine.leads and not mine.woken.wait(self.busy_timeout_ms / 1000):
+            with self.queue_lock:
+                abandoned = not mine.leads and mine in self.queued
+                if abandoned:
+                    self.queued.remove(mine)
+            if abandoned:
+                raise Busy(f"database is locked: this service's own writes queued for {self.busy_timeout_ms} ms")
+        if mine.leads and not mine.done:
+            self.lead(mine, deadline)
+        mine.woken.wait()  # a leader carries it: its outcome comes with that leader's COMMIT
+        if mine.error is not None:
+            raise mine.error
+        return mine.result
+
+    def lead(self, mine: QueuedWrite, deadline: float) -> None:
+        """Commit everything queued in one transaction under the write lock, then hand the lead on."""
         try:
-            return self.attempt(work, write, deadline)
+            if not self.write_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                with self.queue_lock:  # only the leader gives up: the rest stay queued for the next one
+                    self.queued.remove(mine)
+                mine.finish(
+                    None, Busy(f"database is locked: this service's own writes queued for {self.busy_timeout_ms} ms")
+                )
+                return
+            try:
+                with self.queue_lock:
+                    batch, self.queued = self.queued, []
+                self.commit_together(batch, deadline)
+            finally:
+                self.write_lock.release()
         finally:
-            self.write_lock.release()
+            with self.queue_lock:
+                if self.queued:
+                    self.queued[0].leads = True
+                    self.queued[0].woken.set()
+                else:
+                    self.leading = False
+
+    def commit_together(self, batch: list[QueuedWrite], deadline: float) -> None:
+        """The queued writes in one transaction: each one's own failure undoes only its savepoint; a busy or
+        failing database fails them all (none is acknowledged)."""
+        outcomes: list[tuple[Any, BaseException | None]]
+        try:
+            if len(batch) == 1:  # alone: as it always ran, no savepoint
+                outcomes = [(self.attempt(batch[0].work, True, deadline), None)]
+            else:
+                outcomes = self.attempt(functools.partial(run_each, batch), True, deadline)
+        except BaseException as failure:  # handed to every writer in the batch, raised in each
+            outcomes = [(None, failure)] * len(batch)
+        for queued, (result, error) in zip(batch, outcomes):
+            queued.finish(result, error)
 
     def attempt(self, work: Callable[[sqlite3.Connection], Any], write: bool, deadline: float) -> Any:
         """run's retries: up to BUSY_RETRIES more tries before the deadline, then Busy."""

@@ -317,7 +317,12 @@ def generate(path: Path, size: int, seed: int, vocab: str, log=print) -> None:
             done += len(batch)
             if done % (BATCH * 10) == 0 or done == count:
                 log(f"  {tier}: {done:,}/{count:,} rows, {time.monotonic() - started:.0f} s")
-    # Long facts written through the service carry their content key; so do these.
+    finish(conn)
+
+
+def finish(conn: sqlite3.Connection) -> None:
+    """Long facts written through the service carry their content key, so these get theirs; then a file
+    with no WAL left and fresh planner statistics, closed."""
     conn.execute("BEGIN")
     conn.executemany(
         "INSERT OR IGNORE INTO memory_write_key (agent, tier, key, row_id) VALUES (?, 'long', ?, ?)",

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Recall latency of this tree against another checkout, in one run, on the same database.
 
-    python3 bench/recall_ab.py --base DIR [--size 100k] [--queries 400] [--seed 7]
+    python3 bench/recall_ab.py --base DIR [--sizes 100k] [--shapes fleet,locomo] [--queries 400] [--seed 7]
 
 DIR is another checkout of solos-memory (e.g. `git worktree add /tmp/base main`,
 or `git archive <commit> | tar -x -C DIR`). Both services run keyword-only on
 copies of one generated database (gen_db.py, cached) and with no Qdrant option;
 each query goes to the base, then to this tree, on kept-alive connections,
 so whatever else loads the machine loads both alike. Prints p50/p95 per tier
-line and the ratio this/base; asserts nothing.
+line and the ratio this/base; asserts nothing. Shape `locomo` adds LoCoMo's
+turns as long facts and 20 of its real questions (locomo_shape.py), each asked
+--queries / 20 times.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import time
 from pathlib import Path
 
 import gen_db
+import locomo_shape
 from harness import ROOT, Client, Process, machine_note, percentiles
-from recall_latency import CALLER, LINES, K, make_queries
+from locomo_data import DEFAULT_DATA
+from recall_latency import CALLER, LINES, LOCOMO_QUESTIONS, K, make_queries
 
 
 def start(tree: Path, db: Path) -> Process:
@@ -30,15 +34,54 @@ def start(tree: Path, db: Path) -> Process:
     return Process(argv + ["--no-request-log", "--model-dir", "off"])
 
 
-def alternate_recalls(clients: dict[str, Client], queries: list[str], tiers: str, scope: str) -> dict[str, list]:
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", type=Path, required=True, help="the other checkout (no default)")
+    parser.add_argument("--sizes", default="100k", help="database sizes (default: %(default)s)")
+    parser.add_argument("--shapes", default="fleet,locomo", help="fleet, locomo or both (default: %(default)s)")
+    parser.add_argument("--queries", type=int, default=400, help="timed queries per line (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=7, help="generator and query seed (default: %(default)s)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo file (default: %(default)s)")
+    args = parser.parse_args()
+    print(machine_note())
+    for size in (s.strip() for s in args.sizes.split(",") if s.strip()):
+        if "fleet" in args.shapes:
+            source = gen_db.ensure_db(gen_db.parse_size(size), args.seed)
+            lines = [
+                (
+                    f"{tiers:<14} {scope:<7} {style:<8}",
+                    CALLER,
+                    tiers,
+                    scope,
+                    make_queries(source, args.queries, args.seed, style),
+                )
+                for tiers, scope, style in LINES
+            ]
+            compare(args, f"{size} fleet", source, lines)
+        if "locomo" in args.shapes:
+            source = locomo_shape.ensure_db(gen_db.parse_size(size), args.data)
+            asked = locomo_shape.questions(args.data, LOCOMO_QUESTIONS, args.seed)
+            queries = asked * max(1, args.queries // len(asked))
+            compare(
+                args,
+                f"{size} LoCoMo",
+                source,
+                [(f"{'LoCoMo questions':<31}", locomo_shape.READER, "long", "shared", queries)],
+            )
+    return 0
+
+
+def alternate_recalls(
+    clients: dict[str, Client], queries: list[str], tiers: str, scope: str, caller: str = CALLER
+) -> dict[str, list]:
     """Each query to every client in turn, after 20 to warm them; seconds per recall, per client."""
     samples: dict[str, list[float]] = {name: [] for name in clients}
     for q in queries[:20]:
         for client in clients.values():
-            client.json("GET", "/v1/recall", query={"agent": CALLER, "q": q, "tiers": tiers, "k": K})
+            client.json("GET", "/v1/recall", query={"agent": caller, "q": q, "tiers": tiers, "k": K})
     for q in queries:
         for name, client in clients.items():
-            query = {"agent": CALLER, "q": q, "tiers": tiers, "scope": scope, "k": K}
+            query = {"agent": caller, "q": q, "tiers": tiers, "scope": scope, "k": K}
             started = time.perf_counter()
             status, _ = client.json("GET", "/v1/recall", query=query)
             samples[name].append(time.perf_counter() - started)
@@ -46,32 +89,26 @@ def alternate_recalls(clients: dict[str, Client], queries: list[str], tiers: str
     return samples
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", type=Path, required=True, help="the other checkout (no default)")
-    parser.add_argument("--size", default="100k", help="database size (default: %(default)s)")
-    parser.add_argument("--queries", type=int, default=400, help="timed queries per line (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=7, help="generator and query seed (default: %(default)s)")
-    args = parser.parse_args()
-    print(machine_note())
-    source = gen_db.ensure_db(gen_db.parse_size(args.size), args.seed)
+def compare(
+    args: argparse.Namespace, title: str, source: Path, lines: list[tuple[str, str, str, str, list[str]]]
+) -> None:
+    """Each line's queries to base and this in turn, on copies of one database."""
     with tempfile.TemporaryDirectory() as folder:
         dbs = {name: Path(folder) / f"{name}.db" for name in ("base", "this")}
         for db in dbs.values():
             shutil.copy(source, db)
         with start(args.base.resolve(), dbs["base"]) as base, start(ROOT, dbs["this"]) as this:
             clients = {"base": Client(base.port), "this": Client(this.port)}
-            print(f"{args.size} rows, {args.queries} queries per line, base {args.base}, this {ROOT}")
-            for tiers, scope, style in LINES:
-                samples = alternate_recalls(clients, make_queries(source, args.queries, args.seed, style), tiers, scope)
+            print(f"{title}: {source.name}, base {args.base}, this {ROOT}")
+            for label, caller, tiers, scope, queries in lines:
+                samples = alternate_recalls(clients, queries, tiers, scope, caller)
                 b, t = percentiles(samples["base"]), percentiles(samples["this"])
                 print(
-                    f"  {tiers:<14} {scope:<7} {style:<8} base p50 {b['p50']:6.3f} p95 {b['p95']:6.3f}  "
+                    f"  {label} base p50 {b['p50']:6.3f} p95 {b['p95']:6.3f}  "
                     f"this p50 {t['p50']:6.3f} p95 {t['p95']:6.3f}  this/base p50 {t['p50'] / b['p50']:4.2f}x"
                 )
             for client in clients.values():
                 client.close()
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Recall latency over REST against its floor, at 10k, 100k and 1M rows.
 
-    python3 bench/recall_latency.py [--sizes 10k,100k,1m] [--queries 400] [--seed 7] [--no-worst]
+    python3 bench/recall_latency.py [--sizes 10k,100k,1m] [--shapes fleet,locomo] [--queries 400] [--no-worst]
 
 For each size (N episodic rows + N/10 long facts, see gen_db.py; generated and
 cached on first use, 1M takes a minute or two) the service runs as a
@@ -37,6 +37,19 @@ The learned reranker's cost is its own line per size (and for hybrid): the
 same content queries, interleaved, on two services over one database, with
 --rerank on and off (reranking costs `reranked p50 - off p50`).
 
+LoCoMo-shaped (`--shapes`, both by default; `--data` names the file): the
+size's count of LoCoMo turns as long facts, repeated with a "(copy N)" suffix
+past the file's 2,760 (locomo_shape.py), and 20 real questions, each asked
+--queries / 20 times, against the issue-26 floor: the http floor plus plain
+FTS5 BM25 (default weights) top 5 of the question's non-stop words. Then
+serial acknowledged writes (POST /v1/long, one kept-alive connection).
+
+    python3 bench/recall_latency.py --curve docs --sizes 1k,10k,100k
+
+writes the cost curve instead (cost_curve.py): per size, both shapes' recall
+p50/p99 beside the floor and write p50, printed, as the table in
+docs/cost-curve.md and the chart docs/cost-curve.svg.
+
 Hybrid is measured when the service, started with its default model dir,
 reports degraded:false; otherwise it prints "n/a (degraded)". The embedder
 needs fastembed, so run it with .venv/bin/python, and --backfill to embed the
@@ -61,8 +74,11 @@ import time
 from pathlib import Path
 from threading import get_ident
 
+import cost_curve
 import gen_db
+import locomo_shape
 from harness import ROOT, Client, machine_note, percentiles, start_floor, start_service, verdict
+from locomo_data import DEFAULT_DATA
 
 sys.path.insert(0, str(ROOT))
 import solos_memory  # noqa: E402
@@ -73,6 +89,11 @@ TARGET_P99_MS = 10.0
 TARGET_GROWTH = 3.0
 CALLER = "atlas"  # writes its share; not one of the sharing agents
 K = 5
+LOCOMO_TARGET_RATIO = 2.0
+HYBRID_TARGET_RATIO = (
+    3.0  # issue 26, at 10k rows, against the same floor as keyword  # issue 26, chat-shaped text against its own floor
+)
+LOCOMO_QUESTIONS = 20  # the issue's: 20 real questions, each asked --queries / 20 times
 LINES = (
     ("long,short", "shared", "content"),
     ("long,short", "shared", "question"),
@@ -169,21 +190,30 @@ def time_statements(db: Path, per_query: list[list[str]], warmup: int) -> list[f
 
 
 def time_line(
-    service_port: int, floor_port: int, db: Path, queries: list[str], tiers: str, scope: str, warmup: int
+    service_port: int,
+    floor_port: int,
+    db: Path,
+    queries: list[str],
+    tiers: str,
+    scope: str,
+    warmup: int,
+    caller: str = CALLER,
+    statements: list[str] | None = None,
 ) -> tuple[list[float], list[float], list[float], dict]:
     """Per query, back to back: the service's recall, the raw FTS5 queries, an empty-handler round trip.
 
-    Interleaved, so load from anything else on the machine hits service and floor alike.
+    Interleaved, so load from anything else on the machine hits service and floor alike. `statements`:
+    the FTS5 floor (default: the service's own ranking per tier, fts_statements).
     """
     client, floor = Client(service_port), Client(floor_port)
     conn = sqlite3.connect(db, isolation_level=None)
-    statements = fts_statements(tiers)
+    statements = statements or fts_statements(tiers)
     service, fts, http = [], [], []
     last: dict = {}
     for i, q in enumerate(queries[:warmup] + queries):
         started = time.perf_counter()
         status, body = client.json(
-            "GET", "/v1/recall", query={"agent": CALLER, "q": q, "k": K, "tiers": tiers, "scope": scope}
+            "GET", "/v1/recall", query={"agent": caller, "q": q, "k": K, "tiers": tiers, "scope": scope}
         )
         service_s = time.perf_counter() - started
         if status != 200:
@@ -256,6 +286,87 @@ def measure_size(label: str, db_source: Path, args: argparse.Namespace, floor_po
     return results
 
 
+def locomo_floor() -> list[str]:
+    """The issue's floor for chat text: plain FTS5 BM25 (default weights) top 5 of the question's non-stop words."""
+    fts = solos_memory.TIER_TABLE["long"].fts
+    return [f"SELECT rowid, bm25({fts}) FROM {fts} WHERE {fts} MATCH ? ORDER BY bm25({fts}) LIMIT {K}"]
+
+
+def measure_locomo(label: str, args: argparse.Namespace, floor_port: int) -> tuple[dict, dict, dict]:
+    """Real LoCoMo questions over LoCoMo turns stored as long facts (locomo_shape.py), against the floor."""
+    source = locomo_shape.ensure_db(gen_db.parse_size(label), args.data)
+    asked = locomo_shape.questions(args.data, LOCOMO_QUESTIONS, args.seed)
+    queries = asked * max(1, args.queries // len(asked))
+    with tempfile.TemporaryDirectory(prefix="solos-bench-") as scratch:
+        db = Path(scratch) / "solos.db"
+        shutil.copyfile(source, db)
+        print(f"\n== {label} LoCoMo-shaped: {gen_db.parse_size(label):,} long facts, {len(asked)} questions ==")
+        with start_service(db) as service:
+            samples, fts, http, _ = time_line(
+                service.port, floor_port, db, queries, "long", "shared", len(asked), locomo_shape.READER, locomo_floor()
+            )
+            writes = write_latency(service.port, locomo_shape.READER, args.writes)
+    service_stats, fts_stats = percentiles(samples), percentiles(fts)
+    floor_stats = percentiles([a + b for a, b in zip(http, fts)])
+    print(row("fts floor [LoCoMo questions]", fts_stats))
+    print(row("floor = http + fts [LoCoMo questions]", floor_stats))
+    print(
+        row("service keyword [LoCoMo questions]", service_stats)
+        + f"  ratio p50 {service_stats['p50'] / floor_stats['p50']:.2f}x"
+        + f" p99 {service_stats['p99'] / floor_stats['p99']:.2f}x"
+    )
+    print(row("serial write (POST /v1/long) [LoCoMo]", writes))
+    return service_stats, floor_stats, writes
+
+
+def write_latency(port: int, agent: str, count: int) -> dict:
+    """Acknowledged long-fact writes, one after another on one kept-alive connection."""
+    client, samples = Client(port), []
+    for n in range(count):
+        body = {
+            "agent": agent,
+            "topic": "bench writes",
+            "fact": f"Bench write {n}: the cost curve's probe {time.time()}",
+        }
+        started = time.perf_counter()
+        status, answer = client.json("POST", "/v1/long", body)
+        samples.append(time.perf_counter() - started)
+        if status not in (200, 201):
+            raise RuntimeError(f"write answered {status}: {answer}")
+    client.close()
+    return percentiles(samples)
+
+
+def measure_curve_point(label: str, args: argparse.Namespace, floor_port: int) -> dict:
+    """One size of the cost curve: the fleet's default-tier line and its own-scope line, LoCoMo, writes."""
+    point = {}
+    source = gen_db.ensure_db(gen_db.parse_size(label), args.seed)
+    with tempfile.TemporaryDirectory(prefix="solos-bench-") as scratch:
+        db = Path(scratch) / "solos.db"
+        shutil.copyfile(source, db)
+        conn = sqlite3.connect(db)
+        rows = sum(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in cost_curve.FLEET_TABLES)
+        conn.close()
+        print(f"\n== {label} fleet: {rows:,} rows ({source.name}) ==")
+        with start_service(db) as service:
+            for tiers, scope, style in (LINES[0], LINES[3]):
+                queries = make_queries(db, args.queries + args.warmup, args.seed, style)
+                samples, fts, http, _ = time_line(service.port, floor_port, db, queries, tiers, scope, args.warmup)
+                floor, stats = percentiles([a + b for a, b in zip(http, fts)]), percentiles(samples)
+                name = f"fleet {tiers}" + ("" if scope == "shared" else f" {scope}")
+                print(row(f"floor [{name}]", floor))
+                print(row(f"service keyword [{name}]", stats) + f"  ratio p50 {stats['p50'] / floor['p50']:.2f}x")
+                point[name] = {"rows": rows, "recall": stats, "floor": floor}
+            writes = write_latency(service.port, CALLER, args.writes)
+            print(row("serial write (POST /v1/long) [fleet]", writes))
+            point["fleet writes"] = {"rows": rows, "write": writes}
+    recall, floor, writes = measure_locomo(label, args, floor_port)
+    rows = gen_db.parse_size(label)
+    point["LoCoMo long"] = {"rows": rows, "recall": recall, "floor": floor}
+    point["LoCoMo writes"] = {"rows": rows, "write": writes}
+    return point
+
+
 def measure_hybrid(db: Path, args: argparse.Namespace) -> dict | None:
     """Hybrid recall, if the service with its default model dir is not degraded.
 
@@ -285,11 +396,14 @@ def measure_hybrid(db: Path, args: argparse.Namespace) -> dict | None:
         )
         conn.close()
         queries = make_queries(db, args.queries + args.warmup, args.seed, "content")
-        samples, _, _, last = time_line(service.port, args.floor_port, db, queries, "long,short", "shared", args.warmup)
-        stats = percentiles(samples)
+        samples, fts, http, last = time_line(
+            service.port, args.floor_port, db, queries, "long,short", "shared", args.warmup
+        )
+        stats, floor = percentiles(samples), percentiles([a + b for a, b in zip(http, fts)])
         print(
             row("service hybrid [long,short content]", stats)
-            + f"  ranking {last.get('ranking')}, vectors for {vectors:,} of {rows:,} rows"
+            + f"  ratio p50 {stats['p50'] / floor['p50']:.2f}x (target {HYBRID_TARGET_RATIO:g}x);"
+            + f" ranking {last.get('ranking')}, vectors for {vectors:,} of {rows:,} rows"
         )
         client.close()
     rerank_cost(db, args, "")
@@ -342,16 +456,34 @@ def main() -> int:
         action="store_true",
         help="embed every row before the hybrid line (about 200 rows/s; needs fastembed) (default: no)",
     )
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo file (default: %(default)s)")
+    parser.add_argument(
+        "--shapes", default="fleet,locomo", help="data shapes: fleet, locomo or both (default: %(default)s)"
+    )
+    parser.add_argument("--writes", type=int, default=200, help="serial writes timed per size (default: %(default)s)")
+    parser.add_argument(
+        "--curve",
+        type=Path,
+        metavar="DIR",
+        help="only the cost curve: per size both shapes' recall p50/p99 and floor, write p50; writes "
+        "DIR/cost-curve.md and DIR/cost-curve.svg (default: off; e.g. --curve docs --sizes 1k,10k,100k)",
+    )
     args = parser.parse_args()
     print(machine_note())
+    if args.curve:
+        return run_curve(args)
 
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    dbs = {label: gen_db.ensure_db(gen_db.parse_size(label), args.seed) for label in sizes}
+    dbs = {label: gen_db.ensure_db(gen_db.parse_size(label), args.seed) for label in sizes if "fleet" in args.shapes}
     results = {}
     with start_floor("one") as floor:
         for label in sizes:
             args.floor_port = floor.port
-            results[label] = measure_size(label, dbs[label], args, floor.port, hybrid=not args.no_hybrid)
+            if "fleet" in args.shapes:
+                results[label] = measure_size(label, dbs[label], args, floor.port, hybrid=not args.no_hybrid)
+            if "locomo" in args.shapes:
+                recall, floor_stats, _ = measure_locomo(label, args, floor.port)
+                results.setdefault(label, {})["LoCoMo questions"] = (recall, floor_stats, None)
         if not args.no_worst:
             worst_db = gen_db.ensure_db(gen_db.parse_size(args.worst_size), args.seed, vocab="30")
             print(f"\n== worst case: 30-word vocabulary, {args.worst_size} ==")
@@ -366,7 +498,7 @@ def main() -> int:
     for label in sizes:
         for name, (service_stats, floor_stats, _) in ((n, v) for n, v in results[label].items() if n != "hybrid"):
             ratio = service_stats["p50"] / floor_stats["p50"]
-            ok_ratio = ratio <= TARGET_RATIO
+            ok_ratio = ratio <= (LOCOMO_TARGET_RATIO if name == "LoCoMo questions" else TARGET_RATIO)
             line = (
                 f"  {label:>5} {name:<24} p50 {service_stats['p50']:7.3f} (floor {floor_stats['p50']:6.3f}, "
                 f"{ratio:4.2f}x {verdict(ok_ratio)})  p99 {service_stats['p99']:7.3f}"
@@ -403,6 +535,20 @@ def main() -> int:
         )
     print("\nmissed: " + (", ".join(failures) if failures else "none"))
     return 1 if failures else 0
+
+
+def run_curve(args: argparse.Namespace) -> int:
+    """The cost curve at each size, printed, then written as a table and a chart into args.curve."""
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    load_before = os.getloadavg()[0]
+    with start_floor("one") as floor:
+        points = {label: measure_curve_point(label, args, floor.port) for label in sizes}
+    note = machine_note()
+    table = cost_curve.table(points)
+    print("\n" + table)
+    written = cost_curve.write(args.curve, points, f"{note}; at the start {load_before:.2f}")
+    print("written: " + ", ".join(str(path) for path in written))
+    return 0
 
 
 def measure_worst(db_source: Path, args: argparse.Namespace, floor_port: int) -> tuple[dict, dict, dict]:

@@ -15,6 +15,7 @@ BENCH = Path(locomo_data.__file__).parent
 # Every bench that reads LoCoMo, with the arguments it needs besides --data.
 LOCOMO_BENCHES = {
     "locomo.py": [],
+    "locomo_shape.py": [],
     "embed.py": [],
     "ltr_research.py": [],
     "service_rss.py": ["--base", "."],
