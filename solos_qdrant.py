@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -159,13 +159,7 @@ def import_points(
     client = connect(target)
     counts: Counter = Counter()
     try:
-        if not client.collection_exists(target.collection):
-            raise QdrantUnavailable(f"{target.describe()}: no such collection")
-        offset = None
-        while True:
-            points, offset = client.scroll(
-                target.collection, limit=BATCH, offset=offset, with_payload=True, with_vectors=False
-            )
+        for points in pages(client, target, with_payload=True):
             batch = [(str(p.id), p.payload or {}) for p in points]
             counts.update(
                 store.write(
@@ -174,10 +168,23 @@ def import_points(
             )
             if progress:
                 progress(counts)
-            if offset is None:
-                return counts
+        return counts
     finally:
         client.close()
+
+
+def pages(client: Any, target: Target, with_payload: Any) -> Iterator[list]:
+    """The collection's points, BATCH at a time (import and verify both read it whole)."""
+    if not client.collection_exists(target.collection):
+        raise QdrantUnavailable(f"{target.describe()}: no such collection")
+    offset = None
+    while True:
+        points, offset = client.scroll(
+            target.collection, limit=BATCH, offset=offset, with_payload=with_payload, with_vectors=False
+        )
+        yield points
+        if offset is None:
+            return
 
 
 def import_batch(
@@ -745,13 +752,7 @@ def verify(store: Any, target: Target) -> dict:
     unmanaged = 0
     client = connect(target)
     try:
-        if not client.collection_exists(target.collection):
-            raise QdrantUnavailable(f"{target.describe()}: no such collection")
-        offset = None
-        while True:
-            points, offset = client.scroll(
-                target.collection, limit=BATCH, offset=offset, with_payload=["written_by"], with_vectors=False
-            )
+        for points in pages(client, target, with_payload=["written_by"]):
             for point in points:
                 pid = str(point.id)
                 row = canonical.get(pid, imported.get(pid))
@@ -761,8 +762,6 @@ def verify(store: Any, target: Target) -> dict:
                     strays.append(pid)
                 else:
                     unmanaged += 1
-            if offset is None:
-                break
     finally:
         client.close()
     missing = sorted(rows - set(per_row))
