@@ -305,11 +305,14 @@ class EventHub:
     def own_read(self, work: Callable[[sqlite3.Connection], Any], write: bool = False) -> Any:
         """One transaction on the hub's own connection; its writes (expiry sweeps, pruning) are short and rare."""
         with self.own_lock:
-            self.own.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            if getattr(self.own, "broken", False):  # a PostgreSQL server that went away and came back
+                self.own = self.store.connect()
+            self.own.execute(self.store.BEGIN_WRITE if write else self.store.BEGIN_READ)
             try:
                 result = work(self.own)
             except BaseException:
-                self.own.execute("ROLLBACK")
+                if not getattr(self.own, "broken", False):
+                    self.own.execute("ROLLBACK")
                 raise
             self.own.execute("COMMIT")
             return result
@@ -323,8 +326,8 @@ class EventHub:
                 now = time.monotonic()
                 if now >= next_sweep:
                     next_sweep = now + SWEEP_S
-                    if self.own_read(solos_store.expiry_due):
-                        self.own_read(functools.partial(solos_store.sweep_expired, note=self.note_removal), write=True)
+                    if self.own_read(solos_store.query("expiry_due")):
+                        self.own_read(solos_store.query("sweep_expired", note=self.note_removal), write=True)
                 if now >= next_prune:
                     next_prune = now + PRUNE_EVERY_S
                     self.prune()
@@ -356,10 +359,13 @@ class EventHub:
 
     def prepare(self, conn: sqlite3.Connection, subscribers: list[Subscriber], after: int) -> tuple[dict, int]:
         """The next batch after `after`, filtered and rendered per subscriber; (shares, last id read)."""
-        events = solos_store.events_after(conn, after, BATCH)
+        events = solos_store.on(conn).events_after(conn, after, BATCH)
         if not events:
             return {}, after
-        rows, sharing = solos_store.current_rows(conn, self.tiers, events), solos_store.sharing_agents(conn)
+        rows, sharing = (
+            solos_store.on(conn).current_rows(conn, self.tiers, events),
+            solos_store.on(conn).sharing_agents(conn),
+        )
         shared: dict[tuple, dict] = {}
         return {s: self.visible(conn, s.pattern, events, rows, sharing, shared) for s in subscribers}, events[-1]["id"]
 
@@ -468,12 +474,12 @@ class EventHub:
             filters = list(self.matched)
         if not ids or not filters or tier not in solos_store.RETRACTABLE:
             return
-        tags = solos_store.tags_of(conn, tier, ids)
+        tags = solos_store.on(conn).tags_of(conn, tier, ids)
         for content in filters:
             wanted, q, match = content
             hits = [i for i in ids if not wanted or set(wanted) & tags.get(i, set())]
             if q and hits:
-                words = solos_store.text_matches(conn, match, {tier: hits}) if match else set()
+                words = solos_store.on(conn).text_matches(conn, match, {tier: hits}) if match else set()
                 hits = [i for i in hits if (tier, i) in words]
             self.remember(content, [(tier, i) for i in hits])
 
@@ -486,7 +492,7 @@ class EventHub:
         for event, shown in kept:
             if shown is not None and event["tier"] != "durable":
                 candidates.setdefault(event["tier"], []).append(event["row_id"])
-        matched = solos_store.text_matches(conn, pattern.match, candidates)
+        matched = solos_store.on(conn).text_matches(conn, pattern.match, candidates)
         words = set(re.findall(r"\w+", pattern.q.lower()))
         return [
             (event, shown)
@@ -500,7 +506,7 @@ class EventHub:
 
     def gap(self, conn: sqlite3.Connection, since: int) -> dict | None:
         """Say plainly when events after `since` were pruned before anyone read them."""
-        pruned = int(solos_store.meta_value(conn, "events_pruned_through") or 0)
+        pruned = int(solos_store.on(conn).meta_value(conn, "events_pruned_through") or 0)
         if since >= pruned:
             return None
         return {
@@ -518,7 +524,7 @@ class EventHub:
         found: list[dict] = []
         examined, scanned, size = since, 0, 0
         while len(found) < limit and scanned < SCAN_LIMIT:
-            events = solos_store.events_after(conn, examined, BATCH)
+            events = solos_store.on(conn).events_after(conn, examined, BATCH)
             if not events:
                 break
             scanned += len(events)
@@ -528,8 +534,8 @@ class EventHub:
                     conn,
                     pattern,
                     events,
-                    solos_store.current_rows(conn, self.tiers, events),
-                    solos_store.sharing_agents(conn),
+                    solos_store.on(conn).current_rows(conn, self.tiers, events),
+                    solos_store.on(conn).sharing_agents(conn),
                 )
             }
             for event in events:
@@ -601,7 +607,7 @@ class EventHub:
                 victim.drop(f"replaced by a newer stream ({victim.pattern.caller} holds its share)")
                 self.counters["replaced"] += 1
             if not self.subscribers:  # nobody was listening: start from the head, not from a backlog
-                self.cursor = self.store.read(solos_store.head_event)
+                self.cursor = self.store.read(solos_store.query("head_event"))
             subscriber = Subscriber(pattern, connection)
             self.subscribers.add(subscriber)
         self.wakeup.set()
@@ -619,7 +625,7 @@ class EventHub:
         """
         pattern = subscriber.pattern
         try:
-            last = since if since is not None else self.store.read(solos_store.head_event)
+            last = since if since is not None else self.store.read(solos_store.query("head_event"))
             gap = self.store.read(lambda conn: self.gap(conn, last)) if since is not None else None
             write(head + SSE_PREAMBLE + (sse(gap, "gap") if gap else b""))
             while not self.stopped:  # catch up from the log until it has nothing newer
@@ -698,9 +704,7 @@ class EventHub:
         cutoff = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() - EVENT_RETENTION_S))
         total = 0
         while True:
-            pruned = self.own_read(
-                functools.partial(solos_store.prune_step, cutoff=cutoff, batch=BATCH * 10), write=True
-            )
+            pruned = self.own_read(solos_store.query("prune_step", cutoff=cutoff, batch=BATCH * 10), write=True)
             total += pruned
             if pruned < BATCH * 10:
                 return total

@@ -11,7 +11,6 @@ the next start. solos_snapshot re-applies retractions on restore.
 
 from __future__ import annotations
 
-import functools
 import logging
 import sqlite3
 from typing import Any
@@ -84,20 +83,20 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
 
     def work(conn: sqlite3.Connection) -> dict:
         solos_store.Store.require_agent(conn, agent)
-        found = solos_store.find_row(conn, tier, row_id)
+        found = solos_store.on(conn).find_row(conn, tier, row_id)
         if found is None:
-            earlier = solos_store.own_retraction(conn, agent, tier, row_id)
+            earlier = solos_store.on(conn).own_retraction(conn, agent, tier, row_id)
             if earlier is None:
                 raise NotFound(f"there is no {tier} row with id {row_id}", "id")
-            solos_store.queue_scrub(
+            solos_store.on(conn).queue_scrub(
                 conn, tier, earlier["retraction_id"]
             )  # a retry finishes what a crash left unscrubbed
             return {**earlier, "notified": 0}
         if found[1]["agent"] != agent:
             raise Forbidden(f"{tier} row {row_id} was written by another agent; only its author can forget it", "id")
         memory.events.note_removal(conn, tier, [row_id])
-        erased = solos_store.erase(conn, tier, row_id)
-        notified = solos_store.notify_forgotten(conn, tier, row_id, erased["retraction_id"])
+        erased = solos_store.on(conn).erase(conn, tier, row_id)
+        notified = solos_store.on(conn).notify_forgotten(conn, tier, row_id, erased["retraction_id"])
         return {**erased, "notified": notified}
 
     memory.deliveries.flush()  # every delivery so far is in the log, so every reader gets its notice
@@ -137,16 +136,18 @@ class Scrubber:
         TRUNCATE checkpoint moves the zeroed pages into the database file and
         empties the WAL, where older page images still held the text.
         """
-        queued = {t: n for t, n in self.store.read(solos_store.queued_scrubs).items() if t == tier}
+        queued = {
+            t: n for t, n in self.store.read(lambda conn: solos_store.on(conn).queued_scrubs(conn)).items() if t == tier
+        }
         for fts in solos_store.KEYWORD_INDEX[tier]:
             self.merge(fts)
         # The outbox's entry holds only the text's hash (keep_only_hash): nothing waits for the mirror.
         mirrored = tier == "long" and bool(
-            self.store.read(functools.partial(solos_store.mirror_waiting, row_ids=[row_id]))
+            self.store.read(lambda conn: solos_store.on(conn).mirror_waiting(conn, [row_id]))
         )
         done = self.checkpoint()
         if done and queued:
-            self.store.write(functools.partial(solos_store.scrubs_done, done=queued))
+            self.store.write(lambda conn: solos_store.on(conn).scrubs_done(conn, queued))
         return {"wal_checkpoint": "complete" if done else "pending", "mirror": "pending" if mirrored else "none"}
 
     def finish(self) -> None:
@@ -155,31 +156,25 @@ class Scrubber:
         Their queue entries go only once the checkpoint has emptied the WAL,
         so a crash at any point leaves them queued for the next start.
         """
-        queued = self.store.read(solos_store.queued_scrubs)
+        queued = self.store.read(lambda conn: solos_store.on(conn).queued_scrubs(conn))
         if queued or self.checkpoint_pending:
             for tier in queued:
                 for fts in solos_store.KEYWORD_INDEX[tier]:
                     self.merge(fts)
             if self.checkpoint() and queued:
-                self.store.write(functools.partial(solos_store.scrubs_done, done=queued))
+                self.store.write(lambda conn: solos_store.on(conn).scrubs_done(conn, queued))
         self.due = False
 
     def merge(self, fts: str) -> None:
         """Merge one keyword index down to a single segment, a short write transaction per step."""
         for _ in range(MAX_MERGE_STEPS):
-            if self.store.write(lambda conn: solos_store.merge_step(conn, fts)) < 2:
+            if self.store.write(lambda conn: solos_store.on(conn).merge_step(conn, fts)) < 2:
                 return
         log.warning("keyword index %s still merging after %d steps; retried on the next forget", fts, MAX_MERGE_STEPS)
 
     def checkpoint(self) -> bool:
         """TRUNCATE checkpoint on a pooled connection, waiting briefly; remembered for a retry if it did not finish."""
-        with self.store.write_lock:
-            conn = self.store.checkout()
-            try:
-                done = solos_store.checkpoint_truncate(conn, CHECKPOINT_WAIT_MS)
-            finally:
-                conn.execute(f"PRAGMA busy_timeout={int(self.store.busy_timeout_ms)}")
-                self.store.checkin(conn)
+        done = self.store.clear_forgotten(CHECKPOINT_WAIT_MS)
         if not done:
             log.warning("WAL checkpoint after a forget waits for a reader; retrying every %s s", RETRY_CHECKPOINT_S)
         self.checkpoint_pending = not done

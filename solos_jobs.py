@@ -39,7 +39,7 @@ Result = TypeVar("Result")
 
 
 def recorded(
-    db: str,
+    db: Any,
     job: str,
     work: Callable[[], Result],
     rows: Callable[[Result], int] | None = None,
@@ -61,8 +61,16 @@ def recorded(
     return result
 
 
-def write(db: str, busy_timeout_ms: int, job: str, work: Callable[[sqlite3.Connection], Any]) -> Any:
-    """work in one short BEGIN IMMEDIATE on an existing database; None (and a line on stderr) if it cannot be."""
+def write(db: Any, busy_timeout_ms: int, job: str, work: Callable[[sqlite3.Connection], Any]) -> Any:
+    """work in one short BEGIN IMMEDIATE on an existing database (or the open PostgreSQL store db names); None
+    (and a line on stderr) if it cannot be."""
+    if not isinstance(db, str):
+        try:
+            return db.write(work)
+        except Exception as error:  # StorageUnavailable, Busy: the run goes unrecorded, and says so
+            record = {"ts": stamp(time.time()), "event": "job_not_recorded", "job": job, "reason": str(error)}
+            sys.stderr.write(json.dumps(record) + "\n")
+            return None
     try:
         # mode=rw: recording never creates a database where the job found none.
         conn = sqlite3.connect(f"{Path(db).absolute().as_uri()}?mode=rw", uri=True, isolation_level=None)
@@ -94,9 +102,8 @@ def end_run(conn: sqlite3.Connection, run_id: int | None, result: str, rows: int
     if run_id is None:  # its start could not be recorded
         return
     conn.execute(
-        "UPDATE memory_job_run SET ended_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), result = ?, rows = ?, error = ? "
-        "WHERE id = ?",
-        (result, rows, error, run_id),
+        "UPDATE memory_job_run SET ended_at = ?, result = ?, rows = ?, error = ? WHERE id = ?",
+        (stamp(time.time()), result, rows, error, run_id),
     )
 
 

@@ -70,7 +70,7 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
 
     def work(conn: Any) -> dict:
         store.require_agent(conn, caller)
-        found = solos_store.episodes_by_id(conn, ids)
+        found = solos_store.on(conn).episodes_by_id(conn, ids)
         missing = [i for i in ids if i not in found]
         if missing:
             raise NotFound(f"no episodic rows with ids {', '.join(map(str, missing))}", "ids")
@@ -92,7 +92,7 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
             }
         else:  # the caller already holds this fact: link the episodes to it, leave its topic, source, tags alone
             outcome = {"id": known, "status": "linked"}
-        solos_store.link_promotion(conn, outcome["id"], ordered, caller)
+        solos_store.on(conn).link_promotion(conn, outcome["id"], ordered, caller)
         return {"tier": "long", "agent": caller, **outcome, "sources": ordered}
 
     result = store.write(work)
@@ -110,7 +110,7 @@ def archive_episodic(store: Any, older_than_days: float) -> int:
     cutoff = f"-{older_than_days} days"
 
     def move(conn: Any) -> int:
-        return solos_store.archive_batch(conn, cutoff, ARCHIVE_BATCH)
+        return solos_store.on(conn).archive_batch(conn, cutoff, ARCHIVE_BATCH)
 
     total = 0
     while True:

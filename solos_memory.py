@@ -702,7 +702,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         **memory.embedder_state(),
         "activity": memory.activity.snapshot(memory.store.writes_by_hour(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
-        **memory.store.read(solos_store.lifecycle_counts),
+        **memory.store.read(solos_store.query("lifecycle_counts")),
         "event_streams": memory.events.stats(),
         "delivery_log": memory.deliveries.stats(),
         "jobs": memory.store.read(solos_jobs.status),
@@ -1621,9 +1621,19 @@ def load_embedder(config: Config, threads: int | None = 1) -> tuple[Any, str | N
 
 
 def open_store(config: Config, admin: bool = False) -> Store:
-    """The database, migrated (additively); SchemaMismatch names what a fleet table lacks."""
-    solos_snapshot.create_private(config.db)  # a new database, and so its -wal and -shm, is its owner's alone
-    store = Store(config.db, config.busy_timeout_ms, admin)
+    """The database, migrated (additively); SchemaMismatch names what a fleet table lacks. A PostgreSQL URL
+    loads solos_store_pg (and psycopg) only then."""
+    if solos_store.is_postgres(config.db):
+        try:
+            import solos_store_pg
+        except ImportError as error:
+            raise StorageUnavailable(
+                f"a PostgreSQL database needs psycopg 3 ({error}): {solos_store.PSYCOPG}"
+            ) from None
+        store: Store = solos_store_pg.PgStore(config.db, config.busy_timeout_ms, admin)
+    else:
+        solos_snapshot.create_private(config.db)  # a new database, and so its -wal and -shm, is its owner's alone
+        store = Store(config.db, config.busy_timeout_ms, admin)
     store.migrate()
     return store
 
@@ -1639,12 +1649,16 @@ def register_agents(config: Config, names: list[str]) -> list[str]:
 
 def build_server(config: Config, register: Sequence[str] = ()) -> MemoryServer:
     """Hold the database (a restore refuses while the service runs), then open it and bind (open_server)."""
+    if solos_store.is_postgres(config.db):  # no file to hold: pg_restore is the operator's, not restore's
+        if config.qdrant:
+            raise SystemExit("the Qdrant mirror runs on SQLite only; drop --qdrant-url/--qdrant-path for PostgreSQL")
+        return open_server(config, register)
     try:
         hold = solos_snapshot.hold_database(config.db, tokens_on=config.tokens_file is not None)
     except solos_snapshot.SnapshotError as error:
         raise SystemExit(f"{config.db}: cannot start: {error}") from None
     for warning in hold.warnings:
-        log_event("warning", db=os.path.abspath(config.db), message=warning)
+        log_event("warning", db=solos_store.shown(config.db), message=warning)
     try:
         server = open_server(config, register)
     except BaseException:
@@ -1672,7 +1686,8 @@ def open_server(config: Config, register: Sequence[str]) -> MemoryServer:
     except sqlite3.Error as error:
         failure = STORAGE_FAILURES.get(primary_code(error) or 0, "the database cannot be used")
         raise SystemExit(f"{config.db}: cannot start: {failure} ({error})") from None
-    tokens = Tokens.load(config.tokens_file) if config.tokens_file else None
+    kept = store.token_hashes()  # PostgreSQL: tokens live in the database, so every copy agrees
+    tokens = Tokens.load(config.tokens_file) if config.tokens_file else (Tokens(kept) if kept else None)
     embedder, reason = load_embedder(config)
     try:
         server = MemoryServer(config, Memory(store, embedder, reason, config.rerank), tokens)
@@ -1812,7 +1827,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.add_parser("client", add_help=False, help="call a running service: client recall|remember|event --help")
     token = commands.add_parser("token", help="issue a bearer token for an agent, appended (hashed) to a tokens file")
     token.add_argument("agent", help=f"the agent the token speaks for, or {OPERATOR} for the operator view of stats")
-    token.add_argument("--tokens-file", required=True, help="tokens file to append to (created with mode 600)")
+    token.add_argument("--tokens-file", help="tokens file to append to (created with mode 600); not with PostgreSQL")
+    token.add_argument("--db", default=env_default("DB", ""), help="a postgresql:// URL: keep the token there instead")
     return parser.parse_args(argv)
 
 
@@ -1848,7 +1864,7 @@ def main(argv: list[str] | None = None) -> int:
         return solos_client.main(argv[1:])
     args = parse_args(argv)
     if args.command == "token":
-        return issue_token(args.agent, args.tokens_file)
+        return issue_token(args.agent, args.tokens_file, args.db)
     if args.command == "check":
         return solos_check.run(args)
     config = config_from(args)
@@ -1871,7 +1887,7 @@ def serve(config: Config, register: list[str]) -> int:
         "listening",
         host=config.host,
         port=server.port,
-        db=os.path.abspath(config.db),
+        db=solos_store.shown(config.db),
         version=__version__,
         auth="tokens" if server.tokens else "loopback-trust",
         **server.memory.embedder_state(),
@@ -1886,11 +1902,19 @@ def serve(config: Config, register: list[str]) -> int:
     return 0
 
 
-def issue_token(agent: str, tokens_file: str) -> int:
-    """Print a new token once; only its sha256 is kept, in a file readable by the owner alone."""
+def issue_token(agent: str, tokens_file: str | None, db: str) -> int:
+    """Print a new token once; only its sha256 is kept, in a file readable by the owner alone or in PostgreSQL."""
     if agent != OPERATOR:
         check_agent_names([agent])
+    if bool(tokens_file) == solos_store.is_postgres(db):
+        raise SystemExit("token: give --tokens-file, or --db with a postgresql:// URL (the copies share it)")
     token = secrets.token_urlsafe(32)
+    if tokens_file is None:
+        store = open_store(Config(db=db), admin=True)
+        store.keep_token(hashlib.sha256(token.encode()).hexdigest(), agent)
+        store.close()
+        print(token)
+        return 0
     descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
         handle.write(f"{hashlib.sha256(token.encode()).hexdigest()} {agent}\n")
@@ -1927,6 +1951,8 @@ def backfill(store: Store, config: Config, batch: int) -> int:
 
 def run_admin_command(args: argparse.Namespace, config: Config) -> int:
     """agents, purge, reindex, snapshot, restore: short transactions against the shared database."""
+    if solos_store.is_postgres(config.db) and args.command in (*solos_snapshot.COMMANDS, *solos_qdrant.COMMANDS):
+        raise SystemExit(f"{args.command} works on SQLite only; PostgreSQL: see docs/operations.md (pg_dump)")
     if args.command in solos_snapshot.COMMANDS:  # before open_store: restore checks before touching --db
         migrate = lambda path: Store(str(path), config.busy_timeout_ms, admin=True).migrate()  # noqa: E731
         log_event(args.command, **solos_snapshot.run_command(args, solos_store.SCHEMA_VERSION, migrate))
@@ -1940,11 +1966,10 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         if args.command == "agents":
             print("\n".join(store.list_agents()))
         elif args.command == "purge":
-            rows = solos_jobs.recorded(
-                config.db, "purge", lambda: store.purge_expired() + solos_provenance.purge(store)
-            )
+            db = store if solos_store.is_postgres(config.db) else config.db  # PostgreSQL: runs recorded there
+            rows = solos_jobs.recorded(db, "purge", lambda: store.purge_expired() + solos_provenance.purge(store))
             archived = solos_jobs.recorded(
-                config.db, "archive", lambda: solos_lifecycle.archive_episodic(store, args.archive_after_days)
+                db, "archive", lambda: solos_lifecycle.archive_episodic(store, args.archive_after_days)
             )
             log_event("purged", rows=rows, archived=archived)
         elif args.command == "reindex":

@@ -94,7 +94,7 @@ class DeliveryLog:
             self.buffer.extend(entries[:room])
             overflow = entries[room:]
         if overflow:
-            self.store.write(functools.partial(solos_store.record_deliveries, rows=overflow))
+            self.store.write(solos_store.query("record_deliveries", rows=overflow))
             with self.lock:
                 self.counters["written_by_requests"] += len(overflow)
                 self.counters["logged"] += len(overflow)
@@ -113,7 +113,7 @@ class DeliveryLog:
                 batch = self.in_flight
             if not batch:
                 return 0
-            self.store.write(functools.partial(solos_store.record_deliveries, rows=batch))
+            self.store.write(solos_store.query("record_deliveries", rows=batch))
             with self.lock:
                 self.in_flight = []
                 self.counters["logged"] += len(batch)
@@ -153,7 +153,7 @@ def purge(store: Any, now: float | None = None) -> int:
     cutoff = solos_jobs.stamp((time.time() if now is None else now) - RETENTION_S)
     total = 0
     while True:
-        removed = store.write(functools.partial(solos_store.purge_deliveries, cutoff=cutoff, batch=PURGE_BATCH))
+        removed = store.write(solos_store.query("purge_deliveries", cutoff=cutoff, batch=PURGE_BATCH))
         total += removed
         if removed == 0:
             return total
@@ -248,7 +248,7 @@ def corroborate(memory: Any, results: list[dict]) -> dict | None:
     def work(conn: Any) -> None:
         for result in longs:
             key = near_key(result["text"])
-            candidates = solos_store.near_candidates(conn, key, NEAR_CANDIDATES) if key else []
+            candidates = solos_store.on(conn).near_candidates(conn, key, NEAR_CANDIDATES) if key else []
             result["witnesses"] = witnesses_of(conn, result, candidates, vectors, pending)
             result["single_source"] = not result["witnesses"]
 
@@ -276,7 +276,7 @@ def witnesses_of(conn: Any, result: dict, candidates: list, vectors: bool, pendi
         born, row_id, how = min((born, row_id, how) for row_id, (a, born, how) in cluster.items() if a == agent)
         others = {i for i, (a, _, _) in cluster.items() if a != agent}
         shown = [at for reader, tier, i, _, at in pending if reader == agent and tier == "long" and i in others]
-        logged = solos_store.first_delivery(conn, agent, "long", sorted(others))
+        logged = solos_store.on(conn).first_delivery(conn, agent, "long", sorted(others))
         first = min([*shown, *([logged] if logged else [])], default=None)
         found.append(
             {
@@ -305,8 +305,8 @@ def op_read_deliveries(memory: Any, args: dict) -> dict:
         memory.store.read(lambda conn: solos_store.Store.require_agent(conn, agent))
     memory.deliveries.flush()  # what was delivered a moment ago is part of the answer
     rows = memory.store.read(
-        functools.partial(
-            solos_store.read_deliveries,
+        solos_store.query(
+            "read_deliveries",
             writer=agent,
             tier=args["tier"],
             row_id=args["id"],
@@ -328,8 +328,8 @@ def op_read_notices(memory: Any, args: dict) -> dict:
     memory.store.read(lambda conn: solos_store.Store.require_agent(conn, agent))
     memory.deliveries.flush()  # a row replaced since a delivery still in the buffer: its notice is written now
     notices = memory.store.read(
-        functools.partial(
-            solos_store.read_notices,
+        solos_store.query(
+            "read_notices",
             agent=agent,
             after_id=args["after_id"] or 0,
             limit=args["limit"],
@@ -345,7 +345,7 @@ def op_ack_notices(memory: Any, args: dict) -> dict:
 
     def work(conn: Any) -> int:
         solos_store.Store.require_agent(conn, agent)
-        return solos_store.ack_notices(conn, agent, args["ids"])
+        return solos_store.on(conn).ack_notices(conn, agent, args["ids"])
 
     return {"agent": agent, "acked": memory.store.write(work)}
 
@@ -375,8 +375,8 @@ def op_recall_as_of(memory: Any, args: dict) -> dict:
         solos_store.Store.require_agent(conn, view)
         seen = solos_store.Visibility.read(conn, view, args["scope"])
         if reader is None:
-            rows = [{**row, "tier": t} for t in tiers for row in solos_store.rows_as_of(conn, t, at, seen)]
-            gone = solos_store.retracted_as_of(conn, at)
+            rows = [{**row, "tier": t} for t in tiers for row in solos_store.on(conn).rows_as_of(conn, t, at, seen)]
+            gone = solos_store.on(conn).retracted_as_of(conn, at)
         else:
             rows, gone = shown_to(conn, reader, at, tiers)
         allowed = [r for r in rows if seen.allows(r["tier"], r["agent"])]
@@ -402,12 +402,12 @@ def op_recall_as_of(memory: Any, args: dict) -> dict:
 
 def shown_to(conn: Any, reader: str, at: str, tiers: Sequence[str]) -> tuple[list[dict], list[dict]]:
     """Each version reader was delivered up to `at` (the one valid at its delivery), and the forgotten ones."""
-    delivered = [d for d in solos_store.delivered_by(conn, reader, at) if d["tier"] in tiers]
+    delivered = [d for d in solos_store.on(conn).delivered_by(conn, reader, at) if d["tier"] in tiers]
     rows: dict[tuple, dict] = {}
     gone: set[tuple[str, int]] = set()
     for tier in tiers:
         mine = [d for d in delivered if d["tier"] == tier]
-        versions = solos_store.versions_of(conn, tier, sorted({d["row_id"] for d in mine}))
+        versions = solos_store.on(conn).versions_of(conn, tier, sorted({d["row_id"] for d in mine}))
         for delivery in mine:
             then = delivery["delivered_at"]
             match = [
@@ -419,7 +419,7 @@ def shown_to(conn: Any, reader: str, at: str, tiers: Sequence[str]) -> tuple[lis
                 rows[(tier, version["id"], version["valid_from"])] = {**version, "tier": tier}
             if not match:  # forgotten since (its versions went with it), or replaced within the same millisecond
                 gone.add((tier, delivery["row_id"]))
-    spans = {(g["tier"], g["row_id"]): g for g in solos_store.retracted_as_of(conn, at)}
+    spans = {(g["tier"], g["row_id"]): g for g in solos_store.on(conn).retracted_as_of(conn, at)}
     return list(rows.values()), [spans[key] for key in gone if key in spans]
 
 

@@ -124,7 +124,7 @@ class Activity:
         def work(conn: Any) -> None:
             conn.executemany(
                 "INSERT INTO memory_activity (minute, kind, agent, detail, n) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (minute, kind, agent, detail) DO UPDATE SET n = n + excluded.n",
+                "ON CONFLICT (minute, kind, agent, detail) DO UPDATE SET n = memory_activity.n + excluded.n",
                 [(*key, n) for key, n in unsaved.items()],
             )
             conn.execute("DELETE FROM memory_activity WHERE minute <= ?", (oldest,))

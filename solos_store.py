@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import queue
+import re
 import sqlite3
 import sys
 import threading
@@ -368,6 +369,19 @@ REMOVALS = ("delete", "forget", "expire", "archive")  # events that carry no row
 MERGE_PAGES = 128  # FTS5 pages one merge step writes: about 10 ms at 100k facts, so no long write lock
 
 
+PSYCOPG = "pip install 'psycopg[binary]==3.3.9' 'psycopg-pool==3.3.3'"
+
+
+def is_postgres(db: str) -> bool:
+    """Whether --db names a PostgreSQL database (solos_store_pg) rather than an SQLite file."""
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def shown(db: str) -> str:
+    """--db as logs show it: an SQLite file's absolute path, a PostgreSQL URL without its password."""
+    return re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", db) if is_postgres(db) else os.path.abspath(db)
+
+
 class SchemaMismatch(Exception):
     """The fleet's database lacks a column the service needs."""
 
@@ -559,6 +573,8 @@ class Store:
     An admin store (the CLI registering agents) may write agent_registry; the
     serving store cannot, enforced by an authorizer on every connection.
     """
+
+    BEGIN_READ, BEGIN_WRITE = "BEGIN", "BEGIN IMMEDIATE"  # a read snapshot; a write that takes the lock up front
 
     def __init__(self, path: str, busy_timeout_ms: int = 5000, admin: bool = False):
         self.path = path
@@ -1236,6 +1252,24 @@ class Store:
             }
         )
 
+    def clear_forgotten(self, wait_ms: int) -> bool:
+        """After a forget: a TRUNCATE checkpoint takes the old page images (the text) out of the WAL. Under the
+        write lock, on a pooled connection; False if a reader kept the WAL (the scrubber retries)."""
+        with self.write_lock:
+            conn = self.checkout()
+            try:
+                return checkpoint_truncate(conn, wait_ms)
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+                self.checkin(conn)
+
+    def token_hashes(self) -> dict[str, str]:
+        """Bearer tokens kept in the database (PostgreSQL's); SQLite's are in the tokens file."""
+        return {}
+
+    def keep_token(self, digest: str, agent: str) -> None:
+        raise NotImplementedError("SQLite keeps tokens in the tokens file (token --tokens-file)")
+
     def persona(self, conn: sqlite3.Connection, agent: str) -> sqlite3.Row | None:
         return conn.execute(
             "SELECT id, key, value, updated_at FROM memory_durable WHERE key = ?", ("persona/" + agent,)
@@ -1243,6 +1277,17 @@ class Store:
 
 
 # ==== Forget, retractions, the event log and meta ====
+
+
+def on(conn: Any) -> Any:
+    """The SQL for this connection's database: this module's for SQLite, solos_store_pg's for PostgreSQL (its
+    connections carry their module, so this one never imports it). Callers run e.g. on(conn).erase(conn, ...)."""
+    return getattr(conn, "queries", None) or sys.modules[__name__]
+
+
+def query(name: str, **arguments: Any) -> Callable[[Any], Any]:
+    """One of the SQL functions as work for Store.read or write, for whichever database runs it."""
+    return lambda conn: getattr(on(conn), name)(conn, **arguments)
 
 
 def utc_stamp(conn: sqlite3.Connection) -> str:
