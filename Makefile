@@ -1,5 +1,5 @@
 # make serve: the service with hybrid recall (a runtime venv with the embedder, then serve).
-# make test: install what the tests need (into .venv, .cache/node, .venv-hermes, chromium) and run them all.
+# make test: install what the tests need (into .venv, .cache/node, .venv-hermes, chromium, postgresql) and run them all.
 PY ?= python3
 VENV := .venv
 RUNTIME := .venv-runtime
@@ -26,6 +26,7 @@ setup:
 	sh scripts/setup_node.sh
 	PY=$(PY) sh scripts/setup_hermes.sh
 	sh scripts/setup_chromium.sh
+	sh scripts/setup_postgres.sh
 
 lint:
 	$(VENV)/bin/ruff check .

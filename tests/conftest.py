@@ -25,6 +25,7 @@ from urllib.parse import urlencode
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from pg_server import ThrowawayPostgres, unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -277,6 +278,53 @@ def build_pyz(out: Path, root: Path = ROOT) -> Path:
 def pyz(tmp_path_factory) -> Path:
     """The archive of this tree, built once per run."""
     return build_pyz(tmp_path_factory.mktemp("pyz") / "solos-memory.pyz")
+
+
+# ==== PostgreSQL: one throwaway server per run, a fresh database per test (issue 22) ====
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[ThrowawayPostgres]:
+    """One throwaway PostgreSQL server for the whole run (about a second to start, on a loopback port, as the
+    postgres user), stopped and removed at the end. It is shared: a test that stops or kills a server takes
+    pg_private_cluster instead."""
+    with throwaway_postgres() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def pg_private_cluster() -> Iterator[ThrowawayPostgres]:
+    """A server of this test's own, which it may stop(), kill() and start() again (the database going away and
+    coming back on the same port and data); about a second to start."""
+    with throwaway_postgres() as cluster:
+        yield cluster
+
+
+def throwaway_postgres() -> ThrowawayPostgres:
+    """A new throwaway server; skips (or fails, under SOLOS_TEST_REQUIRE_ALL=1) where PostgreSQL or psycopg is
+    missing."""
+    reason = unavailable_reason()
+    if reason:
+        skip_or_fail(reason)
+    return ThrowawayPostgres()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: ThrowawayPostgres) -> Iterator[str]:
+    """The URL of a new, empty database on the shared server (tens of ms), dropped after the test with any
+    connection it left open."""
+    url = pg_cluster.fresh_database()
+    yield url
+    pg_cluster.drop_database(url)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Run a store test on both stores: a fresh SQLite file's path in tmp_path, or a fresh PostgreSQL
+    database's URL (marked slow, as every test of a tool outside .venv is)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "solos.db")
+    return request.getfixturevalue("pg_url")
 
 
 # ==== A hermetic run: nothing is installed while the tests run ====
