@@ -243,12 +243,16 @@ REQUIRED_COLUMNS = {
 }
 # A row carries one of the wanted tags (a JSON array of them is the parameter, twice): tags as this service
 # stores them (a JSON array) or as a comma list, which other writers of the fleet use.
-TAGGED_SQL = (
+TAGGED = (
     "CASE WHEN json_valid(t.tags) THEN EXISTS (SELECT 1 FROM json_each(t.tags) AS have "
     "WHERE have.value IN (SELECT value FROM json_each(?))) "
     "ELSE EXISTS (SELECT 1 FROM json_each(?) AS want "
     "WHERE instr(',' || replace(t.tags, ', ', ',') || ',', ',' || want.value || ',') > 0) END"
 )
+
+
+def tagged_params(tags: Sequence[str]) -> list[Any]:
+    return [json.dumps(list(tags))] * 2
 
 
 @dataclass(frozen=True)
@@ -368,6 +372,21 @@ FTS_TABLES = tuple(tier.fts for tier in TIER_TABLE.values())
 REMOVALS = ("delete", "forget", "expire", "archive")  # events that carry no row
 MERGE_PAGES = 128  # FTS5 pages one merge step writes: about 10 ms at 100k facts, so no long write lock
 
+
+# The SQL that differs between the two databases, named once. solos_store_pg defines the same names for
+# PostgreSQL; on(conn) picks the set for a connection.
+NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"  # UTC, milliseconds, 'Z': text order is time order
+SHIFTED = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)"  # now moved by '+3.000 seconds', '-30 days'
+IDS_IN = "IN (SELECT value FROM json_each(?))"  # with id_list(ids), or text_list(names), as its parameter
+SAME = "IS"  # equal, NULL equal to NULL
+LEAST, GREATEST = "min", "max"  # of two values
+
+
+def id_list(values: Iterable[Any]) -> Any:
+    return json.dumps(list(values))
+
+
+text_list = id_list
 
 PSYCOPG = "pip install 'psycopg[binary]==3.3.9' 'psycopg-pool==3.3.3'"
 
@@ -512,17 +531,17 @@ class Visibility:
     row for row (tests/test_visibility.py). A durable row (a persona) is its own agent's alone.
     """
 
-    def __init__(self, caller: str, scope: str, sharing: Iterable[str] = ()):
+    def __init__(self, caller: str, scope: str, sharing: Iterable[str] = (), queries: Any = None):
         self.caller, self.scope, self.sharing = caller, scope, frozenset(sharing)
-        self.sharing_json = json.dumps(sorted(self.sharing))
+        self.queries = queries or sys.modules[__name__]  # whose SQL `where` speaks (on(conn))
 
     @classmethod
     def read(cls, conn: sqlite3.Connection, caller: str, scope: str) -> Visibility:
-        return cls(caller, scope, sharing_agents(conn))
+        return cls(caller, scope, sharing_agents(conn), on(conn))
 
     def widened(self) -> Visibility:
         """The same caller in scope shared: for rows read as ranking inputs only, never returned."""
-        return Visibility(self.caller, "shared", self.sharing)
+        return Visibility(self.caller, "shared", self.sharing, self.queries)
 
     def allows(self, tier: str, agent: str) -> bool:
         if tier == "durable":
@@ -543,8 +562,8 @@ class Visibility:
             where.append("t.agent != ?")
             params.append(self.caller)
         if tier.opt_in:
-            where.append("(t.agent = ? OR t.agent IN (SELECT value FROM json_each(?)))")
-            params.extend([self.caller, self.sharing_json])
+            where.append(f"(t.agent = ? OR t.agent {self.queries.IDS_IN})")
+            params.extend([self.caller, self.queries.text_list(sorted(self.sharing))])
         return where, params
 
     def mask(self, tier: Tier, agents: Any) -> Any:
@@ -843,7 +862,7 @@ class Store:
         def work(conn: sqlite3.Connection) -> list[str]:
             added = []
             for name in names:
-                cursor = conn.execute("INSERT OR IGNORE INTO agent_registry (agent) VALUES (?)", (name,))
+                cursor = conn.execute("INSERT INTO agent_registry (agent) VALUES (?) ON CONFLICT DO NOTHING", (name,))
                 if cursor.rowcount:
                     added.append(name)
             return added
@@ -868,8 +887,7 @@ class Store:
             existing = conn.execute("SELECT id FROM memory_short WHERE agent = ? AND key = ?", (agent, key)).fetchone()
             row = conn.execute(
                 "INSERT INTO memory_short (agent, key, value, tags, created_at, expires_at) "
-                "VALUES (?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), "
-                "        strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)) "
+                f"VALUES (?, ?, ?, ?, {on(conn).NOW}, {on(conn).SHIFTED}) "
                 "ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags, "
                 "    created_at = excluded.created_at, expires_at = excluded.expires_at "
                 "RETURNING id, expires_at",
@@ -896,16 +914,21 @@ class Store:
     ) -> dict:
         """upsert_long inside the caller's transaction: an identical retry changes nothing (`unchanged`)."""
         self.require_agent(conn, agent)
+        self.hold_key(conn, agent, "long", sha256_text(fact))
         known = self.known_long(conn, agent, fact)
         if known is None:
             return {"id": self.insert_long(conn, agent, topic, fact, source, confidence, tags), "status": "created"}
+        same = on(conn).SAME
         changed = conn.execute(
-            "UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, "
-            "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ? "
-            "AND (topic, source, confidence, tags) IS NOT (?, ?, ?, ?)",
+            f"UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, updated_at = {on(conn).NOW} "
+            f"WHERE id = ? AND NOT (topic {same} ? AND source {same} ? AND confidence {same} ? AND tags {same} ?)",
             (topic, source, confidence, json.dumps(tags), known, topic, source, confidence, json.dumps(tags)),
         ).rowcount
         return {"id": known, "status": "updated" if changed else "unchanged"}
+
+    @staticmethod
+    def hold_key(conn: sqlite3.Connection, agent: str, tier: str, key: str) -> None:
+        """Serialize writes of one write key until commit: SQLite's single writer already does."""
 
     @staticmethod
     def known_long(conn: sqlite3.Connection, agent: str, fact: str) -> int | None:
@@ -942,6 +965,7 @@ class Store:
         def work(conn: sqlite3.Connection) -> dict:
             self.require_agent(conn, agent)
             if idempotency_key:
+                self.hold_key(conn, agent, "episodic", idempotency_key)
                 earlier = conn.execute(
                     "SELECT e.* FROM memory_write_key k JOIN memory_episodic e ON e.id = k.row_id "
                     "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND e.agent = k.agent",
@@ -985,7 +1009,7 @@ class Store:
                 before(conn, "short", [found[0]])
             row = conn.execute(
                 "DELETE FROM memory_short WHERE agent = ? AND key = ? "
-                "RETURNING id, expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') AS expired",
+                f"RETURNING id, expires_at <= {on(conn).NOW} AS expired",
                 (agent, key),
             ).fetchone()
             if row is None:
@@ -1000,7 +1024,7 @@ class Store:
             existing = conn.execute("SELECT 1 FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
             conn.execute(
                 "INSERT INTO episodic_sharing (agent, shared) VALUES (?, ?) ON CONFLICT (agent) DO UPDATE "
-                "SET shared = excluded.shared, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+                f"SET shared = excluded.shared, updated_at = {on(conn).NOW}",
                 (agent, int(episodic)),
             )
             return {"status": "updated" if existing else "created"}
@@ -1015,7 +1039,7 @@ class Store:
                 lambda conn: (
                     conn.execute(
                         "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
-                        "WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') LIMIT ?)",
+                        f"WHERE expires_at <= {on(conn).NOW} LIMIT ?)",
                         (batch,),
                     ).rowcount
                 )
@@ -1053,12 +1077,8 @@ class Store:
             return {
                 "agents": one("SELECT count(*) FROM agent_registry"),
                 "rows": {
-                    "short": one(
-                        "SELECT count(*) FROM memory_short WHERE expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-                    ),
-                    "short_expired": one(
-                        "SELECT count(*) FROM memory_short WHERE expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-                    ),
+                    "short": one(f"SELECT count(*) FROM memory_short WHERE expires_at > {on(conn).NOW}"),
+                    "short_expired": one(f"SELECT count(*) FROM memory_short WHERE expires_at <= {on(conn).NOW}"),
                     "long": one("SELECT count(*) FROM memory_longterm"),
                     "episodic": one("SELECT count(*) FROM memory_episodic"),
                     "durable": one("SELECT count(*) FROM memory_durable"),
@@ -1095,11 +1115,12 @@ class Store:
         """WHERE clauses (over alias t) and their parameters: the rows of `tier` the caller may see, live (not
         expired), and with `tags`, carrying one of them (a tier without tags has none)."""
         where, params = seen.where(tier)
+        queries = seen.queries
         if tags:
-            where.append(TAGGED_SQL if "tags" in tier.result_columns else "0")
-            params.extend([json.dumps(list(tags))] * (2 if "tags" in tier.result_columns else 0))
+            where.append(queries.TAGGED if "tags" in tier.result_columns else "1 = 0")
+            params.extend(queries.tagged_params(tags) if "tags" in tier.result_columns else [])
         if tier.expires:
-            where.append("t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
+            where.append(f"t.expires_at > {queries.NOW}")
         return where, params
 
     def recent_rows(
@@ -1118,9 +1139,9 @@ class Store:
     ) -> list:
         """Exactly these rows (another leg's candidates, a match's neighbours), if the caller may read them."""
         where, params = self.visible(tier, seen, tags)
-        where.append("t.id IN (SELECT value FROM json_each(?))")
+        where.append(f"t.id {seen.queries.IDS_IN}")
         sql = f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t WHERE {' AND '.join(where)}"
-        return conn.execute(sql, (*params, json.dumps(ids))).fetchall()
+        return conn.execute(sql, (*params, seen.queries.id_list(ids))).fetchall()
 
     def ranked_rows(
         self,
@@ -1172,8 +1193,8 @@ class Store:
             "SELECT l.id, "
             "  (SELECT max(p.id) FROM memory_longterm p WHERE p.topic = l.topic AND p.id < l.id) AS previous, "
             "  (SELECT min(n.id) FROM memory_longterm n WHERE n.topic = l.topic AND n.id > l.id) AS following "
-            "FROM memory_longterm l WHERE l.topic <> '' AND l.id IN (SELECT value FROM json_each(?))",
-            (json.dumps(ids),),
+            f"FROM memory_longterm l WHERE l.topic <> '' AND l.id {on(conn).IDS_IN}",
+            (on(conn).id_list(ids),),
         )
         return {row[0]: (row[1], row[2]) for row in rows}
 
@@ -1192,21 +1213,21 @@ class Store:
     ) -> list[sqlite3.Row]:
         """Rows with no vector from `model` (new, changed, or embedded by another model), of `ids` if given."""
         table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
-        only = "" if ids is None else " AND t.id IN (SELECT value FROM json_each(?))"
         return self.read(
             lambda conn: conn.execute(
-                f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v "
-                f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL{only} ORDER BY t.id LIMIT ?",
-                (tier, model, *(() if ids is None else (json.dumps(ids),)), limit),
+                f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v ON v.tier = ? AND v.row_id = t.id "
+                f"AND v.model = ? WHERE v.row_id IS NULL{'' if ids is None else ' AND t.id ' + on(conn).IDS_IN} "
+                "ORDER BY t.id LIMIT ?",
+                (tier, model, *(() if ids is None else (on(conn).id_list(ids),)), limit),
             ).fetchall()
         )
 
     def save_vectors(self, tier: str, model: str, embedded: list[tuple[sqlite3.Row, bytes]]) -> tuple[list[int], int]:
         """Store vectors for rows whose text is still what was embedded; the ids saved and the vector generation."""
         table, fields = TIER_TABLE[tier].table, TIER_TABLE[tier].embedded
-        same_text = " AND ".join(f"{name} IS ?" for name in fields)
 
         def work(conn: sqlite3.Connection) -> tuple[list[int], int]:
+            same_text = " AND ".join(f"{name} {on(conn).SAME} ?" for name in fields)
             saved = []
             for row, vector in embedded:
                 current = (row["id"], *(row[name] for name in fields))
@@ -1222,7 +1243,8 @@ class Store:
                     ).fetchone()[0]
                 if changed:
                     conn.execute(
-                        "INSERT OR REPLACE INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?)",
+                        "INSERT INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?) ON CONFLICT "
+                        "(tier, row_id) DO UPDATE SET model = excluded.model, vector = excluded.vector",
                         (tier, row["id"], model, stored),
                     )
                     saved.append(row["id"])
@@ -1314,7 +1336,7 @@ def content_hash(tier: str, row: Any) -> str:
 def find_row(conn: sqlite3.Connection, tier: str, row_id: int) -> tuple[str, Any] | None:
     """The table holding the row and the row itself, or None when there is no such row."""
     for table in RETRACTABLE[tier]:
-        if table_exists(conn, table):
+        if on(conn).table_exists(conn, table):
             row = conn.execute(f"SELECT * FROM {table} WHERE id = ?", (row_id,)).fetchone()
             if row is not None:
                 return table, row
@@ -1363,7 +1385,8 @@ def erase(conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | 
     log says `forget`. The index's old segments and the WAL still hold the
     words until Dataspace.scrub runs.
     """
-    secure_delete(conn)
+    sql = on(conn)
+    sql.zero_freed(conn)
     found = find_row(conn, tier, row_id)
     assert found is not None, "erase is called for a row the caller found"
     table, row = found
@@ -1374,30 +1397,39 @@ def erase(conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | 
         "DELETE FROM memory_write_key WHERE agent = ? AND tier = ? AND row_id = ?", (row["agent"], tier, row_id)
     )
     if tier == "long":
-        keep_only_hash(conn, row_id)
-        carriers = context_carriers(conn, row)
-        conn.execute(
-            "UPDATE memory_longterm SET tags = tags WHERE id IN (SELECT value FROM json_each(?))",
-            (json.dumps(carriers),),
-        )
-    logged = conn.execute(
-        "UPDATE memory_event SET kind = 'forget' "
-        "WHERE id = (SELECT max(id) FROM memory_event) AND tier = ? AND row_id = ?",
-        (tier, row_id),
-    ).rowcount
-    if not logged:  # an expired short row already reported: its delete logged nothing
-        conn.execute(
-            "INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('forget', ?, ?, ?)",
-            (tier, row_id, row["agent"]),
-        )
+        sql.keep_only_hash(conn, row_id)
+        sql.reindex_context_carriers(conn, row)
+    sql.log_forget(conn, tier, row_id, row["agent"])
     retraction = conn.execute(
         "INSERT INTO memory_retraction (agent, tier, row_id, content_hash, key_hash, forgotten_at) "
-        "VALUES (?, ?, ?, ?, ?, coalesce(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))) RETURNING id",
+        f"VALUES (?, ?, ?, ?, ?, coalesce(?, {sql.NOW})) RETURNING id",
         (row["agent"], tier, row_id, digest, key_hash, forgotten_at),
     ).fetchone()[0]
     erase_versions(conn, tier, row, retraction)
     queue_scrub(conn, tier, retraction)
     return {"content_hash": digest, "retraction_id": retraction}
+
+
+zero_freed = secure_delete
+
+
+def reindex_context_carriers(conn: sqlite3.Connection, row: Any) -> None:
+    """Facts that carried the forgotten one as context are indexed again without it (an update of `tags` to
+    itself re-runs the index trigger, and nothing else)."""
+    conn.execute(f"UPDATE memory_longterm SET tags = tags WHERE id {IDS_IN}", (id_list(context_carriers(conn, row)),))
+
+
+def log_forget(conn: sqlite3.Connection, tier: str, row_id: int, agent: str) -> None:
+    """The delete's event says `forget`; an expired short row already reported logged none: one is added."""
+    logged = conn.execute(
+        "UPDATE memory_event SET kind = 'forget' "
+        "WHERE id = (SELECT max(id) FROM memory_event) AND tier = ? AND row_id = ?",
+        (tier, row_id),
+    ).rowcount
+    if not logged:
+        conn.execute(
+            "INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('forget', ?, ?, ?)", (tier, row_id, agent)
+        )
 
 
 def own_retraction(conn: sqlite3.Connection, agent: str, tier: str, row_id: int) -> dict | None:
@@ -1417,8 +1449,8 @@ def queue_scrub(conn: sqlite3.Connection, tier: str, retraction_id: int) -> None
     first finishes it when it starts again (Dataspace.finish_scrubs).
     """
     conn.execute(
-        "INSERT INTO memory_scrub_pending (tier, retraction_id) VALUES (?, ?) ON CONFLICT (tier) "
-        "DO UPDATE SET retraction_id = max(retraction_id, excluded.retraction_id)",
+        "INSERT INTO memory_scrub_pending (tier, retraction_id) VALUES (?, ?) ON CONFLICT (tier) DO UPDATE "
+        f"SET retraction_id = {on(conn).GREATEST}(memory_scrub_pending.retraction_id, excluded.retraction_id)",
         (tier, retraction_id),
     )
 
@@ -1569,20 +1601,19 @@ def current_rows(conn: sqlite3.Connection, tiers: dict, events: Sequence[Any]) -
         if event["kind"] not in REMOVALS:
             wanted.setdefault(event["tier"], []).append(event["row_id"])
     found = {}
+    dialect = on(conn)
     for tier, ids in wanted.items():
         if tier == "durable":
-            sql = (
-                "SELECT id, key, value, updated_at FROM memory_durable t WHERE t.id IN (SELECT value FROM json_each(?))"
-            )
+            sql = f"SELECT id, key, value, updated_at FROM memory_durable t WHERE t.id {dialect.IDS_IN}"
         elif tier == "notice":
-            sql = f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE id IN (SELECT value FROM json_each(?))"
+            sql = f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE id {dialect.IDS_IN}"
         else:
-            live = " AND t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now')" if tiers[tier].expires else ""
+            live = f" AND t.expires_at > {dialect.NOW}" if tiers[tier].expires else ""
             sql = (
                 f"SELECT {tiers[tier].columns}, 0.0 AS score FROM {tiers[tier].table} t "
-                f"WHERE t.id IN (SELECT value FROM json_each(?)){live}"
+                f"WHERE t.id {dialect.IDS_IN}{live}"
             )
-        found.update({(tier, row["id"]): row for row in conn.execute(sql, (json.dumps(ids),))})
+        found.update({(tier, row["id"]): row for row in conn.execute(sql, (dialect.id_list(ids),))})
     return found
 
 
@@ -1602,8 +1633,7 @@ def tags_of(conn: sqlite3.Connection, tier: str, ids: list[int]) -> dict[int, se
     if "tags" not in TIER_TABLE[tier].result_columns:
         return {}
     found = conn.execute(
-        f"SELECT id, tags FROM {TIER_TABLE[tier].table} WHERE id IN (SELECT value FROM json_each(?))",
-        (json.dumps(ids),),
+        f"SELECT id, tags FROM {TIER_TABLE[tier].table} WHERE id {on(conn).IDS_IN}", (on(conn).id_list(ids),)
     )
     return {row[0]: set(parse_tags(row[1])) for row in found}
 
@@ -1649,8 +1679,7 @@ def expiry_due(conn: sqlite3.Connection) -> bool:
     through = meta_value(conn, "events_expired_through")
     return through is None or (
         conn.execute(
-            "SELECT 1 FROM memory_short WHERE expires_at > ? AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
-            "LIMIT 1",
+            f"SELECT 1 FROM memory_short WHERE expires_at > ? AND expires_at <= {on(conn).NOW} LIMIT 1",
             (through,),
         ).fetchone()
         is not None
@@ -1724,18 +1753,18 @@ def record_deliveries(conn: sqlite3.Connection, rows: Sequence[tuple[str, str, i
         "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, ?, ?, ?, ?)", rows
     )
     conn.execute(
-        "INSERT OR IGNORE INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at) "
+        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at) "
         "SELECT DISTINCT d.reader, v.tier, v.row_id, v.agent, 'superseded', v.row_id, v.id, v.valid_to "
         "FROM memory_delivery d JOIN memory_version v ON v.tier = d.tier AND v.row_id = d.row_id "
         "AND v.ended_by = 'update' AND d.delivered_at >= v.valid_from AND d.delivered_at <= v.valid_to "
-        "WHERE d.id > ? AND d.reader <> v.agent",
+        "WHERE d.id > ? AND d.reader <> v.agent ON CONFLICT DO NOTHING",
         (after,),
     )
     conn.execute(
-        "INSERT OR IGNORE INTO memory_notice (agent, tier, row_id, writer, kind, at) "
+        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
         "SELECT DISTINCT d.reader, s.tier, s.row_id, s.agent, 'forgotten', s.forgotten_at "
         "FROM memory_delivery d JOIN memory_forgotten_span s ON s.tier = d.tier AND s.row_id = d.row_id "
-        "WHERE d.id > ? AND d.reader <> s.agent",
+        "WHERE d.id > ? AND d.reader <> s.agent ON CONFLICT DO NOTHING",
         (after,),
     )
     return len(rows)
@@ -1746,8 +1775,9 @@ def read_deliveries(
 ) -> list[dict]:
     """Deliveries newest first: of `writer`'s rows (None: everyone's), optionally of one row."""
     rows = conn.execute(
-        f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ? AND (? IS NULL OR writer = ?) "
-        "AND (? IS NULL OR tier = ?) AND (? IS NULL OR row_id = ?) ORDER BY id DESC LIMIT ?",
+        f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ? AND (CAST(? AS TEXT) IS NULL OR writer = ?) "
+        "AND (CAST(? AS TEXT) IS NULL OR tier = ?) AND (CAST(? AS BIGINT) IS NULL OR row_id = ?) "
+        "ORDER BY id DESC LIMIT ?",
         (before_id, writer, writer, tier, tier, row_id, row_id, limit),
     )
     return [dict(row) for row in rows]
@@ -1773,9 +1803,8 @@ def purge_deliveries(conn: sqlite3.Connection, cutoff: str, batch: int) -> int:
 def first_delivery(conn: sqlite3.Connection, reader: str, tier: str, ids: Sequence[int]) -> str | None:
     """When `reader` was first delivered any of these rows, or None."""
     return conn.execute(
-        "SELECT min(delivered_at) FROM memory_delivery WHERE tier = ? AND reader = ? "
-        "AND row_id IN (SELECT value FROM json_each(?))",
-        (tier, reader, json.dumps(list(ids))),
+        f"SELECT min(delivered_at) FROM memory_delivery WHERE tier = ? AND reader = ? AND row_id {on(conn).IDS_IN}",
+        (tier, reader, on(conn).id_list(ids)),
     ).fetchone()[0]
 
 
@@ -1791,17 +1820,17 @@ def near_candidates(conn: sqlite3.Connection, match: str, limit: int) -> list[sq
 
 def erase_versions(conn: sqlite3.Connection, tier: str, row: Any, retraction_id: int) -> None:
     """Inside a forget: delete every version of the row (their text), keeping only when it lived (a span)."""
-    if tier not in VERSIONED or not table_exists(conn, "memory_version"):
+    if tier not in VERSIONED or not on(conn).table_exists(conn, "memory_version"):
         return
     born = row[VERSIONED[tier][5]]
     earliest = conn.execute(
         "SELECT min(valid_from) FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"])
     ).fetchone()[0]
     conn.execute(
-        "INSERT OR REPLACE INTO memory_forgotten_span "
-        "(retraction_id, tier, row_id, agent, born_at, forgotten_at, lived_until) "
-        "SELECT id, tier, row_id, agent, ?, forgotten_at, min(coalesce(?, forgotten_at), forgotten_at) "
-        "FROM memory_retraction WHERE id = ?",
+        "INSERT INTO memory_forgotten_span (retraction_id, tier, row_id, agent, born_at, forgotten_at, lived_until) "
+        f"SELECT id, tier, row_id, agent, ?, forgotten_at, {on(conn).LEAST}(coalesce(?, forgotten_at), forgotten_at) "
+        "FROM memory_retraction WHERE id = ? ON CONFLICT (retraction_id) DO UPDATE SET born_at = excluded.born_at, "
+        "forgotten_at = excluded.forgotten_at, lived_until = excluded.lived_until",
         (min(born, earliest or born), row["expires_at"] if tier == "short" else None, retraction_id),
     )
     conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
@@ -1810,10 +1839,10 @@ def erase_versions(conn: sqlite3.Connection, tier: str, row: Any, retraction_id:
 def notify_forgotten(conn: sqlite3.Connection, tier: str, row_id: int, retraction_id: int) -> int:
     """A notice for every agent but the writer that was delivered the forgotten row; how many."""
     return conn.execute(
-        "INSERT OR IGNORE INTO memory_notice (agent, tier, row_id, writer, kind, at) "
+        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
         "SELECT DISTINCT d.reader, r.tier, r.row_id, r.agent, 'forgotten', r.forgotten_at "
         "FROM memory_retraction r JOIN memory_delivery d ON d.tier = r.tier AND d.row_id = r.row_id "
-        "WHERE r.id = ? AND d.reader <> r.agent AND r.tier = ? AND r.row_id = ?",
+        "WHERE r.id = ? AND d.reader <> r.agent AND r.tier = ? AND r.row_id = ? ON CONFLICT DO NOTHING",
         (retraction_id, tier, row_id),
     ).rowcount
 
@@ -1823,7 +1852,7 @@ def read_notices(conn: sqlite3.Connection, agent: str, after_id: int, limit: int
     rows = conn.execute(
         f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE agent = ? AND id > ? AND (? OR acked_at IS NULL) "
         "ORDER BY id LIMIT ?",
-        (agent, after_id, int(acked), limit),
+        (agent, after_id, bool(acked), limit),
     )
     return [dict(row) for row in rows]
 
@@ -1831,19 +1860,19 @@ def read_notices(conn: sqlite3.Connection, agent: str, after_id: int, limit: int
 def ack_notices(conn: sqlite3.Connection, agent: str, ids: Sequence[int]) -> int:
     """Acknowledge the agent's own notices by id; how many were open."""
     return conn.execute(
-        "UPDATE memory_notice SET acked_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE agent = ? "
-        "AND acked_at IS NULL AND id IN (SELECT value FROM json_each(?))",
-        (agent, json.dumps(list(ids))),
+        f"UPDATE memory_notice SET acked_at = {on(conn).NOW} WHERE agent = ? AND acked_at IS NULL "
+        f"AND id {on(conn).IDS_IN}",
+        (agent, on(conn).id_list(ids)),
     ).rowcount
 
 
-def lives_sql(tier: str) -> str:
+def lives_sql(tier: str, greatest: str = GREATEST) -> str:
     """Every version of the tier's rows as one relation: the current ones (valid_to NULL) and the replaced."""
     tables, label, text, tags, expires, born = VERSIONED[tier]
     since = f"(SELECT max(v.valid_to) FROM memory_version v WHERE v.tier = '{tier}' AND v.row_id = c.id)"
     current = " UNION ALL ".join(
         f"SELECT c.id, c.agent, c.{label}, c.{text}, {'c.' + tags if tags != 'NULL' else 'NULL'}, "
-        f"{'c.' + expires if expires != 'NULL' else 'NULL'}, max(c.{born}, coalesce({since}, '')), NULL "
+        f"{'c.' + expires if expires != 'NULL' else 'NULL'}, {greatest}(c.{born}, coalesce({since}, '')), NULL "
         f"FROM {table} c WHERE c.agent <> ''"
         for table in tables
     )
@@ -1856,7 +1885,7 @@ def rows_as_of(conn: sqlite3.Connection, tier: str, at: str, seen: Visibility) -
     """The tier's rows as they stood at `at` that the caller may see (scope, opt-in; expiry as of `at`)."""
     where, params = seen.where(TIER_TABLE[tier])
     sql = (
-        f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier)}) SELECT * FROM t WHERE t.valid_from <= ? "
+        f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, on(conn).GREATEST)}) SELECT * FROM t WHERE t.valid_from <= ? "
         "AND (t.valid_to IS NULL OR t.valid_to > ?) AND (t.expires_at IS NULL OR t.expires_at > ?)"
         + "".join(" AND " + w for w in where)
     )
@@ -1866,10 +1895,10 @@ def rows_as_of(conn: sqlite3.Connection, tier: str, at: str, seen: Visibility) -
 def versions_of(conn: sqlite3.Connection, tier: str, ids: Sequence[int]) -> list[dict]:
     """Every version (current and replaced) of these rows."""
     sql = (
-        f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier)}) "
-        "SELECT * FROM t WHERE t.id IN (SELECT value FROM json_each(?))"
+        f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, on(conn).GREATEST)}) "
+        f"SELECT * FROM t WHERE t.id {on(conn).IDS_IN}"
     )
-    return [dict(row) for row in conn.execute(sql, (json.dumps(list(ids)),))]
+    return [dict(row) for row in conn.execute(sql, (on(conn).id_list(ids),))]
 
 
 def retracted_as_of(conn: sqlite3.Connection, at: str) -> list[dict]:
@@ -1896,18 +1925,18 @@ def delivered_by(conn: sqlite3.Connection, reader: str, at: str) -> list[dict]:
 
 def episodes_by_id(conn: sqlite3.Connection, ids: list[int]) -> dict[int, sqlite3.Row]:
     """Episodic rows by id, live or archived (id, agent, summary)."""
+    ids_in, chosen = on(conn).IDS_IN, on(conn).id_list(ids)
     rows = conn.execute(
-        "SELECT id, agent, summary FROM memory_episodic WHERE id IN (SELECT value FROM json_each(?)) "
-        "UNION ALL SELECT id, agent, summary FROM memory_episodic_archive "
-        "WHERE id IN (SELECT value FROM json_each(?))",
-        (json.dumps(ids), json.dumps(ids)),
+        f"SELECT id, agent, summary FROM memory_episodic WHERE id {ids_in} "
+        f"UNION ALL SELECT id, agent, summary FROM memory_episodic_archive WHERE id {ids_in}",
+        (chosen, chosen),
     )
     return {row["id"]: row for row in rows}
 
 
 def link_promotion(conn: sqlite3.Connection, long_id: int, episodic_ids: list[int], agent: str) -> None:
     conn.executemany(
-        "INSERT OR IGNORE INTO memory_promotion (long_id, episodic_id, agent) VALUES (?, ?, ?)",
+        "INSERT INTO memory_promotion (long_id, episodic_id, agent) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
         [(long_id, i, agent) for i in episodic_ids],
     )
 
@@ -1915,21 +1944,18 @@ def link_promotion(conn: sqlite3.Connection, long_id: int, episodic_ids: list[in
 def archive_batch(conn: sqlite3.Connection, cutoff: str, limit: int) -> int:
     """Move up to `limit` episodes older than cutoff ('-30 days') into the archive, with their ids."""
     columns = "id, agent, event_type, summary, details, outcome, duration_s, timestamp"
+    sql = on(conn)
     ids = [
         row[0]
         for row in conn.execute(
-            "SELECT id FROM memory_episodic WHERE timestamp < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) "
-            "ORDER BY id LIMIT ?",
-            (cutoff, limit),
+            f"SELECT id FROM memory_episodic WHERE timestamp < {sql.SHIFTED} ORDER BY id LIMIT ?", (cutoff, limit)
         )
     ]
-    chosen = json.dumps(ids)
     conn.execute(
-        f"INSERT INTO memory_episodic_archive ({columns}) SELECT {columns} FROM memory_episodic "
-        "WHERE id IN (SELECT value FROM json_each(?))",
-        (chosen,),
+        f"INSERT INTO memory_episodic_archive ({columns}) SELECT {columns} FROM memory_episodic WHERE id {sql.IDS_IN}",
+        (sql.id_list(ids),),
     )
-    conn.execute("DELETE FROM memory_episodic WHERE id IN (SELECT value FROM json_each(?))", (chosen,))
+    conn.execute(f"DELETE FROM memory_episodic WHERE id {sql.IDS_IN}", (sql.id_list(ids),))
     return len(ids)
 
 

@@ -20,7 +20,6 @@ What is not the same, and why:
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import threading
 import time
@@ -32,38 +31,18 @@ import psycopg.errors
 from psycopg.types.numeric import FloatLoader
 
 import solos_store
-from solos_store import (  # noqa: F401  (re-exported: SQL both databases read alike, for on(conn))
-    DELIVERY_COLUMNS,
-    KEYWORD_INDEX,
-    NOTICE_COLUMNS,
-    REMOVALS,
+from solos_store import (
     RETRACTABLE,
     TIER_TABLE,
-    VERSION_FIELDS,
-    VERSIONED,
     Busy,
-    Conflict,
-    NotFound,
     StorageUnavailable,
     Tier,
-    UnknownAgent,
     Visibility,
-    content_hash,
-    delivered_by,
-    lifecycle_counts,
     log_event,
-    own_retraction,
-    parse_tags,
-    purge_deliveries,
+    meta_value,
     queued_scrubs,
     read_resource,
-    retracted_as_of,
-    retractions_after,
-    scrubs_done,
     set_meta,
-    sha256_text,
-    sharing_agents,
-    utc_now,
 )
 
 SERVICE_ROLE = "solos_memory_service"
@@ -82,6 +61,31 @@ WEIGHTS = {
 }
 ALL_CLASSES, OWN_CLASSES, FACT_CLASS = "ABCD", "AB", "A"
 QUOTED = re.compile(r'"((?:[^"]|"")*)"')
+
+# solos_store's names for the SQL that differs (see there), in PostgreSQL's terms.
+NOW = "solos_now()"
+SHIFTED = "solos_at(?::interval)"
+IDS_IN = "= ANY(?)"
+SAME = "IS NOT DISTINCT FROM"
+LEAST, GREATEST = "least", "greatest"
+TAGGED = "solos_tags(t.tags) && ?::text[]"
+
+
+def id_list(values: Iterable[Any]) -> list[Any]:
+    return list(values)
+
+
+text_list = id_list
+
+
+def tagged_params(tags: Sequence[str]) -> list[Any]:
+    return [list(tags)]
+
+
+def __getattr__(name: str) -> Any:
+    """Everything else solos_store.on(conn) is asked for is solos_store's own: SQL both databases read alike."""
+    return getattr(solos_store, name)
+
 
 # SQLSTATEs: retried as a busy database (serialization, deadlock), refused as busy (a lock wait ran out).
 RETRIED = ("40001", "40P01")
@@ -259,166 +263,9 @@ class PgStore(solos_store.Store):
 
     # -- agents --
 
-    def register_agents(self, names: list[str]) -> list[str]:
-        def work(conn: Any) -> list[str]:
-            return [
-                name
-                for name in names
-                if conn.execute(
-                    "INSERT INTO agent_registry (agent) VALUES (?) ON CONFLICT DO NOTHING", (name,)
-                ).rowcount
-            ]
-
-        return self.write(work)
-
     # -- writes --
 
-    def upsert_short(self, agent: str, key: str, value: str, ttl_s: float, tags: list[str]) -> dict:
-        def work(conn: Any) -> dict:
-            self.require_agent(conn, agent)
-            existing = conn.execute("SELECT id FROM memory_short WHERE agent = ? AND key = ?", (agent, key)).fetchone()
-            row = conn.execute(
-                "INSERT INTO memory_short (agent, key, value, tags, created_at, expires_at) "
-                "VALUES (?, ?, ?, ?, solos_now(), solos_at(?::interval)) "
-                "ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags, "
-                "    created_at = excluded.created_at, expires_at = excluded.expires_at "
-                "RETURNING id, expires_at",
-                (agent, key, value, json.dumps(tags), f"{ttl_s:.3f} seconds"),
-            ).fetchone()
-            return {"id": row["id"], "status": "updated" if existing else "created", "expires_at": row["expires_at"]}
-
-        return self.write(work)
-
-    def put_long(
-        self,
-        conn: Any,
-        agent: str,
-        topic: str | None,
-        fact: str,
-        source: str | None,
-        confidence: float | None,
-        tags: list[str],
-    ) -> dict:
-        self.require_agent(conn, agent)
-        hold(conn, agent, "long", sha256_text(fact))  # the same fact written twice at once: one row
-        known = self.known_long(conn, agent, fact)
-        if known is None:
-            return {"id": self.insert_long(conn, agent, topic, fact, source, confidence, tags), "status": "created"}
-        changed = conn.execute(
-            "UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, updated_at = solos_now() "
-            "WHERE id = ? AND (topic, source, confidence, tags) "
-            "IS DISTINCT FROM (?::text, ?::text, ?::float8, ?::text)",
-            (topic, source, confidence, json.dumps(tags), known, topic, source, confidence, json.dumps(tags)),
-        ).rowcount
-        return {"id": known, "status": "updated" if changed else "unchanged"}
-
-    def append_episodic(self, agent: str, event: dict, idempotency_key: str | None) -> dict:
-        columns = ("event_type", "summary", "details", "outcome", "duration_s")
-
-        def work(conn: Any) -> dict:
-            self.require_agent(conn, agent)
-            if idempotency_key:
-                hold(conn, agent, "episodic", idempotency_key)
-                earlier = conn.execute(
-                    "SELECT e.* FROM memory_write_key k JOIN memory_episodic e ON e.id = k.row_id "
-                    "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND e.agent = k.agent",
-                    (agent, idempotency_key),
-                ).fetchone()
-                if earlier:
-                    if any(earlier[c] != event[c] for c in columns):
-                        raise Conflict(
-                            f"idempotency_key {idempotency_key!r} was used for a different event (id {earlier['id']})",
-                            "idempotency_key",
-                        )
-                    return {"id": earlier["id"], "status": "unchanged"}
-            row_id = conn.execute(
-                "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome, duration_s) "
-                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                (agent, *(event[c] for c in columns)),
-            ).fetchone()[0]
-            if idempotency_key:
-                self.remember_key(conn, agent, "episodic", idempotency_key, row_id)
-            return {"id": row_id, "status": "created"}
-
-        return self.write(work)
-
-    def delete_short(self, agent: str, key: str, before: Callable[[Any, str, list[int]], None] | None = None) -> dict:
-        def work(conn: Any) -> dict:
-            self.require_agent(conn, agent)
-            found = conn.execute("SELECT id FROM memory_short WHERE agent = ? AND key = ?", (agent, key)).fetchone()
-            if before is not None and found is not None:
-                before(conn, "short", [found[0]])
-            row = conn.execute(
-                "DELETE FROM memory_short WHERE agent = ? AND key = ? "
-                "RETURNING id, expires_at <= solos_now() AS expired",
-                (agent, key),
-            ).fetchone()
-            if row is None:
-                raise NotFound(f"agent {agent!r} has no short-term key {key!r}", "key")
-            return {"id": row["id"], "status": "deleted", "was_expired": bool(row["expired"])}
-
-        return self.write(work)
-
-    def set_sharing(self, agent: str, episodic: bool) -> dict:
-        def work(conn: Any) -> dict:
-            self.require_agent(conn, agent)
-            existing = conn.execute("SELECT 1 FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
-            conn.execute(
-                "INSERT INTO episodic_sharing (agent, shared) VALUES (?, ?) ON CONFLICT (agent) DO UPDATE "
-                "SET shared = excluded.shared, updated_at = solos_now()",
-                (agent, int(episodic)),
-            )
-            return {"status": "updated" if existing else "created"}
-
-        return self.write(work)
-
-    def purge_expired(self, batch: int = 1000) -> int:
-        total = 0
-        while True:
-            removed = self.write(
-                lambda conn: (
-                    conn.execute(
-                        "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
-                        "WHERE expires_at <= solos_now() LIMIT ?)",
-                        (batch,),
-                    ).rowcount
-                )
-            )
-            total += removed
-            if removed < batch:
-                return total
-
     # -- reads --
-
-    def read_audit(self, author: str, limit: int, before_id: int | None) -> list[dict]:
-        def work(conn: Any) -> list[dict]:
-            self.require_agent(conn, author)
-            rows = conn.execute(
-                "SELECT id, reader, author, row_id, read_at FROM episodic_read_audit "
-                "WHERE author = ? AND id < ? ORDER BY id DESC LIMIT ?",
-                (author, before_id or (1 << 62), limit),
-            )
-            return [dict(row) for row in rows]
-
-        return self.read(work)
-
-    def counts(self) -> dict:
-        def work(conn: Any) -> dict:
-            one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
-            return {
-                "agents": one("SELECT count(*) FROM agent_registry"),
-                "rows": {
-                    "short": one("SELECT count(*) FROM memory_short WHERE expires_at > solos_now()"),
-                    "short_expired": one("SELECT count(*) FROM memory_short WHERE expires_at <= solos_now()"),
-                    "long": one("SELECT count(*) FROM memory_longterm"),
-                    "episodic": one("SELECT count(*) FROM memory_episodic"),
-                    "durable": one("SELECT count(*) FROM memory_durable"),
-                },
-                "episodic_sharing_agents": one("SELECT count(*) FROM episodic_sharing WHERE shared = 1"),
-                "audit_rows": one("SELECT count(*) FROM episodic_read_audit"),
-            }
-
-        return self.read(work)
 
     def writes_by_hour(self) -> dict[str, list[int]]:
         recent = " UNION ALL ".join(
@@ -440,22 +287,6 @@ class PgStore(solos_store.Store):
         return self.read(work)
 
     # -- recall's reads --
-
-    @staticmethod
-    def visible(tier: Tier, seen: Visibility, tags: Sequence[str] = ()) -> tuple[list[str], list[Any]]:
-        where, params = visible_where(seen, tier)
-        if tags:
-            where.append("solos_tags(t.tags) && ?::text[]" if "tags" in tier.result_columns else "false")
-            params.extend([list(tags)] if "tags" in tier.result_columns else [])
-        if tier.expires:
-            where.append("t.expires_at > solos_now()")
-        return where, params
-
-    def rows_by_id(self, conn: Any, tier: Tier, seen: Visibility, ids: list[int], tags: Sequence[str] = ()) -> list:
-        where, params = self.visible(tier, seen, tags)
-        where.append("t.id = ANY(?::bigint[])")
-        sql = f"SELECT {tier.columns}, 0.0 AS score FROM {tier.table} t WHERE {' AND '.join(where)}"
-        return conn.execute(sql, (*params, ids)).fetchall()
 
     def ranked_rows(
         self, conn: Any, tier: Tier, seen: Visibility, match: str, limit: int, tags: Sequence[str] = ()
@@ -504,57 +335,13 @@ class PgStore(solos_store.Store):
         sql = f"SELECT count(*) FROM (SELECT 1 FROM {tier.table} t WHERE t.fts @@ solos_query(?, ?) LIMIT ?) enough"
         return conn.execute(sql, (text, classes, count)).fetchone()[0] >= count
 
-    def topic_neighbours(self, conn: Any, ids: list[int]) -> dict[int, tuple[int | None, int | None]]:
-        rows = conn.execute(
-            "SELECT l.id, "
-            "  (SELECT max(p.id) FROM memory_longterm p WHERE p.topic = l.topic AND p.id < l.id) AS previous, "
-            "  (SELECT min(n.id) FROM memory_longterm n WHERE n.topic = l.topic AND n.id > l.id) AS following "
-            "FROM memory_longterm l WHERE l.topic <> '' AND l.id = ANY(?::bigint[])",
-            (ids,),
-        )
-        return {row[0]: (row[1], row[2]) for row in rows}
-
     # -- vectors --
 
-    def rows_missing_vectors(self, tier: str, model: str, limit: int, ids: list[int] | None = None) -> list:
-        table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
-        only = "" if ids is None else " AND t.id = ANY(?::bigint[])"
-        return self.read(
-            lambda conn: conn.execute(
-                f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v "
-                f"ON v.tier = ? AND v.row_id = t.id AND v.model = ? WHERE v.row_id IS NULL{only} ORDER BY t.id LIMIT ?",
-                (tier, model, *(() if ids is None else (ids,)), limit),
-            ).fetchall()
-        )
-
-    def save_vectors(self, tier: str, model: str, embedded: list[tuple[Any, bytes]]) -> tuple[list[int], int]:
-        table, fields = TIER_TABLE[tier].table, TIER_TABLE[tier].embedded
-        same_text = " AND ".join(f"{name} IS NOT DISTINCT FROM ?::text" for name in fields)
-
-        def work(conn: Any) -> tuple[list[int], int]:
-            saved = []
-            for row, vector in embedded:
-                current = (row["id"], *(row[name] for name in fields))
-                if tier == "long":
-                    changed = conn.execute(
-                        f"UPDATE memory_longterm SET embedding = ? WHERE id = ? AND {same_text}", (vector, *current)
-                    ).rowcount
-                    stored = None
-                else:
-                    stored = vector
-                    changed = conn.execute(
-                        f"SELECT count(*) FROM {table} WHERE id = ? AND {same_text}", current
-                    ).fetchone()[0]
-                if changed:
-                    conn.execute(
-                        "INSERT INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?) "
-                        "ON CONFLICT (tier, row_id) DO UPDATE SET model = excluded.model, vector = excluded.vector",
-                        (tier, row["id"], model, stored),
-                    )
-                    saved.append(row["id"])
-            return saved, self.vector_generation(conn)
-
-        return self.write(work)
+    @staticmethod
+    def hold_key(conn: Any, agent: str, tier: str, key: str) -> None:
+        """Writers do not queue behind one lock here: the same write key waits for the other's commit."""
+        digest = int.from_bytes(hashlib.sha256(f"{agent}\0{tier}\0{key}".encode()).digest()[:8], "big", signed=True)
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (digest,))
 
     # -- tokens --
 
@@ -620,28 +407,6 @@ def unreachable(url: str, error: BaseException) -> str:
     )
 
 
-def hold(conn: Any, agent: str, tier: str, key: str) -> None:
-    """Serialize writes of one write key until commit (SQLite's single writer does this by itself)."""
-    digest = int.from_bytes(hashlib.sha256(f"{agent}\0{tier}\0{key}".encode()).digest()[:8], "big", signed=True)
-    conn.execute("SELECT pg_advisory_xact_lock(?)", (digest,))
-
-
-def visible_where(seen: Visibility, tier: Tier) -> tuple[list[str], list[Any]]:
-    """Visibility.where in PostgreSQL's terms (the sharing agents as an array)."""
-    where: list[str] = []
-    params: list[Any] = []
-    if seen.scope == "own":
-        where.append("t.agent = ?")
-        params.append(seen.caller)
-    elif seen.scope == "shared_except_self":
-        where.append("t.agent <> ?")
-        params.append(seen.caller)
-    if tier.opt_in:
-        where.append("(t.agent = ? OR t.agent = ANY(?::text[]))")
-        params.extend([seen.caller, sorted(seen.sharing)])
-    return where, params
-
-
 def match_words(match: str) -> tuple[str, str]:
     """An FTS5 query as solos_rank and solos_events build it (quoted words OR-ed, maybe a column filter):
     its words as one text, and the tsvector classes to match (a row's own text, or all of it)."""
@@ -658,76 +423,27 @@ def table_exists(conn: Any, name: str) -> bool:
     return conn.execute("SELECT to_regclass(?) IS NOT NULL", (name,)).fetchone()[0]
 
 
-def meta_value(conn: Any, key: str) -> str | None:
-    row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = ?", (key,)).fetchone()
-    return None if row is None else str(row[0])
+def zero_freed(conn: Any) -> None:
+    """Nothing to set: a forget's dead tuples go with VACUUM (PgStore.clear_forgotten)."""
 
 
-def find_row(conn: Any, tier: str, row_id: int) -> tuple[str, Any] | None:
-    for table in RETRACTABLE[tier]:
-        row = conn.execute(f"SELECT * FROM {table} WHERE id = ?", (row_id,)).fetchone()
-        if row is not None:
-            return table, row
-    return None
-
-
-def erase(conn: Any, tier: str, row_id: int, forgotten_at: str | None = None) -> dict:
-    """solos_store.erase: the row, its write key, its versions and its text in neighbours' context go in the
-    caller's transaction; the event says `forget`; VACUUM follows off the request path (PgStore.clear_forgotten)."""
-    found = find_row(conn, tier, row_id)
-    assert found is not None, "erase is called for a row the caller found"
-    table, row = found
-    digest = content_hash(tier, row)
-    key_hash = sha256_text(row["key"]) if tier == "short" else None
-    conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
+def reindex_context_carriers(conn: Any, row: Any) -> None:
+    """Later facts of the topic that quote the forgotten one as context: their index is computed again."""
     conn.execute(
-        "DELETE FROM memory_write_key WHERE agent = ? AND tier = ? AND row_id = ?", (row["agent"], tier, row_id)
+        "UPDATE memory_longterm SET fts = NULL WHERE topic = ? AND id > ? AND strpos(context, ?) > 0",
+        (row["topic"], row["id"], f"{row['agent']}: {row['fact']}"),
     )
-    if tier == "long":  # facts whose context quoted it are indexed again without it
-        conn.execute(
-            "UPDATE memory_longterm SET fts = NULL WHERE topic = ? AND id > ? AND strpos(context, ?) > 0",
-            (row["topic"], row_id, f"{row['agent']}: {row['fact']}"),
-        )
+
+
+def log_forget(conn: Any, tier: str, row_id: int, agent: str) -> None:
+    """This transaction's event for the row says `forget` (or one is added)."""
     logged = conn.execute(
         "UPDATE memory_event SET kind = 'forget' WHERE id = (SELECT max(id) FROM memory_event "
         "WHERE xid = pg_current_xact_id() AND tier = ? AND row_id = ?)",
         (tier, row_id),
     ).rowcount
     if not logged:
-        conn.execute("SELECT solos_log_event('forget', ?, ?, ?)", (tier, row_id, row["agent"]))
-    retraction = conn.execute(
-        "INSERT INTO memory_retraction (agent, tier, row_id, content_hash, key_hash, forgotten_at) "
-        "VALUES (?, ?, ?, ?, ?, coalesce(?, solos_now())) RETURNING id",
-        (row["agent"], tier, row_id, digest, key_hash, forgotten_at),
-    ).fetchone()[0]
-    erase_versions(conn, tier, row, retraction)
-    queue_scrub(conn, tier, retraction)
-    return {"content_hash": digest, "retraction_id": retraction}
-
-
-def erase_versions(conn: Any, tier: str, row: Any, retraction_id: int) -> None:
-    if tier not in VERSIONED:
-        return
-    born = row[VERSIONED[tier][5]]
-    earliest = conn.execute(
-        "SELECT min(valid_from) FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"])
-    ).fetchone()[0]
-    conn.execute(
-        "INSERT INTO memory_forgotten_span (retraction_id, tier, row_id, agent, born_at, forgotten_at, lived_until) "
-        "SELECT id, tier, row_id, agent, ?, forgotten_at, least(coalesce(?, forgotten_at), forgotten_at) "
-        "FROM memory_retraction WHERE id = ? ON CONFLICT (retraction_id) DO UPDATE SET born_at = excluded.born_at, "
-        "forgotten_at = excluded.forgotten_at, lived_until = excluded.lived_until",
-        (min(born, earliest or born), row["expires_at"] if tier == "short" else None, retraction_id),
-    )
-    conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
-
-
-def queue_scrub(conn: Any, tier: str, retraction_id: int) -> None:
-    conn.execute(
-        "INSERT INTO memory_scrub_pending (tier, retraction_id) VALUES (?, ?) ON CONFLICT (tier) "
-        "DO UPDATE SET retraction_id = greatest(memory_scrub_pending.retraction_id, excluded.retraction_id)",
-        (tier, retraction_id),
-    )
+        conn.execute("SELECT solos_log_event('forget', ?, ?, ?)", (tier, row_id, agent))
 
 
 def merge_step(conn: Any, fts: str) -> int:
@@ -737,16 +453,6 @@ def merge_step(conn: Any, fts: str) -> int:
 
 def mirror_waiting(conn: Any, row_ids: Iterable[int]) -> set[int]:
     return set()  # the Qdrant mirror runs on SQLite only
-
-
-def notify_forgotten(conn: Any, tier: str, row_id: int, retraction_id: int) -> int:
-    return conn.execute(
-        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
-        "SELECT DISTINCT d.reader, r.tier, r.row_id, r.agent, 'forgotten', r.forgotten_at "
-        "FROM memory_retraction r JOIN memory_delivery d ON d.tier = r.tier AND d.row_id = r.row_id "
-        "WHERE r.id = ? AND d.reader <> r.agent AND r.tier = ? AND r.row_id = ? ON CONFLICT DO NOTHING",
-        (retraction_id, tier, row_id),
-    ).rowcount
 
 
 def reapply(conn: Any, retraction: dict) -> bool:
@@ -767,34 +473,6 @@ def events_after(conn: Any, after: int, limit: int) -> list:
         "AND xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY id LIMIT ?",
         (after, limit),
     ).fetchall()
-
-
-def current_rows(conn: Any, tiers: dict, events: Sequence[Any]) -> dict[tuple[str, int], Any]:
-    wanted: dict[str, list[int]] = {}
-    for event in events:
-        if event["kind"] not in REMOVALS:
-            wanted.setdefault(event["tier"], []).append(event["row_id"])
-    found = {}
-    for tier, ids in wanted.items():
-        if tier == "durable":
-            sql = "SELECT id, key, value, updated_at FROM memory_durable t WHERE t.id = ANY(?::bigint[])"
-        elif tier == "notice":
-            sql = f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE id = ANY(?::bigint[])"
-        else:
-            live = " AND t.expires_at > solos_now()" if tiers[tier].expires else ""
-            sql = (
-                f"SELECT {tiers[tier].columns}, 0.0 AS score FROM {tiers[tier].table} t "
-                f"WHERE t.id = ANY(?::bigint[]){live}"
-            )
-        found.update({(tier, row["id"]): row for row in conn.execute(sql, (ids,))})
-    return found
-
-
-def tags_of(conn: Any, tier: str, ids: list[int]) -> dict[int, set[str]]:
-    if "tags" not in TIER_TABLE[tier].result_columns:
-        return {}
-    found = conn.execute(f"SELECT id, tags FROM {TIER_TABLE[tier].table} WHERE id = ANY(?::bigint[])", (ids,))
-    return {row[0]: set(parse_tags(row[1])) for row in found}
 
 
 def text_matches(conn: Any, match: str, candidates: dict[str, list[int]]) -> set[tuple[str, int]]:
@@ -827,70 +505,6 @@ def sweep_expired(conn: Any, note: Callable[[Any, str, list[int]], None]) -> int
     return added
 
 
-def expiry_due(conn: Any) -> bool:
-    through = meta_value(conn, "events_expired_through")
-    return through is None or (
-        conn.execute(
-            "SELECT 1 FROM memory_short WHERE expires_at > ? AND expires_at <= solos_now() LIMIT 1", (through,)
-        ).fetchone()
-        is not None
-    )
-
-
-def prune_step(conn: Any, cutoff: str, batch: int) -> int:
-    pruned = conn.execute(
-        "DELETE FROM memory_event WHERE id IN (SELECT id FROM memory_event ORDER BY id LIMIT ?) AND ts < ? "
-        "RETURNING id",
-        (batch, cutoff),
-    ).fetchall()
-    if pruned:
-        through = max(int(meta_value(conn, "events_pruned_through") or 0), max(row[0] for row in pruned))
-        set_meta(conn, "events_pruned_through", through)
-    return len(pruned)
-
-
-def record_deliveries(conn: Any, rows: Sequence[tuple[str, str, int, str, str]]) -> int:
-    after = conn.execute("SELECT coalesce(max(id), 0) FROM memory_delivery").fetchone()[0]
-    conn.executemany(
-        "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, ?, ?, ?, ?)", rows
-    )
-    conn.execute(
-        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at) "
-        "SELECT DISTINCT d.reader, v.tier, v.row_id, v.agent, 'superseded', v.row_id, v.id, v.valid_to "
-        "FROM memory_delivery d JOIN memory_version v ON v.tier = d.tier AND v.row_id = d.row_id "
-        "AND v.ended_by = 'update' AND d.delivered_at >= v.valid_from AND d.delivered_at <= v.valid_to "
-        "WHERE d.id > ? AND d.reader <> v.agent ON CONFLICT DO NOTHING",
-        (after,),
-    )
-    conn.execute(
-        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
-        "SELECT DISTINCT d.reader, s.tier, s.row_id, s.agent, 'forgotten', s.forgotten_at "
-        "FROM memory_delivery d JOIN memory_forgotten_span s ON s.tier = d.tier AND s.row_id = d.row_id "
-        "WHERE d.id > ? AND d.reader <> s.agent ON CONFLICT DO NOTHING",
-        (after,),
-    )
-    return len(rows)
-
-
-def read_deliveries(
-    conn: Any, writer: str | None, tier: str | None, row_id: int | None, limit: int, before_id: int
-) -> list[dict]:
-    rows = conn.execute(
-        f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ? AND (?::text IS NULL OR writer = ?::text) "
-        "AND (?::text IS NULL OR tier = ?::text) AND (?::bigint IS NULL OR row_id = ?::bigint) "
-        "ORDER BY id DESC LIMIT ?",
-        (before_id, writer, writer, tier, tier, row_id, row_id, limit),
-    )
-    return [dict(row) for row in rows]
-
-
-def first_delivery(conn: Any, reader: str, tier: str, ids: Sequence[int]) -> str | None:
-    return conn.execute(
-        "SELECT min(delivered_at) FROM memory_delivery WHERE tier = ? AND reader = ? AND row_id = ANY(?::bigint[])",
-        (tier, reader, list(ids)),
-    ).fetchone()[0]
-
-
 def near_candidates(conn: Any, match: str, limit: int) -> list:
     text, classes = match_words("{fact} : (" + match + ")")
     every = "&" if " AND " in match else "|"  # solos_provenance.near_key: all of its words
@@ -898,86 +512,6 @@ def near_candidates(conn: Any, match: str, limit: int) -> list:
         "SELECT id, agent, fact, created_at, embedding FROM memory_longterm WHERE fts @@ solos_query(?, ?, ?) LIMIT ?",
         (text, classes, every, limit),
     ).fetchall()
-
-
-def read_notices(conn: Any, agent: str, after_id: int, limit: int, acked: bool) -> list[dict]:
-    rows = conn.execute(
-        f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE agent = ? AND id > ? AND (? OR acked_at IS NULL) "
-        "ORDER BY id LIMIT ?",
-        (agent, after_id, bool(acked), limit),
-    )
-    return [dict(row) for row in rows]
-
-
-def ack_notices(conn: Any, agent: str, ids: Sequence[int]) -> int:
-    return conn.execute(
-        "UPDATE memory_notice SET acked_at = solos_now() WHERE agent = ? AND acked_at IS NULL "
-        "AND id = ANY(?::bigint[])",
-        (agent, list(ids)),
-    ).rowcount
-
-
-def lives_sql(tier: str) -> str:
-    tables, label, text, tags, expires, born = VERSIONED[tier]
-    since = f"(SELECT max(v.valid_to) FROM memory_version v WHERE v.tier = '{tier}' AND v.row_id = c.id)"
-    current = " UNION ALL ".join(
-        f"SELECT c.id, c.agent, c.{label}, c.{text}, {'c.' + tags if tags != 'NULL' else 'NULL'}, "
-        f"{'c.' + expires if expires != 'NULL' else 'NULL'}, greatest(c.{born}, coalesce({since}, '')), NULL "
-        f"FROM {table} c WHERE c.agent <> ''"
-        for table in tables
-    )
-    return f"{current} UNION ALL SELECT {VERSION_FIELDS.replace('id,', 'row_id,', 1)} FROM memory_version v " + (
-        f"WHERE v.tier = '{tier}'"
-    )
-
-
-def rows_as_of(conn: Any, tier: str, at: str, seen: Visibility) -> list[dict]:
-    where, params = visible_where(seen, TIER_TABLE[tier])
-    sql = (
-        f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier)}) SELECT * FROM t WHERE t.valid_from <= ? "
-        "AND (t.valid_to IS NULL OR t.valid_to > ?) AND (t.expires_at IS NULL OR t.expires_at > ?)"
-        + "".join(" AND " + w for w in where)
-    )
-    return [dict(row) for row in conn.execute(sql, (at, at, at, *params))]
-
-
-def versions_of(conn: Any, tier: str, ids: Sequence[int]) -> list[dict]:
-    sql = f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier)}) SELECT * FROM t WHERE t.id = ANY(?::bigint[])"
-    return [dict(row) for row in conn.execute(sql, (list(ids),))]
-
-
-def episodes_by_id(conn: Any, ids: list[int]) -> dict[int, Any]:
-    rows = conn.execute(
-        "SELECT id, agent, summary FROM memory_episodic WHERE id = ANY(?::bigint[]) "
-        "UNION ALL SELECT id, agent, summary FROM memory_episodic_archive WHERE id = ANY(?::bigint[])",
-        (ids, ids),
-    )
-    return {row["id"]: row for row in rows}
-
-
-def link_promotion(conn: Any, long_id: int, episodic_ids: list[int], agent: str) -> None:
-    conn.executemany(
-        "INSERT INTO memory_promotion (long_id, episodic_id, agent) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-        [(long_id, i, agent) for i in episodic_ids],
-    )
-
-
-def archive_batch(conn: Any, cutoff: str, limit: int) -> int:
-    columns = "id, agent, event_type, summary, details, outcome, duration_s, timestamp"
-    ids = [
-        row[0]
-        for row in conn.execute(
-            "SELECT id FROM memory_episodic WHERE timestamp < solos_at(?::interval) ORDER BY id LIMIT ?",
-            (cutoff, limit),
-        )
-    ]
-    conn.execute(
-        f"INSERT INTO memory_episodic_archive ({columns}) SELECT {columns} FROM memory_episodic "
-        "WHERE id = ANY(?::bigint[])",
-        (ids,),
-    )
-    conn.execute("DELETE FROM memory_episodic WHERE id = ANY(?::bigint[])", (ids,))
-    return len(ids)
 
 
 def checkpoint_truncate(conn: Any, wait_ms: int) -> bool:
