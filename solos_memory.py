@@ -1680,9 +1680,9 @@ def open_server(config: Config, register: Sequence[str]) -> MemoryServer:
             register_agents(config, list(register))
         store = open_store(config)
     except SchemaMismatch as error:
-        raise SystemExit(f"{config.db}: {error}") from None
+        raise SystemExit(f"{solos_store.shown(config.db)}: {error}") from None
     except StorageUnavailable as error:
-        raise SystemExit(f"{config.db}: cannot start: {error.message}") from None
+        raise SystemExit(f"{solos_store.shown(config.db)}: cannot start: {error.message}") from None
     except sqlite3.Error as error:
         failure = STORAGE_FAILURES.get(primary_code(error) or 0, "the database cannot be used")
         raise SystemExit(f"{config.db}: cannot start: {failure} ({error})") from None

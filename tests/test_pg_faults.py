@@ -1,0 +1,103 @@
+"""PostgreSQL faults (issue 22): a bad URL, a refused connection or a database the service may not set up each
+stop the start with one clear line; the database going away while serving gives 503 storage_unavailable with
+Retry-After, never an empty success, and the service recovers by itself when the database comes back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, start_server, stop_server
+from pg_server import free_loopback_port
+
+pytestmark = pytest.mark.slow
+
+SERVE_S = 20  # a start that does not stop by itself within this fails the test
+
+
+def start_line(url: str) -> subprocess.CompletedProcess:
+    """`serve` on url as an operator runs it: its exit status and what it printed."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", url, "--port", "0", "--model-dir", "off"],
+        capture_output=True,
+        text=True,
+        timeout=SERVE_S,
+        cwd=ROOT,
+    )
+
+
+def one_clear_line(result: subprocess.CompletedProcess, *words: str) -> str:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr  # no traceback
+    assert all(word in lines[0] for word in words), lines[0]
+    return lines[0]
+
+
+def test_a_refused_connection_stops_the_start_with_one_line():
+    url = f"postgresql://postgres@127.0.0.1:{free_loopback_port()}/solos"
+    line = one_clear_line(start_line(url), "cannot start", "cannot be reached", "Connection refused")
+    assert url.split("@")[1] in line
+
+
+def test_a_malformed_url_and_a_missing_database_stop_the_start_with_one_line(pg_cluster):
+    one_clear_line(start_line("postgresql://postgres@127.0.0.1:notaport/solos"), "cannot start", "cannot be reached")
+    missing = pg_cluster.url_of("no_such_database")
+    one_clear_line(start_line(missing), "cannot start", 'database "no_such_database" does not exist')
+
+
+def test_a_password_in_the_url_never_reaches_the_log():
+    url = f"postgresql://solos:s3cret-word@127.0.0.1:{free_loopback_port()}/solos"
+    line = one_clear_line(start_line(url), "cannot start")
+    assert "s3cret-word" not in line and "solos:***@" in line
+
+
+def test_a_database_the_user_may_not_set_up_stops_the_start_with_one_line(pg_cluster, pg_url):
+    import psycopg
+
+    role = f"visitor_{int(time.time() * 1000) % 10**9}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"REVOKE CREATE ON SCHEMA public FROM PUBLIC; REVOKE CREATE ON SCHEMA public FROM {role}")
+    try:
+        visitor = pg_url.replace("postgresql://postgres@", f"postgresql://{role}@")
+        line = one_clear_line(start_line(visitor), "schema")
+        assert "may not create" in line or "could not be applied" in line, line
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def test_the_database_going_away_is_503_with_retry_after_then_the_service_recovers(pg_private_cluster):
+    url = pg_private_cluster.fresh_database()
+    running = start_server(url, busy_timeout_ms=1000)
+    try:
+        assert running.post("/v1/long", {"agent": "atlas", "fact": "the boiler was serviced in May"}).status == 201
+        assert running.recall("sol", "boiler", scope="shared").body["count"] == 1
+
+        pg_private_cluster.kill()
+        write = running.post("/v1/long", {"agent": "atlas", "fact": "written while the database is down"})
+        recall = running.recall("sol", "boiler", scope="shared")
+        for reply in (write, recall):
+            assert reply.status == 503, reply.body
+            assert reply.body["error"]["code"] == "storage_unavailable"
+            assert int(reply.headers["retry-after"]) >= 1
+            assert "cannot be reached" in reply.body["error"]["message"]
+
+        pg_private_cluster.start()
+        deadline = time.monotonic() + 15
+        while (again := running.recall("sol", "boiler", scope="shared")).status != 200:
+            assert again.status == 503 and time.monotonic() < deadline, again.body
+            time.sleep(0.2)
+        assert [r["text"] for r in again.body["results"]] == ["the boiler was serviced in May"]
+        assert running.post("/v1/long", {"agent": "atlas", "fact": "written after it came back"}).status == 201
+        events = running.get("/v1/events", agent="atlas").body["events"]
+        assert [e["row"]["fact"] for e in events if e["kind"] == "write"] == [
+            "the boiler was serviced in May",
+            "written after it came back",
+        ]  # the refused write left nothing behind
+        assert running.get("/health").status == 200
+    finally:
+        stop_server(running)
