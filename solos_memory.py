@@ -27,17 +27,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import hashlib
-import hmac
 import json
 import logging
 import os
 import re
-import secrets
 import signal
 import socket
 import sqlite3
-import stat
 import sys
 import threading
 import time
@@ -63,6 +59,7 @@ import solos_snapshot
 import solos_status
 import solos_store
 import solos_telemetry
+import solos_tokens
 from solos_store import (
     DEFAULT_TIERS,
     EMBEDDED_TIERS,
@@ -94,6 +91,7 @@ from solos_store import (
     primary_code,
     refuse_foreign_persona,
 )
+from solos_tokens import OPERATOR, Tokens
 from solos_validation import (
     AGENT_PATTERN,
     AGENT_SCHEMA,
@@ -204,6 +202,7 @@ class EmbedWorker(threading.Thread):
         self.lock = threading.Lock()
         self.counted = store.count_missing_vectors(embedder.model_id)
         self.queued: set[tuple[str, int]] = set()
+        self.folded: set[tuple[str, int]] = set()  # queued rows already in `counted`: queued again, not twice
         self.pool = concurrent.futures.ThreadPoolExecutor(1, "embed-write")
         self.stuck: concurrent.futures.Future | None = None
 
@@ -214,7 +213,8 @@ class EmbedWorker(threading.Thread):
     def queue(self, key: tuple[str, int]) -> None:
         """A row the write could not embed: count it (once), and embed it soon."""
         with self.lock:
-            self.queued.add(key)
+            if key not in self.folded:
+                self.queued.add(key)
             self.wake.set()
 
     def embed_written(self, tier: str, row_id: int, index: solos_rank.VectorIndex | None) -> None:
@@ -272,10 +272,11 @@ class EmbedWorker(threading.Thread):
         if recount:
             missing = self.store.count_missing_vectors(self.embedder.model_id)
             with self.lock:  # the count includes the queued rows
-                self.counted, self.queued = missing, set()
+                self.counted, self.queued, self.folded = missing, set(), set()
         else:
             with self.lock:
-                self.counted, self.queued = self.counted + len(self.queued), set()
+                self.counted, self.folded = self.counted + len(self.queued), self.folded | self.queued
+                self.queued = set()
         counted = [0]
 
         def progress(done: int) -> None:
@@ -285,7 +286,7 @@ class EmbedWorker(threading.Thread):
         embed_missing(self.store, self.embedder, progress=progress)
         with self.lock:
             if not self.queued:  # nothing was queued meanwhile: nothing is left
-                self.counted = 0
+                self.counted, self.folded = 0, set()
 
     def stop(self) -> None:
         """Stop and wait for a sweep in progress, so nothing writes after the service has closed."""
@@ -1121,54 +1122,6 @@ OPERATIONS.update(solos_provenance.operations(Operation))
 ROUTES = {(op.method, op.path): op for op in OPERATIONS.values()}
 
 
-OPERATOR = "@operator"  # the holder of the operator token: not an agent name (those start alphanumeric)
-
-
-class Tokens:
-    """Optional per-agent bearer tokens: the token, not the request body, names the caller.
-
-    The file holds one `<sha256 hex of token> <agent>` per line (`@operator` for the operator view); it
-    must not be readable by group or others. Tokens themselves are never stored or logged.
-    """
-
-    def __init__(self, by_hash: dict[str, str]):
-        self.by_hash = by_hash
-
-    @classmethod
-    def load(cls, path: str) -> Tokens:
-        mode = os.stat(path).st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise SystemExit(f"{path}: tokens file must not be accessible by group or others (chmod 600)")
-        by_hash = {}
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip() or line.startswith("#"):
-                    continue
-                parts = line.split()
-                if (
-                    len(parts) != 2
-                    or not re.fullmatch(r"[0-9a-f]{64}", parts[0])
-                    or not (fully_matches(AGENT_PATTERN, parts[1]) or parts[1] == OPERATOR)
-                ):
-                    raise SystemExit(f"{path}:{number}: expected '<sha256 hex> <agent>'")
-                by_hash[parts[0]] = parts[1]
-        return cls(by_hash)
-
-    def agent_for(self, authorization: str | None) -> str:
-        """The agent a bearer token belongs to; compared in constant time."""
-        if not authorization or not authorization.startswith("Bearer "):
-            # Worded without the scheme name: Hermes redacts "Bearer <word>" from error text.
-            raise Unauthorized("this service needs the calling agent's token in the Authorization header")
-        digest = hashlib.sha256(authorization[7:].strip().encode("utf-8")).hexdigest()
-        found = None
-        for known, agent in self.by_hash.items():
-            if hmac.compare_digest(known, digest):
-                found = agent
-        if found is None:
-            raise Unauthorized("the bearer token is not known")
-        return found
-
-
 def validate_for(name: str, args: dict) -> dict:
     """An operation's argument check, for the modules that write rows outside a request (import-qdrant)."""
     return check_args(OPERATIONS[name].input_schema, args)
@@ -1864,7 +1817,8 @@ def main(argv: list[str] | None = None) -> int:
         return solos_client.main(argv[1:])
     args = parse_args(argv)
     if args.command == "token":
-        return issue_token(args.agent, args.tokens_file, args.db)
+        keep = lambda: open_store(Config(db=args.db), admin=True)  # noqa: E731
+        return solos_tokens.issue_token(args.agent, args.tokens_file, args.db, keep)
     if args.command == "check":
         return solos_check.run(args)
     config = config_from(args)
@@ -1899,26 +1853,6 @@ def serve(config: Config, register: list[str]) -> int:
     finally:
         server.server_close()
         log_event("stopped", port=server.port)
-    return 0
-
-
-def issue_token(agent: str, tokens_file: str | None, db: str) -> int:
-    """Print a new token once; only its sha256 is kept, in a file readable by the owner alone or in PostgreSQL."""
-    if agent != OPERATOR:
-        check_agent_names([agent])
-    if bool(tokens_file) == solos_store.is_postgres(db):
-        raise SystemExit("token: give --tokens-file, or --db with a postgresql:// URL (the copies share it)")
-    token = secrets.token_urlsafe(32)
-    if tokens_file is None:
-        store = open_store(Config(db=db), admin=True)
-        store.keep_token(hashlib.sha256(token.encode()).hexdigest(), agent)
-        store.close()
-        print(token)
-        return 0
-    descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
-        handle.write(f"{hashlib.sha256(token.encode()).hexdigest()} {agent}\n")
-    print(token)
     return 0
 
 
