@@ -59,6 +59,9 @@ REQUIRED_FILES = (
     "solos_jobs.py",
     "solos_bounds.py",
     "solos_provenance.py",
+    "solos_tokens.py",
+    "solos_store_pg.py",  # imported only for a postgresql:// URL, where psycopg must be installed
+    "schema_pg.sql",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.
 EMBEDDER = "solos_embed.py"

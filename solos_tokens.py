@@ -1,0 +1,90 @@
+"""solos_tokens: per-agent bearer tokens, kept as sha256 hashes in a tokens file (SQLite) or in the database
+(PostgreSQL, so every copy of the service agrees), and the `token` command that issues them.
+
+Imports only the store and the validation rules; the spine checks each request with Tokens.agent_for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import stat
+from collections.abc import Callable
+from typing import Any
+
+import solos_store
+from solos_store import Unauthorized
+from solos_validation import AGENT_PATTERN, fully_matches
+
+OPERATOR = "@operator"  # the holder of the operator token: not an agent name (those start alphanumeric)
+
+
+class Tokens:
+    """Optional per-agent bearer tokens: the token, not the request body, names the caller.
+
+    The file holds one `<sha256 hex of token> <agent>` per line (`@operator` for the operator view); it
+    must not be readable by group or others. Tokens themselves are never stored or logged.
+    """
+
+    def __init__(self, by_hash: dict[str, str]):
+        self.by_hash = by_hash
+
+    @classmethod
+    def load(cls, path: str) -> Tokens:
+        mode = os.stat(path).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise SystemExit(f"{path}: tokens file must not be accessible by group or others (chmod 600)")
+        by_hash = {}
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip() or line.startswith("#"):
+                    continue
+                parts = line.split()
+                if len(parts) != 2 or not re.fullmatch(r"[0-9a-f]{64}", parts[0]) or not names_holder(parts[1]):
+                    raise SystemExit(f"{path}:{number}: expected '<sha256 hex> <agent>'")
+                by_hash[parts[0]] = parts[1]
+        return cls(by_hash)
+
+    def agent_for(self, authorization: str | None) -> str:
+        """The agent a bearer token belongs to; compared in constant time."""
+        if not authorization or not authorization.startswith("Bearer "):
+            # Worded without the scheme name: Hermes redacts "Bearer <word>" from error text.
+            raise Unauthorized("this service needs the calling agent's token in the Authorization header")
+        digest = hashlib.sha256(authorization[7:].strip().encode("utf-8")).hexdigest()
+        found = None
+        for known, agent in self.by_hash.items():
+            if hmac.compare_digest(known, digest):
+                found = agent
+        if found is None:
+            raise Unauthorized("the bearer token is not known")
+        return found
+
+
+def names_holder(name: str) -> bool:
+    return fully_matches(AGENT_PATTERN, name) or name == OPERATOR
+
+
+def issue_token(agent: str, tokens_file: str | None, db: str, open_store: Callable[[], Any]) -> int:
+    """Print a new token once; only its sha256 is kept: in a file readable by the owner alone, or in the
+    PostgreSQL database `open_store` opens (as its admin)."""
+    if not names_holder(agent):
+        raise SystemExit(f"agent name {agent!r} must match {AGENT_PATTERN}")
+    if bool(tokens_file) == solos_store.is_postgres(db):
+        raise SystemExit("token: give --tokens-file, or --db with a postgresql:// URL (the copies share it)")
+    token = secrets.token_urlsafe(32)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    if tokens_file is None:
+        store = open_store()
+        try:
+            store.keep_token(digest, agent)
+        finally:
+            store.close()
+    else:
+        descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
+            handle.write(f"{digest} {agent}\n")
+    print(token)
+    return 0
