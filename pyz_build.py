@@ -59,6 +59,7 @@ REQUIRED_FILES = (
     "solos_jobs.py",
     "solos_bounds.py",
     "solos_provenance.py",
+    "solos_migrate.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.
 EMBEDDER = "solos_embed.py"
