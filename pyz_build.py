@@ -62,6 +62,7 @@ REQUIRED_FILES = (
     "solos_tokens.py",
     "solos_store_pg.py",  # imported only for a postgresql:// URL, where psycopg must be installed
     "schema_pg.sql",
+    "solos_migrate.py",
 )
 # The embedder is optional; when it ships, its tokenizer files must ship with it.
 EMBEDDER = "solos_embed.py"

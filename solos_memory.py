@@ -52,6 +52,7 @@ import solos_events
 import solos_forget
 import solos_jobs
 import solos_lifecycle
+import solos_migrate
 import solos_provenance
 import solos_qdrant
 import solos_rank
@@ -1753,6 +1754,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
     solos_snapshot.add_commands(commands, add_database_options)
+    solos_migrate.add_parser(commands)
     for qdrant_command in solos_qdrant.add_commands(commands, env_default):
         add_database_options(qdrant_command, creates)
 
@@ -1821,6 +1823,8 @@ def main(argv: list[str] | None = None) -> int:
         return solos_tokens.issue_token(args.agent, args.tokens_file, args.db, keep)
     if args.command == "check":
         return solos_check.run(args)
+    if args.command == "migrate":
+        return solos_migrate.run(args)
     config = config_from(args)
     if args.command == "serve":
         return serve(config, args.register)
