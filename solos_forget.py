@@ -175,7 +175,5 @@ class Scrubber:
     def checkpoint(self) -> bool:
         """TRUNCATE checkpoint on a pooled connection, waiting briefly; remembered for a retry if it did not finish."""
         done = self.store.clear_forgotten(CHECKPOINT_WAIT_MS)
-        if not done:
-            log.warning("WAL checkpoint after a forget waits for a reader; retrying every %s s", RETRY_CHECKPOINT_S)
         self.checkpoint_pending = not done
         return done

@@ -1280,10 +1280,13 @@ class Store:
         with self.write_lock:
             conn = self.checkout()
             try:
-                return checkpoint_truncate(conn, wait_ms)
+                done = checkpoint_truncate(conn, wait_ms)
             finally:
                 conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
                 self.checkin(conn)
+        if not done:
+            log.warning("WAL checkpoint after a forget waits for a reader; the scrubber retries it")
+        return done
 
     def token_hashes(self) -> dict[str, str]:
         """Bearer tokens kept in the database (PostgreSQL's); SQLite's are in the tokens file."""

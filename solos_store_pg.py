@@ -49,6 +49,7 @@ SERVICE_ROLE = "solos_memory_service"
 MIGRATION_LOCK = 8437  # pg_advisory_xact_lock key: copies starting together create the schema one at a time
 STATEMENT_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 5
+VACUUM_WAIT_S = 30.0  # how long closing the store waits for a VACUUM after a forget to finish
 STATS_TTL_S = 1.0  # how long a tier's row count and mean length (BM25's N and avgdl) are reused
 BM25_K1, BM25_B = 1.2, 0.75  # FTS5's
 # Per table: the weight of each tsvector class A-D, from the FTS5 column weights (solos_store.TIER_TABLE) as
@@ -195,7 +196,7 @@ class PgStore(solos_store.Store):
                     raise Busy(f"database is locked: a lock wait passed {self.busy_timeout_ms} ms ({error})") from None
                 if state not in RETRIED:
                     conn.reusable = False
-                    self.close()  # its pool-mates lost the same server
+                    super().close()  # its pool-mates lost the same server
                     log_event("storage_failure", db=solos_store.shown(self.path), error=str(error))
                     raise StorageUnavailable(unreachable(self.path, error)) from None
                 last_error = error
@@ -311,7 +312,7 @@ class PgStore(solos_store.Store):
             "      AS weight FROM unnest(m.fts) u) tf "
             "  JOIN terms ON terms.lexeme = tf.lexeme WHERE tf.weight > 0 GROUP BY m.id) "
             f"SELECT {tier.columns}, s.score FROM scored s JOIN {tier.table} t ON t.id = s.id "
-            "ORDER BY s.score DESC, t.id DESC LIMIT ?"
+            "ORDER BY s.score DESC, t.id LIMIT ?"  # ties: the older row first, as FTS5 gives them
         )
         keep = [w if k in classes else 0.0 for k, w in zip("ABCD", (a, b, c, d))]
         mean = max(tokens, 1e-9)
@@ -356,6 +357,13 @@ class PgStore(solos_store.Store):
         )
 
     # -- after a forget --
+
+    def close(self) -> None:
+        """The pool, and a VACUUM still running (it finishes first, so it never outlives its database)."""
+        super().close()
+        vacuuming = self.vacuuming
+        if vacuuming is not None:
+            vacuuming.join(VACUUM_WAIT_S)
 
     def clear_forgotten(self, wait_ms: int) -> bool:
         """VACUUM the tables forgets touched, on a thread of its own (never the request's); True once no scrub

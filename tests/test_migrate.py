@@ -57,7 +57,7 @@ def answers(server) -> dict:
 RECALLS = [
     {"agent": "sol", "q": "backup nightly", "tiers": "long,short"},
     {"agent": "sol", "q": "", "tiers": "long,short,episodic", "k": 50},
-    {"agent": "sol", "q": "gateway deployed", "tiers": "episodic"},  # BM25 ties: see recalled()
+    {"agent": "sol", "q": "gateway deployed", "tiers": "episodic"},  # BM25 ties: both stores put the older first
     {"agent": "atlas", "q": "", "tiers": "episodic", "archive": "true", "k": 50},
     {"agent": "atlas", "q": "", "tiers": "durable"},
     {"agent": "nova", "q": "café backslash", "tiers": "long"},
@@ -71,11 +71,7 @@ def recalled(server) -> list[list[tuple]]:
     for query in RECALLS:
         reply = server.get("/v1/recall", **query)
         assert reply.status == 200, reply.body
-        rows = [(r["tier"], r["id"], r["agent"], r["text"], r["foreign"]) for r in reply.body["results"]]
-        # Rows whose BM25 scores tie come oldest first from FTS5 and newest first from PostgreSQL (its
-        # ranked_rows orders ties by id DESC), and the reranker then tells them apart by that order: the same
-        # rows, not the same order. A store difference, not the copy's.
-        found.append(sorted(rows) if query["q"] == "gateway deployed" else rows)
+        found.append([(r["tier"], r["id"], r["agent"], r["text"], r["foreign"]) for r in reply.body["results"]])
     return found
 
 
