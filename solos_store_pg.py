@@ -202,6 +202,15 @@ class PgStore(solos_store.Store):
                 last_error = error
             except psycopg.errors.QueryCanceled as error:
                 raise Busy(f"the database took longer than {STATEMENT_TIMEOUT_MS} ms ({error})") from None
+            except psycopg.errors.ReadOnlySqlTransaction as error:
+                # A standby: during a failover HAProxy sends connections to the node Patroni is promoting a
+                # moment before it takes writes (issue 23). The database's state, not the request's: 503.
+                conn.reusable = False
+                log_event("storage_failure", db=solos_store.shown(self.path), error=str(error))
+                raise StorageUnavailable(
+                    f"the PostgreSQL database at {solos_store.shown(self.path)} is read-only right now (a standby, "
+                    f"as during a failover: {first_line(error)}); nothing was changed, retry later"
+                ) from None
             finally:
                 self.checkin(conn)
             pause = min(0.05 * 2**attempt, deadline - time.monotonic())

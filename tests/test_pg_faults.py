@@ -101,3 +101,41 @@ def test_the_database_going_away_is_503_with_retry_after_then_the_service_recove
         assert running.get("/health").status == 200
     finally:
         stop_server(running)
+
+
+def test_a_standby_answering_during_a_failover_is_503_with_retry_after_not_500(pg_private_cluster):
+    """The node about to be promoted takes connections before it takes writes: HAProxy routes to it as soon as
+    Patroni calls it the leader. A write in that window must be refused as the database being unavailable."""
+    import psycopg
+
+    url = pg_private_cluster.fresh_database()
+    running = start_server(url, busy_timeout_ms=1000)
+    try:
+        assert running.post("/v1/long", {"agent": "atlas", "fact": "the boiler was serviced in May"}).status == 201
+        pg_private_cluster.stop()
+        (pg_private_cluster.data_dir / "standby.signal").touch()  # it starts again as a standby: read-only
+        pg_private_cluster.start()
+
+        # The first try may meet a pooled connection the restart cut ("cannot be reached"); the next reach the standby.
+        writes = [running.post("/v1/long", {"agent": "atlas", "fact": "written while a standby"}) for _ in range(2)]
+        for write in writes:
+            assert write.status == 503, write.body
+            assert write.body["error"]["code"] == "storage_unavailable"
+            assert int(write.headers["retry-after"]) >= 1
+        assert "read-only" in writes[-1].body["error"]["message"]
+        assert running.recall("sol", "boiler", scope="shared").status == 200  # a standby still answers reads
+
+        with psycopg.connect(pg_private_cluster.url, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_promote()").fetchone()[0]
+        deadline = time.monotonic() + 15
+        after = {"agent": "atlas", "fact": "written after the promotion"}
+        while (again := running.post("/v1/long", after)).status != 201:
+            assert again.status == 503 and time.monotonic() < deadline, again.body
+            time.sleep(0.2)
+        events = running.get("/v1/events", agent="atlas").body["events"]
+        assert [e["row"]["fact"] for e in events if e["kind"] == "write"] == [
+            "the boiler was serviced in May",
+            "written after the promotion",
+        ]  # the refused write left nothing behind
+    finally:
+        stop_server(running)

@@ -327,6 +327,64 @@ def primary_url(meta: dict) -> str:
     return f"postgresql://postgres@127.0.0.1:{meta['ports']['primary']}/{DATABASE}"
 
 
+# ==== Service copies ====
+
+
+def service_argv(meta: dict, port: int) -> list[str]:
+    """One copy of the service on its own loopback port, over the database behind HAProxy's primary port."""
+    service = meta["service"]
+    argv = [
+        service["python"],
+        str(Path(service["repo"]) / "solos_memory.py"),
+        "serve",
+        "--db",
+        primary_url(meta),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return argv + (["--model-dir", service["model_dir"]] if service["model_dir"] else [])
+
+
+def register_agents(meta: dict, names: list[str]) -> None:
+    """`agents add` once, as the database's owner; it also applies the schema before any copy starts."""
+    service = meta["service"]
+    result = subprocess.run(
+        [service["python"], str(Path(service["repo"]) / "solos_memory.py"), "agents", "add", "--db", primary_url(meta)]
+        + names,
+        capture_output=True,
+        text=True,
+        timeout=SERVICE_TIMEOUT_S,
+        cwd=service["repo"],
+    )
+    if result.returncode:
+        raise ClusterError(f"agents add {' '.join(names)} failed: {(result.stderr or result.stdout).strip()[-800:]}")
+
+
+def start_service(meta: dict, index: int) -> dict:
+    """Start copy svc<index+1>; its record (kind included)."""
+    name = f"svc{index + 1}"
+    folder = owned_dir(Path(meta["state"]) / name, None)
+    argv = service_argv(meta, meta["ports"]["services"][index])
+    # As the caller, not --user: the copies are the fleet's service, not part
+    # of the database, and use the caller's interpreter and caches.
+    record = spawn(name, argv, folder / "service.log", None, folder, env={"HOME": os.environ.get("HOME", "/")})
+    return {**record, "kind": "service"}
+
+
+def wait_for_service(record: dict, port: int) -> None:
+    """Until the copy answers /health; Exited with its last log lines if it dies first."""
+
+    def service_up():
+        if not alive(record):
+            tail = Path(record["log"]).read_text(errors="replace").strip().splitlines()[-5:]
+            raise Exited(f"{record['name']} exited:\n  " + "\n  ".join(tail))
+        return http_json(f"http://127.0.0.1:{port}/health", timeout=2)
+
+    wait_until(service_up, SERVICE_TIMEOUT_S, f"{record['name']} on {port}")
+
+
 # ==== State folder ====
 
 
@@ -549,35 +607,16 @@ def cmd_up(args) -> int:
         )
 
         # The service copies, each on its own loopback port, all on one database.
-        for i, port in enumerate(ports["services"]):
-            name = f"svc{i + 1}"
-            folder = owned_dir(state / name, None)
-            argv = [
-                args.python,
-                str(args.repo / "solos_memory.py"),
-                "serve",
-                "--db",
-                primary_url(meta),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ]
-            # As the caller, not --user: the copies are the fleet's service,
-            # not part of the database, and use the caller's interpreter and caches.
-            started_process(
-                "service",
-                spawn(name, argv, folder / "service.log", None, folder, env={"HOME": os.environ.get("HOME", "/")}),
-            )
+        # The agents are registered once, before any copy starts (a copy's own
+        # --register would do it three times over, racing the others).
+        meta["service"] = {"python": str(args.python), "repo": str(args.repo), "model_dir": args.model_dir}
+        names = [name for name in args.register.split(",") if name]
+        if ports["services"] and names:
+            register_agents(meta, names)
+        for i in range(len(ports["services"])):
+            started_process("service", start_service(meta, i))
         for record, port in zip(records(meta, "service"), ports["services"]):
-
-            def service_up(record=record, port=port):
-                if not alive(record):
-                    tail = Path(record["log"]).read_text(errors="replace").strip().splitlines()[-5:]
-                    raise Exited(f"{record['name']} exited:\n  " + "\n  ".join(tail))
-                return http_json(f"http://127.0.0.1:{port}/health", timeout=2)
-
-            wait_until(service_up, SERVICE_TIMEOUT_S, f"{record['name']} on {port}")
+            wait_for_service(record, port)
         if ports["services"]:
             print(
                 f"services: {len(ports['services'])} copies on {ports['services']}"
@@ -702,12 +741,23 @@ def cmd_revive(args) -> int:
         meta["processes"][index] = {**fresh, "kind": "patroni"}
         save_meta(state, meta)
         revived.append(record["name"])
-    if not revived:
-        print("revive: every Patroni runs; nothing to do")
+    copies = []
+    for index, record in enumerate(meta["processes"]):
+        if record["kind"] == "service" and not alive(record):
+            number = int(record["name"].removeprefix("svc")) - 1
+            meta["processes"][index] = start_service(meta, number)
+            save_meta(state, meta)
+            copies.append((meta["processes"][index], meta["ports"]["services"][number]))
+    if not revived and not copies:
+        print("revive: every Patroni and service copy runs; nothing to do")
         return 0
-    # The old leader rewinds (pg_rewind) onto the new timeline and follows.
-    wait_until(lambda: healthy(cluster_members(meta)), PATRONI_TIMEOUT_S, f"{', '.join(revived)} rejoining")
-    print(f"revived {', '.join(revived)}: healthy again in {time.monotonic() - began:.1f} s")
+    if revived:
+        # The old leader rewinds (pg_rewind) onto the new timeline and follows.
+        wait_until(lambda: healthy(cluster_members(meta)), PATRONI_TIMEOUT_S, f"{', '.join(revived)} rejoining")
+    for record, port in copies:
+        wait_for_service(record, port)
+    names = revived + [record["name"] for record, _ in copies]
+    print(f"revived {', '.join(names)}: healthy again in {time.monotonic() - began:.1f} s")
     return 0
 
 
@@ -738,10 +788,20 @@ def main(argv: list[str] | None = None) -> int:
         help=f"ports are planned from this one, see plan_ports (default: {DEFAULT_BASE_PORT})",
     )
     up.add_argument(
-        "--services",
-        type=int,
-        default=0,
-        help="copies of the service to start over the cluster; needs the PostgreSQL store of issue 22 (default: 0)",
+        "--services", type=int, default=0, help="copies of the service to start over the cluster (default: 0)"
+    )
+    up.add_argument(
+        "--register",
+        default="atlas,sol",
+        help="agents registered once before the copies start, comma-separated (default: atlas,sol)",
+    )
+    # Off by default: until backfill claims rows with SKIP LOCKED, three
+    # copies with embedders would each embed every row on one machine's cores.
+    up.add_argument(
+        "--model-dir",
+        default="off",
+        help="the copies' --model-dir; 'off' is keyword-only recall, '' the service's own default,"
+        " the carried embedder (default: off)",
     )
     up.add_argument(
         "--repo", type=Path, default=REPO, help=f"checkout whose solos_memory.py the copies run (default: {REPO})"
@@ -757,7 +817,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands.add_parser("down", help="stop everything `up` started; nothing is left running")
     commands.add_parser("status", help="processes, Patroni's members, where HAProxy routes")
-    commands.add_parser("revive", help="restart every node whose Patroni is gone; it rejoins as a replica")
+    commands.add_parser(
+        "revive", help="restart every node whose Patroni is gone (it rejoins as a replica) and every dead service copy"
+    )
     kill = commands.add_parser("kill-leader", help="kill -9 the leader's postmaster")
     kill.add_argument(
         "--whole-node",
