@@ -188,8 +188,12 @@ class PgStore(solos_store.Store):
             try:
                 conn.execute(self.BEGIN_WRITE if write else self.BEGIN_READ)
                 result = work(conn)
+                if write:  # a COMMIT cancelled while it waits for the synchronous standby still says committed
+                    conn.execute("SET LOCAL statement_timeout = 0")
                 conn.execute("COMMIT")
                 return result
+            except psycopg.errors.QueryCanceled as error:  # before OperationalError, its parent class
+                raise Busy(f"the database took longer than {STATEMENT_TIMEOUT_MS} ms ({error})") from None
             except psycopg.OperationalError as error:
                 state = getattr(error, "sqlstate", None)
                 if state == LOCK_TIMEOUT:
@@ -200,8 +204,6 @@ class PgStore(solos_store.Store):
                     log_event("storage_failure", db=solos_store.shown(self.path), error=str(error))
                     raise StorageUnavailable(unreachable(self.path, error)) from None
                 last_error = error
-            except psycopg.errors.QueryCanceled as error:
-                raise Busy(f"the database took longer than {STATEMENT_TIMEOUT_MS} ms ({error})") from None
             except psycopg.errors.ReadOnlySqlTransaction as error:
                 # A standby: during a failover HAProxy sends connections to the node Patroni is promoting a
                 # moment before it takes writes (issue 23). The database's state, not the request's: 503.

@@ -139,3 +139,23 @@ def test_a_standby_answering_during_a_failover_is_503_with_retry_after_not_500(p
         ]  # the refused write left nothing behind
     finally:
         stop_server(running)
+
+
+def test_a_statement_past_its_timeout_is_busy_and_keeps_the_pool(pg_url, monkeypatch):
+    """statement_timeout cancels the statement (QueryCanceled, an OperationalError): 503 busy, not 'cannot be
+    reached', and the pooled connections stay."""
+    import solos_store_pg
+    from solos_store import Busy
+
+    monkeypatch.setattr(solos_store_pg, "STATEMENT_TIMEOUT_MS", 200)
+    store = solos_store_pg.PgStore(pg_url, admin=True)
+    store.migrate()
+    try:
+        store.read(lambda conn: conn.execute("SELECT 1"))
+        pooled = store.pool.qsize()
+        with pytest.raises(Busy, match="took longer than 200 ms"):
+            store.read(lambda conn: conn.execute("SELECT pg_sleep(2)"))
+        assert store.pool.qsize() == pooled >= 1
+        assert store.read(lambda conn: conn.execute("SELECT 41 + 1").fetchone()[0]) == 42
+    finally:
+        store.close()
