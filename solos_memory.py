@@ -1669,12 +1669,15 @@ def add_database_options(parser: argparse.ArgumentParser, db_help: str, nested: 
     A nested subcommand (agents add) takes them with no default of its own: argparse would otherwise
     overwrite the value given before it (`agents --db X add NAME` wrote ./solos.db).
     """
+    wait_help = "how long a call waits for a locked database before 503 (default: %(default)s)"
+    if nested:  # no default to show: %(default)s would fail --help
+        db_help, wait_help = db_help.replace("%(default)s", "as given before"), wait_help.replace("%(default)s", "5000")
     parser.add_argument("--db", default=argparse.SUPPRESS if nested else env_default("DB", "solos.db"), help=db_help)
     parser.add_argument(
         "--busy-timeout-ms",
         type=int,
         default=argparse.SUPPRESS if nested else env_int("BUSY_TIMEOUT_MS", 5000),
-        help="how long a call waits for a locked database before 503 (default: %(default)s)",
+        help=wait_help,
     )
 
 

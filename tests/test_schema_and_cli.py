@@ -260,3 +260,12 @@ def test_sigterm_stops_the_service_cleanly(tmp_path):
         assert json.loads(process.stderr.readline())["event"] == "stopped"
     finally:
         process.kill()
+
+
+@pytest.mark.parametrize("command", [["agents", "add"], ["agents", "list"], ["serve"], ["purge"], ["migrate"]])
+def test_every_database_command_prints_its_help(command, capsys):
+    """`agents add --help` failed with KeyError: its options have no default for %(default)s to show."""
+    with pytest.raises(SystemExit) as exit_info:
+        solos_memory.main([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert "--db" in capsys.readouterr().out
