@@ -262,7 +262,7 @@ def test_sigterm_stops_the_service_cleanly(tmp_path):
         process.kill()
 
 
-@pytest.mark.parametrize("command", [["agents", "add"], ["agents", "list"], ["serve"], ["purge"], ["migrate"]])
+@pytest.mark.parametrize("command", [["agents", "add"], ["agents", "list"], ["serve"], ["purge"], ["backfill"]])
 def test_every_database_command_prints_its_help(command, capsys):
     """`agents add --help` failed with KeyError: its options have no default for %(default)s to show."""
     with pytest.raises(SystemExit) as exit_info:
