@@ -359,6 +359,28 @@ def test_the_same_questions_find_the_same_rows_in_the_same_order_on_both_stores(
     assert differing == []
 
 
+# Words the fleet writes inside addresses, paths and numbers: FTS5's unicode61 splits them at every punctuation
+# mark, so each part is a word of its own.
+INNER_WORDS = {
+    "dashboards live on grafana.internal": "grafana",
+    "page ops@example.org when the disk fills": "example",
+    "the runbook is at https://wiki.lab/runbooks/backup": "runbooks",
+    "the config is in /etc/nginx/nginx.conf": "nginx",
+    "upgraded the cluster to release 2.14.1": "14",
+    "the cache hit ratio is 3.75 today": "75",
+    "the database listens at 10.0.0.5 only": "10",
+    "the db-1 replica lags": "db",
+    "backups run at 02:00 nightly": "02",
+}
+
+
+def test_the_words_inside_hosts_addresses_paths_and_numbers_are_found(served):
+    for fact in INNER_WORDS:
+        long_fact(served, "atlas", fact)
+    for fact, word in INNER_WORDS.items():
+        assert fact in texts(served.recall("sol", word, k=3)), (word, fact)
+
+
 # ==== 3. Episodic opt-in and the read audit ====
 
 
