@@ -428,13 +428,14 @@ BEGIN
     IF (old.topic, old.fact, old.agent) IS DISTINCT FROM (new.topic, new.fact, new.agent) THEN
         DELETE FROM memory_vector WHERE tier = 'long' AND row_id = old.id;
     END IF;
-    IF (old.agent, old.topic, old.fact, old.source, old.confidence, old.tags)
-        IS DISTINCT FROM (new.agent, new.topic, new.fact, new.source, new.confidence, new.tags) THEN
-        PERFORM solos_log_event('update', 'long', new.id, new.agent);
-    END IF;
+    -- The version (and its readers' notices) before the update event, in SQLite's order: a reader is told first.
     IF (old.agent, old.topic, old.fact, old.tags) IS DISTINCT FROM (new.agent, new.topic, new.fact, new.tags) THEN
         PERFORM solos_keep_version('long', old.id, old.agent, old.topic, old.fact, old.tags, NULL, old.created_at,
             CASE WHEN (old.fact, old.agent) IS DISTINCT FROM (new.fact, new.agent) THEN 'update' ELSE 'refresh' END);
+    END IF;
+    IF (old.agent, old.topic, old.fact, old.source, old.confidence, old.tags)
+        IS DISTINCT FROM (new.agent, new.topic, new.fact, new.source, new.confidence, new.tags) THEN
+        PERFORM solos_log_event('update', 'long', new.id, new.agent);
     END IF;
     RETURN NULL;
 END $$;
@@ -492,10 +493,10 @@ BEGIN
     END IF;
     IF (old.agent, old.key, old.value, old.tags, old.expires_at)
         IS DISTINCT FROM (new.agent, new.key, new.value, new.tags, new.expires_at) THEN
-        PERFORM solos_log_event('update', 'short', new.id, new.agent);
         PERFORM solos_keep_version('short', old.id, old.agent, old.key, old.value, old.tags, old.expires_at,
             old.created_at, CASE WHEN (old.value, old.key, old.agent) IS DISTINCT FROM (new.value, new.key, new.agent)
             THEN 'update' ELSE 'refresh' END);
+        PERFORM solos_log_event('update', 'short', new.id, new.agent);
     END IF;
     RETURN NULL;
 END $$;

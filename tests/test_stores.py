@@ -456,6 +456,36 @@ def test_rows_the_fleet_writes_directly_are_recalled_changed_and_gone_at_once_wi
     assert logged() == [("delete", tier, i) for tier, i in rows.items()]
 
 
+def test_a_reader_of_a_row_the_fleet_rewrites_is_told_before_it_sees_the_update(served, store_url):
+    """Each rewrite of a row sol was shown gives sol a notice (superseded), logged in the update's transaction
+    just before the update itself, on every tier."""
+    everything = {"tiers": "long,short,episodic"}
+    ok(served.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}), 201)
+    rows = {
+        "long": long_fact(served, "atlas", "the pump is red"),
+        "short": ok(served.post("/v1/short", {"agent": "atlas", "key": "k", "value": "the pump hums"}), 201)["id"],
+        "episodic": episode(served, "atlas", "the pump was serviced"),
+    }
+    shown = events(served, "sol", 0, **everything)  # hands sol the three rows
+    assert sorted(e["row_id"] for e in shown["events"]) == sorted(rows.values())
+
+    def delivered() -> set[tuple[str, int]]:
+        return {(d["tier"], d["row_id"]) for d in ok(served.get("/v1/deliveries", agent="atlas"))["deliveries"]}
+
+    wait_until(lambda: delivered() == set(rows.items()), "sol's deliveries to be logged")
+    direct(store_url, "UPDATE memory_longterm SET fact = 'the pump is blue' WHERE id = ?", (rows["long"],))
+    direct(store_url, "UPDATE memory_short SET value = 'the pump is silent' WHERE id = ?", (rows["short"],))
+    direct(store_url, "UPDATE memory_episodic SET summary = 'the pump was replaced' WHERE id = ?", (rows["episodic"],))
+    told = events(served, "sol", shown["next_since"], **everything)["events"]
+    assert [(e["kind"], e["tier"]) for e in told] == [
+        step for tier in rows for step in (("notice", "notice"), ("update", tier))
+    ]
+    assert [(e["notice"]["tier"], e["notice"]["row_id"], e["notice"]["kind"]) for e in told[::2]] == [
+        (tier, row_id, "superseded") for tier, row_id in rows.items()
+    ]
+    assert [e["row"]["text"] for e in told[1::2]] == ["the pump is blue", "the pump is silent", "the pump was replaced"]
+
+
 # ==== 5. The service never writes the fleet's registry or personas ====
 
 
