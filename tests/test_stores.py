@@ -193,6 +193,48 @@ def test_a_refused_write_changes_nothing(served, store_url):
     assert snapshot(store_url) == before
 
 
+def all_at_once(server: Any, method: str, path: str, bodies: list[dict]) -> list[tuple[int, str, Any]]:
+    """Send the requests together (threads released at once); their (status, status word, id), sorted."""
+    start, answers = threading.Barrier(len(bodies)), []
+
+    def send(body: dict) -> None:
+        start.wait()
+        reply = server.request(method, path, body=body)
+        answers.append((reply.status, reply.body.get("status"), reply.body.get("id")))
+
+    threads = [threading.Thread(target=send, args=(body,)) for body in bodies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(answers, key=str)
+
+
+def test_the_same_write_sent_at_once_creates_one_row_and_says_so_once(served, store_url):
+    """SQLite serializes writers; PostgreSQL's must not race either: one `created` (201), the rest see its row."""
+    for n in range(3):
+        short = all_at_once(served, "POST", "/v1/short", [{"agent": "atlas", "key": f"k{n}", "value": "v"}] * 6)
+        assert [(status, word) for status, word, _ in short] == [(200, "updated")] * 5 + [(201, "created")], short
+        assert len({row_id for *_, row_id in short}) == 1
+        fact = all_at_once(served, "POST", "/v1/long", [{"agent": "atlas", "fact": f"the same fact {n}"}] * 6)
+        assert fact == [(200, "unchanged", n + 1)] * 5 + [(201, "created", n + 1)], fact
+        keyed = {"agent": "atlas", "event_type": "t", "summary": "s", "idempotency_key": f"once-{n}"}
+        assert all_at_once(served, "POST", "/v1/episodic", [keyed] * 6) == [(200, "unchanged", n + 1)] * 5 + [
+            (201, "created", n + 1)
+        ]
+        sharing = all_at_once(served, "PUT", "/v1/sharing", [{"agent": AGENTS_BY_ROUND[n], "episodic": True}] * 6)
+        assert sharing == [(200, "updated", None)] * 5 + [(201, "created", None)], sharing
+    counts = direct(
+        store_url,
+        "SELECT (SELECT count(*) FROM memory_short) AS short, (SELECT count(*) FROM "
+        "memory_longterm) AS long, (SELECT count(*) FROM memory_episodic) AS episodic",
+    )
+    assert counts == [{"short": 3, "long": 3, "episodic": 3}]
+
+
+AGENTS_BY_ROUND = ("sol", "nova", "hermes")
+
+
 # ==== 2. Recall: scopes, labels, tiers, tags, expiry, personas, and BM25 ranking ====
 
 
