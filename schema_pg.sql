@@ -55,6 +55,12 @@ DO $$ BEGIN
     END IF;
 END $$;
 
+-- A text as the keyword index sees it. FTS5's unicode61 splits at every punctuation mark, so "grafana.internal",
+-- "ops@example.org", "/etc/nginx/nginx.conf", "2.14.1" and "10.0.0.5" are words; PostgreSQL's parser keeps each
+-- whole (a host, an email, a file path, a version), and a question naming one of its words found nothing.
+CREATE OR REPLACE FUNCTION solos_tsvector(doc text) RETURNS tsvector LANGUAGE sql IMMUTABLE AS
+$$ SELECT to_tsvector('solos', regexp_replace(doc, '[[:punct:]]+', ' ', 'g')) $$;
+
 -- A timestamp as the store writes it; NULL for text another writer left that is not one.
 CREATE OR REPLACE FUNCTION solos_parse_time(stamp text) RETURNS timestamptz LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -70,7 +76,7 @@ $$ SELECT (quote_literal(stem) || ':' || classes)::tsquery $$;
 CREATE OR REPLACE FUNCTION solos_query(words text, classes text, joined_by text DEFAULT '|') RETURNS tsquery
 LANGUAGE sql STABLE AS $$
     SELECT string_agg(quote_literal(lexeme) || ':' || classes, ' ' || joined_by || ' ')::tsquery
-    FROM unnest(to_tsvector('solos', words))
+    FROM unnest(solos_tsvector(words))
 $$;
 
 -- ==== Fleet tables ====
@@ -345,9 +351,9 @@ BEGIN
         new.context := coalesce((SELECT string_agg(p.agent || ': ' || p.fact, ' ' ORDER BY p.id DESC)
             FROM (SELECT agent, fact, id FROM memory_longterm WHERE coalesce(new.topic, '') <> ''
                   AND topic = new.topic AND id < new.id ORDER BY id DESC LIMIT 2) p), '');
-        new.fts := setweight(to_tsvector('solos', coalesce(new.topic, '') || ' ' || new.fact), 'A')
-            || setweight(to_tsvector('solos', coalesce(new.tags, '') || ' ' || new.agent), 'B')
-            || setweight(to_tsvector('solos', new.context), 'C');
+        new.fts := setweight(solos_tsvector(coalesce(new.topic, '') || ' ' || new.fact), 'A')
+            || setweight(solos_tsvector(coalesce(new.tags, '') || ' ' || new.agent), 'B')
+            || setweight(solos_tsvector(new.context), 'C');
         new.fts_tokens := solos_tokens(new.fts);
     END IF;
     RETURN new;
@@ -358,17 +364,17 @@ $$ SELECT coalesce(sum(coalesce(array_length(positions, 1), 1)), 0)::integer FRO
 
 CREATE OR REPLACE FUNCTION solos_fts_episodic() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    new.fts := setweight(to_tsvector('solos', new.summary), 'A')
-        || setweight(to_tsvector('solos', coalesce(new.details, '') || ' ' || coalesce(new.outcome, '')), 'B')
-        || setweight(to_tsvector('solos', new.event_type || ' ' || new.agent), 'C');
+    new.fts := setweight(solos_tsvector(new.summary), 'A')
+        || setweight(solos_tsvector(coalesce(new.details, '') || ' ' || coalesce(new.outcome, '')), 'B')
+        || setweight(solos_tsvector(new.event_type || ' ' || new.agent), 'C');
     new.fts_tokens := solos_tokens(new.fts);
     RETURN new;
 END $$;
 
 CREATE OR REPLACE FUNCTION solos_fts_short() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    new.fts := setweight(to_tsvector('solos', new.key || ' ' || new.value), 'A')
-        || setweight(to_tsvector('solos', coalesce(new.tags, '') || ' ' || new.agent), 'B');
+    new.fts := setweight(solos_tsvector(new.key || ' ' || new.value), 'A')
+        || setweight(solos_tsvector(coalesce(new.tags, '') || ' ' || new.agent), 'B');
     new.fts_tokens := solos_tokens(new.fts);
     RETURN new;
 END $$;
@@ -422,13 +428,14 @@ BEGIN
     IF (old.topic, old.fact, old.agent) IS DISTINCT FROM (new.topic, new.fact, new.agent) THEN
         DELETE FROM memory_vector WHERE tier = 'long' AND row_id = old.id;
     END IF;
-    IF (old.agent, old.topic, old.fact, old.source, old.confidence, old.tags)
-        IS DISTINCT FROM (new.agent, new.topic, new.fact, new.source, new.confidence, new.tags) THEN
-        PERFORM solos_log_event('update', 'long', new.id, new.agent);
-    END IF;
+    -- The version (and its readers' notices) before the update event, in SQLite's order: a reader is told first.
     IF (old.agent, old.topic, old.fact, old.tags) IS DISTINCT FROM (new.agent, new.topic, new.fact, new.tags) THEN
         PERFORM solos_keep_version('long', old.id, old.agent, old.topic, old.fact, old.tags, NULL, old.created_at,
             CASE WHEN (old.fact, old.agent) IS DISTINCT FROM (new.fact, new.agent) THEN 'update' ELSE 'refresh' END);
+    END IF;
+    IF (old.agent, old.topic, old.fact, old.source, old.confidence, old.tags)
+        IS DISTINCT FROM (new.agent, new.topic, new.fact, new.source, new.confidence, new.tags) THEN
+        PERFORM solos_log_event('update', 'long', new.id, new.agent);
     END IF;
     RETURN NULL;
 END $$;
@@ -486,10 +493,10 @@ BEGIN
     END IF;
     IF (old.agent, old.key, old.value, old.tags, old.expires_at)
         IS DISTINCT FROM (new.agent, new.key, new.value, new.tags, new.expires_at) THEN
-        PERFORM solos_log_event('update', 'short', new.id, new.agent);
         PERFORM solos_keep_version('short', old.id, old.agent, old.key, old.value, old.tags, old.expires_at,
             old.created_at, CASE WHEN (old.value, old.key, old.agent) IS DISTINCT FROM (new.value, new.key, new.agent)
             THEN 'update' ELSE 'refresh' END);
+        PERFORM solos_log_event('update', 'short', new.id, new.agent);
     END IF;
     RETURN NULL;
 END $$;

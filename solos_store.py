@@ -884,6 +884,7 @@ class Store:
     def upsert_short(self, agent: str, key: str, value: str, ttl_s: float, tags: list[str]) -> dict:
         def work(conn: sqlite3.Connection) -> dict:
             self.require_agent(conn, agent)
+            self.hold_key(conn, agent, "short", key)  # the same key written twice at once: one is `created`
             existing = conn.execute("SELECT id FROM memory_short WHERE agent = ? AND key = ?", (agent, key)).fetchone()
             row = conn.execute(
                 "INSERT INTO memory_short (agent, key, value, tags, created_at, expires_at) "
@@ -1021,6 +1022,7 @@ class Store:
     def set_sharing(self, agent: str, episodic: bool) -> dict:
         def work(conn: sqlite3.Connection) -> dict:
             self.require_agent(conn, agent)
+            self.hold_key(conn, agent, "sharing", "")  # as for a short key: one `created`
             existing = conn.execute("SELECT 1 FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
             conn.execute(
                 "INSERT INTO episodic_sharing (agent, shared) VALUES (?, ?) ON CONFLICT (agent) DO UPDATE "

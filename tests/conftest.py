@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import solos_memory  # noqa: E402
+import solos_store  # noqa: E402
 
 AGENTS = ("atlas", "sol", "hermes", "nova")
 REQUIRE_ALL = os.environ.get("SOLOS_TEST_REQUIRE_ALL") == "1"
@@ -116,6 +117,25 @@ class RunningServer:
             yield conn
         finally:
             conn.close()
+
+
+@contextmanager
+def fleet_writer(db: str) -> Iterator[Any]:
+    """A connection of the fleet's own beside the service, on either store: sqlite3 on a file, psycopg on a
+    postgresql:// URL (autocommit, the store's `?` placeholders, rows read by name); closed afterwards.
+    RunningServer.db() opens the SQLite file alone."""
+    if solos_store.is_postgres(db):
+        import solos_store_pg
+
+        conn: Any = solos_store_pg.PgConnection.connect(db, autocommit=True)
+        conn.row_factory = solos_store_pg.pg_rows
+    else:
+        conn = sqlite3.connect(db, isolation_level=None, timeout=5)
+        conn.row_factory = sqlite3.Row
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 def raw_exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
@@ -209,6 +229,32 @@ def embedded_server(make_server, monkeypatch):
         return make_server(name, **config)
 
     return make
+
+
+class WordHashEmbedder:
+    """A deterministic stand-in for the model: a text's vector is the sum of its words' hashed directions (numpy,
+    imported when first used: conftest loads in runs without it)."""
+
+    dim = 16
+
+    def __init__(self, model_id: str = "word-hash-a", delay_s: float = 0.0, fail_after: int | None = None):
+        self.model_id, self.delay_s, self.fail_after, self.calls = model_id, delay_s, fail_after, 0
+
+    def vector(self, text: str) -> Any:
+        import numpy as np
+
+        total = np.zeros(self.dim, dtype=np.float32)
+        for word in text.lower().split():
+            seed = int.from_bytes(hashlib.sha256((self.model_id + word).encode()).digest()[:4], "little")
+            total += np.random.default_rng(seed).standard_normal(self.dim).astype(np.float32)
+        return total / max(float(np.linalg.norm(total)), 1e-9)
+
+    def embed(self, texts: list[str]) -> list[bytes]:
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise RuntimeError("embedder broke")
+        time.sleep(self.delay_s)
+        return [self.vector(text).astype("<f4").tobytes() for text in texts]
 
 
 def wait_until(condition, what: str = "condition", timeout_s: float = 20.0):

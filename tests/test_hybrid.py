@@ -2,41 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 import threading
 import time
 
 import pytest
-from conftest import skip_or_fail, stop_server, wait_until
+from conftest import WordHashEmbedder, skip_or_fail, stop_server, wait_until
 
 import solos_memory
 
 np = pytest.importorskip("numpy")
-
-
-class WordHashEmbedder:
-    """A deterministic stand-in for the model: a text's vector is the sum of its words' hashed directions."""
-
-    dim = 16
-
-    def __init__(self, model_id: str = "word-hash-a", delay_s: float = 0.0, fail_after: int | None = None):
-        self.model_id, self.delay_s, self.fail_after, self.calls = model_id, delay_s, fail_after, 0
-
-    def vector(self, text: str) -> np.ndarray:
-        total = np.zeros(self.dim, dtype=np.float32)
-        for word in text.lower().split():
-            seed = int.from_bytes(hashlib.sha256((self.model_id + word).encode()).digest()[:4], "little")
-            total += np.random.default_rng(seed).standard_normal(self.dim).astype(np.float32)
-        return total / max(float(np.linalg.norm(total)), 1e-9)
-
-    def embed(self, texts: list[str]) -> list[bytes]:
-        self.calls += 1
-        if self.fail_after is not None and self.calls > self.fail_after:
-            raise RuntimeError("embedder broke")
-        time.sleep(self.delay_s)
-        return [self.vector(text).astype("<f4").tobytes() for text in texts]
 
 
 def wait_for_vectors(server, expected: int, timeout_s: float = 10.0) -> None:

@@ -1,0 +1,943 @@
+"""The store contract (issue 22): what the service answers and keeps must not depend on the database below it.
+
+Every test runs twice through `store_url`: on a fresh SQLite file and on a fresh PostgreSQL database (that
+half is marked slow). Each starts the real service on it and talks HTTP, and plays the fleet's other writers
+with a direct connection (`fleet_writer`), as the agents beside the service do. SQLite is the reference: a
+test states what the SQLite store does, and the PostgreSQL store must do the same.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import WordHashEmbedder, fleet_writer, start_server, stop_server, wait_until
+
+import solos_memory
+import solos_store
+
+STAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
+TABLES = (
+    "memory_longterm",
+    "memory_short",
+    "memory_episodic",
+    "memory_write_key",
+    "episodic_sharing",
+    "memory_event",
+    "memory_retraction",
+    "memory_promotion",
+)
+
+
+# ==== Helpers: the service on either store, and a direct connection beside it ====
+
+
+def is_postgres(url: str) -> bool:
+    return solos_store.is_postgres(url)
+
+
+def direct(url: str, sql: str, params: tuple = ()) -> list[dict]:
+    """One statement as one of the fleet's writers, committed at once; its rows (RETURNING or SELECT)."""
+    with fleet_writer(url) as conn:
+        cursor = conn.execute(sql, params)
+        return [dict(row) for row in cursor.fetchall()] if cursor.description else []
+
+
+def snapshot(url: str) -> dict[str, list[tuple]]:
+    """Every row of the tables a write touches, to show a refused call changed nothing."""
+    with fleet_writer(url) as conn:
+        return {table: [tuple(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1")] for table in TABLES}
+
+
+def database_errors(url: str) -> tuple[type[BaseException], ...]:
+    if is_postgres(url):
+        import psycopg
+
+        return (psycopg.errors.InsufficientPrivilege,)
+    return (sqlite3.DatabaseError,)
+
+
+@pytest.fixture
+def served(store_url: str) -> Iterator[Any]:
+    """The service on this test's store, reranker off so keyword ranking is BM25's order alone."""
+    running = start_server(store_url, rerank=False)
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture
+def hybrid(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The service on this test's store with the word-hash embedder: both legs rank."""
+    pytest.importorskip("numpy")
+    embedder = WordHashEmbedder()
+    monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (embedder, None))
+    running = start_server(store_url)
+    yield running
+    stop_server(running)
+
+
+def ok(reply: Any, status: int = 200) -> dict:
+    assert reply.status == status, reply.body
+    return reply.body
+
+
+def ids(reply: Any) -> list[int]:
+    return [row["id"] for row in ok(reply)["results"]]
+
+
+def texts(reply: Any) -> list[str]:
+    return [row["text"] for row in ok(reply)["results"]]
+
+
+def long_fact(server: Any, agent: str, fact: str, **extra: Any) -> int:
+    reply = server.post("/v1/long", {"agent": agent, "fact": fact, **extra})
+    return ok(reply, 201)["id"]
+
+
+def episode(server: Any, agent: str, summary: str, **extra: Any) -> int:
+    reply = server.post("/v1/episodic", {"agent": agent, "event_type": "task", "summary": summary, **extra})
+    return ok(reply, 201)["id"]
+
+
+def events(server: Any, agent: str, since: int, settle: bool = True, **query: Any) -> dict:
+    """read_events; first (PostgreSQL), until no transaction older than the newest event runs: events are handed
+    out only below the oldest running one, and the service's own background writes (the delivery log) may hold
+    that back for a moment under load."""
+    if settle and is_postgres(server.db_path):
+        done = "SELECT coalesce(max(xid) < pg_snapshot_xmin(pg_current_snapshot()), true) AS done FROM memory_event"
+        wait_until(lambda: direct(server.db_path, done)[0]["done"], "the transactions before the newest event")
+    return ok(server.get("/v1/events", agent=agent, since=since, **query))
+
+
+def kinds(answer: dict) -> list[tuple[str, str, int]]:
+    return [(e["kind"], e["tier"], e["row_id"]) for e in answer["events"]]
+
+
+# ==== 1. Writes: the answers, the conflicts, and a refused call changes nothing ====
+
+
+def test_every_write_answers_its_status_id_and_expiry_alike(served, store_url):
+    fact = {"agent": "atlas", "topic": "ops", "fact": "Backups run nightly at 02:00 UTC", "tags": ["ops"]}
+    created = served.post("/v1/long", {**fact, "confidence": 0.9})
+    assert (created.status, created.body) == (201, {"tier": "long", "agent": "atlas", "id": 1, "status": "created"})
+    same = served.post("/v1/long", {**fact, "confidence": 0.9})
+    assert (same.status, same.body["status"], same.body["id"]) == (200, "unchanged", 1)
+    changed = served.post("/v1/long", {**fact, "confidence": 0.5})
+    assert (changed.status, changed.body["status"], changed.body["id"]) == (200, "updated", 1)
+    assert ok(served.post("/v1/long", {**fact, "agent": "sol"}), 201)["id"] == 2  # never merged across agents
+
+    short = served.post("/v1/short", {"agent": "atlas", "key": "task", "value": "rotating certs", "ttl_s": 60})
+    assert short.status == 201
+    assert {k: v for k, v in short.body.items() if k != "expires_at"} == {
+        "tier": "short",
+        "agent": "atlas",
+        "key": "task",
+        "id": 1,
+        "status": "created",
+    }
+    assert STAMP.fullmatch(short.body["expires_at"]), short.body
+    again = ok(served.post("/v1/short", {"agent": "atlas", "key": "task", "value": "renewing certs"}))
+    assert (again["status"], again["id"]) == ("updated", 1) and STAMP.fullmatch(again["expires_at"])
+    assert again["expires_at"] > short.body["expires_at"]  # the default TTL (a day) is longer than 60 s
+    (row,) = direct(store_url, "SELECT created_at, expires_at FROM memory_short")
+    assert STAMP.fullmatch(row["created_at"]) and row["expires_at"] == again["expires_at"]
+
+    keyed = {"agent": "atlas", "event_type": "deploy", "summary": "Deployed v2", "idempotency_key": "deploy-v2"}
+    first = served.post("/v1/episodic", {**keyed, "duration_s": 42})
+    assert (first.status, first.body) == (201, {"tier": "episodic", "agent": "atlas", "id": 1, "status": "created"})
+    retry = served.post("/v1/episodic", {**keyed, "duration_s": 42})
+    assert (retry.status, retry.body["status"], retry.body["id"]) == (200, "unchanged", 1)
+    assert ok(served.post("/v1/episodic", {**keyed, "agent": "sol"}), 201)["id"] == 2  # keys are per agent
+
+    sharing = served.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
+    assert (sharing.status, sharing.body["status"]) == (201, "created")
+    assert ok(served.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": False}))["status"] == "updated"
+
+    deleted = ok(served.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "task"}))
+    assert (deleted["status"], deleted["id"]) == ("deleted", 1)
+    assert served.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "task"}).status == 404
+
+
+def test_a_refused_write_changes_nothing(served, store_url):
+    keyed = {"agent": "atlas", "event_type": "deploy", "summary": "Deployed v2", "idempotency_key": "k1"}
+    ok(served.post("/v1/episodic", keyed), 201)
+    ok(served.post("/v1/long", {"agent": "atlas", "fact": "kept fact"}), 201)
+    ok(served.post("/v1/short", {"agent": "atlas", "key": "kept", "value": "kept value"}), 201)
+    before = snapshot(store_url)
+
+    clash = served.post("/v1/episodic", {**keyed, "summary": "something else"})
+    assert (clash.status, clash.body["error"]["code"], clash.body["error"]["field"]) == (
+        409,
+        "conflict",
+        "idempotency_key",
+    )
+    refusals = [
+        ("POST", "/v1/long", {"agent": "mallory", "fact": "intruder"}),
+        ("POST", "/v1/short", {"agent": "mallory", "key": "kept", "value": "intruder"}),
+        ("POST", "/v1/episodic", {"agent": "mallory", "event_type": "x", "summary": "intruder"}),
+        ("PUT", "/v1/sharing", {"agent": "mallory", "episodic": True}),
+        ("POST", "/v1/promote", {"agent": "mallory", "ids": [1]}),
+    ]
+    for method, path, body in refusals:
+        reply = served.request(method, path, body=body)
+        assert (reply.status, reply.body["error"]["field"]) == (422, "agent"), (path, reply.body)
+        assert "mallory" in reply.body["error"]["message"]
+    gone = served.request("DELETE", "/v1/short", query={"agent": "mallory", "key": "kept"})
+    assert gone.status == 422
+    bad = served.post("/v1/long", {"agent": "atlas", "fact": "bad confidence", "confidence": 2})
+    assert (bad.status, bad.body["error"]["field"]) == (400, "confidence")
+    forbidden = served.request("DELETE", "/v1/memory", query={"agent": "sol", "tier": "long", "id": 1})
+    assert forbidden.status == 403
+    assert snapshot(store_url) == before
+
+
+def all_at_once(server: Any, method: str, path: str, bodies: list[dict]) -> list[tuple[int, str, Any]]:
+    """Send the requests together (threads released at once); their (status, status word, id), sorted."""
+    start, answers = threading.Barrier(len(bodies)), []
+
+    def send(body: dict) -> None:
+        start.wait()
+        reply = server.request(method, path, body=body)
+        answers.append((reply.status, reply.body.get("status"), reply.body.get("id")))
+
+    threads = [threading.Thread(target=send, args=(body,)) for body in bodies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(answers, key=str)
+
+
+def test_the_same_write_sent_at_once_creates_one_row_and_says_so_once(served, store_url):
+    """SQLite serializes writers; PostgreSQL's must not race either: one `created` (201), the rest see its row."""
+    for n in range(3):
+        short = all_at_once(served, "POST", "/v1/short", [{"agent": "atlas", "key": f"k{n}", "value": "v"}] * 6)
+        assert [(status, word) for status, word, _ in short] == [(200, "updated")] * 5 + [(201, "created")], short
+        assert len({row_id for *_, row_id in short}) == 1
+        fact = all_at_once(served, "POST", "/v1/long", [{"agent": "atlas", "fact": f"the same fact {n}"}] * 6)
+        assert fact == [(200, "unchanged", n + 1)] * 5 + [(201, "created", n + 1)], fact
+        keyed = {"agent": "atlas", "event_type": "t", "summary": "s", "idempotency_key": f"once-{n}"}
+        assert all_at_once(served, "POST", "/v1/episodic", [keyed] * 6) == [(200, "unchanged", n + 1)] * 5 + [
+            (201, "created", n + 1)
+        ]
+        sharing = all_at_once(served, "PUT", "/v1/sharing", [{"agent": AGENTS_BY_ROUND[n], "episodic": True}] * 6)
+        assert sharing == [(200, "updated", None)] * 5 + [(201, "created", None)], sharing
+    counts = direct(
+        store_url,
+        "SELECT (SELECT count(*) FROM memory_short) AS short, (SELECT count(*) FROM "
+        "memory_longterm) AS long, (SELECT count(*) FROM memory_episodic) AS episodic",
+    )
+    assert counts == [{"short": 3, "long": 3, "episodic": 3}]
+
+
+AGENTS_BY_ROUND = ("sol", "nova", "hermes")
+
+
+# ==== 2. Recall: scopes, labels, tiers, tags, expiry, personas, and BM25 ranking ====
+
+
+def test_recall_applies_scope_sharing_tiers_tags_and_expiry_alike(served, store_url):
+    atlas = long_fact(served, "atlas", "atlas knows the gateway port", tags=["net"])
+    sol = long_fact(served, "sol", "sol knows the gateway host", tags=["dns"])
+    short = ok(served.post("/v1/short", {"agent": "sol", "key": "gw", "value": "gateway rebooting"}), 201)["id"]
+    stale = ok(served.post("/v1/short", {"agent": "atlas", "key": "old", "value": "gateway was down"}), 201)["id"]
+    mine = episode(served, "sol", "sol restarted the gateway")
+    theirs = episode(served, "atlas", "atlas restarted the gateway")
+    direct(store_url, "UPDATE memory_short SET expires_at = '2000-01-01T00:00:00.000Z' WHERE id = ?", (stale,))
+
+    def found(**query: Any) -> set[tuple[str, int, str, bool]]:
+        reply = ok(served.recall("sol", "gateway", k=20, **query))
+        return {(r["tier"], r["id"], r["agent"], r["foreign"]) for r in reply["results"]}
+
+    assert found() == {("long", atlas, "atlas", True), ("long", sol, "sol", False), ("short", short, "sol", False)}
+    assert found(scope="own") == {("long", sol, "sol", False), ("short", short, "sol", False)}
+    assert found(scope="shared_except_self") == {("long", atlas, "atlas", True)}
+    assert found(tiers="long") == {("long", atlas, "atlas", True), ("long", sol, "sol", False)}
+    assert found(tiers="episodic") == {("episodic", mine, "sol", False)}  # atlas has not opted in
+    assert found(tags="net") == {("long", atlas, "atlas", True)}
+    assert found(tags="dns,nothing", tiers="long,short") == {("long", sol, "sol", False)}
+    (listed,) = direct(  # the fleet's other writers store tags as a comma list
+        store_url,
+        "INSERT INTO memory_longterm (agent, fact, tags) VALUES ('nova', 'gateway dns cache', 'net, dns') RETURNING id",
+    )
+    assert found(tags="dns") == {("long", sol, "sol", False), ("long", listed["id"], "nova", True)}
+    recent = ok(served.recall("sol", "", tiers="short", k=10))
+    assert [r["id"] for r in recent["results"]] == [short] and recent["ranking"] == "recency"
+    assert ok(served.recall("atlas", "", tiers="episodic", scope="own"))["results"][0]["id"] == theirs
+    unknown = served.recall("mallory", "gateway")
+    assert (unknown.status, unknown.body["error"]["field"]) == (422, "agent")
+
+
+def test_a_persona_is_recalled_only_by_its_own_agent(served, store_url):
+    direct(store_url, "INSERT INTO memory_durable (key, value) VALUES ('persona/sol', 'Sol is the careful planner')")
+    direct(store_url, "INSERT INTO memory_durable (key, value) VALUES ('persona/atlas', 'Atlas is a bold planner')")
+    direct(store_url, "INSERT INTO memory_durable (key, value) VALUES ('fleet/policy', 'every planner logs')")
+    assert ok(served.recall("sol", "planner"))["results"] == []  # never in the default tiers
+    for q in ("planner", ""):
+        reply = ok(served.recall("sol", q, tiers="durable,long"))
+        assert [(r["tier"], r["agent"], r["text"], r["foreign"]) for r in reply["results"]] == [
+            ("durable", "sol", "Sol is the careful planner", False)
+        ]
+    refused = served.recall("sol", "planner", tiers="durable", scope="shared_except_self")
+    assert (refused.status, refused.body["error"]["field"]) == (403, "tiers")
+
+
+# A small designed corpus, written in this order as (agent, topic, fact, tags): ids 1..n. Rows without a topic
+# have no neighbours, so BM25 alone orders them; lengths differ, so no two scores tie.
+RANKED_LONG = [
+    ("atlas", None, "the harbor was quiet today", []),  # 1: "harbor" is in one row of 12
+    ("sol", None, "the ferry was quiet", []),  # 2-5: "ferry" in four
+    ("atlas", None, "the ferry was late again today", []),
+    ("sol", None, "a ferry ticket costs more than a bus", []),
+    ("nova", None, "the ferry crossing takes an hour in thick fog", []),
+    ("nova", "lighthouse", "the lighthouse keeper retired", []),  # 6
+    ("nova", "lighthouse", "he moved inland afterwards", []),  # 7: its context quotes 6
+    ("hermes", None, "quartz lamp on the shelf", ["blue"]),  # 8: the word in the fact (weight 1.0)
+    ("hermes", None, "glass lamp on the shelf", ["quartz"]),  # 9: the word in a tag (0.5), same length
+    ("hermes", None, "the market opens at dawn", []),
+    ("atlas", None, "goats graze on the hill", []),
+    ("sol", None, "the barn roof was fixed", []),
+    ("atlas", None, "kettle descaled", []),  # 13-15: the same words, so the same score: the oldest first
+    ("sol", None, "Kettle descaled!", []),
+    ("nova", None, "KETTLE, descaled.", []),
+]
+RANKINGS = [
+    # A rare word outranks a common one; among the common word's rows, the shorter ranks higher.
+    ("ferry harbor", [1, 2, 3, 4, 5]),
+    # A fact's own words outrank its neighbour's context: 7 matches only through 6's text it carries.
+    ("lighthouse keeper", [6, 7]),
+    # Column weights: the fact's own text (1.0) outranks a tag (0.5).
+    ("quartz", [8, 9]),
+    ("quartz lamp", [8, 9]),
+    # Equal scores: the older row first, as FTS5 returns them (so a cut at k keeps the same rows).
+    ("kettle descaled", [13, 14, 15]),
+]
+
+
+def test_keyword_ranking_is_bm25_and_the_same_on_both_stores(served):
+    for number, (agent, topic, fact, tags) in enumerate(RANKED_LONG, 1):
+        assert long_fact(served, agent, fact, topic=topic, tags=tags) == number
+    for question, expected in RANKINGS:
+        reply = ok(served.recall("nova", question, tiers="long", k=10))
+        assert reply["ranking"] == "keyword", reply
+        assert [r["id"] for r in reply["results"]] == expected, (
+            question,
+            [(r["id"], r["score"]) for r in reply["results"]],
+        )
+        scores = [r["score"] for r in reply["results"]]
+        assert scores == sorted(scores, reverse=True), question
+    # The same BM25, not only the same order: the scores between the best and the last (each leg is scaled to
+    # [0.01, 1]) are SQLite's, whose FTS5 computes them.
+    middle = [r["score"] for r in ok(served.recall("nova", "ferry harbor", tiers="long", k=10))["results"]]
+    assert [round(score, 3) for score in middle] == [1.0, 0.18, 0.099, 0.037, 0.01], middle
+
+
+def test_short_and_episodic_rows_rank_by_their_columns_weights(served):
+    short = [("atlas", "compass", "the tent is packed"), ("atlas", "map", "bring the compass"), ("sol", "x", "y")]
+    for agent, key, value in short:
+        body = {"agent": agent, "key": key, "value": value, "tags": ["compass"] * (key == "x")}
+        ok(served.post("/v1/short", body), 201)
+    # key and value weigh 1.0, tags 0.5: the tagged row comes last.
+    assert ids(served.recall("atlas", "compass", tiers="short", k=10)) == [2, 1, 3]
+    for summary, details in (("checked the pump", "valve sealed"), ("sealed the valve", "pump checked")):
+        episode(served, "atlas", summary, details=details)
+    # summary 1.0 over details 0.7: the row whose summary names the pump wins "pump", and the other wins "valve".
+    assert ids(served.recall("atlas", "pump", tiers="episodic", k=10)) == [1, 2]
+    assert ids(served.recall("atlas", "valve", tiers="episodic", k=10)) == [2, 1]
+
+
+WORDS = (
+    "ferry harbor storm lighthouse keeper kettle barn goat quartz granite market dawn pump valve certificate backup "
+    "gateway timeout cluster replica disk alert deploy rollback migration schema token index cache latency outage "
+    "incident review meeting tuesday friday morning evening coffee tea lunch picnic"
+).split()
+
+
+def random_memory(seed: int = 22, rows: int = 60, questions: int = 30) -> tuple[list[tuple], list[str]]:
+    """Facts and short rows drawn from a small vocabulary (so words repeat, rows tie and topics thread), and
+    questions over the same words."""
+    draw = random.Random(seed)
+    written = []
+    for n in range(rows):
+        text = " ".join(draw.choice(WORDS) for _ in range(draw.randint(3, 12))).capitalize() + "."
+        topic = draw.choice(["", "ops", "home", "trip", f"day {n // 7}"]) or None
+        written.append(
+            (draw.choice(("atlas", "sol", "nova", "hermes")), topic, text, draw.sample(WORDS, draw.randint(0, 2)))
+        )
+    asked = [" ".join(draw.choice(WORDS) for _ in range(draw.randint(1, 4))) for _ in range(questions)]
+    return written, asked
+
+
+def answers(db: str, written: list[tuple], asked: list[str]) -> list[list[tuple]]:
+    """The service's answer (reranker on, as it ships) to each question: (tier, id, score, relevance) per row."""
+    server = start_server(db)
+    try:
+        for agent, topic, text, tags in written:
+            for path, body in (
+                ("/v1/long", {"topic": topic, "fact": text}),
+                ("/v1/short", {"key": text[:24], "value": text}),
+            ):
+                reply = server.post(path, {"agent": agent, "tags": tags, **body})
+                assert reply.status in (200, 201), reply.body
+        found = []
+        for question in asked:
+            reply = ok(server.recall("sol", question, k=8))
+            found.append(
+                [(r["tier"], r["id"], round(r["score"], 4), round(r["relevance"], 4)) for r in reply["results"]]
+            )
+        return found
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.slow
+def test_the_same_questions_find_the_same_rows_in_the_same_order_on_both_stores(tmp_path, pg_url):
+    written, asked = random_memory()
+    on_sqlite, on_postgresql = answers(str(tmp_path / "solos.db"), written, asked), answers(pg_url, written, asked)
+    assert sum(len(rows) for rows in on_sqlite) > 100  # the questions find plenty
+    differing = [(q, s, p) for q, s, p in zip(asked, on_sqlite, on_postgresql) if s != p]
+    assert differing == []
+
+
+# Words the fleet writes inside addresses, paths and numbers: FTS5's unicode61 splits them at every punctuation
+# mark, so each part is a word of its own.
+INNER_WORDS = {
+    "dashboards live on grafana.internal": "grafana",
+    "page ops@example.org when the disk fills": "example",
+    "the runbook is at https://wiki.lab/runbooks/backup": "runbooks",
+    "the config is in /etc/nginx/nginx.conf": "nginx",
+    "upgraded the cluster to release 2.14.1": "14",
+    "the cache hit ratio is 3.75 today": "75",
+    "the database listens at 10.0.0.5 only": "10",
+    "the db-1 replica lags": "db",
+    "backups run at 02:00 nightly": "02",
+}
+
+
+def test_the_words_inside_hosts_addresses_paths_and_numbers_are_found(served):
+    for fact in INNER_WORDS:
+        long_fact(served, "atlas", fact)
+    for fact, word in INNER_WORDS.items():
+        assert fact in texts(served.recall("sol", word, k=3)), (word, fact)
+
+
+# ==== 3. Episodic opt-in and the read audit ====
+
+
+def test_foreign_episodes_need_the_opt_in_and_every_read_is_audited(served):
+    private = episode(served, "atlas", "atlas restarted the payment queue")
+    own = episode(served, "sol", "sol restarted the search queue")
+    query = {"tiers": "episodic", "k": 10}
+    assert ids(served.recall("sol", "restarted queue", **query)) == [own]
+    assert ok(served.get("/v1/audit", agent="atlas"))["reads"] == []
+    ok(served.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}), 201)
+    shared = ok(served.recall("sol", "restarted queue", **query))["results"]
+    assert {(r["id"], r["agent"], r["foreign"]) for r in shared} == {(private, "atlas", True), (own, "sol", False)}
+    reads = ok(served.get("/v1/audit", agent="atlas"))["reads"]
+    assert [(r["reader"], r["author"], r["row_id"]) for r in reads] == [("sol", "atlas", private)]
+    assert STAMP.fullmatch(reads[0]["read_at"])
+    assert ok(served.get("/v1/audit", agent="sol"))["reads"] == []  # own reads are not audited
+    assert ids(served.recall("sol", "payment", scope="own", **query)) == []
+    ok(served.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": False}))
+    assert ids(served.recall("sol", "restarted queue", **query)) == [own]
+    assert len(ok(served.get("/v1/audit", agent="atlas"))["reads"]) == 1
+
+
+# ==== 4. The fleet's other writers ====
+
+
+def test_rows_the_fleet_writes_directly_are_recalled_changed_and_gone_at_once_with_their_events(served, store_url):
+    everything = {"tiers": "long,short,episodic"}
+    ok(served.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}), 201)
+    cursor = events(served, "atlas", 0, **everything)["next_since"]
+
+    def logged() -> list[tuple[str, str, int]]:
+        """The events since the last look, as their writer reads them (a writer gets no notices of its own)."""
+        nonlocal cursor
+        answer = events(served, "atlas", cursor, **everything)
+        cursor = answer["next_since"]
+        assert {e["agent"] for e in answer["events"]} <= {"atlas"}
+        return kinds(answer)
+
+    (long_row,) = direct(
+        store_url,
+        "INSERT INTO memory_longterm (agent, topic, fact) VALUES ('atlas', 'd', 'zeppelin doors') RETURNING id",
+    )
+    (short_row,) = direct(
+        store_url,
+        "INSERT INTO memory_short (agent, key, value, expires_at) "
+        "VALUES ('atlas', 'k', 'zeppelin mooring', '2999-01-01T00:00:00.000Z') RETURNING id",
+    )
+    (episode_row,) = direct(
+        store_url,
+        "INSERT INTO memory_episodic (agent, event_type, summary) "
+        "VALUES ('atlas', 'e', 'zeppelin landed') RETURNING id",
+    )
+    rows = {"long": long_row["id"], "short": short_row["id"], "episodic": episode_row["id"]}
+    found = ok(served.recall("sol", "zeppelin", k=10, **everything))["results"]
+    assert {(r["tier"], r["id"], r["agent"]) for r in found} == {(tier, i, "atlas") for tier, i in rows.items()}
+    assert logged() == [("write", tier, i) for tier, i in rows.items()]
+
+    direct(store_url, "UPDATE memory_longterm SET fact = 'airship doors' WHERE id = ?", (rows["long"],))
+    direct(store_url, "UPDATE memory_short SET value = 'airship mooring' WHERE id = ?", (rows["short"],))
+    direct(store_url, "UPDATE memory_episodic SET summary = 'airship landed' WHERE id = ?", (rows["episodic"],))
+    assert ok(served.recall("sol", "zeppelin", **everything))["results"] == []
+    assert sorted(texts(served.recall("sol", "airship", k=10, **everything))) == [
+        "airship doors",
+        "airship landed",
+        "airship mooring",
+    ]
+    assert logged() == [("update", tier, i) for tier, i in rows.items()]
+
+    for table in ("memory_longterm", "memory_short", "memory_episodic"):
+        direct(store_url, f"DELETE FROM {table} WHERE agent = 'atlas'")
+    assert ok(served.recall("sol", "airship", **everything))["results"] == []
+    assert ok(served.recall("sol", "", **everything))["results"] == []
+    assert logged() == [("delete", tier, i) for tier, i in rows.items()]
+
+
+def test_a_reader_of_a_row_the_fleet_rewrites_is_told_before_it_sees_the_update(served, store_url):
+    """Each rewrite of a row sol was shown gives sol a notice (superseded), logged in the update's transaction
+    just before the update itself, on every tier."""
+    everything = {"tiers": "long,short,episodic"}
+    ok(served.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}), 201)
+    rows = {
+        "long": long_fact(served, "atlas", "the pump is red"),
+        "short": ok(served.post("/v1/short", {"agent": "atlas", "key": "k", "value": "the pump hums"}), 201)["id"],
+        "episodic": episode(served, "atlas", "the pump was serviced"),
+    }
+    shown = events(served, "sol", 0, **everything)  # hands sol the three rows
+    assert sorted(e["row_id"] for e in shown["events"]) == sorted(rows.values())
+
+    def delivered() -> set[tuple[str, int]]:
+        return {(d["tier"], d["row_id"]) for d in ok(served.get("/v1/deliveries", agent="atlas"))["deliveries"]}
+
+    wait_until(lambda: delivered() == set(rows.items()), "sol's deliveries to be logged")
+    direct(store_url, "UPDATE memory_longterm SET fact = 'the pump is blue' WHERE id = ?", (rows["long"],))
+    direct(store_url, "UPDATE memory_short SET value = 'the pump is silent' WHERE id = ?", (rows["short"],))
+    direct(store_url, "UPDATE memory_episodic SET summary = 'the pump was replaced' WHERE id = ?", (rows["episodic"],))
+    told = events(served, "sol", shown["next_since"], **everything)["events"]
+    assert [(e["kind"], e["tier"]) for e in told] == [
+        step for tier in rows for step in (("notice", "notice"), ("update", tier))
+    ]
+    assert [(e["notice"]["tier"], e["notice"]["row_id"], e["notice"]["kind"]) for e in told[::2]] == [
+        (tier, row_id, "superseded") for tier, row_id in rows.items()
+    ]
+    assert [e["row"]["text"] for e in told[1::2]] == ["the pump is blue", "the pump is silent", "the pump was replaced"]
+
+
+# ==== 5. The service never writes the fleet's registry or personas ====
+
+
+def test_the_service_connection_cannot_write_the_registry_or_personas(served, store_url):
+    direct(store_url, "INSERT INTO memory_durable (key, value) VALUES ('persona/sol', 'Sol plans')")
+    store = served.server.memory.store
+    refused = database_errors(store_url)
+    attempts = [
+        "INSERT INTO agent_registry (agent) VALUES ('sneaky')",
+        "UPDATE agent_registry SET role = 'root'",
+        "DELETE FROM agent_registry",
+        "INSERT INTO memory_durable (key, value) VALUES ('persona/sneaky', 'x')",
+        "UPDATE memory_durable SET value = 'rewritten'",
+        "DELETE FROM memory_durable",
+    ]
+    for sql in attempts:
+        conn = store.checkout()
+        try:
+            with pytest.raises(refused):
+                conn.execute(sql)
+        finally:
+            store.checkin(conn)
+    assert ok(served.get("/health"))["status"] == "ok"  # the pool still serves
+    assert [r["agent"] for r in direct(store_url, "SELECT agent FROM agent_registry ORDER BY agent")] == [
+        "atlas",
+        "hermes",
+        "nova",
+        "sol",
+    ]
+    assert direct(store_url, "SELECT key, value FROM memory_durable") == [{"key": "persona/sol", "value": "Sol plans"}]
+    assert texts(served.recall("sol", "plans", tiers="durable")) == ["Sol plans"]
+
+
+# ==== 6. Forget ====
+
+
+def test_a_forgotten_row_leaves_both_legs_its_neighbours_context_and_tells_its_readers(hybrid, store_url):
+    server = hybrid
+    secret = "the vault combination is amber falcon"
+    forgotten = long_fact(server, "atlas", secret, topic="vault")
+    neighbour = long_fact(server, "sol", "the guard changes at noon", topic="vault")
+    long_fact(server, "sol", "keys hang in the office", topic="office")
+    start = events(server, "nova", 0)["next_since"]
+    # Before: nova is shown it by both legs, and sol's neighbour matches its words through its context.
+    both = ok(server.recall("nova", "amber falcon", k=10))
+    assert both["results"][0]["id"] == forgotten and both["receipt"]["legs"] == ["keyword", "vector"]
+    assert ids(server.recall("nova", secret, ranking="vector", k=1)) == [forgotten]
+    assert ids(server.recall("sol", "amber falcon", scope="own", ranking="keyword")) == [neighbour]
+    wait_until(lambda: ok(server.get("/v1/deliveries", agent="atlas"))["count"], "nova's delivery to be logged")
+
+    forgot = ok(server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": forgotten}))
+    assert (forgot["status"], forgot["id"], forgot["notified"]) == ("forgotten", forgotten, 1)
+    for ranking in ("auto", "keyword", "vector"):
+        for agent in ("atlas", "nova", "sol"):
+            found = ok(server.recall(agent, "amber falcon", ranking=ranking, k=10))
+            assert forgotten not in [r["id"] for r in found["results"]], (ranking, agent)
+            assert "falcon" not in str(found["results"])
+    assert ids(server.recall("sol", "amber falcon", scope="own", ranking="keyword")) == []  # context re-indexed
+    assert ids(server.recall("sol", "guard noon", scope="own", ranking="keyword")) == [neighbour]
+
+    logged = events(server, "nova", start)
+    assert ("forget", "long", forgotten) in kinds(logged)
+    assert "falcon" not in str(logged)
+    (retraction,) = direct(store_url, "SELECT * FROM memory_retraction")
+    assert (retraction["agent"], retraction["tier"], retraction["row_id"]) == ("atlas", "long", forgotten)
+    assert "falcon" not in str(retraction)
+    (vectors,) = direct(
+        store_url, "SELECT count(*) AS n FROM memory_vector WHERE tier = 'long' AND row_id = ?", (forgotten,)
+    )
+    assert vectors["n"] == 0
+    # The scrub: SQLite's index merge and WAL checkpoint run before the answer; PostgreSQL's VACUUM runs off the
+    # request path, so its answer says pending. Either way it finishes and leaves nothing queued, and forgetting
+    # again answers the same retraction.
+    assert forgot["wal_checkpoint"] == ("pending" if is_postgres(store_url) else "complete")
+    wait_until(lambda: not direct(store_url, "SELECT tier FROM memory_scrub_pending"), "the forget's scrub")
+    again = ok(server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": forgotten}))
+    assert (again["retraction_id"], again["content_hash"]) == (forgot["retraction_id"], forgot["content_hash"])
+    notices = ok(server.get("/v1/notices", agent="nova"))["notices"]
+    assert [(n["tier"], n["row_id"], n["writer"], n["kind"]) for n in notices] == [
+        ("long", forgotten, "atlas", "forgotten")
+    ]
+    assert ok(server.get("/v1/notices", agent="sol"))["notices"] == []  # never shown it
+
+
+# ==== 7. Events: every write once, in order, under concurrent writers ====
+
+THREADS, WRITES = 8, 50
+
+
+def test_read_events_pages_every_concurrent_write_exactly_once_in_order(served):
+    start = events(served, "atlas", 0)["next_since"]
+    written: list[int] = []
+    errors: list[Any] = []
+    lock = threading.Lock()
+
+    def writer(n: int) -> None:
+        for i in range(WRITES):
+            reply = served.post("/v1/long", {"agent": "sol", "fact": f"writer {n} fact {i}"})
+            if reply.status != 201:
+                errors.append(reply.body)
+                return
+            with lock:
+                written.append(reply.body["id"])
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(written) == THREADS * WRITES
+
+    seen: list[dict] = []
+    since = start
+    deadline = time.monotonic() + 10
+    while len(seen) < len(written) and time.monotonic() < deadline:
+        page = events(served, "atlas", since, limit=37)
+        seen += page["events"]
+        since = page["next_since"]
+    assert [e["id"] for e in seen] == sorted({e["id"] for e in seen})  # increasing, none twice
+    assert sorted(e["row_id"] for e in seen) == sorted(written)
+    assert {e["kind"] for e in seen} == {"write"}
+    assert events(served, "atlas", since)["events"] == []
+
+
+def next_data(response: Any) -> dict:
+    """The next `data:` message of a Server-Sent Events response, parsed."""
+    for raw in iter(response.readline, b""):
+        line = raw.decode().rstrip("\n")
+        if line.startswith("data: "):
+            return json.loads(line[len("data: ") :])
+    raise AssertionError("the stream ended")
+
+
+def test_a_stream_hands_out_the_services_and_the_fleets_writes_as_they_commit(served, store_url):
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+    try:
+        conn.request("GET", "/v1/events?agent=sol", headers={"Accept": "text/event-stream"})
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.readline() == b"retry: 2000\n"  # sent once the hub holds the subscription
+        written = long_fact(served, "atlas", "streamed from the service")
+        first = next_data(response)
+        (row,) = direct(
+            store_url,
+            "INSERT INTO memory_longterm (agent, fact) VALUES ('nova', 'streamed from the fleet') RETURNING id",
+        )
+        second = next_data(response)
+    finally:
+        conn.close()
+    assert [(e["kind"], e["row_id"], e["agent"], e["row"]["text"]) for e in (first, second)] == [
+        ("write", written, "atlas", "streamed from the service"),
+        ("write", row["id"], "nova", "streamed from the fleet"),
+    ]
+    assert first["id"] < second["id"]
+
+
+def test_read_events_filters_by_scope_writers_tags_and_words_alike(served):
+    long_fact(served, "atlas", "atlas likes green tea", tags=["preference"])
+    long_fact(served, "sol", "sol likes black coffee", tags=["preference"])
+    mine = long_fact(served, "sol", "sol fixed the coffee machine", tags=["ops"])
+    ok(served.post("/v1/short", {"agent": "hermes", "key": "mood", "value": "coffee please"}), 201)
+
+    def shown(**query: Any) -> list[str]:
+        return [e["row"]["text"] for e in events(served, "atlas", 0, **query)["events"]]
+
+    assert shown() == [
+        "atlas likes green tea",
+        "sol likes black coffee",
+        "sol fixed the coffee machine",
+        "coffee please",
+    ]
+    assert shown(scope="own") == ["atlas likes green tea"]
+    assert shown(scope="shared_except_self", tiers="long") == ["sol likes black coffee", "sol fixed the coffee machine"]
+    assert shown(writers="hermes") == ["coffee please"]
+    assert shown(tags="preference") == ["atlas likes green tea", "sol likes black coffee"]
+    assert shown(q="coffee machines") == ["sol likes black coffee", "sol fixed the coffee machine", "coffee please"]
+    assert shown(q="machine", tags="ops") == ["sol fixed the coffee machine"]
+    # A removal reaches a words filter if its row matched that filter when it was shown written to it (atlas was
+    # shown the row, so atlas is also told of the forget by a notice, whatever the filter).
+    assert shown(q="machine") == ["sol fixed the coffee machine"]
+    assert shown(q="tea") == ["atlas likes green tea"]
+    start = events(served, "atlas", 0)["next_since"]
+    ok(served.request("DELETE", "/v1/memory", query={"agent": "sol", "tier": "long", "id": mine}))
+    assert kinds(events(served, "atlas", start, q="machine")) == [("forget", "long", mine), ("notice", "notice", 1)]
+    assert kinds(events(served, "atlas", start, q="tea")) == [("notice", "notice", 1)]
+
+
+@pytest.mark.slow
+def test_an_open_transactions_event_is_not_skipped(pg_url):
+    """PostgreSQL: ids commit out of order. A later write must not be handed out before the event of a
+    transaction still open, and after its commit both come, in order."""
+    server = start_server(pg_url)
+    try:
+        ok(server.post("/v1/long", {"agent": "atlas", "fact": "before anything"}), 201)
+        start = events(server, "nova", 0)["next_since"]
+        with fleet_writer(pg_url) as open_tx:
+            open_tx.execute("BEGIN")
+            (held,) = open_tx.execute(
+                "INSERT INTO memory_longterm (agent, fact) VALUES ('sol', ?) RETURNING id", ("a long row " * 500,)
+            ).fetchall()
+            later = long_fact(server, "atlas", "committed while the other is open")
+            assert ids(server.recall("nova", "committed", k=5)) == [later]  # committed: recalled at once
+            waiting = events(server, "nova", start, settle=False)
+            assert waiting["events"] == [] and waiting["next_since"] == start
+            open_tx.execute("COMMIT")
+        after = events(server, "nova", start)
+        assert [(e["kind"], e["row_id"]) for e in after["events"]] == [("write", held[0]), ("write", later)]
+        assert [e["id"] for e in after["events"]] == sorted(e["id"] for e in after["events"])
+        assert events(server, "nova", after["next_since"])["events"] == []
+    finally:
+        stop_server(server)
+
+
+# ==== 8. Purge, expiry, promotion and the archive ====
+
+
+def test_purge_removes_expired_rows_once_with_one_expire_event(served, store_url):
+    start = events(served, "atlas", 0, tiers="short")["next_since"]
+    gone = ok(served.post("/v1/short", {"agent": "atlas", "key": "soon", "value": "gone soon", "ttl_s": 0.2}), 201)
+    kept = ok(served.post("/v1/short", {"agent": "atlas", "key": "later", "value": "stays", "ttl_s": 600}), 201)
+    wait_until(lambda: ids(served.recall("atlas", "", tiers="short")) == [kept["id"]], "the short row to expire")
+    assert solos_memory.main(["purge", "--db", store_url]) == 0
+    assert [r["id"] for r in direct(store_url, "SELECT id FROM memory_short")] == [kept["id"]]
+    stats = ok(served.get("/v1/stats"))
+    assert (stats["rows"]["short"], stats["rows"]["short_expired"]) == (1, 0)
+    assert solos_memory.main(["purge", "--db", store_url]) == 0
+    # The expired row's write is never handed out (expired rows never are); its expiry is, once, whether the
+    # service's sweep or purge's delete logged it.
+    delivered = kinds(events(served, "atlas", start, tiers="short"))
+    assert delivered == [("write", "short", kept["id"]), ("expire", "short", gone["id"])]
+    logged = direct(store_url, "SELECT kind, row_id FROM memory_event WHERE tier = 'short' ORDER BY id")
+    assert [(e["kind"], e["row_id"]) for e in logged] == [
+        ("write", gone["id"]),
+        ("write", kept["id"]),
+        ("expire", gone["id"]),
+    ]
+
+
+def test_promotion_and_the_archive_alike(served, store_url):
+    old = [episode(served, "atlas", f"Quarterly failover drill number {n}") for n in range(3)]
+    fresh = episode(served, "atlas", "Failover drill planned for next week")
+    promoted = served.post("/v1/promote", {"agent": "atlas", "ids": [old[1], old[0]], "topic": "drills"})
+    assert (promoted.status, promoted.body["status"], promoted.body["sources"]) == (201, "created", old[:2])
+    fact = ok(served.recall("sol", "quarterly failover drill number", tiers="long", k=1))["results"][0]
+    assert (fact["id"], fact["agent"], fact["foreign"]) == (promoted.body["id"], "atlas", True)
+    assert fact["source"] == f"promoted:memory_episodic#{old[0]},{old[1]}"
+    again = served.post("/v1/promote", {"agent": "atlas", "ids": [old[0]], "fact": fact["fact"]})
+    assert (again.status, again.body["status"], again.body["id"]) == (200, "linked", promoted.body["id"])
+    assert served.post("/v1/promote", {"agent": "sol", "ids": [old[0]]}).status == 403
+
+    start = events(served, "atlas", 0, tiers="episodic")["next_since"]
+    for row_id in old:
+        direct(store_url, "UPDATE memory_episodic SET timestamp = '2020-01-01T00:00:00.000Z' WHERE id = ?", (row_id,))
+    assert solos_memory.main(["purge", "--db", store_url]) == 0
+    assert [r["id"] for r in direct(store_url, "SELECT id FROM memory_episodic")] == [fresh]
+    assert [r["id"] for r in direct(store_url, "SELECT id FROM memory_episodic_archive ORDER BY id")] == old
+    assert ids(served.recall("atlas", "quarterly failover drill", tiers="episodic", k=10)) == [fresh]
+    archived = ok(served.recall("atlas", "quarterly failover drill", tiers="episodic", archive="true", k=10))
+    assert sorted(r["id"] for r in archived["results"] if r["archived"]) == old
+    assert {r["source"] for r in archived["results"] if r["archived"]} == {f"memory_episodic_archive#{i}" for i in old}
+    logged = kinds(events(served, "atlas", start, tiers="episodic"))
+    assert [entry for entry in logged if entry[0] == "archive"] == [("archive", "episodic", i) for i in old]
+    stats = ok(served.get("/v1/stats"))
+    assert (stats["episodic_archived"], stats["promoted_facts"], stats["rows"]["episodic"]) == (3, 1, 1)
+    # Promotion reaches archived episodes too.
+    assert served.post("/v1/promote", {"agent": "atlas", "ids": [old[2]]}).status == 201
+
+
+# ==== 9. Hybrid recall ====
+
+
+def test_a_write_is_ranked_by_both_legs_at_once(hybrid):
+    server = hybrid
+    long_fact(server, "atlas", "orange tabby naps in the sun", topic="pets")
+    written = long_fact(server, "sol", "the tabby chased a moth", topic="pets")
+    short = ok(server.post("/v1/short", {"agent": "sol", "key": "walk", "value": "walk the tabby"}), 201)["id"]
+    reply = ok(server.recall("nova", "tabby moth", k=10))
+    assert (reply["ranking"], reply["degraded"]) == ("hybrid", False)
+    assert reply["receipt"]["legs"] == ["keyword", "vector"] and reply["receipt"]["without_vector"] == 0
+    assert reply["results"][0]["id"] == written
+    assert {(r["tier"], r["id"]) for r in reply["results"]} >= {("long", written), ("short", short)}
+    vector_only = ok(server.recall("nova", "the tabby chased a moth", ranking="vector", k=1))
+    assert [r["id"] for r in vector_only["results"]] == [written] and vector_only["receipt"]["legs"] == ["vector"]
+
+
+# ==== 10. Stats, /metrics, the status page; as-of, deliveries and notices ====
+
+
+def test_stats_metrics_and_the_status_page_count_alike(served):
+    long_fact(served, "atlas", "stats fact one")
+    long_fact(served, "sol", "stats fact two")
+    ok(served.post("/v1/short", {"agent": "atlas", "key": "k", "value": "stats short"}), 201)
+    episode(served, "sol", "stats episode")
+    ok(served.request("PUT", "/v1/sharing", body={"agent": "sol", "episodic": True}), 201)
+    assert len(ids(served.recall("atlas", "stats", tiers="long,short,episodic", k=10))) == 4
+    served.recall("mallory", "stats")
+    stats = ok(served.get("/v1/stats"))
+    assert stats["rows"] == {"short": 1, "short_expired": 0, "long": 2, "episodic": 1, "durable": 0}
+    assert stats["recall_hits"] == {"long": 2, "short": 1, "episodic": 1}
+    assert stats["rejections"] == {"unknown_agent": 1} and stats["episodic_sharing_agents"] == 1
+    assert stats["audit_rows"] == 1 and stats["agents"] == 4
+    metrics = served.get("/metrics").raw.decode()
+    for tier, count in (("short", 1), ("long", 2), ("episodic", 1)):
+        assert f'solos_memory_rows{{tier="{tier}"}} {count}\n' in metrics
+    page = served.get("/")
+    assert page.status == 200
+    tiers = re.search(r'<table id="tiers">.*?</table>', page.raw.decode(), re.S)
+    assert tiers is not None
+    cells = dict(re.findall(r"<tr><td[^>]*>(\w+)</td><td[^>]*>(\d+)</td>", tiers.group(0)))
+    assert cells == {"short": "1", "long": "2", "episodic": "1", "durable": "0"}, tiers.group(0)
+
+
+def test_as_of_deliveries_and_notices_answer_alike(served):
+    fact = long_fact(served, "atlas", "the north gate code is 4411")
+    ok(served.post("/v1/short", {"agent": "atlas", "key": "shift", "value": "night shift on gate"}), 201)
+    time.sleep(0.005)  # timestamps are milliseconds
+    before = solos_store.utc_now()
+    time.sleep(0.005)
+    assert len(ids(served.recall("sol", "gate", k=10))) == 2  # sol is shown both
+    wait_until(lambda: ok(served.get("/v1/deliveries", agent="atlas"))["count"] == 2, "sol's deliveries")
+    deliveries = ok(served.get("/v1/deliveries", agent="atlas"))["deliveries"]
+    assert {(d["reader"], d["tier"], d["writer"]) for d in deliveries} == {
+        ("sol", "long", "atlas"),
+        ("sol", "short", "atlas"),
+    }
+    assert ok(served.get("/v1/deliveries", agent="sol"))["deliveries"] == []  # sol wrote nothing that was read
+
+    updated = ok(served.post("/v1/short", {"agent": "atlas", "key": "shift", "value": "day shift on gate"}))
+    time.sleep(0.005)
+    ok(served.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": fact}))
+    then = ok(served.get("/v1/recall/as_of", agent="sol", as_of=before, q="gate"))
+    assert sorted(r["text"] for r in then["results"]) == ["night shift on gate"]  # the forgotten fact never returns
+    assert [(r["tier"], r["row_id"]) for r in then["retracted"]] == [("long", fact)]
+    now = ok(served.get("/v1/recall/as_of", agent="sol", as_of=solos_store.utc_now(), q="gate"))
+    assert [r["text"] for r in now["results"]] == ["day shift on gate"]
+    shown = ok(served.get("/v1/recall/as_of", agent="sol", reader="sol", as_of=solos_store.utc_now()))
+    assert sorted(r["text"] for r in shown["results"]) == ["night shift on gate"]
+
+    def sol_notices() -> list[tuple]:
+        found = ok(served.get("/v1/notices", agent="sol"))["notices"]
+        return sorted((n["tier"], n["row_id"], n["kind"]) for n in found)
+
+    expected = [("long", fact, "forgotten"), ("short", updated["id"], "superseded")]
+    wait_until(lambda: sol_notices() == expected, "sol's two notices")
+    opened = ok(served.get("/v1/notices", agent="sol"))["notices"]
+    acked = ok(served.post("/v1/notices/ack", {"agent": "sol", "ids": [n["id"] for n in opened]}))
+    assert acked["acked"] == 2 and ok(served.get("/v1/notices", agent="sol"))["notices"] == []
+    assert ok(served.get("/v1/notices", agent="atlas"))["notices"] == []
+
+
+def test_witnesses_name_the_other_holders_of_a_fact_alike(served):
+    fact = "The coolant pump zq7 is rated for 40 bar at the north plant"
+    written = long_fact(served, "atlas", fact)
+    time.sleep(0.005)
+    assert ids(served.recall("sol", "coolant pump zq7")) == [written]  # sol reads it, then echoes it
+    wait_until(lambda: ok(served.get("/v1/deliveries", agent="atlas"))["count"], "sol's delivery")
+    time.sleep(0.005)
+    long_fact(served, "sol", fact.replace("The coolant", "the coolant") + ".")
+    long_fact(served, "nova", "At the north plant the coolant pump zq7 is rated for 40 bar")
+    (mine,) = ok(served.recall("atlas", "coolant pump zq7", scope="own"))["results"]
+    witnesses = {w["agent"]: (w["kind"], w["match"]) for w in mine["witnesses"]}
+    assert witnesses == {"sol": ("echo", "token_overlap"), "nova": ("independent", "token_overlap")}
+    assert mine["single_source"] is False
+
+
+# ==== 11. PostgreSQL only: tokens in the database, and the commands that are SQLite's ====
+
+
+@pytest.mark.slow
+def test_tokens_live_in_the_database_and_every_copy_agrees(pg_url, capsys):
+    assert solos_memory.main(["token", "atlas", "--db", pg_url]) == 0
+    token = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"[A-Za-z0-9_-]{40,}", token), token
+    copies = [start_server(pg_url), start_server(pg_url)]
+    try:
+        for copy in copies:
+            assert copy.get("/v1/recall", agent="atlas", q="x").status == 401
+            wrong = copy.request("GET", "/v1/recall?q=x", headers={"Authorization": "Bearer not-the-token"})
+            assert wrong.status == 401
+            mine = copy.request("GET", "/v1/recall?q=x", headers={"Authorization": f"Bearer {token}"})
+            assert (mine.status, mine.body["agent"]) == (200, "atlas")
+        written = copies[0].request(
+            "POST", "/v1/long", body={"fact": "written by token"}, headers={"Authorization": f"Bearer {token}"}
+        )
+        assert (written.status, written.body["agent"]) == (201, "atlas")
+        impostor = copies[1].request(
+            "POST", "/v1/long", body={"agent": "sol", "fact": "x"}, headers={"Authorization": f"Bearer {token}"}
+        )
+        assert impostor.status == 403
+    finally:
+        for copy in copies:
+            stop_server(copy)
+    hashes = direct(pg_url, "SELECT agent, token_sha256 FROM memory_token")
+    assert [h["agent"] for h in hashes] == ["atlas"] and token not in str(hashes)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["snapshot"], ["restore", "/nonexistent/snapshot.db"], ["import-qdrant", "--qdrant-path", "/nonexistent"]],
+)
+def test_snapshot_restore_and_the_qdrant_import_refuse_a_postgresql_url_in_one_line(command):
+    """They refuse before connecting: no server is needed to be told so."""
+    with pytest.raises(SystemExit) as refused:
+        solos_memory.main([*command, "--db", "postgresql://solos@127.0.0.1:1/nowhere"])
+    message = str(refused.value.code)
+    assert message.startswith(f"{command[0]} works on SQLite only") and "pg_dump" in message, message
+    assert "\n" not in message
