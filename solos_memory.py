@@ -1135,10 +1135,10 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
     live once.
     """
     claimed = raw_args.get("agent") if isinstance(raw_args, dict) else None
-    agent = claimed if tokens is None and isinstance(claimed, str) else None  # who the rejection log names
+    agent = claimed if not tokens and isinstance(claimed, str) else None  # who the rejection log names
     memory.stats.count("calls", op.name)
     try:
-        if tokens is not None:
+        if tokens:  # a tokens file, or tokens kept in the database (on while any exists)
             caller = agent = tokens.agent_for(headers.get("Authorization"))
             if caller == OPERATOR:
                 if not op.operator:
@@ -1346,7 +1346,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
 
     def serve_mcp(self, url: SplitResult, body: bytes) -> None:
         """/mcp: the bridge answers from the same operation table."""
-        if self.server.tokens is not None and self.command == "POST":
+        if self.server.tokens and self.command == "POST":
             # Refuse at the door, not per tool: Hermes then reports the server as not connected
             # instead of connecting and tripping its circuit breaker on failed calls.
             self.server.tokens.agent_for(self.headers.get("Authorization"))
@@ -1640,8 +1640,9 @@ def open_server(config: Config, register: Sequence[str]) -> MemoryServer:
     except sqlite3.Error as error:
         failure = STORAGE_FAILURES.get(primary_code(error) or 0, "the database cannot be used")
         raise SystemExit(f"{config.db}: cannot start: {failure} ({error})") from None
-    kept = store.token_hashes()  # PostgreSQL: tokens live in the database, so every copy agrees
-    tokens = Tokens.load(config.tokens_file) if config.tokens_file else (Tokens(kept) if kept else None)
+    tokens: Tokens | None = Tokens.load(config.tokens_file) if config.tokens_file else None
+    if tokens is None and store.keeps_tokens:  # PostgreSQL: in the database, so every copy agrees
+        tokens = solos_tokens.StoredTokens(store.token_hashes)
     embedder, reason = load_embedder(config)
     try:
         server = MemoryServer(config, Memory(store, embedder, reason, config.rerank), tokens)

@@ -1290,6 +1290,8 @@ class Store:
             log.warning("WAL checkpoint after a forget waits for a reader; the scrubber retries it")
         return done
 
+    keeps_tokens = False  # PostgreSQL keeps them in the database (solos_tokens.StoredTokens)
+
     def token_hashes(self) -> dict[str, str]:
         """Bearer tokens kept in the database (PostgreSQL's); SQLite's are in the tokens file."""
         return {}

@@ -357,6 +357,8 @@ class PgStore(solos_store.Store):
 
     # -- tokens --
 
+    keeps_tokens = True
+
     def token_hashes(self) -> dict[str, str]:
         return self.read(
             lambda conn: {row[0]: row[1] for row in conn.execute("SELECT token_sha256, agent FROM memory_token")}

@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,34 @@ class Tokens:
         if found is None:
             raise Unauthorized("the bearer token is not known")
         return found
+
+
+class StoredTokens(Tokens):
+    """Tokens kept in the database (PostgreSQL): read again at most every REREAD_S, so a token issued while the
+    copies run, the first one included, holds on every copy within that time. Tokens are on while any exists;
+    a failed read keeps the last set (the operation itself then meets the same database)."""
+
+    REREAD_S = 5.0
+
+    def __init__(self, read: Callable[[], dict[str, str]]):
+        super().__init__(read())
+        self.read, self.read_at = read, time.monotonic()
+
+    def current(self) -> dict[str, str]:
+        if time.monotonic() - self.read_at >= self.REREAD_S:
+            try:
+                self.by_hash = self.read()
+            except solos_store.ServiceError:
+                pass
+            self.read_at = time.monotonic()
+        return self.by_hash
+
+    def __bool__(self) -> bool:
+        return bool(self.current())
+
+    def agent_for(self, authorization: str | None) -> str:
+        self.current()
+        return super().agent_for(authorization)
 
 
 def names_holder(name: str) -> bool:

@@ -930,6 +930,28 @@ def test_tokens_live_in_the_database_and_every_copy_agrees(pg_url, capsys):
     assert [h["agent"] for h in hashes] == ["atlas"] and token not in str(hashes)
 
 
+def test_a_token_issued_while_copies_run_holds_on_every_copy_soon(pg_url, capsys, monkeypatch):
+    """A copy started with no token in the database trusts loopback callers; once a token is issued, every copy
+    requires tokens within StoredTokens.REREAD_S, and takes the new one."""
+    import solos_tokens
+
+    monkeypatch.setattr(solos_tokens.StoredTokens, "REREAD_S", 0.2)
+    copies = [start_server(pg_url), start_server(pg_url)]
+    try:
+        assert all(copy.get("/v1/recall", agent="atlas", q="x").status == 200 for copy in copies)
+        assert solos_memory.main(["token", "atlas", "--db", pg_url]) == 0
+        token = capsys.readouterr().out.strip()
+        time.sleep(0.3)
+        for copy in copies:
+            assert copy.get("/v1/recall", agent="atlas", q="x").status == 401
+            mine = copy.request("GET", "/v1/recall?q=x", headers={"Authorization": f"Bearer {token}"})
+            assert (mine.status, mine.body["agent"]) == (200, "atlas")
+            assert copy.get("/health").body["auth"] == "tokens"
+    finally:
+        for copy in copies:
+            stop_server(copy)
+
+
 @pytest.mark.parametrize(
     "command",
     [["snapshot"], ["restore", "/nonexistent/snapshot.db"], ["import-qdrant", "--qdrant-path", "/nonexistent"]],
