@@ -65,7 +65,7 @@ from urllib.parse import urlencode, urlsplit
 
 # solos_store.__version__, repeated: this file is copied alone (to Hermes, to agents) and never imports the
 # service, so it cannot read it from there; tests/test_release.py fails when the two differ.
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # ==== Configuration ====
 

@@ -51,7 +51,7 @@ from typing import Any
 
 # The release, in one place: --version, /health, the status page, /openapi.json, MCP serverInfo and the Server
 # header all show this. solos_client.py stands alone and repeats it; tests/test_release.py keeps the two equal.
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 log = logging.getLogger("solos_store")
 
