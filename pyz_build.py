@@ -61,6 +61,7 @@ REQUIRED_FILES = (
     "solos_provenance.py",
     "solos_tokens.py",
     "solos_store_pg.py",  # imported only for a postgresql:// URL, where psycopg must be installed
+    "solos_copies.py",  # solos_store_pg's: copies of the service sharing one PostgreSQL database
     "schema_pg.sql",
     "solos_migrate.py",
 )

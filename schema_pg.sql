@@ -192,6 +192,16 @@ CREATE TABLE IF NOT EXISTS memory_vector (
     PRIMARY KEY (tier, row_id)
 );
 
+-- Rows a copy of the service is embedding now, so no other copy embeds them too (solos_copies.CLAIM_SQL);
+-- released once the vectors are saved, and void past `until`, so a copy that died mid-batch holds nothing.
+CREATE TABLE IF NOT EXISTS memory_embed_claim (
+    tier        TEXT NOT NULL,
+    row_id      BIGINT NOT NULL,
+    claimed_by  TEXT NOT NULL,
+    until       TEXT NOT NULL,
+    PRIMARY KEY (tier, row_id)
+);
+
 -- The Qdrant import and mirror run on SQLite only (solos_qdrant.py); their tables are here so stats read alike.
 CREATE TABLE IF NOT EXISTS qdrant_import (
     collection      TEXT NOT NULL,

@@ -242,6 +242,10 @@ class EventHub:
     for a subscriber, and a subscriber whose queue is full is dropped (it
     resumes by Last-Event-ID). Each stream's own handler thread writes to its
     socket, with heartbeats.
+
+    On PostgreSQL, other copies of the service write the same log: a listener
+    (Store.listen) wakes the hub as they commit, and the hub drops what this
+    copy keeps of a row another copy forgot (`watch_forgets`).
     """
 
     def __init__(self, store: Any, scrubber: Any = None):
@@ -263,13 +267,18 @@ class EventHub:
         self.deliveries: Any = None  # solos_provenance.DeliveryLog: what a read or a stream hands out is logged
         # Its own connection, kept off the request pool, for the thread's reads and its rare writes.
         self.own, self.own_lock = store.connect(), threading.Lock()
+        self.retracted: int | None = None  # the newest retraction seen (watch_forgets)
+        self.forgotten_elsewhere: Callable[[], None] | None = None  # the spine's caches to drop after one
         self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
         self.thread.start()
+        self.listener = store.listen(self.wake)  # None but on PostgreSQL: other copies' commits wake the hub too
 
     def stop(self) -> None:
         """Drop every stream and end the thread; once this returns the hub opens no connection."""
         self.stopped = True
         self.wakeup.set()
+        if self.listener is not None:
+            self.listener.stop()
         with self.lock:
             for subscriber in self.subscribers:
                 subscriber.drop("the service is stopping")
@@ -319,6 +328,7 @@ class EventHub:
 
     def loop(self) -> None:
         next_sweep, next_prune, next_checkpoint = 0.0, time.monotonic() + PRUNE_EVERY_S / 10, 0.0
+        next_forget_check = 0.0
         while not self.stopped:
             self.wakeup.wait(self.poll_s if self.subscribers else SWEEP_S)
             self.wakeup.clear()
@@ -335,10 +345,23 @@ class EventHub:
                 if scrubber is not None and (scrubber.due or scrubber.checkpoint_pending) and now >= next_checkpoint:
                     next_checkpoint = now + scrubber.retry_s
                     scrubber.finish()
+                if self.store.shared_by_copies and now >= next_forget_check:
+                    next_forget_check = now + self.poll_s
+                    self.watch_forgets()
                 self.fan_out()
             except Exception:  # a busy or broken database: log it, the next round tries again
                 log.exception("dataspace round failed")
                 time.sleep(1)
+
+    def watch_forgets(self) -> None:
+        """Another copy forgot a row: drop what this copy keeps that may quote it (encoded events here, recall's
+        texts and vectors through `forgotten_elsewhere`), as the copy that forgot it did (solos_forget)."""
+        last = self.own_read(solos_store.query("last_retraction"))
+        if self.retracted is not None and last > self.retracted:
+            self.forget_encoded()
+            if self.forgotten_elsewhere is not None:
+                self.forgotten_elsewhere()
+        self.retracted = last
 
     def fan_out(self) -> None:
         """Read what committed since the cursor, once, and queue each subscriber its share."""

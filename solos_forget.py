@@ -111,6 +111,15 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
     return {"tier": tier, "agent": agent, "id": row_id, "status": "forgotten", **retraction, **scrubbed}
 
 
+def forgotten_elsewhere(memory: Any) -> None:
+    """Another copy of the service (PostgreSQL) forgot a row: drop what this copy keeps that may quote it, as
+    op_forget_memory does where the forget ran, and reload the vector index now rather than at the next recall."""
+    solos_rank.drop_kept_texts()
+    solos_provenance.drop_kept_texts()
+    if memory.vectors is not None:
+        memory.vectors.reload_soon(memory.store)
+
+
 # ==== The scrub ====
 
 

@@ -11,6 +11,12 @@ one whose last run failed.
 
 Recording never changes a job's outcome: a run that cannot be recorded (the
 database is gone, or older than this table) still runs, and says so on stderr.
+
+On PostgreSQL each host's timer starts the jobs, and the job runs once per
+period across the cluster: a run takes the job's turn (an advisory lock held
+for the run) and skips, saying so, while another copy runs it or when a run
+succeeded within the period. A run whose copy died leaves its row 'running'
+with the turn free: status shows it failed, and the next run does the job.
 Standard library only; imports only the store. Its SQL is its own table's.
 """
 
@@ -23,8 +29,9 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
+import solos_store
 from solos_store import JOBS_WATCHED_SINCE as WATCHED_SINCE  # when this database began expecting the jobs
 
 # The units' timers (systemd/*.timer) start every job daily.
@@ -32,10 +39,33 @@ JOB_PERIOD_S = {"purge": 86_400, "archive": 86_400, "snapshot": 86_400}
 # A daily timer starts up to 15 min late (RandomizedDelaySec) or at boot (Persistent=); a slow night
 # is not a missed run.
 GRACE_S = 2 * 3600
+# On PostgreSQL, a run skips when the job succeeded less than this long ago (on any host). Less than the period
+# by the grace: the timers of the next day fire a little earlier or later, and must not skip a whole day.
+DONE_FOR_S = {job: period - GRACE_S for job, period in JOB_PERIOD_S.items()}
 KEPT_RUNS = 100  # rows kept per job; older ones go as a new run starts
 ERROR_CHARS = 500  # a failure's message, cut to this: the journal has the rest
 
 Result = TypeVar("Result")
+
+
+@overload
+def recorded(
+    db: str,
+    job: str,
+    work: Callable[[], Result],
+    rows: Callable[[Result], int] | None = None,
+    busy_timeout_ms: int = 5000,
+) -> Result: ...
+
+
+@overload
+def recorded(
+    db: Any,
+    job: str,
+    work: Callable[[], Result],
+    rows: Callable[[Result], int] | None = None,
+    busy_timeout_ms: int = 5000,
+) -> Result | None: ...
 
 
 def recorded(
@@ -44,11 +74,26 @@ def recorded(
     work: Callable[[], Result],
     rows: Callable[[Result], int] | None = None,
     busy_timeout_ms: int = 5000,
-) -> Result:
+) -> Result | None:
     """Run work as one recorded run of job and return what it returns; its exception is recorded, then raised.
 
-    Rows touched: `rows(result)`, or the result itself (purge and archive return a row count).
+    Rows touched: `rows(result)`, or the result itself (purge and archive return a row count). A store shared
+    by copies (PostgreSQL) runs it in the job's turn, once per period: None, and a line, when it skips.
     """
+    if not getattr(db, "shared_by_copies", False):  # one service per SQLite file: each start is a run
+        return run(db, job, work, rows, busy_timeout_ms)
+    with db.job_lock(job) as turn:
+        done = write(db, busy_timeout_ms, job, lambda conn: recent_success(conn, job)) if turn else None
+        if not turn or done:
+            skipped(job, f"it succeeded at {done}, within its period" if done else "another copy is running it now")
+            return None
+        return run(db, job, work, rows, busy_timeout_ms)
+
+
+def run(
+    db: Any, job: str, work: Callable[[], Result], rows: Callable[[Result], int] | None, busy_timeout_ms: int
+) -> Result:
+    """One run: its row, the work, its outcome."""
     run_id = write(db, busy_timeout_ms, job, lambda conn: start_run(conn, job))
     try:
         result = work()
@@ -59,6 +104,18 @@ def recorded(
     touched: Any = rows(result) if rows else result
     write(db, busy_timeout_ms, job, lambda conn: end_run(conn, run_id, "ok", int(touched), None))
     return result
+
+
+def skipped(job: str, reason: str) -> None:
+    """A line on stderr (the journal): the run did nothing, and why."""
+    record = {"ts": stamp(time.time()), "event": "job_skipped", "job": job, "reason": reason}
+    sys.stderr.write(json.dumps(record) + "\n")
+
+
+def recent_success(conn: sqlite3.Connection, job: str) -> str | None:
+    """When the job last succeeded, if that is within DONE_FOR_S."""
+    done = conn.execute("SELECT max(ended_at) FROM memory_job_run WHERE job = ? AND result = 'ok'", (job,)).fetchone()
+    return done[0] if done[0] and time.time() - seconds(done[0]) < DONE_FOR_S.get(job, GRACE_S) else None
 
 
 def write(db: Any, busy_timeout_ms: int, job: str, work: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -126,7 +183,9 @@ def status(conn: sqlite3.Connection, now: float | None = None) -> dict[str, dict
         run = dict(zip(columns.split(", "), last)) if last else None
         waited_from = success or (since[0] if since else None)
         late = waited_from is not None and now > seconds(waited_from) + period + GRACE_S
-        if run and run["result"] == "failed":
+        if run and run["result"] == "running" and not still_running(conn, job):
+            state, detail = "failed", f"the run started at {run['started_at']} never ended: its process died"
+        elif run and run["result"] == "failed":
             state, detail = "failed", run["error"] or "no message"
         elif late:
             state, detail = "overdue", f"no successful run since {waited_from}"
@@ -143,6 +202,13 @@ def status(conn: sqlite3.Connection, now: float | None = None) -> dict[str, dict
             "detail": detail,
         }
     return answer
+
+
+def still_running(conn: sqlite3.Connection, job: str) -> bool:
+    """Whether a run recorded 'running' is alive: on PostgreSQL, whether a session holds the job's turn; SQLite
+    cannot tell (a purge killed there stays 'running' until the next run)."""
+    running = getattr(solos_store.on(conn), "job_running", None)
+    return running is None or running(conn, job)
 
 
 def metrics_lines(jobs: dict[str, dict]) -> list[str]:

@@ -20,6 +20,7 @@ Settings (a flag beats the environment, which beats the default):
   --tokens-file      SOLOS_MEMORY_TOKENS_FILE      (none: loopback trust)
   --model-dir        SOLOS_MEMORY_MODEL_DIR        ./models/all-MiniLM-L6-v2 or "off"
   --qdrant-url, --qdrant-path, --qdrant-collection: SOLOS_MEMORY_QDRANT_*  (none: no mirror)
+  --copy-name        SOLOS_MEMORY_COPY_NAME        hostname:port (which copy answered, of several on PostgreSQL)
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class Config:
     allowed_origins: tuple[str, ...] = ()
     qdrant: solos_qdrant.Target | None = None  # the mirror's target; None: no mirror
     rerank: bool = True  # the learned reranker reorders keyword and hybrid recall's best rows
+    copy_name: str | None = None  # None: hostname:port
 
 
 def env_default(name: str, default: str | None) -> str | None:
@@ -314,6 +316,7 @@ class Memory:
         self.embedder = embedder
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
         self.stats = solos_telemetry.Stats()
+        self.copy = socket.gethostname()  # which copy this is (MemoryServer adds the port, or --copy-name)
         self.activity = solos_status.Activity(store)
         self.vectors = solos_rank.VectorIndex(embedder.model_id, [t.name for t in EMBEDDED_TIERS]) if embedder else None
         self.common_words = solos_rank.CommonWords(store)
@@ -326,6 +329,7 @@ class Memory:
         self.scrubber = solos_forget.Scrubber(store)
         self.events = solos_events.EventHub(store, self.scrubber)
         self.deliveries = self.events.deliveries = solos_provenance.DeliveryLog(store)
+        self.events.forgotten_elsewhere = lambda: solos_forget.forgotten_elsewhere(self)
 
     def embedder_state(self) -> dict:
         """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall."""
@@ -533,6 +537,8 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
             memory.common_words,
             plan.tags,
         )
+        if ranking == "hybrid" and vectors is not None:  # other copies' rows, embedded since the snapshot
+            vectors.fill(store, conn, list(candidates))
     similar: dict[tuple[str, int], float] = {}
     if ranking in ("vector", "hybrid") and vectors is not None:
         similar = solos_rank.vector_candidates(vectors, plan.vector, plan.searched, seen, plan.depth)
@@ -695,6 +701,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         snapshot["recent_rejections"] = [r for r in snapshot["recent_rejections"] if r["agent"] == args["agent"]]
     return {
         "version": __version__,
+        "copy": memory.copy,
         "view": "operator" if args["agent"] is None else "agent",
         **memory.store.counts(),
         **snapshot,
@@ -1493,6 +1500,7 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
         self.config, self.memory, self.tokens = config, memory, tokens  # before binding: a failed bind closes them
         super().__init__((config.host, config.port), MemoryHandler)
         self.port = self.server_address[1]
+        memory.copy = config.copy_name or f"{socket.gethostname()}:{self.port}"
         self.bound_connections()
         names = [
             f"{name}:{self.port}" if ":" not in name else f"[{name}]:{self.port}"
@@ -1530,6 +1538,7 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
         return {
             "status": "ok",
             "version": __version__,
+            "copy": self.memory.copy,
             "auth": "tokens" if self.tokens else "loopback-trust",
             **self.memory.embedder_state(),
         }
@@ -1738,6 +1747,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=env_default("RERANK", "on"),
         help="reorder keyword and hybrid recall's best rows with the learned reranker (default: %(default)s)",
     )
+    serve.add_argument(
+        "--copy-name",
+        default=env_default("COPY_NAME", None),
+        help="which copy of the service this is, in /health, /v1/stats, /metrics and the page (default: hostname:port)",
+    )
     solos_qdrant.add_arguments(serve, env_default)
 
     agents = commands.add_parser("agents", help="register or list agents (admin; never over HTTP)")
@@ -1811,6 +1825,7 @@ def config_from(args: argparse.Namespace) -> Config:
         log_requests=getattr(args, "log_requests", Config.log_requests),
         qdrant=solos_qdrant.target_from(args),
         rerank=getattr(args, "rerank", Config.rerank),
+        copy_name=getattr(args, "copy_name", Config.copy_name),
     )
 
 

@@ -60,6 +60,8 @@ class RankStore(Protocol):
 
     def load_vectors(self, conn: Any, tier: str, model: str) -> Any: ...
 
+    def vectors_by_id(self, conn: Any, tier: str, model: str, ids: list[int]) -> Any: ...
+
 
 # ==== Query words ====
 
@@ -310,6 +312,9 @@ class VectorIndex:
     (`add`, before its write is acknowledged: read-your-writes); rows the fleet
     writes directly join at the reload after the worker embeds them. A deleted
     row never comes back, because candidates are re-read through the SQL filters.
+    Rows other copies of the service embedded (PostgreSQL) join the same way,
+    and those a recall's keyword leg found are read at once (`fill`), so they
+    rank by both legs before the reload lands.
     """
 
     def __init__(self, model_id: str, tiers: Sequence[str]):
@@ -317,6 +322,7 @@ class VectorIndex:
         self.tier_names = tuple(tiers)
         self.lock = threading.Lock()
         self.generation: int | None = None
+        self.latest: int | None = None  # the database's generation as the last refresh read it
         self.reloading = False
         self.tiers: dict[str, tuple] = {}
         self.sorted_ids: dict[str, tuple] = {}  # per tier: (its ids array, those ids sorted, their positions)
@@ -336,7 +342,7 @@ class VectorIndex:
 
     def refresh(self, store: RankStore, conn: Any, tiers: Sequence[str]) -> None:
         """Make the snapshot current: at once while it holds nothing for these tiers, else in the background."""
-        generation = store.vector_generation(conn)
+        generation = self.latest = store.vector_generation(conn)
         if generation == self.generation:
             return
         if not self.count(tiers):
@@ -397,6 +403,22 @@ class VectorIndex:
                 for recent in self.recent.values():
                     for row_id in [i for i, entry in recent.items() if entry[3] <= generation]:
                         del recent[row_id]
+
+    def fill(self, store: RankStore, conn: Any, keys: Sequence[Key]) -> None:
+        """Read the vectors of these rows (a recall's keyword candidates) that the snapshot lacks but the database
+        holds, in the recall's own read: another copy's write ranks by both legs in this recall, not after the
+        reload. One indexed read, only while the snapshot is behind, and only on a store copies share."""
+        import numpy as np
+
+        if not getattr(store, "shared_by_copies", False) or self.latest is None or self.latest == self.generation:
+            return
+        wanted: dict[str, list[int]] = {}
+        for tier, row_id in self.missing(keys):
+            wanted.setdefault(tier, []).append(row_id)
+        for tier, ids in wanted.items():
+            for row in store.vectors_by_id(conn, tier, self.model_id, ids):
+                vector = np.frombuffer(row["vector"], dtype="<f4")
+                self.add(store, tier, row["id"], row["agent"], row["expires_at"], vector, self.latest)
 
     def count(self, tiers: Sequence[str]) -> int:
         """Vectors loaded for these tiers (a row embedded since the snapshot may count twice: enough for a test
@@ -475,17 +497,23 @@ class VectorIndex:
     def lacking(self, keys: Sequence[Key]) -> int:
         """How many of these rows have no vector in the index yet (rows of a tier it does not embed, the archive,
         are not counted)."""
+        return len(self.missing(keys))
+
+    def missing(self, keys: Sequence[Key]) -> list[Key]:
+        """Those of these rows with no vector in the index yet, of the tiers it embeds."""
         keys = [key for key in keys if key[0] in self.tier_names]
-        found = 0
+        absent: list[Key] = []
         for tier in {name for name, _ in keys}:
             wanted = [row_id for name, row_id in keys if name == tier]
             with self.lock:
                 added = self.recent.get(tier, {})
-                fresh = {row_id for row_id in wanted if row_id in added}
+                rest = [row_id for row_id in wanted if row_id not in added]
             ids = self.tiers.get(tier, (None,))[0]
-            rest = [row_id for row_id in wanted if row_id not in fresh]
-            found += len(fresh) + (len(self.positions(tier, ids, rest)) if ids is not None and len(ids) and rest else 0)
-        return len(keys) - found
+            held = (
+                set(ids[self.positions(tier, ids, rest)].tolist()) if ids is not None and len(ids) and rest else set()
+            )
+            absent.extend((tier, row_id) for row_id in rest if row_id not in held)
+        return absent
 
     def positions(self, tier: str, ids: Any, wanted: list[int]) -> Any:
         """Where these row ids sit in the tier's snapshot `ids` (those without a vector left out): a binary

@@ -71,7 +71,8 @@ class Activity:
     """Recalls and their latency per agent, and rows read per (reader, writer): per minute, for the last day.
 
     With a store (`read(work)`, `write(work)` on a connection), the counts are read back at start and
-    saved every SAVE_EVERY_S and at close().
+    saved every SAVE_EVERY_S and at close(). On a database several copies of the service share (PostgreSQL),
+    what stats show is every copy's: the saved counts, read per hour, plus this copy's not saved yet.
     """
 
     def __init__(self, store: Any = None) -> None:
@@ -80,6 +81,7 @@ class Activity:
         self.minutes: dict[int, Counter] = {}  # minute since the epoch -> Counter of (kind, agent, detail)
         self.unsaved: Counter = Counter()  # (minute, kind, agent, detail) -> count not yet in the database
         self.store = store
+        self.shared = bool(getattr(store, "shared_by_copies", False))
         self.stopping = threading.Event()
         self.saver: threading.Thread | None = None
         if store is not None:
@@ -97,6 +99,30 @@ class Activity:
             self.unsaved.update((now, *key) for key in keys)
             for minute in [m for m in self.minutes if m <= now - KEPT_MINUTES]:
                 del self.minutes[minute]
+
+    def counted(self) -> dict[int, Counter]:
+        """This copy's counts per minute."""
+        with self.lock:
+            return {minute: Counter(counts) for minute, counts in self.minutes.items()}
+
+    def every_copy(self, now: int) -> dict[int, Counter]:
+        """Every copy's counts, per hour ago (each at its hour's newest minute): what all of them saved, summed in
+        the database, and this copy's not saved yet. A save under way is missed for that moment."""
+        with self.lock:
+            unsaved = Counter(self.unsaved)
+        rows = self.store.read(
+            lambda conn: conn.execute(
+                "SELECT (? - minute) / 60 AS ago, kind, agent, detail, sum(n) FROM memory_activity "
+                "WHERE minute > ? GROUP BY 1, 2, 3, 4",
+                (now, now - HOURS * 60),
+            ).fetchall()
+        )
+        buckets: dict[int, Counter] = {}
+        for ago, kind, agent, detail, n in rows:
+            buckets.setdefault(now - int(ago) * 60, Counter())[(kind, agent, detail)] += int(n)
+        for (minute, kind, agent, detail), n in unsaved.items():
+            buckets.setdefault(minute, Counter())[(kind, agent, detail)] += n
+        return buckets
 
     # -- kept in the database --
 
@@ -159,8 +185,7 @@ class Activity:
         mine = lambda *names: agent is None or agent in names  # noqa: E731
         concerns = lambda key: mine(key[1], key[2]) if key[0] == "read" else mine(key[1])  # noqa: E731
         now = int(time.time() // 60)
-        with self.lock:
-            buckets = {minute: Counter(counts) for minute, counts in self.minutes.items()}
+        buckets = self.every_copy(now) if self.shared else self.counted()
         hourly: list[Counter] = [Counter() for _ in range(HOURS)]  # index: hours ago
         for minute, counts in buckets.items():
             if 0 <= now - minute < HOURS * 60:
@@ -292,7 +317,8 @@ def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
         charts(stats.get("activity") or {}),
         activity_tables(stats.get("activity") or {}),
         rejections_tables(stats),
-        f'<p class="note" id="footer">Version {escape(str(stats.get("version", health["version"])))}, up '
+        f'<p class="note" id="footer">Version {escape(str(stats.get("version", health["version"])))}'
+        f"{', copy ' + escape(str(health['copy'])) if health.get('copy') else ''}, up "
         f"{duration(stats.get('uptime_s', 0))}, auth {escape(health['auth'])}. "
         f"Generated {escape(solos_jobs.stamp(time.time()))}; reloads every {int(refresh_s)} s. "
         "Counts only: this page never shows what memory says.</p>",

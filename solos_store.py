@@ -14,7 +14,8 @@ second backend implements the same):
       recall        Visibility (one caller, one scope: where, mask, allows), refuse_foreign_persona,
                     Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_at_least, topic_neighbours
       vectors       vector_generation, load_vectors, rows_missing_vectors, save_vectors,
-                    count_missing_vectors, count_vectors
+                    count_missing_vectors, count_vectors, vectors_by_id
+      copies        shared_by_copies, listen(wake) (PostgreSQL: solos_copies)
     forget          find_row, erase, own_retraction, queue_scrub, queued_scrubs, scrubs_done,
                     merge_step, checkpoint_truncate, retractions_after, reapply, mirror_waiting,
                     keep_only_hash
@@ -594,6 +595,7 @@ class Store:
     """
 
     BEGIN_READ, BEGIN_WRITE = "BEGIN", "BEGIN IMMEDIATE"  # a read snapshot; a write that takes the lock up front
+    shared_by_copies = False  # one service per SQLite file; PostgreSQL's store may have copies on other hosts
 
     def __init__(self, path: str, busy_timeout_ms: int = 5000, admin: bool = False):
         self.path = path
@@ -1250,9 +1252,19 @@ class Store:
                         (tier, row["id"], model, stored),
                     )
                     saved.append(row["id"])
+            self.embedding_done(conn, tier, [row["id"] for row, _ in embedded])
             return saved, self.vector_generation(conn)
 
         return self.write(work)
+
+    def embedding_done(self, conn: sqlite3.Connection, tier: str, ids: list[int]) -> None:
+        """These rows' embedding is over, saved or not (in save_vectors' transaction): nothing to release here;
+        PostgreSQL's store releases their claims."""
+
+    def vectors_by_id(self, conn: sqlite3.Connection, tier: str, model: str, ids: list[int]) -> list:
+        """Vectors other copies saved since the index's snapshot: none here, the service being the file's only
+        copy (the fleet's direct writes, embedded by the worker, join the index at its reload)."""
+        return []
 
     def count_missing_vectors(self, model: str) -> int:
         return self.read(
@@ -1291,6 +1303,11 @@ class Store:
         return done
 
     keeps_tokens = False  # PostgreSQL keeps them in the database (solos_tokens.StoredTokens)
+
+    def listen(self, wake: Callable[[], None]) -> Any:
+        """Nothing to listen to: the service's own writes wake the event hub (Memory.written), and it polls for
+        the fleet's. PostgreSQL's store returns a listener for the other copies' commits."""
+        return None
 
     def token_hashes(self) -> dict[str, str]:
         """Bearer tokens kept in the database (PostgreSQL's); SQLite's are in the tokens file."""

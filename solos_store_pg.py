@@ -15,10 +15,13 @@ What is not the same, and why:
 - A forget's dead tuples go with a VACUUM of the touched tables, run by a thread of its own; WAL segments
   and base backups keep the text until they are recycled (SECURITY.md).
 - Snapshots are pg_dump's (docs/operations.md): `snapshot` and `restore` refuse a PostgreSQL URL.
+- Several copies of the service may share the database (solos_copies): background work takes turns under
+  advisory locks, the embedder claims its rows, and each copy's event hub listens for the others' commits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import threading
@@ -30,6 +33,7 @@ import psycopg
 import psycopg.errors
 from psycopg.types.numeric import FloatLoader
 
+import solos_copies
 import solos_store
 from solos_store import (
     RETRACTABLE,
@@ -146,6 +150,7 @@ class PgStore(solos_store.Store):
     """The PostgreSQL database: a pool of connections working as the service's role, every query."""
 
     BEGIN_READ, BEGIN_WRITE = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "BEGIN"
+    shared_by_copies = True
 
     def __init__(self, url: str, busy_timeout_ms: int = 5000, admin: bool = False):
         super().__init__(url, busy_timeout_ms, admin)
@@ -349,6 +354,40 @@ class PgStore(solos_store.Store):
 
     # -- vectors --
 
+    def rows_missing_vectors(self, tier: str, model: str, limit: int, ids: list[int] | None = None) -> list:
+        """Rows with no vector from `model` (of `ids` if given), claimed for this copy (solos_copies.claim): no
+        other copy embeds them until save_vectors releases them, or the claim lapses with a copy that died."""
+        table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
+
+        def work(conn: Any) -> list:
+            claimed = solos_copies.claim(conn, table, tier, model, limit, ids)
+            if not claimed:
+                return []
+            return conn.execute(
+                f"SELECT {select} FROM {table} t WHERE t.id = ANY(?) ORDER BY t.id", (claimed,)
+            ).fetchall()
+
+        return self.write(work)
+
+    def embedding_done(self, conn: Any, tier: str, ids: list[int]) -> None:
+        """Release the rows' claims in the transaction that saves their vectors (solos_store's save_vectors)."""
+        solos_copies.release(conn, tier, ids)
+
+    def save_vectors(self, tier: str, model: str, embedded: list[tuple[Any, bytes]]) -> tuple[list[int], int]:
+        """solos_store's; if the save fails, the claims are released on their own, so another pass may retry."""
+        try:
+            return super().save_vectors(tier, model, embedded)
+        except Exception:
+            ids = [row["id"] for row, _ in embedded]
+            with contextlib.suppress(solos_store.ServiceError):  # else they lapse (solos_copies.CLAIM_S)
+                self.write(lambda conn: solos_copies.release(conn, tier, ids))
+            raise
+
+    def vectors_by_id(self, conn: Any, tier: str, model: str, ids: list[int]) -> list:
+        """These rows' vectors from `model`, as load_vectors reads them: what other copies saved since the vector
+        index's snapshot, for the rows a recall is ranking (solos_rank.VectorIndex.fill)."""
+        return conn.execute(f"SELECT * FROM ({TIER_TABLE[tier].vector_sql}) v WHERE v.id = ANY(?)", (tier, model, ids))
+
     @staticmethod
     def hold_key(conn: Any, agent: str, tier: str, key: str) -> None:
         """Writers do not queue behind one lock here: the same write key waits for the other's commit."""
@@ -368,6 +407,18 @@ class PgStore(solos_store.Store):
         self.write(
             lambda conn: conn.execute("INSERT INTO memory_token (token_sha256, agent) VALUES (?, ?)", (digest, agent))
         )
+
+    # -- copies: notifications and the daily jobs' turns --
+
+    def listen(self, wake: Callable[[], None]) -> solos_copies.Listener:
+        """Call `wake` whenever any copy (or fleet writer) commits an event; `.stop()` the listener returned."""
+        listener = solos_copies.Listener(self.path, wake)
+        listener.start()
+        return listener
+
+    def job_lock(self, job: str) -> Any:
+        """A context holding the job's turn for the run (True), or False while another copy runs it."""
+        return solos_copies.job_lock(self.connect, job)
 
     # -- after a forget --
 
@@ -401,20 +452,33 @@ class PgStore(solos_store.Store):
                     return
                 self.vacuum_wanted = False
             try:
-                queued = self.read(queued_scrubs)
-                tables = ["memory_event", "memory_version", "memory_write_key", "memory_vector"]
-                for tier in queued:
-                    tables.extend(RETRACTABLE[tier])
                 conn = PgConnection.connect(self.path, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
                 try:
-                    conn.execute(f"VACUUM {', '.join(sorted(set(tables)))}")
+                    self.vacuum_queued(conn)
                 finally:
-                    conn.close()
-                self.write(solos_store.query("scrubs_done", done=queued))
-                log_event("forgotten_vacuumed", tables=sorted(set(tables)))
+                    conn.close()  # and with it the turn
             except Exception as error:  # retried on the scrubber's next round
                 log_event("vacuum_failed", error=str(error))
                 return
+
+    def vacuum_queued(self, conn: Any) -> None:
+        """VACUUM the tables the queued scrubs touched and clear them, in this copy's turn (one copy at a time:
+        the queue is read under it, so a turn covers every forget committed before it; a forget later than a
+        turn another copy holds is left to the scrubber's next round)."""
+        if not solos_copies.hold_turn(conn, solos_copies.FORGET_VACUUM):
+            log_event("vacuum_deferred", reason="another copy is vacuuming")
+            return
+        queued = self.read(queued_scrubs)
+        if not queued:
+            return
+        tables = sorted(
+            {"memory_event", "memory_version", "memory_write_key", "memory_vector"}.union(
+                *(RETRACTABLE[tier] for tier in queued)
+            )
+        )
+        conn.execute(f"VACUUM {', '.join(tables)}")
+        self.write(solos_store.query("scrubs_done", done=queued))
+        log_event("forgotten_vacuumed", tables=tables)
 
 
 def first_line(error: BaseException) -> str:
@@ -510,12 +574,18 @@ def text_matches(conn: Any, match: str, candidates: dict[str, list[int]]) -> set
 
 
 def sweep_expired(conn: Any, note: Callable[[Any, str, list[int]], None]) -> int:
+    """solos_store's, one copy at a time: a copy that finds another sweeping skips the round, and the mark is read
+    under the turn, so no two copies log 'expire' for one row. FOR UPDATE: a purge deleting one of the rows
+    (whose trigger logs its expiry unless the mark covers it) finishes first, or waits for this sweep's mark."""
+    if not solos_copies.try_turn(conn, solos_copies.EXPIRY_SWEEP):
+        return 0
     now = conn.execute("SELECT solos_now()").fetchone()[0]
     through = meta_value(conn, "events_expired_through")
     added = 0
     if through is not None:
         expiring = conn.execute(
-            "SELECT id, agent FROM memory_short WHERE expires_at > ? AND expires_at <= ? ORDER BY expires_at, id",
+            "SELECT id, agent FROM memory_short WHERE expires_at > ? AND expires_at <= ? ORDER BY expires_at, id "
+            "FOR UPDATE",
             (through, now),
         ).fetchall()
         note(conn, "short", [row[0] for row in expiring])
@@ -524,6 +594,22 @@ def sweep_expired(conn: Any, note: Callable[[Any, str, list[int]], None]) -> int
         added = len(expiring)
     set_meta(conn, "events_expired_through", now)
     return added
+
+
+def prune_step(conn: Any, cutoff: str, batch: int) -> int:
+    """solos_store's, one copy at a time: another copy pruning now ends this copy's pass (0 pruned)."""
+    if not solos_copies.try_turn(conn, solos_copies.EVENT_PRUNE):
+        return 0
+    return solos_store.prune_step(conn, cutoff, batch)
+
+
+def job_running(conn: Any, job: str) -> bool:
+    return solos_copies.job_running(conn, job)
+
+
+def last_retraction(conn: Any) -> int:
+    """The newest retraction's id: another copy's forget shows here (solos_events.EventHub.watch_forgets)."""
+    return conn.execute("SELECT coalesce(max(id), 0) FROM memory_retraction").fetchone()[0]
 
 
 def near_candidates(conn: Any, match: str, limit: int) -> list:

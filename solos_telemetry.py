@@ -165,7 +165,9 @@ def label(value: Any) -> str:
 
 
 def metrics_text(memory: Any) -> bytes:
-    """Prometheus text exposition: requests, latency, rejections, degraded state, rows per tier."""
+    """Prometheus text exposition: which copy, requests, latency, rejections, degraded state, rows per tier.
+
+    The counters are this copy's; rows, jobs and the mirror are the database's, the same from every copy."""
     stats, lines = memory.stats, []
 
     def family(name: str, kind: str, help_text: str) -> None:
@@ -176,6 +178,8 @@ def metrics_text(memory: Any) -> bytes:
         requests, latency = dict(stats.requests), {k: list(v) for k, v in stats.latency.items()}
         rejections, hits = dict(stats.rejections), dict(stats.recall_hits)
         suppressed = stats.duplicates_suppressed
+    family("copy_info", "gauge", "Which copy of the service answered (several may share a PostgreSQL database).")
+    lines.append(f'solos_memory_copy_info{{copy="{label(memory.copy)}"}} 1')
     family("requests_total", "counter", "HTTP requests answered, by route, method and status.")
     for (route, method, status), count in sorted(requests.items()):
         lines.append(

@@ -1,0 +1,456 @@
+"""Several copies of the service over one PostgreSQL database (issue 23, acceptance 1, 2, 5 and 6): each test
+starts copies of the real service on one fresh database, as hosts of a cluster would run them, and checks
+what they must agree on: recall across copies with both legs, streams that resume on any copy, a forget gone
+everywhere, background work done once, and which copy answered."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import http.client
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from urllib.parse import urlencode
+
+import pytest
+from conftest import ROOT, start_server, stop_server, wait_until
+
+import solos_memory
+
+pytestmark = pytest.mark.slow
+
+np = pytest.importorskip("numpy")
+psycopg = pytest.importorskip("psycopg")
+
+WAIT_S = 10.0
+LISTEN = "LISTEN solos_memory_event"  # what a copy's listening connection last ran (pg_stat_activity.query)
+
+
+class CountingEmbedder:
+    """A deterministic stand-in for the model (a text's vector: its words' hashed directions, summed) that counts
+    every text it embeds, in a tally its copies share. `together`: the first call waits for the other copies'
+    first call, so their passes overlap."""
+
+    dim = 64
+    model_id = "word-hash-copies"
+
+    def __init__(self, tally: collections.Counter, lock: threading.Lock, together: threading.Barrier | None = None):
+        self.tally, self.lock, self.together, self.calls = tally, lock, together, 0
+
+    def vector(self, text: str) -> np.ndarray:
+        total = np.zeros(self.dim, dtype=np.float32)
+        for word in text.lower().split():
+            seed = int.from_bytes(hashlib.sha256(word.encode()).digest()[:4], "little")
+            total += np.random.default_rng(seed).standard_normal(self.dim).astype(np.float32)
+        return total / max(float(np.linalg.norm(total)), 1e-9)
+
+    def embed(self, texts: list[str]) -> list[bytes]:
+        with self.lock:
+            self.calls += 1
+            first = self.calls == 1
+            self.tally.update(texts)
+        if first and self.together is not None:
+            self.together.wait(timeout=WAIT_S)
+        time.sleep(0.01)  # a batch takes a moment, as the model's does
+        return [self.vector(text).astype("<f4").tobytes() for text in texts]
+
+
+@pytest.fixture
+def copies(pg_url, monkeypatch):
+    """start(embedder=None, **config): one more copy of the service on the test's database; all stopped after."""
+    started = []
+
+    def start(embedder=None, **config):
+        monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (embedder, None))
+        running = start_server(pg_url, **config)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        stop_server(running)
+
+
+def sql(url: str, query: str, params: tuple = ()) -> list[tuple]:
+    """One statement as the database's owner, as the fleet's other writers and an operator reach it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(query, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def hybrid_recall(copy, q: str, **query) -> dict:
+    reply = copy.recall("sol", q, min_relevance=0, **query)
+    assert reply.status == 200, reply.body
+    return reply.body
+
+
+def indexed(copy, tier: str, row_id: int) -> bool:
+    """The copy's vector index holds the row (its snapshot, or the rows added since)."""
+    vectors = copy.server.memory.vectors
+    ids = vectors.tiers.get(tier, (np.zeros(0),))[0]
+    return row_id in set(ids.tolist()) or row_id in vectors.recent.get(tier, {})
+
+
+# ==== 1 and 4: a write through one copy, recalled through another at once, by both legs ====
+
+
+def test_a_write_through_one_copy_ranks_by_both_legs_on_another_at_once(copies):
+    tally, lock = collections.Counter(), threading.Lock()
+    a, b = copies(CountingEmbedder(tally, lock)), copies(CountingEmbedder(tally, lock))
+    for n in range(5):  # each copy's vector index holds a snapshot, which the other's write leaves behind
+        assert b.post("/v1/long", {"agent": "sol", "topic": "misc", "fact": f"unrelated note {n} on lunch"}).status
+    for copy in (a, b):
+        assert hybrid_recall(copy, "lunch note")["ranking"] == "hybrid"
+        # The reload a new generation starts has not landed (at 100k rows it takes a third of a second, here
+        # under one): the other copy's row must rank by its vector all the same.
+        copy.server.memory.vectors.reload_soon = lambda store: None
+
+    for copy, other, fact in (
+        (a, b, "The backup job runs nightly at 02:00 UTC"),
+        (b, a, "Gateway certs rotate monthly"),
+    ):
+        written = copy.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": fact})
+        assert written.status == 201, written.body
+        answer = hybrid_recall(other, fact.split(" ", 1)[1])  # at once: no wait for the reload
+        top = answer["results"][0]
+        assert (top["id"], top["agent"], top["foreign"]) == (written.body["id"], "atlas", True)
+        assert answer["ranking"] == "hybrid" and answer["receipt"]["legs"] == ["keyword", "vector"]
+        assert answer["receipt"]["without_vector"] == 0, answer["receipt"]  # its vector, from the database
+        assert answer["degraded"] is False
+        assert tally[f"atlas (ops): {fact}"] == 1  # embedded once, by the copy that wrote it
+
+
+# ==== 2: streams across copies ====
+
+
+class Stream:
+    """One SSE subscription, read on a thread into a queue of messages ({"id", "data", "comment", ...})."""
+
+    def __init__(self, copy, query: dict, last_event_id: int | None = None):
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = str(last_event_id)
+        self.conn = http.client.HTTPConnection("127.0.0.1", copy.port, timeout=30)
+        self.conn.request("GET", "/v1/events?" + urlencode(query), headers=headers)
+        self.response = self.conn.getresponse()
+        assert self.response.status == 200
+        self.messages: queue.Queue = queue.Queue()
+        threading.Thread(target=self.read, daemon=True).start()
+        first = self.messages.get(timeout=WAIT_S)  # the retry line comes once the hub has registered the stream
+        assert first.get("retry") == "2000", first
+
+    def read(self) -> None:
+        message: dict = {}
+        try:
+            for raw in iter(self.response.readline, b""):
+                line = raw.decode().rstrip("\n")
+                if not line:
+                    if message:
+                        self.messages.put(message)
+                    message = {}
+                elif line.startswith(":"):
+                    message["comment"] = line[1:].strip()
+                else:
+                    name, _, value = line.partition(": ")
+                    message[name] = json.loads(value) if name == "data" else value
+        except (OSError, ValueError):
+            pass
+
+    def event(self, timeout: float = WAIT_S) -> dict | None:
+        """The next event's data, or None if none comes within timeout."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                message = self.messages.get(timeout=left)
+            except queue.Empty:
+                return None
+            if "data" in message and "event" not in message:
+                return message["data"]
+        return None
+
+    def close(self) -> None:
+        self.conn.sock and self.conn.sock.close()
+        self.conn.close()
+
+
+def test_a_stream_on_one_copy_is_woken_by_another_copys_commit_even_after_its_listener_reconnects(copies, pg_url):
+    a, b = copies(), copies()
+    b.server.memory.events.poll_s = 60.0  # only LISTEN/NOTIFY can wake copy B's hub in time
+    listener = b.server.memory.events.listener
+    wait_until(listener.listening.is_set, "copy B to listen")
+    stream = Stream(b, {"agent": "sol", "tiers": "long"})
+    try:
+        first = a.post("/v1/long", {"agent": "atlas", "fact": "written through copy A"}).body["id"]
+        started = time.monotonic()
+        seen = stream.event(timeout=3.0)
+        assert seen is not None and seen["row_id"] == first, seen
+        assert time.monotonic() - started < 2.0
+
+        # The database drops the copies' listening connections (a restart, a failover): they listen again.
+        listening = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s"
+        before = {pid for (pid,) in sql(pg_url, listening, (LISTEN,))}
+        assert len(before) == 2
+        sql(pg_url, "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", (sorted(before),))
+        wait_until(
+            lambda: len({pid for (pid,) in sql(pg_url, listening, (LISTEN,))} - before) == 2, "both to listen again"
+        )
+        second = a.post("/v1/long", {"agent": "atlas", "fact": "written after the reconnect"}).body["id"]
+        seen = stream.event(timeout=3.0)
+        assert seen is not None and seen["row_id"] == second, seen
+    finally:
+        stream.close()
+
+
+def test_a_subscriber_resumes_on_another_copy_with_nothing_missing_and_nothing_twice(copies):
+    a, b, c = copies(), copies(), copies()
+    total, writers = 1000, (a, b, c)
+    written: list[int] = []
+    written_lock = threading.Lock()
+
+    def write(copy, n0: int) -> None:
+        for n in range(n0, total, len(writers)):
+            agent = ("atlas", "hermes", "nova")[n % 3]
+            reply = copy.post("/v1/long", {"agent": agent, "topic": f"t{n % 7}", "fact": f"event number {n} of many"})
+            assert reply.status == 201, reply.body
+            with written_lock:
+                written.append(reply.body["id"])
+
+    query = {"agent": "sol", "tiers": "long"}
+    stream = Stream(b, query)
+    threads = [threading.Thread(target=write, args=(copy, i)) for i, copy in enumerate(writers)]
+    for thread in threads:
+        thread.start()
+    got: list[dict] = []
+    try:
+        while len(got) < total // 2:  # on copy B until half have come, then hang up mid-flight
+            event = stream.event()
+            assert event is not None, f"{len(got)} of {total} events arrived on copy B"
+            got.append(event)
+        stream.close()
+        stream = Stream(c, query, last_event_id=got[-1]["id"])  # and resume on copy C
+        while len(got) < total:
+            event = stream.event()
+            assert event is not None, f"{len(got)} of {total} events arrived, then nothing on copy C"
+            got.append(event)
+        assert stream.event(timeout=0.5) is None  # nothing more, and nothing twice
+    finally:
+        stream.close()
+        for thread in threads:
+            thread.join()
+    ids = [event["id"] for event in got]
+    assert ids == sorted(set(ids))  # in order, none repeated
+    assert [event["kind"] for event in got] == ["write"] * total
+    assert sorted(event["row_id"] for event in got) == sorted(written)  # none missing
+
+
+# ==== 5: a forget through one copy, gone from every copy ====
+
+
+def test_a_forget_through_one_copy_is_gone_from_recall_and_the_vector_index_of_every_copy(copies, pg_url):
+    tally, lock = collections.Counter(), threading.Lock()
+    every = [copies(CountingEmbedder(tally, lock)) for _ in range(3)]
+    a, b, c = every
+    kept = a.post("/v1/long", {"agent": "nova", "topic": "pets", "fact": "the office cat is called Biscuit"})
+    fact = a.post("/v1/long", {"agent": "atlas", "topic": "pets", "fact": "the office dog is called Pretzel"})
+    row_id = fact.body["id"]
+    for copy in every:
+        wait_until(
+            lambda copy=copy: row_id in ids_of(hybrid_recall(copy, "office dog Pretzel", ranking="vector")),
+            "each copy's vector leg to find the row",
+        )
+        assert indexed(copy, "long", row_id)
+
+    forgot = c.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": row_id})
+    assert forgot.status == 200 and forgot.body["status"] == "forgotten", forgot.body
+    for copy in every:
+        for ranking in ("hybrid", "keyword", "vector"):
+            found = ids_of(hybrid_recall(copy, "office dog Pretzel", ranking=ranking))
+            assert row_id not in found, (copy.server.memory.copy, ranking)
+        assert kept.body["id"] in ids_of(hybrid_recall(copy, "office cat Biscuit"))
+        wait_until(lambda copy=copy: not indexed(copy, "long", row_id), "the row to leave every vector index")
+    wait_until(lambda: sql(pg_url, "SELECT count(*) FROM memory_scrub_pending") == [(0,)], "the VACUUM")
+    assert sql(pg_url, "SELECT count(*) FROM memory_longterm WHERE strpos(fact, 'Pretzel') > 0") == [(0,)]
+
+
+def ids_of(answer: dict) -> list[int]:
+    return [result["id"] for result in answer["results"]]
+
+
+# ==== Embedding: no two copies embed one row ====
+
+
+def test_two_copies_backfilling_embed_each_row_exactly_once(copies, pg_url):
+    tally, lock, together = collections.Counter(), threading.Lock(), threading.Barrier(2)
+    embedders = [CountingEmbedder(tally, lock, together) for _ in range(2)]
+    running = [copies(embedder) for embedder in embedders]
+    facts = [f"fleet note {n} written around the service" for n in range(200)]
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the fleet's direct writes: no vector yet
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO memory_longterm (agent, topic, fact) VALUES ('nova', 'n', %s)", [(f,) for f in facts]
+            )
+
+    def both_embedding() -> bool:  # both passes at once, as at each copy's 30 s sweep
+        for copy in running:  # again until both run: a wake during a copy's start-up pass may be spent on it
+            copy.server.memory.worker.wake.set()
+        return all(embedder.calls for embedder in embedders)
+
+    wait_until(both_embedding, "both copies to embed", WAIT_S / 2)
+    wait_until(
+        lambda: sql(pg_url, "SELECT count(*) FROM memory_vector WHERE tier = 'long'") == [(200,)],
+        "every row's vector",
+    )
+    texts = {f"nova (n): {fact}" for fact in facts}
+    assert {text: n for text, n in tally.items() if text in texts} == dict.fromkeys(texts, 1)
+    assert all(embedder.calls for embedder in embedders)  # both copies took part
+    wait_until(lambda: sql(pg_url, "SELECT count(*) FROM memory_embed_claim") == [(0,)], "the claims' release")
+
+
+def test_a_claim_holds_rows_from_other_copies_until_it_lapses(pg_url):
+    import solos_store_pg
+
+    one, two = solos_store_pg.PgStore(pg_url), solos_store_pg.PgStore(pg_url)
+    try:
+        one.migrate()
+        sql(pg_url, "INSERT INTO agent_registry (agent) VALUES ('nova')")
+        sql(pg_url, "INSERT INTO memory_longterm (agent, fact) SELECT 'nova', 'row ' || n FROM generate_series(1, 5) n")
+        claimed = [row["id"] for row in one.rows_missing_vectors("long", "m", 3)]
+        rest = [row["id"] for row in two.rows_missing_vectors("long", "m", 10)]
+        assert len(claimed) == 3 and len(rest) == 2 and not set(claimed) & set(rest)
+        assert two.rows_missing_vectors("long", "m", 10) == []  # all five are claimed
+        sql(
+            pg_url,
+            "UPDATE memory_embed_claim SET until = '2000-01-01T00:00:00.000Z' WHERE row_id = ANY(%s)",
+            (claimed,),
+        )
+        assert (
+            sorted(row["id"] for row in two.rows_missing_vectors("long", "m", 10)) == claimed
+        )  # lapsed: a dead copy's
+    finally:
+        one.close()
+        two.close()
+
+
+# ==== 6: background work once across copies; a job outlives the copy running it ====
+
+DYING_RUN = """
+import sys, time
+sys.path.insert(0, {root!r})
+import solos_jobs, solos_store_pg
+
+def work():
+    print("running", flush=True)
+    time.sleep(60)
+
+solos_jobs.recorded(solos_store_pg.PgStore({url!r}), "purge", work)
+"""
+
+
+def job_runs(url: str) -> list[tuple[str, str]]:
+    return sql(url, "SELECT job, result FROM memory_job_run ORDER BY id")
+
+
+def purge_on(hosts: int, url: str) -> list[int]:
+    """`purge` as each host's timer starts it, all at once: their exit statuses."""
+    statuses: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: statuses.append(solos_memory.main(["purge", "--db", url])))
+        for _ in range(hosts)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statuses
+
+
+def test_daily_jobs_run_once_across_copies_and_outlive_a_copy_killed_mid_run(copies, pg_url, capsys):
+    a, b = copies(), copies()
+    dying = subprocess.Popen(
+        [sys.executable, "-c", DYING_RUN.format(root=str(ROOT), url=pg_url)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert dying.stdout is not None and dying.stdout.readline().strip() == "running"
+        assert a.get("/v1/stats").body["jobs"]["purge"]["state"] == "running"
+        assert solos_memory.main(["purge", "--db", pg_url]) == 0  # another host's timer meanwhile
+        assert "another copy is running it now" in capsys.readouterr().err
+        assert job_runs(pg_url) == [("purge", "running"), ("archive", "ok")]
+    finally:
+        dying.kill()  # kill -9 of the copy running the job
+        dying.wait()
+    purge = wait_until(
+        lambda: (state := b.get("/v1/stats").body["jobs"]["purge"])["state"] == "failed" and state,
+        "the dead run to show as failed",
+    )
+    assert "never ended" in purge["detail"] and purge["problem"] is True
+
+    assert purge_on(3, pg_url) == [0, 0, 0]  # the next day's timers on three hosts at once
+    skips = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"job_skipped"' in line]
+    assert sorted(skip["job"] for skip in skips) == ["archive", "archive", "archive", "purge", "purge"]
+    assert job_runs(pg_url) == [("purge", "running"), ("archive", "ok"), ("purge", "ok")]  # once each
+    jobs = a.get("/v1/stats").body["jobs"]
+    assert (jobs["purge"]["state"], jobs["archive"]["state"]) == ("ok", "ok")
+    assert jobs == b.get("/v1/stats").body["jobs"]
+
+
+def test_the_sweep_the_pruning_and_the_vacuum_wait_for_another_copys_turn(copies, pg_url):
+    a, b = copies(), copies()
+    with psycopg.connect(pg_url, autocommit=True) as other:  # another copy, in the middle of each in turn
+        other.execute("BEGIN")
+        other.execute("SELECT pg_advisory_xact_lock(8437, 1)")  # solos_copies.EXPIRY_SWEEP
+        short = [
+            copy.post("/v1/short", {"agent": "atlas", "key": f"k{n}", "value": "gone soon", "ttl_s": 0.3}).body["id"]
+            for n, copy in enumerate((a, b, a, b))
+        ]
+        time.sleep(2.5)  # both copies' sweeps come round twice (each second), and skip
+        expired = "SELECT row_id, count(*) FROM memory_event WHERE kind = 'expire' GROUP BY row_id ORDER BY row_id"
+        assert sql(pg_url, expired) == []
+        other.execute("COMMIT")
+        wait_until(lambda: len(sql(pg_url, expired)) == len(short), "the expiry events")
+        time.sleep(1.5)
+        assert sql(pg_url, expired) == [(row_id, 1) for row_id in short]  # once each, by one copy or the other
+
+        sql(pg_url, "UPDATE memory_event SET ts = '2000-01-01T00:00:00.000Z'")  # past the retention
+        other.execute("BEGIN")
+        other.execute("SELECT pg_advisory_xact_lock(8437, 2)")  # solos_copies.EVENT_PRUNE
+        assert a.server.memory.events.prune() == 0
+        other.execute("COMMIT")
+        assert a.server.memory.events.prune() == 2 * len(short) and b.server.memory.events.prune() == 0
+
+        other.execute("SELECT pg_advisory_lock(8437, 3)")  # solos_copies.FORGET_VACUUM
+        a.server.memory.scrubber.retry_s = 0.2
+        fact = a.post("/v1/long", {"agent": "atlas", "fact": "a fact to forget"}).body["id"]
+        forgot = a.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": fact})
+        assert forgot.body["wal_checkpoint"] == "pending"
+        time.sleep(1.0)  # the scrubber asks again every 0.2 s; another copy's VACUUM holds the turn
+        assert sql(pg_url, "SELECT tier FROM memory_scrub_pending") == [("long",)]
+        other.execute("SELECT pg_advisory_unlock(8437, 3)")
+        wait_until(lambda: sql(pg_url, "SELECT count(*) FROM memory_scrub_pending") == [(0,)], "the VACUUM")
+
+
+# ==== 5 of the build: which copy answered, and the database's counts ====
+
+
+def test_each_copy_says_which_answered_and_shows_the_clusters_counts(copies):
+    every = [copies(copy_name="host-a"), copies(copy_name="host-b"), copies()]
+    names = ["host-a", "host-b", f"{socket.gethostname()}:{every[2].port}"]
+    for n, copy in enumerate(every):
+        assert copy.post("/v1/long", {"agent": "atlas", "fact": f"fact {n} written through a copy"}).status == 201
+        assert copy.recall("sol", "fact written").status == 200
+        copy.server.memory.activity.save()  # as each copy does every minute
+    shared = None
+    for copy, name in zip(every, names):
+        assert copy.get("/health").body["copy"] == name
+        stats = copy.get("/v1/stats").body
+        assert stats["copy"] == name
+        assert f'solos_memory_copy_info{{copy="{name}"}} 1' in copy.get("/metrics").raw.decode()
+        assert f", copy {name}, up " in copy.get("/").raw.decode()
+        counts = (stats["rows"], stats["agents"], stats["jobs"], stats["activity"]["day"]["recalls"])
+        assert counts == (shared or counts)
+        shared = counts
+    assert shared is not None and shared[0]["long"] == 3 and shared[3] == {"sol": 3}  # every copy's recalls
