@@ -17,20 +17,33 @@ which needs numpy; with the embedder for hybrid).
 
     .venv/bin/python bench/locomo.py [--data LOCOMO.json] [--modes keyword,vector,hybrid] [--limit N] [--no-first-pass]
     .venv/bin/python bench/locomo.py --latency-rows 10000    # also recall p50 on 10k rows
+    .venv/bin/python bench/locomo.py --db postgresql://USER@HOST:PORT/DB --modes keyword,hybrid --no-floor
     python3 bench/locomo.py --reference-only
 
 The service runs under the same interpreter (--python to change it), so hybrid
 needs fastembed there: use .venv/bin/python. Keyword-only starts it with
 --model-dir off. Each conversation gets a fresh database in a temp dir; the
 database path goes in through SOLOS_MEMORY_DB. Stdlib only here, but for the
-cross-validated block (imported when it runs).
+cross-validated block (imported when it runs) and psycopg with --db.
+
+--db postgresql://… runs every mode on both stores, SQLite first, then
+PostgreSQL, and ends with the two side by side (issue 22: hit@5 and frac@10
+within 0.01). Each conversation gets a fresh database on that server, named
+pgbench_locomo_<pid>_<n> and dropped after it (the URL's user needs CREATEDB or
+superuser). A user without that may name an empty database of its own: the
+bench then loads the conversations into it one after another and empties it
+after each (DROP SCHEMA public CASCADE, made again as PostgreSQL 15 makes it),
+so it is left empty. A database holding tables is never touched. The relevance
+floor block stays on SQLite.
 Findings and the ranking recipe: bench/RESULTS-locomo.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
+import itertools
 import json
 import os
 import shlex
@@ -40,6 +53,7 @@ import tempfile
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from harness import Process, percentiles  # noqa: E402  (bench/ is on sys.path when run as a script)
@@ -58,14 +72,109 @@ from locomo_data import (
 
 READER = "locomo-reader"
 
+# ==== The databases: a temp SQLite file, or a fresh PostgreSQL database, per conversation ====
+
+
+class SqliteFiles:
+    """A new SQLite file in a temp dir for each conversation (the service creates it)."""
+
+    label = "SQLite"
+
+    @contextlib.contextmanager
+    def fresh(self) -> Iterator[str]:
+        with tempfile.TemporaryDirectory(prefix="locomo-") as tmp:
+            yield str(Path(tmp) / "solos.db")
+
+    def close(self) -> None:
+        pass
+
+
+class PgDatabases:
+    """A fresh database on one PostgreSQL server for each conversation: created beside the URL's and dropped after
+    it, or, where the URL's user may not create databases, the URL's own database when empty, emptied after each."""
+
+    label = "PostgreSQL"
+    PREFIX = "pgbench_locomo"
+
+    def __init__(self, url: str) -> None:
+        try:
+            import psycopg
+        except ImportError:
+            raise SystemExit("--db postgresql://… needs psycopg: run with .venv/bin/python") from None
+        self.url, self.sql = url, psycopg.sql
+        try:
+            self.admin = psycopg.connect(url, autocommit=True, connect_timeout=5)
+        except psycopg.Error as error:
+            raise SystemExit(
+                f"--db: cannot connect to {shown_url(url)}: {str(error).strip().splitlines()[0]}"
+            ) from None
+        self.numbers = itertools.count(1)
+        may_create = self.admin.execute(
+            "SELECT rolsuper OR rolcreatedb FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()[0]
+        self.reuse = not may_create
+        if self.reuse and self.relations():
+            self.admin.close()
+            raise SystemExit(
+                f"--db: {shown_url(url)} holds tables and its user may not create databases; "
+                "give an empty database, or a user with CREATEDB"
+            )
+
+    def relations(self) -> int:
+        return self.admin.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public'"
+        ).fetchone()[0]
+
+    @contextlib.contextmanager
+    def fresh(self) -> Iterator[str]:
+        if self.reuse:
+            try:
+                yield self.url
+            finally:
+                self.empty()
+            return
+        name = f"{self.PREFIX}_{os.getpid()}_{next(self.numbers)}"
+        self.admin.execute(self.sql.SQL("CREATE DATABASE {}").format(self.sql.Identifier(name)))
+        try:
+            yield urllib.parse.urlunsplit(urllib.parse.urlsplit(self.url)._replace(path="/" + name))
+        finally:
+            # WITH (FORCE): the service's pool, or a crashed service's, may still hold connections.
+            self.admin.execute(
+                self.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(self.sql.Identifier(name))
+            )
+
+    def empty(self) -> None:
+        """Back to an empty database: the schema public as PostgreSQL 15 creates it, nothing in it."""
+        self.admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        with self.admin.transaction():
+            self.admin.execute("DROP SCHEMA public CASCADE")
+            self.admin.execute("CREATE SCHEMA public AUTHORIZATION pg_database_owner")
+            self.admin.execute("GRANT USAGE ON SCHEMA public TO PUBLIC")
+
+    def close(self) -> None:
+        self.admin.close()
+
+
+def shown_url(url: str) -> str:
+    """A URL without its password, for messages."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    user = f"{parts.username}@" if parts.username else ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}{host}{f':{parts.port}' if parts.port else ''}"))
+
+
 # ==== The service, through REST ====
 
 
 class Service:
     """One solos-memory server on a fresh database, talked to over one kept-alive connection."""
 
-    def __init__(self, python: str, db: Path, agents: list[str], serve_args: list[str]) -> None:
-        # The database goes in through SOLOS_MEMORY_DB, so this works wherever the CLI puts --db.
+    def __init__(self, python: str, db: str | Path, agents: list[str], serve_args: list[str]) -> None:
+        # The database (a file or a postgresql:// URL) goes in through SOLOS_MEMORY_DB, so this works wherever
+        # the CLI puts --db.
         self.python, self.script = python, str(REPO / "solos_memory.py")
         self.env = {**os.environ, "SOLOS_MEMORY_DB": str(db), "HF_HUB_OFFLINE": "1"}
         self.cli("agents", "add", *agents)
@@ -176,12 +285,18 @@ def prepare(service: Service, mode: str, timeout_s: float = 900.0) -> None:
 
 
 def run_service(
-    conversations: list[Conversation], mode: str, python: str, serve_args: list[str], first_pass: bool = False
+    conversations: list[Conversation],
+    mode: str,
+    python: str,
+    serve_args: list[str],
+    first_pass: bool = False,
+    databases: SqliteFiles | PgDatabases | None = None,
 ) -> tuple[dict, dict, dict | None]:
     """Load and query every conversation on its own service; returns (summary, timings, first-pass summary).
 
     With first_pass, a second service on the same database runs with --rerank off and answers too.
     """
+    databases = databases or SqliteFiles()
     rows: list[tuple[int, dict[str, float]]] = []
     unranked: list[tuple[int, dict[str, float]]] = []
     latencies: list[float] = []
@@ -190,8 +305,8 @@ def run_service(
     write_s = embed_s = 0.0
     for conv in conversations:
         agents = agent_names(conv.speakers + [t.speaker for t in conv.turns])
-        with tempfile.TemporaryDirectory(prefix="locomo-") as tmp:
-            service = Service(python, Path(tmp) / "solos.db", [*agents.values(), READER], serve_args)
+        with databases.fresh() as db:
+            service = Service(python, db, [*agents.values(), READER], serve_args)
             plain = None
             try:
                 t0 = time.perf_counter()
@@ -201,7 +316,7 @@ def run_service(
                 write_s += t1 - t0
                 embed_s += time.perf_counter() - t1
                 if first_pass:
-                    plain = Service(python, Path(tmp) / "solos.db", [READER], [*serve_args, "--rerank", "off"])
+                    plain = Service(python, db, [READER], [*serve_args, "--rerank", "off"])
                     prepare(plain, mode)
                 for q in conv.queries:
                     t0 = time.perf_counter()
@@ -229,12 +344,20 @@ def run_service(
     return summarise(rows), timings, summarise(unranked) if unranked else None
 
 
-def run_latency(conversations: list[Conversation], mode: str, python: str, serve_args: list[str], size: int) -> str:
+def run_latency(
+    conversations: list[Conversation],
+    mode: str,
+    python: str,
+    serve_args: list[str],
+    size: int,
+    databases: SqliteFiles | PgDatabases | None = None,
+) -> str:
     """Recall latency on one database of `size` rows (copies of all turns), every question asked once."""
+    databases = databases or SqliteFiles()
     agents = agent_names([t.speaker for c in conversations for t in c.turns])
     turns = [t for c in conversations for t in c.turns]
-    with tempfile.TemporaryDirectory(prefix="locomo-latency-") as tmp:
-        service = Service(python, Path(tmp) / "solos.db", [*agents.values(), READER], serve_args)
+    with databases.fresh() as db:
+        service = Service(python, db, [*agents.values(), READER], serve_args)
         try:
             t0 = time.perf_counter()
             for copy in range(-(-size // len(turns))):
@@ -253,7 +376,8 @@ def run_latency(conversations: list[Conversation], mode: str, python: str, serve
     spread = percentiles(latencies)
     p50, p95 = spread["p50"], spread["p95"]
     return (
-        f"{mode}, {size} rows: writes {size / write_s:.0f}/s, then waiting for vectors {prepare_s:.1f} s; "
+        f"{databases.label}, {mode}, {size} rows: writes {size / write_s:.0f}/s, "
+        f"then waiting for vectors {prepare_s:.1f} s; "
         f"recall p50 {p50:.1f} ms, p95 {p95:.1f} ms over {len(latencies)} questions"
     )
 
@@ -324,6 +448,67 @@ def print_floor(conversations: list[Conversation], modes: list[str], args: argpa
         relevance_fit.report(asked, mode, solos_rank.RELEVANCE_FLOOR, len(conversations))
 
 
+# ==== Both stores ====
+
+
+def run_stores(
+    conversations: list[Conversation], modes: list[str], stores: list, args: argparse.Namespace
+) -> dict[str, dict[str, dict]]:
+    """Every mode on every store; figures by mode, then by name (the store's label added when there are two)."""
+    service_figures: dict[str, dict[str, dict]] = {}
+    for mode in modes:
+        serve_args = shlex.split(args.keyword_args if mode == "keyword" else args.hybrid_args)
+        first_pass = args.first_pass and mode != "vector"  # vector alone is never reranked
+        service_figures[mode] = {}
+        for store in stores:
+            on = f", {store.label}" if len(stores) > 1 or store.label != "SQLite" else ""
+            summary, timings, unranked = run_service(conversations, mode, args.python, serve_args, first_pass, store)
+            if unranked is not None:
+                service_figures[mode][f"first pass (--rerank off){on}"] = unranked
+                print(format_table(f"service, {mode}, first pass (--rerank off){on}", unranked))
+            service_figures[mode][("reranked" if mode != "vector" else "vector leg") + on] = summary
+            print(format_table(f"service, {mode} ({' '.join(serve_args) or 'default serve args'}){on}", summary))
+            print(
+                f"run time {timings['total_s']:.1f} s (writes {timings['write_s']:.1f} s"
+                + (f", then waiting for vectors {timings['embed_s']:.1f} s" if mode != "keyword" else "")
+                + f"); recall p50 {timings['recall_p50_ms']:.1f} ms, p95 {timings['recall_p95_ms']:.1f} ms; "
+                f"degraded answers {timings['degraded']}/{timings['queries']}"
+            )
+            expected = timings["queries"] if mode == "keyword" else 0
+            if timings["degraded"] != expected:
+                print(f"WARNING: {mode} expected {expected} degraded answers, got {timings['degraded']}")
+            print()
+    return service_figures
+
+
+STORE_GOAL = 0.01  # issue 22: PostgreSQL within 0.01 of SQLite on hit@5 and frac@10
+STORE_COLUMNS = ("hit@1", "hit@5", "hit@10", "frac@10", "MRR")
+
+
+def print_store_comparison(service_figures: dict[str, dict[str, dict]], modes: list[str], stores: list) -> None:
+    """Each mode's overall figures on both stores, the difference (PostgreSQL - SQLite) and the goal's verdict."""
+    first, second = (store.label for store in stores)
+    print(
+        f"{second} against {first}, overall, same questions (goal: hit@5 and frac@10 within {STORE_GOAL})\n"
+        f"{'':<50}" + "".join(f"{m:>8}" for m in STORE_COLUMNS)
+    )
+    for mode in modes:
+        for stage in ("first pass (--rerank off)", "reranked", "vector leg"):
+            pair = [service_figures[mode].get(f"{stage}, {label}") for label in (first, second)]
+            if None in pair:
+                continue
+            a, b = (p["overall"] for p in pair)
+            for name, row in ((first, a), (second, b)):
+                print(f"{f'{mode}, {stage}, {name}':<50}" + "".join(f"{row[m]:>8.3f}" for m in STORE_COLUMNS))
+            gaps = {m: b[m] - a[m] for m in STORE_COLUMNS}
+            within = all(abs(gaps[m]) <= STORE_GOAL + 1e-9 for m in ("hit@5", "frac@10"))
+            print(
+                f"{f'{mode}, {stage}, difference':<50}"
+                + "".join(f"{gaps[m]:>+8.3f}" for m in STORE_COLUMNS)
+                + f"   {'within' if within else 'OFF BY MORE THAN'} {STORE_GOAL}"
+            )
+
+
 # ==== CLI ====
 
 
@@ -356,7 +541,18 @@ def main(argv: list[str] | None = None) -> int:
         help="skip the relevance floor block: foreign-question rejection and hit@5 at the default floor "
         "(default: run it for keyword and hybrid; it asks each service every conversation's questions)",
     )
+    parser.add_argument(
+        "--db",
+        default="",
+        help="a postgresql:// URL: run every mode on SQLite and on PostgreSQL, a fresh database per conversation "
+        "on that server, and compare them (default: SQLite only)",
+    )
+    parser.add_argument("--pg-only", action="store_true", help="with --db: skip the SQLite runs")
     args = parser.parse_args(argv)
+    if args.db and not args.db.startswith(("postgresql://", "postgres://")):
+        parser.error(f"--db takes a postgresql:// URL, got {args.db!r}")
+    if args.pg_only and not args.db:
+        parser.error("--pg-only needs --db")
 
     conversations = load_conversations(Path(args.data))
     if args.limit:
@@ -372,34 +568,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    service_figures: dict[str, dict[str, dict]] = {}
-    for mode in modes:
-        serve_args = shlex.split(args.keyword_args if mode == "keyword" else args.hybrid_args)
-        first_pass = args.first_pass and mode != "vector"  # vector alone is never reranked
-        summary, timings, unranked = run_service(conversations, mode, args.python, serve_args, first_pass)
-        service_figures[mode] = {}
-        if unranked is not None:
-            service_figures[mode]["first pass (--rerank off)"] = unranked
-            print(format_table(f"service, {mode}, first pass (--rerank off)", unranked))
-        service_figures[mode]["reranked" if mode != "vector" else "vector leg"] = summary
-        print(format_table(f"service, {mode} ({' '.join(serve_args) or 'default serve args'})", summary))
-        print(
-            f"run time {timings['total_s']:.1f} s (writes {timings['write_s']:.1f} s"
-            + (f", then waiting for vectors {timings['embed_s']:.1f} s" if mode != "keyword" else "")
-            + f"); recall p50 {timings['recall_p50_ms']:.1f} ms, p95 {timings['recall_p95_ms']:.1f} ms; "
-            f"degraded answers {timings['degraded']}/{timings['queries']}"
-        )
-        expected = timings["queries"] if mode == "keyword" else 0
-        if timings["degraded"] != expected:
-            print(f"WARNING: {mode} expected {expected} degraded answers, got {timings['degraded']}")
-        print()
-    print_cross_validated(conversations, service_figures)
-    if args.floor:
-        print_floor(conversations, [m for m in modes if m != "vector"], args)
-    if args.latency_rows:
-        for mode in modes:
-            serve_args = shlex.split(args.keyword_args if mode == "keyword" else args.hybrid_args)
-            print(run_latency(conversations, mode, args.python, serve_args, args.latency_rows))
+    stores: list[SqliteFiles | PgDatabases] = [] if args.pg_only else [SqliteFiles()]
+    if args.db:
+        stores.append(PgDatabases(args.db))
+    try:
+        service_figures = run_stores(conversations, modes, stores, args)
+        if len(stores) > 1:
+            print_store_comparison(service_figures, modes, stores)
+            print()
+        print_cross_validated(conversations, service_figures)
+        if args.floor:
+            print_floor(conversations, [m for m in modes if m != "vector"], args)
+        if args.latency_rows:
+            for store in stores:
+                for mode in modes:
+                    serve_args = shlex.split(args.keyword_args if mode == "keyword" else args.hybrid_args)
+                    print(run_latency(conversations, mode, args.python, serve_args, args.latency_rows, store))
+    finally:
+        for store in stores:
+            store.close()
     return 0
 
 
