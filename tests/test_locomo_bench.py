@@ -21,6 +21,7 @@ LOCOMO_BENCHES = {
     "service_rss.py": ["--base", "."],
     "relevance_fit.py": [],
     "write_recall_ab.py": ["--base", "."],
+    "store_compare.py": [],
 }
 
 
