@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import http.client
 import json
-import queue
 import socket
 import subprocess
 import sys
 import threading
 import time
-from urllib.parse import urlencode
 
 import pytest
-from conftest import ROOT, start_server, stop_server, wait_until
+from conftest import ROOT, Stream, start_server, stop_server, subscribed, wait_until
 
 import solos_memory
 
@@ -128,54 +125,10 @@ def test_a_write_through_one_copy_ranks_by_both_legs_on_another_at_once(copies):
 # ==== 2: streams across copies ====
 
 
-class Stream:
-    """One SSE subscription, read on a thread into a queue of messages ({"id", "data", "comment", ...})."""
-
-    def __init__(self, copy, query: dict, last_event_id: int | None = None):
-        headers = {"Accept": "text/event-stream"}
-        if last_event_id is not None:
-            headers["Last-Event-ID"] = str(last_event_id)
-        self.conn = http.client.HTTPConnection("127.0.0.1", copy.port, timeout=30)
-        self.conn.request("GET", "/v1/events?" + urlencode(query), headers=headers)
-        self.response = self.conn.getresponse()
-        assert self.response.status == 200
-        self.messages: queue.Queue = queue.Queue()
-        threading.Thread(target=self.read, daemon=True).start()
-        first = self.messages.get(timeout=WAIT_S)  # the retry line comes once the hub has registered the stream
-        assert first.get("retry") == "2000", first
-
-    def read(self) -> None:
-        message: dict = {}
-        try:
-            for raw in iter(self.response.readline, b""):
-                line = raw.decode().rstrip("\n")
-                if not line:
-                    if message:
-                        self.messages.put(message)
-                    message = {}
-                elif line.startswith(":"):
-                    message["comment"] = line[1:].strip()
-                else:
-                    name, _, value = line.partition(": ")
-                    message[name] = json.loads(value) if name == "data" else value
-        except (OSError, ValueError):
-            pass
-
-    def event(self, timeout: float = WAIT_S) -> dict | None:
-        """The next event's data, or None if none comes within timeout."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                message = self.messages.get(timeout=left)
-            except queue.Empty:
-                return None
-            if "data" in message and "event" not in message:
-                return message["data"]
-        return None
-
-    def close(self) -> None:
-        self.conn.sock and self.conn.sock.close()
-        self.conn.close()
+def subscribe(copy, query: dict, last_event_id: int | None = None) -> Stream:
+    """A stream on one copy, registered by its hub (optionally resuming after an event id)."""
+    headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
+    return subscribed(Stream(copy, query, headers))
 
 
 def test_a_stream_on_one_copy_is_woken_by_another_copys_commit_even_after_its_listener_reconnects(copies, pg_url):
@@ -183,7 +136,7 @@ def test_a_stream_on_one_copy_is_woken_by_another_copys_commit_even_after_its_li
     b.server.memory.events.poll_s = 60.0  # only LISTEN/NOTIFY can wake copy B's hub in time
     listener = b.server.memory.events.listener
     wait_until(listener.listening.is_set, "copy B to listen")
-    stream = Stream(b, {"agent": "sol", "tiers": "long"})
+    stream = subscribe(b, {"agent": "sol", "tiers": "long"})
     try:
         first = a.post("/v1/long", {"agent": "atlas", "fact": "written through copy A"}).body["id"]
         started = time.monotonic()
@@ -221,20 +174,20 @@ def test_a_subscriber_resumes_on_another_copy_with_nothing_missing_and_nothing_t
                 written.append(reply.body["id"])
 
     query = {"agent": "sol", "tiers": "long"}
-    stream = Stream(b, query)
+    stream = subscribe(b, query)
     threads = [threading.Thread(target=write, args=(copy, i)) for i, copy in enumerate(writers)]
     for thread in threads:
         thread.start()
     got: list[dict] = []
     try:
         while len(got) < total // 2:  # on copy B until half have come, then hang up mid-flight
-            event = stream.event()
+            event = stream.event(timeout=WAIT_S)
             assert event is not None, f"{len(got)} of {total} events arrived on copy B"
             got.append(event)
         stream.close()
-        stream = Stream(c, query, last_event_id=got[-1]["id"])  # and resume on copy C
+        stream = subscribe(c, query, last_event_id=got[-1]["id"])  # and resume on copy C
         while len(got) < total:
-            event = stream.event()
+            event = stream.event(timeout=WAIT_S)
             assert event is not None, f"{len(got)} of {total} events arrived, then nothing on copy C"
             got.append(event)
         assert stream.event(timeout=0.5) is None  # nothing more, and nothing twice

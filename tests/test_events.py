@@ -3,114 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
-import queue
 import socket
-import threading
 import time
-from urllib.parse import urlencode
 
 import pytest
-from conftest import wait_until
+from conftest import subscribed, wait_until
 
 import solos_events
 import solos_memory
 
 WAIT_S = 5.0
-
-
-class Stream:
-    """One SSE subscription, read on a thread into a queue of messages ({"id", "event", "data", "comment"})."""
-
-    def __init__(self, server, query: dict, headers: dict | None = None):
-        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-        self.conn.request(
-            "GET", "/v1/events?" + urlencode(query), headers={"Accept": "text/event-stream", **(headers or {})}
-        )
-        self.sock = self.conn.sock  # http.client lets go of it for a Connection: close response
-        self.response = self.conn.getresponse()
-        self.status = self.response.status
-        self.messages: queue.Queue = queue.Queue()
-        self.closed = threading.Event()
-        if self.status == 200:
-            threading.Thread(target=self.read, daemon=True).start()
-        else:
-            self.body = json.loads(self.response.read())
-
-    def read(self) -> None:
-        message: dict = {}
-        try:
-            for raw in iter(self.response.readline, b""):
-                line = raw.decode().rstrip("\n")
-                if not line:
-                    if message:
-                        self.messages.put(message)
-                    message = {}
-                elif line.startswith(":"):
-                    message["comment"] = line[1:].strip()
-                else:
-                    name, _, value = line.partition(": ")
-                    message[name] = json.loads(value) if name == "data" else value
-        except (OSError, ValueError):
-            pass
-        self.closed.set()
-
-    def next(self, timeout: float = WAIT_S, skip_comments: bool = True) -> dict | None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                message = self.messages.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                return None
-            if "data" in message or not skip_comments or "event" in message:
-                return message
-
-    def events(self, count: int, timeout: float = WAIT_S) -> list[dict]:
-        """The data of the next `count` data messages (fails if they do not come)."""
-        found = []
-        while len(found) < count:
-            message = self.next(timeout)
-            assert message is not None, f"only {len(found)} of {count} events arrived: {found}"
-            if "data" in message and "event" not in message:
-                found.append(message["data"])
-        return found
-
-    def quiet(self, seconds: float = 0.5) -> list[dict]:
-        """Data messages that arrive within `seconds` (expected: none)."""
-        found = []
-        while (message := self.next(seconds)) is not None:
-            if "data" in message:
-                found.append(message)
-        return found
-
-    def close(self) -> None:
-        """Hang up, as a client that goes away does."""
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.conn.close()
-
-
-@pytest.fixture
-def streams():
-    opened: list[Stream] = []
-
-    def open_stream(server, query: dict, headers: dict | None = None) -> Stream:
-        stream = Stream(server, query, headers)
-        opened.append(stream)
-        return stream
-
-    yield open_stream
-    for stream in opened:
-        stream.close()
-
-
-def subscribed(stream: Stream) -> Stream:
-    """Wait until the hub has registered the stream (the retry line arrives after registration)."""
-    assert stream.status == 200, getattr(stream, "body", None)
-    first = stream.next(skip_comments=False)
-    assert first is not None and first.get("retry") == "2000", first
-    return stream
 
 
 def read_events(server, transport: str = "rest", **args) -> dict:

@@ -9,15 +9,11 @@ import socket
 import time
 
 import pytest
-import test_events
-from conftest import raw_exchange, statuses_in, wait_until
-from test_events import subscribed
+from conftest import raw_exchange, statuses_in, subscribed, wait_until
 
 import mcp_bridge
 import solos_bounds
 import solos_connections
-
-streams = test_events.streams  # the fixture, under the name tests ask for
 
 # Text whose JSON is as large as JSON gets: every control character is six bytes (\u0001).
 HEAVY = "\x01" * 8000

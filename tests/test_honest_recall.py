@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from conftest import PROPERTY_SETTINGS, fresh_agents, marker, start_server, stop_server, wait_until
+from conftest import PROPERTY_SETTINGS, Stream, fresh_agents, marker, start_server, stop_server, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
 from test_hybrid import WordHashEmbedder
@@ -239,8 +239,6 @@ def changes(stream, count: int, timeout: float = 5.0) -> list[dict]:
 
 
 def test_removals_reach_only_the_streams_whose_filters_the_row_matched(server):
-    from test_events import Stream
-
     tagged = Stream(server, {"agent": "nova", "tags": "preference", "tiers": "long,short"})
     worded = Stream(server, {"agent": "nova", "q": "coffee", "tiers": "long,short"})
     everything = Stream(server, {"agent": "nova", "tiers": "long,short"})

@@ -7,10 +7,9 @@ import json
 import sqlite3
 
 import pytest
-from conftest import episode, start_server, stop_server, write_tokens
+from conftest import Stream, episode, start_server, stop_server, subscribed, write_tokens
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_events import Stream, subscribed
 
 import solos_memory
 import solos_snapshot

@@ -9,8 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import marker
-from test_events import Stream, subscribed
+from conftest import Stream, marker, subscribed
 from test_forget import checkpoint, files_holding
 
 import solos_memory
