@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import itertools
 import os
 import shutil
@@ -75,30 +76,7 @@ sys.path.insert(0, str(ROOT))
 K = 5
 LOCOMO_QUESTIONS = 20
 STORES = ("SQLite", "PostgreSQL")
-# What is copied from the SQLite file, table by table; fts, fts_tokens and context are the triggers' to fill.
-COPIED = {
-    "agent_registry": ("agent", "role", "created_at"),
-    "memory_durable": ("id", "key", "value", "updated_at"),
-    "episodic_sharing": ("agent", "shared", "updated_at"),
-    "memory_longterm": (
-        "id",
-        "agent",
-        "topic",
-        "fact",
-        "source",
-        "confidence",
-        "tags",
-        "embedding",
-        "created_at",
-        "updated_at",
-    ),
-    "memory_episodic": ("id", "agent", "event_type", "summary", "details", "outcome", "duration_s", "timestamp"),
-    "memory_short": ("id", "agent", "key", "value", "tags", "created_at", "expires_at"),
-    "memory_write_key": ("agent", "tier", "key", "row_id"),
-    "memory_vector": ("tier", "row_id", "model", "vector"),
-}
-IDENTITIES = ("memory_durable", "memory_longterm", "memory_episodic", "memory_short")
-COPY_BATCH = 5000
+TIERS = ("memory_longterm", "memory_episodic", "memory_short")  # what "rows" counts
 
 # ==== PostgreSQL: the server, and the databases filled from the SQLite files ====
 
@@ -165,35 +143,20 @@ class PgServer:
 
 
 def fill_pg(url: str, source: Path) -> tuple[int, float]:
-    """The service's schema in the database at url, then every row of the SQLite file at source (COPY; the
-    triggers index them), the identities moved past the copied ids, VACUUM ANALYZE. Returns (the tiers' rows,
+    """The SQLite file at source copied into the database at url by `migrate` (the schema, every row with its
+    id, the keyword index filled by its trigger, verified), then VACUUM ANALYZE. Returns (the tiers' rows,
     seconds)."""
     import psycopg
 
-    import solos_store_pg
+    import solos_migrate
 
     started = time.perf_counter()
-    store = solos_store_pg.PgStore(url, admin=True)
-    store.migrate()
-    store.close()
-    lite = sqlite3.connect(source)
+    report = io.StringIO()
+    if not solos_migrate.migrate(str(source), url, report):
+        raise SystemExit(f"migrate into {url} did not verify:\n{report.getvalue()}")
     with psycopg.connect(url, autocommit=True) as conn:
-        for table, columns in COPIED.items():
-            present = {r[1] for r in lite.execute(f"PRAGMA table_info({table})")}
-            wanted = [c for c in columns if c in present]
-            order = " ORDER BY id" if "id" in wanted else ""  # ids in order: the triggers' context reads earlier rows
-            cursor = lite.execute(f"SELECT {', '.join(wanted)} FROM {table}{order}")
-            with conn.transaction(), conn.cursor().copy(f"COPY {table} ({', '.join(wanted)}) FROM STDIN") as copy:
-                while batch := cursor.fetchmany(COPY_BATCH):
-                    for values in batch:
-                        copy.write_row(values)
-        for table in IDENTITIES:
-            conn.execute(
-                f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), coalesce(max(id), 0) + 1, false) FROM {table}"
-            )
         conn.execute("VACUUM ANALYZE")
-        rows = sum(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in IDENTITIES[1:])
-    lite.close()
+        rows = sum(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in TIERS)
     return rows, time.perf_counter() - started
 
 
