@@ -27,6 +27,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -155,6 +156,9 @@ class PgStore(solos_store.Store):
     def __init__(self, url: str, busy_timeout_ms: int = 5000, admin: bool = False):
         super().__init__(url, busy_timeout_ms, admin)
         self.stats: dict[str, tuple[float, int, float]] = {}  # table -> (read at, rows, mean tokens)
+        self.stats_lock = threading.Lock()
+        self.stats_due: set[str] = set()  # tables whose figures a thread is reading again
+        self.counter = ThreadPoolExecutor(1, "pg-counts")
         self.vacuum_lock = threading.Lock()
         self.vacuuming: threading.Thread | None = None
         self.vacuum_wanted = False
@@ -340,13 +344,32 @@ class PgStore(solos_store.Store):
         return conn.execute(sql, args).fetchall()
 
     def size(self, conn: Any, table: str) -> tuple[int, float]:
-        """A table's rows and mean tokens per row (BM25's N and avgdl), read at most once per STATS_TTL_S."""
-        now = time.monotonic()
+        """A table's rows and mean tokens per row (BM25's N and avgdl). Read here the first time; later, a
+        figure older than STATS_TTL_S is read again on a thread of its own (a scan of the table: about 0.1 s
+        at 1M rows), and this recall takes the last one."""
         known = self.stats.get(table)
-        if known is None or now - known[0] > STATS_TTL_S:
-            rows, mean = conn.execute(f"SELECT count(*), coalesce(avg(fts_tokens), 0) FROM {table}").fetchone()
-            known = self.stats[table] = (now, int(rows), float(mean))
+        if known is None:
+            return self.count_rows(conn, table)
+        if time.monotonic() - known[0] > STATS_TTL_S:
+            with self.stats_lock:
+                due = table not in self.stats_due
+                self.stats_due.add(table)
+            if due:
+                with contextlib.suppress(RuntimeError):  # the store is closing: the last figure stands
+                    self.counter.submit(self.recount, table)
         return known[1], known[2]
+
+    def recount(self, table: str) -> None:
+        try:
+            self.read(lambda conn: self.count_rows(conn, table))
+        finally:
+            with self.stats_lock:
+                self.stats_due.discard(table)
+
+    def count_rows(self, conn: Any, table: str) -> tuple[int, float]:
+        rows, mean = conn.execute(f"SELECT count(*), coalesce(avg(fts_tokens), 0) FROM {table}").fetchone()
+        self.stats[table] = (time.monotonic(), int(rows), float(mean))
+        return int(rows), float(mean)
 
     def indexed_rows(self, conn: Any, tier: Tier) -> int | None:
         return self.size(conn, tier.table)[0]
@@ -427,8 +450,10 @@ class PgStore(solos_store.Store):
     # -- after a forget --
 
     def close(self) -> None:
-        """The pool, and a VACUUM still running (it finishes first, so it never outlives its database)."""
+        """The pool, a count under way, and a VACUUM still running (they finish first, so they never outlive
+        the database)."""
         super().close()
+        self.counter.shutdown(wait=True)
         vacuuming = self.vacuuming
         if vacuuming is not None:
             vacuuming.join(VACUUM_WAIT_S)
@@ -544,10 +569,6 @@ def mirror_waiting(conn: Any, row_ids: Iterable[int]) -> set[int]:
     return set()  # the Qdrant mirror runs on SQLite only
 
 
-def reapply(conn: Any, retraction: dict) -> bool:
-    raise NotImplementedError("restore runs on SQLite; PostgreSQL is restored with pg_restore")
-
-
 def head_event(conn: Any) -> int:
     return conn.execute(
         "SELECT coalesce(max(id), 0) FROM memory_event WHERE xid < pg_snapshot_xmin(pg_current_snapshot())"
@@ -626,10 +647,6 @@ def near_candidates(conn: Any, match: str, limit: int) -> list:
         "WHERE fts @@ (SELECT solos_query(?, ?, ?)) LIMIT ?",
         (text, classes, every, limit),
     ).fetchall()
-
-
-def checkpoint_truncate(conn: Any, wait_ms: int) -> bool:
-    raise NotImplementedError("PostgreSQL has no WAL to truncate here: PgStore.clear_forgotten vacuums instead")
 
 
 PgConnection.queries = __import__(__name__)
