@@ -22,7 +22,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, skip_or_fail, write_tokens
+from conftest import ROOT, skip_or_fail, wait_until, write_tokens
 from test_hybrid import WordHashEmbedder, wait_for_vectors
 
 import solos_connections
@@ -292,6 +292,16 @@ def test_busy_refusals_are_counted_on_the_page(make_server, monkeypatch):
         store.write_lock.release()
     for conn in (*working, turned_away):
         conn.close()
+    slots = server.server.slots
+
+    def every_slot_free() -> bool:  # the closed connections' threads give their slots back within a moment
+        taken = [slots.acquire(blocking=False) for _ in range(solos_connections.MAX_CONNECTIONS)]
+        for took in taken:
+            if took:
+                slots.release()
+        return all(taken)
+
+    wait_until(every_slot_free, "the closed connections' slots to come back")  # else the page itself is refused
     page = Dom(server.get("/status").raw.decode())
     service = page.rows("service")
     assert service["busy: too many connections (503)"] == ["1"]
