@@ -244,8 +244,12 @@ class EmbedWorker(threading.Thread):
         import numpy as np
 
         rows = self.store.rows_missing_vectors(tier, self.embedder.model_id, len(ids), ids)
+        if len(rows) < len(ids):  # unchanged text keeps its vector; a row another pass is embedding is waited for
+            taken = {row["id"] for row in rows}
+            rest = [row_id for row_id in ids if row_id not in taken]
+            self.store.await_vectors(tier, self.embedder.model_id, rest, WRITE_EMBED_TIMEOUT_S)
         if not rows:
-            return  # unchanged text keeps its vector
+            return
         blobs = self.embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
         saved, generation = self.store.save_vectors(tier, self.embedder.model_id, list(zip(rows, blobs)))
         for row, blob in zip(rows, blobs):

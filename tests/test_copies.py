@@ -289,6 +289,36 @@ def test_a_claim_holds_rows_from_other_copies_until_it_lapses(pg_url):
         two.close()
 
 
+def test_a_write_waits_for_its_rows_vector_while_another_copys_pass_embeds_it(pg_url):
+    import solos_store_pg
+
+    tally, lock = collections.Counter(), threading.Lock()
+    embedder = CountingEmbedder(tally, lock)
+    writer, other = solos_store_pg.PgStore(pg_url), solos_store_pg.PgStore(pg_url)
+    writer.migrate()
+    worker = solos_memory.EmbedWorker(writer, embedder)  # not started: only the write's own embedding runs
+    try:
+        sql(pg_url, "INSERT INTO agent_registry (agent) VALUES ('nova')")
+        written = writer.upsert_long("nova", "ops", "certs rotate monthly", None, None, [])
+        # Between the write's commit and its own embedding, another copy's background pass claims the row.
+        (theirs,) = other.rows_missing_vectors("long", embedder.model_id, 10)
+        blob = embedder.embed(["nova (ops): certs rotate monthly"])[0]
+        saver = threading.Timer(0.3, lambda: other.save_vectors("long", embedder.model_id, [(theirs, blob)]))
+        saver.start()
+        started = time.monotonic()
+        worker.embed_rows("long", [written["id"]], None)
+        waited = time.monotonic() - started
+        saver.join()
+        # Acknowledged only once the vector is saved, by the pass that holds the claim: embedded once.
+        assert 0.25 <= waited < solos_memory.WRITE_EMBED_TIMEOUT_S, waited
+        assert sql(pg_url, "SELECT row_id FROM memory_vector WHERE tier = 'long'") == [(written["id"],)]
+        assert embedder.calls == 1
+    finally:
+        worker.stop()
+        writer.close()
+        other.close()
+
+
 # ==== 6: background work once across copies; a job outlives the copy running it ====
 
 DYING_RUN = """
