@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -362,24 +363,32 @@ class Memory:
             self.worker.wake.set()  # as before: a write also has the fleet's direct writes looked for
         self.events.wake()
 
-    def embed_query(self, text: str) -> tuple[Any, str | None]:
-        """The query's vector, or None and why (no embedder, still busy, failed, timed out)."""
+    def start_embedding(self, text: str) -> Callable[[], tuple[Any, str | None]]:
+        """Start embedding a question; the call returned waits for its vector, or None and why (no embedder,
+        still busy, failed, or over QUERY_EMBED_TIMEOUT_S from now). Recall starts it before its read, so the
+        model runs beside the keyword leg instead of before it."""
         if self.embedder is None:
-            return None, self.embedder_error
+            return lambda: (None, self.embedder_error)
         if self.stuck_query is not None and not self.stuck_query.done():
-            return None, "keyword-only recall: the embedder is still busy with a query that timed out"
+            return lambda: (None, "keyword-only recall: the embedder is still busy with a query that timed out")
         assert self.query_pool is not None  # set whenever embedder is
         future = self.query_pool.submit(self.embedder.embed, [text])
-        try:
-            blob = future.result(timeout=QUERY_EMBED_TIMEOUT_S)[0]
-        except concurrent.futures.TimeoutError:
-            self.stuck_query = future  # later queries degrade at once instead of queueing behind it
-            return None, f"keyword-only recall: the embedder took over {QUERY_EMBED_TIMEOUT_S} s"
-        except Exception as error:
-            return None, f"keyword-only recall: the embedder failed ({type(error).__name__}: {error})"
-        import numpy as np
+        deadline = time.monotonic() + QUERY_EMBED_TIMEOUT_S
 
-        return np.frombuffer(blob, dtype="<f4"), None
+        @functools.cache  # a read retried after busy asks again
+        def vector() -> tuple[Any, str | None]:
+            try:
+                blob = future.result(timeout=max(0.0, deadline - time.monotonic()))[0]
+            except concurrent.futures.TimeoutError:
+                self.stuck_query = future  # later queries degrade at once instead of queueing behind it
+                return None, f"keyword-only recall: the embedder took over {QUERY_EMBED_TIMEOUT_S} s"
+            except Exception as error:
+                return None, f"keyword-only recall: the embedder failed ({type(error).__name__}: {error})"
+            import numpy as np
+
+            return np.frombuffer(blob, dtype="<f4"), None
+
+        return vector
 
     def close(self) -> None:
         self.activity.close()
@@ -418,8 +427,8 @@ def op_recall_memory(memory: Memory, args: dict) -> dict:
     counted in `suppressed_duplicates`.
     """
     started = time.perf_counter()
-    plan = plan_recall(memory, args)
-    found, ranked = memory.store.read(lambda conn: rank(memory, plan, conn))
+    planned = plan_recall(memory, args)
+    plan, found, ranked = memory.store.read(lambda conn: rank(memory, planned, conn))
     answer = present(memory, plan, found, ranked)
     memory.activity.recalled(plan.caller, [r["agent"] for r in answer["results"]], time.perf_counter() - started)
     return answer
@@ -437,12 +446,21 @@ class RecallPlan:
     query: str
     words: list[str]
     match: str | None  # the FTS5 query; None: no words to match
-    vector: Any  # the question's embedding, or None
-    ranking: str  # recency, keyword, vector or hybrid
+    vector: Any  # the question's embedding, or None (until with_vector: what `embedding` brings)
+    ranking: str  # recency, keyword, vector or hybrid (until with_vector: if the vector comes)
     reason: str | None  # why ranking is degraded, or None
     depth: int  # candidates per tier and leg
     tags: tuple[str, ...]  # only rows carrying one of these; () for any
     floor: float  # min_relevance
+    embedding: Callable[[], tuple[Any, str | None]] | None = None  # the question's vector, on its way
+
+    def with_vector(self) -> RecallPlan:
+        """The plan once the question's embedding is in: its vector, or keyword ranking and why not."""
+        if self.embedding is None:
+            return self
+        vector, failure = self.embedding()
+        ranking = self.ranking if vector is not None else "keyword"
+        return dataclasses.replace(self, vector=vector, ranking=ranking, reason=failure or self.reason, embedding=None)
 
 
 @dataclass
@@ -473,14 +491,14 @@ def plan_recall(memory: Memory, args: dict) -> RecallPlan:
     query = args["q"] or ""
     words = solos_rank.query_words(query)
     match = solos_rank.make_fts_query(words)
-    vector, reason = None, memory.embedder_state()["degraded_reason"]  # what /health says, this very moment
+    reason = memory.embedder_state()["degraded_reason"]  # what /health says, this very moment
+    embedding = None
     if match and args["ranking"] != "keyword" and memory.embedder is not None:
-        vector, failure = memory.embed_query(query)
-        reason = failure or reason
+        embedding = memory.start_embedding(query)  # runs beside the keyword leg (gather)
     if match is None:
         ranking = "recency"
     else:
-        ranking = "keyword" if vector is None else ("vector" if args["ranking"] == "vector" else "hybrid")
+        ranking = "keyword" if embedding is None else ("vector" if args["ranking"] == "vector" else "hybrid")
     depth = max(solos_rank.CANDIDATE_DEPTH, k * 4 + 20)  # room for collapsed duplicates without a second query
     tags = tuple(dict.fromkeys(args["tags"] or ()))
     return RecallPlan(
@@ -492,17 +510,19 @@ def plan_recall(memory: Memory, args: dict) -> RecallPlan:
         query,
         words,
         match,
-        vector,
+        None,
         ranking,
         reason,
         depth,
         tags,
         args["min_relevance"],
+        embedding,
     )
 
 
-def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gathered:
-    """Every candidate both legs find, in one read snapshot, already filtered by scope, sharing and expiry."""
+def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[RecallPlan, Gathered]:
+    """Every candidate both legs find, in one read snapshot, already filtered by scope, sharing and expiry; and
+    the plan with the question's vector (or why there is none)."""
     store, caller = memory.store, plan.caller
     Store.require_agent(conn, caller)
     seen = Visibility.read(conn, caller, plan.scope)
@@ -513,36 +533,35 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
             persona.append(solos_rank.durable_result(row, caller))
     if plan.match is None:
         if plan.query.strip():  # words-free text (only punctuation): nothing can match
-            return Gathered(seen, persona, {}, {}, plan.ranking)
+            return plan, Gathered(seen, persona, {}, {}, plan.ranking)
         recent = {
             (tier.name, row["id"]): solos_rank.tier_result(tier, row, caller)
             for tier in plan.searched
             for row in store.recent_rows(conn, tier, seen, plan.depth, plan.tags)
         }
-        return Gathered(seen, persona, recent, {}, plan.ranking)
-    ranking, vectors = plan.ranking, memory.vectors
+        return plan, Gathered(seen, persona, recent, {}, plan.ranking)
+    ranking, vectors, match = plan.ranking, memory.vectors, plan.match
     names = [tier.name for tier in plan.searched]
+    candidates: dict[tuple[str, int], dict] = {}
+    around: solos_rank.Around = {}
+
+    def keyword_leg() -> dict[tuple[str, int], dict]:
+        return solos_rank.keyword_candidates(
+            store, conn, plan.searched, seen, match, plan.words, plan.depth, around, memory.common_words, plan.tags
+        )
+
+    if ranking == "hybrid":  # while the question is embedded (plan_recall started it)
+        candidates = keyword_leg()
+    keyword_ran, plan = ranking == "hybrid", plan.with_vector()
+    ranking = plan.ranking
     if plan.vector is not None and vectors is not None:
         vectors.refresh(store, conn, names)
         if not vectors.count(names):  # no row of these tiers has a vector (yet): the keyword leg alone
             ranking = "keyword"
-    candidates: dict[tuple[str, int], dict] = {}
-    around: solos_rank.Around = {}
-    if ranking != "vector":
-        candidates = solos_rank.keyword_candidates(
-            store,
-            conn,
-            plan.searched,
-            seen,
-            plan.match,
-            plan.words,
-            plan.depth,
-            around,
-            memory.common_words,
-            plan.tags,
-        )
-        if ranking == "hybrid" and vectors is not None:  # other copies' rows, embedded since the snapshot
-            vectors.fill(store, conn, list(candidates))
+    if ranking == "keyword" and not keyword_ran:
+        candidates = keyword_leg()
+    if ranking == "hybrid" and vectors is not None:  # other copies' rows, embedded since the snapshot
+        vectors.fill(store, conn, list(candidates))
     similar: dict[tuple[str, int], float] = {}
     if ranking in ("vector", "hybrid") and vectors is not None:
         similar = solos_rank.vector_candidates(vectors, plan.vector, plan.searched, seen, plan.depth)
@@ -553,24 +572,24 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> Gather
     if vectors is not None:
         found = Gathered(seen, persona, candidates, similar, ranking, around)
         found.without_vector = vectors.lacking(list(candidates))
-        return found
-    return Gathered(seen, persona, candidates, similar, ranking, around)
+        return plan, found
+    return plan, Gathered(seen, persona, candidates, similar, ranking, around)
 
 
-def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Gathered, list[dict]]:
+def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[RecallPlan, Gathered, list[dict]]:
     """Gather, fuse, rerank: in one read snapshot, since the reranker reads the best rows' topic neighbours."""
-    found = gather(memory, plan, conn)
+    plan, found = gather(memory, plan, conn)
     if found.ranking == "recency":
-        return found, sorted(found.candidates.values(), key=lambda r: r["ts"] or "", reverse=True)
+        return plan, found, sorted(found.candidates.values(), key=lambda r: r["ts"] or "", reverse=True)
     fused = solos_rank.fuse(found.candidates, found.similar, found.ranking)
     if found.ranking == "vector":  # vector alone is for comparing the legs: no reranker, no relevance
-        return found, fused.rows
+        return plan, found, fused.rows
     vectors = memory.vectors if found.ranking == "hybrid" else None
     ranked, found.rerank_failure = solos_rank.rerank(
         memory.store, conn, plan, found.seen, fused, vectors, found.around, memory.rerank
     )
     found.reranked = memory.rerank and found.rerank_failure is None
-    return found, ranked
+    return plan, found, ranked
 
 
 def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:

@@ -125,3 +125,31 @@ def test_writes_queued_past_the_busy_timeout_are_refused_unrun_and_the_next_writ
     assert store.queued == [] and store.commits == []
     assert store.write(long_fact(store, "afterwards"))["status"] == "created"
     assert facts(store) == ["afterwards"]
+
+
+def test_a_write_that_waited_keeps_only_what_is_left_of_its_budget_and_one_that_did_not_keeps_it_all(store):
+    statements: list[str] = []
+    connect = store.connect
+
+    def traced() -> solos_store.PooledConnection:
+        conn = connect()
+        conn.set_trace_callback(lambda sql: sql.startswith("PRAGMA busy_timeout") and statements.append(sql))
+        return conn
+
+    store.connect = traced
+    store.upsert_long("atlas", "ops", "a write alone", None, None, [])
+    assert statements == []  # nothing queued: the connection's own 2,000 ms is the budget, untouched
+
+    def hold() -> None:  # long enough to use more than the slack of the queued write's budget
+        threading.Event().wait((solos_store.BUSY_SLACK_MS + 100) / 1000)
+
+    (outcome,) = queue_behind_a_holder(
+        store, [lambda conn: store.put_long(conn, "sol", "ops", "a write that queued", None, None, [])], hold
+    )
+    assert outcome["status"] == "created"
+    shortened, restored = statements
+    assert int(shortened.split("=")[1]) < 2000 - solos_store.BUSY_SLACK_MS  # it waits only for what is left
+    assert restored == "PRAGMA busy_timeout=2000"  # and the pooled connection gets its full timeout back
+    statements.clear()
+    store.upsert_long("atlas", "ops", "the next write alone", None, None, [])
+    assert statements == []

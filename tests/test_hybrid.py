@@ -390,3 +390,43 @@ def test_hybrid_recall_is_reranked_with_the_vector_legs_score_of_every_row(embed
     assert len(everything) == 60
     similar = vectors.similarity(query, [("long", row_id) for row_id in everything] + [("short", 1), ("long", 10**9)])
     assert similar == pytest.approx({("long", row_id): score for row_id, score in everything.items()})
+
+
+def test_the_keyword_leg_runs_while_the_question_is_embedded(embedded_server, monkeypatch):
+    """The question's embedding starts before the recall's read and the keyword leg runs beside it: a hybrid
+    recall costs about the longer of the two, not their sum. A failed embedding still falls back to keywords."""
+    embedder = WordHashEmbedder()
+    server = embedded_server(embedder)
+    server.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": "the backup job runs nightly"})
+    wait_for_vectors(server, 1)
+    spans: dict[str, list[float]] = {"embed": [], "keyword": []}
+    embed, keyword_candidates = embedder.embed, solos_memory.solos_rank.keyword_candidates
+
+    def slow_question(texts: list[str]) -> list[bytes]:
+        started = time.monotonic()
+        time.sleep(0.3)  # a question the model takes its time over
+        spans["embed"] = [started, time.monotonic()]
+        return embed(texts)
+
+    def timed_keyword_leg(*args, **kwargs):
+        started = time.monotonic()
+        try:
+            return keyword_candidates(*args, **kwargs)
+        finally:
+            spans["keyword"] = [started, time.monotonic()]
+
+    monkeypatch.setattr(embedder, "embed", slow_question)
+    monkeypatch.setattr(solos_memory.solos_rank, "keyword_candidates", timed_keyword_leg)
+    reply = server.recall("sol", "backup job")
+    assert reply.status == 200 and reply.body["ranking"] == "hybrid" and reply.body["degraded"] is False
+    assert reply.body["results"][0]["text"] == "the backup job runs nightly"
+    (embed_started, embed_done), (keyword_started, keyword_done) = spans["embed"], spans["keyword"]
+    assert embed_started < keyword_done and keyword_started < embed_done  # the two overlapped
+
+    def failing_question(texts: list[str]) -> list[bytes]:
+        raise RuntimeError("the model broke on this question")
+
+    monkeypatch.setattr(embedder, "embed", failing_question)
+    fallback = server.recall("sol", "backup job")
+    assert fallback.status == 200 and fallback.body["ranking"] == "keyword" and fallback.body["count"] == 1
+    assert fallback.body["degraded"] is True and "the model broke on this question" in fallback.body["degraded_reason"]
