@@ -267,7 +267,8 @@ def run(convs, kws, vecs, fuseds, title: str) -> dict[str, list]:
 
 def reranker_figures(convs, vec) -> dict[str, dict[str, dict]]:
     """Per mode (keyword; hybrid when vectors are given): the first pass, the service's weights (fitted on all
-    five conversations: in-sample) and the held-out figure (LOCO), simulated as this module does."""
+    five conversations: in-sample) and the held-out figure (LOCO, only with two conversations or more: a model
+    fitted on none cannot rank the one left out), simulated as this module does."""
     kw = recipe_keyword(convs)
     modes = {"keyword": (None, [normalised(m, 100, "minmax") for m in kw], solos_rank.LTR_KEYWORD_WEIGHTS)}
     if vec is not None:
@@ -278,8 +279,9 @@ def reranker_figures(convs, vec) -> dict[str, dict[str, dict]]:
         figures[mode] = {
             "first pass": summarise([r for c, m in zip(convs, fused) for r in query_rows(c, m)]),
             "in-sample": summarise(with_weights(convs, fused, data, weights)),
-            "LOCO": summarise(held_out(convs, fused, data)),
         }
+        if len(convs) > 1:
+            figures[mode]["LOCO"] = summarise(held_out(convs, fused, data))
     return figures
 
 

@@ -250,6 +250,9 @@ def line(name: str, figure: dict[str, float]) -> str:
 def report(asked: list[Asked], mode: str, floor: float, conversations: int) -> None:
     """bench/locomo.py's block: the service's relevance at its default floor, in-sample and held out."""
     print(line(f"{mode}: service relevance, default floor {floor} (in-sample)", figures(asked, None, floor)))
+    if conversations < 2:  # nothing to fit on once the one conversation is held out
+        print(f"{mode}: held-out figures (LOCO) need two conversations or more")
+        return
     print(
         line(
             f"{mode}: fit without it, default floor, held-out conversation (LOCO)",
