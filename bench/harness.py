@@ -5,9 +5,11 @@ Not a bench itself; `python3 bench/<name>.py` imports it from its own folder.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -261,3 +263,47 @@ def verify_acked(db: str | Path, acked: list[tuple[str, int, dict]]) -> list[str
     finally:
         conn.close()
     return problems
+
+
+def with_vectors(source: Path, budget_s: float) -> Path | None:
+    """A copy of source whose every row has a vector, cached beside it (the service's backfill command, once);
+    None if the embedder cannot run here or the backfill does not finish within budget_s."""
+    sys.path.insert(0, str(ROOT))
+    import solos_embed
+
+    try:
+        model = solos_embed.load_embedder(None).model_id
+    except solos_embed.EmbeddingsUnavailable as error:
+        print(f"hybrid: n/a ({error})")
+        return None
+    cached = source.with_name(f"{source.stem}-vectors-{model.replace('@', '-')}.db")
+    if cached.exists():
+        return cached
+    scratch = cached.with_suffix(f".tmp{os.getpid()}")
+    shutil.copyfile(source, scratch)
+    print(f"embedding every row of {source.name} once (cached as {cached.name})", flush=True)
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "solos_memory.py"), "backfill", "--db", str(scratch)],
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            capture_output=True,
+            text=True,
+            timeout=budget_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        scratch.unlink(missing_ok=True)
+        print(f"hybrid: n/a (the backfill took more than {budget_s:.0f} s)")
+        return None
+    if done.returncode != 0:
+        scratch.unlink(missing_ok=True)
+        print(f"hybrid: n/a (backfill exited {done.returncode}: {done.stderr.strip()[-300:]})")
+        return None
+    with contextlib.closing(sqlite3.connect(scratch)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    os.replace(scratch, cached)
+    for leftover in (Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+        leftover.unlink(missing_ok=True)
+    print(f"  embedded in {time.perf_counter() - started:.0f} s")
+    return cached

@@ -2,6 +2,7 @@
 """Recall latency of this tree against another checkout, in one run, on the same database.
 
     python3 bench/recall_ab.py --base DIR [--sizes 100k] [--shapes fleet,locomo] [--queries 400] [--seed 7]
+    .venv/bin/python bench/recall_ab.py --base DIR --hybrid --sizes 10k --shapes fleet
 
 DIR is another checkout of solos-memory (e.g. `git worktree add /tmp/base main`,
 or `git archive <commit> | tar -x -C DIR`). Both services run keyword-only on
@@ -11,6 +12,12 @@ so whatever else loads the machine loads both alike. Prints p50/p95 per tier
 line and the ratio this/base; asserts nothing. Shape `locomo` adds LoCoMo's
 turns as long facts and 20 of its real questions (locomo_shape.py), each asked
 --queries / 20 times.
+
+--hybrid runs both services with the embedder (their default model dir) on a
+copy of the database in which every row has a vector (the service's backfill
+command, once, cached beside it: about 200 rows/s, so use it with 10k), and
+asks the default tiers' content queries in hybrid mode. It needs the embedder's
+packages: run it with .venv/bin/python.
 """
 
 from __future__ import annotations
@@ -24,14 +31,14 @@ from pathlib import Path
 
 import gen_db
 import locomo_shape
-from harness import ROOT, Client, Process, machine_note, percentiles
+from harness import ROOT, Client, Process, machine_note, percentiles, with_vectors
 from locomo_data import DEFAULT_DATA
 from recall_latency import CALLER, LINES, LOCOMO_QUESTIONS, K, make_queries
 
 
-def start(tree: Path, db: Path) -> Process:
+def start(tree: Path, db: Path, hybrid: bool = False) -> Process:
     argv = [sys.executable, str(tree / "solos_memory.py"), "serve", "--db", str(db), "--port", "0"]
-    return Process(argv + ["--no-request-log", "--model-dir", "off"])
+    return Process(argv + ["--no-request-log"] + ([] if hybrid else ["--model-dir", "off"]))
 
 
 def main() -> int:
@@ -42,10 +49,17 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=400, help="timed queries per line (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=7, help="generator and query seed (default: %(default)s)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo file (default: %(default)s)")
+    parser.add_argument("--hybrid", action="store_true", help="hybrid recall on an embedded copy (default: keyword)")
     args = parser.parse_args()
     print(machine_note())
     for size in (s.strip() for s in args.sizes.split(",") if s.strip()):
-        if "fleet" in args.shapes:
+        if "fleet" in args.shapes and args.hybrid:
+            embedded = with_vectors(gen_db.ensure_db(gen_db.parse_size(size), args.seed), budget_s=3600)
+            if embedded is not None:
+                queries = make_queries(embedded, args.queries, args.seed, "content")
+                line = (f"{'long,short':<14} {'shared':<7} {'content':<8}", CALLER, "long,short", "shared", queries)
+                compare(args, f"{size} fleet hybrid", embedded, [line])
+        elif "fleet" in args.shapes:
             source = gen_db.ensure_db(gen_db.parse_size(size), args.seed)
             lines = [
                 (
@@ -58,7 +72,7 @@ def main() -> int:
                 for tiers, scope, style in LINES
             ]
             compare(args, f"{size} fleet", source, lines)
-        if "locomo" in args.shapes:
+        if "locomo" in args.shapes and not args.hybrid:
             source = locomo_shape.ensure_db(gen_db.parse_size(size), args.data)
             asked = locomo_shape.questions(args.data, LOCOMO_QUESTIONS, args.seed)
             queries = asked * max(1, args.queries // len(asked))
@@ -76,6 +90,7 @@ def alternate_recalls(
 ) -> dict[str, list]:
     """Each query to every client in turn, after 20 to warm them; seconds per recall, per client."""
     samples: dict[str, list[float]] = {name: [] for name in clients}
+    ranking: dict[str, str] = {}
     for q in queries[:20]:
         for client in clients.values():
             client.json("GET", "/v1/recall", query={"agent": caller, "q": q, "tiers": tiers, "k": K})
@@ -83,9 +98,11 @@ def alternate_recalls(
         for name, client in clients.items():
             query = {"agent": caller, "q": q, "tiers": tiers, "scope": scope, "k": K}
             started = time.perf_counter()
-            status, _ = client.json("GET", "/v1/recall", query=query)
+            status, answer = client.json("GET", "/v1/recall", query=query)
             samples[name].append(time.perf_counter() - started)
             assert status == 200, (name, status)
+            ranking[name] = answer["ranking"]
+    assert len(set(ranking.values())) == 1, ranking  # both answered the same way (hybrid: neither degraded)
     return samples
 
 
@@ -97,7 +114,8 @@ def compare(
         dbs = {name: Path(folder) / f"{name}.db" for name in ("base", "this")}
         for db in dbs.values():
             shutil.copy(source, db)
-        with start(args.base.resolve(), dbs["base"]) as base, start(ROOT, dbs["this"]) as this:
+        base_tree, hybrid = args.base.resolve(), args.hybrid
+        with start(base_tree, dbs["base"], hybrid) as base, start(ROOT, dbs["this"], hybrid) as this:
             clients = {"base": Client(base.port), "this": Client(this.port)}
             print(f"{title}: {source.name}, base {args.base}, this {ROOT}")
             for label, caller, tiers, scope, queries in lines:
