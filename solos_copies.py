@@ -107,18 +107,6 @@ def claim(conn: Any, table: str, tier: str, model: str, limit: int, ids: list[in
     return sorted(row[0] for row in conn.execute(CLAIM_SQL.format(table=table, only=only), params))
 
 
-def claimed_elsewhere(conn: Any, tier: str, model: str, ids: list[int]) -> bool:
-    """Whether a live claim (held by anyone but this call) still covers one of these rows without its vector."""
-    return bool(
-        conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM memory_embed_claim c LEFT JOIN memory_vector v ON v.tier = c.tier "
-            "AND v.row_id = c.row_id AND v.model = ? WHERE c.tier = ? AND c.row_id = ANY(?) "
-            "AND c.until > solos_now() AND v.row_id IS NULL)",
-            (model, tier, list(ids)),
-        ).fetchone()[0]
-    )
-
-
 def release(conn: Any, tier: str, ids: list[int]) -> None:
     conn.execute("DELETE FROM memory_embed_claim WHERE tier = ? AND row_id = ANY(?)", (tier, ids))
 

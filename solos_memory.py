@@ -153,6 +153,7 @@ QUERY_EMBED_TIMEOUT_S = 2.0  # past this, recall answers keyword-only (degraded)
 EMBED_BATCH = 32
 SWEEP_INTERVAL_S = 30  # the worker also looks for rows other writers added without vectors
 WRITE_EMBED_TIMEOUT_S = 1.0  # a write waits this long for its row's vector (about 5 ms); then the worker has it
+HELD_ROW_POLL_S = 0.01  # how often a write whose row another pass holds looks again
 # Recall is degraded while more rows than this lack a vector: the fleet's direct writes (10k rows an hour would be
 # embedded as they come) never reach it; a bulk import or a stalled embedder does. The worker embeds about
 # 200 rows/s on 2 cores (bench/recall_ab.py), so this is a few seconds behind.
@@ -230,34 +231,46 @@ class EmbedWorker(threading.Thread):
         if self.stuck is not None and not self.stuck.done():
             self.queue((tier, row_id))
             return
-        future = self.pool.submit(self.embed_rows, tier, [row_id], index)
+        future = self.pool.submit(self.embed_rows, tier, [row_id], index, WRITE_EMBED_TIMEOUT_S * 0.9)
         try:
-            future.result(timeout=WRITE_EMBED_TIMEOUT_S)
+            left = future.result(timeout=WRITE_EMBED_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
             self.stuck = future
             self.queue((tier, row_id))
         except Exception as error:  # a broken embedder or a busy database: the background pass retries
             log_event("embed_failed", reason=f"{type(error).__name__}: {error}", tier=tier, id=row_id)
             self.queue((tier, row_id))
+        else:
+            for lacking in left:  # another pass still holds it
+                self.queue((tier, lacking))
 
-    def embed_rows(self, tier: str, ids: list[int], index: solos_rank.VectorIndex | None) -> None:
-        """Embed these rows if they lack a vector, save the vectors, and hand them to the index."""
+    def embed_rows(
+        self, tier: str, ids: list[int], index: solos_rank.VectorIndex | None, wait_s: float = 0.0
+    ) -> list[int]:
+        """Embed these rows if they lack a vector, save the vectors, and hand them to the index; the ids still
+        without one. A row another pass holds (PostgreSQL: another copy's, or this one's background pass) is
+        waited for, up to wait_s, and claimed again if that pass lets it go: a write is acknowledged with its
+        row embedded, whoever embeds it."""
         import numpy as np
 
-        rows = self.store.rows_missing_vectors(tier, self.embedder.model_id, len(ids), ids)
-        if len(rows) < len(ids):  # unchanged text keeps its vector; a row another pass is embedding is waited for
+        deadline, wanted = time.monotonic() + wait_s, list(ids)
+        while True:
+            rows = self.store.rows_missing_vectors(tier, self.embedder.model_id, len(wanted), wanted)
+            if rows:
+                blobs = self.embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
+                saved, generation = self.store.save_vectors(tier, self.embedder.model_id, list(zip(rows, blobs)))
+                for row, blob in zip(rows, blobs):
+                    if index is not None and row["id"] in saved:
+                        expires = row["expires_at"] if "expires_at" in row.keys() else None
+                        vector = np.frombuffer(blob, dtype="<f4")
+                        index.add(self.store, tier, row["id"], row["agent"], expires, vector, generation)
             taken = {row["id"] for row in rows}
-            rest = [row_id for row_id in ids if row_id not in taken]
-            self.store.await_vectors(tier, self.embedder.model_id, rest, WRITE_EMBED_TIMEOUT_S)
-        if not rows:
-            return
-        blobs = self.embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
-        saved, generation = self.store.save_vectors(tier, self.embedder.model_id, list(zip(rows, blobs)))
-        for row, blob in zip(rows, blobs):
-            if index is not None and row["id"] in saved:
-                expires = row["expires_at"] if "expires_at" in row.keys() else None
-                vector = np.frombuffer(blob, dtype="<f4")
-                index.add(self.store, tier, row["id"], row["agent"], expires, vector, generation)
+            wanted = [row_id for row_id in wanted if row_id not in taken]
+            if wanted:  # unchanged text keeps its vector; a row held elsewhere has none yet
+                wanted = self.store.lacking_vectors(tier, self.embedder.model_id, wanted)
+            if not wanted or time.monotonic() >= deadline:
+                return wanted
+            time.sleep(HELD_ROW_POLL_S)
 
     def run(self) -> None:
         while not self.stopped:

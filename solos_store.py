@@ -13,7 +13,7 @@ second backend implements the same):
       reads         read_audit, counts, writes_by_hour, list_agents, require_agent, persona
       recall        Visibility (one caller, one scope: where, mask, allows), refuse_foreign_persona,
                     Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_at_least, topic_neighbours
-      vectors       vector_generation, load_vectors, rows_missing_vectors, await_vectors, save_vectors,
+      vectors       vector_generation, load_vectors, rows_missing_vectors, lacking_vectors, save_vectors,
                     count_missing_vectors, count_vectors, vectors_by_id
       copies        shared_by_copies, listen(wake) (PostgreSQL: solos_copies)
     forget          find_row, erase, own_retraction, queue_scrub, queued_scrubs, scrubs_done,
@@ -1232,9 +1232,20 @@ class Store:
             ).fetchall()
         )
 
-    def await_vectors(self, tier: str, model: str, ids: list[int], timeout_s: float) -> None:
-        """Wait for these rows' vectors while another embedding pass holds them. Here none does: a row
-        rows_missing_vectors left out has its vector already."""
+    def lacking_vectors(self, tier: str, model: str, ids: list[int]) -> list[int]:
+        """Which of these rows have no vector from `model` yet: on PostgreSQL, rows rows_missing_vectors did not
+        hand over because another pass holds them (or is claiming them at this moment)."""
+        table = TIER_TABLE[tier].table
+        return self.read(
+            lambda conn: [
+                row[0]
+                for row in conn.execute(
+                    f"SELECT t.id FROM {table} t LEFT JOIN memory_vector v ON v.tier = ? AND v.row_id = t.id "
+                    f"AND v.model = ? WHERE v.row_id IS NULL AND t.id {on(conn).IDS_IN} ORDER BY t.id",
+                    (tier, model, on(conn).id_list(ids)),
+                )
+            ]
+        )
 
     def save_vectors(self, tier: str, model: str, embedded: list[tuple[sqlite3.Row, bytes]]) -> tuple[list[int], int]:
         """Store vectors for rows whose text is still what was embedded; the ids saved and the vector generation."""

@@ -55,7 +55,6 @@ MIGRATION_LOCK = 8437  # pg_advisory_xact_lock key: copies starting together cre
 STATEMENT_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 5
 VACUUM_WAIT_S = 30.0  # how long closing the store waits for a VACUUM after a forget to finish
-AWAIT_VECTOR_POLL_S = 0.01  # how often a write waiting for another pass to embed its row looks again
 STATS_TTL_S = 1.0  # how long a tier's row count and mean length (BM25's N and avgdl) are reused
 BM25_K1, BM25_B = 1.2, 0.75  # FTS5's
 # Per table: the weight of each tsvector class A-D, from the FTS5 column weights (solos_store.TIER_TABLE) as
@@ -396,16 +395,6 @@ class PgStore(solos_store.Store):
             ).fetchall()
 
         return self.write(work)
-
-    def await_vectors(self, tier: str, model: str, ids: list[int], timeout_s: float) -> None:
-        """Wait, up to `timeout_s`, while another pass (this copy's background one, or another copy's) holds a
-        live claim on any of these rows and has not saved its vector: the write that asked is acknowledged with
-        its row embedded, whoever embeds it."""
-        deadline = time.monotonic() + timeout_s
-        while self.read(lambda conn: solos_copies.claimed_elsewhere(conn, tier, model, ids)):
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(AWAIT_VECTOR_POLL_S)
 
     def embedding_done(self, conn: Any, tier: str, ids: list[int]) -> None:
         """Release the rows' claims in the transaction that saves their vectors (solos_store's save_vectors)."""

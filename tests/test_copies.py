@@ -306,13 +306,37 @@ def test_a_write_waits_for_its_rows_vector_while_another_copys_pass_embeds_it(pg
         saver = threading.Timer(0.3, lambda: other.save_vectors("long", embedder.model_id, [(theirs, blob)]))
         saver.start()
         started = time.monotonic()
-        worker.embed_rows("long", [written["id"]], None)
+        left = worker.embed_rows("long", [written["id"]], None, solos_memory.WRITE_EMBED_TIMEOUT_S)
         waited = time.monotonic() - started
         saver.join()
         # Acknowledged only once the vector is saved, by the pass that holds the claim: embedded once.
-        assert 0.25 <= waited < solos_memory.WRITE_EMBED_TIMEOUT_S, waited
+        assert left == [] and 0.25 <= waited < solos_memory.WRITE_EMBED_TIMEOUT_S, waited
         assert sql(pg_url, "SELECT row_id FROM memory_vector WHERE tier = 'long'") == [(written["id"],)]
         assert embedder.calls == 1
+
+        # Another pass caught claiming the row (its lock held, no claim committed yet), then letting it go: the
+        # write waits, claims it itself and embeds it, rather than going on without a vector.
+        again = writer.upsert_long("nova", "ops", "gateway certs rotate monthly", None, None, [])
+        locked, release = threading.Event(), threading.Event()
+
+        def claiming() -> None:
+            with psycopg.connect(pg_url) as conn:
+                conn.execute("SELECT id FROM memory_longterm WHERE id = %s FOR UPDATE", (again["id"],))
+                locked.set()
+                release.wait(WAIT_S)
+                conn.rollback()
+
+        holder = threading.Thread(target=claiming)
+        holder.start()
+        assert locked.wait(WAIT_S)
+        threading.Timer(0.3, release.set).start()
+        started = time.monotonic()
+        left = worker.embed_rows("long", [again["id"]], None, solos_memory.WRITE_EMBED_TIMEOUT_S)
+        waited = time.monotonic() - started
+        holder.join()
+        assert left == [] and 0.25 <= waited < solos_memory.WRITE_EMBED_TIMEOUT_S, waited
+        assert embedder.calls == 2 and tally["nova (ops): gateway certs rotate monthly"] == 1
+        assert sql(pg_url, "SELECT count(*) FROM memory_vector WHERE tier = 'long'") == [(2,)]
     finally:
         worker.stop()
         writer.close()
