@@ -347,6 +347,7 @@ class Memory:
         self.scrubber = solos_forget.Scrubber(store)
         self.events = solos_events.EventHub(store, self.scrubber)
         self.deliveries = self.events.deliveries = solos_provenance.DeliveryLog(store)
+        self.near = solos_provenance.NearDuplicates()
         self.events.forgotten_elsewhere = lambda: solos_forget.forgotten_elsewhere(self)
 
     def embedder_state(self) -> dict:

@@ -23,9 +23,9 @@ second backend implements the same):
                     prune_step, sharing_agents
     meta and ids    meta_value, set_meta, table_exists, row_id_marks, mark_row_ids
     lifecycle       episodes_by_id, link_promotion, archive_batch, lifecycle_counts, delete_tagged_facts (check)
-    provenance      record_deliveries, read_deliveries, purge_deliveries, first_delivery, near_candidates,
-                    notify_forgotten, read_notices, ack_notices, versions_of, rows_as_of, retracted_as_of,
-                    delivered_by (erase also erases a row's versions and keeps its span)
+    provenance      record_deliveries, read_deliveries, purge_deliveries, first_delivery, near_duplicates_version,
+                    near_candidates, notify_forgotten, read_notices, ack_notices, versions_of, rows_as_of,
+                    retracted_as_of, delivered_by (erase also erases a row's versions and keeps its span)
     tiers           Tier, TIER_TABLE, TIERS, DEFAULT_TIERS, SCOPES, LIVE_TIERS, EMBEDDED_TIERS,
                     tier_tables, tier_indexes
     errors          ServiceError and its subclasses, error_body
@@ -1851,6 +1851,14 @@ def first_delivery(conn: sqlite3.Connection, reader: str, tier: str, ids: Sequen
         f"SELECT min(delivered_at) FROM memory_delivery WHERE tier = ? AND reader = ? AND row_id {on(conn).IDS_IN}",
         (tier, reader, on(conn).id_list(ids)),
     ).fetchone()[0]
+
+
+def near_duplicates_version(conn: sqlite3.Connection) -> tuple[bytes | None, int]:
+    """What near_candidates' answers depend on, as of this transaction: the long facts' keyword index (FTS5
+    rewrites its structure record, with a write counter, at every change) and the vectors (their generation)."""
+    row = conn.execute("SELECT block FROM memory_longterm_fts_data WHERE id = 10").fetchone()
+    generation = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'vector_generation'").fetchone()
+    return (row[0] if row else None), int(generation[0]) if generation else 0
 
 
 def near_candidates(conn: sqlite3.Connection, match: str, limit: int) -> list[sqlite3.Row]:

@@ -637,6 +637,11 @@ def last_retraction(conn: Any) -> int:
     return conn.execute("SELECT coalesce(max(id), 0) FROM memory_retraction").fetchone()[0]
 
 
+def near_duplicates_version(conn: Any) -> None:
+    """No cheap mark of every change to the long facts' text here: near-duplicate clusters are not kept."""
+    return None
+
+
 def near_candidates(conn: Any, match: str, limit: int) -> list:
     text, classes = match_words("{fact} : (" + match + ")")
     every = "&" if " AND " in match else "|"  # solos_provenance.near_key: all of its words

@@ -109,6 +109,44 @@ def test_one_writes_one_echoes_one_agrees_independently_and_only_the_reader_is_t
     assert notices(server, "nova") == notices(server, "atlas") == notices(server, "hermes") == []
 
 
+def test_a_kept_cluster_answers_only_while_the_long_facts_and_their_vectors_are_unchanged(server, monkeypatch):
+    queried: list[str] = []
+    near_candidates = solos_store.near_candidates
+
+    def counted(conn, match, limit):
+        queried.append(match)
+        return near_candidates(conn, match, limit)
+
+    monkeypatch.setattr(solos_store, "near_candidates", counted)
+    word = marker()
+    fact = f"The coolant pump {word} is rated for 40 bar at the north plant"
+    written = server.post("/v1/long", {"agent": "atlas", "fact": fact}).body["id"]
+
+    def witnesses() -> list[tuple[str, str]]:
+        (result,) = server.recall("atlas", word, tiers="long", scope="own").body["results"]
+        assert result["id"] == written
+        return [(w["agent"], w["match"]) for w in result["witnesses"]]
+
+    assert witnesses() == [] and len(queried) == 1
+    assert witnesses() == [] and len(queried) == 1  # nothing changed: the kept cluster, no FTS5 query
+    db = sqlite3.connect(server.db_path, isolation_level=None)  # the fleet's own writers, around the service
+    db.execute(
+        "INSERT INTO memory_longterm (agent, fact) VALUES ('nova', ?)",
+        (f"At the north plant the coolant pump {word} is rated for 40 bar",),
+    )
+    assert witnesses() == [("nova", "token_overlap")] and len(queried) == 2
+    assert witnesses() == [("nova", "token_overlap")] and len(queried) == 2
+    db.execute("UPDATE memory_longterm SET agent = 'hermes' WHERE agent = 'nova' AND fact LIKE ?", (f"%{word}%",))
+    assert witnesses() == [("hermes", "token_overlap")] and len(queried) == 3
+    db.execute("UPDATE solos_memory_meta SET value = value + 1 WHERE key = 'vector_generation'")
+    assert witnesses() == [("hermes", "token_overlap")] and len(queried) == 4  # vectors may judge it: asked again
+    (theirs,) = db.execute("SELECT id FROM memory_longterm WHERE agent = 'hermes' AND fact LIKE ?", (f"%{word}%",))
+    db.close()
+    forgot = server.request("DELETE", "/v1/memory", query={"agent": "hermes", "tier": "long", "id": theirs[0]})
+    assert forgot.status == 200
+    assert witnesses() == [] and len(queried) == 5
+
+
 # ==== Property: independent and echo follow the delivery order ====
 
 STEPS = st.lists(st.tuples(st.sampled_from(["write", "read"]), st.sampled_from(AGENTS)), min_size=2, max_size=9)
