@@ -296,7 +296,6 @@ class NearDuplicates:
         self.most = kept
         self.version: Any = None
         self.kept: collections.OrderedDict[tuple[int, bytes], Cluster] = collections.OrderedDict()
-        self.hits = self.misses = 0
 
     def clusters(self, conn: Any, results: Sequence[dict], vectors: bool) -> list[Cluster]:
         version = solos_store.on(conn).near_duplicates_version(conn)
@@ -308,14 +307,12 @@ class NearDuplicates:
         for result in results:
             key = (result["id"], hashlib.blake2b(result["text"].encode(), digest_size=16).digest())
             with self.lock:
-                cluster = self.kept.get(key) if version is not None else None
+                cluster = self.kept.get(key) if version is not None and version == self.version else None
                 if cluster is not None:
                     self.kept.move_to_end(key)
-                    self.hits += 1
             if cluster is None:
                 cluster = near_cluster(conn, result, vectors)
                 with self.lock:
-                    self.misses += 1
                     if version is not None and version == self.version:
                         self.kept[key] = cluster
                         while len(self.kept) > self.most:

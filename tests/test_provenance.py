@@ -147,6 +147,25 @@ def test_a_kept_cluster_answers_only_while_the_long_facts_and_their_vectors_are_
     assert witnesses() == [] and len(queried) == 5
 
 
+def test_a_cluster_kept_at_one_version_never_answers_a_recall_at_another(monkeypatch):
+    """Two recalls at once over different states of the long facts: neither is answered from the other's."""
+    near, seen = solos_provenance.NearDuplicates(), {"version": b"one"}
+    monkeypatch.setattr(solos_store, "near_duplicates_version", lambda conn: seen["version"])
+    first, second = ({"id": n, "agent": "atlas", "text": f"fact {n}"} for n in (1, 2))
+
+    def near_cluster(conn, result, vectors):
+        made = {result["id"]: (result["agent"], seen["version"].decode(), "")}
+        if result is first and seen["version"] == b"one":  # meanwhile, a recall after a write keeps `second`
+            seen["version"] = b"two"
+            assert near.clusters(None, [second], False) == [{2: ("atlas", "two", "")}]
+            seen["version"] = b"one"
+        return made
+
+    monkeypatch.setattr(solos_provenance, "near_cluster", near_cluster)
+    assert near.clusters(None, [first, second], False) == [{1: ("atlas", "one", "")}, {2: ("atlas", "one", "")}]
+    assert near.clusters(None, [second], False) == [{2: ("atlas", "one", "")}]  # asked again at one: never two's
+
+
 # ==== Property: independent and echo follow the delivery order ====
 
 STEPS = st.lists(st.tuples(st.sampled_from(["write", "read"]), st.sampled_from(AGENTS)), min_size=2, max_size=9)
