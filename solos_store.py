@@ -1211,8 +1211,7 @@ class Store:
     # -- vectors --
 
     def vector_generation(self, conn: sqlite3.Connection) -> int:
-        row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'vector_generation'").fetchone()
-        return int(row[0]) if row else 0
+        return int(meta_value(conn, "vector_generation") or 0)
 
     def load_vectors(self, conn: sqlite3.Connection, tier: str, model: str) -> sqlite3.Cursor:
         """Every vector of one tier made by `model`, with what the vector search filters on, row by row."""
@@ -1857,8 +1856,7 @@ def near_duplicates_version(conn: sqlite3.Connection) -> tuple[bytes | None, int
     """What near_candidates' answers depend on, as of this transaction: the long facts' keyword index (FTS5
     rewrites its structure record, with a write counter, at every change) and the vectors (their generation)."""
     row = conn.execute("SELECT block FROM memory_longterm_fts_data WHERE id = 10").fetchone()
-    generation = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'vector_generation'").fetchone()
-    return (row[0] if row else None), int(generation[0]) if generation else 0
+    return (row[0] if row else None), int(meta_value(conn, "vector_generation") or 0)
 
 
 def near_candidates(conn: sqlite3.Connection, match: str, limit: int) -> list[sqlite3.Row]:
