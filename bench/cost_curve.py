@@ -2,18 +2,77 @@
 
 Not a bench itself: `python3 bench/recall_latency.py --curve docs --sizes 1k,10k,100k` measures and calls
 `write`, which rewrites the generated block of DIR/cost-curve.md (between the markers; the prose around it
-is kept) and DIR/cost-curve.svg. Stdlib only: the chart is SVG written by hand, log-log.
+is kept), draws the chart as DIR/cost-curve.png and DIR/cost-curve.svg, and keeps the figures in
+DIR/cost-curve.json. `python3 bench/cost_curve.py DIR` redraws all of it from that json, measuring nothing.
+Stdlib only: the chart, log-log, is a list of shapes that `svg` writes as text and `png` rasterises
+(png_canvas.py).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+
+import png_canvas
 
 FLEET_TABLES = ("memory_longterm", "memory_episodic", "memory_short")
 BEGIN, END = "<!-- cost-curve:begin (bench/recall_latency.py --curve writes this block) -->", "<!-- cost-curve:end -->"
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+DASHES = {"p50": (), "p99": (6, 3), "floor": (2, 3)}  # solid, dashed, dotted
 WIDTH, HEIGHT, MARGIN = 760, 460, 60
+FONT_SIZE, TITLE_SIZE = 11, 13
+TITLE = "solos-memory: keyword recall and write latency by rows"
+
+
+@dataclass(frozen=True)
+class Line:
+    """A straight stroke; dash is SVG's stroke-dasharray, empty for solid."""
+
+    x1: float
+    y1: float
+    x2: float
+    y2: float
+    colour: str
+    width: float = 1
+    dash: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Polyline:
+    """A stroke through points, in order."""
+
+    points: tuple[tuple[float, float], ...]
+    colour: str
+    width: float = 1
+    dash: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Dot:
+    """A filled circle."""
+
+    x: float
+    y: float
+    radius: float
+    colour: str
+
+
+@dataclass(frozen=True)
+class Text:
+    """A label on baseline y; anchor is SVG's text-anchor: start, middle or end."""
+
+    x: float
+    y: float
+    text: str
+    size: int = FONT_SIZE
+    colour: str = "#000"
+    anchor: str = "start"
+
+
+Shape = Line | Polyline | Dot | Text
 
 
 def table(points: dict[str, dict[str, dict]]) -> str:
@@ -59,7 +118,7 @@ def series(points: dict[str, dict[str, dict]]) -> dict[str, list[tuple[int, floa
     return out
 
 
-def svg(points: dict[str, dict[str, dict]], note: str) -> str:
+def chart(points: dict[str, dict[str, dict]], note: str) -> list[Shape]:
     """A log-log chart of every series: solid p50, dashed p99, dotted floor; one colour per line."""
     plotted = series(points)
     xs = [x for values in plotted.values() for x, _ in values]
@@ -74,56 +133,96 @@ def svg(points: dict[str, dict[str, dict]], note: str) -> str:
         py = MARGIN + inner_h - (math.log10(max(y, 10**y_lo)) - y_lo) / (y_hi - y_lo) * inner_h
         return round(px, 1), round(py, 1)
 
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" '
-        'font-size="11">',
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-        f'<text x="{MARGIN}" y="20" font-size="13">solos-memory: keyword recall and write latency by rows</text>',
-        f'<text x="{MARGIN}" y="36" fill="#555">{escape(note)}</text>',
-    ]
+    shapes: list[Shape] = [Text(MARGIN, 20, TITLE, size=TITLE_SIZE), Text(MARGIN, 36, note, colour="#555")]
     for power in range(x_lo, x_hi + 1):
         px, _ = at(10**power, 10**y_lo)
-        parts.append(f'<line x1="{px}" y1="{MARGIN}" x2="{px}" y2="{MARGIN + inner_h}" stroke="#ddd"/>')
-        parts.append(f'<text x="{px}" y="{MARGIN + inner_h + 16}" text-anchor="middle">{10**power:,}</text>')
+        shapes.append(Line(px, MARGIN, px, MARGIN + inner_h, "#ddd"))
+        shapes.append(Text(px, MARGIN + inner_h + 16, f"{10**power:,}", anchor="middle"))
     for power in range(y_lo, y_hi + 1):
         _, py = at(10**x_lo, 10**power)
-        parts.append(f'<line x1="{MARGIN}" y1="{py}" x2="{MARGIN + inner_w}" y2="{py}" stroke="#ddd"/>')
-        parts.append(f'<text x="{MARGIN - 6}" y="{py + 4}" text-anchor="end">{10.0**power:g} ms</text>')
-    parts.append(f'<text x="{MARGIN + inner_w / 2}" y="{HEIGHT - 16}" text-anchor="middle">rows</text>')
+        shapes.append(Line(MARGIN, py, MARGIN + inner_w, py, "#ddd"))
+        shapes.append(Text(MARGIN - 6, py + 4, f"{10.0**power:g} ms", anchor="end"))
+    shapes.append(Text(MARGIN + inner_w / 2, HEIGHT - 16, "rows", anchor="middle"))
     lines = list(dict.fromkeys(name.rsplit(" ", 1)[0] for name in plotted))
-    dashes = {"p50": "", "p99": ' stroke-dasharray="6 3"', "floor": ' stroke-dasharray="2 3"'}
-    legend_y = MARGIN
+    legend_x, legend_y = MARGIN + inner_w + 16, MARGIN
     for number, line in enumerate(lines):
         colour = COLOURS[number % len(COLOURS)]
-        for kind, dash in dashes.items():
+        for kind, dash in DASHES.items():
             values = plotted.get(f"{line} {kind}")
             if not values:
                 continue
-            path = " ".join(f"{x},{y}" for x, y in (at(*v) for v in sorted(values)))
-            parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
-            for x, y in (at(*v) for v in values):
-                parts.append(f'<circle cx="{x}" cy="{y}" r="2.5" fill="{colour}"/>')
-            legend_x = MARGIN + inner_w + 16
-            parts.append(
-                f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 24}" y2="{legend_y}" stroke="{colour}" '
-                f'stroke-width="2"{dash}/>'
-            )
-            parts.append(f'<text x="{legend_x + 30}" y="{legend_y + 4}">{escape(line)} {kind}</text>')
+            shapes.append(Polyline(tuple(at(*v) for v in sorted(values)), colour, 2, dash))
+            shapes.extend(Dot(*at(*v), 2.5, colour) for v in values)
+            shapes.append(Line(legend_x, legend_y, legend_x + 24, legend_y, colour, 2, dash))
+            shapes.append(Text(legend_x + 30, legend_y + 4, f"{line} {kind}"))
             legend_y += 16
+    return shapes
+
+
+def svg(shapes: list[Shape]) -> str:
+    """The shapes as an SVG document, WIDTH by HEIGHT on white."""
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" '
+        f'font-size="{FONT_SIZE}">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+    ]
+    for shape in shapes:
+        match shape:
+            case Line(x1, y1, x2, y2, colour):
+                ends = f'x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}"'
+                parts.append(f'<line {ends} stroke="{colour}"{stroke_attributes(shape)}/>')
+            case Polyline(points, colour):
+                path = " ".join(f"{x},{y}" for x, y in points)
+                parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}"{stroke_attributes(shape)}/>')
+            case Dot(x, y, radius, colour):
+                parts.append(f'<circle cx="{x}" cy="{y}" r="{radius}" fill="{colour}"/>')
+            case Text(x, y, text, size, colour, anchor):
+                style = "" if size == FONT_SIZE else f' font-size="{size}"'
+                style += "" if colour == "#000" else f' fill="{colour}"'
+                style += "" if anchor == "start" else f' text-anchor="{anchor}"'
+                parts.append(f'<text x="{x}" y="{y}"{style}>{escape(text)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def stroke_attributes(shape: Line | Polyline) -> str:
+    """SVG attributes for a stroke's width and dashes, when not the defaults."""
+    width = "" if shape.width == 1 else f' stroke-width="{shape.width}"'
+    dash = "" if not shape.dash else f' stroke-dasharray="{" ".join(f"{d:g}" for d in shape.dash)}"'
+    return width + dash
 
 
 def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def png(shapes: list[Shape]) -> bytes:
+    """The shapes rasterised, WIDTH by HEIGHT on white; the title's font at twice the labels' size."""
+    canvas = png_canvas.Canvas(WIDTH, HEIGHT)
+    for shape in shapes:
+        match shape:
+            case Line(x1, y1, x2, y2, colour, width, dash):
+                canvas.line(x1, y1, x2, y2, colour, width, dash)
+            case Polyline(points, colour, width, dash):
+                canvas.polyline(points, colour, width, dash)
+            case Dot(x, y, radius, colour):
+                canvas.dot(x, y, radius, colour)
+            case Text(x, y, text, size, colour, anchor):
+                canvas.text(x, y, text, colour, scale=2 if size > FONT_SIZE else 1, anchor=anchor)
+    return canvas.png()
+
+
 def write(folder: Path, points: dict[str, dict[str, dict]], note: str) -> list[Path]:
-    """DIR/cost-curve.svg, and the generated block of DIR/cost-curve.md (created with just the block if new)."""
+    """DIR/cost-curve.{json,png,svg}, and the generated block of DIR/cost-curve.md (created if new)."""
     folder.mkdir(parents=True, exist_ok=True)
-    chart, doc = folder / "cost-curve.svg", folder / "cost-curve.md"
-    chart.write_text(svg(points, note))
-    block = f"{BEGIN}\n\n{note}\n\n![cost curve](cost-curve.svg)\n\n{table(points)}\n\n{END}"
+    doc, figures = folder / "cost-curve.md", folder / "cost-curve.json"
+    raster, vector = folder / "cost-curve.png", folder / "cost-curve.svg"
+    figures.write_text(json.dumps({"note": note, "points": points}, indent=1) + "\n")
+    shapes = chart(points, note)
+    raster.write_bytes(png(shapes))
+    vector.write_text(svg(shapes))
+    image = f"![cost curve]({raster.name}) ([SVG]({vector.name}))"
+    block = f"{BEGIN}\n\n{note}\n\n{image}\n\n{table(points)}\n\n{END}"
     text = doc.read_text() if doc.exists() else f"# The cost curve\n\n{BEGIN}\n{END}\n"
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
@@ -131,4 +230,19 @@ def write(folder: Path, points: dict[str, dict[str, dict]], note: str) -> list[P
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     doc.write_text(text)
-    return [doc, chart]
+    return [doc, raster, vector, figures]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Redraw DIR's chart and table from DIR/cost-curve.json, without measuring."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("folder", type=Path, help="the folder holding cost-curve.json (e.g. docs)")
+    args = parser.parse_args(argv)
+    saved = json.loads((args.folder / "cost-curve.json").read_text())
+    written = write(args.folder, saved["points"], saved["note"])
+    print("written: " + ", ".join(str(path) for path in written))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
