@@ -2,6 +2,7 @@
 """Where one keyword recall's time goes, and one write's: per step and per SQL statement, in-process.
 
     python3 bench/recall_profile.py [--shapes fleet,locomo] [--fleet-size 10k] [--locomo-size 5k] [--queries 300]
+    .venv/bin/python bench/recall_profile.py --hybrid [--shapes none]
 
 The service runs in this process (keyword only, no request log) on a copy of
 the cached database: fleet data (gen_db.py; queries of 2-3 content words,
@@ -14,6 +15,11 @@ bare connection. Then serial writes of one long fact each, split the same
 way. Prints mean ms per recall (per write), each step's share, and asserts
 nothing. Timing wrappers cost a few microseconds a call, so totals run a
 little above `recall_latency.py`'s in-process figures.
+
+`--hybrid` adds hybrid recall (the service's default model) on a copy of
+the fleet database whose every row has a vector (harness.with_vectors,
+cached), with the question's embedding timed on its own thread: it runs
+beside the keyword leg, and the recall waits for it.
 
 The HTTP round trip is not here: `recall_latency.py` measures the service
 over HTTP against the floor.
@@ -36,7 +42,7 @@ from typing import Any
 
 import gen_db
 import locomo_shape
-from harness import ROOT, machine_note
+from harness import ROOT, machine_note, with_vectors
 from locomo_data import DEFAULT_DATA
 from recall_latency import CALLER, K, fts_statements, locomo_floor, make_queries, service_match
 
@@ -57,6 +63,9 @@ RECALL_STEPS = (
     ("fusion", solos_rank, "fuse", 2),
     ("reranker", solos_rank, "rerank", 2),
     ("its features and logits", solos_rank, "head_logits", 3),
+    ("waiting for the question's vector", solos_memory.RecallPlan, "with_vector", 2),
+    ("vector index: refresh, other copies' rows", solos_rank.VectorIndex, "fill", 2),
+    ("vector leg", solos_rank, "vector_candidates", 2),
     ("answer", solos_memory, "present", 1),
     ("duplicates collapsed", solos_rank, "collapse_duplicates", 2),
     ("corroboration (own read)", solos_provenance, "corroborate", 2),
@@ -92,7 +101,7 @@ class Timings:
         self.calls: dict[str, int] = collections.defaultdict(int)
 
     def add(self, label: str, seconds: float) -> None:
-        if self.on and threading.get_ident() == self.thread:
+        if self.on and self.thread in (None, threading.get_ident()):
             self.spent[label] += seconds
             self.calls[label] += 1
 
@@ -107,7 +116,8 @@ class Timings:
         return run
 
 
-STEPS, STATEMENTS = Timings(), Timings()
+STEPS, STATEMENTS, EMBEDDING = Timings(), Timings(), Timings()
+EMBEDDING.thread = None  # the question is embedded on the service's query thread, beside the recall
 
 
 class TimedConnection(solos_store.PooledConnection):
@@ -134,7 +144,11 @@ def report(title: str, count: int, floor_s: float | None = None) -> None:
     steps = RECALL_STEPS if "recall" in STEPS.spent else (("write", None, None, 0),)
     for label, _, _, depth in steps:
         spent = STEPS.spent.get(label, 0.0)
+        if not spent:  # a step this mode does not take (the vector leg in keyword mode)
+            continue
         print(f"  {'  ' * depth}{label:<{46 - 2 * depth}} {spent / count * 1000:7.3f}  {spent / total:6.1%}")
+    for label, spent in EMBEDDING.spent.items():
+        print(f"  {label:<46} {spent / count * 1000:7.3f}  {spent / total:6.1%}")
     if floor_s is not None:
         print(f"  {'the floor statement, bare connection':<46} {floor_s / count * 1000:7.3f}  {floor_s / total:6.1%}")
     print("  statements, most costly first:")
@@ -146,19 +160,34 @@ def report(title: str, count: int, floor_s: float | None = None) -> None:
 
 
 def reset() -> None:
-    for timings in (STEPS, STATEMENTS):
+    for timings in (STEPS, STATEMENTS, EMBEDDING):
         timings.spent.clear()
         timings.calls.clear()
 
 
-def profile_recall(title: str, source: Path, caller: str, tiers: list[str], queries: list[str], floor: list[str]):
+def profile_recall(
+    title: str,
+    source: Path,
+    caller: str,
+    tiers: list[str],
+    queries: list[str],
+    floor: list[str],
+    model_dir: str | None = "off",
+) -> None:
+    """Recall each query once to warm up, then again timed; `model_dir` None: the embedder (hybrid recall)."""
     with tempfile.TemporaryDirectory() as scratch:
         db = Path(scratch) / "profile.db"
         shutil.copy(source, db)
-        config = solos_memory.Config(db=str(db), port=0, model_dir="off", log_requests=False)
+        config = solos_memory.Config(db=str(db), port=0, model_dir=model_dir, log_requests=False)
         server = solos_memory.build_server(config)
         try:
             memory, recall = server.memory, solos_memory.OPERATIONS["recall"]
+            if memory.embedder is not None:
+                memory.embedder.embed = EMBEDDING.timed(
+                    "the question's embedding (its own thread)", memory.embedder.embed
+                )
+            elif model_dir != "off":
+                raise SystemExit(f"no embedder: {memory.embedder_error} (run with .venv/bin/python)")
             bare = sqlite3.connect(db)
 
             def ask(q: str) -> None:
@@ -170,11 +199,11 @@ def profile_recall(title: str, source: Path, caller: str, tiers: list[str], quer
             reset()
             floor_s, wall = 0.0, []
             for q in queries:
-                STEPS.on = STATEMENTS.on = True
+                STEPS.on = STATEMENTS.on = EMBEDDING.on = True
                 started = time.perf_counter()
                 ask(q)
                 wall.append(time.perf_counter() - started)
-                STEPS.on = STATEMENTS.on = False
+                STEPS.on = STATEMENTS.on = EMBEDDING.on = False
                 started = time.perf_counter()
                 for sql in floor:
                     bare.execute(sql, (service_match(q),)).fetchall()
@@ -216,6 +245,9 @@ def main() -> int:
     parser.add_argument("--writes", type=int, default=500, help="timed writes (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=7, help="generator and query seed (default: %(default)s)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo file (default: %(default)s)")
+    parser.add_argument(
+        "--hybrid", action="store_true", help="also hybrid recall on fleet data, every row embedded (.venv/bin/python)"
+    )
     args = parser.parse_args()
     print(machine_note())
     instrument()
@@ -224,6 +256,12 @@ def main() -> int:
         queries = make_queries(fleet, args.queries, args.seed, "content")
         title = f"fleet {args.fleet_size}, default tiers, content queries"
         profile_recall(title, fleet, CALLER, ["long", "short"], queries, fts_statements("long,short"))
+    if args.hybrid:
+        embedded = with_vectors(fleet, budget_s=3600)
+        if embedded is not None:
+            queries = make_queries(embedded, args.queries, args.seed, "content")
+            title = f"fleet {args.fleet_size} hybrid, default tiers, content queries"
+            profile_recall(title, embedded, CALLER, ["long", "short"], queries, fts_statements("long,short"), None)
     if "locomo" in args.shapes:
         source = locomo_shape.ensure_db(gen_db.parse_size(args.locomo_size), args.data)
         asked = locomo_shape.questions(args.data, 20, args.seed)
