@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import shutil
 import sqlite3
 import statistics
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,20 @@ def reset() -> None:
         timings.calls.clear()
 
 
+@contextlib.contextmanager
+def service_on(source: Path, model_dir: str | None) -> Iterator[tuple[solos_memory.MemoryServer, Path]]:
+    """The service, in this process, on a scratch copy of source (so the cached database never changes)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        db = Path(scratch) / "profile.db"
+        shutil.copy(source, db)
+        config = solos_memory.Config(db=str(db), port=0, model_dir=model_dir, log_requests=False)
+        server = solos_memory.build_server(config)
+        try:
+            yield server, db
+        finally:
+            server.server_close()
+
+
 def profile_recall(
     title: str,
     source: Path,
@@ -175,65 +190,48 @@ def profile_recall(
     model_dir: str | None = "off",
 ) -> None:
     """Recall each query once to warm up, then again timed; `model_dir` None: the embedder (hybrid recall)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        db = Path(scratch) / "profile.db"
-        shutil.copy(source, db)
-        config = solos_memory.Config(db=str(db), port=0, model_dir=model_dir, log_requests=False)
-        server = solos_memory.build_server(config)
-        try:
-            memory, recall = server.memory, solos_memory.OPERATIONS["recall"]
-            if memory.embedder is not None:
-                memory.embedder.embed = EMBEDDING.timed(
-                    "the question's embedding (its own thread)", memory.embedder.embed
-                )
-            elif model_dir != "off":
-                raise SystemExit(f"no embedder: {memory.embedder_error} (run with .venv/bin/python)")
-            bare = sqlite3.connect(db)
+    with service_on(source, model_dir) as (server, db):
+        memory, recall = server.memory, solos_memory.OPERATIONS["recall"]
+        if memory.embedder is not None:
+            memory.embedder.embed = EMBEDDING.timed("the question's embedding (its own thread)", memory.embedder.embed)
+        elif model_dir != "off":
+            raise SystemExit(f"no embedder: {memory.embedder_error} (run with .venv/bin/python)")
+        bare = sqlite3.connect(db)
 
-            def ask(q: str) -> None:
-                args = {"agent": caller, "q": q, "k": K, "tiers": tiers, "scope": "shared"}
-                solos_memory.invoke(memory, None, recall, args, {})
+        def ask(q: str) -> None:
+            args = {"agent": caller, "q": q, "k": K, "tiers": tiers, "scope": "shared"}
+            solos_memory.invoke(memory, None, recall, args, {})
 
-            for q in queries[: max(20, len(queries) // 5)]:  # warm: page cache, common words, kept clusters
-                ask(q)
-            reset()
-            floor_s, wall = 0.0, []
-            for q in queries:
-                STEPS.on = STATEMENTS.on = EMBEDDING.on = True
-                started = time.perf_counter()
-                ask(q)
-                wall.append(time.perf_counter() - started)
-                STEPS.on = STATEMENTS.on = EMBEDDING.on = False
-                started = time.perf_counter()
-                for sql in floor:
-                    bare.execute(sql, (service_match(q),)).fetchall()
-                floor_s += time.perf_counter() - started
-            report(f"{title}; p50 {statistics.median(wall) * 1000:.2f} ms", len(queries), floor_s)
-            bare.close()
-        finally:
-            server.server_close()
+        for q in queries[: max(20, len(queries) // 5)]:  # warm: page cache, common words, kept clusters
+            ask(q)
+        reset()
+        floor_s, wall = 0.0, []
+        for q in queries:
+            STEPS.on = STATEMENTS.on = EMBEDDING.on = True
+            started = time.perf_counter()
+            ask(q)
+            wall.append(time.perf_counter() - started)
+            STEPS.on = STATEMENTS.on = EMBEDDING.on = False
+            started = time.perf_counter()
+            for sql in floor:
+                bare.execute(sql, (service_match(q),)).fetchall()
+            floor_s += time.perf_counter() - started
+        report(f"{title}; p50 {statistics.median(wall) * 1000:.2f} ms", len(queries), floor_s)
+        bare.close()
 
 
 def profile_writes(source: Path, count: int) -> None:
-    with tempfile.TemporaryDirectory() as scratch:
-        db = Path(scratch) / "profile.db"
-        shutil.copy(source, db)
-        server = solos_memory.build_server(solos_memory.Config(db=str(db), port=0, model_dir="off", log_requests=False))
-        try:
-            memory, write = server.memory, solos_memory.OPERATIONS["write_long"]
-            reset()
-            for number in range(count + 50):
-                STEPS.on = STATEMENTS.on = number >= 50
-                fact = f"the backup job {number} runs nightly on host{number % 7} at {number % 24}:00"
-                started = time.perf_counter()
-                solos_memory.invoke(
-                    memory, None, write, {"agent": CALLER, "topic": f"t{number % 50}", "fact": fact}, {}
-                )
-                STEPS.add("write", time.perf_counter() - started)
-            STEPS.on = STATEMENTS.on = False
-            report("serial long-fact writes (synchronous=FULL: COMMIT is the WAL's fsync)", count)
-        finally:
-            server.server_close()
+    with service_on(source, "off") as (server, _):
+        memory, write = server.memory, solos_memory.OPERATIONS["write_long"]
+        reset()
+        for number in range(count + 50):
+            STEPS.on = STATEMENTS.on = number >= 50
+            fact = f"the backup job {number} runs nightly on host{number % 7} at {number % 24}:00"
+            started = time.perf_counter()
+            solos_memory.invoke(memory, None, write, {"agent": CALLER, "topic": f"t{number % 50}", "fact": fact}, {})
+            STEPS.add("write", time.perf_counter() - started)
+        STEPS.on = STATEMENTS.on = False
+        report("serial long-fact writes (synchronous=FULL: COMMIT is the WAL's fsync)", count)
 
 
 def main() -> int:
