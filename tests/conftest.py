@@ -481,6 +481,17 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return request.getfixturevalue("pg_url")
 
 
+POSTGRES_FIXTURES = frozenset({"pg_cluster", "pg_private_cluster", "pg_url"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts or uses a PostgreSQL server is slow, however it reaches the fixture: `make quick`
+    (-m "not slow") never starts one."""
+    for item in items:
+        if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 # ==== A hermetic run: nothing is installed while the tests run ====
 
 VENVS = (ROOT / ".venv", ROOT / ".venv-hermes")  # the set-up's; a test that installs into one breaks the next run

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import ast
+import functools
 
 import pytest
-from conftest import ROOT
+from conftest import POSTGRES_FIXTURES, ROOT
 
 SPINE = "solos_memory"
 ENTRY_POINTS = {SPINE, "pyz_build"}  # the service, and the builder whose __main__ stub starts it
 SPINE_MAX_LINES = 2000  # "at most about 2,000" (issue 21)
 
 
+@functools.cache  # parsed once per run: the shape tests are in the edit loop
 def project_modules() -> dict[str, set[str]]:
     """Each top-level module of the project, and the project modules it imports anywhere (functions too)."""
     names = {path.stem for path in ROOT.glob("*.py")}
@@ -27,13 +29,11 @@ def project_modules() -> dict[str, set[str]]:
     return found
 
 
-@pytest.mark.slow
 def test_no_module_but_the_entry_points_imports_the_spine():
     importers = {name for name, imported in project_modules().items() if SPINE in imported}
     assert importers <= ENTRY_POINTS - {SPINE}, f"{sorted(importers - ENTRY_POINTS)} import the spine"
 
 
-@pytest.mark.slow
 def test_project_imports_have_no_cycle():
     graph = project_modules()
     done: set[str] = set()
@@ -64,3 +64,11 @@ def test_the_client_and_the_hermes_plugin_never_import_the_service():
 def test_the_spine_stays_small():
     lines = len((ROOT / f"{SPINE}.py").read_text().splitlines())
     assert lines <= SPINE_MAX_LINES, f"{SPINE}.py is {lines} lines"
+
+
+def test_every_test_that_reaches_a_postgresql_server_is_marked_slow(request: pytest.FixtureRequest):
+    """`make quick` (-m "not slow") starts no server: conftest's hook marks the tests that reach one."""
+    items = request.session.items
+    reaching = [item for item in items if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ()))]
+    unmarked = [item.nodeid for item in reaching if item.get_closest_marker("slow") is None]
+    assert not unmarked, f"these reach PostgreSQL but are not slow: {unmarked}"
