@@ -658,10 +658,12 @@ def turn_context(
 def record_turn(client: Client, message: str, reply: str, *, turn_id: str, **fields: Any) -> dict:
     """Turn end: queue write_turn (same arguments) for the client's background thread; never waits.
 
+    The arguments are checked here, not in the thread: a wrong one (e.g. the old `duration_s`) raises
+    TypeError at the call, where it would have lost every turn without a word (issue 31).
     Returns {"status": "queued"}, or with the queue full {"status": None, "error": ...} (dropped, counted).
     """
-    queued = client.submit("turn record", lambda: write_turn(client, message, reply, turn_id=turn_id, **fields))
-    if queued:
+    event = turn_event(client, message, reply, turn_id=turn_id, **fields)
+    if client.submit("turn record", lambda: client.event(**event)):
         return {"status": "queued"}
     return {
         "status": None,
@@ -669,7 +671,18 @@ def record_turn(client: Client, message: str, reply: str, *, turn_id: str, **fie
     }
 
 
-def write_turn(
+def write_turn(client: Client, message: str, reply: str, *, turn_id: str, **fields: Any) -> dict:
+    """One episodic row for the turn, keyed by turn_id, so a redelivered turn writes it once (`unchanged`).
+
+    turn_id is the A2A message or task id. Everything written is the turn's
+    own (no timing measured per delivery): a redelivery brings the same
+    content. A retry that brings a different reply meets the first row's key:
+    the service answers 409 and the first record stands. `fields` are turn_event's.
+    """
+    return client.event(**turn_event(client, message, reply, turn_id=turn_id, **fields))
+
+
+def turn_event(
     client: Client,
     message: str,
     reply: str,
@@ -679,19 +692,27 @@ def write_turn(
     outcome: str = "success",
     event_type: str = A2A_EVENT_TYPE,
 ) -> dict:
-    """One episodic row for the turn, keyed by turn_id, so a redelivered turn writes it once (`unchanged`).
-
-    turn_id is the A2A message or task id. Everything written is the turn's
-    own (no timing measured per delivery): a redelivery brings the same
-    content. A retry that brings a different reply meets the first row's key:
-    the service answers 409 and the first record stands.
-    """
+    """Client.event's arguments for a turn; TypeError for an argument that is not a string."""
+    for name, value in (
+        ("message", message),
+        ("reply", reply),
+        ("turn_id", turn_id),
+        ("outcome", outcome),
+        ("event_type", event_type),
+    ):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, got {type(value).__name__}")
     who = client.agent_for(agent) or ""
     key = "turn-" + hashlib.sha256(f"{who}\0{turn_id}".encode()).hexdigest()[:40]
     summary = " ".join(message.split())[:SUMMARY_CHARS] or "(empty message)"
-    return client.event(
-        event_type, summary, agent=agent, details=reply[:DETAILS_CHARS], outcome=outcome, idempotency_key=key
-    )
+    return {
+        "event_type": event_type,
+        "summary": summary,
+        "agent": agent,
+        "details": reply[:DETAILS_CHARS],
+        "outcome": outcome,
+        "idempotency_key": key,
+    }
 
 
 # ==== Hermes provider install ====
