@@ -100,6 +100,13 @@ ROUTES = {
     "read_notices": ("GET", "/v1/notices"),
     "ack_notices": ("POST", "/v1/notices/ack"),
 }
+# What the service answers a write (WRITE_OUTPUT in solos_memory.py): its tier (forget names the one asked
+# for) and the statuses it gives; tests/test_client.py checks them against the operation table.
+WRITE_ANSWERS = {
+    "write_long": ("long", frozenset({"created", "updated", "unchanged"})),
+    "write_episodic": ("episodic", frozenset({"created", "unchanged"})),
+    "forget": (None, frozenset({"forgotten"})),
+}
 A2A_RECALL_K = 3  # the fleet spec's turn-start recall: top 3, shared scope
 # Rows less likely than this to be relevant stay out of a turn's prompt (turn_context, and so the Hermes prefetch):
 # solos_rank.RELEVANCE_FLOOR, chosen on the LoCoMo dev split (bench/relevance_fit.py; RESULTS-locomo.md, "Honest
@@ -394,8 +401,8 @@ class Client:
         elif operation == "ack_notices":
             if not isinstance(answer.get("acked"), int):
                 raise Unavailable(f"acknowledgement lacks its count: {snippet(data)}", status)
-        elif "status" not in answer:
-            raise Unavailable(f"write answer lacks a status: {snippet(data)}", status)
+        else:
+            check_write(operation, answer, data, status)
         return answer
 
     def exchange(self, method: str, target: str, payload: bytes | None, deadline: float) -> tuple[int, bytes]:
@@ -583,6 +590,25 @@ def check_recall(answer: dict) -> None:
         isinstance(row, dict) and isinstance(row.get("text"), str) and isinstance(row.get("agent"), str) for row in rows
     ):
         raise Unavailable(f"recall answer without a list of rows: {describe_rows(rows)}")
+
+
+def check_write(operation: str, answer: dict, data: bytes, status: int) -> None:
+    """A write counts as done only on the service's own answer: its tier, the row's id and a status it gives.
+
+    Anything else that answers JSON (a proxy's or another service's `{"status": "ok"}`) is Unavailable, so
+    nothing is taken as committed that the service never wrote (issue 31: the Hermes archive was lost so).
+    """
+    tier, statuses = WRITE_ANSWERS[operation]
+    row_id = answer.get("id")
+    if (
+        answer.get("status") not in statuses
+        or (tier is not None and answer.get("tier") != tier)
+        or not isinstance(answer.get("agent"), str)
+        or not isinstance(row_id, int)
+        or isinstance(row_id, bool)
+        or row_id < 1
+    ):
+        raise Unavailable(f"not the service's answer to {operation}: {snippet(data)}", status)
 
 
 def describe_rows(rows: Any) -> str:
