@@ -1,4 +1,5 @@
-"""Hardening, round three (issue 31, item 12): byte bounds count bytes, not characters.
+"""Hardening, round three (issue 31, item 12): byte bounds count bytes, not characters (the MCP batch cap,
+the answer cut, the request body cap).
 
 An emoji is one character and four bytes of UTF-8 (twelve as ASCII JSON's surrogate pair), a CJK character
 three (six); a bound that counts characters lets such text through several times over."""
@@ -11,6 +12,7 @@ import pytest
 
 import mcp_bridge
 import solos_bounds
+import solos_memory
 
 JSON = {"Content-Type": "application/json"}
 WIDE = pytest.mark.parametrize("char", ["\U0001f600", "\u6f22"], ids=["emoji", "cjk"])
@@ -60,3 +62,39 @@ def test_an_answer_cut_by_bytes_is_cut_by_its_bytes(char):
     kept = solos_bounds.fitting(rows)
     assert len(json.dumps(rows[:kept]).encode()) <= solos_bounds.ANSWER_BYTES
     assert kept == len(rows) or len(json.dumps(rows[: kept + 1]).encode()) > solos_bounds.ANSWER_BYTES
+
+
+def largest(char: str, length: int) -> str:
+    return char * length
+
+
+@WIDE
+def test_the_largest_valid_write_fits_the_body_cap_in_any_json(server, char):
+    """Python's json (and so requests, solos_store_memory.py) sends ASCII JSON: an emoji is 12 bytes there."""
+    tags = [largest(char, 64) for _ in range(32)]
+    short = {"agent": "atlas", "key": largest(char, 256), "value": largest(char, 16_384), "tags": tags}
+    episode = {
+        "agent": "atlas",
+        "event_type": largest(char, 64),
+        "summary": largest(char, 4_096),
+        "details": largest(char, 16_384),
+        "outcome": largest(char, 1_024),
+        "idempotency_key": largest(char, 128),
+    }
+    for path, body in (("/v1/short", short), ("/v1/episodic", episode)):
+        reply = server.post(path, body)  # ASCII JSON
+        assert reply.status == 201, (path, reply.status, reply.body)
+        assert utf8_post(server, path, body).status == 200  # the same write in UTF-8: unchanged or updated
+
+
+def test_the_body_cap_admits_every_operations_largest_arguments_as_ascii_json():
+    """Each operation's arguments may arrive as a JSON body: a REST write's, or any tools/call on /mcp."""
+    for name, operation in solos_memory.OPERATIONS.items():
+        largest_body = {}
+        for field, schema in operation.input_schema.get("properties", {}).items():
+            if schema.get("type") == "string":
+                largest_body[field] = largest("\U0001f600", schema.get("maxLength", 64))
+            elif schema.get("type") == "array" and schema.get("items", {}).get("type") == "string":
+                item = largest("\U0001f600", schema["items"].get("maxLength", 64))
+                largest_body[field] = [item] * schema.get("maxItems", 1)
+        assert len(json.dumps(largest_body)) <= solos_memory.MAX_BODY_BYTES, name
