@@ -100,6 +100,13 @@ ROUTES = {
     "read_notices": ("GET", "/v1/notices"),
     "ack_notices": ("POST", "/v1/notices/ack"),
 }
+# What the service answers a write (WRITE_OUTPUT in solos_memory.py): its tier (forget names the one asked
+# for) and the statuses it gives; tests/test_client.py checks them against the operation table.
+WRITE_ANSWERS = {
+    "write_long": ("long", frozenset({"created", "updated", "unchanged"})),
+    "write_episodic": ("episodic", frozenset({"created", "unchanged"})),
+    "forget": (None, frozenset({"forgotten"})),
+}
 A2A_RECALL_K = 3  # the fleet spec's turn-start recall: top 3, shared scope
 # Rows less likely than this to be relevant stay out of a turn's prompt (turn_context, and so the Hermes prefetch):
 # solos_rank.RELEVANCE_FLOOR, chosen on the LoCoMo dev split (bench/relevance_fit.py; RESULTS-locomo.md, "Honest
@@ -394,8 +401,8 @@ class Client:
         elif operation == "ack_notices":
             if not isinstance(answer.get("acked"), int):
                 raise Unavailable(f"acknowledgement lacks its count: {snippet(data)}", status)
-        elif "status" not in answer:
-            raise Unavailable(f"write answer lacks a status: {snippet(data)}", status)
+        else:
+            check_write(operation, answer, data, status)
         return answer
 
     def exchange(self, method: str, target: str, payload: bytes | None, deadline: float) -> tuple[int, bytes]:
@@ -585,6 +592,25 @@ def check_recall(answer: dict) -> None:
         raise Unavailable(f"recall answer without a list of rows: {describe_rows(rows)}")
 
 
+def check_write(operation: str, answer: dict, data: bytes, status: int) -> None:
+    """A write counts as done only on the service's own answer: its tier, the row's id and a status it gives.
+
+    Anything else that answers JSON (a proxy's or another service's `{"status": "ok"}`) is Unavailable, so
+    nothing is taken as committed that the service never wrote (issue 31: the Hermes archive was lost so).
+    """
+    tier, statuses = WRITE_ANSWERS[operation]
+    row_id = answer.get("id")
+    if (
+        answer.get("status") not in statuses
+        or (tier is not None and answer.get("tier") != tier)
+        or not isinstance(answer.get("agent"), str)
+        or not isinstance(row_id, int)
+        or isinstance(row_id, bool)
+        or row_id < 1
+    ):
+        raise Unavailable(f"not the service's answer to {operation}: {snippet(data)}", status)
+
+
 def describe_rows(rows: Any) -> str:
     """What a recall answer held instead of rows, briefly (never the whole, possibly hostile, value)."""
     return f"results is {type(rows).__name__}" + (f" of {len(rows)}" if isinstance(rows, list) else "")
@@ -658,10 +684,12 @@ def turn_context(
 def record_turn(client: Client, message: str, reply: str, *, turn_id: str, **fields: Any) -> dict:
     """Turn end: queue write_turn (same arguments) for the client's background thread; never waits.
 
+    The arguments are checked here, not in the thread: a wrong one (e.g. the old `duration_s`) raises
+    TypeError at the call, where it would have lost every turn without a word (issue 31).
     Returns {"status": "queued"}, or with the queue full {"status": None, "error": ...} (dropped, counted).
     """
-    queued = client.submit("turn record", lambda: write_turn(client, message, reply, turn_id=turn_id, **fields))
-    if queued:
+    event = turn_event(client, message, reply, turn_id=turn_id, **fields)
+    if client.submit("turn record", lambda: client.event(**event)):
         return {"status": "queued"}
     return {
         "status": None,
@@ -669,7 +697,18 @@ def record_turn(client: Client, message: str, reply: str, *, turn_id: str, **fie
     }
 
 
-def write_turn(
+def write_turn(client: Client, message: str, reply: str, *, turn_id: str, **fields: Any) -> dict:
+    """One episodic row for the turn, keyed by turn_id, so a redelivered turn writes it once (`unchanged`).
+
+    turn_id is the A2A message or task id. Everything written is the turn's
+    own (no timing measured per delivery): a redelivery brings the same
+    content. A retry that brings a different reply meets the first row's key:
+    the service answers 409 and the first record stands. `fields` are turn_event's.
+    """
+    return client.event(**turn_event(client, message, reply, turn_id=turn_id, **fields))
+
+
+def turn_event(
     client: Client,
     message: str,
     reply: str,
@@ -679,19 +718,27 @@ def write_turn(
     outcome: str = "success",
     event_type: str = A2A_EVENT_TYPE,
 ) -> dict:
-    """One episodic row for the turn, keyed by turn_id, so a redelivered turn writes it once (`unchanged`).
-
-    turn_id is the A2A message or task id. Everything written is the turn's
-    own (no timing measured per delivery): a redelivery brings the same
-    content. A retry that brings a different reply meets the first row's key:
-    the service answers 409 and the first record stands.
-    """
+    """Client.event's arguments for a turn; TypeError for an argument that is not a string."""
+    for name, value in (
+        ("message", message),
+        ("reply", reply),
+        ("turn_id", turn_id),
+        ("outcome", outcome),
+        ("event_type", event_type),
+    ):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, got {type(value).__name__}")
     who = client.agent_for(agent) or ""
     key = "turn-" + hashlib.sha256(f"{who}\0{turn_id}".encode()).hexdigest()[:40]
     summary = " ".join(message.split())[:SUMMARY_CHARS] or "(empty message)"
-    return client.event(
-        event_type, summary, agent=agent, details=reply[:DETAILS_CHARS], outcome=outcome, idempotency_key=key
-    )
+    return {
+        "event_type": event_type,
+        "summary": summary,
+        "agent": agent,
+        "details": reply[:DETAILS_CHARS],
+        "outcome": outcome,
+        "idempotency_key": key,
+    }
 
 
 # ==== Hermes provider install ====

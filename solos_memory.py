@@ -1200,11 +1200,13 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
 
 # ==== Transport: REST /v1 (and mounting /mcp) ====
 
-# A write's largest field is 16 KiB of text; JSON escaping can grow it up to 6x
-# (\uXXXX), so 128 KiB admits every valid write and stops a memory-hungry body early.
-MAX_BODY_BYTES = 128 * 1024
+# The largest valid write (write_episodic: 21,696 characters of text) in the largest JSON a client may send
+# it as: ASCII JSON, Python's json default (requests, solos_store_memory.py), spells an emoji as a 12-byte
+# surrogate pair (\ud83d\ude00), so about 255 KiB; 320 KiB admits every valid write and stops a
+# memory-hungry body early. Issue 31: 128 KiB, sized at 6 bytes a character, refused 16 KiB emoji values.
+MAX_BODY_BYTES = 320 * 1024
 # The whole body, not each byte: a per-read timeout let a client hold a thread forever at one byte per 29 s.
-# 128 KiB in 10 s is 13 KB/s, far below any loopback or LAN client.
+# 320 KiB in 10 s is 33 KB/s, far below any loopback or LAN client.
 BODY_DEADLINE_S = 10
 SERVED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 

@@ -486,3 +486,21 @@ def test_the_archive_spools_on_any_failure(hermes_home):
     assert step(nested, "pre_compress_direct")["raised"] == "ArchiveFailed"
     assert "too deep" in json.dumps(step(nested, "tool")["result"])
     assert len(step(nested, "spooled")["result"]) == 2
+
+
+@pytest.mark.parametrize("answer", [b'{"status": "ok"}', b'{"status": "created"}'], ids=["ok", "no id"])
+def test_the_archive_trusts_only_the_services_own_answer(hermes_home, answer):
+    """Another service answering JSON with a status has archived nothing: the transcript is spooled (issue 31)."""
+    impostor = FaultServer(("http", 200, answer))
+    try:
+        report = run_probe(
+            hermes_home,
+            impostor.url,
+            [{"op": "pre_compress_direct", "count": 4}, {"op": "spooled"}, {"op": "counts"}],
+        )
+    finally:
+        impostor.close()
+    archived = step(report, "pre_compress_direct")
+    assert archived.get("raised") == "ArchiveFailed" and "not the service's answer" in archived["message"], archived
+    assert len(step(report, "spooled")["result"]) == 1
+    assert step(report, "counts")["result"]["archived"] == 0
