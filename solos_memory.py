@@ -1433,8 +1433,9 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 raise LengthRequired("chunked bodies are not accepted; send Content-Length", "Content-Length")
             raise BadRequest("Transfer-Encoding is not accepted; send Content-Length", "Transfer-Encoding")
         lengths = self.headers.get_all("Content-Length") or []
-        if not lengths:  # no route takes a PATCH: one without a body gets 405 with Allow, not 411
-            if self.command in ("POST", "PUT"):
+        if not lengths:  # a method the path does not take (any PATCH, PUT /v1/recall) gets 405 with Allow, not 411
+            route = (self.command, urlsplit(self.path).path)
+            if route in ROUTES and self.command in ("POST", "PUT") or route == ("POST", "/mcp"):
                 raise LengthRequired(f"a {self.command} needs a body with Content-Length", "Content-Length")
             return b""
         if len(lengths) > 1 or "," in lengths[0]:  # even "N, N", which RFC 9110 lets a server accept: one framing
