@@ -350,8 +350,11 @@ class Memory:
         self.near = solos_provenance.NearDuplicates()
         self.events.forgotten_elsewhere = lambda: solos_forget.forgotten_elsewhere(self)
 
-    def embedder_state(self) -> dict:
-        """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall."""
+    def embedder_state(self, paths: bool = False) -> dict:
+        """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall.
+
+        Machine paths (the interpreter, the model folder) only with `paths`: the operator's view; /health
+        answers anyone who can reach it (issue 31, item 17)."""
         worker, backlog = self.worker, self.worker.backlog if self.worker else None
         state, reason = ("off", self.embedder_error) if worker is None else ("ready", None)
         if worker and self.stuck_query is not None and not self.stuck_query.done():
@@ -368,6 +371,7 @@ class Memory:
             )
         elif backlog:  # a few of the fleet's direct writes: each recall's receipt counts those it met
             state = "catching_up"
+        reason = reason if paths or reason is None else solos_status.without_paths(reason)
         return {"embedder_state": state, "embed_backlog": backlog, "degraded": bool(reason), "degraded_reason": reason}
 
     def written(self, tier: str | None = None, row_id: int | None = None) -> None:
@@ -745,7 +749,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "embedder": embedder.model_id if embedder else None,
         "vectors": memory.store.count_vectors(embedder.model_id) if embedder else {},
         "embed_error": memory.worker.last_error if memory.worker else None,
-        **memory.embedder_state(),
+        **memory.embedder_state(paths=args["agent"] is None),
         "activity": memory.activity.snapshot(memory.store.writes_by_hour(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
         **memory.store.read(solos_store.query("lifecycle_counts")),
@@ -1905,7 +1909,7 @@ def serve(config: Config, register: list[str]) -> int:
         db=solos_store.shown(config.db),
         version=__version__,
         auth="tokens" if server.tokens else "loopback-trust",
-        **server.memory.embedder_state(),
+        **server.memory.embedder_state(paths=True),
     )
     try:
         server.serve_forever()

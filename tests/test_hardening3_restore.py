@@ -4,6 +4,8 @@ lock (14), /health without paths (17), REST integers and a body-less PUT (18).""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import raw_exchange, statuses_in
@@ -60,3 +62,31 @@ def test_a_method_the_path_does_not_take_is_405_without_a_body_too(server, metho
 def test_a_method_the_path_takes_still_needs_its_body(server, method, path):
     status, _, body = bare(server, method, path)
     assert status == 411 and body["error"]["field"] == "Content-Length"
+
+
+# ---- item 17: /health (no token) names no machine path; the operator's view of stats keeps them ----
+
+
+@pytest.fixture
+def embedder_missing(make_server, monkeypatch, tmp_path):
+    """A service whose embedder lacks its packages and model: the reason names the interpreter and the folder."""
+    for module in ("onnxruntime", "tokenizers"):
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix + "-venv")  # a venv: the install command names sys.executable
+    return make_server("nothing.db", model_dir=str(tmp_path / "no-model"))
+
+
+def test_health_names_no_path_the_operators_stats_do(embedder_missing, tmp_path):
+    server = embedder_missing
+    interpreter = str(Path(sys.executable).parent)
+    operator = server.get("/v1/stats").body  # loopback trust, no agent named: the operator view
+    assert operator["view"] == "operator" and interpreter in operator["degraded_reason"]
+    assert str(tmp_path) in operator["degraded_reason"]
+    health = server.get("/health").body
+    assert health["degraded"] is True and "not installed for …/python" in health["degraded_reason"]
+    agent_view = server.get("/v1/stats", agent="sol").body
+    server.post("/v1/long", {"agent": "atlas", "fact": "keyword rows still come back"})
+    recall = server.recall("sol", "keyword").body
+    for reason in (health["degraded_reason"], agent_view["degraded_reason"], recall["degraded_reason"]):
+        assert interpreter not in reason and str(tmp_path) not in reason, reason
+        assert "onnxruntime, tokenizers" in reason and "pip install" in reason  # the advice stays
