@@ -1960,7 +1960,8 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         added = register_agents(config, args.names)
         print(f"registered {len(added)} new of {len(args.names)}: {', '.join(added) or '-'}")
         return 0
-    store = open_store(config)
+    jobs = ("purge", "archive") if args.command == "purge" else ()  # recorded failed if the store cannot open
+    store = solos_jobs.opened(config.db, jobs, lambda: open_store(config), config.busy_timeout_ms)
     try:
         if args.command == "agents":
             print("\n".join(store.list_agents()))

@@ -4,13 +4,19 @@ lock (14), /health without paths (17), REST integers and a body-less PUT (18).""
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
-from conftest import raw_exchange, statuses_in
+from conftest import raw_exchange, start_server, statuses_in, stop_server
 
 import solos_bounds
+import solos_jobs
+import solos_memory
+import solos_store
 
 # ---- item 18: REST integers as long as MCP's; a method the path does not take is 405 with or without a body ----
 
@@ -90,3 +96,72 @@ def test_health_names_no_path_the_operators_stats_do(embedder_missing, tmp_path)
     for reason in (health["degraded_reason"], agent_view["degraded_reason"], recall["degraded_reason"]):
         assert interpreter not in reason and str(tmp_path) not in reason, reason
         assert "onnxruntime, tokenizers" in reason and "pip install" in reason  # the advice stays
+
+
+# ---- item 14: a purge that fails on a held lock is recorded once the lock is free ----
+
+
+def held_lock(db: Path, seconds: float) -> threading.Thread:
+    """A fleet writer holding the write lock for `seconds` (past any busy timeout a job waits); it has it on return."""
+    taken = threading.Event()
+
+    def hold() -> None:
+        conn = sqlite3.connect(db, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        taken.set()
+        time.sleep(seconds)
+        conn.execute("COMMIT")
+        conn.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait()
+    return holder
+
+
+def job_runs(db: Path) -> list[tuple]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(
+            "SELECT job, result, error, ended_at IS NOT NULL FROM memory_job_run ORDER BY id"
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+def test_a_purge_failing_on_a_held_lock_is_recorded_and_shown(tmp_path, capsys):
+    db = tmp_path / "solos.db"
+    stop_server(start_server(db))
+    holder = held_lock(db, 1.5)
+    try:
+        assert solos_memory.main(["purge", "--db", str(db), "--busy-timeout-ms", "200"]) == 1
+    finally:
+        holder.join()
+    runs = job_runs(db)
+    assert [(job, result, ended) for job, result, _, ended in runs] == [
+        ("purge", "failed", True),
+        ("archive", "failed", True),
+    ], capsys.readouterr().err
+    assert all("database is locked" in error for _, _, error, _ in runs)
+    running = start_server(db)
+    try:
+        jobs = running.get("/v1/stats").body["jobs"]
+        assert (jobs["purge"]["state"], jobs["purge"]["problem"]) == ("failed", True)
+        assert "database is locked" in jobs["purge"]["detail"]
+    finally:
+        stop_server(running)
+
+
+def test_a_runs_end_is_recorded_after_a_lock_held_past_the_busy_timeout(tmp_path):
+    db = tmp_path / "solos.db"
+    stop_server(start_server(db))
+    holders = []
+
+    def fails_under_a_held_lock() -> int:
+        holders.append(held_lock(db, 1.0))
+        raise solos_store.Busy("the database stayed locked")
+
+    with pytest.raises(solos_store.Busy):
+        solos_jobs.recorded(str(db), "purge", fails_under_a_held_lock, busy_timeout_ms=100)
+    holders[0].join()
+    assert job_runs(db) == [("purge", "failed", "Busy: the database stayed locked", True)]
