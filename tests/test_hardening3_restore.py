@@ -211,9 +211,9 @@ def test_a_restore_beside_the_live_database_carries_its_marks_and_says_so(server
     assert solos_memory.main(["restore", str(manifest), "--db", str(beside)]) == 0
     report = restore_log(capsys.readouterr().err)
     assert report["ids_from"] == str(server.db_path)
-    assert any(
-        "beside" in w and str(server.db_path) in w and "a running service" in w for w in report["warnings"]
-    ), report["warnings"]
+    assert any("beside" in w and str(server.db_path) in w and "a running service" in w for w in report["warnings"]), (
+        report["warnings"]
+    )
     assert after_the_restore(beside, kept, head) == kept + 1  # carried exactly: no jump
 
 
