@@ -130,10 +130,11 @@ def job_runs(db: Path) -> list[tuple]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_a_purge_failing_on_a_held_lock_is_recorded_and_shown(tmp_path, capsys):
     db = tmp_path / "solos.db"
     stop_server(start_server(db))
-    holder = held_lock(db, 1.5)
+    holder = held_lock(db, 0.8)
     try:
         assert solos_memory.main(["purge", "--db", str(db), "--busy-timeout-ms", "200"]) == 1
     finally:
@@ -153,13 +154,14 @@ def test_a_purge_failing_on_a_held_lock_is_recorded_and_shown(tmp_path, capsys):
         stop_server(running)
 
 
+@pytest.mark.slow
 def test_a_runs_end_is_recorded_after_a_lock_held_past_the_busy_timeout(tmp_path):
     db = tmp_path / "solos.db"
     stop_server(start_server(db))
     holders = []
 
     def fails_under_a_held_lock() -> int:
-        holders.append(held_lock(db, 1.0))
+        holders.append(held_lock(db, 0.5))
         raise solos_store.Busy("the database stayed locked")
 
     with pytest.raises(solos_store.Busy):
