@@ -11,6 +11,9 @@ one whose last run failed.
 
 Recording never changes a job's outcome: a run that cannot be recorded (the
 database is gone, or older than this table) still runs, and says so on stderr.
+A run's end waits out a held write lock (RECORD_RETRY_S), and one whose start
+could not be written is recorded whole at its end; a command that fails before
+its jobs begin (the store cannot be opened) records them failed (`opened`).
 
 On PostgreSQL each host's timer starts the jobs, and the job runs once per
 period across the cluster: a run takes the job's turn (an advisory lock held
@@ -43,6 +46,11 @@ GRACE_S = 2 * 3600
 # by the grace: the timers of the next day fire a little earlier or later, and must not skip a whole day.
 DONE_FOR_S = {job: period - GRACE_S for job, period in JOB_PERIOD_S.items()}
 KEPT_RUNS = 100  # rows kept per job; older ones go as a new run starts
+# A run's outcome waits this long for a write lock a fleet writer holds: the likeliest failure is that very
+# lock, and an outcome not recorded reads "no run yet, no problem" for a day (issue 31, item 14). The unit is a
+# oneshot without a start timeout, so the job's process may wait.
+RECORD_RETRY_S = 600
+RECORD_BACKOFF_S = (0.1, 5.0)  # first pause between attempts, and the longest
 ERROR_CHARS = 500  # a failure's message, cut to this: the journal has the rest
 
 Result = TypeVar("Result")
@@ -93,17 +101,38 @@ def recorded(
 def run(
     db: Any, job: str, work: Callable[[], Result], rows: Callable[[Result], int] | None, busy_timeout_ms: int
 ) -> Result:
-    """One run: its row, the work, its outcome."""
+    """One run: its row, the work, its outcome (waiting out a held lock; the whole row if its start was not
+    written)."""
+    started = stamp(time.time())
     run_id = write(db, busy_timeout_ms, job, lambda conn: start_run(conn, job))
     try:
         result = work()
     except BaseException as error:
         message = f"{type(error).__name__}: {error}"[:ERROR_CHARS]
-        write(db, busy_timeout_ms, job, lambda conn: end_run(conn, run_id, "failed", None, message))
+        end = lambda conn: end_run(conn, run_id, "failed", None, message, job, started)  # noqa: E731
+        write(db, busy_timeout_ms, job, end, retry=True)
         raise
     touched: Any = rows(result) if rows else result
-    write(db, busy_timeout_ms, job, lambda conn: end_run(conn, run_id, "ok", int(touched), None))
+    end = lambda conn: end_run(conn, run_id, "ok", int(touched), None, job, started)  # noqa: E731
+    write(db, busy_timeout_ms, job, end, retry=True)
     return result
+
+
+def opened(db: str, jobs: tuple[str, ...], open_store: Callable[[], Result], busy_timeout_ms: int) -> Result:
+    """open_store(), for a command that runs `jobs`: if it fails (a writer holds the lock the migration needs),
+    each job is recorded as a failed run before the error goes on, so stats do not read "no run yet"."""
+    try:
+        return open_store()
+    except Exception as error:
+        message = f"{type(error).__name__}: {error}"[:ERROR_CHARS]
+        started = stamp(time.time())
+        for job in jobs:
+            if solos_store.is_postgres(db):  # no store to record in: the line on stderr is all there is
+                not_recorded(job, f"the store could not be opened: {message}")
+                continue
+            failed = lambda conn, job=job: end_run(conn, None, "failed", None, message, job, started)  # noqa: E731
+            write(db, busy_timeout_ms, job, failed, retry=True)
+        raise
 
 
 def skipped(job: str, reason: str) -> None:
@@ -118,31 +147,50 @@ def recent_success(conn: sqlite3.Connection, job: str) -> str | None:
     return done[0] if done[0] and time.time() - seconds(done[0]) < DONE_FOR_S.get(job, GRACE_S) else None
 
 
-def write(db: Any, busy_timeout_ms: int, job: str, work: Callable[[sqlite3.Connection], Any]) -> Any:
+def write(
+    db: Any, busy_timeout_ms: int, job: str, work: Callable[[sqlite3.Connection], Any], retry: bool = False
+) -> Any:
     """work in one short BEGIN IMMEDIATE on an existing database (or the open PostgreSQL store db names); None
-    (and a line on stderr) if it cannot be."""
-    if not isinstance(db, str):
+    (and a line on stderr) if it cannot be. With `retry`, a busy database is tried again for RECORD_RETRY_S."""
+    deadline, pause = time.monotonic() + RECORD_RETRY_S, RECORD_BACKOFF_S[0]
+    while True:
         try:
-            return db.write(work)
-        except Exception as error:  # StorageUnavailable, Busy: the run goes unrecorded, and says so
-            record = {"ts": stamp(time.time()), "event": "job_not_recorded", "job": job, "reason": str(error)}
-            sys.stderr.write(json.dumps(record) + "\n")
+            return write_once(db, busy_timeout_ms, work)
+        except (sqlite3.Error, solos_store.ServiceError) as error:
+            busy = isinstance(error, solos_store.Busy) or getattr(error, "sqlite_errorcode", None) in LOCKED
+            if not (retry and busy and time.monotonic() + pause < deadline):
+                not_recorded(job, str(error), db if isinstance(db, str) else None)
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, RECORD_BACKOFF_S[1])
+        except Exception as error:  # StorageUnavailable and the like from a PostgreSQL store: not waited for
+            not_recorded(job, str(error))
             return None
+
+
+LOCKED = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # what a held write lock raises, past the busy timeout
+
+
+def not_recorded(job: str, reason: str, db: str | None = None) -> None:
+    """A line on stderr (the journal): the run's row could not be written, and why."""
+    record = {"ts": stamp(time.time()), "event": "job_not_recorded", "job": job, **({"db": db} if db else {})}
+    sys.stderr.write(json.dumps({**record, "reason": reason}) + "\n")
+
+
+def write_once(db: Any, busy_timeout_ms: int, work: Callable[[sqlite3.Connection], Any]) -> Any:
+    """One attempt of write: raises what the database raised."""
+    if not isinstance(db, str):
+        return db.write(work)
+    # mode=rw: recording never creates a database where the job found none.
+    conn = sqlite3.connect(f"{Path(db).absolute().as_uri()}?mode=rw", uri=True, isolation_level=None)
     try:
-        # mode=rw: recording never creates a database where the job found none.
-        conn = sqlite3.connect(f"{Path(db).absolute().as_uri()}?mode=rw", uri=True, isolation_level=None)
-        try:
-            conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-            conn.execute("BEGIN IMMEDIATE")
-            result = work(conn)
-            conn.execute("COMMIT")
-            return result
-        finally:
-            conn.close()
-    except sqlite3.Error as error:
-        record = {"ts": stamp(time.time()), "event": "job_not_recorded", "job": job, "db": db, "reason": str(error)}
-        sys.stderr.write(json.dumps(record) + "\n")
-        return None
+        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        conn.execute("BEGIN IMMEDIATE")
+        result = work(conn)
+        conn.execute("COMMIT")
+        return result
+    finally:
+        conn.close()
 
 
 def start_run(conn: sqlite3.Connection, job: str) -> int:
@@ -155,8 +203,21 @@ def start_run(conn: sqlite3.Connection, job: str) -> int:
     return conn.execute("INSERT INTO memory_job_run (job) VALUES (?) RETURNING id", (job,)).fetchone()[0]
 
 
-def end_run(conn: sqlite3.Connection, run_id: int | None, result: str, rows: int | None, error: str | None) -> None:
-    if run_id is None:  # its start could not be recorded
+def end_run(
+    conn: sqlite3.Connection,
+    run_id: int | None,
+    result: str,
+    rows: int | None,
+    error: str | None,
+    job: str,
+    started: str,
+) -> None:
+    """A run's outcome; the whole row (from `started`) when its start could not be recorded."""
+    if run_id is None:
+        conn.execute(
+            "INSERT INTO memory_job_run (job, started_at, ended_at, result, rows, error) VALUES (?, ?, ?, ?, ?, ?)",
+            (job, started, stamp(time.time()), result, rows, error),
+        )
         return
     conn.execute(
         "UPDATE memory_job_run SET ended_at = ?, result = ?, rows = ?, error = ? WHERE id = ?",

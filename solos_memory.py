@@ -350,8 +350,11 @@ class Memory:
         self.near = solos_provenance.NearDuplicates()
         self.events.forgotten_elsewhere = lambda: solos_forget.forgotten_elsewhere(self)
 
-    def embedder_state(self) -> dict:
-        """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall."""
+    def embedder_state(self, paths: bool = False) -> dict:
+        """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall.
+
+        Machine paths (the interpreter, the model folder) only with `paths`: the operator's view; /health
+        answers anyone who can reach it (issue 31, item 17)."""
         worker, backlog = self.worker, self.worker.backlog if self.worker else None
         state, reason = ("off", self.embedder_error) if worker is None else ("ready", None)
         if worker and self.stuck_query is not None and not self.stuck_query.done():
@@ -368,6 +371,7 @@ class Memory:
             )
         elif backlog:  # a few of the fleet's direct writes: each recall's receipt counts those it met
             state = "catching_up"
+        reason = reason if paths or reason is None else solos_status.without_paths(reason)
         return {"embedder_state": state, "embed_backlog": backlog, "degraded": bool(reason), "degraded_reason": reason}
 
     def written(self, tier: str | None = None, row_id: int | None = None) -> None:
@@ -745,7 +749,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "embedder": embedder.model_id if embedder else None,
         "vectors": memory.store.count_vectors(embedder.model_id) if embedder else {},
         "embed_error": memory.worker.last_error if memory.worker else None,
-        **memory.embedder_state(),
+        **memory.embedder_state(paths=args["agent"] is None),
         "activity": memory.activity.snapshot(memory.store.writes_by_hour(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
         **memory.store.read(solos_store.query("lifecycle_counts")),
@@ -1435,8 +1439,9 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 raise LengthRequired("chunked bodies are not accepted; send Content-Length", "Content-Length")
             raise BadRequest("Transfer-Encoding is not accepted; send Content-Length", "Transfer-Encoding")
         lengths = self.headers.get_all("Content-Length") or []
-        if not lengths:  # no route takes a PATCH: one without a body gets 405 with Allow, not 411
-            if self.command in ("POST", "PUT"):
+        if not lengths:  # a method the path does not take (any PATCH, PUT /v1/recall) gets 405 with Allow, not 411
+            route = (self.command, urlsplit(self.path).path)
+            if route in ROUTES and self.command in ("POST", "PUT") or route == ("POST", "/mcp"):
                 raise LengthRequired(f"a {self.command} needs a body with Content-Length", "Content-Length")
             return b""
         if len(lengths) > 1 or "," in lengths[0]:  # even "N, N", which RFC 9110 lets a server accept: one framing
@@ -1906,7 +1911,7 @@ def serve(config: Config, register: list[str]) -> int:
         db=solos_store.shown(config.db),
         version=__version__,
         auth="tokens" if server.tokens else "loopback-trust",
-        **server.memory.embedder_state(),
+        **server.memory.embedder_state(paths=True),
     )
     try:
         server.serve_forever()
@@ -1957,7 +1962,8 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         added = register_agents(config, args.names)
         print(f"registered {len(added)} new of {len(args.names)}: {', '.join(added) or '-'}")
         return 0
-    store = open_store(config)
+    jobs = ("purge", "archive") if args.command == "purge" else ()  # recorded failed if the store cannot open
+    store = solos_jobs.opened(config.db, jobs, lambda: open_store(config), config.busy_timeout_ms)
     try:
         if args.command == "agents":
             print("\n".join(store.list_agents()))

@@ -39,6 +39,9 @@ import solos_jobs
 import solos_store
 
 SNAPSHOT_KEEP = 7
+# A restore that cannot read any database of the snapshot's chain (the disk is lost) raises every row-id mark and
+# the event sequence by this much: more than a fleet writes between two daily snapshots, far below SQLite's 2**63.
+UNKNOWN_IDS_MARGIN = 1_000_000_000
 SNAPSHOT_FORMAT = "solos-memory-snapshot/1"
 # The tables whose row counts a manifest records.
 # Rows counted in each manifest: the fleet's tables, every tier's, and the retractions and events.
@@ -621,6 +624,7 @@ def rebuild(
         "checks": "passed",
         "schema_version_restored": verified.manifest.get("schema_version"),
         "retractions_known": len(retractions),
+        "ids_from": carried["from"],  # the database whose ids and events restore carried on; None: raised
         "rows_forgotten_again": erased,
         "discarded_rows": sum(n for writers in discarded.values() for n in writers.values()),
         "discarded": discarded,
@@ -636,28 +640,36 @@ def side_files(db: Path) -> list[Path]:
 def later_retractions(
     verified: Verified, target: Path, existed: bool, busy_timeout_ms: int, warnings: list
 ) -> tuple[list[dict], dict]:
-    """The retractions recorded after the snapshot, and what the replaced database carries forward.
+    """The retractions recorded after the snapshot, and what the restored copy carries forward (carry_forward).
 
-    From the manifests after it, and from the live database: the target if
-    it exists, else the database the snapshots came from when it anchored
-    this chain (a manifest removed since then cannot hide a retraction).
-    When neither can tell, the warning says from when on they are unknown.
+    Retractions: from the manifests after it, and from the live database:
+    the target if it exists, and the database the snapshots came from when it
+    anchored this chain (a manifest removed since then cannot hide a
+    retraction). Id marks and the event sequence: the largest any of them
+    handed out. When none of them can tell (the source is lost and the target
+    is new, or not of this chain), the warnings say from when on retractions
+    are unknown, and the marks are raised by UNKNOWN_IDS_MARGIN (issue 31,
+    item 10): clients' ids and cursors from after the snapshot are stale.
     """
     head = verified.chain[-1]
-    retractions = list(verified.later)
+    retractions, carried = list(verified.later), {"id_marks": {}, "event_seq": 0, "anchor": None, "from": None}
+    chained = False  # whether a database read anchors this chain, so knows every id and retraction since
     if existed:  # the database being replaced knows every retraction it made, whatever the folder lost
         conn = sqlite3.connect(target, timeout=busy_timeout_ms / 1000)
         conn.row_factory = sqlite3.Row
         try:
             dropped = removed_after(verified.chain, read_anchor(conn), str(target))
             warnings += [f"{dropped}; its own retractions are re-applied"] if dropped else []
-            return retractions + solos_store.retractions_after(conn, 0), carried_state(conn)
+            retractions += solos_store.retractions_after(conn, 0)
+            chained = carry_from(carried, conn, target, head)
         finally:
             conn.close()
     source = Path(str(verified.manifest.get("database") or ""))
     reason = "the manifests do not name the database they came from"
     if source.name and not source.exists():
         reason = f"the database they came from ({source}) is not here"
+    elif existed and source.name and source.absolute() == target.absolute():
+        reason = f"{target} does not anchor this chain"
     elif source.name:
         try:
             conn = sqlite3.connect(f"{source.absolute().as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms / 1000)
@@ -667,17 +679,60 @@ def later_retractions(
                 dropped = removed_after(verified.chain, anchor, str(source))
                 if anchor is not None and anchor.get("chain") == head.manifest.get("chain"):
                     warnings += [f"{dropped}; {source}'s own retractions are re-applied"] if dropped else []
-                    return retractions + solos_store.retractions_after(conn, 0), {}
+                    retractions += solos_store.retractions_after(conn, 0)
                 reason = f"{source} does not anchor this chain"
+                chained = carry_from(carried, conn, source, head) or chained
             finally:
                 conn.close()
+            warnings.append(beside_the_source(source, target))
         except sqlite3.Error as error:
             reason = f"{source} cannot be read ({error})"
+    if chained or (existed and not head.manifest.get("chain")):  # a manifest from before anchors: as it was
+        return retractions, carried
+    if not existed:
+        warnings.append(
+            f"later retractions are known only up to snapshot {head.manifest['seq']} "
+            f"({head.manifest['created_at']}): {reason}, so a row forgotten after that comes back"
+        )
+    carried["from"], carried["raise_by"] = None, UNKNOWN_IDS_MARGIN
     warnings.append(
-        f"later retractions are known only up to snapshot {head.manifest['seq']} "
-        f"({head.manifest['created_at']}): {reason}, so a row forgotten after that comes back"
+        f"no database that knows the ids handed out after snapshot {head.manifest['seq']} could be read ({reason}): "
+        f"{target}'s row ids and event ids were raised by {UNKNOWN_IDS_MARGIN:,}, so none is handed out twice, "
+        f"but clients' ids and event cursors from after the snapshot are stale: ids kept since then name nothing "
+        f"(or a row restored under it), and subscribers should recall to catch up, then resume from the new events"
     )
-    return retractions, {}
+    return retractions, carried
+
+
+def carry_from(carried: dict, conn: sqlite3.Connection, database: Path, head: Link) -> bool:
+    """Raise what a restore carries forward to what one live database handed out; whether it anchors head's chain."""
+    state = carried_state(conn)
+    marks = carried["id_marks"]
+    for tier, mark in state["id_marks"].items():
+        marks[tier] = max(marks.get(tier, 0), mark)
+    if state["event_seq"] >= carried["event_seq"]:
+        carried["from"] = str(database)
+    carried["event_seq"] = max(carried["event_seq"], state["event_seq"])
+    before, anchor = carried["anchor"], state["anchor"]
+    if anchor and (not before or (anchor.get("chain") == before.get("chain") and anchor["seq"] > before["seq"])):
+        carried["anchor"] = anchor
+    return bool(anchor and head.manifest.get("chain") and anchor.get("chain") == head.manifest["chain"])
+
+
+def beside_the_source(source: Path, target: Path) -> str:
+    """The warning for a restore into a second database beside the one the snapshots came from."""
+    serving = ""
+    try:
+        descriptor = take_lock(source, exclusive=True) if lock_path(source).exists() else None  # no stray lock file
+    except BlockingIOError:
+        descriptor, serving = None, "a running service holds it, and "
+    if descriptor is not None:
+        os.close(descriptor)
+    return (
+        f"restored beside {source}, the database the snapshots came from: {serving}its agents, writers and "
+        f"subscribers go on there, not in {target}; ids and events are carried from it as of now, so the two "
+        f"databases hand out the same ids from here on: point everything at one of them"
+    )
 
 
 def discarded_rows(conn: sqlite3.Connection, target: Path) -> dict[str, dict[str, int]]:
@@ -752,6 +807,11 @@ def carry_forward(conn: sqlite3.Connection, carried: dict, head: dict | None) ->
     stay noticed). Row ids the replaced database handed out stay spent: the
     id marks never go back (schema.sql, "Row ids: never reused").
     """
+    margin = carried.get("raise_by", 0)  # nothing could say which ids were handed out after the snapshot
+    if margin:
+        own = carried_state(conn)
+        carried["id_marks"] = {tier: mark + margin for tier, mark in own["id_marks"].items()}
+        carried["event_seq"] = max(own["event_seq"], solos_store.head_event(conn)) + margin
     solos_store.mark_row_ids(conn, carried.get("id_marks"))
     event_seq = carried.get("event_seq", 0)
     if not conn.execute(

@@ -22,7 +22,9 @@ from __future__ import annotations
 import base64
 import bisect
 import logging
+import os
 import re
+import sys
 import threading
 import time
 from collections import Counter
@@ -285,8 +287,9 @@ ABSOLUTE_PATH = re.compile(
 
 
 def without_paths(text: str) -> str:
-    """A message for the page: '/home/op/SolOS/runtime/solos.db' becomes '…/solos.db'."""
-    return ABSOLUTE_PATH.sub("…/", text)
+    """A message for the page: '/home/op/SolOS/runtime/solos.db' becomes '…/solos.db'; the interpreter's folder
+    goes under any root."""
+    return ABSOLUTE_PATH.sub("…/", text.replace(os.path.dirname(sys.executable) + "/", "…/"))
 
 
 def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:

@@ -142,6 +142,12 @@ def check_args(schema: dict, args: Any) -> dict:
     return checked
 
 
+# A query-string integer: ASCII digits (\d admits '١٢', which int() reads), as long as any integer MCP takes
+# (solos_bounds.MAX_ID has 19) and some past it, so the schema's range check names the field, not a type error.
+# Bounded: int() of a long digit string costs quadratic time, and 4,300 digits raise.
+REST_INTEGER = re.compile(r"-?[0-9]{1,40}")
+
+
 def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
     """Turn query-string pairs into typed arguments, per the operation's schema.
 
@@ -154,7 +160,7 @@ def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
             raise BadRequest(f"{name} is given more than once", name)
         kind = schema["properties"].get(name, {}).get("type")
         if kind == "integer":
-            args[name] = int(raw) if re.fullmatch(r"-?\d{1,12}", raw) else raw
+            args[name] = int(raw) if re.fullmatch(REST_INTEGER, raw) else raw
         elif kind == "number":
             args[name] = float(raw) if re.fullmatch(r"-?\d{1,12}(\.\d{1,12})?", raw) else raw
         elif kind == "boolean":

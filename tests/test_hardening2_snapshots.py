@@ -424,8 +424,9 @@ def test_removed_newest_manifests_are_noticed_and_a_forgotten_row_stays_forgotte
     server.db_path.rename(tmp_path / "elsewhere.db")  # and the live database gone: nothing can tell what came later
     status, err = restore(old["path"], tmp_path / "c.db", capsys)
     assert status == 0, err
-    (warning,) = restored(err)["warnings"]
+    warning, ids = restored(err)["warnings"]
     assert f"later retractions are known only up to snapshot {old['seq']}" in warning and "comes back" in warning
+    assert "ids and event cursors from after the snapshot are stale" in ids  # and raised (issue 31, item 10)
     assert facts(tmp_path / "c.db") == [f"the secret {word}", "the keeper"]
 
     (tmp_path / "elsewhere.db").rename(server.db_path)
