@@ -246,12 +246,35 @@ class PgStore(solos_store.Store):
         except psycopg.OperationalError as error:
             raise StorageUnavailable(unreachable(self.path, error)) from None
         except psycopg.errors.InsufficientPrivilege as error:
+            if self.applied_by_owner(schema):
+                log_event("schema_applied_by_owner", user_may_not=first_line(error))
+                return
             raise solos_store.SchemaMismatch(
                 f"the database user may not create or grant solos-memory's schema ({first_line(error)}); "
                 "run the service once as the database's owner, or apply schema_pg.sql as it"
             ) from None
         except psycopg.Error as error:
             raise solos_store.SchemaMismatch(f"schema_pg.sql could not be applied: {first_line(error)}") from None
+
+    def applied_by_owner(self, schema: str) -> bool:
+        """Whether the owner applied this very schema_pg.sql and this user may work as the service's role: a
+        service logging in as a member of that role alone (SECURITY.md) starts without applying it again."""
+        try:
+            conn = PgConnection.connect(self.path, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.Error:
+            return False
+        try:
+            member = conn.execute("SELECT pg_has_role(current_user, ?, 'MEMBER')", (SERVICE_ROLE,)).fetchone()[0]
+            applied = (
+                conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_pg_sha256'").fetchone()
+                if member
+                else None
+            )
+        except psycopg.Error:
+            return False
+        finally:
+            conn.close()
+        return applied is not None and applied[0] == schema_digest(schema)
 
     def create_schema(self, schema: str) -> None:
         conn = PgConnection.connect(self.path, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
@@ -260,9 +283,9 @@ class PgStore(solos_store.Store):
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
                 super(PgConnection, conn).execute(schema)
                 conn.execute(
-                    "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?) "
+                    "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?), ('schema_pg_sha256', ?) "
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (solos_store.SCHEMA_VERSION,),
+                    (solos_store.SCHEMA_VERSION, schema_digest(schema)),
                 )
                 conn.execute(
                     "INSERT INTO solos_memory_meta (key, value) VALUES ('vector_generation', '0'), (?, solos_now()) "
@@ -431,9 +454,19 @@ class PgStore(solos_store.Store):
         )
 
     def keep_token(self, digest: str, agent: str) -> None:
-        self.write(
-            lambda conn: conn.execute("INSERT INTO memory_token (token_sha256, agent) VALUES (?, ?)", (digest, agent))
-        )
+        """The `token` command's write, as the URL's user (an admin store): the service's role may only read
+        memory_token, so SQL on a serving connection cannot mint a token."""
+        try:
+            self.write(
+                lambda conn: conn.execute(
+                    "INSERT INTO memory_token (token_sha256, agent) VALUES (?, ?)", (digest, agent)
+                )
+            )
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise SystemExit(
+                f"token: the database user may not write memory_token ({first_line(error)}); "
+                "issue tokens with the URL of the user that owns the schema"
+            ) from None
 
     # -- copies: notifications and the daily jobs' turns --
 
@@ -508,6 +541,10 @@ class PgStore(solos_store.Store):
         conn.execute(f"VACUUM {', '.join(tables)}")
         self.write(solos_store.query("scrubs_done", done=queued))
         log_event("forgotten_vacuumed", tables=tables)
+
+
+def schema_digest(schema: str) -> str:
+    return hashlib.sha256(schema.encode("utf-8")).hexdigest()
 
 
 def first_line(error: BaseException) -> str:
