@@ -12,7 +12,7 @@
 --   * memory_event carries the writing transaction's id (xid8): ids commit out of order, so readers take
 --     events only below the oldest running transaction (solos_store_pg.events_after).
 --   * the service connects as itself but works as role solos_memory_service, which may read and never
---     write agent_registry and memory_durable (SQLite's authorizer does that there).
+--     write agent_registry and memory_durable (SQLite's authorizer does that there), nor memory_token.
 
 -- Now, or now shifted ('+3.000 seconds', '-30 days'), as the text SQLite's strftime('%Y-%m-%dT%H:%M:%fZ') gives.
 CREATE OR REPLACE FUNCTION solos_at(shift interval) RETURNS text LANGUAGE sql VOLATILE AS
@@ -568,7 +568,9 @@ BEGIN
 END $$;
 
 -- ==== The service's role ====
--- Writes everything of its own, reads the fleet's registry and personas, never writes them.
+-- Writes everything of its own, reads the fleet's registry and personas, never writes them; reads the token
+-- hashes and never writes them either (issue 31): SQL on a serving connection cannot mint a token, and the
+-- `token` command writes them as the URL's user (solos_store_pg.PgStore.keep_token, an admin store).
 DO $$ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'solos_memory_service') THEN
         CREATE ROLE solos_memory_service NOLOGIN;
@@ -576,5 +578,5 @@ DO $$ BEGIN
 END $$;
 GRANT USAGE ON SCHEMA public TO solos_memory_service;
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO solos_memory_service;
-REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON agent_registry, memory_durable FROM solos_memory_service;
+REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON agent_registry, memory_durable, memory_token FROM solos_memory_service;
 GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO solos_memory_service;

@@ -62,7 +62,11 @@ EVENTS_OUTPUT = {
     "next_since": {"type": "integer", "description": "Pass as since next time: the last event examined."},
     "count": {"type": "integer"},
     "events": {"type": "array", "items": {"type": "object"}},
-    "gap": {"type": ["object", "null"], "description": "Set when events after since were pruned (retention)."},
+    "gap": {
+        "type": ["object", "null"],
+        "description": "Set when events after since were pruned (retention), or (PostgreSQL) when the read went past "
+        "a transaction running too long to wait for, whose events, if it commits, come before next_since.",
+    },
     "retention_s": {"type": "integer"},
 }
 
@@ -286,11 +290,13 @@ class EventHub:
             self.thread.join(timeout=10)
 
     def stats(self) -> dict:
-        """Open streams, events delivered, streams dropped as slow, refused at the cap, the encoded-event cache."""
+        """Open streams, events delivered, streams dropped as slow, refused at the cap, the encoded-event cache,
+        and the cursor: whether a running transaction holds it (PostgreSQL; Store.event_cursor)."""
         with self.lock:
             found = {"open": len(self.subscribers), **self.counters}
         with self.wire_lock:
-            return {**found, "cache_events": len(self.wire), "cache_bytes": self.wire_bytes}
+            found = {**found, "cache_events": len(self.wire), "cache_bytes": self.wire_bytes}
+        return {**found, "cursor": self.store.event_cursor()}
 
     def forget_encoded(self) -> None:
         """Drop every encoded event: after a forget, one may quote the forgotten row."""
@@ -336,6 +342,8 @@ class EventHub:
                 now = time.monotonic()
                 if now >= next_sweep:
                     next_sweep = now + SWEEP_S
+                    if self.store.shared_by_copies:  # the cursor's state for /health and stats, with or without streams
+                        self.own_read(self.store.event_cursor)
                     if self.own_read(solos_store.query("expiry_due")):
                         self.own_read(solos_store.query("sweep_expired", note=self.note_removal), write=True)
                 if now >= next_prune:
@@ -390,7 +398,10 @@ class EventHub:
             solos_store.on(conn).sharing_agents(conn),
         )
         shared: dict[tuple, dict] = {}
-        return {s: self.visible(conn, s.pattern, events, rows, sharing, shared) for s in subscribers}, events[-1]["id"]
+        skipped = self.skipped_gap(conn, after, events[-1]["id"])
+        marks = [{"id": 0, "gap": skipped}] if skipped else []  # the stream writes it as a `gap` event (stream)
+        shares = {s: marks + self.visible(conn, s.pattern, events, rows, sharing, shared) for s in subscribers}
+        return shares, events[-1]["id"]
 
     # -- filtering: what a subscriber may see is what it could recall --
 
@@ -527,8 +538,21 @@ class EventHub:
 
     # -- reading by id (read_events, and a stream's catch-up) --
 
-    def gap(self, conn: sqlite3.Connection, since: int) -> dict | None:
-        """Say plainly when events after `since` were pruned before anyone read them."""
+    def gap(self, conn: sqlite3.Connection, since: int, through: int | None = None) -> dict | None:
+        """Say plainly when events after `since` were pruned before anyone read them, or when reading up to
+        `through` went past a transaction the cursor no longer waits for (skipped_gap); one gap for both."""
+        gaps = [self.pruned_gap(conn, since), self.skipped_gap(conn, since, through) if through else None]
+        found = [gap for gap in gaps if gap]
+        if len(found) < 2:
+            return found[0] if found else None
+        return {
+            **found[1],
+            "from": min(gap["from"] for gap in found),
+            "through": max(gap["through"] for gap in found),
+            "message": " ".join(gap["message"] for gap in found),
+        }
+
+    def pruned_gap(self, conn: sqlite3.Connection, since: int) -> dict | None:
         pruned = int(solos_store.on(conn).meta_value(conn, "events_pruned_through") or 0)
         if since >= pruned:
             return None
@@ -537,6 +561,24 @@ class EventHub:
             "through": pruned,
             "message": f"events {since + 1}-{pruned} are older than the {EVENT_RETENTION_S // 86_400}-day "
             f"retention and were pruned; recall to catch up, then continue from next_since",
+        }
+
+    def skipped_gap(self, conn: sqlite3.Connection, since: int, through: int) -> dict | None:
+        """PostgreSQL: reading (since, through] went past transactions of this database that had run too long to
+        wait for (solos_store_pg.EVENT_WAIT_S, an idle session holding an xid): what they log if they commit
+        lands among ids already read. Read in the same transaction as the events, so it names exactly those."""
+        skipped = [
+            one for one in solos_store.on(conn).passed_over(conn) if one["from"] <= through and one["through"] > since
+        ]
+        if not skipped:
+            return None
+        named = ", ".join(f"{one['xid']} (pid {one['pid']})" for one in skipped)
+        return {
+            "from": min(one["from"] for one in skipped),
+            "through": max(one["through"] for one in skipped),
+            "not_waited_for": [{"xid": one["xid"], "pid": one["pid"]} for one in skipped],
+            "message": f"transactions {named} of the database ran too long to wait for; events they log if they "
+            "commit come before next_since and will not be read from it: recall to catch up",
         }
 
     def collect(
@@ -586,7 +628,7 @@ class EventHub:
 
         def work(conn: sqlite3.Connection) -> tuple:
             events, examined = self.collect(conn, pattern, since, limit)
-            return events, max(examined, since), self.gap(conn, since)
+            return events, max(examined, since), self.gap(conn, since, examined)
 
         events, examined, gap = self.store.read(work)
         self.audit(pattern.caller, events)
@@ -651,10 +693,12 @@ class EventHub:
             last = since if since is not None else self.store.read(solos_store.query("head_event"))
             gap = self.store.read(lambda conn: self.gap(conn, last)) if since is not None else None
             write(head + SSE_PREAMBLE + (sse(gap, "gap") if gap else b""))
+            told: set[int] = set()  # transactions a gap event named already
             while not self.stopped:  # catch up from the log until it has nothing newer
-                events, examined = self.store.read(functools.partial(self.collect, pattern=pattern, since=last))
+                events, examined, skipped = self.store.read(functools.partial(self.catch_up, pattern, last))
                 if examined == last:
                     break
+                self.tell_gap(skipped, told, write)
                 last = self.deliver(subscriber, events, examined, write)
             next_heartbeat = time.monotonic() + self.heartbeat_s
             while not self.stopped and not subscriber.dropped:
@@ -673,7 +717,9 @@ class EventHub:
                     continue
                 while not subscriber.queue.empty():
                     events.append(subscriber.queue.get_nowait())
-                fresh = [event for event in events if event["id"] > last]
+                for event in events:
+                    self.tell_gap(event.get("gap"), told, write)
+                fresh = [event for event in events if "gap" not in event and event["id"] > last]
                 if fresh:
                     last = self.deliver(subscriber, fresh, fresh[-1]["id"], write)
         except OSError:  # the client went away, or drop() cut the socket
@@ -684,6 +730,19 @@ class EventHub:
                 write(sse({"message": f"stream ended: {type(error).__name__}: {error}"}, "error"))
         finally:
             self.unsubscribe(subscriber)
+
+    def catch_up(self, pattern: Pattern, since: int, conn: sqlite3.Connection) -> tuple[list[dict], int, dict | None]:
+        """A stream's catch-up step: collect's events after `since`, and the transactions it went past."""
+        events, examined = self.collect(conn, pattern, since)
+        return events, examined, self.skipped_gap(conn, since, examined) if examined > since else None
+
+    @staticmethod
+    def tell_gap(gap: dict | None, told: set[int], write: Callable[[bytes], Any]) -> None:
+        """A `gap` event for transactions the stream went past, each named once."""
+        if gap is None or not {one["xid"] for one in gap["not_waited_for"]} - told:
+            return
+        told.update(one["xid"] for one in gap["not_waited_for"])
+        write(sse(gap, "gap"))
 
     def deliver(self, subscriber: Subscriber, events: list[dict], examined: int, write: Callable[[bytes], Any]) -> int:
         """Audit, then write the events in sends of at most solos_bounds.ANSWER_BYTES; returns the new last id."""

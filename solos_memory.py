@@ -1585,6 +1585,7 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
             "copy": self.memory.copy,
             "auth": "tokens" if self.tokens else "loopback-trust",
             **self.memory.embedder_state(),
+            "event_cursor": self.memory.store.event_cursor()["state"],  # PostgreSQL: stalled, skipping (stats)
         }
 
     def refusal(self) -> bytes:

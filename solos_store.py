@@ -1329,6 +1329,11 @@ class Store:
         the fleet's. PostgreSQL's store returns a listener for the other copies' commits."""
         return None
 
+    def event_cursor(self, conn: Any = None) -> dict:
+        """Whether the event cursor waits for a running transaction: never here, where events commit in id
+        order (PostgreSQL's store: solos_store_pg.RunningTransactions)."""
+        return {"state": "ok"}
+
     def token_hashes(self) -> dict[str, str]:
         """Bearer tokens kept in the database (PostgreSQL's); SQLite's are in the tokens file."""
         return {}
@@ -1636,6 +1641,11 @@ def events_after(conn: sqlite3.Connection, after: int, limit: int) -> list[sqlit
     return conn.execute(
         "SELECT id, ts, kind, tier, row_id, agent FROM memory_event WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
     ).fetchall()
+
+
+def passed_over(conn: sqlite3.Connection) -> list[dict]:
+    """Running transactions the event cursor went past (solos_store_pg's): none here, one writer at a time."""
+    return []
 
 
 def current_rows(conn: sqlite3.Connection, tiers: dict, events: Sequence[Any]) -> dict[tuple[str, int], Any]:

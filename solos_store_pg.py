@@ -11,7 +11,9 @@ What is not the same, and why:
   column weights), since PostgreSQL's ts_rank ignores how rare a word is.
 - Writers do not queue behind one lock: PostgreSQL takes row locks. Writes that must not race (the same long
   fact, the same idempotency key) take a transaction-scoped advisory lock on their key.
-- Events are read only below the oldest running transaction (xid8), because ids commit out of order.
+- Events are read only below the oldest running transaction (xid8), because ids commit out of order; but not
+  below one of another database, nor one this copy has seen running for EVENT_WAIT_S (an idle session holding an
+  xid): readers are told of the gap it may leave (`passed_over`), and /health and stats show the wait.
 - A forget's dead tuples go with a VACUUM of the touched tables, run by a thread of its own; WAL segments
   and base backups keep the text until they are recycled (SECURITY.md).
 - Snapshots are pg_dump's (docs/operations.md): `snapshot` and `restore` refuse a PostgreSQL URL.
@@ -54,6 +56,14 @@ SERVICE_ROLE = "solos_memory_service"
 MIGRATION_LOCK = 8437  # pg_advisory_xact_lock key: copies starting together create the schema one at a time
 STATEMENT_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 5
+# The longest the event cursor waits for one running transaction of this database (issue 31, item 11): one
+# session idle in transaction held every stream and read_events of every copy for as long as it lived. The
+# service's own write transactions last milliseconds and its statements at most STATEMENT_TIMEOUT_MS; a fleet
+# writer's transaction older than this is taken for stuck, and its events, if it commits, reach only readers
+# still before them (a gap says so to the ones past them).
+EVENT_WAIT_S = 10.0
+HELD_SHOWN_S = 1.0  # a wait this long shows the cursor as stalled in /health and stats
+SHOWN_TRANSACTIONS = 8  # transactions the cursor's state lists at most
 VACUUM_WAIT_S = 30.0  # how long closing the store waits for a VACUUM after a forget to finish
 STATS_TTL_S = 1.0  # how long a tier's row count and mean length (BM25's N and avgdl) are reused
 BM25_K1, BM25_B = 1.2, 0.75  # FTS5's
@@ -125,11 +135,69 @@ def placeholders(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
 
+# The transactions running as a snapshot sees them (xid8s below its xmax), each with its backend's pid and
+# whether that backend is in another database (it can never log an event here). A prepared transaction has no
+# backend: it counts as this database's.
+RUNNING_SQL = (
+    "SELECT pg_snapshot_xmax(s)::text::bigint, x::text::bigint, a.pid, "
+    "a.pid IS NOT NULL AND a.datid IS DISTINCT FROM (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "FROM pg_current_snapshot() s LEFT JOIN LATERAL pg_snapshot_xip(s) x ON true "
+    "LEFT JOIN pg_stat_activity a ON a.backend_xid = x::xid ORDER BY 2"
+)
+
+
+class RunningTransactions:
+    """How far the event cursor may read (`horizon`), and since when this copy has seen each transaction of this
+    database running. pg_stat_activity's xact_start is hidden from the service's role for other users' sessions,
+    so a transaction's age is this copy's own observation: at most EVENT_WAIT_S after it was first seen, it is no
+    longer waited for."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: dict[int, float] = {}  # xid8 -> monotonic time this copy first saw it running
+        self.passed: set[int] = set()  # running transactions the cursor no longer waits for
+        self.passed_total = 0
+        self.last: dict = {"held_by": None, "not_waited_for": []}
+
+    def horizon(self, conn: Any) -> tuple[int, list[dict]]:
+        """The xid8 events are read below, and the running transactions of this database left behind it."""
+        rows = conn.execute(RUNNING_SQL).fetchall()
+        now, horizon = time.monotonic(), rows[0][0]
+        held, passed = None, []
+        with self.lock:
+            ours = [(xid, pid) for _, xid, pid, elsewhere in rows if xid is not None and not elsewhere]
+            running = {xid for xid, _ in ours}
+            self.seen = {xid: self.seen.get(xid, now) for xid in running}
+            self.passed &= running
+            for xid, pid in ours:
+                waited = now - self.seen[xid]
+                if waited < EVENT_WAIT_S:
+                    horizon, held = xid, {"xid": xid, "pid": pid, "held_s": round(waited, 1)}
+                    break
+                passed.append({"xid": xid, "pid": pid, "seen_running_s": round(waited, 1)})
+                if xid not in self.passed:
+                    self.passed.add(xid)
+                    self.passed_total += 1
+                    log_event("event_wait_ended", xid=xid, pid=pid, waited_s=round(waited, 1))
+            self.last = {"held_by": held, "not_waited_for": passed[:SHOWN_TRANSACTIONS]}
+        return horizon, passed
+
+    def state(self) -> dict:
+        """The cursor as last read: `stalled` while a transaction has held it HELD_SHOWN_S or more, `skipping`
+        while one it no longer waits for still runs (its events would reach no reader already past them)."""
+        with self.lock:
+            last, passed_total = self.last, self.passed_total
+        held = last["held_by"]
+        state = "skipping" if last["not_waited_for"] else "stalled" if held and held["held_s"] >= HELD_SHOWN_S else "ok"
+        return {"state": state, "wait_bound_s": EVENT_WAIT_S, **last, "not_waited_for_total": passed_total}
+
+
 class PgConnection(psycopg.Connection):
     """A psycopg connection that runs the store's `?` SQL and carries this module's queries (solos_store.on)."""
 
     queries: Any = None  # this module, set below
     reusable = True
+    running = RunningTransactions()  # PgStore.connect gives each store's connections the store's own
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
         return super().execute(placeholders(query), params or (), **kwargs)
@@ -162,6 +230,14 @@ class PgStore(solos_store.Store):
         self.vacuum_lock = threading.Lock()
         self.vacuuming: threading.Thread | None = None
         self.vacuum_wanted = False
+        self.running = RunningTransactions()
+
+    def event_cursor(self, conn: Any = None) -> dict:
+        """The event cursor's state (RunningTransactions.state): read again on `conn` if given (the event hub's
+        round), else as last read."""
+        if conn is not None:
+            self.running.horizon(conn)
+        return self.running.state()
 
     def connect(self) -> PgConnection:  # type: ignore[override]
         try:
@@ -169,6 +245,7 @@ class PgStore(solos_store.Store):
         except psycopg.OperationalError as error:
             raise StorageUnavailable(unreachable(self.path, error)) from None
         conn.row_factory = pg_rows  # type: ignore[assignment]
+        conn.running = self.running
         conn.adapters.register_loader("numeric", FloatLoader)  # sums and averages: JSON numbers, as SQLite's are
         conn.execute(f"SET lock_timeout = {int(self.busy_timeout_ms)}")
         conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
@@ -246,12 +323,35 @@ class PgStore(solos_store.Store):
         except psycopg.OperationalError as error:
             raise StorageUnavailable(unreachable(self.path, error)) from None
         except psycopg.errors.InsufficientPrivilege as error:
+            if self.applied_by_owner(schema):
+                log_event("schema_applied_by_owner", user_may_not=first_line(error))
+                return
             raise solos_store.SchemaMismatch(
                 f"the database user may not create or grant solos-memory's schema ({first_line(error)}); "
                 "run the service once as the database's owner, or apply schema_pg.sql as it"
             ) from None
         except psycopg.Error as error:
             raise solos_store.SchemaMismatch(f"schema_pg.sql could not be applied: {first_line(error)}") from None
+
+    def applied_by_owner(self, schema: str) -> bool:
+        """Whether the owner applied this very schema_pg.sql and this user may work as the service's role: a
+        service logging in as a member of that role alone (SECURITY.md) starts without applying it again."""
+        try:
+            conn = PgConnection.connect(self.path, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.Error:
+            return False
+        try:
+            member = conn.execute("SELECT pg_has_role(current_user, ?, 'MEMBER')", (SERVICE_ROLE,)).fetchone()[0]
+            applied = (
+                conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_pg_sha256'").fetchone()
+                if member
+                else None
+            )
+        except psycopg.Error:
+            return False
+        finally:
+            conn.close()
+        return applied is not None and applied[0] == schema_digest(schema)
 
     def create_schema(self, schema: str) -> None:
         conn = PgConnection.connect(self.path, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
@@ -260,9 +360,9 @@ class PgStore(solos_store.Store):
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
                 super(PgConnection, conn).execute(schema)
                 conn.execute(
-                    "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?) "
+                    "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?), ('schema_pg_sha256', ?) "
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (solos_store.SCHEMA_VERSION,),
+                    (solos_store.SCHEMA_VERSION, schema_digest(schema)),
                 )
                 conn.execute(
                     "INSERT INTO solos_memory_meta (key, value) VALUES ('vector_generation', '0'), (?, solos_now()) "
@@ -431,9 +531,19 @@ class PgStore(solos_store.Store):
         )
 
     def keep_token(self, digest: str, agent: str) -> None:
-        self.write(
-            lambda conn: conn.execute("INSERT INTO memory_token (token_sha256, agent) VALUES (?, ?)", (digest, agent))
-        )
+        """The `token` command's write, as the URL's user (an admin store): the service's role may only read
+        memory_token, so SQL on a serving connection cannot mint a token."""
+        try:
+            self.write(
+                lambda conn: conn.execute(
+                    "INSERT INTO memory_token (token_sha256, agent) VALUES (?, ?)", (digest, agent)
+                )
+            )
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise SystemExit(
+                f"token: the database user may not write memory_token ({first_line(error)}); "
+                "issue tokens with the URL of the user that owns the schema"
+            ) from None
 
     # -- copies: notifications and the daily jobs' turns --
 
@@ -510,6 +620,10 @@ class PgStore(solos_store.Store):
         log_event("forgotten_vacuumed", tables=tables)
 
 
+def schema_digest(schema: str) -> str:
+    return hashlib.sha256(schema.encode("utf-8")).hexdigest()
+
+
 def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
@@ -570,19 +684,29 @@ def mirror_waiting(conn: Any, row_ids: Iterable[int]) -> set[int]:
 
 
 def head_event(conn: Any) -> int:
+    horizon, _ = conn.running.horizon(conn)
     return conn.execute(
-        "SELECT coalesce(max(id), 0) FROM memory_event WHERE xid < pg_snapshot_xmin(pg_current_snapshot())"
+        "SELECT coalesce(max(id), 0) FROM memory_event WHERE xid < ?::text::xid8", (str(horizon),)
     ).fetchone()[0]
 
 
 def events_after(conn: Any, after: int, limit: int) -> list:
-    """Events after an id, only those below every running transaction: one still running may hold a smaller
-    id, and would be skipped for good if a later one were read first."""
+    """Events after an id, only those below every running transaction the cursor waits for: one still running
+    may hold a smaller id, and would be skipped for good if a later one were read first. Transactions of other
+    databases are not waited for (they never log here), nor one seen running for EVENT_WAIT_S (`passed_over`)."""
+    horizon, _ = conn.running.horizon(conn)
     return conn.execute(
         "SELECT id, ts, kind, tier, row_id, agent FROM memory_event WHERE id > ? "
-        "AND xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY id LIMIT ?",
-        (after, limit),
+        "AND xid < ?::text::xid8 ORDER BY id LIMIT ?",
+        (after, str(horizon), limit),
     ).fetchall()
+
+
+def passed_over(conn: Any) -> list[dict]:
+    """Running transactions of this database the cursor no longer waits for, with the event ids each would
+    log (its xid8 in the high bits: schema_pg.sql's memory_event): a reader past them never gets those."""
+    _, passed = conn.running.horizon(conn)
+    return [{**one, "from": (one["xid"] << 24) + 1, "through": ((one["xid"] + 1) << 24) - 1} for one in passed]
 
 
 def text_matches(conn: Any, match: str, candidates: dict[str, list[int]]) -> set[tuple[str, int]]:

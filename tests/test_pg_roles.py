@@ -1,0 +1,99 @@
+"""PostgreSQL: what the serving role may do (issue 31, item 13). The service works as `solos_memory_service`,
+which reads `memory_token` and never writes it: a token is issued by the `token` command, which works as the
+URL's user. A service logging in as a member of that role only (not the owner) starts on a schema the owner
+applied, so `RESET ROLE` gives SQL on its connection nothing more."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+import pytest
+from conftest import AGENTS, RunningServer, start_server, stop_server
+
+import solos_memory
+
+pytestmark = pytest.mark.slow
+
+psycopg = pytest.importorskip("psycopg")
+
+WRITES = (
+    "INSERT INTO memory_token (token_sha256, agent) VALUES ('{digest}', 'mallory')",
+    "UPDATE memory_token SET agent = 'mallory'",
+    "DELETE FROM memory_token",
+    "TRUNCATE memory_token",
+)
+
+
+def minted(url: str) -> list[str]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [row[0] for row in conn.execute("SELECT agent FROM memory_token ORDER BY agent")]
+
+
+@pytest.fixture
+def member_login(pg_url):
+    """A login user that is a member of solos_memory_service and owns nothing; its URL (the schema applied by
+    the owner first, as SECURITY.md says). Roles are the cluster's: a unique name, dropped after."""
+    import solos_store_pg
+
+    owner = solos_store_pg.PgStore(pg_url, admin=True)
+    owner.migrate()
+    owner.register_agents(list(AGENTS))  # the fleet's registry is the owner's to write
+    owner.close()
+    role = f"solos_login_{os.getpid()}_{id(pg_url) % 10**6}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE solos_memory_service")
+    yield pg_url.replace("postgresql://postgres@", f"postgresql://{role}@")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s AND pid <> pg_backend_pid()",
+            (role,),
+        )
+        conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def serve_as(url: str) -> RunningServer:
+    """The service on url, registering nobody: conftest's start_server registers its agents, which only the
+    owner may."""
+    server = solos_memory.build_server(solos_memory.Config(db=url, port=0, model_dir="off", log_requests=False))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    return RunningServer(server, url)
+
+
+def test_the_serving_role_reads_tokens_and_cannot_write_them(pg_url, capsys):
+    assert solos_memory.main(["token", "atlas", "--db", pg_url]) == 0  # the token command: the URL's user
+    token = capsys.readouterr().out.strip()
+    running = start_server(pg_url)
+    try:
+        mine = running.request("GET", "/v1/recall?q=x", headers={"Authorization": f"Bearer {token}"})
+        assert (mine.status, mine.body["agent"]) == (200, "atlas")  # the serving role reads the hashes
+        conn = running.server.memory.store.connect()  # a serving connection, as the service's SQL runs
+        try:
+            assert conn.execute("SELECT current_user").fetchone()[0] == "solos_memory_service"
+            for statement in WRITES:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(statement.format(digest=hashlib.sha256(b"minted").hexdigest()))
+        finally:
+            conn.close()
+    finally:
+        stop_server(running)
+    assert minted(pg_url) == ["atlas"]
+
+
+def test_a_service_logged_in_as_a_member_of_the_role_serves_and_cannot_mint_even_after_reset_role(pg_url, member_login):
+    running = serve_as(member_login)  # the owner applied the schema; the member may not, and need not
+    try:
+        assert running.post("/v1/long", {"agent": "atlas", "fact": "served by a member"}).status == 201
+        conn = running.server.memory.store.connect()
+        try:
+            conn.execute("RESET ROLE")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(WRITES[0].format(digest=hashlib.sha256(b"minted").hexdigest()))
+        finally:
+            conn.close()
+    finally:
+        stop_server(running)
+    assert minted(pg_url) == []
+    with pytest.raises(SystemExit):  # the token command needs the owner's URL: the member may not write tokens
+        solos_memory.main(["token", "atlas", "--db", member_login])
