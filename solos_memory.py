@@ -1205,7 +1205,7 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
 # ==== Transport: REST /v1 (and mounting /mcp) ====
 
 # The largest valid write (write_episodic: 21,696 characters of text) in the largest JSON a client may send
-# it as: ASCII JSON, Python's json default (requests, solos_store_memory.py), spells an emoji as a 12-byte
+# it as: ASCII JSON, Python's json default (requests, solos_langgraph.py), spells an emoji as a 12-byte
 # surrogate pair (\ud83d\ude00), so about 255 KiB; 320 KiB admits every valid write and stops a
 # memory-hungry body early. Issue 31: 128 KiB, sized at 6 bytes a character, refused 16 KiB emoji values.
 MAX_BODY_BYTES = 320 * 1024

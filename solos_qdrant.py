@@ -84,7 +84,7 @@ class Target:
 
 
 def point_id(agent: str, tier: str, text: str) -> str:
-    """uuid5 of agent:tier:sha256(full text); the same as solos_store_memory.point_id."""
+    """uuid5 of agent:tier:sha256(full text); the same as solos_langgraph.point_id."""
     return point_id_of(agent, tier, sha256(text))
 
 

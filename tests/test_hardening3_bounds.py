@@ -70,7 +70,7 @@ def largest(char: str, length: int) -> str:
 
 @WIDE
 def test_the_largest_valid_write_fits_the_body_cap_in_any_json(server, char):
-    """Python's json (and so requests, solos_store_memory.py) sends ASCII JSON: an emoji is 12 bytes there."""
+    """Python's json (and so requests, solos_langgraph.py) sends ASCII JSON: an emoji is 12 bytes there."""
     tags = [largest(char, 64) for _ in range(32)]
     short = {"agent": "atlas", "key": largest(char, 256), "value": largest(char, 16_384), "tags": tags}
     episode = {

@@ -17,9 +17,9 @@ from conftest import AGENTS, REQUIRE_ALL, ROOT, stop_server, wait_until
 
 import solos_memory
 import solos_qdrant
-import solos_store_memory
+import solos_langgraph
 from solos_client import Client
-from solos_store_memory import StoreMemoryError, legacy_point_id, point_id, store_memory
+from solos_langgraph import StoreMemoryError, legacy_point_id, point_id, store_memory
 
 PREFIX = "The staging cluster's ingress controller was moved to the new node pool during the Tuesday maintenance"
 FACT_A = PREFIX + " window, and its certificates were rotated."
@@ -81,7 +81,7 @@ def test_store_memory_names_an_unreachable_service():
 
 
 def test_the_writer_module_imports_nothing_of_the_service():
-    source = open(solos_store_memory.__file__).read()
+    source = open(solos_langgraph.__file__).read()
     assert "solos_memory" not in source.split('"""', 2)[2]
 
 

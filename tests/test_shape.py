@@ -57,7 +57,7 @@ def test_the_store_imports_nothing_of_the_service():
 
 def test_the_client_and_the_hermes_plugin_never_import_the_service():
     modules = project_modules()
-    for name in ("solos_client", "solos_hermes", "solos_store_memory"):
+    for name in ("solos_client", "solos_hermes", "solos_langgraph"):
         assert modules[name] <= {"solos_client"}, f"{name} imports {modules[name]}"
 
 

@@ -1,10 +1,10 @@
-"""store_memory: the fleet's one writer of long-term facts, through solos-memory's REST API.
+"""solos_langgraph: the LangGraph node's store_memory, the fleet's one writer of long facts, over REST.
 
 The LangGraph node `store_memory` used to write straight into the Qdrant
 collection `long_term`, keyed by `uuid5(NAMESPACE_URL, f"{agent_id}:{topic}:{content[:100]}")`
 with the text cut to 2,000 characters. Its body becomes one call:
 
-    from solos_store_memory import store_memory
+    from solos_langgraph import store_memory
 
     def store_memory_node(agent_id, topic, content, memory_scope="shared", importance_score=0.5):
         return store_memory(agent_id, topic, content, memory_scope, importance_score)
