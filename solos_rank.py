@@ -596,7 +596,7 @@ RERANK_DEPTH = 20
 DATE_WINDOW_AFTER_DAYS = 7
 STEM_LENGTH = 5  # a stemmer's poor cousin for the coverage features: the reranker was fitted with 5-letter prefixes
 # The reranker's inputs per candidate and their logistic-regression weights (keyword-only, hybrid), fitted on
-# all five LoCoMo dev conversations by bench/ltr_research.py (top 20, L2 1.0, on ltr_features below; hybrid on the
+# all five LoCoMo dev conversations by bench/ltr_fit.py (top 20, L2 1.0, on ltr_features below; hybrid on the
 # vectors of the model the service builds, MiniLM re-quantized for integer kernels). Held out
 # (fitted on four conversations, ranking the fifth) they lift hit@5 and MRR of both modes well past noise
 # (RESULTS-locomo.md, "Recall v2", "learned linear reranker" rows; "In the service"). Fleet memories are not

@@ -12,7 +12,7 @@ The service reranks keyword and hybrid recall with weights fitted on this very
 split, so its figures are in-sample. A second service on the same database
 with --rerank off answers every question too (the first pass). The last block
 puts them beside the reranker's leave-one-conversation-out estimate: fitted on
-four conversations, ranking the fifth (bench/ltr_research.py's simulation,
+four conversations, ranking the fifth (bench/ltr_fit.py's simulation,
 which needs numpy; with the embedder for hybrid).
 
     .venv/bin/python bench/locomo.py [--data LOCOMO.json] [--modes keyword,vector,hybrid] [--limit N] [--no-first-pass]
@@ -402,18 +402,18 @@ def print_cross_validated(conversations: list[Conversation], service: dict[str, 
         for name, summary in service.get(mode, {}).items():
             print(figure_line(f"{mode}: service (REST), {name}", summary))
     try:
-        import ltr_research
+        import ltr_fit
     except ImportError as error:
         print(f"cross-validated figures: n/a ({error}; run with .venv/bin/python)")
         return
     vectors = None
     if "hybrid" in service:
-        from locomo_research import recipe_vector
+        from locomo_simulate import recipe_vector
 
         import solos_embed
 
         vectors = recipe_vector(conversations, solos_embed.load_embedder(None))
-    for mode, figures in ltr_research.reranker_figures(conversations, vectors).items():
+    for mode, figures in ltr_fit.reranker_figures(conversations, vectors).items():
         for name, summary in figures.items():
             label = {
                 "first pass": "first pass",

@@ -1,6 +1,6 @@
 """The LoCoMo data set as the benches read it: its conversations, the metrics, and the reference BM25.
 
-Stdlib only. bench/locomo.py drives the service with it; bench/locomo_research.py simulates the service on
+Stdlib only. bench/locomo.py drives the service with it; bench/locomo_simulate.py simulates the service on
 it. The data lives outside the repository (../shared/data/locomo beside it): a missing file stops the bench
 with one line naming it. Metric definitions: ../shared/data/locomo/README.md.
 """

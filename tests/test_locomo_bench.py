@@ -17,7 +17,7 @@ LOCOMO_BENCHES = {
     "locomo.py": [],
     "locomo_shape.py": [],
     "embed.py": [],
-    "ltr_research.py": [],
+    "ltr_fit.py": [],
     "service_rss.py": ["--base", "."],
     "relevance_fit.py": [],
     "write_recall_ab.py": ["--base", "."],

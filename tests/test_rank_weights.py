@@ -1,5 +1,5 @@
 """The reranker's weights as the service applies them (solos_rank), and the listwise fit that makes them
-(bench/ltr_research.fit_listwise): no server, no data set."""
+(bench/ltr_fit.fit_listwise): no server, no data set."""
 
 import sys
 from pathlib import Path
@@ -84,7 +84,7 @@ def test_the_row_after_a_matching_question_outranks_the_question_and_a_stray_row
 def test_the_listwise_fit_ranks_by_the_telling_feature_and_calibrates_its_score():
     np = pytest.importorskip("numpy")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import ltr_research
+    import ltr_fit
 
     rng = np.random.default_rng(7)
     data = []
@@ -98,7 +98,7 @@ def test_the_listwise_fit_ranks_by_the_telling_feature_and_calibrates_its_score(
             qs += [q] * 10
             cs += list(range(10))
         data.append((np.array(X), np.array(y), np.array(qs), np.array(cs)))
-    w, mu, sd = ltr_research.fit_listwise(data, 1.0)
+    w, mu, sd = ltr_fit.fit_listwise(data, 1.0)
     assert w[0] > 5 * abs(w[1])  # standardised weights: the telling feature, not the noise
     X = np.vstack([d[0] for d in data])
     y = np.concatenate([d[1] for d in data])

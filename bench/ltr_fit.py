@@ -12,9 +12,9 @@ after) is printed beside it. Serving it is a dot product per candidate: pure
 Python, keyword-only included. bench/locomo.py prints reranker_figures()
 beside the service's own figures.
 
-    .venv/bin/python bench/ltr_research.py [--data LOCOMO.json]     # about 15 s with cached vectors
+    .venv/bin/python bench/ltr_fit.py [--data LOCOMO.json]     # about 15 s with cached vectors
 
-The first pass is bench/locomo_research.py's simulation of the service; the
+The first pass is bench/locomo_simulate.py's simulation of the service; the
 embedder is the service's (solos_embed). Figures: bench/RESULTS-locomo.md.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from locomo_data import DEFAULT_DATA, Conversation, load_conversations, summarise
-from locomo_research import (
+from locomo_simulate import (
     HEAD,
     line,
     neighbour_scores,

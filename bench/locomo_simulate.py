@@ -8,7 +8,7 @@ min-max over each leg's top 100, 0.7 keyword + 0.3 vector. Everything the
 service does is imported from it, so the simulation measures the recipe as it
 serves (through REST, bench/locomo.py gives the same figures to within 0.005).
 
-A library, not a bench: bench/ltr_research.py fits the reranker on it and
+A library, not a bench: bench/ltr_fit.py fits the reranker on it and
 bench/locomo.py prints its cross-validated figures. Vectors are cached in
 .cache/locomo-vectors/ (keyed by model id and text). How the recipe was found:
 research/README.md.
