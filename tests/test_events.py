@@ -97,9 +97,15 @@ def test_read_events_filters_by_scope_writers_tags_and_words(server, transport):
 def test_rest_and_mcp_read_events_agree(server):
     server.post("/v1/long", {"agent": "atlas", "fact": "one fact"})
     server.post("/v1/episodic", {"agent": "sol", "event_type": "t", "summary": "an episode"})
-    for args in ({"agent": "atlas", "since": 0}, {"agent": "atlas", "tiers": ["episodic"]}, {"agent": "nobody"}):
+    answers = {}
+    for args in ({"agent": "atlas", "since": 0}, {"agent": "sol", "tiers": ["episodic"]}, {"agent": "nobody"}):
         rest, mcp = read_events(server, "rest", **args), read_events(server, "mcp", **args)
         assert rest == mcp
+        answers[args["agent"]] = rest
+    # Agreeing on nothing would agree too: each read found what it should.
+    assert "one fact" in [e["row"]["text"] for e in answers["atlas"]["events"]]
+    assert [e["row"]["text"] for e in answers["sol"]["events"]] == ["an episode"]
+    assert answers["nobody"]["status"] == 422
 
 
 @pytest.mark.slow

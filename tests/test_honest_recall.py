@@ -8,7 +8,16 @@ import threading
 import time
 
 import pytest
-from conftest import PROPERTY_SETTINGS, Stream, fresh_agents, marker, start_server, stop_server, wait_until
+from conftest import (
+    PROPERTY_SETTINGS,
+    Stream,
+    fresh_agents,
+    marker,
+    start_server,
+    stop_server,
+    subscribed,
+    wait_until,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from test_hybrid import WordHashEmbedder
@@ -239,11 +248,10 @@ def changes(stream, count: int, timeout: float = 5.0) -> list[dict]:
 
 
 def test_removals_reach_only_the_streams_whose_filters_the_row_matched(server):
-    tagged = Stream(server, {"agent": "nova", "tags": "preference", "tiers": "long,short"})
-    worded = Stream(server, {"agent": "nova", "q": "coffee", "tiers": "long,short"})
-    everything = Stream(server, {"agent": "nova", "tiers": "long,short"})
+    tagged = subscribed(Stream(server, {"agent": "nova", "tags": "preference", "tiers": "long,short"}))
+    worded = subscribed(Stream(server, {"agent": "nova", "q": "coffee", "tiers": "long,short"}))
+    everything = subscribed(Stream(server, {"agent": "nova", "tiers": "long,short"}))
     try:
-        time.sleep(0.2)
         liked = server.post("/v1/long", {"agent": "atlas", "fact": "likes green tea", "tags": ["preference"]})
         plain = server.post("/v1/long", {"agent": "atlas", "fact": "the build broke at noon"})
         brewed = server.post("/v1/long", {"agent": "sol", "fact": "sol brews coffee at nine"})
