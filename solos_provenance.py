@@ -521,8 +521,15 @@ class WordForms:
         self.pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, self.fragments)) + r")\w*", re.IGNORECASE)
 
     def shared(self, text: str) -> int:
-        """How many of the question's stems the text holds."""
-        return len({stem for stem in map(word_stem, self.pattern.findall(text)) if stem in self.stems})
+        """How many of the question's stems the text holds (read only until it holds them all)."""
+        found: set[str] = set()
+        for match in self.pattern.finditer(text):
+            stem = word_stem(match.group())
+            if stem in self.stems:
+                found.add(stem)
+                if len(found) == len(self.stems):
+                    break
+        return len(found)
 
 
 def best_of(rows: Iterable[dict], forms: WordForms | None, k: int) -> list[tuple[int, dict]]:
