@@ -629,6 +629,38 @@ CREATE TABLE IF NOT EXISTS memory_forgotten_span (
 );
 CREATE INDEX IF NOT EXISTS memory_forgotten_span_time ON memory_forgotten_span (forgotten_at);
 
+-- When each author was sharing its episodes (episodic_sharing's opt-in, from when until when), kept by the
+-- triggers below whoever writes: as-of recall shows another agent only an episode's versions that were current
+-- while their author was sharing (issue 31). A database from before this table starts each sharing author's
+-- span at its last opt-in (updated_at): earlier replaced versions stay hidden rather than guessed shared.
+CREATE TABLE IF NOT EXISTS episodic_sharing_span (
+    agent         TEXT NOT NULL,
+    shared_from   TEXT NOT NULL,
+    shared_until  TEXT,             -- NULL: sharing now
+    PRIMARY KEY (agent, shared_from)
+);
+INSERT OR IGNORE INTO episodic_sharing_span (agent, shared_from)
+    SELECT agent, updated_at FROM episodic_sharing s WHERE shared = 1
+    AND NOT EXISTS (SELECT 1 FROM episodic_sharing_span p WHERE p.agent = s.agent);
+CREATE TRIGGER IF NOT EXISTS episodic_sharing_span_ai AFTER INSERT ON episodic_sharing WHEN new.shared = 1 BEGIN
+    INSERT OR IGNORE INTO episodic_sharing_span (agent, shared_from)
+    VALUES (new.agent, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));
+END;
+CREATE TRIGGER IF NOT EXISTS episodic_sharing_span_on AFTER UPDATE OF shared ON episodic_sharing
+WHEN old.shared = 0 AND new.shared = 1 BEGIN
+    INSERT OR IGNORE INTO episodic_sharing_span (agent, shared_from)
+    VALUES (new.agent, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));
+END;
+CREATE TRIGGER IF NOT EXISTS episodic_sharing_span_off AFTER UPDATE OF shared ON episodic_sharing
+WHEN old.shared = 1 AND new.shared = 0 BEGIN
+    UPDATE episodic_sharing_span SET shared_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+    WHERE agent = old.agent AND shared_until IS NULL;
+END;
+CREATE TRIGGER IF NOT EXISTS episodic_sharing_span_ad AFTER DELETE ON episodic_sharing WHEN old.shared = 1 BEGIN
+    UPDATE episodic_sharing_span SET shared_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+    WHERE agent = old.agent AND shared_until IS NULL;
+END;
+
 -- A row an agent was delivered was forgotten or replaced: one notice per agent, no text. Forgotten: written
 -- by the forget; superseded: by the trigger below, for the agents delivered the replaced version (whoever
 -- updated it). The row's writer, who made the change, gets none. Acknowledged by the agent (acked_at).

@@ -39,3 +39,16 @@ def fitting(rows: Sequence[Any], budget: int = ANSWER_BYTES) -> int:
         if used > budget and count:
             return count
     return len(rows)
+
+
+def cut(rows: list[Any], budget: int = ANSWER_BYTES) -> tuple[list[Any], dict | None]:
+    """The rows that fit (`fitting`), and what an answer says of the rest (None when all fit)."""
+    kept = fitting(rows, budget)
+    if kept == len(rows):
+        return rows, None
+    left = len(rows) - kept
+    return rows[:kept], {
+        "left_out": left,
+        "max_bytes": budget,
+        "message": f"the next {left} results would pass {budget} bytes; ask with a narrower q, tiers or scope",
+    }

@@ -614,9 +614,8 @@ class EventHub:
 
     def audit(self, caller: str, events: Iterable[dict]) -> None:
         """Foreign episodic rows handed out are audited first, as recall's are; a failed audit hands out nothing."""
-        rows = [(e["agent"], e["row_id"]) for e in events if e["tier"] == "episodic" and e["foreign"] and e["row"]]
-        if rows:
-            self.store.record_audit(caller, rows)
+        rows = [(e["tier"], e["agent"], e["row_id"]) for e in events if e["row"]]
+        solos_store.Visibility(caller, "shared").audit(self.store, rows)
 
     def logged(self, caller: str, events: Iterable[dict]) -> None:
         """Rows handed out go to the delivery log (provenance), as recall's do."""

@@ -72,6 +72,9 @@ FORGET_OUTPUT = {
 def op_forget_memory(memory: Any, args: dict) -> dict:
     """Forget one of the calling agent's own rows (short, long or episodic) by id: only its author may.
 
+    A row already deleted (or a short row purged after its expiry) is found by the versions as-of recall keeps,
+    and those go; forgetting a short row also erases every kept version of its key.
+
     The row, its index entries, vector and the copies neighbours carry as context go in one transaction, then
     the index is merged and the WAL checkpointed so the text leaves the database file. A retraction is kept
     without the text (who, which row, when, a content hash); subscribers get a `forget` event. Forgetting a row
@@ -83,7 +86,8 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
 
     def work(conn: sqlite3.Connection) -> dict:
         solos_store.Store.require_agent(conn, agent)
-        found = solos_store.on(conn).find_row(conn, tier, row_id)
+        # A row deleted, or purged after its expiry, lives on in its versions (as-of recall): forget finds those.
+        found = solos_store.on(conn).find_row(conn, tier, row_id) or solos_store.on(conn).gone_row(conn, tier, row_id)
         if found is None:
             earlier = solos_store.on(conn).own_retraction(conn, agent, tier, row_id)
             if earlier is None:

@@ -619,27 +619,14 @@ def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict
     if below:  # the top k as it would be with no floor, less the rows under it, refilled from those above it
         passing = [r for r in found.persona + ranked if r.get("relevance") is None or r["relevance"] >= plan.floor]
         results, collapsed = solos_rank.collapse_duplicates(passing, plan.k)
-    kept = solos_bounds.fitting(results)
-    truncated = None
-    if kept < len(results):  # left out, not handed over: neither audited nor counted as read
-        results, truncated = (
-            results[:kept],
-            {
-                "left_out": len(results) - kept,
-                "max_bytes": solos_bounds.ANSWER_BYTES,
-                "message": f"the next {len(results) - kept} results would pass {solos_bounds.ANSWER_BYTES} bytes; "
-                "ask with a narrower q, tiers or scope",
-            },
-        )
+    results, truncated = solos_bounds.cut(results)  # left out, not handed over: neither audited nor counted as read
     for result in results:  # presentation work, only for the rows returned
         result["score"] = round(result["score"], 6)
         result["relevance"] = None if result.get("relevance") is None else round(result["relevance"], 6)
         if "tags" in result:
             result["tags"] = solos_store.parse_tags(result["tags"])
     # A collapsed copy is revealed too (its twin's duplicates, also_written_by): its read is audited as well.
-    audit = [(r["agent"], r["id"]) for r in results + collapsed if r["tier"] == "episodic" and r["foreign"]]
-    if audit:
-        memory.store.record_audit(plan.caller, audit)
+    found.seen.audit(memory.store, [(r["tier"], r["agent"], r["id"]) for r in results + collapsed])
     corroboration = solos_provenance.witnessed(memory, plan.caller, results, collapsed)  # and the delivery log
     memory.stats.record_recall(results, len(collapsed))
     reason = "; ".join(why for why in (plan.reason, found.rerank_failure) if why) or None
@@ -1191,6 +1178,8 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
             if caller == OPERATOR:
                 if not op.operator:
                     raise Forbidden(f"the operator token may not call {op.name}; agents use their own", "agent")
+                if claimed is not None:  # it speaks for no agent: naming one would open that agent's own view
+                    raise Forbidden(f"the operator token speaks for no agent, not {describe(claimed)}", "agent")
             elif "agent" in op.input_schema["properties"] and isinstance(raw_args, dict):
                 if claimed not in (None, caller):
                     raise Forbidden(f"the token belongs to {caller!r}, not {describe(claimed)}", "agent")

@@ -82,6 +82,7 @@ TABLES = (
     Table("memory_vector", ("tier", "row_id")),
     Table("memory_write_key", ("agent", "tier", "key")),
     Table("episodic_sharing", ("agent",)),
+    Table("episodic_sharing_span", ("agent", "shared_from")),
     Table("episodic_read_audit", ("id",)),
     Table("memory_event", ("id",)),
     Table("memory_retraction", ("id",)),

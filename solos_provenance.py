@@ -23,19 +23,23 @@ Imports the store, ranking helpers and validation schemas; never the spine.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
+import heapq
+import itertools
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import solos_bounds
 import solos_jobs
 import solos_rank
 import solos_store
+import solos_tokens
 from solos_store import BadRequest, Forbidden
 from solos_validation import AGENT_SCHEMA
 
@@ -59,6 +63,11 @@ NEAR_CANDIDATES = 20  # the first that match, unranked: ranking them doubled the
 KEPT_CLUSTERS = 4096  # long results whose near-duplicate clusters are kept between recalls (ids and times, no text)
 NEGATIONS = frozenset({"not", "no", "never", "none", "cannot", "without", "nobody", "nothing", "t"})
 NUMBER = re.compile(r"\d+(?:[.:,]\d+)*")
+# As-of reads versions without an index (bench/as_of_memory.py): at most AS_OF_CALLS at once per service, a
+# newcomer waits AS_OF_WAIT_S for a place, then gets 503 with Retry-After.
+AS_OF_CALLS = 4
+AS_OF_WAIT_S = 2.0
+AS_OF_SLOTS = threading.BoundedSemaphore(AS_OF_CALLS)
 TIMESTAMP = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,3})?Z$"
 
 
@@ -406,10 +415,13 @@ def op_recall_as_of(memory: Any, args: dict) -> dict:
     """What the fleet's memory held at time `as_of` (UTC, e.g. 2026-11-30T06:00:00.000Z), as the caller may see it.
 
     Updated rows answer with the version valid then; short rows count until their expiry; forgotten rows never
-    come back: one forgotten after `as_of` appears only under `retracted` (no text). With `reader`: what that
-    agent had been shown by then (the delivery log), for post-mortems; the caller must be that agent, or the
-    operator (no agent: the operator token). Words in `q` keep rows sharing one, most shared first; not ranked
-    like recall, and not logged as deliveries. Reaches back 90 days.
+    come back: one forgotten after `as_of` appears only under `retracted` (no text). Another agent's episode
+    shows only in versions current while its author shared episodes, and another agent's row its writer deleted
+    not at all. With `reader`: what that agent had been shown by then (the delivery log), for post-mortems; the
+    caller must be that agent, or the operator (no agent: the operator token), who sees no episode its author
+    did not share. Words in `q` keep rows holding one in any form (backup: Backups), most shared
+    first; not ranked like recall. Rows handed to the caller's own view are logged as deliveries, foreign
+    episodes audited. At most 1 MiB of rows (`truncated` says so). Reaches back 90 days.
     """
     agent, reader, at = args["agent"], args["reader"], normal_stamp(args["as_of"])
     if agent is not None and reader is not None and reader != agent:
@@ -420,40 +432,121 @@ def op_recall_as_of(memory: Any, args: dict) -> dict:
     if at < solos_jobs.stamp(time.time() - RETENTION_S):
         raise BadRequest(f"as_of must be within the last {RETENTION_S // 86_400} days, got {at}", "as_of")
     tiers = tuple(dict.fromkeys(args["tiers"] or ("long", "short")))
+    words = [w for w in solos_rank.query_words(args["q"] or "") if w not in solos_rank.STOP_WORDS]
+    forms = WordForms(words) if words else None
+    k, operator = args["k"], agent is None
     if reader is not None:
         memory.deliveries.flush()
 
-    def work(conn: Any) -> tuple[list[dict], list[dict]]:
+    def work(conn: Any) -> tuple[list[tuple[int, dict]], list[dict], solos_store.Visibility]:
         solos_store.Store.require_agent(conn, view)
-        seen = solos_store.Visibility.read(conn, view, args["scope"])
+        seen = solos_store.Visibility.read_past(conn, view, args["scope"], operator)
         if reader is None:
-            rows = [{**row, "tier": t} for t in tiers for row in solos_store.on(conn).rows_as_of(conn, t, at, seen)]
+            fragments = [] if forms is None else forms.fragments
+            rows: Iterable[dict] = itertools.chain.from_iterable(
+                solos_store.on(conn).rows_as_of(conn, t, at, seen, fragments, 0 if fragments else k) for t in tiers
+            )
             gone = solos_store.on(conn).retracted_as_of(conn, at)
         else:
-            rows, gone = shown_to(conn, reader, at, tiers)
-        allowed = [r for r in rows if seen.allows(r["tier"], r["agent"])]
-        return allowed, [g for g in gone if g["tier"] in tiers and seen.allows(g["tier"], g["agent"])]
+            rows, gone = shown_to(conn, reader, at, tiers, seen)
+        best = best_of(rows, forms, k)  # streamed: at most k rows held, whatever the tier's size
+        return best, [g for g in gone if g["tier"] in tiers and seen.allows(g["tier"], g["agent"])], seen
 
-    rows, retracted = memory.store.read(work)
-    words = [w for w in solos_rank.query_words(args["q"] or "") if w not in solos_rank.STOP_WORDS]
-    scored = [(solos_rank.term_overlap(" ".join(words), f"{r['label'] or ''} {r['text']}"), r) for r in rows]
-    kept = [(n, r) for n, r in scored if n or not words]
-    kept.sort(key=lambda pair: (pair[0], pair[1]["valid_from"], pair[1]["id"]), reverse=True)
-    results = [as_of_result(r, view) for _, r in kept[: args["k"]]]
+    with as_of_slot():
+        ranked, retracted, seen = memory.store.read(work)
+    kept, truncated = solos_bounds.cut([as_of_result(r, view) for _, r in ranked])
+    handed = [(r["tier"], r["agent"], r["id"]) for r in kept]
+    seen.audit(memory.store, handed, solos_tokens.OPERATOR if operator else None)
+    if reader is None:  # the caller's own view is a hand-over like recall's; a reader's replays what it was shown
+        memory.deliveries.record(agent, [(tier, row_id, writer) for tier, writer, row_id in handed])
     return {
         "agent": agent,
         "reader": reader,
         "as_of": at,
         "tiers": list(tiers),
-        "count": len(results),
-        "results": results,
+        "count": len(kept),
+        "results": kept,
         "retracted": retracted,
-        "ranking": "word_overlap" if words else "recency",
+        "ranking": "word_overlap" if forms is not None else "recency",
+        "truncated": truncated,
     }
 
 
-def shown_to(conn: Any, reader: str, at: str, tiers: Sequence[str]) -> tuple[list[dict], list[dict]]:
-    """Each version reader was delivered up to `at` (the one valid at its delivery), and the forgotten ones."""
+@contextlib.contextmanager
+def as_of_slot() -> Iterator[None]:
+    """One of AS_OF_CALLS places, or Busy (503, Retry-After) after AS_OF_WAIT_S: an as-of reads versions without
+    an index, so a crowd of them must not take every core and connection from recall and writes."""
+    if not AS_OF_SLOTS.acquire(timeout=AS_OF_WAIT_S):
+        raise solos_store.Busy(f"{AS_OF_CALLS} as-of recalls are running; retry in a moment")
+    try:
+        yield
+    finally:
+        AS_OF_SLOTS.release()
+
+
+VOWEL = re.compile(r"[aeiouy]")
+
+
+def word_stem(word: str) -> str:
+    """A word's form-free stem: Porter's first step (plurals, -ed, -ing, y/i), so "Backups" and "backup" meet
+    as recall's keyword index has them meet (FTS5's porter tokenizer; PostgreSQL's english stemmer)."""
+    w = word.lower()
+    if w.endswith(("sses", "ies")):
+        w = w[:-2]
+    elif w.endswith("s") and not w.endswith(("ss", "us")) and len(w) > 3:
+        w = w[:-1]
+    if w.endswith("eed"):
+        w = w[:-1] if len(w) > 4 else w
+    elif w.endswith("ed") and VOWEL.search(w[:-2]):
+        w = w[:-2]
+    elif w.endswith("ing") and VOWEL.search(w[:-3]):
+        w = w[:-3]
+    if w.endswith("y") and len(w) > 2 and VOWEL.search(w[:-1]):
+        w = w[:-1] + "i"
+    return w
+
+
+def stem_fragment(stem: str) -> str:
+    """What every word with this stem begins with (lower-cased): the stem, less a final i that was a y."""
+    return stem[:-1] if stem.endswith("i") and len(stem) > 2 else stem
+
+
+class WordForms:
+    """The question's words as stems: which of them a text holds in any form, and the fragments the store's
+    SQL narrows by (a row without one of them cannot match)."""
+
+    def __init__(self, words: Sequence[str]):
+        self.stems = frozenset(word_stem(w) for w in words)
+        self.fragments = sorted({stem_fragment(s) for s in self.stems}, key=len, reverse=True)
+        self.pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, self.fragments)) + r")\w*", re.IGNORECASE)
+
+    def shared(self, text: str) -> int:
+        """How many of the question's stems the text holds (read only until it holds them all)."""
+        found: set[str] = set()
+        for match in self.pattern.finditer(text):
+            stem = word_stem(match.group())
+            if stem in self.stems:
+                found.add(stem)
+                if len(found) == len(self.stems):
+                    break
+        return len(found)
+
+
+def best_of(rows: Iterable[dict], forms: WordForms | None, k: int) -> list[tuple[int, dict]]:
+    """The k rows sharing the most word stems with the question (newest first among equals), or the k newest."""
+    if forms is None:
+        scored: Iterable[tuple[int, dict]] = ((0, r) for r in rows)
+    else:
+        shared = ((forms.shared(f"{r['label'] or ''} {r['text']}"), r) for r in rows)
+        scored = ((n, r) for n, r in shared if n)
+    return heapq.nlargest(k, scored, key=lambda pair: (pair[0], pair[1]["valid_from"], pair[1]["id"]))
+
+
+def shown_to(
+    conn: Any, reader: str, at: str, tiers: Sequence[str], seen: solos_store.Visibility
+) -> tuple[list[dict], list[dict]]:
+    """Each version reader was delivered up to `at` (the one valid at its delivery) that `seen` allows, and the
+    forgotten ones."""
     delivered = [d for d in solos_store.on(conn).delivered_by(conn, reader, at) if d["tier"] in tiers]
     rows: dict[tuple, dict] = {}
     gone: set[tuple[str, int]] = set()
@@ -468,7 +561,10 @@ def shown_to(conn: Any, reader: str, at: str, tiers: Sequence[str]) -> tuple[lis
                 if v["id"] == delivery["row_id"] and v["valid_from"] <= then and (v["valid_to"] or "~") > then
             ]
             for version in match[:1]:
-                rows[(tier, version["id"], version["valid_from"])] = {**version, "tier": tier}
+                if seen.allows_version(
+                    tier, version["agent"], version["valid_from"], version["valid_to"], version["deleted"]
+                ):
+                    rows[(tier, version["id"], version["valid_from"])] = {**version, "tier": tier}
             if not match:  # forgotten since (its versions went with it), or replaced within the same millisecond
                 gone.add((tier, delivery["row_id"]))
     spans = {(g["tier"], g["row_id"]): g for g in solos_store.on(conn).retracted_as_of(conn, at)}
@@ -586,6 +682,10 @@ def operations(operation: Callable[..., Any]) -> dict[str, Any]:
                         "items": {"type": "object"},
                         "description": "Rows that existed then and were forgotten since: tier, row_id, agent, "
                         "forgotten_at; no text.",
+                    },
+                    "truncated": {
+                        "type": ["object", "null"],
+                        "description": "Set when the next results would pass 1 MiB: how many were left out.",
                     },
                 }
             ),

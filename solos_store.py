@@ -532,28 +532,65 @@ class Visibility:
     over an array of writers (the vector leg), `allows` the answer for one row (events). `sharing` holds the
     agents who opted in to episodic sharing, read in the caller's own transaction, so the three forms agree
     row for row (tests/test_visibility.py). A durable row (a persona) is its own agent's alone.
+
+    As of a past time the rule says more, asked two ways (`where_as_of` over versions, `allows_version` for
+    one): another agent's episode is shown only in versions that were current while its author was sharing
+    (`spans`, episodic_sharing_span), and another agent's row its writer deleted before its end is shown no
+    more. `operator` is the operator's view of what `caller` was shown: the caller's own episodes count as
+    anyone's, shown only where their author shared them. Every row a caller is handed goes through `audit`,
+    which logs the foreign episodic ones, whichever operation hands them over (tests/test_provenance.py walks
+    every operation that returns rows).
     """
 
-    def __init__(self, caller: str, scope: str, sharing: Iterable[str] = (), queries: Any = None):
+    def __init__(
+        self,
+        caller: str,
+        scope: str,
+        sharing: Iterable[str] = (),
+        queries: Any = None,
+        spans: Iterable[tuple[str, str, str | None]] = (),
+        operator: bool = False,
+    ):
         self.caller, self.scope, self.sharing = caller, scope, frozenset(sharing)
         self.queries = queries or sys.modules[__name__]  # whose SQL `where` speaks (on(conn))
+        self.spans, self.operator = tuple(spans), operator
 
     @classmethod
     def read(cls, conn: sqlite3.Connection, caller: str, scope: str) -> Visibility:
         return cls(caller, scope, sharing_agents(conn), on(conn))
 
+    @classmethod
+    def read_past(cls, conn: sqlite3.Connection, caller: str, scope: str, operator: bool = False) -> Visibility:
+        """For as-of reads: with when each author was sharing."""
+        return cls(caller, scope, sharing_agents(conn), on(conn), sharing_spans(conn), operator)
+
     def widened(self) -> Visibility:
         """The same caller in scope shared: for rows read as ranking inputs only, never returned."""
-        return Visibility(self.caller, "shared", self.sharing, self.queries)
+        return Visibility(self.caller, "shared", self.sharing, self.queries, self.spans, self.operator)
+
+    def own(self, agent: str) -> bool:
+        """Whether an opt-in row of agent's is the caller's own (never in the operator's view)."""
+        return agent == self.caller and not self.operator
 
     def allows(self, tier: str, agent: str) -> bool:
         if tier == "durable":
-            return agent == self.caller
+            return self.own(agent)
         if (self.scope == "own" and agent != self.caller) or (
             self.scope == "shared_except_self" and agent == self.caller
         ):
             return False
-        return not TIER_TABLE[tier].opt_in or agent == self.caller or agent in self.sharing
+        return not TIER_TABLE[tier].opt_in or self.own(agent) or agent in self.sharing
+
+    def allows_version(self, tier: str, agent: str, valid_from: str, valid_to: str | None, deleted: bool) -> bool:
+        """One version as of a past time (valid_to None: the current one); `deleted`: its row was deleted."""
+        if not self.allows(tier, agent) or (deleted and not self.own(agent)):
+            return False
+        until = valid_to or "~"  # after every timestamp
+        return (
+            not TIER_TABLE[tier].opt_in
+            or self.own(agent)
+            or any(a == agent and start < until and (end or "~") > valid_from for a, start, end in self.spans)
+        )
 
     def where(self, tier: Tier) -> tuple[list[str], list[Any]]:
         where: list[str] = []
@@ -566,7 +603,22 @@ class Visibility:
             params.append(self.caller)
         if tier.opt_in:
             where.append(f"(t.agent = ? OR t.agent {self.queries.IDS_IN})")
-            params.extend([self.caller, self.queries.text_list(sorted(self.sharing))])
+            params.extend([self.caller if not self.operator else "", self.queries.text_list(sorted(self.sharing))])
+        return where, params
+
+    def where_as_of(self, tier: Tier, deleted: str) -> tuple[list[str], list[Any]]:
+        """`where` over versions (alias t: VERSION_FIELDS), with the sharing and delete rules; `deleted` is SQL
+        true when t's row was deleted."""
+        where, params = self.where(tier)
+        own = "" if self.operator else self.caller
+        where.append(f"(t.agent = ? OR NOT {deleted})")
+        params.append(own)
+        if tier.opt_in:
+            where.append(
+                "(t.agent = ? OR EXISTS (SELECT 1 FROM episodic_sharing_span s WHERE s.agent = t.agent "
+                "AND s.shared_from < coalesce(t.valid_to, '~') AND coalesce(s.shared_until, '~') > t.valid_from))"
+            )
+            params.append(own)
         return where, params
 
     def mask(self, tier: Tier, agents: Any) -> Any:
@@ -579,8 +631,19 @@ class Visibility:
         elif self.scope == "shared_except_self":
             mask &= agents != self.caller
         if tier.opt_in:
-            mask &= np.isin(agents, [*self.sharing, self.caller])
+            mask &= np.isin(agents, [*self.sharing, *([] if self.operator else [self.caller])])
         return mask.astype(bool)
+
+    def audit(self, store: Any, rows: Iterable[tuple[str, str, int]], reader: str | None = None) -> None:
+        """Log the foreign episodic rows among these (tier, writer, id) before they are handed to the caller (or
+        `reader`, who asks on its behalf); a failed audit raises, so nothing goes out unlogged."""
+        foreign = [
+            (agent, row_id)
+            for tier, agent, row_id in rows
+            if tier in TIER_TABLE and TIER_TABLE[tier].opt_in and not self.own(agent)
+        ]
+        if foreign:
+            store.record_audit(reader or self.caller, foreign)
 
 
 def refuse_foreign_persona(tiers: Sequence[str], scope: str) -> None:
@@ -1392,6 +1455,25 @@ def find_row(conn: sqlite3.Connection, tier: str, row_id: int) -> tuple[str, Any
     return None
 
 
+def gone_row(conn: sqlite3.Connection, tier: str, row_id: int) -> tuple[str, dict] | None:
+    """A row deleted (or purged after its expiry) whose versions are still kept, as its last version read as the
+    row (no table: ""), so a forget finds it and erases them; None when there are none."""
+    if tier not in VERSIONED:
+        return None
+    last = conn.execute(
+        "SELECT agent, label, text, tags, expires_at, valid_from, (SELECT min(valid_from) FROM memory_version "
+        "WHERE tier = ? AND row_id = ?) AS born FROM memory_version WHERE tier = ? AND row_id = ? "
+        "ORDER BY valid_to DESC, id DESC LIMIT 1",
+        (tier, row_id, tier, row_id),
+    ).fetchone()
+    if last is None:
+        return None
+    label, text, tags, expires, born = (VERSIONED[tier][i] for i in range(1, 6))
+    row = {"id": row_id, "agent": last["agent"], label: last["label"], text: last["text"], born: last["born"]}
+    row |= {"tags": last["tags"], "expires_at": last["expires_at"], "details": None, "outcome": None}
+    return "", row
+
+
 def row_owner(conn: sqlite3.Connection, tier: str, row_id: int) -> str | None:
     """Who wrote the row, or None when there is no such row."""
     found = find_row(conn, tier, row_id)
@@ -1436,12 +1518,13 @@ def erase(conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | 
     """
     sql = on(conn)
     sql.zero_freed(conn)
-    found = find_row(conn, tier, row_id)
+    found = find_row(conn, tier, row_id) or sql.gone_row(conn, tier, row_id)
     assert found is not None, "erase is called for a row the caller found"
     table, row = found
     digest = content_hash(tier, row)
     key_hash = sha256_text(row["key"]) if tier == "short" else None
-    conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
+    if table:
+        conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
     conn.execute(
         "DELETE FROM memory_write_key WHERE agent = ? AND tier = ? AND row_id = ?", (row["agent"], tier, row_id)
     )
@@ -1696,6 +1779,11 @@ def sharing_agents(conn: sqlite3.Connection) -> set[str]:
     return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
 
 
+def sharing_spans(conn: sqlite3.Connection) -> list[tuple[str, str, str | None]]:
+    """When each author was sharing its episodes: (agent, from, until or None), for Visibility."""
+    return [tuple(row) for row in conn.execute("SELECT agent, shared_from, shared_until FROM episodic_sharing_span")]
+
+
 def text_matches(conn: sqlite3.Connection, match: str, candidates: dict[str, list[int]]) -> set[tuple[str, int]]:
     """Which candidate rows the FTS5 query matches, per tier, on the rows' own columns."""
     found: set[tuple[str, int]] = set()
@@ -1895,6 +1983,10 @@ def erase_versions(conn: sqlite3.Connection, tier: str, row: Any, retraction_id:
         (min(born, earliest or born), row["expires_at"] if tier == "short" else None, retraction_id),
     )
     conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
+    if tier == "short":  # the key names the row: earlier rows of it (deleted, then written again) go too
+        conn.execute(
+            "DELETE FROM memory_version WHERE tier = 'short' AND agent = ? AND label = ?", (row["agent"], row["key"])
+        )
 
 
 def notify_forgotten(conn: sqlite3.Connection, tier: str, row_id: int, retraction_id: int) -> int:
@@ -1942,22 +2034,46 @@ def lives_sql(tier: str, greatest: str = GREATEST) -> str:
     )
 
 
-def rows_as_of(conn: sqlite3.Connection, tier: str, at: str, seen: Visibility) -> list[dict]:
-    """The tier's rows as they stood at `at` that the caller may see (scope, opt-in; expiry as of `at`)."""
-    where, params = seen.where(TIER_TABLE[tier])
+def deleted_sql(tier: str) -> str:
+    """SQL true when version t's row was deleted before its end (a short row's end is its expiry): taken back by
+    its writer or the fleet, so shown to no one else as of any time."""
+    return (
+        f"EXISTS (SELECT 1 FROM memory_version d WHERE d.tier = '{tier}' AND d.row_id = t.id "
+        "AND d.ended_by = 'delete' AND (d.expires_at IS NULL OR d.valid_to < d.expires_at))"
+    )
+
+
+def stream(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> Iterable[Any]:
+    """Rows one at a time as the query yields them, not the whole answer in memory (sqlite3 steps lazily)."""
+    return conn.execute(sql, params)
+
+
+def rows_as_of(
+    conn: sqlite3.Connection, tier: str, at: str, seen: Visibility, contains: Sequence[str] = (), limit: int = 0
+) -> Iterable[dict]:
+    """The tier's versions as they stood at `at` that the caller may see (Visibility.where_as_of; expiry as of
+    `at`), streamed. `contains`: only those whose label or text holds one of these lower-cased fragments; `limit`:
+    the newest that many, else unordered."""
+    where, params = seen.where_as_of(TIER_TABLE[tier], deleted_sql(tier))
+    if contains:
+        like = "lower(coalesce(t.label, '') || ' ' || t.text) LIKE ? ESCAPE '\\'"
+        where.append("(" + " OR ".join([like] * len(contains)) + ")")
+        params.extend("%" + re.sub(r"([\\%_])", r"\\\1", fragment) + "%" for fragment in contains)
     sql = (
         f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, on(conn).GREATEST)}) SELECT * FROM t WHERE t.valid_from <= ? "
         "AND (t.valid_to IS NULL OR t.valid_to > ?) AND (t.expires_at IS NULL OR t.expires_at > ?)"
         + "".join(" AND " + w for w in where)
+        + (" ORDER BY t.valid_from DESC, t.id DESC LIMIT ?" if limit else "")
     )
-    return [dict(row) for row in conn.execute(sql, (at, at, at, *params))]
+    rows = on(conn).stream(conn, sql, (at, at, at, *params, *([limit] if limit else [])))
+    return ({**dict(row), "tier": tier} for row in rows)
 
 
 def versions_of(conn: sqlite3.Connection, tier: str, ids: Sequence[int]) -> list[dict]:
-    """Every version (current and replaced) of these rows."""
+    """Every version (current and replaced) of these rows, each saying whether its row was deleted."""
     sql = (
         f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, on(conn).GREATEST)}) "
-        f"SELECT * FROM t WHERE t.id {on(conn).IDS_IN}"
+        f"SELECT t.*, {deleted_sql(tier)} AS deleted FROM t WHERE t.id {on(conn).IDS_IN}"
     )
     return [dict(row) for row in conn.execute(sql, (on(conn).id_list(ids),))]
 

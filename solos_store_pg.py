@@ -761,6 +761,11 @@ def last_retraction(conn: Any) -> int:
     return conn.execute("SELECT coalesce(max(id), 0) FROM memory_retraction").fetchone()[0]
 
 
+def stream(conn: Any, sql: str, params: Sequence[Any]) -> Iterable[Any]:
+    """Rows one at a time (psycopg's single-row mode): a client-side cursor would hold the whole answer."""
+    return conn.cursor().stream(placeholders(sql), params)
+
+
 def near_duplicates_version(conn: Any) -> None:
     """No cheap mark of every change to the long facts' text here: near-duplicate clusters are not kept."""
     return None

@@ -48,8 +48,9 @@ def answers(server) -> dict:
         "deliveries": get("/v1/deliveries", agent="atlas"),
         "operator_deliveries": get("/v1/deliveries"),
         "notices": [get("/v1/notices", agent=agent, include_acked="true") for agent in ("sol", "atlas")],
+        # The reader's view: an agent's own view hands rows over, and is logged as deliveries (issue 31).
         "as_of": get(
-            "/v1/recall/as_of", agent="sol", as_of="2100-01-01T00:00:00.000Z", tiers="long,short,episodic", k=50
+            "/v1/recall/as_of", agent="sol", reader="sol", as_of="2100-01-01T00:00:00.000Z", tiers="long,short", k=50
         ),
     }
 

@@ -255,6 +255,7 @@ def test_as_of_answers_equal_a_replay_of_the_writes_up_to_each_moment(shared, ac
     state: dict[tuple[str, int], tuple[str, str | None]] = {}  # (tier, id) -> (text, expires_at)
     snapshots: list[tuple[str, dict]] = []
     forgotten_at: dict[tuple[str, int], str] = {}
+    deleted: set[tuple[str, int]] = set()
     for index, (action, slot) in enumerate(actions):
         text = f"{word} step {index} slot {slot}"
         if action == "long":
@@ -266,6 +267,8 @@ def test_as_of_answers_equal_a_replay_of_the_writes_up_to_each_moment(shared, ac
             state[("short", row["id"])] = (text, row["expires_at"])
         elif action == "delete_short":
             reply = shared.request("DELETE", "/v1/short", query={"agent": "sol", "key": f"{word}-{slot}"})
+            if reply.status == 200 and not reply.body["was_expired"]:  # taken back: shown to others as of no time
+                deleted.add(("short", reply.body["id"]))
             state = {
                 key: value for key, value in state.items() if reply.status != 200 or key != ("short", reply.body["id"])
             }
@@ -285,7 +288,7 @@ def test_as_of_answers_equal_a_replay_of_the_writes_up_to_each_moment(shared, ac
         alive = {
             key: text
             for key, (text, expires) in held.items()
-            if (expires is None or expires > at) and key not in forgotten_at
+            if (expires is None or expires > at) and key not in forgotten_at and key not in deleted
         }
         assert {(r["tier"], r["id"]): r["text"] for r in answer["results"]} == alive
         gone = {(r["tier"], r["row_id"]) for r in answer["retracted"]} & set(forgotten_at)
