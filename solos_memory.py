@@ -261,9 +261,9 @@ class EmbedWorker(threading.Thread):
                 saved, generation = self.store.save_vectors(tier, self.embedder.model_id, list(zip(rows, blobs)))
                 for row, blob in zip(rows, blobs):
                     if index is not None and row["id"] in saved:
-                        expires = row["expires_at"] if "expires_at" in row.keys() else None
+                        expires, thread = (dict(row).get(name) for name in ("expires_at", "topic"))
                         vector = np.frombuffer(blob, dtype="<f4")
-                        index.add(self.store, tier, row["id"], row["agent"], expires, vector, generation)
+                        index.add(self.store, tier, row["id"], row["agent"], expires, vector, generation, thread)
             taken = {row["id"] for row in rows}
             wanted = [row_id for row_id in wanted if row_id not in taken]
             if wanted:  # unchanged text keeps its vector; a row held elsewhere has none yet
