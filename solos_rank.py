@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from solos_store import Tier, Visibility
+from solos_store import VECTOR_SAVED_AT, Tier, Visibility
 
 log = logging.getLogger("solos_memory")
 
@@ -353,6 +353,17 @@ class VectorIndex:
             crowded = sum(map(len, self.recent.values())) > RECENT_VECTORS_KEPT
         if crowded:  # writes with no recall between: fold them into a snapshot rather than grow this
             self.reload_soon(store)
+
+    def written(self, store: RankStore, tier: Tier, row: Any, outcome: dict, vector: tuple[str, bytes] | None) -> bool:
+        """After a write that embedded its row first (`row`: its fields as the write's arguments name them): the
+        vector joins the next search if the write's transaction saved it (Store.keep_vector); False without one."""
+        import numpy as np
+
+        generation = outcome.pop(VECTOR_SAVED_AT, None)
+        if generation is not None and vector is not None:  # else its unchanged text kept the vector it had
+            topic, array = row.get("topic") if tier.threaded else None, np.frombuffer(vector[1], dtype="<f4")
+            self.add(store, tier.name, outcome["id"], row["agent"], outcome.get("expires_at"), array, generation, topic)
+        return vector is not None
 
     def refresh(self, store: RankStore, conn: Any, tiers: Sequence[str]) -> None:
         """Make the snapshot current: at once while it holds nothing for these tiers, else in the background."""
