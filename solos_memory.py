@@ -163,11 +163,8 @@ DEGRADED_BACKLOG_ROWS = 1000
 def embed_missing(
     store: Store, embedder: Any, batch: int = EMBED_BATCH, progress: Callable[[int], None] | None = None
 ) -> int:
-    """Embed every row that lacks a vector from this model, batch by batch; return how many.
-
-    Idempotent and resumable: it only ever picks rows without a vector, and
-    each batch is its own short write transaction.
-    """
+    """Embed every row that lacks a vector from this model, batch by batch (each its own short write transaction:
+    idempotent and resumable, it only ever picks rows without a vector); return how many."""
     done = 0
     for tier in (tier.name for tier in EMBEDDED_TIERS):
         while True:
@@ -187,12 +184,9 @@ def embed_missing(
 class EmbedWorker(threading.Thread):
     """Embeds rows at write (read-your-writes) and, in the background, whatever that missed.
 
-    The service's own writes are embedded before they are acknowledged (about
-    5 ms a row, bench/recall_ab.py), on a pool of one thread with a timeout: a
-    write never fails because of the embedder, and one it could not embed in
-    time waits for the background pass. The background pass also embeds the
-    rows the fleet writes straight into the database, found at each sweep.
-    """
+    A write's text is embedded before its transaction, which saves row and vector (bench/write_recall_ab.py), on
+    a pool of one thread with a timeout: a write never fails because of the embedder; one it could not embed in
+    time waits for the background pass, which also embeds the rows the fleet writes straight into the database."""
 
     def __init__(self, store: Store, embedder: Any):
         super().__init__(name="embed-worker", daemon=True)
@@ -222,35 +216,34 @@ class EmbedWorker(threading.Thread):
                 self.queued.add(key)
             self.wake.set()
 
-    def embed_written(self, tier: str, row_id: int, index: solos_rank.VectorIndex | None) -> None:
-        """Embed a row the service just wrote and put it in the vector index, before the write is acknowledged.
-
-        Waits at most WRITE_EMBED_TIMEOUT_S (at once not at all while an earlier one still runs); then, or on
-        any failure, the row waits for the background pass and the write goes on.
-        """
+    def in_time(self, failed: Any, work: Callable, *args: Any) -> Any:
+        """work(*args) on the write pool within WRITE_EMBED_TIMEOUT_S, else `failed` (at once while one still runs)."""
         if self.stuck is not None and not self.stuck.done():
-            self.queue((tier, row_id))
-            return
-        future = self.pool.submit(self.embed_rows, tier, [row_id], index, WRITE_EMBED_TIMEOUT_S * 0.9)
+            return failed
+        future = self.pool.submit(work, *args)
         try:
-            left = future.result(timeout=WRITE_EMBED_TIMEOUT_S)
+            return future.result(timeout=WRITE_EMBED_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
             self.stuck = future
-            self.queue((tier, row_id))
         except Exception as error:  # a broken embedder or a busy database: the background pass retries
-            log_event("embed_failed", reason=f"{type(error).__name__}: {error}", tier=tier, id=row_id)
-            self.queue((tier, row_id))
-        else:
-            for lacking in left:  # another pass still holds it
-                self.queue((tier, lacking))
+            log_event("embed_failed", reason=f"{type(error).__name__}: {error}")
+        return failed
+
+    def embed_first(self, tier: str, row: Mapping) -> solos_store.Embedded | None:
+        """The vector of a row about to be written (named as the write's arguments), for its transaction to save."""
+        blobs = self.in_time(None, self.embedder.embed, [TIER_TABLE[tier].embedding_text(row)])
+        return (self.embedder.model_id, blobs[0]) if blobs else None
+
+    def embed_written(self, tier: str, row_id: int, index: solos_rank.VectorIndex | None) -> None:
+        """Embed a row just written (a promotion's fact) and index it, or leave it to the background pass."""
+        for lacking in self.in_time([row_id], self.embed_rows, tier, [row_id], index, WRITE_EMBED_TIMEOUT_S * 0.9):
+            self.queue((tier, lacking))
 
     def embed_rows(
         self, tier: str, ids: list[int], index: solos_rank.VectorIndex | None, wait_s: float = 0.0
     ) -> list[int]:
-        """Embed these rows if they lack a vector, save the vectors, and hand them to the index; the ids still
-        without one. A row another pass holds (PostgreSQL: another copy's, or this one's background pass) is
-        waited for, up to wait_s, and claimed again if that pass lets it go: a write is acknowledged with its
-        row embedded, whoever embeds it."""
+        """Embed these rows if they lack a vector, save and index the vectors; the ids still without one. A row another
+        pass holds (PostgreSQL: another copy's, or the background pass) is waited for up to wait_s, and claimed."""
         import numpy as np
 
         deadline, wanted = time.monotonic() + wait_s, list(ids)
@@ -261,9 +254,9 @@ class EmbedWorker(threading.Thread):
                 saved, generation = self.store.save_vectors(tier, self.embedder.model_id, list(zip(rows, blobs)))
                 for row, blob in zip(rows, blobs):
                     if index is not None and row["id"] in saved:
-                        expires = row["expires_at"] if "expires_at" in row.keys() else None
+                        expires, thread = (dict(row).get(name) for name in ("expires_at", "topic"))
                         vector = np.frombuffer(blob, dtype="<f4")
-                        index.add(self.store, tier, row["id"], row["agent"], expires, vector, generation)
+                        index.add(self.store, tier, row["id"], row["agent"], expires, vector, generation, thread)
             taken = {row["id"] for row in rows}
             wanted = [row_id for row_id in wanted if row_id not in taken]
             if wanted:  # unchanged text keeps its vector; a row held elsewhere has none yet
@@ -374,12 +367,21 @@ class Memory:
         reason = reason if paths or reason is None else solos_status.without_paths(reason)
         return {"embedder_state": state, "embed_backlog": backlog, "degraded": bool(reason), "degraded_reason": reason}
 
-    def written(self, tier: str | None = None, row_id: int | None = None) -> None:
-        """A row was written (or removed: no row): embed it before the write is acknowledged, wake subscribers."""
+    def written(self, tier: str | None = None, row_id: int | None = None, embedded: bool = False) -> None:
+        """A row was written (or removed: no row): embed it unless its write did, before it is acknowledged; wake."""
         if self.worker and tier is not None and row_id is not None:
-            self.worker.embed_written(tier, row_id, self.vectors)
+            if not embedded:
+                self.worker.embed_written(tier, row_id, self.vectors)
             self.worker.wake.set()  # as before: a write also has the fleet's direct writes looked for
         self.events.wake()
+
+    def write(self, tier: str, args: dict, write: Callable[..., dict]) -> dict:
+        """write(vector=…) with the row's vector embedded first, so row and vector commit together (one commit)."""
+        vector = self.worker.embed_first(tier, args) if self.worker else None
+        outcome = write(vector=vector)
+        indexed = self.vectors is not None and self.vectors.written(self.store, TIER_TABLE[tier], args, outcome, vector)
+        self.written(tier, outcome["id"], indexed)
+        return outcome
 
     def start_embedding(self, text: str) -> Callable[[], tuple[Any, str | None]]:
         """Start embedding a question; the call returned waits for its vector, or None and why (no embedder,
@@ -662,8 +664,8 @@ def op_write_short(memory: Memory, args: dict) -> dict:
     Upserts on (agent, key): writing the same key again replaces the value and
     restarts its TTL. Expired keys are never recalled.
     """
-    outcome = memory.store.upsert_short(args["agent"], args["key"], args["value"], args["ttl_s"], args["tags"] or [])
-    memory.written("short", outcome["id"])
+    put = functools.partial(memory.store.upsert_short, args["agent"], args["key"], args["value"], args["ttl_s"])
+    outcome = memory.write("short", args, functools.partial(put, args["tags"] or []))
     return {"tier": "short", "agent": args["agent"], "key": args["key"], **outcome}
 
 
@@ -675,10 +677,8 @@ def op_write_long(memory: Memory, args: dict) -> dict:
     retry answers `unchanged` and changes nothing; a different fact is a new
     row, however long a prefix the two share.
     """
-    outcome = memory.store.upsert_long(
-        args["agent"], args["topic"], args["fact"], args["source"], args["confidence"], args["tags"] or []
-    )
-    memory.written("long", outcome["id"])
+    put = functools.partial(memory.store.upsert_long, args["agent"], args["topic"], args["fact"], args["source"])
+    outcome = memory.write("long", args, functools.partial(put, args["confidence"], args["tags"] or []))
     return {"tier": "long", "agent": args["agent"], **outcome}
 
 
@@ -689,8 +689,8 @@ def op_write_episodic(memory: Memory, args: dict) -> dict:
     same key and content returns the first row (status `unchanged`).
     """
     event = {name: args[name] for name in ("event_type", "summary", "details", "outcome", "duration_s")}
-    outcome = memory.store.append_episodic(args["agent"], event, args["idempotency_key"])
-    memory.written("episodic", outcome["id"])
+    put = functools.partial(memory.store.append_episodic, args["agent"], event, args["idempotency_key"])
+    outcome = memory.write("episodic", args, put)
     return {"tier": "episodic", "agent": args["agent"], **outcome}
 
 

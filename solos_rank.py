@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from solos_store import Tier, Visibility
+from solos_store import VECTOR_SAVED_AT, Tier, Visibility
 
 log = logging.getLogger("solos_memory")
 
@@ -314,7 +314,9 @@ class VectorIndex:
     row never comes back, because candidates are re-read through the SQL filters.
     Rows other copies of the service embedded (PostgreSQL) join the same way,
     and those a recall's keyword leg found are read at once (`fill`), so they
-    rank by both legs before the reload lands.
+    rank by both legs before the reload lands. A row embedded since the
+    snapshot scores what it will once the reload lands, its topic neighbours'
+    share included, and so do its neighbours (`settled`).
     """
 
     def __init__(self, model_id: str, tiers: Sequence[str]):
@@ -324,21 +326,44 @@ class VectorIndex:
         self.generation: int | None = None
         self.latest: int | None = None  # the database's generation as the last refresh read it
         self.reloading = False
+        # Per tier: ids, agents, expiries, vectors, each row's previous and next of its topic, its topic, and
+        # where each topic's rows sit (start, end): rows are loaded ordered by topic, then id.
         self.tiers: dict[str, tuple] = {}
         self.sorted_ids: dict[str, tuple] = {}  # per tier: (its ids array, those ids sorted, their positions)
-        # Rows embedded since the snapshot: tier -> id -> (agent, expires_at or "", vector, generation saved at).
-        # Each overrides the snapshot's row and is dropped once a snapshot of that generation or later is in.
-        self.recent: dict[str, dict[int, tuple[str, str, Any, int]]] = {tier: {} for tier in self.tier_names}
+        # Rows embedded since the snapshot: tier -> id -> (agent, expires_at or "", vector, generation saved at,
+        # topic or None). Each overrides the snapshot's row and is dropped once a snapshot of that generation or
+        # later is in.
+        self.recent: dict[str, dict[int, tuple[str, str, Any, int, Any]]] = {tier: {} for tier in self.tier_names}
 
     def add(
-        self, store: RankStore, tier: str, row_id: int, agent: str, expires_at: str | None, vector: Any, generation: int
+        self,
+        store: RankStore,
+        tier: str,
+        row_id: int,
+        agent: str,
+        expires_at: str | None,
+        vector: Any,
+        generation: int,
+        thread: Any = None,
     ) -> None:
-        """A row the service just embedded and saved (at `generation`): the next search sees it."""
+        """A row the service just embedded and saved (at `generation`), of topic `thread` in a threaded tier: the
+        next search sees it."""
         with self.lock:
-            self.recent[tier][row_id] = (agent, expires_at or "", vector, generation)
+            self.recent[tier][row_id] = (agent, expires_at or "", vector, generation, thread)
             crowded = sum(map(len, self.recent.values())) > RECENT_VECTORS_KEPT
         if crowded:  # writes with no recall between: fold them into a snapshot rather than grow this
             self.reload_soon(store)
+
+    def written(self, store: RankStore, tier: Tier, row: Any, outcome: dict, vector: tuple[str, bytes] | None) -> bool:
+        """After a write that embedded its row first (`row`: its fields as the write's arguments name them): the
+        vector joins the next search if the write's transaction saved it (Store.keep_vector); False without one."""
+        import numpy as np
+
+        generation = outcome.pop(VECTOR_SAVED_AT, None)
+        if generation is not None and vector is not None:  # else its unchanged text kept the vector it had
+            topic, array = row.get("topic") if tier.threaded else None, np.frombuffer(vector[1], dtype="<f4")
+            self.add(store, tier.name, outcome["id"], row["agent"], outcome.get("expires_at"), array, generation, topic)
+        return vector is not None
 
     def refresh(self, store: RankStore, conn: Any, tiers: Sequence[str]) -> None:
         """Make the snapshot current: at once while it holds nothing for these tiers, else in the background."""
@@ -374,12 +399,21 @@ class VectorIndex:
         for tier in self.tier_names:
             # Row by row into one growing buffer: holding every row (each with its blob) and then joining
             # the blobs kept two copies of the matrix at once (10k rows: the service's peak RSS +27 MiB).
-            id_list, agent_list, expiry_list, threads, blob = [], [], [], [], bytearray()
+            id_list: list[int] = []
+            threads: list[Any] = []
+            agent_list, expiry_list, blob = [], [], bytearray()
+            runs: dict[Any, tuple[int, int]] = {}  # each topic's rows: (first position, last + 1)
             for row in store.load_vectors(conn, tier, self.model_id):
+                thread = row["thread"]
+                if thread and threads and threads[-1] == thread:
+                    thread = threads[-1]  # one string per topic, not per row
+                    runs[thread] = (runs[thread][0], len(id_list) + 1)
+                elif thread:
+                    runs[thread] = (len(id_list), len(id_list) + 1)
                 id_list.append(row["id"])
                 agent_list.append(row["agent"])
                 expiry_list.append(row["expires_at"] or "")
-                threads.append(row["thread"])
+                threads.append(thread)
                 blob += row["vector"]
             count = len(id_list)
             ids = np.array(id_list, dtype=np.int64)
@@ -394,7 +428,7 @@ class VectorIndex:
                 [i + 1 if i + 1 < count and threads[i] and threads[i + 1] == threads[i] else -1 for i in range(count)],
                 dtype=np.int64,
             )
-            tiers[tier] = (ids, agents, expires, matrix, prev, after)
+            tiers[tier] = (ids, agents, expires, matrix, prev, after, np.array(threads, dtype=object), runs)
             order = np.argsort(ids, kind="stable")
             sorted_ids[tier] = (ids, ids[order], order)
         with self.lock:
@@ -418,7 +452,7 @@ class VectorIndex:
         for tier, ids in wanted.items():
             for row in store.vectors_by_id(conn, tier, self.model_id, ids):
                 vector = np.frombuffer(row["vector"], dtype="<f4")
-                self.add(store, tier, row["id"], row["agent"], row["expires_at"], vector, self.latest)
+                self.add(store, tier, row["id"], row["agent"], row["expires_at"], vector, self.latest, row["thread"])
 
     def count(self, tiers: Sequence[str]) -> int:
         """Vectors loaded for these tiers (a row embedded since the snapshot may count twice: enough for a test
@@ -426,18 +460,52 @@ class VectorIndex:
         loaded = sum(len(self.tiers[tier][0]) for tier in tiers if tier in self.tiers)
         return loaded + sum(len(self.recent.get(tier, ())) for tier in tiers)
 
-    def search(self, tier: str, query: Any, allowed: Callable[[Any], Any], depth: int) -> dict[int, float]:
-        """Top `depth` rows by cosine (plus topic neighbours'), among rows `allowed` keeps and not expired.
-
-        A row embedded since the snapshot is scored by its own cosine (its topic neighbours join at the reload).
-        """
+    def snapshot(self, tier: str) -> tuple[tuple, dict[int, tuple]]:
+        """The tier's snapshot (empty arrays before the first load) and its rows embedded since, read together."""
         import numpy as np
 
-        ids, agents, expires, matrix, prev, after = self.tiers.get(tier, (None,) * 6)
         with self.lock:
-            recent = dict(self.recent.get(tier, {}))
-        if ids is None:
-            ids, agents, expires = (np.zeros(0, dtype=t) for t in (np.int64, object, object))
+            loaded, recent = self.tiers.get(tier), dict(self.recent.get(tier, {}))
+        if loaded is None:
+            empty = (np.zeros(0, dtype=t) for t in (np.int64, object, object))
+            loaded = (*empty, np.zeros((0, 1), np.float32), *(np.zeros(0, np.int64),) * 2, np.zeros(0, object), {})
+        return loaded, recent
+
+    def settled(self, tier: str, query: Any, loaded: tuple, recent: dict[int, tuple]) -> dict[int, float]:
+        """The score a snapshot holding the rows embedded since would give them, and the other rows of their topics
+        (a row's previous and next of its topic, by id, lend it NEIGHBOUR_WEIGHT of the better cosine; a
+        re-embedded row's old topic loses it): a fresh row ranks as it will after the reload."""
+        import numpy as np
+
+        ids, _, _, matrix, _, _, threads, runs = loaded
+        scores: dict[int, float] = {}
+        topics: dict[Any, dict[int, Any]] = {}
+        for row_id, entry in recent.items():
+            if entry[4]:
+                topics.setdefault(entry[4], {})[row_id] = entry[2]
+            else:
+                scores[row_id] = float(entry[2] @ query)
+        for at in self.positions(tier, ids, list(recent)).tolist() if len(ids) and recent else ():
+            if threads[at]:
+                topics.setdefault(threads[at], {})
+        for thread, fresh in topics.items():
+            start, end = runs.get(thread, (0, 0))
+            kept = np.arange(start, end)[~np.isin(ids[start:end], list(recent))]
+            members = sorted([*zip(ids[kept].tolist(), matrix[kept]), *fresh.items()], key=lambda m: m[0])
+            if not members:
+                continue
+            cosine = np.stack([vector for _, vector in members]) @ query
+            padded = np.concatenate([[0.0], cosine, [0.0]])  # no neighbour reads 0, as in search
+            around = np.maximum(padded[:-2], padded[2:]) if len(members) > 1 else np.zeros(1)
+            scores.update(zip([row_id for row_id, _ in members], (cosine + NEIGHBOUR_WEIGHT * around).tolist()))
+        return scores
+
+    def search(self, tier: str, query: Any, allowed: Callable[[Any], Any], depth: int) -> dict[int, float]:
+        """Top `depth` rows by cosine (plus topic neighbours'), among rows `allowed` keeps and not expired."""
+        import numpy as np
+
+        loaded, recent = self.snapshot(tier)
+        ids, agents, expires, matrix, prev, after = loaded[:6]
         score = np.zeros(0)
         if len(ids):
             cosine = matrix @ query
@@ -445,14 +513,16 @@ class VectorIndex:
             neighbours = np.maximum(padded[prev], padded[after])
             score = cosine + NEIGHBOUR_WEIGHT * np.where((prev >= 0) | (after >= 0), neighbours, 0.0)
         if recent:  # the snapshot's copy of a re-embedded row is stale: the recent one replaces it
-            stale = np.isin(ids, list(recent))
-            keep = ~stale
+            settled = self.settled(tier, query, loaded, recent)
+            keep = ~np.isin(ids, list(recent))
             ids, agents, expires, score = ids[keep], agents[keep], expires[keep], score[keep]
+            moved = np.flatnonzero(np.isin(ids, list(settled)))  # rows whose topic a fresh row joined or left
+            score[moved] = [settled[row_id] for row_id in ids[moved].tolist()]
             entries = list(recent.values())
             ids = np.concatenate([ids, np.array(list(recent), dtype=np.int64)])
             agents = np.concatenate([agents, np.array([e[0] for e in entries], dtype=object)])
             expires = np.concatenate([expires, np.array([e[1] for e in entries], dtype=object)])
-            score = np.concatenate([score, np.stack([e[2] for e in entries]) @ query])
+            score = np.concatenate([score, np.array([settled[row_id] for row_id in recent])])
         if not len(ids):
             return {}
         now = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())  # to the second: SQL re-filters candidates
@@ -475,15 +545,14 @@ class VectorIndex:
 
         scores = {}
         for tier in {name for name, _ in keys}:
-            with self.lock:
-                added = self.recent.get(tier, {})
-                recent = {row_id: added[row_id] for name, row_id in keys if name == tier and row_id in added}
-            for row_id, entry in recent.items():
-                scores[(tier, row_id)] = float(entry[2] @ query)
-            ids, _, _, matrix, prev, after = self.tiers.get(tier, (None,) * 6)
-            if ids is None or not len(ids):
+            loaded, recent = self.snapshot(tier)
+            settled = self.settled(tier, query, loaded, recent) if recent else {}
+            wanted = [row_id for name, row_id in keys if name == tier]
+            scores.update({(tier, row_id): settled[row_id] for row_id in wanted if row_id in settled})
+            ids, _, _, matrix, prev, after = loaded[:6]
+            if not len(ids):
                 continue
-            at = self.positions(tier, ids, [row_id for name, row_id in keys if name == tier and row_id not in recent])
+            at = self.positions(tier, ids, [row_id for row_id in wanted if row_id not in settled])
             if not len(at):
                 continue
             rows = np.concatenate([at, prev[at], after[at]])

@@ -14,7 +14,8 @@ second backend implements the same):
       recall        Visibility (one caller, one scope: where, mask, allows), refuse_foreign_persona,
                     Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_at_least, topic_neighbours
       vectors       vector_generation, load_vectors, rows_missing_vectors, lacking_vectors, save_vectors,
-                    count_missing_vectors, count_vectors, vectors_by_id
+                    keep_vector (a write's own, in its transaction), count_missing_vectors, count_vectors,
+                    vectors_by_id
       copies        shared_by_copies, listen(wake) (PostgreSQL: solos_copies)
     forget          find_row, erase, own_retraction, queue_scrub, queued_scrubs, scrubs_done,
                     merge_step, checkpoint_truncate, retractions_after, reapply, mirror_waiting,
@@ -224,6 +225,8 @@ OVERFETCH = 4  # ranked keyword matches read per wanted row when scope, sharing 
 POOL_SIZE = 8
 SCHEMA_VERSION = "2"
 JOBS_WATCHED_SINCE = "jobs_watched_since"  # solos_memory_meta key, read by solos_jobs
+Embedded = tuple[str, bytes]  # a text's vector, embedded before the write of it: (model, float32 blob)
+VECTOR_SAVED_AT = "vector_saved_at"  # keep_vector's key in a write's outcome: the generation its vector joined
 
 # What the service reads from the fleet's tables; startup refuses if one is missing.
 REQUIRED_COLUMNS = {
@@ -952,7 +955,9 @@ class Store:
 
     # -- writes --
 
-    def upsert_short(self, agent: str, key: str, value: str, ttl_s: float, tags: list[str]) -> dict:
+    def upsert_short(
+        self, agent: str, key: str, value: str, ttl_s: float, tags: list[str], vector: Embedded | None = None
+    ) -> dict:
         def work(conn: sqlite3.Connection) -> dict:
             self.require_agent(conn, agent)
             self.hold_key(conn, agent, "short", key)  # the same key written twice at once: one is `created`
@@ -965,14 +970,26 @@ class Store:
                 "RETURNING id, expires_at",
                 (agent, key, value, json.dumps(tags), f"+{ttl_s:.3f} seconds"),
             ).fetchone()
-            return {"id": row["id"], "status": "updated" if existing else "created", "expires_at": row["expires_at"]}
+            outcome = {"id": row["id"], "status": "updated" if existing else "created", "expires_at": row["expires_at"]}
+            return self.keep_vector(conn, "short", outcome, vector)
 
         return self.write(work)
 
     def upsert_long(
-        self, agent: str, topic: str | None, fact: str, source: str | None, confidence: float | None, tags: list[str]
+        self,
+        agent: str,
+        topic: str | None,
+        fact: str,
+        source: str | None,
+        confidence: float | None,
+        tags: list[str],
+        vector: Embedded | None = None,
     ) -> dict:
-        return self.write(lambda conn: self.put_long(conn, agent, topic, fact, source, confidence, tags))
+        return self.write(
+            lambda conn: self.keep_vector(
+                conn, "long", self.put_long(conn, agent, topic, fact, source, confidence, tags), vector
+            )
+        )
 
     def put_long(
         self,
@@ -1031,7 +1048,9 @@ class Store:
         Store.remember_key(conn, agent, "long", hashlib.sha256(fact.encode("utf-8")).hexdigest(), row_id)
         return row_id
 
-    def append_episodic(self, agent: str, event: dict, idempotency_key: str | None) -> dict:
+    def append_episodic(
+        self, agent: str, event: dict, idempotency_key: str | None, vector: Embedded | None = None
+    ) -> dict:
         columns = ("event_type", "summary", "details", "outcome", "duration_s")
 
         def work(conn: sqlite3.Connection) -> dict:
@@ -1049,7 +1068,7 @@ class Store:
                             f"idempotency_key {idempotency_key!r} was used for a different event (id {earlier['id']})",
                             "idempotency_key",
                         )
-                    return {"id": earlier["id"], "status": "unchanged"}
+                    return self.keep_vector(conn, "episodic", {"id": earlier["id"], "status": "unchanged"}, vector)
             row_id = conn.execute(
                 "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome, duration_s) "
                 "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
@@ -1057,7 +1076,7 @@ class Store:
             ).fetchone()[0]
             if idempotency_key:
                 self.remember_key(conn, agent, "episodic", idempotency_key, row_id)
-            return {"id": row_id, "status": "created"}
+            return self.keep_vector(conn, "episodic", {"id": row_id, "status": "created"}, vector)
 
         return self.write(work)
 
@@ -1339,6 +1358,25 @@ class Store:
             return saved, self.vector_generation(conn)
 
         return self.write(work)
+
+    def keep_vector(self, conn: sqlite3.Connection, tier: str, outcome: dict, vector: Embedded | None) -> dict:
+        """In a write's transaction, the vector embedded from the text it writes, before it began, unless the row
+        holds one from that model (its text unchanged): the write's outcome, with the vector generation to pop
+        (`VECTOR_SAVED_AT`) when saved. One transaction for row and vector: a hybrid write costs one commit."""
+        if vector is None:
+            return outcome
+        model, blob = vector
+        held = conn.execute("SELECT model FROM memory_vector WHERE tier = ? AND row_id = ?", (tier, outcome["id"]))
+        if (held.fetchone() or [None])[0] == model:  # asked first: PostgreSQL's generation moves on any statement
+            return outcome
+        conn.execute(
+            "INSERT INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?) ON CONFLICT (tier, row_id) "
+            "DO UPDATE SET model = excluded.model, vector = excluded.vector",
+            (tier, outcome["id"], model, None if tier == "long" else blob),
+        )
+        if tier == "long":  # the long tier keeps its vector in memory_longterm.embedding
+            conn.execute("UPDATE memory_longterm SET embedding = ? WHERE id = ?", (blob, outcome["id"]))
+        return {**outcome, VECTOR_SAVED_AT: self.vector_generation(conn)}
 
     def embedding_done(self, conn: sqlite3.Connection, tier: str, ids: list[int]) -> None:
         """These rows' embedding is over, saved or not (in save_vectors' transaction): nothing to release here;

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Write and recall latency with the embedder on, this tree against another checkout, in one run (issue 19).
+"""Write and recall latency with the embedder on, this tree against another checkout, in one run.
 
     .venv/bin/python bench/write_recall_ab.py --base DIR [--rows 2000] [--writes 200] [--queries 300]
+    .venv/bin/python bench/write_recall_ab.py --base DIR --queries 0   # serial hybrid writes only
 
-DIR is another checkout (e.g. `git archive 0f4a7dc | tar -x -C DIR`). Both services load the embedder and start
+DIR is another checkout (e.g. `git archive 30769e5 | tar -x -C DIR`). Both services load the embedder and start
 on copies of one database: LoCoMo dev turns as long facts, every row embedded (the `backfill` command). Then,
 alternating base and this on kept-alive connections so whatever else loads the machine loads both alike:
-`--writes` new long facts each (the write is timed until its answer: this tree embeds the row before it
-answers, the base leaves it to its background worker), then `--queries` LoCoMo questions each (recall,
-hybrid, k=5, each side's default floor). Prints p50/p99 and this/base; asserts nothing.
+`--writes` serial writes of each tier in `--tiers` each (a new long fact in the topic of the one before, a
+short key, an episode; each timed until its answer, which a write gives once its row is embedded or left to
+the background worker, as that side does it), then `--queries` LoCoMo questions each (recall, hybrid, k=5,
+each side's default floor). Prints p50/p99 and this/base per line; asserts nothing.
 """
 
 from __future__ import annotations
@@ -70,10 +72,20 @@ def wait_ready(client: Client, timeout_s: float = 120) -> None:
         time.sleep(0.2)
 
 
+def written(tier: str, n: int, agent: str, question: str) -> tuple[str, dict]:
+    """The n-th timed write of a tier: its route and body (facts of one topic, so the long tier's neighbours count)."""
+    text = f"bench {tier} {n}: {question}"
+    if tier == "long":
+        return "/v1/long", {"agent": agent, "topic": f"bench {n // 10}", "fact": text, "tags": ["bench"]}
+    if tier == "short":
+        return "/v1/short", {"agent": agent, "key": f"bench-{n}", "value": text}
+    return "/v1/episodic", {"agent": agent, "event_type": "bench", "summary": text}
+
+
 def line(name: str, samples: dict[str, list[float]]) -> str:
     b, t = percentiles(samples["base"]), percentiles(samples["this"])
     return (
-        f"  {name:<7} base p50 {b['p50']:7.2f} p99 {b['p99']:7.2f}   this p50 {t['p50']:7.2f} p99 {t['p99']:7.2f}"
+        f"  {name:<14} base p50 {b['p50']:7.2f} p99 {b['p99']:7.2f}   this p50 {t['p50']:7.2f} p99 {t['p99']:7.2f}"
         f"   this/base p50 {t['p50'] / b['p50']:4.2f}x p99 {t['p99'] / b['p99']:4.2f}x  (ms, n={t['n']})"
     )
 
@@ -85,6 +97,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=2000, help="long facts in the database (default: %(default)s)")
     parser.add_argument("--writes", type=int, default=200, help="timed writes per side (default: %(default)s)")
     parser.add_argument("--queries", type=int, default=300, help="timed recalls per side (default: %(default)s)")
+    parser.add_argument("--tiers", default="long,short,episodic", help="tiers written (default: %(default)s)")
     args = parser.parse_args()
     conversations = load_conversations(args.data)  # a missing file stops here, in one line
     print(machine_note())
@@ -99,14 +112,16 @@ def main() -> int:
             for client in clients.values():
                 wait_ready(client)
             print(f"{args.rows} embedded long facts; base {args.base}, this {ROOT}")
-            writes: dict[str, list[float]] = {"base": [], "this": []}
+            tiers = args.tiers.split(",")
+            writes: dict[str, dict[str, list[float]]] = {tier: {"base": [], "this": []} for tier in tiers}
             for n in range(args.writes):
-                fact = {"agent": agents[n % len(agents)], "topic": "bench", "fact": f"bench fact {n}: {questions[n]}"}
-                for name, client in clients.items():
-                    started = time.perf_counter()
-                    status, _ = client.json("POST", "/v1/long", fact)
-                    writes[name].append(time.perf_counter() - started)
-                    assert status == 201, (name, status)
+                for tier in tiers:
+                    path, body = written(tier, n, agents[n % len(agents)], questions[n % len(questions)])
+                    for name, client in clients.items():
+                        started = time.perf_counter()
+                        status, _ = client.json("POST", path, body)
+                        writes[tier][name].append(time.perf_counter() - started)
+                        assert status == 201, (name, tier, status)
             for client in clients.values():
                 wait_ready(client)  # the base's worker has embedded the writes: recall compares like with like
             recalls: dict[str, list[float]] = {"base": [], "this": []}
@@ -117,8 +132,10 @@ def main() -> int:
                     status, _ = client.json("GET", "/v1/recall", query=query)
                     recalls[name].append(time.perf_counter() - started)
                     assert status == 200, (name, status)
-            print(line("write", writes))
-            print(line("recall", recalls))
+            for tier in tiers:
+                print(line(f"{tier} write", writes[tier]))
+            if args.queries:
+                print(line("recall", recalls))
             for client in clients.values():
                 client.close()
     return 0

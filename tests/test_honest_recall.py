@@ -187,6 +187,9 @@ def hybrid_server(tmp_path_factory):
     stop_server(running)
 
 
+TOPICS = (None, "plans", "plans", "errands")  # long facts of one topic lend each other a share of their cosine
+
+
 def settle(running) -> None:
     """What the service converges to without read-your-writes: every vector loaded from the database."""
     store, vectors = running.server.memory.store, running.server.memory.vectors
@@ -197,19 +200,23 @@ def settle(running) -> None:
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_every_acknowledged_row_is_recalled_at_once_by_both_legs(hybrid_server, data):
-    """Random interleavings of writes (agents, tiers) and recalls: each acknowledged matching row comes back in the
-    very next recall, with a vector (no match lacks one), ranked exactly as once every vector is loaded: as if it
-    had always been there."""
+    """Random interleavings of writes (agents, tiers, topics) and recalls: each acknowledged matching row comes back
+    in the very next recall, with a vector (no match lacks one), ranked exactly as once every vector is loaded: as if
+    it had always been there, its topic neighbours' share included."""
     agents = fresh_agents(hybrid_server)
     word = marker()
     written: set[str] = set()
     steps = data.draw(
-        st.lists(st.tuples(st.sampled_from(["long", "short", "recall"]), st.sampled_from(agents)), max_size=12)
+        st.lists(
+            st.tuples(st.sampled_from(["long", "short", "recall"]), st.sampled_from(agents), st.sampled_from(TOPICS)),
+            max_size=12,
+        )
     )
-    for n, (step, agent) in enumerate(steps):
+    for n, (step, agent, topic) in enumerate(steps):
         if step == "long":
             text = f"{word} long fact {n} of {agent}"
-            assert hybrid_server.post("/v1/long", {"agent": agent, "fact": text}).status == 201
+            thread = topic and f"{topic} {word}"  # this example's own: a topic's context is keyword-searched too
+            assert hybrid_server.post("/v1/long", {"agent": agent, "fact": text, "topic": thread}).status == 201
             written.add(text)
         elif step == "short":
             text = f"{word} short note {n}"

@@ -428,3 +428,38 @@ def test_the_keyword_leg_runs_while_the_question_is_embedded(embedded_server, mo
     fallback = server.recall("sol", "backup job")
     assert fallback.status == 200 and fallback.body["ranking"] == "keyword" and fallback.body["count"] == 1
     assert fallback.body["degraded"] is True and "the model broke on this question" in fallback.body["degraded_reason"]
+
+
+def test_a_fresh_row_scores_as_it_will_once_the_snapshot_holds_it(embedded_server, monkeypatch):
+    """A row embedded since the vector snapshot borrows its topic neighbours' cosine and lends them its own, as
+    once the reload lands: a fresh fact that matches a question by a tag alone ranks where it will (it was scored
+    by its own cosine alone, missing from the first top 10 and found at rank 2 half a second later). A row
+    re-embedded under another topic leaves its old topic's neighbours as the reload does."""
+    embedder = WordHashEmbedder()
+    embedder.dim = 256  # unrelated texts' cosines near 0, as a real model's, not spread over +-0.5
+    server = embedded_server(embedder)
+    for n in range(30):
+        server.post("/v1/long", {"agent": "sol", "topic": f"week {n % 5}", "fact": f"survey note {n} on lunch"})
+    server.post("/v1/long", {"agent": "atlas", "topic": "trip", "fact": "we fly to lisbon on friday"})
+    server.post("/v1/long", {"agent": "atlas", "topic": "trip", "fact": "the hotel is by the river"})
+    server.recall("nova", "lisbon", min_relevance=0)  # the vector index loads its snapshot
+    vectors, store = server.server.memory.vectors, server.server.memory.store
+    monkeypatch.setattr(vectors, "reload_soon", lambda store: None)  # the reload waits: fresh rows stay fresh
+    fresh = server.post("/v1/long", {"agent": "atlas", "topic": "trip", "fact": "pack sunscreen", "tags": ["lisbon"]})
+    moved = server.post("/v1/long", {"agent": "atlas", "topic": "stay", "fact": "the hotel is by the river"})
+    assert fresh.body["status"] == "created" and moved.body["status"] == "updated"
+    assert set(vectors.recent["long"]) == {fresh.body["id"], moved.body["id"]}
+
+    question = "lisbon"
+    query, everyone = embedder.vector(question), lambda agents: np.ones(len(agents), dtype=bool)
+    keys = [("long", row_id) for row_id in range(1, 40)]
+    before = (vectors.search("long", query, everyone, 100), vectors.similarity(query, keys))
+    first = server.recall("nova", question, k=10, min_relevance=0).body
+    store.read(lambda conn: vectors.load(store, conn, store.vector_generation(conn)))
+    assert vectors.recent["long"] == {}  # the snapshot holds them now
+    after = (vectors.search("long", query, everyone, 100), vectors.similarity(query, keys))
+    assert before[0] == pytest.approx(after[0]) and before[1] == pytest.approx(after[1])
+    settled = server.recall("nova", question, k=10, min_relevance=0).body
+    assert first["ranking"] == settled["ranking"] == "hybrid"
+    assert [(r["id"], r["score"]) for r in first["results"]] == [(r["id"], r["score"]) for r in settled["results"]]
+    assert fresh.body["id"] in [r["id"] for r in first["results"]]

@@ -819,6 +819,57 @@ def test_a_write_is_ranked_by_both_legs_at_once(hybrid):
     assert [r["id"] for r in vector_only["results"]] == [written] and vector_only["receipt"]["legs"] == ["vector"]
 
 
+def test_a_hybrid_write_commits_its_row_and_vector_together(store_url, monkeypatch):
+    """A write's text is embedded before its transaction, which saves the vector with the row: the fleet never reads
+    a row the service wrote without its vector (it could, between the row's commit and the vector's), and an
+    identical retry saves nothing again."""
+    pytest.importorskip("numpy")
+    embedder = WordHashEmbedder(delay_s=0.2)  # a slow model: the gap between the two commits was this wide
+    monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (embedder, None))
+    server = start_server(store_url)
+    generation = "SELECT value FROM solos_memory_meta WHERE key = 'vector_generation'"
+    try:
+        writes = {
+            "long": ("/v1/long", {"agent": "atlas", "topic": "t", "fact": "row and vector at once"}, "memory_longterm"),
+            "short": ("/v1/short", {"agent": "atlas", "key": "k", "value": "row and vector"}, "memory_short"),
+            "episodic": (
+                "/v1/episodic",
+                {"agent": "atlas", "event_type": "e", "summary": "row, vector"},
+                "memory_episodic",
+            ),
+        }
+        replies: dict[str, Any] = {}
+        for tier, (path, body, table) in writes.items():
+            writing = threading.Thread(
+                target=lambda *call: replies.update({call[0]: server.post(*call)}), args=(path, body)
+            )
+            writing.start()
+            seen: list[dict] = []
+            while writing.is_alive():
+                seen += direct(
+                    store_url,
+                    f"SELECT t.id, v.model FROM {table} t LEFT JOIN memory_vector v ON v.tier = ? AND v.row_id = t.id",
+                    (tier,),
+                )
+            writing.join()
+            assert replies[path].status == 201, replies[path].body
+            assert [row for row in seen if row["model"] != embedder.model_id] == []
+            assert [
+                row["model"]
+                for row in direct(
+                    store_url,
+                    f"SELECT v.model FROM {table} t JOIN memory_vector v ON v.tier = ? AND v.row_id = t.id",
+                    (tier,),
+                )
+            ] == [embedder.model_id]
+        before = direct(store_url, generation)
+        path, body, _ = writes["long"]
+        assert ok(server.post(path, body))["status"] == "unchanged"
+        assert direct(store_url, generation) == before
+    finally:
+        stop_server(server)
+
+
 # ==== 10. Stats, /metrics, the status page; as-of, deliveries and notices ====
 
 
