@@ -190,8 +190,8 @@ def test_a_disturbed_row_count_fails(server, monkeypatch):
 def test_repeats_that_insert_rows_fail(server, monkeypatch):
     real, serial = solos_memory.Store.upsert_long, itertools.count()
 
-    def upsert_without_write_key(store, agent, topic, fact, *rest):
-        return real(store, agent, topic, f"{fact} (copy {next(serial)})", *rest)
+    def upsert_without_write_key(store, agent, topic, fact, *rest, **named):
+        return real(store, agent, topic, f"{fact} (copy {next(serial)})", *rest, **named)
 
     monkeypatch.setattr(solos_memory.Store, "upsert_long", upsert_without_write_key)
     result = by_name(solos_check.run_checks(server.url, "atlas", "sol"))["long row delta"]
