@@ -12,7 +12,7 @@ messages are cut to their last part (the journal and the API keep them whole).
 another's, per minute over the last day. The counts are saved to the
 database's memory_activity table every minute and at shutdown, and read back
 at start, so a restart keeps the hour and the day. Writes per agent come from
-the tables' own timestamps instead.
+the database's event log instead (`Store.writes_by_hour`).
 
 Imports nothing from the service; `solos_memory.py` mounts it at `/` and `/status`.
 """
@@ -560,7 +560,8 @@ def activity_tables(activity: dict) -> str:
             per_agent,
             "No activity in the last day.",
         )
-        + '<p class="note">Writes: rows created or changed, by the tables\' timestamps (any writer). '
+        + '<p class="note">Writes: rows created or changed, by the event log (any writer; one deleted since '
+        "still counts). "
         f"Recalls, reads and latency: counted by this service since {escape(str(since))}, "
         "kept in the database (saved every minute), so a restart keeps them.</p></section>"
         + "<section><h2>Who reads whom</h2>"
