@@ -576,8 +576,8 @@ def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[
     ranking = plan.ranking
     if plan.vector is not None and vectors is not None:
         vectors.refresh(store, conn, names)
-        if not vectors.count(names):  # no row of these tiers has a vector (yet): the keyword leg alone
-            ranking = "keyword"
+        if not vectors.count(names) and (candidates or not keyword_ran):  # rows, none embedded yet: keyword
+            ranking = "keyword"  # (an empty database stays hybrid: both legs ran and found nothing)
     if ranking == "keyword" and not keyword_ran:
         candidates = keyword_leg()
     if ranking == "hybrid" and vectors is not None:  # other copies' rows, embedded since the snapshot

@@ -12,7 +12,7 @@ messages are cut to their last part (the journal and the API keep them whole).
 another's, per minute over the last day. The counts are saved to the
 database's memory_activity table every minute and at shutdown, and read back
 at start, so a restart keeps the hour and the day. Writes per agent come from
-the tables' own timestamps instead.
+the database's event log instead (`Store.writes_by_hour`).
 
 Imports nothing from the service; `solos_memory.py` mounts it at `/` and `/status`.
 """
@@ -240,7 +240,9 @@ def bearer_from_basic(authorization: str | None) -> str | None:
 # ---- the page ----
 
 # Mobile first: one column; from about 44rem, the sections sit side by side. Table cells never break a word:
-# names, numbers and times do not wrap at all, and free text (a reason) wraps only between its words.
+# names, numbers and times do not wrap at all, and free text (a reason) wraps only between its words. The Service
+# table is a label and its value, left-aligned beside it; its values wrap like free text (the embedder's long name),
+# so none is pushed out of its column behind a scrollbar.
 STYLE = """
 body{font:15px/1.45 system-ui,sans-serif;margin:0 auto;max-width:80rem;padding:.5rem .6rem 1rem;color:#1f2328}
 h1{font-size:1.35rem;margin:.3rem 0}h2{font-size:1.1rem;margin:1.3rem 0 .4rem;padding-bottom:.15rem;
@@ -253,7 +255,8 @@ p.bad,ul.bad{padding:.4rem .7rem;border-radius:.3rem}ul.bad{margin:.5rem 0;paddi
 .scroll{overflow-x:auto}table{border-collapse:collapse}
 th,td{text-align:left;padding:.15rem .7rem .15rem 0;border-bottom:1px solid #eaeef2;vertical-align:top;
 white-space:nowrap}th:last-child,td:last-child{padding-right:0}thead th{vertical-align:bottom;white-space:normal}
-#service th,td.text{white-space:normal}td.text{min-width:11rem}td.text span{white-space:nowrap}
+#service th,td.text{white-space:normal}#service th{min-width:10rem}#service td.n{text-align:left}
+td.text{min-width:11rem}td.text span{white-space:nowrap}
 th[scope=row]{font-weight:normal;color:#57606a}.n{text-align:right;font-variant-numeric:tabular-nums}
 #reads th.writer{writing-mode:vertical-rl;transform:rotate(180deg);padding:.3rem .2rem;text-align:left}
 #reads td{text-align:center;padding:.15rem .3rem}#reads td.self{background:#f6f8fa}
@@ -389,8 +392,14 @@ def cell(value: Any, free_text: bool = False) -> str:
     if isinstance(value, int):
         return f'<td class="n">{value}</td>'
     if free_text:  # each word held together, the lines broken between them
-        return f'<td class="text">{" ".join(f"<span>{escape(word)}</span>" for word in str(value).split())}</td>'
+        return f'<td class="text">{" ".join(held(word) for word in str(value).split())}</td>'
     return f"<td>{escape(str(value))}</td>"
+
+
+def held(word: str) -> str:
+    """One word that does not wrap, but for a break before an @: a model's name and its hash
+    (all-MiniLM-L6-v2-dynint8@9e8025153763) is wider than a phone's column for the Service table."""
+    return "<wbr>".join(f"<span>{escape(part)}</span>" for part in re.split(r"(?=@)", word) if part)
 
 
 def facts(health: dict, stats: dict) -> str:
@@ -406,7 +415,7 @@ def facts(health: dict, stats: dict) -> str:
         # Refused connections are turned away before a request is read, so they are not among the answered.
         ("503 in all", int(stats.get("answered_503", 0)) + int(rejections.get("too_many_connections", 0))),
     ]
-    rows = "".join(f'<tr><th scope="row">{escape(name)}</th>{cell(value)}</tr>' for name, value in items)
+    rows = "".join(f'<tr><th scope="row">{escape(name)}</th>{cell(value, True)}</tr>' for name, value in items)
     return f'<h2>Service</h2><div class="scroll"><table id="service"><tbody>{rows}</tbody></table></div>'
 
 
@@ -554,7 +563,8 @@ def activity_tables(activity: dict) -> str:
             per_agent,
             "No activity in the last day.",
         )
-        + '<p class="note">Writes: rows created or changed, by the tables\' timestamps (any writer). '
+        + '<p class="note">Writes: rows created or changed, by the event log (any writer; one deleted since '
+        "still counts). "
         f"Recalls, reads and latency: counted by this service since {escape(str(since))}, "
         "kept in the database (saved every minute), so a restart keeps them.</p></section>"
         + "<section><h2>Who reads whom</h2>"

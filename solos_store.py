@@ -364,6 +364,7 @@ TIER_TABLE = {
 }
 EMBEDDED_TIERS = tuple(tier for tier in TIER_TABLE.values() if tier.embedded)
 LIVE_TIERS = tuple(tier for tier in TIER_TABLE.values() if not tier.archived)  # where writes land
+WRITTEN_TIERS = f"({', '.join(repr(tier.name) for tier in LIVE_TIERS)})"  # SQL: their names in the event log
 TIERS = ("short", "long", "episodic", "durable")  # what callers name; durable is the fleet's persona records
 DEFAULT_TIERS = ("long", "short")
 SCOPES = ("own", "shared", "shared_except_self")
@@ -1182,15 +1183,16 @@ class Store:
         return self.read(work)
 
     def writes_by_hour(self) -> dict[str, list[int]]:
-        """Rows each writer (the fleet's too) created or changed per hour of the last day (index 0: the last
-        hour), by the rows' timestamps; one that does not parse counts as now."""
-        recent = " UNION ALL ".join(
-            f"SELECT agent, {column} AS ts FROM {table} "
-            f"WHERE {column} >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 day')"
-            for table, column in {tier.table: tier.time_column for tier in LIVE_TIERS}.items()
-        )
+        """Writes (rows created or changed) by each writer, the fleet's too, per hour of the last day (index 0:
+        the last hour), from the event log: a row deleted or forgotten since still counts its writes."""
+        # Events are logged in id order, so the newest id before the day bounds the scan to the day's events.
+        day = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 day')"
         hours_ago = "ifnull(min(23, max(0, CAST((julianday('now') - julianday(ts)) * 24 AS INTEGER))), 0)"
-        sql = f"SELECT agent, {hours_ago}, count(*) FROM ({recent}) GROUP BY 1, 2"
+        sql = (
+            f"SELECT agent, {hours_ago}, count(*) FROM memory_event "
+            f"WHERE id > ifnull((SELECT id FROM memory_event WHERE ts < {day} ORDER BY id DESC LIMIT 1), 0) "
+            f"AND ts >= {day} AND kind IN ('write', 'update') AND tier IN {WRITTEN_TIERS} GROUP BY 1, 2"
+        )
 
         def work(conn: sqlite3.Connection) -> dict[str, list[int]]:
             hours: dict[str, list[int]] = {}

@@ -389,15 +389,14 @@ class PgStore(solos_store.Store):
     # -- reads --
 
     def writes_by_hour(self) -> dict[str, list[int]]:
-        recent = " UNION ALL ".join(
-            f"SELECT agent, {column} AS ts FROM {table} WHERE {column} >= solos_at('-1 day')"
-            for table, column in {tier.table: tier.time_column for tier in solos_store.LIVE_TIERS}.items()
-        )
         hours_ago = (
             "coalesce(least(23, greatest(0, floor(extract(epoch FROM clock_timestamp() - "
             "solos_parse_time(ts)) / 3600)))::int, 0)"
         )
-        sql = f"SELECT agent, {hours_ago}, count(*) FROM ({recent}) recent GROUP BY 1, 2"
+        sql = (
+            f"SELECT agent, {hours_ago}, count(*) FROM memory_event WHERE ts >= solos_at('-1 day') "
+            f"AND kind IN ('write', 'update') AND tier IN {solos_store.WRITTEN_TIERS} GROUP BY 1, 2"
+        )
 
         def work(conn: Any) -> dict[str, list[int]]:
             hours: dict[str, list[int]] = {}

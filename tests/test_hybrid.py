@@ -261,6 +261,14 @@ def test_stale_vectors_from_direct_edits_are_dropped(embedded_server):
     assert sqlite3.connect(server.db_path).execute("SELECT count(*) FROM memory_vector").fetchone()[0] == 2
 
 
+def test_an_empty_database_with_the_embedder_ready_recalls_hybrid(embedded_server):
+    server = embedded_server(WordHashEmbedder())
+    assert server.get("/health").body["embedder_state"] == "ready"
+    reply = server.recall("sol", "anything at all")
+    assert reply.body["count"] == 0 and reply.body["degraded"] is False
+    assert reply.body["ranking"] == "hybrid" and reply.body["receipt"]["legs"] == ["keyword", "vector"]
+
+
 def test_an_embedder_with_no_vectors_yet_says_keyword_only(embedded_server, monkeypatch):
     server = embedded_server(QueriesOnly())
     server.post("/v1/long", {"agent": "atlas", "fact": "not embedded yet"})

@@ -26,6 +26,7 @@ from conftest import ROOT, skip_or_fail, wait_until, write_tokens
 from test_hybrid import WordHashEmbedder, wait_for_vectors
 
 import solos_connections
+import solos_embed
 import solos_memory
 import solos_status
 
@@ -331,12 +332,18 @@ const textBox = (element) => {
   range.selectNodeContents(element);
   return [...range.getClientRects()].filter((r) => r.width > 0);
 };
+// A value is visible when every piece of its text lies inside the box that would scroll it, and inside the window.
+const serviceBox = document.querySelector("#service").closest(".scroll") || document.documentElement;
+const shown = serviceBox.getBoundingClientRect();
 const service = [...document.querySelectorAll("#service tr")].map((row) => {
   const label = textBox(row.cells[0]), value = textBox(row.cells[1]);
   return {label: row.cells[0].textContent, lines: label.length,
-          reach: Math.round(Math.max(...value.map((r) => r.right)) - label[0].left)};
+          reach: Math.round(Math.max(...value.map((r) => r.right)) - label[0].left),
+          visible: value.length > 0 && value.every((r) => r.left >= shown.left - 0.5 && r.right <= shown.right + 0.5
+                                                          && r.right <= innerWidth + 0.5)};
 });
 parent.postMessage(JSON.stringify({broken, service, viewport: innerWidth,
+                                   serviceScrolls: serviceBox.scrollWidth > serviceBox.clientWidth,
                                    page: document.documentElement.scrollWidth}), "*");
 </script>"""
 # Headless Chromium lays a page out at least 500 px wide (its screenshots alone are at the window's size):
@@ -349,13 +356,23 @@ MACHINE_PATH = re.compile(r"(?:^|[\s'\"(=])/(?:home|root|usr|tmp|var|opt|etc|srv
 FLEET = [f"agent-{name}" for name in "abcdefghijklm"]  # 13 agents, as found by a new user
 
 
+# The name the real embedder reports (what make serve shows): the widest value in the Service table.
+MODEL_ID = f"all-MiniLM-L6-v2-dynint8@{solos_embed.MODEL_SHA256[:12]}"
+
+
 @pytest.mark.slow
-def test_the_page_reads_at_a_glance_at_desktop_and_phone_width(make_server, monkeypatch, tmp_path):
+@pytest.mark.parametrize("mode", ["keyword", "hybrid"])
+def test_the_page_reads_at_a_glance_at_desktop_and_phone_width(make_server, monkeypatch, tmp_path, mode):
     import sys
 
-    for module in ("onnxruntime", "tokenizers"):  # keyword-only, whose reason names the interpreter's path
-        monkeypatch.setitem(sys.modules, module, None)
-    server = make_server("glance.db", model_dir=None)
+    if mode == "keyword":  # keyword-only, whose reason names the interpreter's path
+        for module in ("onnxruntime", "tokenizers"):
+            monkeypatch.setitem(sys.modules, module, None)
+        server = make_server("glance.db", model_dir=None)
+    else:  # the embedder ready, under the real model's name
+        embedder = WordHashEmbedder(MODEL_ID)
+        monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (embedder, None))
+        server = make_server("glance.db")
     assert solos_memory.main(["agents", "add", *FLEET, "--db", str(server.db_path)]) == 0
     for index, agent in enumerate(FLEET):
         for serial in range(index % 2 + 1):
@@ -375,9 +392,14 @@ def test_the_page_reads_at_a_glance_at_desktop_and_phone_width(make_server, monk
         layout = measure(page, (width, height), tmp_path / f"measured-at-{width}")
         assert layout["broken"] == [], width  # no word is split across lines in any cell
         assert layout["page"] <= layout["viewport"] == width  # wide tables scroll in their box, not the page
-        # A value beside its label: the row from label to value spans less than a phone's width.
-        assert max(row["reach"] for row in layout["service"]) < 360, layout["service"]
+        # Every value shown, none clipped or behind the table's scrollbar; a count beside its label: the row from
+        # label to value spans less than a phone's width (the embedder's name is wider: it wraps, and is shown).
+        assert [row["label"] for row in layout["service"] if not row["visible"]] == [], (width, layout["service"])
+        assert not layout["serviceScrolls"], width
+        assert max(row["reach"] for row in layout["service"] if row["label"] != "embedder") < 360, layout["service"]
         assert max(row["lines"] for row in layout["service"]) <= 2, layout["service"]
+        embedder = "none (off)" if mode == "keyword" else f"{MODEL_ID} (ready)"
+        assert dom.rows("service")["embedder"] == [embedder], width
 
         assert dom.heads["reads"][1:] == FLEET and set(dom.rows("reads")) == set(FLEET)  # a 13 x 13 grid
         assert dom.rows("reads")["agent-a"][0] == ""  # itself

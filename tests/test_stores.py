@@ -897,6 +897,21 @@ def test_stats_metrics_and_the_status_page_count_alike(served):
     assert cells == {"short": "1", "long": "2", "episodic": "1", "durable": "0"}, tiers.group(0)
 
 
+def test_writes_per_agent_count_writes_not_the_rows_left(served, store_url):
+    kept = long_fact(served, "atlas", "the ferry leaves at nine")
+    forgotten = long_fact(served, "atlas", "the ferry is late today")
+    ok(served.post("/v1/short", {"agent": "atlas", "key": "plan", "value": "catch the ferry"}), 201)
+    ok(served.post("/v1/short", {"agent": "atlas", "key": "plan", "value": "catch the next ferry"}))  # a change
+    assert ok(served.post("/v1/long", {"agent": "atlas", "fact": "the ferry leaves at nine"}))["id"] == kept
+    ok(served.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": forgotten}))
+    (sols,) = direct(store_url, "INSERT INTO memory_longterm (agent, fact) VALUES ('sol', 'pier 4') RETURNING id")
+    direct(store_url, "DELETE FROM memory_longterm WHERE id = ?", (sols["id"],))  # the fleet's own delete
+    activity = ok(served.get("/v1/stats"))["activity"]
+    # atlas: two facts (one forgotten since), the short row and its change; the identical retry is no write
+    assert activity["hour"]["writes"] == activity["day"]["writes"] == {"atlas": 4, "sol": 1}
+    assert activity["hours"][-1]["writes"] == 5
+
+
 def test_as_of_deliveries_and_notices_answer_alike(served):
     fact = long_fact(served, "atlas", "the north gate code is 4411")
     ok(served.post("/v1/short", {"agent": "atlas", "key": "shift", "value": "night shift on gate"}), 201)
