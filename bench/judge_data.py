@@ -171,7 +171,7 @@ def add_cosines(records: list[dict]) -> None:
         for r in rec["rows"]:
             texts[embedding_text(r)] = None
     ordered = list(texts)
-    vectors = {}
+    vectors: dict = {}
     for start in range(0, len(ordered), 256):
         batch = ordered[start : start + 256]
         vectors.update(zip(batch, solos_embed.decode_vectors(embedder.embed(batch))))
