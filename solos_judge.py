@@ -1,0 +1,324 @@
+"""The judge: the probability that a recalled row answers the question (issue 33).
+
+Today's `relevance` (solos_rank.calibrated_relevance) reads the reranker's logit, the question's stems the row
+covers and the cosine. It cannot tell a near miss from an answer: a service's port when memory holds another
+service's, the commander of an incident memory names only by number. The judge reads the question and each
+row together, over recall's bounded head (the rows after fusion and rerank), with features that logistic
+lacks:
+
+- the IDF-weighted share of the question's content words the row lacks, the IDF taken over the candidates
+  themselves (a word every candidate holds says nothing; one no candidate holds is a specific memory lacks);
+- the share of the question's identifiers (ids like INC-2207, numbers, dates, quarters like Q3, hosts,
+  hyphenated names, capitalised names) the row lacks, and the share no candidate holds at all;
+- whether the row holds the kind of thing asked for: a number for "how many / what port", a date for "when",
+  a person for "who", a host or place for "where";
+- the cosine (hybrid only) and its gap to the best candidate's; today's relevance, as a logit.
+
+A logistic regression over those, per mode: `hybrid` reads the cosine, `keyword` (no embedder) does not. Its
+weights live in models/judge/judge.json, fitted by bench/judge_fit.py; the file's sha256 is JUDGE_SHA256 and
+is checked at load. A missing, changed or unreadable file never raises: `load()` returns a judge that passes
+the rows' own relevance through, named `relevance`, with the reason. Figures: bench/judge_eval.py.
+
+    judge = solos_judge.load()                       # once; never raises
+    verdict = judge.judge(question, rows, "hybrid")  # rows: dicts with text, topic, agent, relevance, cosine
+    verdict.probabilities, verdict.name, verdict.reason
+
+Stdlib only (no numpy): about 10-20 microseconds per row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from solos_rank import STOP_WORDS
+
+JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
+# The sha256 of JUDGE_PATH as bench/judge_fit.py wrote it (the script rewrites this line).
+JUDGE_SHA256 = "740b9e009192f7be72bbf7468cc32536aa30747f04b672b72214081f58204b9d"
+JUDGE_FORMAT = 1
+MODES = ("hybrid", "keyword")
+STEM_LENGTH = 5  # solos_rank's coverage stems: a stemmer's poor cousin (approve/approved/approval)
+
+# ==== Reading a question and a row ====
+
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*[A-Za-z0-9]|[A-Za-z0-9]")
+_WORD = re.compile(r"\w+")
+_DIGIT = re.compile(r"\d")
+_MONTHS = (
+    "january february march april may june july august september october november december "
+    "jan feb mar apr jun jul aug sep sept oct nov dec"
+).split()
+_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+_DATE = re.compile(
+    r"\b(?:(?:19|20)\d\d-\d\d(?:-\d\d)?|\d{1,2}/\d{1,2}(?:/\d{2,4})?|(?:19|20)\d\d|q[1-4]|h[12]|"
+    rf"{'|'.join(_MONTHS + _WEEKDAYS)}|yesterday|today|tomorrow)\b",
+    re.IGNORECASE,
+)
+_NUMBER = re.compile(r"\d")
+# A person: two capitalised words (Priya Raman, Anouk de Vries), or a role naming one.
+_NAME = re.compile(
+    r"\b[A-Z][a-z]+ (?:(?:de|van|von|da|del) )?[A-Z][a-z]+\b|\b(?:commander|owner|approver|approved by|lead)\b:? [A-Z]",
+)
+_PORT = re.compile(r"\bports? \d{2,5}\b|:\d{2,5}\b|\bports? (?:is |are |of )?\d", re.I)
+_PLACE = re.compile(
+    r"[a-z0-9-]+\.(?:internal|com|net|io|org)\b|\b[a-z]+-?\d+[a-z0-9-]*\b|\b(?:rack|dc|region|office|floor|room|"
+    r"city|country|host|cluster|zone)\b|\b[A-Z][a-z]{2,}\b",
+)
+# What a question asks for, first match wins: (pattern, kind).
+_ASKS = (
+    (re.compile(r"\b(what|which) ports?\b", re.I), "port"),
+    (
+        re.compile(
+            r"\b(when|what (date|day|time|year|month)|which (date|day|year|month)|by what|since when|how long ago)\b",
+            re.I,
+        ),
+        "date",
+    ),
+    (
+        re.compile(
+            r"\b(how (many|much|long|big|large|often|fast|old)|what (version|number|percentage|share|"
+            r"rate|limit|cap|size|amount|price|cost|budget|count|threshold|ttl|timeout|latency))\b",
+            re.I,
+        ),
+        "number",
+    ),
+    (re.compile(r"\b(who|whom|whose)\b", re.I), "person"),
+    (
+        re.compile(
+            r"\b(where|(which|what) (host|hosts|server|region|city|country|rack))\b",
+            re.I,
+        ),
+        "place",
+    ),
+)
+
+
+def asked_kind(question: str) -> str:
+    """What the question asks for: port, date, number, person, place, or "" for anything else."""
+    for pattern, kind in _ASKS:
+        if pattern.search(question):
+            return kind
+    return ""
+
+
+def holds_kind(text: str, kind: str) -> bool:
+    """Whether a row's text holds a thing of that kind (crudely: a digit, a date word, a name, a host)."""
+    if kind == "date":
+        return bool(_DATE.search(text))
+    if kind == "number":
+        return bool(_NUMBER.search(text))
+    if kind == "port":
+        return bool(_PORT.search(text))
+    if kind == "person":
+        return bool(_NAME.search(text))
+    if kind == "place":
+        return bool(_PLACE.search(text))
+    return True
+
+
+def content_stems(text: str) -> set[str]:
+    """The text's content words as solos_rank's 5-letter stems, stop words dropped."""
+    return {w[:STEM_LENGTH] for w in _WORD.findall(text.lower()) if w not in STOP_WORDS}
+
+
+def identifiers(question: str) -> set[str]:
+    """The question's specifics, lower-cased: tokens with a digit (INC-2207, 8443, Q3, 2026-03-11), hyphenated or
+    dotted names (payments-api, pay-app-01), and capitalised words past the first (names, places)."""
+    found = set()
+    for i, match in enumerate(_TOKEN.finditer(question)):
+        token = match.group().rstrip(".:/")
+        if _DIGIT.search(token) or "-" in token or "." in token or (i > 0 and token[:1].isupper()):
+            if token.lower() not in STOP_WORDS:
+                found.add(token.lower())
+    return found
+
+
+def row_tokens(text: str) -> set[str]:
+    """Every token of a row (identifiers whole, and their parts), lower-cased, for identifier lookups."""
+    tokens = set()
+    for match in _TOKEN.finditer(text):
+        token = match.group().rstrip(".:/").lower()
+        tokens.add(token)
+        tokens.update(part for part in re.split(r"[.:/-]", token) if part)
+    return tokens
+
+
+def has_identifier(tokens: set[str], identifier: str) -> bool:
+    """An identifier is in a row when the row holds it whole, or every part of it (INC-2207 in "INC 2207")."""
+    if identifier in tokens:
+        return True
+    parts = [p for p in re.split(r"[.:/-]", identifier) if p]
+    return len(parts) > 1 and all(p in tokens for p in parts)
+
+
+def row_text(row: Mapping) -> str:
+    """What the judge reads of a row: its label (a long fact's topic; LoCoMo's turn date) and its text."""
+    topic = row.get("topic") or ""
+    return f"{topic}: {row.get('text') or ''}" if topic else str(row.get("text") or "")
+
+
+def probability(value: object) -> float:
+    """A row's relevance as a probability: anything else (missing, not a number) reads 0."""
+    try:
+        p = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return min(max(p, 0.0), 1.0) if math.isfinite(p) else 0.0
+
+
+def logit(p: float) -> float:
+    p = min(max(float(p), 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+def logistic(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+HYBRID_FEATURES = (
+    "relevance_logit",
+    "cosine",
+    "cosine_gap",
+    "missing_idf",
+    "missing_ids",
+    "missing_numbers",
+    "ids_nowhere",
+    "kind_missing",
+    "kind_held",
+    "coverage",
+    "top",
+)
+# Keyword mode (no embedder): the same but the cosine's.
+FEATURES = {"hybrid": HYBRID_FEATURES, "keyword": tuple(n for n in HYBRID_FEATURES if not n.startswith("cosine"))}
+
+
+def features(question: str, rows: Sequence[Mapping], mode: str) -> list[dict[str, float]]:
+    """Each row's features by name (FEATURES[mode] order), read against the other candidates."""
+    texts = [row_text(r) for r in rows]
+    stems = [content_stems(t) for t in texts]
+    tokens = [row_tokens(t) for t in texts]
+    wanted = content_stems(question)
+    ids = identifiers(question)
+    n = len(rows)
+    # IDF over the candidates (smoothed so a word none holds weighs most, one all hold little).
+    idf = {s: math.log((n + 1) / (sum(s in st for st in stems) + 0.5)) for s in wanted}
+    total_idf = sum(idf.values()) or 1.0
+    nowhere = sum(not any(has_identifier(t, i) for t in tokens) for i in ids) / len(ids) if ids else 0.0
+    kind = asked_kind(question)
+    cosines = [float(r.get("cosine") or 0.0) for r in rows]
+    best_cosine = max(cosines, default=0.0)
+    out = []
+    for rank, (row, st, tk, text) in enumerate(zip(rows, stems, tokens, texts)):
+        missing_ids = sum(not has_identifier(tk, i) for i in ids) / len(ids) if ids else 0.0
+        numbered = [i for i in ids if _DIGIT.search(i)]
+        held = holds_kind(text, kind) if kind else True
+        f = {
+            "relevance_logit": logit(row.get("relevance") or 0.0),
+            "cosine": cosines[rank],
+            "cosine_gap": cosines[rank] - best_cosine,
+            "missing_idf": sum(v for s, v in idf.items() if s not in st) / total_idf,
+            "missing_ids": missing_ids,
+            "missing_numbers": sum(not has_identifier(tk, i) for i in numbered) / len(numbered) if numbered else 0.0,
+            "ids_nowhere": nowhere,
+            "kind_missing": float(bool(kind) and not held),
+            "kind_held": float(bool(kind) and held),
+            "coverage": len(wanted & st) / max(len(wanted), 1),
+            "top": 1.0 / (rank + 1),
+        }
+        out.append({name: f[name] for name in FEATURES[mode]})
+    return out
+
+
+# ==== The judge ====
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judge's answer for one recall's rows: a probability per row (input order), who judged, and why not
+    the fitted judge when it did not run."""
+
+    probabilities: list[float]
+    name: str  # the receipt's `judge`: "features-hybrid@1a2b3c4d", "features-keyword@…", or "relevance"
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Model:
+    mode: str
+    names: tuple[str, ...]
+    weights: tuple[float, ...]  # bias first, then one per name
+    means: tuple[float, ...]
+    scales: tuple[float, ...]
+
+    def probabilities(self, question: str, rows: Sequence[Mapping]) -> list[float]:
+        found = []
+        for f in features(question, rows, self.mode):
+            z = self.weights[0]
+            for name, w, m, s in zip(self.names, self.weights[1:], self.means, self.scales):
+                z += w * (f[name] - m) / s
+            found.append(logistic(z))
+        return found
+
+
+@dataclass
+class Judge:
+    """The fitted models by mode (none when the file did not load: then `reason` says why)."""
+
+    models: dict[str, Model] = field(default_factory=dict)
+    sha256: str = ""
+    reason: str | None = None
+    floor: float | None = None  # the floor bench/judge_fit.py chose on the fitting data
+
+    def name(self, mode: str) -> str:
+        return f"features-{mode}@{self.sha256[:8]}" if mode in self.models else "relevance"
+
+    def judge(self, question: str, rows: Sequence[Mapping], mode: str) -> Verdict:
+        """P(row answers the question) for each row; the rows' own relevance, named `relevance`, when the
+        judge is not loaded or fails on these rows. Never raises."""
+        model = self.models.get(mode)
+        if model is not None:
+            try:
+                return Verdict(model.probabilities(question, rows), self.name(mode))
+            except Exception as error:  # a judge that fails must not fail the recall: keep relevance, say why
+                reason = f"judge failed: {type(error).__name__}: {error}"
+        else:
+            reason = self.reason or f"judge has no {mode} model"
+        return Verdict([probability(r.get("relevance")) for r in rows], "relevance", reason)
+
+
+def load(path: Path | str = JUDGE_PATH, sha256: str | None = JUDGE_SHA256) -> Judge:
+    """The judge in `path`, its sha256 checked against `sha256` (None: not checked). Never raises: a missing,
+    changed or malformed file gives a judge with no models and the reason."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        return Judge(reason=f"judge file unreadable: {path}: {error.strerror or error}")
+    digest = hashlib.sha256(raw).hexdigest()
+    if sha256 is not None and digest != sha256:
+        return Judge(reason=f"judge file {path.name} sha256 {digest[:12]}… is not the expected {sha256[:12]}…")
+    try:
+        doc = json.loads(raw)
+        if doc.get("format") != JUDGE_FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, expected {JUDGE_FORMAT}")
+        models = {}
+        for mode, m in doc["models"].items():
+            names = tuple(m["features"])
+            if mode not in MODES or names != FEATURES[mode]:
+                raise ValueError(f"{mode} features {list(names)} are not this code's {list(FEATURES.get(mode, ()))}")
+            model = Model(mode, names, *(tuple(float(x) for x in m[key]) for key in ("weights", "means", "scales")))
+            if not len(model.weights) == len(names) + 1 == len(model.means) + 1 == len(model.scales) + 1:
+                raise ValueError(f"{mode}: {len(names)} features, {len(model.weights)} weights")
+            if not all(math.isfinite(x) for x in model.weights + model.means) or min(model.scales) <= 0:
+                raise ValueError(f"{mode}: weights not finite or a scale not positive")
+            models[mode] = model
+        floor = doc.get("floor")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        return Judge(sha256=digest, reason=f"judge file {path.name} malformed: {error}")
+    return Judge(models, digest, None, float(floor) if isinstance(floor, (int, float)) else None)

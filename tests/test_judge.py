@@ -1,0 +1,114 @@
+"""The judge (solos_judge.py): its file is checked at load, a bad file degrades with a reason, its features
+behave and its output is a probability."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+import solos_judge
+
+SHIPPED = solos_judge.load()
+
+
+def row(text: str, relevance: float = 0.3, cosine: float = 0.5, topic: str = "") -> dict:
+    return {"text": text, "topic": topic, "agent": "atlas", "relevance": relevance, "cosine": cosine}
+
+
+def written(tmp_path, doc: dict) -> tuple[str, str]:
+    """A judge file holding `doc`, and its sha256."""
+    raw = json.dumps(doc).encode()
+    path = tmp_path / "judge.json"
+    path.write_bytes(raw)
+    return str(path), hashlib.sha256(raw).hexdigest()
+
+
+def test_the_shipped_file_loads_with_its_hash():
+    assert SHIPPED.reason is None
+    assert set(SHIPPED.models) == {"hybrid", "keyword"}
+    assert SHIPPED.sha256 == solos_judge.JUDGE_SHA256
+    assert SHIPPED.name("hybrid").startswith("features-hybrid@")
+
+
+def test_a_changed_file_is_refused_by_its_hash(tmp_path):
+    raw = solos_judge.JUDGE_PATH.read_bytes()
+    path = tmp_path / "judge.json"
+    path.write_bytes(raw.replace(b'"floor"', b' "floor"', 1))
+    judge = solos_judge.load(path)
+    assert not judge.models
+    assert "sha256" in judge.reason
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "unreadable"),
+        (b"{not json", "malformed"),
+        (b'{"format": 1, "models": {"hybrid": {"features": ["cosine"], "weights": [0, 1]}}}', "malformed"),
+        (b'{"format": 99, "models": {}}', "malformed"),
+        (b"\xff\xfe", "malformed"),
+    ],
+)
+def test_a_missing_or_corrupt_file_degrades_with_its_reason(tmp_path, content, expected):
+    path = tmp_path / "judge.json"
+    if content is not None:
+        path.write_bytes(content)
+    judge = solos_judge.load(path, sha256=None if content is None else hashlib.sha256(content).hexdigest())
+    assert expected in judge.reason
+    rows = [row("payments-api serves on port 8443.", relevance=0.2)]
+    verdict = judge.judge("What port does payments-api use?", rows, "hybrid")
+    assert verdict.name == "relevance"
+    assert verdict.probabilities == [0.2]
+    assert expected in verdict.reason
+
+
+def test_a_judge_that_fails_on_its_rows_keeps_relevance(tmp_path):
+    verdict = SHIPPED.judge("What port?", [{"text": "port 80", "relevance": 0.4}, {"relevance": "high"}], "hybrid")
+    assert verdict.name == "relevance" and verdict.probabilities == [0.4, 0.0]
+    assert verdict.reason.startswith("judge failed")
+
+
+def test_an_identifier_the_row_lacks_lowers_the_probability():
+    question = "Who was incident commander for INC-2290?"
+    answer = row("INC-2290 (2026-05-02): checkout slow for 20 minutes. Incident commander: Priya Raman.")
+    near = row("INC-2207 (2026-03-11): card payments double charged. Incident commander: Priya Raman.")
+    for mode in solos_judge.MODES:
+        p = SHIPPED.judge(question, [answer, near], mode).probabilities
+        assert p[0] > p[1], mode
+
+
+def test_a_when_question_prefers_a_row_with_a_date():
+    question = "When does the payments holiday code freeze start?"
+    dated = row("The payments holiday code freeze starts on 2026-12-15 and ends after new year.")
+    undated = row("The payments holiday code freeze starts after the last release train and ends after new year.")
+    for mode in solos_judge.MODES:
+        # each row judged alone, so neither is read against the other
+        with_date = SHIPPED.judge(question, [dated], mode).probabilities[0]
+        without = SHIPPED.judge(question, [undated], mode).probabilities[0]
+        assert with_date > without, mode
+
+
+def test_what_a_question_asks_for():
+    assert solos_judge.asked_kind("When did INC-2207 happen?") == "date"
+    assert solos_judge.asked_kind("What port does notify-api listen on?") == "port"
+    assert solos_judge.asked_kind("How many payments were double charged?") == "number"
+    assert solos_judge.asked_kind("Who commanded INC-2270?") == "person"
+    assert solos_judge.asked_kind("What does hx-www do?") == ""
+    assert solos_judge.identifiers("Who commanded INC-2270 in Q3?") == {"inc-2270", "q3"}
+
+
+@pytest.mark.parametrize("mode", solos_judge.MODES)
+def test_probabilities_stay_in_0_1(mode):
+    rows = [
+        row("", relevance=0.0, cosine=-1.0),
+        row("x " * 500, relevance=1.0, cosine=1.0),
+        row("INC-1 Q3 2026-01-01 port 1 Priya Raman", relevance=1e-12, topic="t"),
+        {"text": "no relevance, no cosine"},
+    ]
+    for question in ("", "When? Who? How many? INC-1", "What port does a-b listen on?"):
+        verdict = SHIPPED.judge(question, rows, mode)
+        assert len(verdict.probabilities) == len(rows)
+        assert all(0.0 <= p <= 1.0 for p in verdict.probabilities)
+    assert SHIPPED.judge("anything", [], mode).probabilities == []
