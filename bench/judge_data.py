@@ -120,9 +120,8 @@ def fleet_records(modes: list[str]) -> Iterator[dict]:
         print(f"  fleet {mode}: {len(questions)} questions asked", file=sys.stderr)
 
 
-def locomo_records(modes: list[str], foreign_per_conversation: int) -> Iterator[dict]:
+def locomo_records(modes: list[str], foreign_per_conversation: int, conversations: list) -> Iterator[dict]:
     """Each conversation's service asked its own questions and a seeded sample of the others'."""
-    conversations = load_conversations(DEFAULT_DATA)
     pick = random.Random(SEED)
     foreign: list[list[tuple[int, int]]] = []
     for ci in range(len(conversations)):
@@ -200,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--foreign-per-conversation", type=int, default=200, help="foreign LoCoMo questions per conversation (200)"
     )
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"LoCoMo's file (default: {DEFAULT_DATA})")
     parser.add_argument("--out", type=Path, default=CACHE, help=f"where the JSONL goes (default: {CACHE})")
     args = parser.parse_args(argv)
     if args.out.exists() and not args.refresh:
@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     modes = [m for m in args.modes.split(",") if m]
     started = time.monotonic()
-    records = [*fleet_records(modes), *locomo_records(modes, args.foreign_per_conversation)]
+    conversations = load_conversations(args.data)  # before the fleet's half: a missing file stops at once
+    records = [*fleet_records(modes), *locomo_records(modes, args.foreign_per_conversation, conversations)]
     add_cosines(records)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     partial = args.out.with_suffix(".part")

@@ -22,6 +22,7 @@ LOCOMO_BENCHES = {
     "relevance_fit.py": [],
     "write_recall_ab.py": ["--base", "."],
     "store_compare.py": [],
+    "judge_data.py": ["--refresh"],
 }
 
 
