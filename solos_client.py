@@ -244,14 +244,18 @@ class Client:
         scope: str = "shared",
         tiers: list[str] | None = None,
         min_relevance: float | None = None,
+        tags: list[str] | None = None,
         timeout: float | None = None,
     ) -> dict:
         """Recall rows for q; each row says who wrote it and whether it is foreign to the caller.
 
-        min_relevance: leave out rows less likely to be relevant (None: the service's default floor)."""
+        min_relevance: leave out rows less likely to be relevant (None: the service's default floor);
+        tags: only rows carrying any of them."""
         query: dict[str, Any] = {"agent": self.agent_for(agent), "q": q, "k": k, "scope": scope}
         if tiers:
             query["tiers"] = ",".join(tiers)
+        if tags:
+            query["tags"] = ",".join(tags)
         if min_relevance is not None:
             query["min_relevance"] = min_relevance
         return self.call("recall", query=query, timeout=timeout or self.recall_timeout, idempotent=True)
@@ -884,6 +888,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     recall.add_argument(
         "--tiers", type=split_list, default=None, help="comma list, e.g. long,short (default: long,short)"
     )
+    recall.add_argument("--tags", type=split_list, default=None, help="only rows carrying any (default: all)")
+    recall.add_argument(
+        "--min-relevance",
+        type=float,
+        default=None,
+        help=f"leave out rows less likely to answer, 0-1; the turn helpers use {TURN_MIN_RELEVANCE} "
+        "(default: the service's)",
+    )
 
     remember = commands.add_parser("remember", help="write a long-term fact")
     remember.add_argument("fact", help="the fact, one statement")
@@ -957,7 +969,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         if args.command == "recall":
-            result = client.recall(" ".join(args.q), k=args.k, scope=args.scope, tiers=args.tiers, timeout=args.timeout)
+            result = client.recall(
+                " ".join(args.q),
+                k=args.k,
+                scope=args.scope,
+                tiers=args.tiers,
+                tags=args.tags,
+                min_relevance=args.min_relevance,
+                timeout=args.timeout,
+            )
         elif args.command == "remember":
             result = client.remember(
                 args.fact,

@@ -724,3 +724,16 @@ def test_install_hermes_checks_the_home_names_the_agent_and_warns_when_unknown(s
     created = install(tmp_path / "fresh", "--create")
     assert created.returncode == 0 and (tmp_path / "fresh" / "plugins" / "solos").is_dir()
     assert json.loads(created.stdout)["agent"] == "custom"  # Hermes's own name for a home outside ~/.hermes
+
+
+def test_command_recall_passes_tags_and_the_relevance_floor(server):
+    server.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": FACT, "tags": ["ops", "backup"]})
+    server.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": "The backup disk is in rack 4", "tags": ["hw"]})
+    tagged = client_command("--agent", "sol", "recall", "--tags", "hw", "backup", url=server.url)
+    assert tagged.returncode == 0, tagged.stderr
+    assert [row["tags"] for row in json.loads(tagged.stdout)["results"]] == [["hw"]]
+    strict = client_command("--agent", "sol", "recall", "--min-relevance", "1", "backup", url=server.url)
+    assert strict.returncode == 0, strict.stderr
+    assert json.loads(strict.stdout)["results"] == []
+    wrong = client_command("--agent", "sol", "recall", "--min-relevance", "2", "backup", url=server.url)
+    assert (wrong.returncode, json.loads(wrong.stderr)["error"]["field"]) == (3, "min_relevance")
