@@ -654,6 +654,13 @@ BEGIN
     FROM memory_delivery WHERE tier = new.tier AND row_id = new.row_id AND reader <> new.agent
         AND delivered_at >= new.valid_from AND delivered_at <= new.valid_to;
 END;
+-- One open notice per (agent, row): a newer one replaces the agent's open ones for the row (issue 31: 2,000
+-- rewrites of a key an agent had read left 2,000). The newest says what the row's state is; its event is new.
+CREATE TRIGGER IF NOT EXISTS memory_notice_coalesce_ai AFTER INSERT ON memory_notice WHEN new.acked_at IS NULL
+BEGIN
+    DELETE FROM memory_notice WHERE agent = new.agent AND tier = new.tier AND row_id = new.row_id
+        AND acked_at IS NULL AND id < new.id;
+END;
 -- Each notice is an event for its agent alone (solos_events shows it whatever the stream's filter).
 CREATE TRIGGER IF NOT EXISTS memory_notice_event_ai AFTER INSERT ON memory_notice BEGIN
     INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('notice', 'notice', new.id, new.agent);
