@@ -54,10 +54,17 @@ FLUSH_S = 0.1  # the thread's pause between looks (retries, and rows the fleet r
 PURGE_BATCH = 5_000
 # Near-duplicate facts: the same content key (case and spacing folded), or the same numbers and negation and a
 # word overlap (Jaccard of stems) of at least TOKEN_JACCARD. On tests/data/near_duplicates.jsonl (97 pairs, chosen
-# on the same sample: optimistic) precision 1.000, recall 0.905; at 0.6 precision fell to 0.732: one swapped
-# subject in a short fact ("Alice owns ..." / "Bob owns ...") still overlaps 0.6 (bench/near_duplicates.py).
+# on the same sample: optimistic) precision 1.000, recall 0.905 (held out: see TEXT_VECTORS); at 0.6 precision
+# fell to 0.732: one swapped subject in a short fact ("Alice owns ..." / "Bob owns ...") still overlaps 0.6
+# (bench/near_duplicates.py).
 TOKEN_JACCARD = 0.8
 COSINE = 0.9
+# Stored vectors embed "<agent> (<topic>): <text>", so the writer's name decided the cosine (issue 31, item 8: one
+# text by two writers 0.81-0.92, "Sol prefers ..." by atlas and "Atlas prefers ..." by sol 0.983): witnesses
+# compare the facts' text by the text rule in every mode, stored vectors never. On 40
+# held-out pairs written for issue 31 (tests/data/near_duplicates_heldout.jsonl) the text rule measured precision
+# 1.000 (14 of 14), recall 0.700: it misses paraphrases that change words, such as passive voice.
+TEXT_VECTORS = False
 NEAR_KEY_WORDS = 3  # a fact's longest words a candidate must share (an FTS5 AND query: cheap, selective)
 NEAR_CANDIDATES = 20  # the first that match, unranked: ranking them doubled the query's cost (0.25 -> 0.11 ms)
 KEPT_CLUSTERS = 4096  # long results whose near-duplicate clusters are kept between recalls (ids and times, no text)
@@ -350,7 +357,7 @@ def corroborate(memory: Any, results: list[dict]) -> dict | None:
     longs = [r for r in results if r["tier"] == "long"]
     if not longs:
         return None
-    vectors = memory.embedder is not None
+    vectors = memory.embedder is not None and TEXT_VECTORS  # the text rule in every mode (TEXT_VECTORS)
     pending = memory.deliveries.pending()  # before the read: a batch committing in between is in one or the other
 
     def work(conn: Any) -> None:
@@ -380,7 +387,7 @@ def near_cluster(conn: Any, result: dict, vectors: bool) -> Cluster:
     cluster: Cluster = {result["id"]: (result["agent"], "", "")}
     for c in candidates:
         if c["agent"] != result["agent"] and c["id"] != result["id"]:
-            how = near_duplicate(result["text"], c["fact"], own, c["embedding"], vectors)
+            how = near_duplicate(result["text"], c["fact"], own, c["embedding"], vectors and TEXT_VECTORS)
             if how:
                 cluster[c["id"]] = (c["agent"], c["created_at"], how)
     return cluster

@@ -3,17 +3,21 @@ purged and surfaced by the A2A turn helper. Store tests run on both stores (stor
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from typing import Any
 
 import pytest
-from conftest import fleet_writer, start_server, stop_server
+from conftest import ROOT, fleet_writer, start_server, stop_server
 
 import solos_client
 import solos_provenance
 import solos_status
 import solos_store
+
+sys.path.insert(0, str(ROOT / "bench"))
+import near_duplicates  # noqa: E402
 
 
 def marker() -> str:
@@ -149,3 +153,35 @@ def test_turn_context_surfaces_open_notices_once_and_acknowledges_them(server):
     assert context.startswith("Facts you relied on were retracted") and f"long row {row} by atlas" in context
     assert ok(server.get("/v1/notices", agent="sol"))["notices"] == []  # acknowledged
     assert "retracted" not in solos_client.turn_context(sol, "anything about doors?")
+
+
+# ==== 8. Witnesses compare the facts' text, never vectors that embed the writer's name ====
+
+
+def test_witnesses_in_hybrid_mode_follow_the_text_not_vectors_holding_the_writers_name(monkeypatch):
+    import numpy as np
+
+    def vector(*values: float) -> bytes:
+        unit = np.array(values, dtype="<f4")
+        return (unit / np.linalg.norm(unit)).astype("<f4").tobytes()
+
+    mine = {"id": 1, "agent": "atlas", "text": "Sol prefers short answers without emoji"}
+    candidates = [  # the cosines of stored vectors the issue measured: the writer's name decides them
+        {"id": 1, "agent": "atlas", "fact": mine["text"], "created_at": "t1", "embedding": vector(1, 0)},
+        {"id": 2, "agent": "sol", "fact": "Atlas prefers short answers without emoji", "created_at": "t2",
+         "embedding": vector(0.983, (1 - 0.983**2) ** 0.5)},
+        {"id": 3, "agent": "nova", "fact": "Sol prefers short answers without emoji.", "created_at": "t3",
+         "embedding": vector(0.85, (1 - 0.85**2) ** 0.5)},
+    ]  # fmt: skip
+    monkeypatch.setattr(solos_store, "near_candidates", lambda conn, match, limit: candidates)
+    cluster = solos_provenance.near_cluster(None, mine, vectors=True)
+    assert {row_id: how for row_id, (_, _, how) in cluster.items() if how} == {3: "token_overlap"}  # not 2
+    assert "cosine" not in solos_provenance.rule_ran(vectors=False)
+
+
+def test_the_near_duplicate_rule_measured_on_held_out_pairs_keeps_its_precision():
+    """Pairs written for issue 31, never used to choose TOKEN_JACCARD: precision 1.000, recall 0.700 (it misses
+    paraphrases that change words)."""
+    pairs = near_duplicates.load(ROOT / "tests" / "data" / "near_duplicates_heldout.jsonl")
+    held = near_duplicates.measure(pairs, solos_provenance.TOKEN_JACCARD)
+    assert len(pairs) == 40 and held["precision"] == 1.0 and held["recall"] >= 0.7, held
