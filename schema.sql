@@ -534,8 +534,8 @@ CREATE TABLE IF NOT EXISTS memory_activity (
 
 -- ==== Provenance: who was shown what, versions, retraction notices (solos_provenance.py) ====
 
--- Every row recall, read_events or a stream handed to an agent: reader, row, its writer, when. No text.
--- Written in batches by one background thread (solos_provenance.DeliveryLog); kept 90 days (the daily purge).
+-- The rows recall, read_events or a stream handed to an agent: reader, row, its writer, when. No text. One row
+-- per (reader, row, version) an hour, written before the answer (solos_provenance.DeliveryLog); kept 90 days.
 CREATE TABLE IF NOT EXISTS memory_delivery (
     id            INTEGER PRIMARY KEY,
     reader        TEXT NOT NULL,

@@ -4,9 +4,9 @@ Attribution says who wrote a row; this module records who was shown it, so
 the service can tell agreement from echo and tell readers when what they
 relied on is gone.
 
-- The delivery log: every row recall, read_events or a stream hands an agent
-  (reader, row, writer, time; never text), written in batches by one thread
-  off the request path (`DeliveryLog`), kept RETENTION_S (the daily purge).
+- The delivery log: the rows recall, read_events or a stream hands an agent
+  (reader, row, writer, time; never text), once per (reader, row, version)
+  per WINDOW_S, written before the answer (`DeliveryLog`), kept RETENTION_S.
   Its author sees who read their rows, the operator everything (`read_deliveries`).
 - Corroboration: each long result names the other agents holding the same or
   a near-duplicate fact (`witnesses`), `independent` or `echo` by the log.
