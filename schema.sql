@@ -534,8 +534,8 @@ CREATE TABLE IF NOT EXISTS memory_activity (
 
 -- ==== Provenance: who was shown what, versions, retraction notices (solos_provenance.py) ====
 
--- Every row recall, read_events or a stream handed to an agent: reader, row, its writer, when. No text.
--- Written in batches by one background thread (solos_provenance.DeliveryLog); kept 90 days (the daily purge).
+-- The rows recall, read_events or a stream handed to an agent: reader, row, its writer, when. No text. One row
+-- per (reader, row, version) an hour, written before the answer (solos_provenance.DeliveryLog); kept 90 days.
 CREATE TABLE IF NOT EXISTS memory_delivery (
     id            INTEGER PRIMARY KEY,
     reader        TEXT NOT NULL,
@@ -685,6 +685,13 @@ BEGIN
     SELECT DISTINCT reader, new.tier, new.row_id, new.agent, 'superseded', new.row_id, new.id, new.valid_to
     FROM memory_delivery WHERE tier = new.tier AND row_id = new.row_id AND reader <> new.agent
         AND delivered_at >= new.valid_from AND delivered_at <= new.valid_to;
+END;
+-- One open notice per (agent, row): a newer one replaces the agent's open ones for the row (issue 31: 2,000
+-- rewrites of a key an agent had read left 2,000). The newest says what the row's state is; its event is new.
+CREATE TRIGGER IF NOT EXISTS memory_notice_coalesce_ai AFTER INSERT ON memory_notice WHEN new.acked_at IS NULL
+BEGIN
+    DELETE FROM memory_notice WHERE agent = new.agent AND tier = new.tier AND row_id = new.row_id
+        AND acked_at IS NULL AND id < new.id;
 END;
 -- Each notice is an event for its agent alone (solos_events shows it whatever the stream's filter).
 CREATE TRIGGER IF NOT EXISTS memory_notice_event_ai AFTER INSERT ON memory_notice BEGIN

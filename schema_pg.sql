@@ -564,6 +564,16 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- One open notice per (agent, row): a newer one replaces the agent's open ones for the row (schema.sql).
+CREATE OR REPLACE FUNCTION solos_notice_coalesce() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF new.acked_at IS NULL THEN
+        DELETE FROM memory_notice WHERE agent = new.agent AND tier = new.tier AND row_id = new.row_id
+            AND acked_at IS NULL AND id < new.id;
+    END IF;
+    RETURN NULL;
+END $$;
+
 -- Triggers: created once (PostgreSQL 15 has no CREATE TRIGGER IF NOT EXISTS); their functions above are
 -- replaced at every start, so a changed function needs no new trigger.
 DO $$
@@ -583,7 +593,8 @@ DECLARE
          'solos_durable_changed'],
         ['memory_vector_changed', 'memory_vector', 'AFTER INSERT OR UPDATE OR DELETE', 'STATEMENT',
          'solos_vector_changed'],
-        ['memory_notice_logged', 'memory_notice', 'AFTER INSERT', 'ROW', 'solos_notice_logged']
+        ['memory_notice_logged', 'memory_notice', 'AFTER INSERT', 'ROW', 'solos_notice_logged'],
+        ['memory_notice_coalesce', 'memory_notice', 'AFTER INSERT', 'ROW', 'solos_notice_coalesce']
     ];
     one text[];
 BEGIN

@@ -679,10 +679,14 @@ def turn_context(
     agent: str | None = None,
     k: int = A2A_RECALL_K,
     min_relevance: float = TURN_MIN_RELEVANCE,
+    notices: bool = True,
 ) -> str:
-    """Turn start: the top-k shared rows at or above the relevance floor for the incoming message, formatted for
-    the prompt ("" if none: nothing relevant is an honest empty context)."""
-    return format_recall(client.recall(message, agent=agent, k=k, scope="shared", min_relevance=min_relevance))
+    """Turn start: the agent's open retraction notices (retraction_context: shown once, then acknowledged), then
+    the top-k shared rows at or above the relevance floor for the incoming message, formatted for the prompt
+    ("" if neither: nothing relevant is an honest empty context). notices=False leaves the notices open."""
+    retracted = retraction_context(client, agent=agent) if notices else ""
+    recalled = format_recall(client.recall(message, agent=agent, k=k, scope="shared", min_relevance=min_relevance))
+    return "\n\n".join(part for part in (retracted, recalled) if part)
 
 
 def record_turn(client: Client, message: str, reply: str, *, turn_id: str, **fields: Any) -> dict:

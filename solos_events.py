@@ -620,7 +620,14 @@ class EventHub:
     def logged(self, caller: str, events: Iterable[dict]) -> None:
         """Rows handed out go to the delivery log (provenance), as recall's do."""
         if self.deliveries is not None:
-            self.deliveries.record(caller, [(e["tier"], e["row_id"], e["agent"]) for e in events if e["row"]])
+            self.deliveries.record(
+                caller,
+                [
+                    (e["tier"], e["row_id"], e["agent"], e["row"].get("label"), e["row"].get("text"))
+                    for e in events
+                    if e["row"]
+                ],
+            )
 
     def read(self, pattern: Pattern, since: int, limit: int) -> dict:
         """read_events: the matching events after `since`, the id to continue from, and any gap."""

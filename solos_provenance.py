@@ -4,9 +4,9 @@ Attribution says who wrote a row; this module records who was shown it, so
 the service can tell agreement from echo and tell readers when what they
 relied on is gone.
 
-- The delivery log: every row recall, read_events or a stream hands an agent
-  (reader, row, writer, time; never text), written in batches by one thread
-  off the request path (`DeliveryLog`), kept RETENTION_S (the daily purge).
+- The delivery log: the rows recall, read_events or a stream hands an agent
+  (reader, row, writer, time; never text), once per (reader, row, version)
+  per WINDOW_S, written before the answer (`DeliveryLog`), kept RETENTION_S.
   Its author sees who read their rows, the operator everything (`read_deliveries`).
 - Corroboration: each long result names the other agents holding the same or
   a near-duplicate fact (`witnesses`), `independent` or `echo` by the log.
@@ -49,15 +49,26 @@ log = logging.getLogger("solos_provenance")
 
 RETENTION_S = 90 * 86_400  # deliveries, acknowledged notices, replaced versions and forgotten spans
 LOGGED_TIERS = ("short", "long", "episodic")  # a persona is its own agent's: never a delivery
-BUFFER_ROWS = 20_000  # deliveries waiting for the writer (~2 MB); past it a request writes its own (nothing lost)
-FLUSH_S = 0.1  # the writer's pause between batches
+WINDOW_S = 3600  # one delivery row per (reader, row, version) per clock hour: a reader paging rows adds no more
+KEPT_DELIVERIES = 200_000  # (reader, row, version) keys remembered as logged this window (~40 MB at most)
+CHUNK_ROWS = 500  # deliveries per write transaction: other writers wait behind at most this many inserts
+BUFFER_ROWS = 20_000  # deliveries a failed write left for the thread to retry (~2 MB); past it the newest are dropped
+WAIT_S = 10.0  # the most a request waits for another request's write of the same delivery (a busy timeout's worth)
+FLUSH_S = 0.1  # the thread's pause between looks (retries, and rows the fleet replaced)
 PURGE_BATCH = 5_000
 # Near-duplicate facts: the same content key (case and spacing folded), or the same numbers and negation and a
 # word overlap (Jaccard of stems) of at least TOKEN_JACCARD. On tests/data/near_duplicates.jsonl (97 pairs, chosen
-# on the same sample: optimistic) precision 1.000, recall 0.905; at 0.6 precision fell to 0.732: one swapped
-# subject in a short fact ("Alice owns ..." / "Bob owns ...") still overlaps 0.6 (bench/near_duplicates.py).
+# on the same sample: optimistic) precision 1.000, recall 0.905 (held out: see TEXT_VECTORS); at 0.6 precision
+# fell to 0.732: one swapped subject in a short fact ("Alice owns ..." / "Bob owns ...") still overlaps 0.6
+# (bench/near_duplicates.py).
 TOKEN_JACCARD = 0.8
 COSINE = 0.9
+# Stored vectors embed "<agent> (<topic>): <text>", so the writer's name decided the cosine (issue 31, item 8: one
+# text by two writers 0.81-0.92, "Sol prefers ..." by atlas and "Atlas prefers ..." by sol 0.983): witnesses
+# compare the facts' text by the text rule in every mode, stored vectors never. On 40
+# held-out pairs written for issue 31 (tests/data/near_duplicates_heldout.jsonl) the text rule measured precision
+# 1.000 (14 of 14), recall 0.700: it misses paraphrases that change words, such as passive voice.
+TEXT_VECTORS = False
 NEAR_KEY_WORDS = 3  # a fact's longest words a candidate must share (an FTS5 AND query: cheap, selective)
 NEAR_CANDIDATES = 20  # the first that match, unranked: ranking them doubled the query's cost (0.25 -> 0.11 ms)
 KEPT_CLUSTERS = 4096  # long results whose near-duplicate clusters are kept between recalls (ids and times, no text)
@@ -75,41 +86,112 @@ TIMESTAMP = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,3})?Z$"
 
 
 class DeliveryLog:
-    """Deliveries buffered in memory and written in batches by one thread, so a recall never waits for a write.
+    """Deliveries written before the answer, once per (reader, row, version) per WINDOW_S (issue 31, items 6-7).
 
-    The buffer holds BUFFER_ROWS. When it is full (the writer is behind: a
-    long lock held by the fleet, a slow disk) the request writes its own rows
-    in a short transaction of its own: slower, never lost, because echo and
-    notices are only as exact as the log. A failed batch stays in flight and
-    is retried; `pending` lets corroboration count what is not written yet.
+    A reader handed the same version of a row again within the window adds
+    no row: what the log is for (echo needs the first delivery, a notice
+    needs one delivery of each version, as-of a reader's versions) is all
+    there, and paging the same rows no longer grows it (one reader paging
+    1,000 rows adds at most 1,000 rows an hour, not thousands a second). Which
+    keys were logged is kept in memory (KEPT_DELIVERIES, oldest forgotten
+    first: forgetting one only logs it again); a version is the row's label
+    and text, and a row the fleet replaced (a new `update` version, read by
+    the thread each FLUSH_S) is forgotten at once, so its next version is
+    logged even if its text returned to an earlier one.
+
+    The new rows are written in the request, before its answer, in
+    transactions of at most CHUNK_ROWS, so a crash after a 200 loses none
+    (the old batch thread lost up to 0.1 s of them, and their notices). Only
+    when that write fails (a busy or broken database) does the answer go out
+    with them buffered for the thread to retry: counted in `deferred`, and
+    lost if the process dies before the retry succeeds.
     """
 
     def __init__(self, store: Any, capacity: int = BUFFER_ROWS, flush_s: float = FLUSH_S):
         self.store, self.capacity, self.flush_s = store, capacity, flush_s
-        self.lock = threading.Lock()  # the buffer and in_flight
+        self.lock = threading.Lock()  # the buffer, in_flight, the kept keys and the counters
         self.write_lock = threading.Lock()  # one batch at a time: flush() waits for the thread's batch
         self.buffer: list[tuple[str, str, int, str, str]] = []
         self.in_flight: list[tuple[str, str, int, str, str]] = []
-        self.counters = {"logged": 0, "written_by_requests": 0, "failed_batches": 0}
+        self.logged_keys: collections.OrderedDict[tuple, int] = collections.OrderedDict()  # key -> its window
+        self.writing: dict[tuple, threading.Event] = {}  # keys a request is writing now -> set when it is done
+        self.versions_seen: int | None = None  # the newest memory_version id read (None: not yet)
+        self.counters = {"logged": 0, "repeats_skipped": 0, "deferred": 0, "dropped": 0, "failed_batches": 0}
+        self.per_minute: collections.deque[list[int]] = collections.deque(maxlen=60)  # [minute, rows logged]
         self.last_error: str | None = None
         self.wake = threading.Event()
         self.stopped = False
+        self.forget_replaced()  # where the versions stand at start: every later update counts
         self.thread = threading.Thread(target=self.run, name="delivery-log", daemon=True)
         self.thread.start()
 
-    def record(self, reader: str, rows: Iterable[tuple[str, int, str]]) -> None:
-        """Log that reader was handed these (tier, row_id, writer) rows, now."""
-        stamp = solos_store.utc_now()
-        entries = [(reader, tier, row_id, writer, stamp) for tier, row_id, writer in rows if tier in LOGGED_TIERS]
+    def record(self, reader: str, rows: Iterable[tuple]) -> None:
+        """Log that reader was handed these (tier, row_id, writer[, version]) rows, now, before the answer.
+
+        A key another request is writing now is waited for, not written twice: 4 threads paging the same rows
+        wrote each row 4 times, and answering before that write commits would hand it over unlogged.
+        """
+        stamp, window = solos_store.utc_now(), int(time.time() // WINDOW_S)
+        entries: list[tuple[str, str, int, str, str]] = []
+        keys: dict[tuple, None] = {}
+        others: set[threading.Event] = set()
+        mine = threading.Event()
+        with self.lock:
+            for tier, row_id, writer, *version in rows:
+                if tier not in LOGGED_TIERS:
+                    continue
+                key = (reader, tier, row_id, hashlib.blake2b(repr(version).encode(), digest_size=8).digest())
+                if self.logged_keys.get(key) == window or key in keys:
+                    self.counters["repeats_skipped"] += 1
+                    if key in self.writing:
+                        others.add(self.writing[key])
+                    continue
+                entries.append((reader, tier, row_id, writer, stamp))
+                keys[key] = None
+                self.writing[key] = mine
+                self.logged_keys[key] = window
+                self.logged_keys.move_to_end(key)
+            while len(self.logged_keys) > KEPT_DELIVERIES:
+                self.logged_keys.popitem(last=False)
+        try:
+            self.write_now(entries)
+        finally:
+            with self.lock:
+                for key in keys:
+                    self.writing.pop(key, None)
+            mine.set()
+        for other in others:
+            other.wait(WAIT_S)
+
+    def write_now(self, entries: list[tuple[str, str, int, str, str]]) -> None:
+        """In transactions of CHUNK_ROWS; what a busy or broken database refuses is left for the thread."""
+        start = 0
+        try:
+            for start in range(0, len(entries), CHUNK_ROWS):
+                self.store.write(solos_store.query("record_deliveries", rows=entries[start : start + CHUNK_ROWS]))
+                self.logged(len(entries[start : start + CHUNK_ROWS]))
+        except solos_store.ServiceError as error:  # the answer still goes; the thread retries
+            self.defer(entries[start:], error)
+
+    def logged(self, count: int) -> None:
+        minute = int(time.time() // 60)
+        with self.lock:
+            self.counters["logged"] += count
+            if self.per_minute and self.per_minute[-1][0] == minute:
+                self.per_minute[-1][1] += count
+            else:
+                self.per_minute.append([minute, count])
+
+    def defer(self, entries: list, error: Exception) -> None:
+        """A failed write before the answer: the thread retries; past `capacity` waiting, the newest are dropped."""
+        self.last_error = f"{type(error).__name__}: {error}"
+        log.warning("delivery log: %d deliveries not written before the answer, retrying: %s", len(entries), error)
         with self.lock:
             room = max(0, self.capacity - len(self.buffer))
             self.buffer.extend(entries[:room])
-            overflow = entries[room:]
-        if overflow:
-            self.store.write(solos_store.query("record_deliveries", rows=overflow))
-            with self.lock:
-                self.counters["written_by_requests"] += len(overflow)
-                self.counters["logged"] += len(overflow)
+            self.counters["deferred"] += min(room, len(entries))
+            self.counters["dropped"] += max(0, len(entries) - room)
+        self.wake.set()
 
     def pending(self) -> list[tuple[str, str, int, str, str]]:
         """Deliveries not yet committed (take this before reading the log: a batch may commit in between)."""
@@ -117,25 +199,38 @@ class DeliveryLog:
             return self.buffer + self.in_flight
 
     def flush(self) -> int:
-        """Write everything buffered now (a forget calls this first, so its notices see every delivery)."""
+        """Write what a failed request left buffered now (a forget calls this first, so its notices see them)."""
+        written = 0
         with self.write_lock:
-            with self.lock:
-                if not self.in_flight:
-                    self.in_flight, self.buffer = self.buffer, []
-                batch = self.in_flight
-            if not batch:
-                return 0
-            self.store.write(solos_store.query("record_deliveries", rows=batch))
-            with self.lock:
-                self.in_flight = []
-                self.counters["logged"] += len(batch)
-            return len(batch)
+            while True:
+                with self.lock:
+                    if not self.in_flight:
+                        self.in_flight, self.buffer = self.buffer[:CHUNK_ROWS], self.buffer[CHUNK_ROWS:]
+                    batch = self.in_flight
+                if not batch:
+                    return written
+                self.store.write(solos_store.query("record_deliveries", rows=batch))
+                with self.lock:
+                    self.in_flight = []
+                self.logged(len(batch))
+                written += len(batch)
+
+    def forget_replaced(self) -> None:
+        """Rows the fleet replaced since the last look: their next delivery is logged whatever its text."""
+        newest, replaced = self.store.read(solos_store.query("replaced_since", after=self.versions_seen))
+        with self.lock:
+            if self.versions_seen is not None and replaced:
+                gone = set(replaced)
+                for key in [k for k in self.logged_keys if (k[1], k[2]) in gone]:
+                    del self.logged_keys[key]
+            self.versions_seen = newest
 
     def run(self) -> None:
         while not self.stopped:
             self.wake.wait(self.flush_s)
             self.wake.clear()
             try:
+                self.forget_replaced()
                 self.flush()
                 self.last_error = None
             except Exception as error:  # busy or broken database: the batch stays in flight for the next round
@@ -146,8 +241,23 @@ class DeliveryLog:
                 time.sleep(1)
 
     def stats(self) -> dict:
+        """The counters, rows logged in the last minute and hour, and the log's size in the database."""
+        minute = int(time.time() // 60)
         with self.lock:
-            return {**self.counters, "buffered": len(self.buffer) + len(self.in_flight), "last_error": self.last_error}
+            recent = {
+                "logged_last_minute": sum(n for m, n in self.per_minute if m >= minute - 1),
+                "logged_last_hour": sum(n for m, n in self.per_minute if m > minute - 60),
+            }
+            counters = {**self.counters, "buffered": len(self.buffer) + len(self.in_flight)}
+        size = self.store.read(solos_store.query("delivery_log_size"))
+        return {
+            **counters,
+            **recent,
+            **size,
+            "window_s": WINDOW_S,
+            "retention_days": RETENTION_S // 86_400,
+            "last_error": self.last_error,
+        }
 
     def close(self) -> None:
         """Stop the thread and write what is left."""
@@ -240,7 +350,9 @@ def rule_ran(vectors: bool) -> str:
 def witnessed(memory: Any, reader: str, results: list[dict], collapsed: list[dict]) -> dict | None:
     """Recall's hook (present): corroborate the long results, then log every row handed over as delivered."""
     answer = corroborate(memory, results)
-    memory.deliveries.record(reader, [(r["tier"], r["id"], r["agent"]) for r in results + collapsed])
+    memory.deliveries.record(
+        reader, [(r["tier"], r["id"], r["agent"], r.get("label"), r.get("text")) for r in results + collapsed]
+    )
     return answer
 
 
@@ -254,7 +366,7 @@ def corroborate(memory: Any, results: list[dict]) -> dict | None:
     longs = [r for r in results if r["tier"] == "long"]
     if not longs:
         return None
-    vectors = memory.embedder is not None
+    vectors = memory.embedder is not None and TEXT_VECTORS  # the text rule in every mode (TEXT_VECTORS)
     pending = memory.deliveries.pending()  # before the read: a batch committing in between is in one or the other
 
     def work(conn: Any) -> None:
@@ -284,7 +396,7 @@ def near_cluster(conn: Any, result: dict, vectors: bool) -> Cluster:
     cluster: Cluster = {result["id"]: (result["agent"], "", "")}
     for c in candidates:
         if c["agent"] != result["agent"] and c["id"] != result["id"]:
-            how = near_duplicate(result["text"], c["fact"], own, c["embedding"], vectors)
+            how = near_duplicate(result["text"], c["fact"], own, c["embedding"], vectors and TEXT_VECTORS)
             if how:
                 cluster[c["id"]] = (c["agent"], c["created_at"], how)
     return cluster

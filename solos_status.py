@@ -414,9 +414,22 @@ def facts(health: dict, stats: dict) -> str:
         ("busy: too many connections (503)", rejections.get("too_many_connections", 0)),
         # Refused connections are turned away before a request is read, so they are not among the answered.
         ("503 in all", int(stats.get("answered_503", 0)) + int(rejections.get("too_many_connections", 0))),
+        *delivery_facts(stats.get("delivery_log") or {}),
     ]
     rows = "".join(f'<tr><th scope="row">{escape(name)}</th>{cell(value, True)}</tr>' for name, value in items)
     return f'<h2>Service</h2><div class="scroll"><table id="service"><tbody>{rows}</tbody></table></div>'
+
+
+def delivery_facts(log: dict) -> list[tuple[str, Any]]:
+    """The delivery log's size and rate (issue 31): rows kept, rows added in the last hour, repeats not logged."""
+    if "rows" not in log:
+        return []
+    return [
+        ("delivery log rows", log["rows"]),
+        ("delivery log rows added, last hour", log.get("logged_last_hour", 0)),
+        ("deliveries not logged again (same window)", log.get("repeats_skipped", 0)),
+        ("open retraction notices", log.get("open_notices", 0)),
+    ]
 
 
 def table(table_id: str, head: list[str], rows: list[list[Any]], empty: str, free_text: tuple[int, ...] = ()) -> str:

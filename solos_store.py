@@ -24,7 +24,8 @@ second backend implements the same):
                     prune_step, sharing_agents
     meta and ids    meta_value, set_meta, table_exists, row_id_marks, mark_row_ids
     lifecycle       episodes_by_id, link_promotion, archive_batch, lifecycle_counts, delete_tagged_facts (check)
-    provenance      record_deliveries, read_deliveries, purge_deliveries, first_delivery, near_duplicates_version,
+    provenance      record_deliveries, replaced_since, delivery_log_size, read_deliveries, purge_deliveries,
+                    first_delivery, near_duplicates_version,
                     near_candidates, notify_forgotten, read_notices, ack_notices, versions_of, rows_as_of,
                     retracted_as_of, delivered_by (erase also erases a row's versions and keeps its span)
     tiers           Tier, TIER_TABLE, TIERS, DEFAULT_TIERS, SCOPES, LIVE_TIERS, EMBEDDED_TIERS,
@@ -1939,7 +1940,7 @@ def record_deliveries(conn: sqlite3.Connection, rows: Sequence[tuple[str, str, i
         "SELECT DISTINCT d.reader, v.tier, v.row_id, v.agent, 'superseded', v.row_id, v.id, v.valid_to "
         "FROM memory_delivery d JOIN memory_version v ON v.tier = d.tier AND v.row_id = d.row_id "
         "AND v.ended_by = 'update' AND d.delivered_at >= v.valid_from AND d.delivered_at <= v.valid_to "
-        "WHERE d.id > ? AND d.reader <> v.agent ON CONFLICT DO NOTHING",
+        "WHERE d.id > ? AND d.reader <> v.agent ORDER BY v.id ON CONFLICT DO NOTHING",  # the newest last: it stays
         (after,),
     )
     conn.execute(
@@ -1950,6 +1951,25 @@ def record_deliveries(conn: sqlite3.Connection, rows: Sequence[tuple[str, str, i
         (after,),
     )
     return len(rows)
+
+
+def replaced_since(conn: sqlite3.Connection, after: int | None) -> tuple[int, list[tuple[str, int]]]:
+    """The newest version's id, and the rows an update replaced after version `after` (None: none, just the id)."""
+    newest = conn.execute("SELECT coalesce(max(id), 0) FROM memory_version").fetchone()[0]
+    if after is None or newest <= after:
+        return newest, []
+    rows = conn.execute(
+        "SELECT DISTINCT tier, row_id FROM memory_version WHERE id > ? AND id <= ? AND ended_by = 'update'",
+        (after, newest),
+    )
+    return newest, [(row[0], row[1]) for row in rows]
+
+
+def delivery_log_size(conn: sqlite3.Connection) -> dict:
+    """The delivery log's rows and its oldest delivery, and the open notices (for stats)."""
+    rows, oldest = conn.execute("SELECT count(*), min(delivered_at) FROM memory_delivery").fetchone()
+    notices = conn.execute("SELECT count(*) FROM memory_notice WHERE acked_at IS NULL").fetchone()[0]
+    return {"rows": rows, "oldest": oldest, "open_notices": notices}
 
 
 def read_deliveries(
@@ -1966,14 +1986,16 @@ def read_deliveries(
 
 
 def purge_deliveries(conn: sqlite3.Connection, cutoff: str, batch: int) -> int:
-    """Delete up to `batch` of the oldest deliveries, acknowledged notices and versions older than cutoff."""
+    """Delete up to `batch` of the oldest deliveries, notices (acknowledged or not), versions and spans older
+    than cutoff."""
     removed = conn.execute(
         "DELETE FROM memory_delivery WHERE id IN (SELECT id FROM memory_delivery ORDER BY id LIMIT ?) "
         "AND delivered_at < ?",
         (batch, cutoff),
     ).rowcount
     for sql in (
-        "DELETE FROM memory_notice WHERE id IN (SELECT id FROM memory_notice WHERE acked_at < ? LIMIT ?)",
+        # open ones too: a notice nobody acknowledged in RETENTION_S is about a delivery the log no longer holds
+        "DELETE FROM memory_notice WHERE id IN (SELECT id FROM memory_notice WHERE coalesce(acked_at, at) < ? LIMIT ?)",
         "DELETE FROM memory_version WHERE id IN (SELECT id FROM memory_version WHERE valid_to < ? LIMIT ?)",
         "DELETE FROM memory_forgotten_span WHERE retraction_id IN "
         "(SELECT retraction_id FROM memory_forgotten_span WHERE forgotten_at < ? LIMIT ?)",

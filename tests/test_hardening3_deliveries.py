@@ -1,0 +1,187 @@
+"""Issue 31, items 6-9: the delivery log bounded and written before the answer, retraction notices coalesced and
+purged and surfaced by the A2A turn helper. Store tests run on both stores (store_url)."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from typing import Any
+
+import pytest
+from conftest import ROOT, fleet_writer, start_server, stop_server
+
+import solos_client
+import solos_provenance
+import solos_status
+import solos_store
+
+sys.path.insert(0, str(ROOT / "bench"))
+import near_duplicates  # noqa: E402
+
+
+def marker() -> str:
+    return "zq" + uuid.uuid4().hex
+
+
+def direct(url: str, sql: str, params: tuple = ()) -> list[dict]:
+    """One statement as one of the fleet's writers, committed at once; its rows."""
+    with fleet_writer(url) as conn:
+        cursor = conn.execute(sql, params)
+        return [dict(row) for row in cursor.fetchall()] if cursor.description else []
+
+
+def ok(reply: Any, status: int = 200) -> dict:
+    assert reply.status == status, reply.body
+    return reply.body
+
+
+@pytest.fixture
+def served(store_url: str):
+    running = start_server(store_url, rerank=False)
+    yield running
+    stop_server(running)
+
+
+def deliveries(url: str, reader: str) -> list[tuple[str, int]]:
+    rows = direct(url, "SELECT tier, row_id FROM memory_delivery WHERE reader = ? ORDER BY id", (reader,))
+    return [(r["tier"], r["row_id"]) for r in rows]
+
+
+# ==== 6. Reads alone do not grow the log: one row per (reader, row, version) per window ====
+
+
+def test_a_reader_paging_the_same_rows_adds_one_log_row_per_row_and_version(served, store_url):
+    word = marker()
+    rows = [ok(served.post("/v1/long", {"agent": "atlas", "fact": f"{word} fact {n}"}), 201)["id"] for n in range(5)]
+    for _ in range(10):  # the attack: page the same rows again and again
+        assert len(ok(served.get("/v1/events", agent="sol", since=0, tiers="long"))["events"]) == 5
+        assert len(ok(served.recall("sol", word, tiers="long", k=10))["results"]) == 5
+    assert sorted(deliveries(store_url, "sol")) == [("long", r) for r in rows]  # was 100 rows
+    # a new version is a new delivery (its notice needs it), once
+    direct(store_url, "UPDATE memory_longterm SET fact = ? WHERE id = ?", (f"{word} fact changed", rows[0]))
+    for _ in range(3):
+        ok(served.get("/v1/events", agent="sol", since=0, tiers="long"))
+    assert len(deliveries(store_url, "sol")) == 6
+    log = ok(served.get("/v1/stats"))["delivery_log"]
+    assert log["rows"] == 6 and log["logged"] == 6 and log["repeats_skipped"] >= 90
+    assert log["logged_last_hour"] == 6 and log["window_s"] == solos_provenance.WINDOW_S
+    page = solos_status.render_page(ok(served.get("/health")), ok(served.get("/v1/stats"))).decode()
+    assert 'delivery log rows</th><td class="n">6<' in page
+
+
+def test_a_text_that_returns_to_an_earlier_one_is_logged_again_once_the_thread_reads_the_update(served, store_url):
+    """A -> B -> A within the window, the reader shown only the first and the last: the last is a new version,
+    so it is logged (its replacement must notify the reader)."""
+    key = marker()
+    row = ok(served.post("/v1/short", {"agent": "atlas", "key": key, "value": f"{key} one"}), 201)["id"]
+    ok(served.recall("sol", key, tiers="short"))
+    log = served.server.memory.deliveries
+    for value in ("two", "one"):
+        direct(store_url, "UPDATE memory_short SET value = ? WHERE id = ?", (f"{key} {value}", row))
+    log.forget_replaced()  # the thread does this every FLUSH_S
+    ok(served.recall("sol", key, tiers="short"))
+    assert deliveries(store_url, "sol") == [("short", row), ("short", row)]
+    direct(store_url, "UPDATE memory_short SET value = ? WHERE id = ?", (f"{key} three", row))
+    (notice,) = ok(served.get("/v1/notices", agent="sol"))["notices"]
+    assert (notice["row_id"], notice["kind"]) == (row, "superseded")
+
+
+# ==== 7. Durable before the answer ====
+
+
+def test_a_delivery_is_in_the_database_before_the_answer_so_a_crash_keeps_it_and_its_notice(tmp_path):
+    db = tmp_path / "solos.db"
+    first = start_server(db)
+    log = first.server.memory.deliveries
+    log.stopped = True  # the batch thread never runs again: as if killed right after the answer
+    log.wake.set()
+    log.thread.join(timeout=5)
+    word = marker()
+    row = ok(first.post("/v1/long", {"agent": "atlas", "fact": f"{word} the door code"}), 201)["id"]
+    assert [r["id"] for r in ok(first.recall("sol", word))["results"]] == [row]
+    assert deliveries(str(db), "sol") == [("long", row)]  # was 0: buffered for up to FLUSH_S
+    log.buffer.clear()  # the crash: nothing buffered survives
+    first.server.shutdown()
+    first.server.socket.close()
+    second = start_server(db)
+    try:
+        forgot = ok(second.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": row}))
+        assert forgot["notified"] == 1
+    finally:
+        stop_server(second)
+
+
+# ==== 9. Notices: one open per (agent, row), purged after the retention, surfaced by turn_context ====
+
+
+def test_rewrites_of_a_row_a_reader_follows_leave_one_open_notice_the_newest(served, store_url):
+    key = marker()
+    for n in range(6):
+        assert served.post("/v1/short", {"agent": "atlas", "key": key, "value": f"{key} version {n}"}).status < 300
+        ok(served.recall("sol", key, tiers="short"))
+        time.sleep(0.003)  # millisecond stamps: each version its own
+    (notice,) = ok(served.get("/v1/notices", agent="sol"))["notices"]  # was 5
+    assert notice["kind"] == "superseded"
+    newest = direct(store_url, "SELECT max(id) AS id FROM memory_version WHERE ended_by = 'update'")[0]["id"]
+    assert notice["version_id"] == newest
+
+
+def test_open_notices_older_than_the_retention_are_purged(served, store_url):
+    direct(
+        store_url,
+        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
+        "VALUES ('sol', 'long', 77, 'atlas', 'forgotten', '2000-01-01T00:00:00.000Z')",
+    )
+    direct(
+        store_url,
+        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
+        "VALUES ('sol', 'long', 78, 'atlas', 'forgotten', ?)",
+        (solos_store.utc_now(),),
+    )
+    assert solos_provenance.purge(served.server.memory.store) >= 1
+    assert [n["row_id"] for n in ok(served.get("/v1/notices", agent="sol"))["notices"]] == [78]
+
+
+def test_turn_context_surfaces_open_notices_once_and_acknowledges_them(server):
+    word = marker()
+    row = ok(server.post("/v1/long", {"agent": "atlas", "fact": f"{word} the old door code"}), 201)["id"]
+    sol = solos_client.Client(server.url, "sol")
+    assert word in solos_client.turn_context(sol, word)
+    ok(server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": row}))
+    context = solos_client.turn_context(sol, "anything about doors?")
+    assert context.startswith("Facts you relied on were retracted") and f"long row {row} by atlas" in context
+    assert ok(server.get("/v1/notices", agent="sol"))["notices"] == []  # acknowledged
+    assert "retracted" not in solos_client.turn_context(sol, "anything about doors?")
+
+
+# ==== 8. Witnesses compare the facts' text, never vectors that embed the writer's name ====
+
+
+def test_witnesses_in_hybrid_mode_follow_the_text_not_vectors_holding_the_writers_name(monkeypatch):
+    import numpy as np
+
+    def vector(*values: float) -> bytes:
+        unit = np.array(values, dtype="<f4")
+        return (unit / np.linalg.norm(unit)).astype("<f4").tobytes()
+
+    mine = {"id": 1, "agent": "atlas", "text": "Sol prefers short answers without emoji"}
+    candidates = [  # the cosines of stored vectors the issue measured: the writer's name decides them
+        {"id": 1, "agent": "atlas", "fact": mine["text"], "created_at": "t1", "embedding": vector(1, 0)},
+        {"id": 2, "agent": "sol", "fact": "Atlas prefers short answers without emoji", "created_at": "t2",
+         "embedding": vector(0.983, (1 - 0.983**2) ** 0.5)},
+        {"id": 3, "agent": "nova", "fact": "Sol prefers short answers without emoji.", "created_at": "t3",
+         "embedding": vector(0.85, (1 - 0.85**2) ** 0.5)},
+    ]  # fmt: skip
+    monkeypatch.setattr(solos_store, "near_candidates", lambda conn, match, limit: candidates)
+    cluster = solos_provenance.near_cluster(None, mine, vectors=True)
+    assert {row_id: how for row_id, (_, _, how) in cluster.items() if how} == {3: "token_overlap"}  # not 2
+    assert "cosine" not in solos_provenance.rule_ran(vectors=False)
+
+
+def test_the_near_duplicate_rule_measured_on_held_out_pairs_keeps_its_precision():
+    """Pairs written for issue 31, never used to choose TOKEN_JACCARD: precision 1.000, recall 0.700 (it misses
+    paraphrases that change words)."""
+    pairs = near_duplicates.load(ROOT / "tests" / "data" / "near_duplicates_heldout.jsonl")
+    held = near_duplicates.measure(pairs, solos_provenance.TOKEN_JACCARD)
+    assert len(pairs) == 40 and held["precision"] == 1.0 and held["recall"] >= 0.7, held
