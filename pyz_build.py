@@ -54,6 +54,7 @@ REQUIRED_FILES = (
     "solos_forget.py",
     "solos_store.py",
     "solos_validation.py",
+    "solos_operations.py",
     "solos_telemetry.py",
     "solos_snapshot.py",
     "solos_jobs.py",

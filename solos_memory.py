@@ -63,6 +63,7 @@ import solos_status
 import solos_store
 import solos_telemetry
 import solos_tokens
+from solos_operations import NULLABLE_STRING, WRITE_OUTPUT, Operation, object_schema, result_schema, text_field
 from solos_store import (
     DEFAULT_TIERS,
     EMBEDDED_TIERS,
@@ -98,7 +99,6 @@ from solos_tokens import OPERATOR, Tokens
 from solos_validation import (
     AGENT_PATTERN,
     AGENT_SCHEMA,
-    NO_NUL,
     TAGS_SCHEMA,
     check_args,
     coerce_query,
@@ -748,58 +748,6 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
 
 # ==== Operation table ====
 
-
-@dataclass(frozen=True)
-class Operation:
-    """One capability: a REST route and an MCP tool over the same function and schema."""
-
-    name: str
-    method: str
-    path: str
-    function: Callable[[Memory, dict], dict]
-    input_schema: dict
-    output_schema: dict
-    writes: bool
-    idempotent: bool
-    destructive: bool = False
-    title: str = ""
-    operator: bool = False  # the operator token may call it (an agent's token always may)
-
-    @property
-    def description(self) -> str:
-        return " ".join((self.function.__doc__ or "").split())
-
-
-def object_schema(properties: dict, required: tuple[str, ...] = ("agent",)) -> dict:
-    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
-
-
-def result_schema(properties: dict) -> dict:
-    """An output schema: these fields always present, more may follow."""
-    return {"type": "object", "properties": properties, "required": list(properties)}
-
-
-NULLABLE_STRING = {"type": ["string", "null"]}
-
-
-def text_field(description: str, max_length: int, min_length: int = 0) -> dict:
-    """A stored text field's schema: a string without NUL, of bounded length."""
-    bounds = {"minLength": min_length} if min_length else {}
-    return {"type": "string", "pattern": NO_NUL, **bounds, "maxLength": max_length, "description": description}
-
-
-WRITE_OUTPUT = result_schema(
-    {
-        "tier": {"type": "string", "enum": ["short", "long", "episodic"]},
-        "agent": {"type": "string"},
-        "id": {"type": "integer"},
-        "status": {
-            "type": "string",
-            "enum": ["created", "updated", "unchanged", "deleted"],
-            "description": "What the write did; REST answers 201 for created, else 200.",
-        },
-    }
-)
 RECALLED_ROW = result_schema(
     {
         "id": {"type": "integer"},
