@@ -55,6 +55,7 @@ REQUIRED_FILES = (
     "solos_store.py",
     "solos_validation.py",
     "solos_operations.py",
+    "solos_embed_worker.py",
     "solos_telemetry.py",
     "solos_snapshot.py",
     "solos_jobs.py",
