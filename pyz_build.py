@@ -56,6 +56,7 @@ REQUIRED_FILES = (
     "solos_validation.py",
     "solos_operations.py",
     "solos_embed_worker.py",
+    "solos_recall.py",
     "solos_telemetry.py",
     "solos_snapshot.py",
     "solos_jobs.py",
