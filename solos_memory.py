@@ -56,6 +56,7 @@ import solos_forget
 import solos_jobs
 import solos_lifecycle
 import solos_migrate
+import solos_operations
 import solos_provenance
 import solos_qdrant
 import solos_rank
@@ -65,15 +66,12 @@ import solos_status
 import solos_store
 import solos_telemetry
 import solos_tokens
-from solos_operations import NULLABLE_STRING, WRITE_OUTPUT, Operation, object_schema, result_schema, text_field
+from solos_operations import WRITE_OUTPUT, Operation, object_schema, result_schema, text_field
 from solos_store import (
-    DEFAULT_TIERS,
     EMBEDDED_TIERS,
     FTS_TABLES,
-    SCOPES,
     STORAGE_FAILURES,
     TIER_TABLE,
-    TIERS,
     BadRequest,
     Busy,
     Forbidden,
@@ -357,133 +355,8 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
 
 # ==== Operation table ====
 
-RECALLED_ROW = result_schema(
-    {
-        "id": {"type": "integer"},
-        "tier": {"type": "string", "enum": list(TIERS)},
-        "agent": {"type": "string", "description": "Who wrote it."},
-        "ts": NULLABLE_STRING,
-        "score": {"type": "number", "description": "Higher is better; comparable within one response."},
-        "source": {"type": "string"},
-        "foreign": {"type": "boolean", "description": "true when another agent wrote it."},
-        "text": {"type": "string"},
-        "relevance": {
-            "type": ["number", "null"],
-            "description": "The probability (0-1) that the row is relevant to q, calibrated on a dev set; null "
-            "without words to judge by (empty q) or with ranking=vector.",
-        },
-    }
-)
-RECALL_OUTPUT = result_schema(
-    {
-        "agent": {"type": "string"},
-        "count": {"type": "integer"},
-        "results": {"type": "array", "items": RECALLED_ROW},
-        "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
-        "min_relevance": {"type": "number", "description": "The floor this recall applied."},
-        "below_floor": {
-            "type": "integer",
-            "description": "Rows of the top k left out for a relevance under the floor: with count 0, an honest "
-            "'nothing relevant', not a failure.",
-        },
-        "receipt": {
-            "type": "object",
-            "description": "What this recall did, without content: legs run, visible rows considered, rows below "
-            "the floor, and matches with no vector yet (null without an embedder). Counts only rows the caller "
-            "may read.",
-            "properties": {
-                "legs": {"type": "array", "items": {"type": "string", "enum": ["keyword", "vector"]}},
-                "considered": {"type": "integer"},
-                "below_floor": {"type": "integer"},
-                "without_vector": {"type": ["integer", "null"]},
-            },
-        },
-        "degraded": {"type": "boolean", "description": "true: a leg or the reranker was unavailable (see the reason)."},
-        "degraded_reason": NULLABLE_STRING,
-        "ranking": {"type": "string"},
-        "reranked": {"type": "boolean", "description": "true: the learned reranker ordered the best rows."},
-        "truncated": {
-            "type": ["object", "null"],
-            "description": "Set when the next results were left out to keep the answer under max_bytes of JSON.",
-        },
-    }
-)
-
-
-OPERATIONS = {
-    "recall": Operation(
-        "recall",
-        "GET",
-        "/v1/recall",
-        solos_recall.op_recall_memory,
-        object_schema(
-            {
-                "agent": AGENT_SCHEMA,
-                "q": {
-                    "type": "string",
-                    "maxLength": 10_000,
-                    "default": "",
-                    "description": "What to look for, in plain words; empty returns the most recent rows.",
-                },
-                "k": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": 100,
-                    "default": 5,
-                    "description": "How many results, 1-100.",
-                },
-                "scope": {
-                    "type": "string",
-                    "enum": list(SCOPES),
-                    "default": "shared",
-                    "description": "own: the caller's rows; shared: everyone's; shared_except_self: everyone else's.",
-                },
-                "ranking": {
-                    "type": "string",
-                    "enum": ["auto", "hybrid", "keyword", "vector"],
-                    "default": "auto",
-                    "description": "auto or hybrid: both legs when the embedder is loaded, else keyword "
-                    "(degraded_reason says why); keyword or vector: one leg only (for comparison).",
-                },
-                "tiers": {
-                    "type": "array",
-                    "items": {"type": "string", "enum": list(TIERS)},
-                    "maxItems": 4,
-                    "uniqueItems": True,
-                    "default": list(DEFAULT_TIERS),
-                    "description": "Tiers to search (REST: comma-separated). Default long,short.",
-                },
-                "archive": {
-                    "type": "boolean",
-                    "default": False,
-                    "description": "Also search archived episodic rows (needs episodic in tiers; keyword-ranked).",
-                },
-                "tags": {
-                    **TAGS_SCHEMA,
-                    "description": "Only rows carrying any of these tags (REST: comma-separated); rows of tiers "
-                    "without tags (episodic, durable) never match. With an empty q: the newest such rows.",
-                },
-                "min_relevance": {
-                    "type": "number",
-                    "minimum": 0,
-                    "maximum": 1,
-                    # 0 by default: the calibration is fitted on chat turns and rejects only 0.16 of foreign
-                    # questions at the floor that keeps hit@5 (RESULTS-locomo.md, "Honest recall"), and misses
-                    # paraphrases; dropping rows for every caller of the fleet needs better evidence than that.
-                    # What goes straight into a prompt (turn_context, the Hermes prefetch) uses the floor.
-                    "default": 0.0,
-                    "description": "Leave out rows less likely than this to be relevant (see relevance); default 0: "
-                    f"every match. The client's turn helpers use {solos_rank.RELEVANCE_FLOOR}. Not applied to an "
-                    "empty q.",
-                },
-            }
-        ),
-        RECALL_OUTPUT,
-        writes=False,
-        idempotent=True,
-        title="Recall memory",
-    ),
-    "write_short": Operation(
+OPERATION_ROWS = (
+    Operation(
         "write_short",
         "POST",
         "/v1/short",
@@ -509,7 +382,7 @@ OPERATIONS = {
         idempotent=True,
         title="Write short-term memory",
     ),
-    "write_long": Operation(
+    Operation(
         "write_long",
         "POST",
         "/v1/long",
@@ -530,7 +403,7 @@ OPERATIONS = {
         idempotent=True,
         title="Write a long-term fact",
     ),
-    "write_episodic": Operation(
+    Operation(
         "write_episodic",
         "POST",
         "/v1/episodic",
@@ -557,7 +430,7 @@ OPERATIONS = {
         idempotent=False,
         title="Append an episodic event",
     ),
-    "delete_short": Operation(
+    Operation(
         "delete_short",
         "DELETE",
         "/v1/short",
@@ -575,7 +448,7 @@ OPERATIONS = {
         destructive=True,
         title="Delete a short-term key",
     ),
-    "set_sharing": Operation(
+    Operation(
         "set_sharing",
         "PUT",
         "/v1/sharing",
@@ -601,7 +474,7 @@ OPERATIONS = {
         idempotent=True,
         title="Share episodic memory",
     ),
-    "read_audit": Operation(
+    Operation(
         "read_audit",
         "GET",
         "/v1/audit",
@@ -646,7 +519,7 @@ OPERATIONS = {
         idempotent=True,
         title="Who read my episodes",
     ),
-    "stats": Operation(
+    Operation(
         "stats",
         "GET",
         "/v1/stats",
@@ -676,42 +549,15 @@ OPERATIONS = {
         title="Service statistics",
         operator=True,
     ),
-    "promote": Operation(
-        "promote",
-        "POST",
-        "/v1/promote",
-        solos_lifecycle.op_promote_memory,
-        object_schema({"agent": AGENT_SCHEMA, **solos_lifecycle.PROMOTE_INPUT_PROPERTIES}, ("agent", "ids")),
-        result_schema(solos_lifecycle.PROMOTE_OUTPUT_PROPERTIES),
-        writes=True,
-        idempotent=True,
-        title="Promote episodes to a long-term fact",
-    ),
-    "forget": Operation(
-        "forget",
-        "DELETE",
-        "/v1/memory",
-        solos_forget.op_forget_memory,
-        object_schema({"agent": AGENT_SCHEMA, **solos_forget.FORGET_FIELDS}, ("agent", "tier", "id")),
-        result_schema(solos_forget.FORGET_OUTPUT),
-        writes=True,
-        idempotent=True,  # a repeat answers the same (and runs the scrub again)
-        destructive=True,
-        title="Forget one of my rows",
-    ),
-    "read_events": Operation(
-        "read_events",
-        "GET",
-        "/v1/events",
-        solos_events.op_read_events,
-        object_schema(solos_events.event_fields(AGENT_SCHEMA, TAGS_SCHEMA, TIERS, SCOPES, DEFAULT_TIERS)),
-        result_schema(solos_events.EVENTS_OUTPUT),
-        writes=False,
-        idempotent=True,
-        title="What changed since an event id",
-    ),
-}
-OPERATIONS.update(solos_provenance.operations(Operation))
+)
+OPERATIONS = solos_operations.table(
+    solos_recall.OPERATION_ROWS,
+    OPERATION_ROWS,
+    solos_lifecycle.OPERATION_ROWS,
+    solos_forget.OPERATION_ROWS,
+    solos_events.OPERATION_ROWS,
+    solos_provenance.OPERATION_ROWS,
+)
 ROUTES = {(op.method, op.path): op for op in OPERATIONS.values()}
 
 

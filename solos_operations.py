@@ -1,12 +1,14 @@
 """solos_operations: what an operation row is, and the schema pieces rows share.
 
-The spine's operation table holds these rows; REST routes, MCP tools, `/openapi.json` and the README's API
-table come from it. Imports only the validation rules; never the spine.
+Each capability module declares its rows one way: `OPERATION_ROWS`, a tuple of `Operation(...)` literals beside
+its operations (the spine's own operations too; tests/test_shape.py checks it). The spine assembles them with
+`table`; REST routes, MCP tools, `/openapi.json` and the README's API table come from that table. Imports only
+the validation rules; never the spine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,3 +66,12 @@ WRITE_OUTPUT = result_schema(
         },
     }
 )
+
+
+def table(*groups: Sequence[Operation]) -> dict[str, Operation]:
+    """The operation table: every group's rows by name, in order; a name declared twice stops the start."""
+    rows = [row for group in groups for row in group]
+    names = [row.name for row in rows]
+    if len(set(names)) != len(names):
+        raise ValueError(f"operations declared twice: {sorted({name for name in names if names.count(name) > 1})}")
+    return {row.name: row for row in rows}

@@ -19,7 +19,19 @@ import solos_bounds
 import solos_provenance
 import solos_rank
 import solos_store
-from solos_store import DEFAULT_TIERS, TIER_TABLE, BadRequest, Store, Tier, Visibility, refuse_foreign_persona
+from solos_operations import NULLABLE_STRING, Operation, object_schema, result_schema
+from solos_store import (
+    DEFAULT_TIERS,
+    SCOPES,
+    TIER_TABLE,
+    TIERS,
+    BadRequest,
+    Store,
+    Tier,
+    Visibility,
+    refuse_foreign_persona,
+)
+from solos_validation import AGENT_SCHEMA, TAGS_SCHEMA
 
 RANKING_LEGS = {"recency": [], "keyword": ["keyword"], "vector": ["vector"], "hybrid": ["keyword", "vector"]}
 
@@ -255,3 +267,133 @@ def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) 
             "without_vector": found.without_vector,
         },
     }
+
+
+# ==== The operation's row ====
+
+RECALLED_ROW = result_schema(
+    {
+        "id": {"type": "integer"},
+        "tier": {"type": "string", "enum": list(TIERS)},
+        "agent": {"type": "string", "description": "Who wrote it."},
+        "ts": NULLABLE_STRING,
+        "score": {"type": "number", "description": "Higher is better; comparable within one response."},
+        "source": {"type": "string"},
+        "foreign": {"type": "boolean", "description": "true when another agent wrote it."},
+        "text": {"type": "string"},
+        "relevance": {
+            "type": ["number", "null"],
+            "description": "The probability (0-1) that the row is relevant to q, calibrated on a dev set; null "
+            "without words to judge by (empty q) or with ranking=vector.",
+        },
+    }
+)
+RECALL_OUTPUT = result_schema(
+    {
+        "agent": {"type": "string"},
+        "count": {"type": "integer"},
+        "results": {"type": "array", "items": RECALLED_ROW},
+        "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
+        "min_relevance": {"type": "number", "description": "The floor this recall applied."},
+        "below_floor": {
+            "type": "integer",
+            "description": "Rows of the top k left out for a relevance under the floor: with count 0, an honest "
+            "'nothing relevant', not a failure.",
+        },
+        "receipt": {
+            "type": "object",
+            "description": "What this recall did, without content: legs run, visible rows considered, rows below "
+            "the floor, and matches with no vector yet (null without an embedder). Counts only rows the caller "
+            "may read.",
+            "properties": {
+                "legs": {"type": "array", "items": {"type": "string", "enum": ["keyword", "vector"]}},
+                "considered": {"type": "integer"},
+                "below_floor": {"type": "integer"},
+                "without_vector": {"type": ["integer", "null"]},
+            },
+        },
+        "degraded": {"type": "boolean", "description": "true: a leg or the reranker was unavailable (see the reason)."},
+        "degraded_reason": NULLABLE_STRING,
+        "ranking": {"type": "string"},
+        "reranked": {"type": "boolean", "description": "true: the learned reranker ordered the best rows."},
+        "truncated": {
+            "type": ["object", "null"],
+            "description": "Set when the next results were left out to keep the answer under max_bytes of JSON.",
+        },
+    }
+)
+
+OPERATION_ROWS = (
+    Operation(
+        "recall",
+        "GET",
+        "/v1/recall",
+        op_recall_memory,
+        object_schema(
+            {
+                "agent": AGENT_SCHEMA,
+                "q": {
+                    "type": "string",
+                    "maxLength": 10_000,
+                    "default": "",
+                    "description": "What to look for, in plain words; empty returns the most recent rows.",
+                },
+                "k": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 100,
+                    "default": 5,
+                    "description": "How many results, 1-100.",
+                },
+                "scope": {
+                    "type": "string",
+                    "enum": list(SCOPES),
+                    "default": "shared",
+                    "description": "own: the caller's rows; shared: everyone's; shared_except_self: everyone else's.",
+                },
+                "ranking": {
+                    "type": "string",
+                    "enum": ["auto", "hybrid", "keyword", "vector"],
+                    "default": "auto",
+                    "description": "auto or hybrid: both legs when the embedder is loaded, else keyword "
+                    "(degraded_reason says why); keyword or vector: one leg only (for comparison).",
+                },
+                "tiers": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": list(TIERS)},
+                    "maxItems": 4,
+                    "uniqueItems": True,
+                    "default": list(DEFAULT_TIERS),
+                    "description": "Tiers to search (REST: comma-separated). Default long,short.",
+                },
+                "archive": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "Also search archived episodic rows (needs episodic in tiers; keyword-ranked).",
+                },
+                "tags": {
+                    **TAGS_SCHEMA,
+                    "description": "Only rows carrying any of these tags (REST: comma-separated); rows of tiers "
+                    "without tags (episodic, durable) never match. With an empty q: the newest such rows.",
+                },
+                "min_relevance": {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": 1,
+                    # 0 by default: the calibration is fitted on chat turns and rejects only 0.16 of foreign
+                    # questions at the floor that keeps hit@5 (RESULTS-locomo.md, "Honest recall"), and misses
+                    # paraphrases; dropping rows for every caller of the fleet needs better evidence than that.
+                    # What goes straight into a prompt (turn_context, the Hermes prefetch) uses the floor.
+                    "default": 0.0,
+                    "description": "Leave out rows less likely than this to be relevant (see relevance); default 0: "
+                    f"every match. The client's turn helpers use {solos_rank.RELEVANCE_FLOOR}. Not applied to an "
+                    "empty q.",
+                },
+            }
+        ),
+        RECALL_OUTPUT,
+        writes=False,
+        idempotent=True,
+        title="Recall memory",
+    ),
+)

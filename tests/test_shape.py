@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 
 import pytest
 from conftest import POSTGRES_FIXTURES, ROOT
@@ -64,6 +65,38 @@ def test_the_client_and_the_hermes_plugin_never_import_the_service():
 def test_the_spine_stays_small():
     lines = len((ROOT / f"{SPINE}.py").read_text().splitlines())
     assert lines <= SPINE_MAX_LINES, f"{SPINE}.py is {lines} lines"
+
+
+def is_operation_row(node: ast.AST) -> bool:
+    """An `Operation(...)` call (or `solos_operations.Operation(...)`)."""
+    if not isinstance(node, ast.Call):
+        return False
+    called = node.func
+    return (isinstance(called, ast.Name) and called.id == "Operation") or (
+        isinstance(called, ast.Attribute) and called.attr == "Operation"
+    )
+
+
+def test_every_operation_row_is_declared_one_way():
+    """Each module's rows are `Operation(...)` literals in its module-level OPERATION_ROWS tuple, nowhere else,
+    and the spine's table is exactly those rows."""
+    declaring = []
+    for path in sorted(ROOT.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        in_rows: set[int] = set()
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "OPERATION_ROWS" for t in node.targets):
+                assert isinstance(node.value, ast.Tuple), f"{path.name}: OPERATION_ROWS is not a tuple literal"
+                assert all(map(is_operation_row, node.value.elts)), f"{path.name}: OPERATION_ROWS holds a non-row"
+                in_rows |= {id(element) for element in node.value.elts}
+        stray = [node.lineno for node in ast.walk(tree) if is_operation_row(node) and id(node) not in in_rows]
+        assert not stray, f"{path.name} builds Operation rows outside OPERATION_ROWS, lines {stray}"
+        if in_rows:
+            declaring.append(path.stem)
+    rows = [row for name in declaring for row in importlib.import_module(name).OPERATION_ROWS]
+    table = importlib.import_module(SPINE).OPERATIONS
+    assert sorted(row.name for row in rows) == sorted(table), f"declared in {declaring}"
+    assert all(table[row.name] is row for row in rows)
 
 
 def test_every_test_that_reaches_a_postgresql_server_is_marked_slow(request: pytest.FixtureRequest):
