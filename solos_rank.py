@@ -17,6 +17,7 @@ The bench's research scripts import these same functions and constants.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import logging
@@ -61,6 +62,38 @@ class RankStore(Protocol):
     def load_vectors(self, conn: Any, tier: str, model: str) -> Any: ...
 
     def vectors_by_id(self, conn: Any, tier: str, model: str, ids: list[int]) -> Any: ...
+
+
+# ==== What one recall asks ====
+
+
+@dataclass(frozen=True)
+class RecallPlan:
+    """What one recall will do, decided before it reads anything."""
+
+    caller: str
+    k: int
+    scope: str
+    tiers: tuple[str, ...]  # as asked, durable included
+    searched: tuple[Tier, ...]
+    query: str
+    words: list[str]
+    match: str | None  # the FTS5 query; None: no words to match
+    vector: Any  # the question's embedding, or None (until with_vector: what `embedding` brings)
+    ranking: str  # recency, keyword, vector or hybrid (until with_vector: if the vector comes)
+    reason: str | None  # why ranking is degraded, or None
+    depth: int  # candidates per tier and leg
+    tags: tuple[str, ...]  # only rows carrying one of these; () for any
+    floor: float  # min_relevance
+    embedding: Callable[[], tuple[Any, str | None]] | None = None  # the question's vector, on its way
+
+    def with_vector(self) -> RecallPlan:
+        """The plan once the question's embedding is in: its vector, or keyword ranking and why not."""
+        if self.embedding is None:
+            return self
+        vector, failure = self.embedding()
+        ranking = self.ranking if vector is not None else "keyword"
+        return dataclasses.replace(self, vector=vector, ranking=ranking, reason=failure or self.reason, embedding=None)
 
 
 # ==== Query words ====

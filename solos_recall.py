@@ -8,10 +8,8 @@ never the spine.
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +18,7 @@ import solos_provenance
 import solos_rank
 import solos_store
 from solos_operations import NULLABLE_STRING, Operation, object_schema, result_schema
+from solos_rank import RecallPlan
 from solos_store import (
     DEFAULT_TIERS,
     SCOPES,
@@ -27,7 +26,6 @@ from solos_store import (
     TIERS,
     BadRequest,
     Store,
-    Tier,
     Visibility,
     refuse_foreign_persona,
 )
@@ -63,35 +61,6 @@ def op_recall_memory(memory: Any, args: dict) -> dict:
     answer = present(memory, plan, found, ranked)
     memory.activity.recalled(plan.caller, [r["agent"] for r in answer["results"]], time.perf_counter() - started)
     return answer
-
-
-@dataclass(frozen=True)
-class RecallPlan:
-    """What one recall will do, decided before it reads anything."""
-
-    caller: str
-    k: int
-    scope: str
-    tiers: tuple[str, ...]  # as asked, durable included
-    searched: tuple[Tier, ...]
-    query: str
-    words: list[str]
-    match: str | None  # the FTS5 query; None: no words to match
-    vector: Any  # the question's embedding, or None (until with_vector: what `embedding` brings)
-    ranking: str  # recency, keyword, vector or hybrid (until with_vector: if the vector comes)
-    reason: str | None  # why ranking is degraded, or None
-    depth: int  # candidates per tier and leg
-    tags: tuple[str, ...]  # only rows carrying one of these; () for any
-    floor: float  # min_relevance
-    embedding: Callable[[], tuple[Any, str | None]] | None = None  # the question's vector, on its way
-
-    def with_vector(self) -> RecallPlan:
-        """The plan once the question's embedding is in: its vector, or keyword ranking and why not."""
-        if self.embedding is None:
-            return self
-        vector, failure = self.embedding()
-        ranking = self.ranking if vector is not None else "keyword"
-        return dataclasses.replace(self, vector=vector, ranking=ranking, reason=failure or self.reason, embedding=None)
 
 
 @dataclass
