@@ -140,15 +140,13 @@ def gather(memory: Any, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Rec
             for row in store.recent_rows(conn, tier, seen, plan.depth, plan.tags)
         }
         return plan, Gathered(seen, persona, recent, {}, plan.ranking)
-    ranking, vectors, match = plan.ranking, memory.vectors, plan.match
+    ranking, vectors = plan.ranking, memory.vectors
     names = [tier.name for tier in plan.searched]
     candidates: dict[tuple[str, int], dict] = {}
     around: solos_rank.Around = {}
 
     def keyword_leg() -> dict[tuple[str, int], dict]:
-        return solos_rank.keyword_candidates(
-            store, conn, plan.searched, seen, match, plan.words, plan.depth, around, memory.common_words, plan.tags
-        )
+        return solos_rank.keyword_candidates(store, conn, plan, seen, around, memory.common_words)
 
     if ranking == "hybrid":  # while the question is embedded (plan_recall started it)
         candidates = keyword_leg()
