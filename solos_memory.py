@@ -9,18 +9,19 @@ Run:   python3 solos_memory.py serve --register atlas,sol
 Test:  make test
 
 Data lives in one SQLite file (`--db`, default ./solos.db) shared with the
-fleet's other writers; it is created from schema.sql if missing. REST is served
-under /v1, MCP StreamableHTTP at /mcp, both from the operation table below.
+fleet's other writers, or a PostgreSQL database (`--db postgresql://…`); it is
+created from schema.sql (schema_pg.sql) if missing. REST is under /v1, MCP
+StreamableHTTP at /mcp, both from the operation table this module assembles
+from every capability module's OPERATION_ROWS.
 
-Settings (a flag beats the environment, which beats the default):
-  --db               SOLOS_MEMORY_DB               ./solos.db
-  --host             SOLOS_MEMORY_HOST             127.0.0.1
-  --port             SOLOS_MEMORY_PORT             8437
-  --busy-timeout-ms  SOLOS_MEMORY_BUSY_TIMEOUT_MS  5000
-  --tokens-file      SOLOS_MEMORY_TOKENS_FILE      (none: loopback trust)
-  --model-dir        SOLOS_MEMORY_MODEL_DIR        ./models/all-MiniLM-L6-v2 or "off"
-  --qdrant-url, --qdrant-path, --qdrant-collection: SOLOS_MEMORY_QDRANT_*  (none: no mirror)
-  --copy-name        SOLOS_MEMORY_COPY_NAME        hostname:port (which copy answered, of several on PostgreSQL)
+Settings: a flag beats the environment (SOLOS_MEMORY_*), which beats the
+default; every one is in the Configuration table of docs/operations.md,
+which tests/test_docs.py checks against this module's options.
+
+This module is the spine: config, Memory and the operations that are no
+module's, the table's assembly, the REST transport and the CLI. Recall is
+solos_recall's, the embedding worker solos_embed_worker's; no module imports
+this one (tests/test_shape.py).
 """
 
 from __future__ import annotations

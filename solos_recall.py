@@ -1,9 +1,10 @@
 """solos_recall: the recall operation, a pipeline. plan_recall -> rank (gather, fuse, rerank in one read) -> present.
 
-What it knows per tier is one row of the store's TIER_TABLE; the ranking itself is solos_rank's; the delivery
-log and corroboration solos_provenance's. Operations get the service's Memory as `memory` (the store, the
-embedder and its vector index, the counters). Imports the store, solos_rank, solos_provenance and the bounds;
-never the spine.
+Its plan (RecallPlan) is solos_rank's, so ranking takes it typed; what it knows per tier is one row of the
+store's TIER_TABLE; the ranking itself is solos_rank's; the delivery log and corroboration solos_provenance's.
+Operations get the service's Memory as `memory` (the store, the embedder and its vector index, the counters).
+Imports the store, solos_rank, solos_provenance, the bounds and what operation rows are made of
+(solos_operations, solos_validation); never the spine.
 """
 
 from __future__ import annotations
