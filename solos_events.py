@@ -29,6 +29,9 @@ from typing import Any
 import solos_bounds
 import solos_rank
 import solos_store
+from solos_operations import Operation, object_schema, result_schema
+from solos_store import DEFAULT_TIERS, SCOPES, TIERS
+from solos_validation import AGENT_SCHEMA, TAGS_SCHEMA
 
 log = logging.getLogger("solos_events")
 
@@ -54,7 +57,7 @@ REMEMBERED_MATCHES = 10_000
 WIRE_CACHE_BYTES = 8 << 20  # encoded events kept for the streams still to send them: 8 MiB, 4,000 small ones
 SCAN_LIMIT = 5000  # events one read_events call examines at most (next_since says where it stopped)
 
-# ==== Schema pieces for the operation table ====
+# ==== Schema pieces for the operation's row ====
 
 EVENTS_OUTPUT = {
     "agent": {"type": "string"},
@@ -71,46 +74,44 @@ EVENTS_OUTPUT = {
 }
 
 
-def event_fields(agent: dict, tags: dict, tiers: Sequence[str], scopes: Sequence[str], default: Sequence[str]) -> dict:
-    """read_events' input fields, built from the spine's own agent, tags, tier and scope schemas."""
-    return {
-        "agent": agent,
-        "since": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": solos_bounds.MAX_ID,
-            "description": "Only events with a larger id (the stream: or Last-Event-ID). Default: the oldest kept.",
-        },
-        "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100, "description": "At most, 1-1000."},
-        "tiers": {
-            "type": "array",
-            "items": {"type": "string", "enum": list(tiers)},
-            "maxItems": len(tiers),
-            "uniqueItems": True,
-            "default": list(default),
-            "description": f"Tiers to watch (REST: comma-separated). Default {','.join(default)}.",
-        },
-        "scope": {
-            "type": "string",
-            "enum": list(scopes),
-            "default": "shared",
-            "description": "own, shared or shared_except_self, as in recall.",
-        },
-        "writers": {
-            "type": "array",
-            "items": agent,
-            "maxItems": 32,
-            "uniqueItems": True,
-            "description": "Only rows these agents wrote (REST: comma-separated).",
-        },
-        "tags": {**tags, "description": "Only writes carrying one of these tags."},
-        "q": {
-            "type": "string",
-            "maxLength": 1000,
-            "default": "",
-            "description": "Only writes whose text matches these words, as recall's keyword search matches.",
-        },
-    }
+EVENT_FIELDS = {  # read_events' input
+    "agent": AGENT_SCHEMA,
+    "since": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": solos_bounds.MAX_ID,
+        "description": "Only events with a larger id (the stream: or Last-Event-ID). Default: the oldest kept.",
+    },
+    "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100, "description": "At most, 1-1000."},
+    "tiers": {
+        "type": "array",
+        "items": {"type": "string", "enum": list(TIERS)},
+        "maxItems": len(TIERS),
+        "uniqueItems": True,
+        "default": list(DEFAULT_TIERS),
+        "description": f"Tiers to watch (REST: comma-separated). Default {','.join(DEFAULT_TIERS)}.",
+    },
+    "scope": {
+        "type": "string",
+        "enum": list(SCOPES),
+        "default": "shared",
+        "description": "own, shared or shared_except_self, as in recall.",
+    },
+    "writers": {
+        "type": "array",
+        "items": AGENT_SCHEMA,
+        "maxItems": 32,
+        "uniqueItems": True,
+        "description": "Only rows these agents wrote (REST: comma-separated).",
+    },
+    "tags": {**TAGS_SCHEMA, "description": "Only writes carrying one of these tags."},
+    "q": {
+        "type": "string",
+        "maxLength": 1000,
+        "default": "",
+        "description": "Only writes whose text matches these words, as recall's keyword search matches.",
+    },
+}
 
 
 # ==== The operation ====
@@ -153,6 +154,21 @@ def logged_for(event: Any, row: Any) -> bool:
         return True
     born = {"long": "created_at", "episodic": "ts"}.get(event["tier"])  # short rows restart created_at on update
     return row["agent"] == event["agent"] and (born is None or row[born] <= event["ts"])
+
+
+OPERATION_ROWS = (
+    Operation(
+        "read_events",
+        "GET",
+        "/v1/events",
+        op_read_events,
+        object_schema(EVENT_FIELDS),
+        result_schema(EVENTS_OUTPUT),
+        writes=False,
+        idempotent=True,
+        title="What changed since an event id",
+    ),
+)
 
 
 # ==== Events: filter, fan-out, Server-Sent Events ====

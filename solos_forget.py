@@ -19,7 +19,9 @@ import solos_bounds
 import solos_provenance
 import solos_rank
 import solos_store
+from solos_operations import Operation, object_schema, result_schema
 from solos_store import Forbidden, NotFound
+from solos_validation import AGENT_SCHEMA
 
 log = logging.getLogger("solos_forget")
 
@@ -27,7 +29,7 @@ MAX_MERGE_STEPS = 10_000
 CHECKPOINT_WAIT_MS = 250  # a WAL checkpoint waits this long for readers; past it, the hub retries later
 RETRY_CHECKPOINT_S = 5.0
 
-# ==== Schema pieces for the operation table ====
+# ==== Schema pieces for the operation's row ====
 
 FORGET_FIELDS = {
     "tier": {
@@ -113,6 +115,22 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
     if scrubbed["mirror"] == "pending" and memory.mirror is None:
         scrubbed["mirror"] = "no_mirror_configured"
     return {"tier": tier, "agent": agent, "id": row_id, "status": "forgotten", **retraction, **scrubbed}
+
+
+OPERATION_ROWS = (
+    Operation(
+        "forget",
+        "DELETE",
+        "/v1/memory",
+        op_forget_memory,
+        object_schema({"agent": AGENT_SCHEMA, **FORGET_FIELDS}, ("agent", "tier", "id")),
+        result_schema(FORGET_OUTPUT),
+        writes=True,
+        idempotent=True,  # a repeat answers the same (and runs the scrub again)
+        destructive=True,
+        title="Forget one of my rows",
+    ),
+)
 
 
 def forgotten_elsewhere(memory: Any) -> None:

@@ -17,7 +17,9 @@ from typing import Any
 
 import solos_bounds
 import solos_store
+from solos_operations import Operation, object_schema, result_schema
 from solos_store import BadRequest, Forbidden, NotFound
+from solos_validation import AGENT_SCHEMA
 
 MAX_PROMOTED = 100  # rows per promotion; one fact distilled from more is not one fact
 ARCHIVE_BATCH = 500  # rows moved per write transaction, so no write lock is held long
@@ -98,6 +100,21 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
     result = store.write(work)
     memory.written("long", result["id"])
     return result
+
+
+OPERATION_ROWS = (
+    Operation(
+        "promote",
+        "POST",
+        "/v1/promote",
+        op_promote_memory,
+        object_schema({"agent": AGENT_SCHEMA, **PROMOTE_INPUT_PROPERTIES}, ("agent", "ids")),
+        result_schema(PROMOTE_OUTPUT_PROPERTIES),
+        writes=True,
+        idempotent=True,
+        title="Promote episodes to a long-term fact",
+    ),
+)
 
 
 def archive_episodic(store: Any, older_than_days: float) -> int:

@@ -9,18 +9,19 @@ Run:   python3 solos_memory.py serve --register atlas,sol
 Test:  make test
 
 Data lives in one SQLite file (`--db`, default ./solos.db) shared with the
-fleet's other writers; it is created from schema.sql if missing. REST is served
-under /v1, MCP StreamableHTTP at /mcp, both from the operation table below.
+fleet's other writers, or a PostgreSQL database (`--db postgresql://…`); it is
+created from schema.sql (schema_pg.sql) if missing. REST is under /v1, MCP
+StreamableHTTP at /mcp, both from the operation table this module assembles
+from every capability module's OPERATION_ROWS.
 
-Settings (a flag beats the environment, which beats the default):
-  --db               SOLOS_MEMORY_DB               ./solos.db
-  --host             SOLOS_MEMORY_HOST             127.0.0.1
-  --port             SOLOS_MEMORY_PORT             8437
-  --busy-timeout-ms  SOLOS_MEMORY_BUSY_TIMEOUT_MS  5000
-  --tokens-file      SOLOS_MEMORY_TOKENS_FILE      (none: loopback trust)
-  --model-dir        SOLOS_MEMORY_MODEL_DIR        ./models/all-MiniLM-L6-v2 or "off"
-  --qdrant-url, --qdrant-path, --qdrant-collection: SOLOS_MEMORY_QDRANT_*  (none: no mirror)
-  --copy-name        SOLOS_MEMORY_COPY_NAME        hostname:port (which copy answered, of several on PostgreSQL)
+Settings: a flag beats the environment (SOLOS_MEMORY_*), which beats the
+default; every one is in the Configuration table of docs/operations.md,
+which tests/test_docs.py checks against this module's options.
+
+This module is the spine: config, Memory and the operations that are no
+module's, the table's assembly, the REST transport and the CLI. Recall is
+solos_recall's, the embedding worker solos_embed_worker's; no module imports
+this one (tests/test_shape.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
@@ -50,27 +51,28 @@ import mcp_bridge
 import solos_bounds
 import solos_check
 import solos_connections
+import solos_embed_worker
 import solos_events
 import solos_forget
 import solos_jobs
 import solos_lifecycle
 import solos_migrate
+import solos_operations
 import solos_provenance
 import solos_qdrant
 import solos_rank
+import solos_recall
 import solos_snapshot
 import solos_status
 import solos_store
 import solos_telemetry
 import solos_tokens
+from solos_operations import WRITE_OUTPUT, Operation, object_schema, result_schema, text_field
 from solos_store import (
-    DEFAULT_TIERS,
     EMBEDDED_TIERS,
     FTS_TABLES,
-    SCOPES,
     STORAGE_FAILURES,
     TIER_TABLE,
-    TIERS,
     BadRequest,
     Busy,
     Forbidden,
@@ -85,20 +87,16 @@ from solos_store import (
     ServiceError,
     StorageUnavailable,
     Store,
-    Tier,
     Unauthorized,
     UnsupportedMediaType,
-    Visibility,
     error_body,
     log_event,
     primary_code,
-    refuse_foreign_persona,
 )
 from solos_tokens import OPERATOR, Tokens
 from solos_validation import (
     AGENT_PATTERN,
     AGENT_SCHEMA,
-    NO_NUL,
     TAGS_SCHEMA,
     check_args,
     coerce_query,
@@ -150,172 +148,15 @@ def env_int(name: str, default: int) -> int:
 # ==== Embeddings (optional) ====
 
 QUERY_EMBED_TIMEOUT_S = 2.0  # past this, recall answers keyword-only (degraded) rather than wait
-EMBED_BATCH = 32
-SWEEP_INTERVAL_S = 30  # the worker also looks for rows other writers added without vectors
-WRITE_EMBED_TIMEOUT_S = 1.0  # a write waits this long for its row's vector (about 5 ms); then the worker has it
-HELD_ROW_POLL_S = 0.01  # how often a write whose row another pass holds looks again
 # Recall is degraded while more rows than this lack a vector: the fleet's direct writes (10k rows an hour would be
 # embedded as they come) never reach it; a bulk import or a stalled embedder does. The worker embeds about
 # 200 rows/s on 2 cores (bench/recall_ab.py), so this is a few seconds behind.
 DEGRADED_BACKLOG_ROWS = 1000
 
 
-def embed_missing(
-    store: Store, embedder: Any, batch: int = EMBED_BATCH, progress: Callable[[int], None] | None = None
-) -> int:
-    """Embed every row that lacks a vector from this model, batch by batch (each its own short write transaction:
-    idempotent and resumable, it only ever picks rows without a vector); return how many."""
-    done = 0
-    for tier in (tier.name for tier in EMBEDDED_TIERS):
-        while True:
-            rows = store.rows_missing_vectors(tier, embedder.model_id, batch)
-            if not rows:
-                break
-            vectors = embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
-            saved, _ = store.save_vectors(tier, embedder.model_id, list(zip(rows, vectors)))
-            done += len(saved)
-            if progress:
-                progress(done)
-            if not saved:
-                break  # every row changed under us; the next sweep takes them
-    return done
-
-
-class EmbedWorker(threading.Thread):
-    """Embeds rows at write (read-your-writes) and, in the background, whatever that missed.
-
-    A write's text is embedded before its transaction, which saves row and vector (bench/write_recall_ab.py), on
-    a pool of one thread with a timeout: a write never fails because of the embedder; one it could not embed in
-    time waits for the background pass, which also embeds the rows the fleet writes straight into the database."""
-
-    def __init__(self, store: Store, embedder: Any):
-        super().__init__(name="embed-worker", daemon=True)
-        self.store, self.embedder = store, embedder
-        self.wake = threading.Event()
-        self.halted = threading.Event()  # set by stop(): cuts a pause short
-        self.wake.set()  # rows from before this start are embedded at once, not after the first sweep interval
-        self.stopped = False
-        self.last_error: str | None = None
-        # Rows without a vector, each once: those the last count found (at start and each sweep: the fleet's
-        # direct writes) less those embedded since, and the service's own rows its write could not embed.
-        self.lock = threading.Lock()
-        self.counted = store.count_missing_vectors(embedder.model_id)
-        self.queued: set[tuple[str, int]] = set()
-        self.folded: set[tuple[str, int]] = set()  # queued rows already in `counted`: queued again, not twice
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, "embed-write")
-        self.stuck: concurrent.futures.Future | None = None
-
-    @property
-    def backlog(self) -> int:
-        return self.counted + len(self.queued)
-
-    def queue(self, key: tuple[str, int]) -> None:
-        """A row the write could not embed: count it (once), and embed it soon."""
-        with self.lock:
-            if key not in self.folded:
-                self.queued.add(key)
-            self.wake.set()
-
-    def in_time(self, failed: Any, work: Callable, *args: Any) -> Any:
-        """work(*args) on the write pool within WRITE_EMBED_TIMEOUT_S, else `failed` (at once while one still runs)."""
-        if self.stuck is not None and not self.stuck.done():
-            return failed
-        future = self.pool.submit(work, *args)
-        try:
-            return future.result(timeout=WRITE_EMBED_TIMEOUT_S)
-        except concurrent.futures.TimeoutError:
-            self.stuck = future
-        except Exception as error:  # a broken embedder or a busy database: the background pass retries
-            log_event("embed_failed", reason=f"{type(error).__name__}: {error}")
-        return failed
-
-    def embed_first(self, tier: str, row: Mapping) -> solos_store.Embedded | None:
-        """The vector of a row about to be written (named as the write's arguments), for its transaction to save."""
-        blobs = self.in_time(None, self.embedder.embed, [TIER_TABLE[tier].embedding_text(row)])
-        return (self.embedder.model_id, blobs[0]) if blobs else None
-
-    def embed_written(self, tier: str, row_id: int, index: solos_rank.VectorIndex | None) -> None:
-        """Embed a row just written (a promotion's fact) and index it, or leave it to the background pass."""
-        for lacking in self.in_time([row_id], self.embed_rows, tier, [row_id], index, WRITE_EMBED_TIMEOUT_S * 0.9):
-            self.queue((tier, lacking))
-
-    def embed_rows(
-        self, tier: str, ids: list[int], index: solos_rank.VectorIndex | None, wait_s: float = 0.0
-    ) -> list[int]:
-        """Embed these rows if they lack a vector, save and index the vectors; the ids still without one. A row another
-        pass holds (PostgreSQL: another copy's, or the background pass) is waited for up to wait_s, and claimed."""
-        import numpy as np
-
-        deadline, wanted = time.monotonic() + wait_s, list(ids)
-        while True:
-            rows = self.store.rows_missing_vectors(tier, self.embedder.model_id, len(wanted), wanted)
-            if rows:
-                blobs = self.embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
-                saved, generation = self.store.save_vectors(tier, self.embedder.model_id, list(zip(rows, blobs)))
-                for row, blob in zip(rows, blobs):
-                    if index is not None and row["id"] in saved:
-                        expires, thread = (dict(row).get(name) for name in ("expires_at", "topic"))
-                        vector = np.frombuffer(blob, dtype="<f4")
-                        index.add(self.store, tier, row["id"], row["agent"], expires, vector, generation, thread)
-            taken = {row["id"] for row in rows}
-            wanted = [row_id for row_id in wanted if row_id not in taken]
-            if wanted:  # unchanged text keeps its vector; a row held elsewhere has none yet
-                wanted = self.store.lacking_vectors(tier, self.embedder.model_id, wanted)
-            if not wanted or time.monotonic() >= deadline:
-                return wanted
-            time.sleep(HELD_ROW_POLL_S)
-
-    def run(self) -> None:
-        while not self.stopped:
-            woken = self.wake.wait(SWEEP_INTERVAL_S)
-            if woken and not self.stopped:
-                time.sleep(0.05)  # let a burst of writes arrive, to embed them as one batch
-            if self.stopped:  # stop() wakes it: a stopped service writes nothing more
-                return
-            self.wake.clear()
-            try:
-                self.catch_up(recount=not woken)
-                self.last_error = None
-            except Exception as error:  # a broken embedder or a busy database: rows wait for the next sweep
-                self.last_error = f"{type(error).__name__}: {error}"
-                log_event("embed_failed", reason=self.last_error)
-                self.halted.wait(1)
-
-    def catch_up(self, recount: bool) -> None:
-        """Embed every row without a vector, counting the backlog down; a timed sweep counts it afresh."""
-        if recount:
-            missing = self.store.count_missing_vectors(self.embedder.model_id)
-            with self.lock:  # the count includes the queued rows
-                self.counted, self.queued, self.folded = missing, set(), set()
-        else:
-            with self.lock:
-                self.counted, self.folded = self.counted + len(self.queued), self.folded | self.queued
-                self.queued = set()
-        counted = [0]
-
-        def progress(done: int) -> None:
-            with self.lock:
-                self.counted, counted[0] = max(0, self.counted - (done - counted[0])), done
-
-        embed_missing(self.store, self.embedder, progress=progress)
-        with self.lock:
-            if not self.queued:  # nothing was queued meanwhile: nothing is left
-                self.counted, self.folded = 0, set()
-
-    def stop(self) -> None:
-        """Stop and wait for a sweep in progress, so nothing writes after the service has closed."""
-        self.stopped = True
-        self.halted.set()
-        self.wake.set()
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        if self.is_alive() and self is not threading.current_thread():
-            self.join(timeout=10)
-
-
 # ==== Operations ====
 
 KEYWORD_ONLY_REASON = "keyword-only recall: no embedder is loaded"
-RANKING_LEGS = {"recency": [], "keyword": ["keyword"], "vector": ["vector"], "hybrid": ["keyword", "vector"]}
 
 
 class Memory:
@@ -331,7 +172,7 @@ class Memory:
         self.activity = solos_status.Activity(store)
         self.vectors = solos_rank.VectorIndex(embedder.model_id, [t.name for t in EMBEDDED_TIERS]) if embedder else None
         self.common_words = solos_rank.CommonWords(store)
-        self.worker = EmbedWorker(store, embedder) if embedder else None
+        self.worker = solos_embed_worker.EmbedWorker(store, embedder) if embedder else None
         self.query_pool = concurrent.futures.ThreadPoolExecutor(1, "embed-query") if embedder else None
         self.stuck_query: concurrent.futures.Future | None = None
         self.mirror: solos_qdrant.Mirror | None = None
@@ -425,239 +266,6 @@ class Memory:
         self.store.close()
 
 
-def op_recall_memory(memory: Memory, args: dict) -> dict:
-    """Recall memory across agents and tiers, best match first.
-
-    Every result names its writer (`agent`) and says whether it is `foreign`
-    to the caller. With an empty `q` the most recent rows come back. Scope
-    `own` reads only the caller's rows, `shared` everyone's, and
-    `shared_except_self` everyone else's. Tiers default to long + short;
-    `episodic` includes other agents' events only where they opted in (and
-    the read is audited); `durable` is the caller's own persona only.
-    Ranking fuses BM25 keyword matches with embedding similarity, then a
-    learned reranker reorders the best (`reranked`); `score` is in [0, 1] and
-    comparable within one response. Each row's `relevance` is the calibrated
-    probability that it is relevant to `q`; rows under `min_relevance`
-    (default 0: every match) are left out and counted in `below_floor`: an
-    empty answer then means nothing relevant, not a failure. `tags` keeps rows
-    carrying any of them. `receipt` says, without content, which legs ran and
-    how many rows the caller may read were considered. `degraded: true` means
-    part of the ranking was unavailable (the embedder missing, failing or far
-    behind: keyword-only) and says why. Identical texts are collapsed and
-    counted in `suppressed_duplicates`.
-    """
-    started = time.perf_counter()
-    planned = plan_recall(memory, args)
-    plan, found, ranked = memory.store.read(lambda conn: rank(memory, planned, conn))
-    answer = present(memory, plan, found, ranked)
-    memory.activity.recalled(plan.caller, [r["agent"] for r in answer["results"]], time.perf_counter() - started)
-    return answer
-
-
-@dataclass(frozen=True)
-class RecallPlan:
-    """What one recall will do, decided before it reads anything."""
-
-    caller: str
-    k: int
-    scope: str
-    tiers: tuple[str, ...]  # as asked, durable included
-    searched: tuple[Tier, ...]
-    query: str
-    words: list[str]
-    match: str | None  # the FTS5 query; None: no words to match
-    vector: Any  # the question's embedding, or None (until with_vector: what `embedding` brings)
-    ranking: str  # recency, keyword, vector or hybrid (until with_vector: if the vector comes)
-    reason: str | None  # why ranking is degraded, or None
-    depth: int  # candidates per tier and leg
-    tags: tuple[str, ...]  # only rows carrying one of these; () for any
-    floor: float  # min_relevance
-    embedding: Callable[[], tuple[Any, str | None]] | None = None  # the question's vector, on its way
-
-    def with_vector(self) -> RecallPlan:
-        """The plan once the question's embedding is in: its vector, or keyword ranking and why not."""
-        if self.embedding is None:
-            return self
-        vector, failure = self.embedding()
-        ranking = self.ranking if vector is not None else "keyword"
-        return dataclasses.replace(self, vector=vector, ranking=ranking, reason=failure or self.reason, embedding=None)
-
-
-@dataclass
-class Gathered:
-    """What one read found: who may see what, the persona, each leg's candidates, and the ranking they allow."""
-
-    seen: Visibility
-    persona: list[dict]
-    candidates: dict[tuple[str, int], dict]
-    similar: dict[tuple[str, int], float]
-    ranking: str  # the plan's, or keyword when no row of these tiers has a vector yet
-    around: solos_rank.Around = field(default_factory=dict)  # topic neighbours read so far
-    reranked: bool = False  # the learned reranker ordered the best rows
-    rerank_failure: str | None = None  # why it could not, leaving the first pass's order
-    without_vector: int | None = None  # candidates with no vector yet; None: no embedder, or no question
-
-
-def plan_recall(memory: Memory, args: dict) -> RecallPlan:
-    """Check the request against the rules, parse the question, embed it if the embedder may rank."""
-    caller, k, scope = args["agent"], args["k"], args["scope"]
-    tiers = tuple(dict.fromkeys(args["tiers"] or DEFAULT_TIERS))
-    refuse_foreign_persona(tiers, scope)
-    searched = [TIER_TABLE[tier] for tier in tiers if tier != "durable"]
-    if args["archive"]:
-        if "episodic" not in tiers:
-            raise BadRequest("archive=true searches archived episodic rows: add episodic to tiers", "archive")
-        searched.append(TIER_TABLE[solos_store.ARCHIVE_TIER])
-    query = args["q"] or ""
-    words = solos_rank.query_words(query)
-    match = solos_rank.make_fts_query(words)
-    reason = memory.embedder_state()["degraded_reason"]  # what /health says, this very moment
-    embedding = None
-    if match and args["ranking"] != "keyword" and memory.embedder is not None:
-        embedding = memory.start_embedding(query)  # runs beside the keyword leg (gather)
-    if match is None:
-        ranking = "recency"
-    else:
-        ranking = "keyword" if embedding is None else ("vector" if args["ranking"] == "vector" else "hybrid")
-    depth = max(solos_rank.CANDIDATE_DEPTH, k * 4 + 20)  # room for collapsed duplicates without a second query
-    tags = tuple(dict.fromkeys(args["tags"] or ()))
-    return RecallPlan(
-        caller,
-        k,
-        scope,
-        tiers,
-        tuple(searched),
-        query,
-        words,
-        match,
-        None,
-        ranking,
-        reason,
-        depth,
-        tags,
-        args["min_relevance"],
-        embedding,
-    )
-
-
-def gather(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[RecallPlan, Gathered]:
-    """Every candidate both legs find, in one read snapshot, already filtered by scope, sharing and expiry; and
-    the plan with the question's vector (or why there is none)."""
-    store, caller = memory.store, plan.caller
-    Store.require_agent(conn, caller)
-    seen = Visibility.read(conn, caller, plan.scope)
-    persona = []
-    if "durable" in plan.tiers and not plan.tags:  # a persona has no tags
-        row = store.persona(conn, caller)
-        if row is not None and (plan.match is None or solos_rank.term_overlap(plan.query, row["value"])):
-            persona.append(solos_rank.durable_result(row, caller))
-    if plan.match is None:
-        if plan.query.strip():  # words-free text (only punctuation): nothing can match
-            return plan, Gathered(seen, persona, {}, {}, plan.ranking)
-        recent = {
-            (tier.name, row["id"]): solos_rank.tier_result(tier, row, caller)
-            for tier in plan.searched
-            for row in store.recent_rows(conn, tier, seen, plan.depth, plan.tags)
-        }
-        return plan, Gathered(seen, persona, recent, {}, plan.ranking)
-    ranking, vectors, match = plan.ranking, memory.vectors, plan.match
-    names = [tier.name for tier in plan.searched]
-    candidates: dict[tuple[str, int], dict] = {}
-    around: solos_rank.Around = {}
-
-    def keyword_leg() -> dict[tuple[str, int], dict]:
-        return solos_rank.keyword_candidates(
-            store, conn, plan.searched, seen, match, plan.words, plan.depth, around, memory.common_words, plan.tags
-        )
-
-    if ranking == "hybrid":  # while the question is embedded (plan_recall started it)
-        candidates = keyword_leg()
-    keyword_ran, plan = ranking == "hybrid", plan.with_vector()
-    ranking = plan.ranking
-    if plan.vector is not None and vectors is not None:
-        vectors.refresh(store, conn, names)
-        if not vectors.count(names) and (candidates or not keyword_ran):  # rows, none embedded yet: keyword
-            ranking = "keyword"  # (an empty database stays hybrid: both legs ran and found nothing)
-    if ranking == "keyword" and not keyword_ran:
-        candidates = keyword_leg()
-    if ranking == "hybrid" and vectors is not None:  # other copies' rows, embedded since the snapshot
-        vectors.fill(store, conn, list(candidates))
-    similar: dict[tuple[str, int], float] = {}
-    if ranking in ("vector", "hybrid") and vectors is not None:
-        similar = solos_rank.vector_candidates(vectors, plan.vector, plan.searched, seen, plan.depth)
-        for tier in plan.searched:  # rows only the vector leg found, read through the same SQL filters
-            missing = [row_id for (name, row_id) in similar if name == tier.name and (name, row_id) not in candidates]
-            for row in store.rows_by_id(conn, tier, seen, missing, plan.tags) if missing else ():
-                candidates[(tier.name, row["id"])] = {**solos_rank.tier_result(tier, row, caller), "keyword": None}
-    if vectors is not None:
-        found = Gathered(seen, persona, candidates, similar, ranking, around)
-        found.without_vector = vectors.lacking(list(candidates))
-        return plan, found
-    return plan, Gathered(seen, persona, candidates, similar, ranking, around)
-
-
-def rank(memory: Memory, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[RecallPlan, Gathered, list[dict]]:
-    """Gather, fuse, rerank: in one read snapshot, since the reranker reads the best rows' topic neighbours."""
-    plan, found = gather(memory, plan, conn)
-    if found.ranking == "recency":
-        return plan, found, sorted(found.candidates.values(), key=lambda r: r["ts"] or "", reverse=True)
-    fused = solos_rank.fuse(found.candidates, found.similar, found.ranking)
-    if found.ranking == "vector":  # vector alone is for comparing the legs: no reranker, no relevance
-        return plan, found, fused.rows
-    vectors = memory.vectors if found.ranking == "hybrid" else None
-    ranked, found.rerank_failure = solos_rank.rerank(
-        memory.store, conn, plan, found.seen, fused, vectors, found.around, memory.rerank
-    )
-    found.reranked = memory.rerank and found.rerank_failure is None
-    return plan, found, ranked
-
-
-def present(memory: Memory, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:
-    """Collapse duplicates, cut to k after the relevance floor, audit foreign episodes, count; the response."""
-    for result in found.persona:
-        result["relevance"] = 1.0  # the caller's own persona, shown only when it shares a word with the question
-    results, collapsed = solos_rank.collapse_duplicates(found.persona + ranked, plan.k)
-    below = [r for r in results if r.get("relevance") is not None and r["relevance"] < plan.floor]
-    if below:  # the top k as it would be with no floor, less the rows under it, refilled from those above it
-        passing = [r for r in found.persona + ranked if r.get("relevance") is None or r["relevance"] >= plan.floor]
-        results, collapsed = solos_rank.collapse_duplicates(passing, plan.k)
-    results, truncated = solos_bounds.cut(results)  # left out, not handed over: neither audited nor counted as read
-    for result in results:  # presentation work, only for the rows returned
-        result["score"] = round(result["score"], 6)
-        result["relevance"] = None if result.get("relevance") is None else round(result["relevance"], 6)
-        if "tags" in result:
-            result["tags"] = solos_store.parse_tags(result["tags"])
-    # A collapsed copy is revealed too (its twin's duplicates, also_written_by): its read is audited as well.
-    found.seen.audit(memory.store, [(r["tier"], r["agent"], r["id"]) for r in results + collapsed])
-    corroboration = solos_provenance.witnessed(memory, plan.caller, results, collapsed)  # and the delivery log
-    memory.stats.record_recall(results, len(collapsed))
-    reason = "; ".join(why for why in (plan.reason, found.rerank_failure) if why) or None
-    return {
-        "agent": plan.caller,
-        "q": plan.query,
-        "k": plan.k,
-        "scope": plan.scope,
-        "tiers": list(plan.tiers),
-        "count": len(results),
-        "results": results,
-        "suppressed_duplicates": len(collapsed),
-        "min_relevance": plan.floor,
-        "below_floor": len(below),
-        "degraded": reason is not None,
-        "degraded_reason": reason,
-        "ranking": found.ranking,
-        "reranked": found.reranked,
-        "truncated": truncated,
-        "corroboration": corroboration,
-        "receipt": {
-            "legs": RANKING_LEGS[found.ranking],
-            "considered": len(found.persona) + len(found.candidates),
-            "below_floor": len(below),
-            "without_vector": found.without_vector,
-        },
-    }
-
-
 def op_write_short(memory: Memory, args: dict) -> dict:
     """Write a short-term key/value for the calling agent, expiring after ttl_s seconds.
 
@@ -748,185 +356,8 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
 
 # ==== Operation table ====
 
-
-@dataclass(frozen=True)
-class Operation:
-    """One capability: a REST route and an MCP tool over the same function and schema."""
-
-    name: str
-    method: str
-    path: str
-    function: Callable[[Memory, dict], dict]
-    input_schema: dict
-    output_schema: dict
-    writes: bool
-    idempotent: bool
-    destructive: bool = False
-    title: str = ""
-    operator: bool = False  # the operator token may call it (an agent's token always may)
-
-    @property
-    def description(self) -> str:
-        return " ".join((self.function.__doc__ or "").split())
-
-
-def object_schema(properties: dict, required: tuple[str, ...] = ("agent",)) -> dict:
-    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
-
-
-def result_schema(properties: dict) -> dict:
-    """An output schema: these fields always present, more may follow."""
-    return {"type": "object", "properties": properties, "required": list(properties)}
-
-
-NULLABLE_STRING = {"type": ["string", "null"]}
-
-
-def text_field(description: str, max_length: int, min_length: int = 0) -> dict:
-    """A stored text field's schema: a string without NUL, of bounded length."""
-    bounds = {"minLength": min_length} if min_length else {}
-    return {"type": "string", "pattern": NO_NUL, **bounds, "maxLength": max_length, "description": description}
-
-
-WRITE_OUTPUT = result_schema(
-    {
-        "tier": {"type": "string", "enum": ["short", "long", "episodic"]},
-        "agent": {"type": "string"},
-        "id": {"type": "integer"},
-        "status": {
-            "type": "string",
-            "enum": ["created", "updated", "unchanged", "deleted"],
-            "description": "What the write did; REST answers 201 for created, else 200.",
-        },
-    }
-)
-RECALLED_ROW = result_schema(
-    {
-        "id": {"type": "integer"},
-        "tier": {"type": "string", "enum": list(TIERS)},
-        "agent": {"type": "string", "description": "Who wrote it."},
-        "ts": NULLABLE_STRING,
-        "score": {"type": "number", "description": "Higher is better; comparable within one response."},
-        "source": {"type": "string"},
-        "foreign": {"type": "boolean", "description": "true when another agent wrote it."},
-        "text": {"type": "string"},
-        "relevance": {
-            "type": ["number", "null"],
-            "description": "The probability (0-1) that the row is relevant to q, calibrated on a dev set; null "
-            "without words to judge by (empty q) or with ranking=vector.",
-        },
-    }
-)
-RECALL_OUTPUT = result_schema(
-    {
-        "agent": {"type": "string"},
-        "count": {"type": "integer"},
-        "results": {"type": "array", "items": RECALLED_ROW},
-        "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
-        "min_relevance": {"type": "number", "description": "The floor this recall applied."},
-        "below_floor": {
-            "type": "integer",
-            "description": "Rows of the top k left out for a relevance under the floor: with count 0, an honest "
-            "'nothing relevant', not a failure.",
-        },
-        "receipt": {
-            "type": "object",
-            "description": "What this recall did, without content: legs run, visible rows considered, rows below "
-            "the floor, and matches with no vector yet (null without an embedder). Counts only rows the caller "
-            "may read.",
-            "properties": {
-                "legs": {"type": "array", "items": {"type": "string", "enum": ["keyword", "vector"]}},
-                "considered": {"type": "integer"},
-                "below_floor": {"type": "integer"},
-                "without_vector": {"type": ["integer", "null"]},
-            },
-        },
-        "degraded": {"type": "boolean", "description": "true: a leg or the reranker was unavailable (see the reason)."},
-        "degraded_reason": NULLABLE_STRING,
-        "ranking": {"type": "string"},
-        "reranked": {"type": "boolean", "description": "true: the learned reranker ordered the best rows."},
-        "truncated": {
-            "type": ["object", "null"],
-            "description": "Set when the next results were left out to keep the answer under max_bytes of JSON.",
-        },
-    }
-)
-
-
-OPERATIONS = {
-    "recall": Operation(
-        "recall",
-        "GET",
-        "/v1/recall",
-        op_recall_memory,
-        object_schema(
-            {
-                "agent": AGENT_SCHEMA,
-                "q": {
-                    "type": "string",
-                    "maxLength": 10_000,
-                    "default": "",
-                    "description": "What to look for, in plain words; empty returns the most recent rows.",
-                },
-                "k": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": 100,
-                    "default": 5,
-                    "description": "How many results, 1-100.",
-                },
-                "scope": {
-                    "type": "string",
-                    "enum": list(SCOPES),
-                    "default": "shared",
-                    "description": "own: the caller's rows; shared: everyone's; shared_except_self: everyone else's.",
-                },
-                "ranking": {
-                    "type": "string",
-                    "enum": ["auto", "hybrid", "keyword", "vector"],
-                    "default": "auto",
-                    "description": "auto or hybrid: both legs when the embedder is loaded, else keyword "
-                    "(degraded_reason says why); keyword or vector: one leg only (for comparison).",
-                },
-                "tiers": {
-                    "type": "array",
-                    "items": {"type": "string", "enum": list(TIERS)},
-                    "maxItems": 4,
-                    "uniqueItems": True,
-                    "default": list(DEFAULT_TIERS),
-                    "description": "Tiers to search (REST: comma-separated). Default long,short.",
-                },
-                "archive": {
-                    "type": "boolean",
-                    "default": False,
-                    "description": "Also search archived episodic rows (needs episodic in tiers; keyword-ranked).",
-                },
-                "tags": {
-                    **TAGS_SCHEMA,
-                    "description": "Only rows carrying any of these tags (REST: comma-separated); rows of tiers "
-                    "without tags (episodic, durable) never match. With an empty q: the newest such rows.",
-                },
-                "min_relevance": {
-                    "type": "number",
-                    "minimum": 0,
-                    "maximum": 1,
-                    # 0 by default: the calibration is fitted on chat turns and rejects only 0.16 of foreign
-                    # questions at the floor that keeps hit@5 (RESULTS-locomo.md, "Honest recall"), and misses
-                    # paraphrases; dropping rows for every caller of the fleet needs better evidence than that.
-                    # What goes straight into a prompt (turn_context, the Hermes prefetch) uses the floor.
-                    "default": 0.0,
-                    "description": "Leave out rows less likely than this to be relevant (see relevance); default 0: "
-                    f"every match. The client's turn helpers use {solos_rank.RELEVANCE_FLOOR}. Not applied to an "
-                    "empty q.",
-                },
-            }
-        ),
-        RECALL_OUTPUT,
-        writes=False,
-        idempotent=True,
-        title="Recall memory",
-    ),
-    "write_short": Operation(
+OPERATION_ROWS = (
+    Operation(
         "write_short",
         "POST",
         "/v1/short",
@@ -952,7 +383,7 @@ OPERATIONS = {
         idempotent=True,
         title="Write short-term memory",
     ),
-    "write_long": Operation(
+    Operation(
         "write_long",
         "POST",
         "/v1/long",
@@ -973,7 +404,7 @@ OPERATIONS = {
         idempotent=True,
         title="Write a long-term fact",
     ),
-    "write_episodic": Operation(
+    Operation(
         "write_episodic",
         "POST",
         "/v1/episodic",
@@ -1000,7 +431,7 @@ OPERATIONS = {
         idempotent=False,
         title="Append an episodic event",
     ),
-    "delete_short": Operation(
+    Operation(
         "delete_short",
         "DELETE",
         "/v1/short",
@@ -1018,7 +449,7 @@ OPERATIONS = {
         destructive=True,
         title="Delete a short-term key",
     ),
-    "set_sharing": Operation(
+    Operation(
         "set_sharing",
         "PUT",
         "/v1/sharing",
@@ -1044,7 +475,7 @@ OPERATIONS = {
         idempotent=True,
         title="Share episodic memory",
     ),
-    "read_audit": Operation(
+    Operation(
         "read_audit",
         "GET",
         "/v1/audit",
@@ -1089,7 +520,7 @@ OPERATIONS = {
         idempotent=True,
         title="Who read my episodes",
     ),
-    "stats": Operation(
+    Operation(
         "stats",
         "GET",
         "/v1/stats",
@@ -1119,42 +550,15 @@ OPERATIONS = {
         title="Service statistics",
         operator=True,
     ),
-    "promote": Operation(
-        "promote",
-        "POST",
-        "/v1/promote",
-        solos_lifecycle.op_promote_memory,
-        object_schema({"agent": AGENT_SCHEMA, **solos_lifecycle.PROMOTE_INPUT_PROPERTIES}, ("agent", "ids")),
-        result_schema(solos_lifecycle.PROMOTE_OUTPUT_PROPERTIES),
-        writes=True,
-        idempotent=True,
-        title="Promote episodes to a long-term fact",
-    ),
-    "forget": Operation(
-        "forget",
-        "DELETE",
-        "/v1/memory",
-        solos_forget.op_forget_memory,
-        object_schema({"agent": AGENT_SCHEMA, **solos_forget.FORGET_FIELDS}, ("agent", "tier", "id")),
-        result_schema(solos_forget.FORGET_OUTPUT),
-        writes=True,
-        idempotent=True,  # a repeat answers the same (and runs the scrub again)
-        destructive=True,
-        title="Forget one of my rows",
-    ),
-    "read_events": Operation(
-        "read_events",
-        "GET",
-        "/v1/events",
-        solos_events.op_read_events,
-        object_schema(solos_events.event_fields(AGENT_SCHEMA, TAGS_SCHEMA, TIERS, SCOPES, DEFAULT_TIERS)),
-        result_schema(solos_events.EVENTS_OUTPUT),
-        writes=False,
-        idempotent=True,
-        title="What changed since an event id",
-    ),
-}
-OPERATIONS.update(solos_provenance.operations(Operation))
+)
+OPERATIONS = solos_operations.table(
+    solos_recall.OPERATION_ROWS,
+    OPERATION_ROWS,
+    solos_lifecycle.OPERATION_ROWS,
+    solos_forget.OPERATION_ROWS,
+    solos_events.OPERATION_ROWS,
+    solos_provenance.OPERATION_ROWS,
+)
 ROUTES = {(op.method, op.path): op for op in OPERATIONS.values()}
 
 
@@ -1827,7 +1231,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     backfill.add_argument(
         "--batch",
         type=int,
-        default=EMBED_BATCH,
+        default=solos_embed_worker.EMBED_BATCH,
         help="rows per embedding batch and write transaction (default: %(default)s)",
     )
 
@@ -1927,7 +1331,7 @@ def backfill(store: Store, config: Config, batch: int) -> int:
         sys.stderr.write(f"\rbackfill: {done}/{todo} rows embedded ({rate:.0f}/s)")
         sys.stderr.flush()
 
-    done = embed_missing(store, embedder, batch, progress)
+    done = solos_embed_worker.embed_missing(store, embedder, batch, progress)
     sys.stderr.write("\n")
     log_event(
         "backfilled",

@@ -16,8 +16,8 @@ relied on is gone.
 - Retraction notices: an agent delivered a row that is then forgotten or
   replaced is told (`read_notices`, `ack_notices`, and its event stream).
 
-The spine calls `witnessed` from recall's present() and adds `operations(Operation)` to its table.
-Imports the store, ranking helpers and validation schemas; never the spine.
+solos_recall's present() calls `witnessed`; the spine adds `OPERATION_ROWS` to its table.
+Imports the store, ranking helpers, the operation rows' pieces and validation schemas; never the spine.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import solos_bounds
@@ -40,6 +40,7 @@ import solos_jobs
 import solos_rank
 import solos_store
 import solos_tokens
+from solos_operations import Operation, object_schema, result_schema
 from solos_store import BadRequest, Forbidden
 from solos_validation import AGENT_SCHEMA
 
@@ -711,147 +712,137 @@ ROW_ID = {"type": "integer", "minimum": 1, "maximum": solos_bounds.MAX_ID}
 VERSIONED_TIERS = list(solos_store.VERSIONED)
 
 
-def schema(properties: dict, required: tuple[str, ...] = ("agent",)) -> dict:
-    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+OPTIONAL_AGENT = {**AGENT_SCHEMA, "description": "The calling agent; none: the operator's view (operator token)."}
 
-
-def output(properties: dict) -> dict:
-    return {"type": "object", "properties": properties, "required": list(properties)}
-
-
-def operations(operation: Callable[..., Any]) -> dict[str, Any]:
-    """The spine's Operation rows for this module (the spine passes its Operation class)."""
-    optional_agent = {**AGENT_SCHEMA, "description": "The calling agent; none: the operator's view (operator token)."}
-    rows = [
-        operation(
-            "read_deliveries",
-            "GET",
-            "/v1/deliveries",
-            op_read_deliveries,
-            schema(
-                {
-                    "agent": optional_agent,
-                    "tier": {"type": "string", "enum": list(LOGGED_TIERS), "description": "Only this tier's rows."},
-                    "id": {**ROW_ID, "description": "Only this row (with tier)."},
-                    "limit": LIMIT,
-                    "before_id": {**ROW_ID, "description": "Page: only deliveries with a smaller id."},
+OPERATION_ROWS = (
+    Operation(
+        "read_deliveries",
+        "GET",
+        "/v1/deliveries",
+        op_read_deliveries,
+        object_schema(
+            {
+                "agent": OPTIONAL_AGENT,
+                "tier": {"type": "string", "enum": list(LOGGED_TIERS), "description": "Only this tier's rows."},
+                "id": {**ROW_ID, "description": "Only this row (with tier)."},
+                "limit": LIMIT,
+                "before_id": {**ROW_ID, "description": "Page: only deliveries with a smaller id."},
+            },
+            (),
+        ),
+        result_schema(
+            {
+                "agent": {"type": ["string", "null"]},
+                "view": {"type": "string", "enum": ["author", "operator"]},
+                "count": {"type": "integer"},
+                "deliveries": {"type": "array", "items": {"type": "object"}},
+            }
+        ),
+        writes=False,
+        idempotent=True,
+        title="Who was shown my rows",
+        operator=True,
+    ),
+    Operation(
+        "recall_as_of",
+        "GET",
+        "/v1/recall/as_of",
+        op_recall_as_of,
+        object_schema(
+            {
+                "agent": OPTIONAL_AGENT,
+                "as_of": {
+                    "type": "string",
+                    "pattern": TIMESTAMP,
+                    "description": "The time, UTC: 2026-11-30T06:00:00.000Z.",
                 },
-                (),
-            ),
-            output(
-                {
-                    "agent": {"type": ["string", "null"]},
-                    "view": {"type": "string", "enum": ["author", "operator"]},
-                    "count": {"type": "integer"},
-                    "deliveries": {"type": "array", "items": {"type": "object"}},
-                }
-            ),
-            writes=False,
-            idempotent=True,
-            title="Who was shown my rows",
-            operator=True,
-        ),
-        operation(
-            "recall_as_of",
-            "GET",
-            "/v1/recall/as_of",
-            op_recall_as_of,
-            schema(
-                {
-                    "agent": optional_agent,
-                    "as_of": {
-                        "type": "string",
-                        "pattern": TIMESTAMP,
-                        "description": "The time, UTC: 2026-11-30T06:00:00.000Z.",
-                    },
-                    "reader": {**AGENT_SCHEMA, "description": "Answer what this agent had been shown by as_of."},
-                    "q": {"type": "string", "maxLength": 1000, "default": "", "description": "Words to look for."},
-                    "k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10, "description": "1-100."},
-                    "tiers": {
-                        "type": "array",
-                        "items": {"type": "string", "enum": VERSIONED_TIERS},
-                        "uniqueItems": True,
-                        "maxItems": len(VERSIONED_TIERS),
-                        "default": ["long", "short"],
-                        "description": "Tiers (REST: comma-separated). Default long,short.",
-                    },
-                    "scope": {
-                        "type": "string",
-                        "enum": list(solos_store.SCOPES),
-                        "default": "shared",
-                        "description": "own, shared or shared_except_self, as in recall.",
-                    },
+                "reader": {**AGENT_SCHEMA, "description": "Answer what this agent had been shown by as_of."},
+                "q": {"type": "string", "maxLength": 1000, "default": "", "description": "Words to look for."},
+                "k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10, "description": "1-100."},
+                "tiers": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": VERSIONED_TIERS},
+                    "uniqueItems": True,
+                    "maxItems": len(VERSIONED_TIERS),
+                    "default": ["long", "short"],
+                    "description": "Tiers (REST: comma-separated). Default long,short.",
                 },
-                ("as_of",),
-            ),
-            output(
-                {
-                    "as_of": {"type": "string"},
-                    "count": {"type": "integer"},
-                    "results": {"type": "array", "items": {"type": "object"}},
-                    "retracted": {
-                        "type": "array",
-                        "items": {"type": "object"},
-                        "description": "Rows that existed then and were forgotten since: tier, row_id, agent, "
-                        "forgotten_at; no text.",
-                    },
-                    "truncated": {
-                        "type": ["object", "null"],
-                        "description": "Set when the next results would pass 1 MiB: how many were left out.",
-                    },
-                }
-            ),
-            writes=False,
-            idempotent=True,
-            title="Recall as of a time",
-            operator=True,
-        ),
-        operation(
-            "read_notices",
-            "GET",
-            "/v1/notices",
-            op_read_notices,
-            schema(
-                {
-                    "agent": AGENT_SCHEMA,
-                    "after_id": {**ROW_ID, "minimum": 0, "description": "Only notices with a larger id."},
-                    "limit": LIMIT,
-                    "include_acked": {"type": "boolean", "default": False, "description": "Acknowledged ones too."},
-                }
-            ),
-            output(
-                {
-                    "agent": {"type": "string"},
-                    "count": {"type": "integer"},
-                    "notices": {"type": "array", "items": {"type": "object"}},
-                }
-            ),
-            writes=False,
-            idempotent=True,
-            title="Retraction notices for me",
-        ),
-        operation(
-            "ack_notices",
-            "POST",
-            "/v1/notices/ack",
-            op_ack_notices,
-            schema(
-                {
-                    "agent": AGENT_SCHEMA,
-                    "ids": {
-                        "type": "array",
-                        "items": ROW_ID,
-                        "maxItems": 1000,
-                        "uniqueItems": True,
-                        "description": "The notices' ids (REST body: a JSON array).",
-                    },
+                "scope": {
+                    "type": "string",
+                    "enum": list(solos_store.SCOPES),
+                    "default": "shared",
+                    "description": "own, shared or shared_except_self, as in recall.",
                 },
-                ("agent", "ids"),
-            ),
-            output({"agent": {"type": "string"}, "acked": {"type": "integer"}}),
-            writes=True,
-            idempotent=True,
-            title="Acknowledge retraction notices",
+            },
+            ("as_of",),
         ),
-    ]
-    return {row.name: row for row in rows}
+        result_schema(
+            {
+                "as_of": {"type": "string"},
+                "count": {"type": "integer"},
+                "results": {"type": "array", "items": {"type": "object"}},
+                "retracted": {
+                    "type": "array",
+                    "items": {"type": "object"},
+                    "description": "Rows that existed then and were forgotten since: tier, row_id, agent, "
+                    "forgotten_at; no text.",
+                },
+                "truncated": {
+                    "type": ["object", "null"],
+                    "description": "Set when the next results would pass 1 MiB: how many were left out.",
+                },
+            }
+        ),
+        writes=False,
+        idempotent=True,
+        title="Recall as of a time",
+        operator=True,
+    ),
+    Operation(
+        "read_notices",
+        "GET",
+        "/v1/notices",
+        op_read_notices,
+        object_schema(
+            {
+                "agent": AGENT_SCHEMA,
+                "after_id": {**ROW_ID, "minimum": 0, "description": "Only notices with a larger id."},
+                "limit": LIMIT,
+                "include_acked": {"type": "boolean", "default": False, "description": "Acknowledged ones too."},
+            }
+        ),
+        result_schema(
+            {
+                "agent": {"type": "string"},
+                "count": {"type": "integer"},
+                "notices": {"type": "array", "items": {"type": "object"}},
+            }
+        ),
+        writes=False,
+        idempotent=True,
+        title="Retraction notices for me",
+    ),
+    Operation(
+        "ack_notices",
+        "POST",
+        "/v1/notices/ack",
+        op_ack_notices,
+        object_schema(
+            {
+                "agent": AGENT_SCHEMA,
+                "ids": {
+                    "type": "array",
+                    "items": ROW_ID,
+                    "maxItems": 1000,
+                    "uniqueItems": True,
+                    "description": "The notices' ids (REST body: a JSON array).",
+                },
+            },
+            ("agent", "ids"),
+        ),
+        result_schema({"agent": {"type": "string"}, "acked": {"type": "integer"}}),
+        writes=True,
+        idempotent=True,
+        title="Acknowledge retraction notices",
+    ),
+)

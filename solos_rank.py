@@ -10,13 +10,15 @@ Every weight is a named constant with the bench result that chose it
 (bench/RESULTS-locomo.md).
 
 Standard library only, but for numpy in the vector leg (imported when an
-embedder is loaded). Imports nothing from the service: the spine hands it rows,
-tiers (rows of its TIER_TABLE) and a store it can ask for more rows.
+embedder is loaded). Imports only the store's tier and visibility types (and a marker): solos_recall hands it the
+recall's `RecallPlan` (defined here, so ranking takes it typed without importing recall back), rows, tiers
+(rows of the store's TIER_TABLE) and a store it can ask for more rows.
 The bench's research scripts import these same functions and constants.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import logging
@@ -61,6 +63,39 @@ class RankStore(Protocol):
     def load_vectors(self, conn: Any, tier: str, model: str) -> Any: ...
 
     def vectors_by_id(self, conn: Any, tier: str, model: str, ids: list[int]) -> Any: ...
+
+
+# ==== What one recall asks ====
+
+
+@dataclass(frozen=True)
+class RecallPlan:
+    """What one recall will do, decided before it reads anything (solos_recall.plan_recall makes it; the legs
+    and the reranker read it)."""
+
+    caller: str
+    k: int
+    scope: str
+    tiers: tuple[str, ...]  # as asked, durable included
+    searched: tuple[Tier, ...]
+    query: str
+    words: list[str]
+    match: str | None  # the FTS5 query; None: no words to match
+    vector: Any  # the question's embedding, or None (until with_vector: what `embedding` brings)
+    ranking: str  # recency, keyword, vector or hybrid (until with_vector: if the vector comes)
+    reason: str | None  # why ranking is degraded, or None
+    depth: int  # candidates per tier and leg
+    tags: tuple[str, ...]  # only rows carrying one of these; () for any
+    floor: float  # min_relevance
+    embedding: Callable[[], tuple[Any, str | None]] | None = None  # the question's vector, on its way
+
+    def with_vector(self) -> RecallPlan:
+        """The plan once the question's embedding is in: its vector, or keyword ranking and why not."""
+        if self.embedding is None:
+            return self
+        vector, failure = self.embedding()
+        ranking = self.ranking if vector is not None else "keyword"
+        return dataclasses.replace(self, vector=vector, ranking=ranking, reason=failure or self.reason, embedding=None)
 
 
 # ==== Query words ====
@@ -221,33 +256,27 @@ Around = dict[Key, tuple[Key | None, Key | None]]  # a long fact's previous and 
 
 
 def keyword_candidates(
-    store: RankStore,
-    conn: Any,
-    tiers: Sequence[Tier],
-    seen: Visibility,
-    match: str,
-    words: list[str],
-    depth: int,
-    around: Around,
-    common: CommonWords,
-    tags: Sequence[str] = (),
+    store: RankStore, conn: Any, plan: RecallPlan, seen: Visibility, around: Around, common: CommonWords
 ) -> dict[Key, dict]:
     """BM25 per tier after the scope, sharing and expiry filters, x NAME_BOOST for a named writer, then neighbours.
 
-    Words in more than half of a tier's rows are left out of its query (`common`). The topic neighbours read
-    on the way are kept in `around` (the reranker reads them too).
+    The plan gives the tiers searched, the FTS5 query and its words, the depth and the tags. Words in more than
+    half of a tier's rows are left out of its query (`common`). The topic neighbours read on the way are kept in
+    `around` (the reranker reads them too).
     """
-    candidates = {}
-    content = [word for word in words if word not in STOP_WORDS]
-    for tier in tiers:
-        searched = tier_match(match, content, common.of(tier, content))
-        for row in store.ranked_rows(conn, tier, seen, searched, depth, tags):
+    candidates: dict[Key, dict] = {}
+    if plan.match is None:  # no words: recency orders this recall, not the keyword leg
+        return candidates
+    content = [word for word in plan.words if word not in STOP_WORDS]
+    for tier in plan.searched:
+        searched = tier_match(plan.match, content, common.of(tier, content))
+        for row in store.ranked_rows(conn, tier, seen, searched, plan.depth, plan.tags):
             result = tier_result(tier, row, seen.caller)
-            result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in words else 1.0)
+            result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in plan.words else 1.0)
             candidates[(tier.name, row["id"])] = result
-    threaded = [tier for tier in tiers if tier.threaded]
+    threaded = [tier for tier in plan.searched if tier.threaded]
     for tier in threaded:
-        smooth_with_neighbours(store, conn, tier, seen, candidates, around, tags)
+        smooth_with_neighbours(store, conn, tier, seen, candidates, around, plan.tags)
     return candidates
 
 
@@ -906,7 +935,7 @@ def logistic(logit: float) -> float:
 def rerank(
     store: RankStore,
     conn: Any,
-    plan: Any,
+    plan: RecallPlan,
     seen: Visibility,
     fused: Fused,
     vectors: VectorIndex | None,

@@ -51,23 +51,24 @@ sys.path.insert(0, str(ROOT))
 import solos_memory  # noqa: E402  (the service, in-process)
 import solos_provenance  # noqa: E402
 import solos_rank  # noqa: E402
+import solos_recall  # noqa: E402
 import solos_store  # noqa: E402
 
 # The steps of one recall, outermost first; a step's time includes the steps listed under it.
 RECALL_STEPS = (
-    ("recall", solos_memory, "op_recall_memory", 0),
-    ("plan (validation done)", solos_memory, "plan_recall", 1),
-    ("read transaction", solos_memory, "rank", 1),
+    ("recall", solos_recall, "op_recall_memory", 0),
+    ("plan (validation done)", solos_recall, "plan_recall", 1),
+    ("read transaction", solos_recall, "rank", 1),
     ("keyword leg", solos_rank, "keyword_candidates", 2),
     ("BM25 ranking per tier (the floor's work)", solos_store.Store, "ranked_rows", 3),
     ("topic neighbours borrowing scores", solos_rank, "smooth_with_neighbours", 3),
     ("fusion", solos_rank, "fuse", 2),
     ("reranker", solos_rank, "rerank", 2),
     ("its features and logits", solos_rank, "head_logits", 3),
-    ("waiting for the question's vector", solos_memory.RecallPlan, "with_vector", 2),
+    ("waiting for the question's vector", solos_recall.RecallPlan, "with_vector", 2),
     ("vector index: refresh, other copies' rows", solos_rank.VectorIndex, "fill", 2),
     ("vector leg", solos_rank, "vector_candidates", 2),
-    ("answer", solos_memory, "present", 1),
+    ("answer", solos_recall, "present", 1),
     ("duplicates collapsed", solos_rank, "collapse_duplicates", 2),
     ("corroboration (own read)", solos_provenance, "corroborate", 2),
 )
@@ -135,7 +136,7 @@ def instrument() -> None:
     """Wrap the recall's steps and the store's connections (this process only)."""
     for label, owner, name, _ in RECALL_STEPS:
         setattr(owner, name, STEPS.timed(label, getattr(owner, name)))
-    solos_memory.OPERATIONS["recall"].__dict__["function"] = solos_memory.op_recall_memory  # the wrapped one
+    solos_memory.OPERATIONS["recall"].__dict__["function"] = solos_recall.op_recall_memory  # the wrapped one
     solos_store.PooledConnection = TimedConnection  # Store.connect looks the class up when it opens one
 
 

@@ -17,6 +17,7 @@ import time
 import pytest
 from conftest import ROOT, Stream, start_server, stop_server, subscribed, wait_until
 
+import solos_embed_worker
 import solos_memory
 
 pytestmark = pytest.mark.slow
@@ -296,7 +297,7 @@ def test_a_write_waits_for_its_rows_vector_while_another_copys_pass_embeds_it(pg
     embedder = CountingEmbedder(tally, lock)
     writer, other = solos_store_pg.PgStore(pg_url), solos_store_pg.PgStore(pg_url)
     writer.migrate()
-    worker = solos_memory.EmbedWorker(writer, embedder)  # not started: only the write's own embedding runs
+    worker = solos_embed_worker.EmbedWorker(writer, embedder)  # not started: only the write's own embedding runs
     try:
         sql(pg_url, "INSERT INTO agent_registry (agent) VALUES ('nova')")
         written = writer.upsert_long("nova", "ops", "certs rotate monthly", None, None, [])
@@ -306,11 +307,11 @@ def test_a_write_waits_for_its_rows_vector_while_another_copys_pass_embeds_it(pg
         saver = threading.Timer(0.3, lambda: other.save_vectors("long", embedder.model_id, [(theirs, blob)]))
         saver.start()
         started = time.monotonic()
-        left = worker.embed_rows("long", [written["id"]], None, solos_memory.WRITE_EMBED_TIMEOUT_S)
+        left = worker.embed_rows("long", [written["id"]], None, solos_embed_worker.WRITE_EMBED_TIMEOUT_S)
         waited = time.monotonic() - started
         saver.join()
         # Acknowledged only once the vector is saved, by the pass that holds the claim: embedded once.
-        assert left == [] and 0.25 <= waited < solos_memory.WRITE_EMBED_TIMEOUT_S, waited
+        assert left == [] and 0.25 <= waited < solos_embed_worker.WRITE_EMBED_TIMEOUT_S, waited
         assert sql(pg_url, "SELECT row_id FROM memory_vector WHERE tier = 'long'") == [(written["id"],)]
         assert embedder.calls == 1
 
@@ -331,10 +332,10 @@ def test_a_write_waits_for_its_rows_vector_while_another_copys_pass_embeds_it(pg
         assert locked.wait(WAIT_S)
         threading.Timer(0.3, release.set).start()
         started = time.monotonic()
-        left = worker.embed_rows("long", [again["id"]], None, solos_memory.WRITE_EMBED_TIMEOUT_S)
+        left = worker.embed_rows("long", [again["id"]], None, solos_embed_worker.WRITE_EMBED_TIMEOUT_S)
         waited = time.monotonic() - started
         holder.join()
-        assert left == [] and 0.25 <= waited < solos_memory.WRITE_EMBED_TIMEOUT_S, waited
+        assert left == [] and 0.25 <= waited < solos_embed_worker.WRITE_EMBED_TIMEOUT_S, waited
         assert embedder.calls == 2 and tally["nova (ops): gateway certs rotate monthly"] == 1
         assert sql(pg_url, "SELECT count(*) FROM memory_vector WHERE tier = 'long'") == [(2,)]
     finally:

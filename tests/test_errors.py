@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -150,8 +151,8 @@ def test_unexpected_exception_is_a_bare_500(server, monkeypatch):
     def explode(memory, args):
         raise RuntimeError("secret path /srv/solos.db and SELECT internals")
 
-    broken = {**solos_memory.OPERATIONS["stats"].__dict__, "function": explode}
-    monkeypatch.setitem(solos_memory.ROUTES, ("GET", "/v1/stats"), solos_memory.Operation(**broken))
+    broken = dataclasses.replace(solos_memory.OPERATIONS["stats"], function=explode)
+    monkeypatch.setitem(solos_memory.ROUTES, ("GET", "/v1/stats"), broken)
     reply = server.get("/v1/stats")
     assert_error(reply, 500, "internal")
     assert b"secret" not in reply.raw and b"SELECT" not in reply.raw

@@ -10,6 +10,7 @@ import time
 import pytest
 from conftest import WordHashEmbedder, skip_or_fail, stop_server, wait_until
 
+import solos_embed_worker
 import solos_memory
 import solos_status
 
@@ -128,7 +129,7 @@ def test_vectors_of_another_model_are_never_compared(embedded_server, tmp_path):
 
     second.post("/v1/long", {"agent": "atlas", "fact": "delta echo foxtrot"})
     store = second.server.memory.store
-    solos_memory.embed_missing(store, WordHashEmbedder("word-hash-b"))  # b now has vectors for both rows
+    solos_embed_worker.embed_missing(store, WordHashEmbedder("word-hash-b"))  # b now has vectors for both rows
     with second.db() as conn:  # put model a's vector back on the first row, as if b had never seen it
         conn.execute("DELETE FROM memory_vector WHERE row_id = 1")
         conn.execute("INSERT INTO memory_vector (tier, row_id, model, vector) VALUES ('long', 1, 'word-hash-a', NULL)")
@@ -151,17 +152,17 @@ def test_backfill_is_resumable_and_idempotent(make_server):
     store = solos_memory.Store(str(server.db_path))
     flaky = WordHashEmbedder(fail_after=2)
     with pytest.raises(RuntimeError):
-        solos_memory.embed_missing(store, flaky, batch=4)
+        solos_embed_worker.embed_missing(store, flaky, batch=4)
     assert store.count_vectors(flaky.model_id) == {"long": 8}
     assert store.count_missing_vectors(flaky.model_id) == 7
     steady = WordHashEmbedder()
-    assert solos_memory.embed_missing(store, steady, batch=4) == 7
-    assert solos_memory.embed_missing(store, steady, batch=4) == 0
+    assert solos_embed_worker.embed_missing(store, steady, batch=4) == 7
+    assert solos_embed_worker.embed_missing(store, steady, batch=4) == 0
     assert store.count_vectors(steady.model_id) == {"long": 10, "episodic": 5}
     with server.db() as conn:  # a changed row loses its vector and gets a fresh one
         conn.execute("UPDATE memory_longterm SET fact = 'changed fact' WHERE id = 1")
     assert store.count_missing_vectors(steady.model_id) == 1
-    assert solos_memory.embed_missing(store, steady) == 1
+    assert solos_embed_worker.embed_missing(store, steady) == 1
     store.close()
 
 

@@ -1,0 +1,175 @@
+"""solos_embed_worker: rows get their vectors. Embedded at write, and in the background whatever a write missed.
+
+The embedder itself (solos_embed) is optional and imported lazily; this module is stdlib (numpy only once a vector
+is indexed) and imports only the store and the vector index's module, so the service starts on a bare python3.
+`embed_missing` is also the `backfill` command's loop.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import solos_rank
+import solos_store
+from solos_store import EMBEDDED_TIERS, TIER_TABLE, Store, log_event
+
+EMBED_BATCH = 32
+SWEEP_INTERVAL_S = 30  # the worker also looks for rows other writers added without vectors
+WRITE_EMBED_TIMEOUT_S = 1.0  # a write waits this long for its row's vector (about 5 ms); then the worker has it
+HELD_ROW_POLL_S = 0.01  # how often a write whose row another pass holds looks again
+
+
+def embed_missing(
+    store: Store, embedder: Any, batch: int = EMBED_BATCH, progress: Callable[[int], None] | None = None
+) -> int:
+    """Embed every row that lacks a vector from this model, batch by batch (each its own short write transaction:
+    idempotent and resumable, it only ever picks rows without a vector); return how many."""
+    done = 0
+    for tier in (tier.name for tier in EMBEDDED_TIERS):
+        while True:
+            rows = store.rows_missing_vectors(tier, embedder.model_id, batch)
+            if not rows:
+                break
+            vectors = embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
+            saved, _ = store.save_vectors(tier, embedder.model_id, list(zip(rows, vectors)))
+            done += len(saved)
+            if progress:
+                progress(done)
+            if not saved:
+                break  # every row changed under us; the next sweep takes them
+    return done
+
+
+class EmbedWorker(threading.Thread):
+    """Embeds rows at write (read-your-writes) and, in the background, whatever that missed.
+
+    A write's text is embedded before its transaction, which saves row and vector (bench/write_recall_ab.py), on
+    a pool of one thread with a timeout: a write never fails because of the embedder; one it could not embed in
+    time waits for the background pass, which also embeds the rows the fleet writes straight into the database."""
+
+    def __init__(self, store: Store, embedder: Any):
+        super().__init__(name="embed-worker", daemon=True)
+        self.store, self.embedder = store, embedder
+        self.wake = threading.Event()
+        self.halted = threading.Event()  # set by stop(): cuts a pause short
+        self.wake.set()  # rows from before this start are embedded at once, not after the first sweep interval
+        self.stopped = False
+        self.last_error: str | None = None
+        # Rows without a vector, each once: those the last count found (at start and each sweep: the fleet's
+        # direct writes) less those embedded since, and the service's own rows its write could not embed.
+        self.lock = threading.Lock()
+        self.counted = store.count_missing_vectors(embedder.model_id)
+        self.queued: set[tuple[str, int]] = set()
+        self.folded: set[tuple[str, int]] = set()  # queued rows already in `counted`: queued again, not twice
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, "embed-write")
+        self.stuck: concurrent.futures.Future | None = None
+
+    @property
+    def backlog(self) -> int:
+        return self.counted + len(self.queued)
+
+    def queue(self, key: tuple[str, int]) -> None:
+        """A row the write could not embed: count it (once), and embed it soon."""
+        with self.lock:
+            if key not in self.folded:
+                self.queued.add(key)
+            self.wake.set()
+
+    def in_time(self, failed: Any, work: Callable, *args: Any) -> Any:
+        """work(*args) on the write pool within WRITE_EMBED_TIMEOUT_S, else `failed` (at once while one still runs)."""
+        if self.stuck is not None and not self.stuck.done():
+            return failed
+        future = self.pool.submit(work, *args)
+        try:
+            return future.result(timeout=WRITE_EMBED_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            self.stuck = future
+        except Exception as error:  # a broken embedder or a busy database: the background pass retries
+            log_event("embed_failed", reason=f"{type(error).__name__}: {error}")
+        return failed
+
+    def embed_first(self, tier: str, row: Mapping) -> solos_store.Embedded | None:
+        """The vector of a row about to be written (named as the write's arguments), for its transaction to save."""
+        blobs = self.in_time(None, self.embedder.embed, [TIER_TABLE[tier].embedding_text(row)])
+        return (self.embedder.model_id, blobs[0]) if blobs else None
+
+    def embed_written(self, tier: str, row_id: int, index: solos_rank.VectorIndex | None) -> None:
+        """Embed a row just written (a promotion's fact) and index it, or leave it to the background pass."""
+        for lacking in self.in_time([row_id], self.embed_rows, tier, [row_id], index, WRITE_EMBED_TIMEOUT_S * 0.9):
+            self.queue((tier, lacking))
+
+    def embed_rows(
+        self, tier: str, ids: list[int], index: solos_rank.VectorIndex | None, wait_s: float = 0.0
+    ) -> list[int]:
+        """Embed these rows if they lack a vector, save and index the vectors; the ids still without one. A row another
+        pass holds (PostgreSQL: another copy's, or the background pass) is waited for up to wait_s, and claimed."""
+        import numpy as np
+
+        deadline, wanted = time.monotonic() + wait_s, list(ids)
+        while True:
+            rows = self.store.rows_missing_vectors(tier, self.embedder.model_id, len(wanted), wanted)
+            if rows:
+                blobs = self.embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
+                saved, generation = self.store.save_vectors(tier, self.embedder.model_id, list(zip(rows, blobs)))
+                for row, blob in zip(rows, blobs):
+                    if index is not None and row["id"] in saved:
+                        expires, thread = (dict(row).get(name) for name in ("expires_at", "topic"))
+                        vector = np.frombuffer(blob, dtype="<f4")
+                        index.add(self.store, tier, row["id"], row["agent"], expires, vector, generation, thread)
+            taken = {row["id"] for row in rows}
+            wanted = [row_id for row_id in wanted if row_id not in taken]
+            if wanted:  # unchanged text keeps its vector; a row held elsewhere has none yet
+                wanted = self.store.lacking_vectors(tier, self.embedder.model_id, wanted)
+            if not wanted or time.monotonic() >= deadline:
+                return wanted
+            time.sleep(HELD_ROW_POLL_S)
+
+    def run(self) -> None:
+        while not self.stopped:
+            woken = self.wake.wait(SWEEP_INTERVAL_S)
+            if woken and not self.stopped:
+                time.sleep(0.05)  # let a burst of writes arrive, to embed them as one batch
+            if self.stopped:  # stop() wakes it: a stopped service writes nothing more
+                return
+            self.wake.clear()
+            try:
+                self.catch_up(recount=not woken)
+                self.last_error = None
+            except Exception as error:  # a broken embedder or a busy database: rows wait for the next sweep
+                self.last_error = f"{type(error).__name__}: {error}"
+                log_event("embed_failed", reason=self.last_error)
+                self.halted.wait(1)
+
+    def catch_up(self, recount: bool) -> None:
+        """Embed every row without a vector, counting the backlog down; a timed sweep counts it afresh."""
+        if recount:
+            missing = self.store.count_missing_vectors(self.embedder.model_id)
+            with self.lock:  # the count includes the queued rows
+                self.counted, self.queued, self.folded = missing, set(), set()
+        else:
+            with self.lock:
+                self.counted, self.folded = self.counted + len(self.queued), self.folded | self.queued
+                self.queued = set()
+        counted = [0]
+
+        def progress(done: int) -> None:
+            with self.lock:
+                self.counted, counted[0] = max(0, self.counted - (done - counted[0])), done
+
+        embed_missing(self.store, self.embedder, progress=progress)
+        with self.lock:
+            if not self.queued:  # nothing was queued meanwhile: nothing is left
+                self.counted, self.folded = 0, set()
+
+    def stop(self) -> None:
+        """Stop and wait for a sweep in progress, so nothing writes after the service has closed."""
+        self.stopped = True
+        self.halted.set()
+        self.wake.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(timeout=10)
