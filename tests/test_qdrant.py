@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import AGENTS, REQUIRE_ALL, ROOT, stop_server, wait_until
 
+import solos_langgraph
 import solos_memory
 import solos_qdrant
-import solos_langgraph
 from solos_client import Client
 from solos_langgraph import StoreMemoryError, legacy_point_id, point_id, store_memory
 

@@ -10,6 +10,7 @@ one split; minima (>=300 facts, >=240 questions, >=80 unanswerable, >=6
 writer agents, every kind in both splits); paraphrase questions share no
 content-word stem with the text or topic of any of their answer facts.
 """
+
 import json
 import os
 import re
@@ -21,7 +22,8 @@ KINDS = ("keyword", "entity", "paraphrase", "multi", "temporal", "unanswerable")
 SPLITS = ("fit", "score")
 MIN_FACTS, MIN_QUESTIONS, MIN_UNANSWERABLE, MIN_AGENTS = 300, 240, 80, 6
 
-STOP = set("""
+STOP = set(
+    """
 a an the and or but nor so yet of to in on at by for with from into onto over under
 about after before between during since until upon via per as than then that this these
 those there here what which who whom whose when where why how is are was were be been
@@ -30,10 +32,27 @@ may might must it its it's they them their theirs we us our ours you your yours 
 his she her hers i me my mine not no yes any all some each every both either neither
 if else also just only very too more most less least much many such own same other
 another again ever still even out up down off one's get gets got s t d ll re ve m
-""".split())
+""".split()
+)
 
-SUFFIXES = ("ational", "ations", "ation", "ments", "ment", "ings", "ing", "ies", "ied",
-            "ers", "er", "ed", "es", "al", "ly", "s")
+SUFFIXES = (
+    "ational",
+    "ations",
+    "ation",
+    "ments",
+    "ment",
+    "ings",
+    "ing",
+    "ies",
+    "ied",
+    "ers",
+    "er",
+    "ed",
+    "es",
+    "al",
+    "ly",
+    "s",
+)
 
 
 def stem(word):
@@ -152,16 +171,20 @@ def main():
             if not table[(k, s)]:
                 errors.append(f"no {k} question in split {s}")
 
-    print(f"facts: {len(facts)} ({', '.join(f'{s} {fact_split[s]}' for s in SPLITS)}); "
-          f"clusters: {len(cluster_split)}; writers: {len(agents)} "
-          f"({', '.join(f'{a} {n}' for a, n in agents.most_common())})")
+    print(
+        f"facts: {len(facts)} ({', '.join(f'{s} {fact_split[s]}' for s in SPLITS)}); "
+        f"clusters: {len(cluster_split)}; writers: {len(agents)} "
+        f"({', '.join(f'{a} {n}' for a, n in agents.most_common())})"
+    )
     print(f"questions: {len(questions)}")
     print(f"{'kind':<14}" + "".join(f"{s:>7}" for s in SPLITS) + f"{'total':>7}")
     for k in KINDS:
-        print(f"{k:<14}" + "".join(f"{table[(k, s)]:>7}" for s in SPLITS)
-              + f"{table[(k, 'fit')] + table[(k, 'score')]:>7}")
-    print(f"{'all':<14}" + "".join(f"{sum(table[(k, s)] for k in KINDS):>7}" for s in SPLITS)
-          + f"{len(questions):>7}")
+        print(
+            f"{k:<14}"
+            + "".join(f"{table[(k, s)]:>7}" for s in SPLITS)
+            + f"{table[(k, 'fit')] + table[(k, 'score')]:>7}"
+        )
+    print(f"{'all':<14}" + "".join(f"{sum(table[(k, s)] for k in KINDS):>7}" for s in SPLITS) + f"{len(questions):>7}")
 
     for line in paraphrase_bad:
         print("paraphrase:", line)
