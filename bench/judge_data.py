@@ -62,6 +62,10 @@ def recall_rows(service: Service, agent: str, question: str, mode: str) -> list[
         time.sleep(0.5)
     else:
         raise RuntimeError(f"hybrid recall stayed degraded: {body.get('degraded_reason')}")
+    legs = body.get("receipt", {}).get("legs", [])
+    if mode == "hybrid" and (body.get("ranking") != "hybrid" or "vector" not in legs):
+        # A service without its embedder answers keyword-only: such rows must never be cached as hybrid.
+        raise RuntimeError(f"a hybrid recall answered ranking {body.get('ranking')!r} with legs {legs}")
     return [
         {
             "agent": r["agent"],
