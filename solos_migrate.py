@@ -99,8 +99,9 @@ TABLES = (
 NOT_COPIED = {
     "qdrant_outbox": "the Qdrant mirror runs on SQLite only; drain it (serve with --qdrant-url) before migrating",
 }
-# solos_memory_meta keys that mean something only in the SQLite file, and the target's own schema version.
-META_SKIPPED = ("schema_version", "snapshot_head", "qdrant_mirror")
+# solos_memory_meta keys that mean something only in the SQLite file, and the target's own schema (its version
+# and the hash of the schema_pg.sql that made it).
+META_SKIPPED = ("schema_version", "schema_pg_sha256", "snapshot_head", "qdrant_mirror")
 META_SKIPPED_PREFIXES = ("row_id_high:",)
 
 
