@@ -7,6 +7,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -192,12 +193,17 @@ def test_purge_deletes_only_expired_short_rows(server):
 
 @pytest.mark.slow
 def test_purge_fails_loudly_when_the_database_is_locked(server):
+    """A fleet writer holds the lock past the purge's busy timeout: the purge fails, and once the lock is free
+    (its record waits for it) exits 1 with a `failed` line."""
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "purge", "--db", str(server.db_path)]
     with server.db() as conn:
         conn.execute("BEGIN EXCLUSIVE")
-        run = cli("purge", "--db", str(server.db_path), "--busy-timeout-ms", "200")
+        purge = subprocess.Popen([*command, "--busy-timeout-ms", "200"], stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # the lock held well past the busy timeout: the purge itself fails
         conn.execute("ROLLBACK")
-    assert run.returncode == 1
-    assert json.loads(run.stderr.strip().splitlines()[-1])["event"] == "failed"
+    _, stderr = purge.communicate(timeout=60)
+    assert purge.returncode == 1
+    assert json.loads(stderr.strip().splitlines()[-1])["event"] == "failed"
 
 
 def test_serve_refuses_a_non_loopback_address_without_the_flag(tmp_path):
