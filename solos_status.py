@@ -426,8 +426,8 @@ def delivery_facts(log: dict) -> list[tuple[str, Any]]:
         return []
     return [
         ("delivery log rows", log["rows"]),
-        ("delivery log rows added, last hour", log.get("logged_last_hour", 0)),
-        ("deliveries not logged again (same window)", log.get("repeats_skipped", 0)),
+        ("delivery log, last hour", log.get("logged_last_hour", 0)),
+        ("repeat deliveries not logged", log.get("repeats_skipped", 0)),
         ("open retraction notices", log.get("open_notices", 0)),
     ]
 

@@ -198,8 +198,8 @@ def test_keyword_only_is_a_neutral_mode_with_one_sentence_on_hybrid_and_no_machi
     for module in ("onnxruntime", "tokenizers"):
         monkeypatch.setitem(sys.modules, module, None)  # as if not installed
     server = make_server("degraded.db", model_dir=None)
-    reason = server.get("/health").body["degraded_reason"]
-    assert sys.executable in reason and "pip install" in reason  # the API keeps the whole story
+    reason = server.get("/v1/stats").body["degraded_reason"]
+    assert sys.executable in reason and "pip install" in reason  # the operator's stats keep the whole story
     dom = browse(server.url + "/", tmp_path / "browser")
     assert dom.text_by_id["health"] == "ok" and dom.text_by_id["mode"] == "keyword recall"
     assert {"class": "badge neutral", "id": "mode"} in dom.elements("span")  # not red: a supported way to run
