@@ -34,7 +34,9 @@
 
 Re-running is safe: a row whose key the target already holds is never written again (nor overwritten, nor
 deleted; settings excepted), so a second run copies only what the source gained since, and verifies again.
-A target that logged events of its own (the service ran on it) is refused before anything is copied; one
+A target that holds another source's migration (`migrated_from`, recorded by the first run: the source's
+`database_id`, or its real path) is refused before anything is copied, and so is one that logged events of
+its own (the service ran on it); one
 changed otherwise (a row edited by hand) fails verification, naming the tables. Either way: migrate into a
 new, empty database.
 """
@@ -101,7 +103,15 @@ NOT_COPIED = {
 }
 # solos_memory_meta keys that mean something only in the SQLite file, and the target's own schema (its version
 # and the hash of the schema_pg.sql that made it).
-META_SKIPPED = ("schema_version", "schema_pg_sha256", "snapshot_head", "qdrant_mirror")
+META_SKIPPED = (
+    "schema_version",
+    "schema_pg_sha256",
+    "snapshot_head",
+    "qdrant_mirror",
+    solos_store.DATABASE_ID,
+    "migrated_from",
+)
+MIGRATED_FROM = "migrated_from"  # the target's solos_memory_meta key: the source database's identity
 META_SKIPPED_PREFIXES = ("row_id_high:",)
 
 
@@ -173,6 +183,7 @@ def migrate(source: str, target: str, out: Any) -> bool:
         try:
             dst.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
             dst.execute("SET statement_timeout = 0")  # a large table's copy may take minutes
+            refuse_another_source(src, dst, source)
             refuse_a_used_target(src, dst)
             copies = [copy_table(src, dst, table) for table in TABLES]
             lines = verify(dst, copies) + [skip_table(src, name, why) for name, why in NOT_COPIED.items()]
@@ -329,6 +340,30 @@ def copy_meta(src: sqlite3.Connection, dst: Any, digest: Any) -> tuple[int, int]
             (key, value),
         ).rowcount
     return len(rows), copied
+
+
+def source_identity(src: sqlite3.Connection, path: str) -> str:
+    """The source database's identity: the random id its first start made (a copy or backup of the file shares
+    it); a file no service of this release has opened yet is known by its real path."""
+    row = None
+    if solos_store.table_exists(src, "solos_memory_meta"):
+        row = src.execute("SELECT value FROM solos_memory_meta WHERE key = ?", (solos_store.DATABASE_ID,)).fetchone()
+    return f"database {row[0]}" if row else f"file {os.path.realpath(path)}"
+
+
+def refuse_another_source(src: sqlite3.Connection, dst: Any, path: str) -> None:
+    """Record the source's identity in the target on the first run, and stop before anything is copied when
+    the target holds another source's migration: the two would be left mixed."""
+    identity = source_identity(src, path)
+    with dst.transaction():
+        row = dst.execute("SELECT value FROM solos_memory_meta WHERE key = %s FOR UPDATE", (MIGRATED_FROM,)).fetchone()
+        if row is None:
+            dst.execute("INSERT INTO solos_memory_meta (key, value) VALUES (%s, %s)", (MIGRATED_FROM, identity))
+        elif row[0] != identity:
+            raise MigrateError(
+                f"the target holds a migration from another source ({row[0]}; this is {identity}): nothing was "
+                "copied. Migrate into a new, empty database"
+            )
 
 
 def refuse_a_used_target(src: sqlite3.Connection, dst: Any) -> None:

@@ -226,6 +226,7 @@ OVERFETCH = 4  # ranked keyword matches read per wanted row when scope, sharing 
 POOL_SIZE = 8
 SCHEMA_VERSION = "2"
 JOBS_WATCHED_SINCE = "jobs_watched_since"  # solos_memory_meta key, read by solos_jobs
+DATABASE_ID = "database_id"  # solos_memory_meta: a random id an SQLite database gets at its first start
 Embedded = tuple[str, bytes]  # a text's vector, embedded before the write of it: (model, float32 blob)
 VECTOR_SAVED_AT = "vector_saved_at"  # keep_vector's key in a write's outcome: the generation its vector joined
 
@@ -897,6 +898,12 @@ class Store:
                 "INSERT OR IGNORE INTO solos_memory_meta (key, value) "
                 "VALUES (?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
                 (JOBS_WATCHED_SINCE,),
+            )
+            # This database's identity, made once (copies, backups and snapshots of the file share it):
+            # `migrate` records it in its target and refuses another source's.
+            conn.execute(
+                "INSERT OR IGNORE INTO solos_memory_meta (key, value) VALUES (?, lower(hex(randomblob(16))))",
+                (DATABASE_ID,),
             )
             mark_row_ids(conn)
             conn.execute("COMMIT")

@@ -334,6 +334,28 @@ def test_a_target_the_service_has_used_since_is_refused_before_anything_is_copie
         assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == before
 
 
+@pytest.mark.slow
+def test_a_target_holding_another_sources_migration_is_refused_before_anything_is_copied(source, pg_url, tmp_path):
+    import psycopg
+
+    db, _ = source
+    assert migrate(db, pg_url)[0] == 0
+    other = tmp_path / "other.db"  # another fleet's database, its own first start behind it
+    stop_server(start_server(other))
+    with sqlite3.connect(other) as conn:  # more events than the first source: its ids pass the target's
+        conn.executemany(
+            "INSERT INTO memory_longterm (agent, fact) VALUES ('sol', ?)",
+            [(f"Fact {n} of another fleet",) for n in range(40)],
+        )
+    with psycopg.connect(pg_url) as conn:
+        before = conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0]
+    status, lines, err = migrate(other, pg_url)
+    assert status == 1 and lines == [] and len(err.splitlines()) == 1
+    assert "the target holds a migration from another source" in json.loads(err)["reason"]
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == before
+
+
 # ==== Clear errors: one line, exit non-zero ====
 
 
