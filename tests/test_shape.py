@@ -52,8 +52,9 @@ def test_project_imports_have_no_cycle():
         visit(name, ())
 
 
-def test_the_store_imports_nothing_of_the_service():
-    assert project_modules()["solos_store"] == set()
+def test_the_store_imports_only_solos_errors():
+    assert project_modules()["solos_store"] == {"solos_errors"}
+    assert project_modules()["solos_errors"] == set()
 
 
 def test_every_query_is_a_method_the_second_store_overrides():
