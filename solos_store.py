@@ -455,7 +455,10 @@ class Visibility:
         """Whether an opt-in row of agent's is the caller's own (never in the operator's view)."""
         return agent == self.caller and not self.operator
 
-    def allows(self, tier: str, agent: str) -> bool:
+    def allows(self, tier: str, agent: str, expires_at: str | None = None, now: str | None = None) -> bool:
+        """One row: its writer's, and with `expires_at`, whether it is still live at `now` (default: now)."""
+        if expires_at and TIER_TABLE[tier].expires and expires_at <= (now or utc_now()):
+            return False
         if tier == "durable":
             return self.own(agent)
         if (self.scope == "own" and agent != self.caller) or (
@@ -475,7 +478,18 @@ class Visibility:
             or any(a == agent and start < until and (end or "~") > valid_from for a, start, end in self.spans)
         )
 
+    @staticmethod
+    def unexpired(tier: Tier, now: str) -> list[str]:
+        """SQL (alias t): the row is live at `now` (SQL: the store's NOW), for a tier whose rows expire."""
+        return [f"t.expires_at > {now}"] if tier.expires else []
+
     def where(self, tier: Tier) -> tuple[list[str], list[Any]]:
+        """SQL (alias t): the rows of `tier` the caller may see now (live: not expired)."""
+        where, params = self.scoped(tier)
+        return where + self.unexpired(tier, self.queries.NOW), params
+
+    def scoped(self, tier: Tier) -> tuple[list[str], list[Any]]:
+        """SQL (alias t): scope and sharing, as of any time."""
         where: list[str] = []
         params: list[Any] = []
         if self.scope == "own":
@@ -489,10 +503,12 @@ class Visibility:
             params.extend([self.caller if not self.operator else "", self.queries.text_list(sorted(self.sharing))])
         return where, params
 
-    def where_as_of(self, tier: Tier, deleted: str) -> tuple[list[str], list[Any]]:
-        """`where` over versions (alias t: VERSION_FIELDS), with the sharing and delete rules; `deleted` is SQL
-        true when t's row was deleted."""
-        where, params = self.where(tier)
+    def where_as_of(self, tier: Tier, deleted: str, at: str) -> tuple[list[str], list[Any]]:
+        """`where` over versions (alias t: VERSION_FIELDS) as of `at`, with the sharing and delete rules and expiry
+        as of `at`; `deleted` is SQL true when t's row was deleted."""
+        where, params = self.scoped(tier)
+        where.append("(t.expires_at IS NULL OR t.expires_at > ?)")
+        params.append(at)
         own = "" if self.operator else self.caller
         where.append(f"(t.agent = ? OR NOT {deleted})")
         params.append(own)
@@ -504,11 +520,16 @@ class Visibility:
             params.append(own)
         return where, params
 
-    def mask(self, tier: Tier, agents: Any) -> Any:
-        """A boolean array: which of these writers' rows of `tier` the caller may see (numpy)."""
+    def mask(self, tier: Tier, agents: Any, expires: Any = None, now: str | None = None) -> Any:
+        """A boolean array: which of these writers' rows of `tier` the caller may see (numpy); with `expires` (an
+        array of expires_at, "" for none), only those live at `now` (default: this second, as the vector leg's
+        candidates are re-read through `where`)."""
         import numpy as np
 
         mask = np.ones(len(agents), dtype=bool)
+        if expires is not None and tier.expires:
+            now = now or time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+            mask &= ((expires == "") | (expires > now)).astype(bool)
         if self.scope == "own":
             mask &= agents == self.caller
         elif self.scope == "shared_except_self":
@@ -1095,8 +1116,6 @@ class Store:
         if tags:
             where.append(queries.TAGGED if "tags" in tier.result_columns else "1 = 0")
             params.extend(queries.tagged_params(tags) if "tags" in tier.result_columns else [])
-        if tier.expires:
-            where.append(f"t.expires_at > {queries.NOW}")
         return where, params
 
     def recent_rows(
@@ -1732,7 +1751,7 @@ class Queries:
             elif tier == "notice":
                 sql = f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE id {self.IDS_IN}"
             else:
-                live = f" AND t.expires_at > {self.NOW}" if tiers[tier].expires else ""
+                live = "".join(" AND " + w for w in Visibility.unexpired(tiers[tier], self.NOW))
                 sql = (
                     f"SELECT {tiers[tier].columns}, 0.0 AS score FROM {tiers[tier].table} t "
                     f"WHERE t.id {self.IDS_IN}{live}"
@@ -2012,18 +2031,18 @@ class Queries:
         """The tier's versions as they stood at `at` that the caller may see (Visibility.where_as_of; expiry as of
         `at`), streamed. `contains`: only those whose label or text holds one of these lower-cased fragments; `limit`:
         the newest that many, else unordered."""
-        where, params = seen.where_as_of(TIER_TABLE[tier], deleted_sql(tier))
+        where, params = seen.where_as_of(TIER_TABLE[tier], deleted_sql(tier), at)
         if contains:
             like = "lower(coalesce(t.label, '') || ' ' || t.text) LIKE ? ESCAPE '\\'"
             where.append("(" + " OR ".join([like] * len(contains)) + ")")
             params.extend("%" + re.sub(r"([\\%_])", r"\\\1", fragment) + "%" for fragment in contains)
         sql = (
             f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, self.GREATEST)}) SELECT * FROM t WHERE t.valid_from <= ? "
-            "AND (t.valid_to IS NULL OR t.valid_to > ?) AND (t.expires_at IS NULL OR t.expires_at > ?)"
+            "AND (t.valid_to IS NULL OR t.valid_to > ?)"
             + "".join(" AND " + w for w in where)
             + (" ORDER BY t.valid_from DESC, t.id DESC LIMIT ?" if limit else "")
         )
-        rows = self.stream(conn, sql, (at, at, at, *params, *([limit] if limit else [])))
+        rows = self.stream(conn, sql, (at, at, *params, *([limit] if limit else [])))
         return ({**dict(row), "tier": tier} for row in rows)
 
     def versions_of(self, conn: sqlite3.Connection, tier: str, ids: Sequence[int]) -> list[dict]:
