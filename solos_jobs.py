@@ -232,7 +232,7 @@ def status(queries: solos_store.Queries, conn: sqlite3.Connection, now: float | 
     """Per job: its period, last run, last success, state (ok, running, waiting, failed, overdue) and problem;
     `queries` are the store's (store.queries), which know whether a run's process still holds its turn."""
     now = time.time() if now is None else now
-    since = conn.execute("SELECT value FROM solos_memory_meta WHERE key = ?", (WATCHED_SINCE,)).fetchone()
+    since = queries.meta_value(conn, WATCHED_SINCE)
     answer = {}
     for job, period in JOB_PERIOD_S.items():
         columns = "started_at, ended_at, result, rows, error"
@@ -243,7 +243,7 @@ def status(queries: solos_store.Queries, conn: sqlite3.Connection, now: float | 
             "SELECT max(ended_at) FROM memory_job_run WHERE job = ? AND result = 'ok'", (job,)
         ).fetchone()[0]
         run = dict(zip(columns.split(", "), last)) if last else None
-        waited_from = success or (since[0] if since else None)
+        waited_from = success or since
         late = waited_from is not None and now > seconds(waited_from) + period + GRACE_S
         if run and run["result"] == "running" and not queries.job_running(conn, job):
             state, detail = "failed", f"the run started at {run['started_at']} never ended: its process died"

@@ -1,7 +1,17 @@
 """solos_store: the SQLite store below everything: connections, transactions, the tier table and every query.
 
 Every module imports this one; of the service's it imports only solos_errors (the errors it raises, busy:
-503, unknown agent: 422, and the log lines), whose names it re-exports. SQL lives here and in schema.sql.
+503, unknown agent: 422, and the log lines), whose names it re-exports.
+
+SQL lives here (Store, Queries; PostgreSQL's in solos_store_pg) and in schema.sql, with these exceptions, each
+a module's own table or file, said here so the rule stays one rule:
+    solos_qdrant     the qdrant_outbox it drains and the long facts an import writes (SQLite only)
+    solos_jobs       memory_job_run, and the transaction it records a run in when no store could be opened
+    solos_status     memory_activity, the recall counters kept per minute
+    solos_snapshot   the snapshot files' own checks and copies (VACUUM INTO, integrity, counts), SQLite only
+    solos_migrate    the table-by-table COPY from an SQLite file into PostgreSQL
+    solos_events     EventHub.own_read: the hub's own connection and transaction (its reads never wait for the
+                     pool or a queued write); the queries it runs there are Queries'.
 
 Public surface (what the operations and the service's other modules call; a
 second backend subclasses Store and Queries and overrides what its SQL says
