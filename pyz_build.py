@@ -53,6 +53,7 @@ REQUIRED_FILES = (
     "solos_events.py",
     "solos_forget.py",
     "solos_store.py",
+    "solos_errors.py",  # the store's: the service's errors and log lines
     "solos_validation.py",
     "solos_operations.py",
     "solos_embed_worker.py",

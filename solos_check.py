@@ -629,7 +629,7 @@ def cleanup_database(path: str) -> int:
     try:
         conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=rw", uri=True, isolation_level=None, timeout=5)
         try:
-            removed = solos_store.delete_tagged_facts(conn, CHECK_SOURCE, CHECK_TAG)
+            removed = solos_store.SQLITE.delete_tagged_facts(conn, CHECK_SOURCE, CHECK_TAG)
         finally:
             conn.close()
     except sqlite3.Error as error:

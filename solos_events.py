@@ -268,7 +268,7 @@ class EventHub:
     copy keeps of a row another copy forgot (`watch_forgets`).
     """
 
-    def __init__(self, store: Any, scrubber: Any = None):
+    def __init__(self, store: solos_store.Store, scrubber: Any = None):
         self.store, self.tiers, self.render = store, solos_store.TIER_TABLE, event_row
         self.scrubber = scrubber  # solos_forget.Scrubber: its unfinished scrubs are retried on this thread
         self.lock = threading.Lock()
@@ -360,8 +360,10 @@ class EventHub:
                     next_sweep = now + SWEEP_S
                     if self.store.shared_by_copies:  # the cursor's state for /health and stats, with or without streams
                         self.own_read(self.store.event_cursor)
-                    if self.own_read(solos_store.query("expiry_due")):
-                        self.own_read(solos_store.query("sweep_expired", note=self.note_removal), write=True)
+                    if self.own_read(self.store.queries.expiry_due):
+                        self.own_read(
+                            lambda conn: self.store.queries.sweep_expired(conn, self.note_removal), write=True
+                        )
                 if now >= next_prune:
                     next_prune = now + PRUNE_EVERY_S
                     self.prune()
@@ -380,7 +382,7 @@ class EventHub:
     def watch_forgets(self) -> None:
         """Another copy forgot a row: drop what this copy keeps that may quote it (encoded events here, recall's
         texts and vectors through `forgotten_elsewhere`), as the copy that forgot it did (solos_forget)."""
-        last = self.own_read(solos_store.query("last_retraction"))
+        last = self.own_read(self.store.queries.last_retraction)
         if self.retracted is not None and last > self.retracted:
             self.forget_encoded()
             if self.forgotten_elsewhere is not None:
@@ -406,12 +408,12 @@ class EventHub:
 
     def prepare(self, conn: sqlite3.Connection, subscribers: list[Subscriber], after: int) -> tuple[dict, int]:
         """The next batch after `after`, filtered and rendered per subscriber; (shares, last id read)."""
-        events = solos_store.on(conn).events_after(conn, after, BATCH)
+        events = self.store.queries.events_after(conn, after, BATCH)
         if not events:
             return {}, after
         rows, sharing = (
-            solos_store.on(conn).current_rows(conn, self.tiers, events),
-            solos_store.on(conn).sharing_agents(conn),
+            self.store.queries.current_rows(conn, self.tiers, events),
+            self.store.queries.sharing_agents(conn),
         )
         shared: dict[tuple, dict] = {}
         skipped = self.skipped_gap(conn, after, events[-1]["id"])
@@ -524,17 +526,16 @@ class EventHub:
             filters = list(self.matched)
         if not ids or not filters or tier not in solos_store.RETRACTABLE:
             return
-        tags = solos_store.on(conn).tags_of(conn, tier, ids)
+        tags = self.store.queries.tags_of(conn, tier, ids)
         for content in filters:
             wanted, q, match = content
             hits = [i for i in ids if not wanted or set(wanted) & tags.get(i, set())]
             if q and hits:
-                words = solos_store.on(conn).text_matches(conn, match, {tier: hits}) if match else set()
+                words = self.store.queries.text_matches(conn, match, {tier: hits}) if match else set()
                 hits = [i for i in hits if (tier, i) in words]
             self.remember(content, [(tier, i) for i in hits])
 
-    @staticmethod
-    def text_filter(conn: sqlite3.Connection, pattern: Pattern, kept: list) -> list:
+    def text_filter(self, conn: sqlite3.Connection, pattern: Pattern, kept: list) -> list:
         """Writes whose row matches the text query; removals carry no text and pass."""
         if pattern.match is None:
             return [(event, shown) for event, shown in kept if shown is None]
@@ -542,7 +543,7 @@ class EventHub:
         for event, shown in kept:
             if shown is not None and event["tier"] != "durable":
                 candidates.setdefault(event["tier"], []).append(event["row_id"])
-        matched = solos_store.on(conn).text_matches(conn, pattern.match, candidates)
+        matched = self.store.queries.text_matches(conn, pattern.match, candidates)
         words = set(re.findall(r"\w+", pattern.q.lower()))
         return [
             (event, shown)
@@ -569,7 +570,7 @@ class EventHub:
         }
 
     def pruned_gap(self, conn: sqlite3.Connection, since: int) -> dict | None:
-        pruned = int(solos_store.on(conn).meta_value(conn, "events_pruned_through") or 0)
+        pruned = int(self.store.queries.meta_value(conn, "events_pruned_through") or 0)
         if since >= pruned:
             return None
         return {
@@ -584,7 +585,7 @@ class EventHub:
         wait for (solos_store_pg.EVENT_WAIT_S, an idle session holding an xid): what they log if they commit
         lands among ids already read. Read in the same transaction as the events, so it names exactly those."""
         skipped = [
-            one for one in solos_store.on(conn).passed_over(conn) if one["from"] <= through and one["through"] > since
+            one for one in self.store.queries.passed_over(conn) if one["from"] <= through and one["through"] > since
         ]
         if not skipped:
             return None
@@ -605,7 +606,7 @@ class EventHub:
         found: list[dict] = []
         examined, scanned, size = since, 0, 0
         while len(found) < limit and scanned < SCAN_LIMIT:
-            events = solos_store.on(conn).events_after(conn, examined, BATCH)
+            events = self.store.queries.events_after(conn, examined, BATCH)
             if not events:
                 break
             scanned += len(events)
@@ -615,8 +616,8 @@ class EventHub:
                     conn,
                     pattern,
                     events,
-                    solos_store.on(conn).current_rows(conn, self.tiers, events),
-                    solos_store.on(conn).sharing_agents(conn),
+                    self.store.queries.current_rows(conn, self.tiers, events),
+                    self.store.queries.sharing_agents(conn),
                 )
             }
             for event in events:
@@ -694,7 +695,7 @@ class EventHub:
                 victim.drop(f"replaced by a newer stream ({victim.pattern.caller} holds its share)")
                 self.counters["replaced"] += 1
             if not self.subscribers:  # nobody was listening: start from the head, not from a backlog
-                self.cursor = self.store.read(solos_store.query("head_event"))
+                self.cursor = self.store.read(self.store.queries.head_event)
             subscriber = Subscriber(pattern, connection)
             self.subscribers.add(subscriber)
         self.wakeup.set()
@@ -712,7 +713,7 @@ class EventHub:
         """
         pattern = subscriber.pattern
         try:
-            last = since if since is not None else self.store.read(solos_store.query("head_event"))
+            last = since if since is not None else self.store.read(self.store.queries.head_event)
             gap = self.store.read(lambda conn: self.gap(conn, last)) if since is not None else None
             write(head + SSE_PREAMBLE + (sse(gap, "gap") if gap else b""))
             told: set[int] = set()  # transactions a gap event named already
@@ -808,7 +809,7 @@ class EventHub:
         cutoff = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() - EVENT_RETENTION_S))
         total = 0
         while True:
-            pruned = self.own_read(solos_store.query("prune_step", cutoff=cutoff, batch=BATCH * 10), write=True)
+            pruned = self.own_read(lambda conn: self.store.queries.prune_step(conn, cutoff, BATCH * 10), write=True)
             total += pruned
             if pruned < BATCH * 10:
                 return total

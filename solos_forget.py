@@ -2,7 +2,7 @@
 
 An agent retracts its own row (`forget`): the row, its index entries, its
 vector and the copies its neighbours carry as context go in one transaction
-(solos_store.erase), with a retraction kept without the text and a scrub
+(Queries.erase), with a retraction kept without the text and a scrub
 queued. The Scrubber then merges the tier's keyword index (FTS5 deletes only
 add tombstones) and checkpoints the WAL to zero, where older page images still
 held the text; the queue entry goes only after that, so a crash leaves it for
@@ -85,24 +85,23 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
     agent, tier, row_id = args["agent"], args["tier"], args["id"]
     if tier == "durable":
         raise Forbidden("durable records are the fleet's and read-only; they cannot be forgotten", "tier")
+    queries: solos_store.Queries = memory.store.queries  # SQLite's or PostgreSQL's, as the store is
 
     def work(conn: sqlite3.Connection) -> dict:
         solos_store.Store.require_agent(conn, agent)
         # A row deleted, or purged after its expiry, lives on in its versions (as-of recall): forget finds those.
-        found = solos_store.on(conn).find_row(conn, tier, row_id) or solos_store.on(conn).gone_row(conn, tier, row_id)
+        found = queries.find_row(conn, tier, row_id) or queries.gone_row(conn, tier, row_id)
         if found is None:
-            earlier = solos_store.on(conn).own_retraction(conn, agent, tier, row_id)
+            earlier = queries.own_retraction(conn, agent, tier, row_id)
             if earlier is None:
                 raise NotFound(f"there is no {tier} row with id {row_id}", "id")
-            solos_store.on(conn).queue_scrub(
-                conn, tier, earlier["retraction_id"]
-            )  # a retry finishes what a crash left unscrubbed
+            queries.queue_scrub(conn, tier, earlier["retraction_id"])  # a retry finishes what a crash left unscrubbed
             return {**earlier, "notified": 0}
         if found[1]["agent"] != agent:
             raise Forbidden(f"{tier} row {row_id} was written by another agent; only its author can forget it", "id")
         memory.events.note_removal(conn, tier, [row_id])
-        erased = solos_store.on(conn).erase(conn, tier, row_id)
-        notified = solos_store.on(conn).notify_forgotten(conn, tier, row_id, erased["retraction_id"])
+        erased = queries.erase(conn, tier, row_id)
+        notified = queries.notify_forgotten(conn, tier, row_id, erased["retraction_id"])
         return {**erased, "notified": notified}
 
     memory.deliveries.flush()  # every delivery so far is in the log, so every reader gets its notice
@@ -152,7 +151,7 @@ class Scrubber:
     checkpoint waits for a reader.
     """
 
-    def __init__(self, store: Any):
+    def __init__(self, store: solos_store.Store):
         self.store = store
         self.checkpoint_pending = False
         self.due = True  # the first round finishes any scrub a service that died left queued
@@ -168,17 +167,17 @@ class Scrubber:
         empties the WAL, where older page images still held the text.
         """
         queued = {
-            t: n for t, n in self.store.read(lambda conn: solos_store.on(conn).queued_scrubs(conn)).items() if t == tier
+            t: n for t, n in self.store.read(lambda conn: self.store.queries.queued_scrubs(conn)).items() if t == tier
         }
         for fts in solos_store.KEYWORD_INDEX[tier]:
             self.merge(fts)
         # The outbox's entry holds only the text's hash (keep_only_hash): nothing waits for the mirror.
         mirrored = tier == "long" and bool(
-            self.store.read(lambda conn: solos_store.on(conn).mirror_waiting(conn, [row_id]))
+            self.store.read(lambda conn: self.store.queries.mirror_waiting(conn, [row_id]))
         )
         done = self.checkpoint()
         if done and queued:
-            self.store.write(lambda conn: solos_store.on(conn).scrubs_done(conn, queued))
+            self.store.write(lambda conn: self.store.queries.scrubs_done(conn, queued))
         return {"wal_checkpoint": "complete" if done else "pending", "mirror": "pending" if mirrored else "none"}
 
     def finish(self) -> None:
@@ -187,19 +186,19 @@ class Scrubber:
         Their queue entries go only once the checkpoint has emptied the WAL,
         so a crash at any point leaves them queued for the next start.
         """
-        queued = self.store.read(lambda conn: solos_store.on(conn).queued_scrubs(conn))
+        queued = self.store.read(lambda conn: self.store.queries.queued_scrubs(conn))
         if queued or self.checkpoint_pending:
             for tier in queued:
                 for fts in solos_store.KEYWORD_INDEX[tier]:
                     self.merge(fts)
             if self.checkpoint() and queued:
-                self.store.write(lambda conn: solos_store.on(conn).scrubs_done(conn, queued))
+                self.store.write(lambda conn: self.store.queries.scrubs_done(conn, queued))
         self.due = False
 
     def merge(self, fts: str) -> None:
         """Merge one keyword index down to a single segment, a short write transaction per step."""
         for _ in range(MAX_MERGE_STEPS):
-            if self.store.write(lambda conn: solos_store.on(conn).merge_step(conn, fts)) < 2:
+            if self.store.write(lambda conn: self.store.queries.merge_step(conn, fts)) < 2:
                 return
         log.warning("keyword index %s still merging after %d steps; retried on the next forget", fts, MAX_MERGE_STEPS)
 

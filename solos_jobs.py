@@ -228,10 +228,11 @@ def end_run(
 # ==== What stats, metrics and the page show ====
 
 
-def status(conn: sqlite3.Connection, now: float | None = None) -> dict[str, dict]:
-    """Per job: its period, last run, last success, state (ok, running, waiting, failed, overdue) and problem."""
+def status(queries: solos_store.Queries, conn: sqlite3.Connection, now: float | None = None) -> dict[str, dict]:
+    """Per job: its period, last run, last success, state (ok, running, waiting, failed, overdue) and problem;
+    `queries` are the store's (store.queries), which know whether a run's process still holds its turn."""
     now = time.time() if now is None else now
-    since = conn.execute("SELECT value FROM solos_memory_meta WHERE key = ?", (WATCHED_SINCE,)).fetchone()
+    since = queries.meta_value(conn, WATCHED_SINCE)
     answer = {}
     for job, period in JOB_PERIOD_S.items():
         columns = "started_at, ended_at, result, rows, error"
@@ -242,9 +243,9 @@ def status(conn: sqlite3.Connection, now: float | None = None) -> dict[str, dict
             "SELECT max(ended_at) FROM memory_job_run WHERE job = ? AND result = 'ok'", (job,)
         ).fetchone()[0]
         run = dict(zip(columns.split(", "), last)) if last else None
-        waited_from = success or (since[0] if since else None)
+        waited_from = success or since
         late = waited_from is not None and now > seconds(waited_from) + period + GRACE_S
-        if run and run["result"] == "running" and not still_running(conn, job):
+        if run and run["result"] == "running" and not queries.job_running(conn, job):
             state, detail = "failed", f"the run started at {run['started_at']} never ended: its process died"
         elif run and run["result"] == "failed":
             state, detail = "failed", run["error"] or "no message"
@@ -263,13 +264,6 @@ def status(conn: sqlite3.Connection, now: float | None = None) -> dict[str, dict
             "detail": detail,
         }
     return answer
-
-
-def still_running(conn: sqlite3.Connection, job: str) -> bool:
-    """Whether a run recorded 'running' is alive: on PostgreSQL, whether a session holds the job's turn; SQLite
-    cannot tell (a purge killed there stays 'running' until the next run)."""
-    running = getattr(solos_store.on(conn), "job_running", None)
-    return running is None or running(conn, job)
 
 
 def metrics_lines(jobs: dict[str, dict]) -> list[str]:

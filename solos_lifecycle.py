@@ -68,11 +68,11 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
     caller, ids = args["agent"], args["ids"] or []
     if not ids:
         raise BadRequest("ids must name at least one episodic row", "ids")
-    store = memory.store
+    store: solos_store.Store = memory.store
 
     def work(conn: Any) -> dict:
         store.require_agent(conn, caller)
-        found = solos_store.on(conn).episodes_by_id(conn, ids)
+        found = store.queries.episodes_by_id(conn, ids)
         missing = [i for i in ids if i not in found]
         if missing:
             raise NotFound(f"no episodic rows with ids {', '.join(map(str, missing))}", "ids")
@@ -87,6 +87,7 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
         fact = args["fact"] or "; ".join(found[i]["summary"] for i in ordered)
         source = "promoted:memory_episodic#" + ",".join(map(str, ordered))
         known = store.known_long(conn, caller, fact)
+        outcome: dict[str, Any]
         if known is None:
             outcome = {
                 "id": store.insert_long(conn, caller, args["topic"], fact, source, args["confidence"], ["promoted"]),
@@ -94,7 +95,7 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
             }
         else:  # the caller already holds this fact: link the episodes to it, leave its topic, source, tags alone
             outcome = {"id": known, "status": "linked"}
-        solos_store.on(conn).link_promotion(conn, outcome["id"], ordered, caller)
+        store.queries.link_promotion(conn, outcome["id"], ordered, caller)
         return {"tier": "long", "agent": caller, **outcome, "sources": ordered}
 
     result = store.write(work)
@@ -117,7 +118,7 @@ OPERATION_ROWS = (
 )
 
 
-def archive_episodic(store: Any, older_than_days: float) -> int:
+def archive_episodic(store: solos_store.Store, older_than_days: float) -> int:
     """Move episodic rows older than the age into the archive, batch by batch; return how many moved.
 
     Archived rows keep their ids; a new episode never takes one (schema.sql's id marks).
@@ -127,7 +128,7 @@ def archive_episodic(store: Any, older_than_days: float) -> int:
     cutoff = f"-{older_than_days} days"
 
     def move(conn: Any) -> int:
-        return solos_store.on(conn).archive_batch(conn, cutoff, ARCHIVE_BATCH)
+        return store.queries.archive_batch(conn, cutoff, ARCHIVE_BATCH)
 
     total = 0
     while True:

@@ -347,10 +347,10 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         **memory.embedder_state(paths=args["agent"] is None),
         "activity": memory.activity.snapshot(memory.store.writes_by_hour(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
-        **memory.store.read(solos_store.query("lifecycle_counts")),
+        **memory.store.read(memory.store.queries.lifecycle_counts),
         "event_streams": memory.events.stats(),
         "delivery_log": memory.deliveries.stats(),
-        "jobs": memory.store.read(solos_jobs.status),
+        "jobs": memory.store.read(lambda conn: solos_jobs.status(memory.store.queries, conn)),
     }
 
 

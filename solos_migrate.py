@@ -262,7 +262,7 @@ def copy_table(src: sqlite3.Connection, dst: Any, table: Table) -> Copied:
     """Copy one table in one target transaction, hashing the source's rows as they go by."""
     started = time.monotonic()
     types = target_columns(dst, table.name)
-    present = solos_store.table_exists(src, table.name)  # an older solos.db may lack the newer tables
+    present = solos_store.SQLITE.table_exists(src, table.name)  # an older solos.db may lack the newer tables
     have = [row[1] for row in src.execute("SELECT * FROM pragma_table_info(?)", (table.name,))] if present else []
     columns = [name for name in types if name in have]
     done = Copied(table, columns, types, [name for name in have if name not in types])
@@ -346,7 +346,7 @@ def source_identity(src: sqlite3.Connection, path: str) -> str:
     """The source database's identity: the random id its first start made (a copy or backup of the file shares
     it); a file no service of this release has opened yet is known by its real path."""
     row = None
-    if solos_store.table_exists(src, "solos_memory_meta"):
+    if solos_store.SQLITE.table_exists(src, "solos_memory_meta"):
         row = src.execute("SELECT value FROM solos_memory_meta WHERE key = ?", (solos_store.DATABASE_ID,)).fetchone()
     return f"database {row[0]}" if row else f"file {os.path.realpath(path)}"
 
@@ -370,7 +370,7 @@ def refuse_a_used_target(src: sqlite3.Connection, dst: Any) -> None:
     """Stop before anything is copied when the target logged events of its own (the service or a writer used
     it since): copying then would mix the source's late rows and old settings into a live store."""
     last = 0
-    if solos_store.table_exists(src, "memory_event"):
+    if solos_store.SQLITE.table_exists(src, "memory_event"):
         last = src.execute("SELECT coalesce(max(id), 0) FROM memory_event").fetchone()[0]
     own = dst.execute("SELECT count(*) FROM memory_event WHERE id > %s", (last,)).fetchone()[0]
     if own:
@@ -398,18 +398,20 @@ def advance_identity(src: sqlite3.Connection, dst: Any, table: Table) -> None:
     if sequence is None:
         return
     spent = [dst.execute(f"SELECT coalesce(max(id), 0) FROM {table.name}").fetchone()[0]]
-    if solos_store.table_exists(src, "sqlite_sequence"):  # AUTOINCREMENT's counters: ids of rows since deleted
+    if solos_store.SQLITE.table_exists(src, "sqlite_sequence"):  # AUTOINCREMENT's counters: ids of rows since deleted
         counter = src.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table.name,)).fetchone()
         spent.append(int(counter[0]) if counter else 0)
     if table.tier is not None:
-        spent.append(solos_store.row_id_marks(src)[table.tier])
+        spent.append(solos_store.SQLITE.row_id_marks(src)[table.tier])
     last, called = dst.execute(f"SELECT last_value, is_called FROM {sequence}").fetchone()
     if max(spent) >= (last + 1 if called else last):
         dst.execute("SELECT setval(%s, %s)", (sequence, max(spent)))
 
 
 def skip_table(src: sqlite3.Connection, name: str, why: str) -> dict:
-    rows = src.execute(f"SELECT count(*) FROM {name}").fetchone()[0] if solos_store.table_exists(src, name) else 0
+    rows = (
+        src.execute(f"SELECT count(*) FROM {name}").fetchone()[0] if solos_store.SQLITE.table_exists(src, name) else 0
+    )
     return {"table": name, "ok": True, "rows": rows, "copied": 0, "skipped": why}
 
 

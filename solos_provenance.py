@@ -108,7 +108,7 @@ class DeliveryLog:
     lost if the process dies before the retry succeeds.
     """
 
-    def __init__(self, store: Any, capacity: int = BUFFER_ROWS, flush_s: float = FLUSH_S):
+    def __init__(self, store: solos_store.Store, capacity: int = BUFFER_ROWS, flush_s: float = FLUSH_S):
         self.store, self.capacity, self.flush_s = store, capacity, flush_s
         self.lock = threading.Lock()  # the buffer, in_flight, the kept keys and the counters
         self.write_lock = threading.Lock()  # one batch at a time: flush() waits for the thread's batch
@@ -169,7 +169,9 @@ class DeliveryLog:
         start = 0
         try:
             for start in range(0, len(entries), CHUNK_ROWS):
-                self.store.write(solos_store.query("record_deliveries", rows=entries[start : start + CHUNK_ROWS]))
+                self.store.write(
+                    functools.partial(self.store.queries.record_deliveries, rows=entries[start : start + CHUNK_ROWS])
+                )
                 self.logged(len(entries[start : start + CHUNK_ROWS]))
         except solos_store.ServiceError as error:  # the answer still goes; the thread retries
             self.defer(entries[start:], error)
@@ -210,7 +212,7 @@ class DeliveryLog:
                     batch = self.in_flight
                 if not batch:
                     return written
-                self.store.write(solos_store.query("record_deliveries", rows=batch))
+                self.store.write(functools.partial(self.store.queries.record_deliveries, rows=batch))
                 with self.lock:
                     self.in_flight = []
                 self.logged(len(batch))
@@ -218,7 +220,7 @@ class DeliveryLog:
 
     def forget_replaced(self) -> None:
         """Rows the fleet replaced since the last look: their next delivery is logged whatever its text."""
-        newest, replaced = self.store.read(solos_store.query("replaced_since", after=self.versions_seen))
+        newest, replaced = self.store.read(lambda conn: self.store.queries.replaced_since(conn, self.versions_seen))
         with self.lock:
             if self.versions_seen is not None and replaced:
                 gone = set(replaced)
@@ -250,7 +252,7 @@ class DeliveryLog:
                 "logged_last_hour": sum(n for m, n in self.per_minute if m > minute - 60),
             }
             counters = {**self.counters, "buffered": len(self.buffer) + len(self.in_flight)}
-        size = self.store.read(solos_store.query("delivery_log_size"))
+        size = self.store.read(self.store.queries.delivery_log_size)
         return {
             **counters,
             **recent,
@@ -271,12 +273,12 @@ class DeliveryLog:
             log.warning("delivery log: %d deliveries not written at close: %s", len(self.pending()), error)
 
 
-def purge(store: Any, now: float | None = None) -> int:
+def purge(store: solos_store.Store, now: float | None = None) -> int:
     """The daily purge: deliveries, acknowledged notices, replaced versions and spans older than RETENTION_S."""
     cutoff = solos_jobs.stamp((time.time() if now is None else now) - RETENTION_S)
     total = 0
     while True:
-        removed = store.write(solos_store.query("purge_deliveries", cutoff=cutoff, batch=PURGE_BATCH))
+        removed = store.write(lambda conn: store.queries.purge_deliveries(conn, cutoff, PURGE_BATCH))
         total += removed
         if removed == 0:
             return total
@@ -392,7 +394,7 @@ Cluster = dict[int, tuple[str, str, str]]  # row id -> (writer, written at, how 
 def near_cluster(conn: Any, result: dict, vectors: bool) -> Cluster:
     """The result's fact and every other agent's fact that is the same or a near-duplicate of it."""
     key = near_key(result["text"])
-    candidates = solos_store.on(conn).near_candidates(conn, key, NEAR_CANDIDATES) if key else []
+    candidates = conn.queries.near_candidates(conn, key, NEAR_CANDIDATES) if key else []
     own = next((c["embedding"] for c in candidates if c["id"] == result["id"]), None)
     cluster: Cluster = {result["id"]: (result["agent"], "", "")}
     for c in candidates:
@@ -420,7 +422,7 @@ class NearDuplicates:
         self.kept: collections.OrderedDict[tuple[int, bytes], Cluster] = collections.OrderedDict()
 
     def clusters(self, conn: Any, results: Sequence[dict], vectors: bool) -> list[Cluster]:
-        version = solos_store.on(conn).near_duplicates_version(conn)
+        version = conn.queries.near_duplicates_version(conn)
         with self.lock:
             if version is None or version != self.version:
                 self.kept.clear()
@@ -450,7 +452,7 @@ def witnesses_of(conn: Any, result: dict, cluster: Cluster, pending: Sequence[tu
         born, row_id, how = min((born, row_id, how) for row_id, (a, born, how) in cluster.items() if a == agent)
         others = {i for i, (a, _, _) in cluster.items() if a != agent}
         shown = [at for reader, tier, i, _, at in pending if reader == agent and tier == "long" and i in others]
-        logged = solos_store.on(conn).first_delivery(conn, agent, "long", sorted(others))
+        logged = conn.queries.first_delivery(conn, agent, "long", sorted(others))
         first = min([*shown, *([logged] if logged else [])], default=None)
         found.append(
             {
@@ -478,14 +480,10 @@ def op_read_deliveries(memory: Any, args: dict) -> dict:
     if agent is not None:
         memory.store.read(lambda conn: solos_store.Store.require_agent(conn, agent))
     memory.deliveries.flush()  # what was delivered a moment ago is part of the answer
-    rows = memory.store.read(
-        solos_store.query(
-            "read_deliveries",
-            writer=agent,
-            tier=args["tier"],
-            row_id=args["id"],
-            limit=args["limit"],
-            before_id=args["before_id"] or solos_bounds.MAX_ID,
+    store: solos_store.Store = memory.store
+    rows = store.read(
+        lambda conn: store.queries.read_deliveries(
+            conn, agent, args["tier"], args["id"], args["limit"], args["before_id"] or solos_bounds.MAX_ID
         )
     )
     return {"agent": agent, "view": "operator" if agent is None else "author", "count": len(rows), "deliveries": rows}
@@ -501,13 +499,10 @@ def op_read_notices(memory: Any, args: dict) -> dict:
     agent = args["agent"]
     memory.store.read(lambda conn: solos_store.Store.require_agent(conn, agent))
     memory.deliveries.flush()  # a row replaced since a delivery still in the buffer: its notice is written now
-    notices = memory.store.read(
-        solos_store.query(
-            "read_notices",
-            agent=agent,
-            after_id=args["after_id"] or 0,
-            limit=args["limit"],
-            acked=args["include_acked"],
+    store: solos_store.Store = memory.store
+    notices = store.read(
+        lambda conn: store.queries.read_notices(
+            conn, agent, args["after_id"] or 0, args["limit"], args["include_acked"]
         )
     )
     return {"agent": agent, "count": len(notices), "notices": notices}
@@ -517,11 +512,13 @@ def op_ack_notices(memory: Any, args: dict) -> dict:
     """Acknowledge the calling agent's retraction notices by id, so read_notices stops returning them."""
     agent = args["agent"]
 
+    store: solos_store.Store = memory.store
+
     def work(conn: Any) -> int:
         solos_store.Store.require_agent(conn, agent)
-        return solos_store.on(conn).ack_notices(conn, agent, args["ids"])
+        return store.queries.ack_notices(conn, agent, args["ids"])
 
-    return {"agent": agent, "acked": memory.store.write(work)}
+    return {"agent": agent, "acked": store.write(work)}
 
 
 def op_recall_as_of(memory: Any, args: dict) -> dict:
@@ -551,15 +548,17 @@ def op_recall_as_of(memory: Any, args: dict) -> dict:
     if reader is not None:
         memory.deliveries.flush()
 
+    store: solos_store.Store = memory.store
+
     def work(conn: Any) -> tuple[list[tuple[int, dict]], list[dict], solos_store.Visibility]:
         solos_store.Store.require_agent(conn, view)
         seen = solos_store.Visibility.read_past(conn, view, args["scope"], operator)
         if reader is None:
             fragments = [] if forms is None else forms.fragments
             rows: Iterable[dict] = itertools.chain.from_iterable(
-                solos_store.on(conn).rows_as_of(conn, t, at, seen, fragments, 0 if fragments else k) for t in tiers
+                store.queries.rows_as_of(conn, t, at, seen, fragments, 0 if fragments else k) for t in tiers
             )
-            gone = solos_store.on(conn).retracted_as_of(conn, at)
+            gone = store.queries.retracted_as_of(conn, at)
         else:
             rows, gone = shown_to(conn, reader, at, tiers, seen)
         best = best_of(rows, forms, k)  # streamed: at most k rows held, whatever the tier's size
@@ -660,12 +659,12 @@ def shown_to(
 ) -> tuple[list[dict], list[dict]]:
     """Each version reader was delivered up to `at` (the one valid at its delivery) that `seen` allows, and the
     forgotten ones."""
-    delivered = [d for d in solos_store.on(conn).delivered_by(conn, reader, at) if d["tier"] in tiers]
+    delivered = [d for d in conn.queries.delivered_by(conn, reader, at) if d["tier"] in tiers]
     rows: dict[tuple, dict] = {}
     gone: set[tuple[str, int]] = set()
     for tier in tiers:
         mine = [d for d in delivered if d["tier"] == tier]
-        versions = solos_store.on(conn).versions_of(conn, tier, sorted({d["row_id"] for d in mine}))
+        versions = conn.queries.versions_of(conn, tier, sorted({d["row_id"] for d in mine}))
         for delivery in mine:
             then = delivery["delivered_at"]
             match = [
@@ -680,7 +679,7 @@ def shown_to(
                     rows[(tier, version["id"], version["valid_from"])] = {**version, "tier": tier}
             if not match:  # forgotten since (its versions went with it), or replaced within the same millisecond
                 gone.add((tier, delivery["row_id"]))
-    spans = {(g["tier"], g["row_id"]): g for g in solos_store.on(conn).retracted_as_of(conn, at)}
+    spans = {(g["tier"], g["row_id"]): g for g in conn.queries.retracted_as_of(conn, at)}
     return list(rows.values()), [spans[key] for key in gone if key in spans]
 
 

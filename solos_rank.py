@@ -529,7 +529,7 @@ class VectorIndex:
             scores.update(zip([row_id for row_id, _ in members], (cosine + NEIGHBOUR_WEIGHT * around).tolist()))
         return scores
 
-    def search(self, tier: str, query: Any, allowed: Callable[[Any], Any], depth: int) -> dict[int, float]:
+    def search(self, tier: str, query: Any, allowed: Callable[[Any, Any], Any], depth: int) -> dict[int, float]:
         """Top `depth` rows by cosine (plus topic neighbours'), among rows `allowed` keeps and not expired."""
         import numpy as np
 
@@ -554,8 +554,7 @@ class VectorIndex:
             score = np.concatenate([score, np.array([settled[row_id] for row_id in recent])])
         if not len(ids):
             return {}
-        now = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())  # to the second: SQL re-filters candidates
-        mask = allowed(agents) & ((expires == "") | (expires > now)).astype(bool)
+        mask = allowed(agents, expires)  # Visibility.mask: scope, sharing and expiry
         candidates = np.flatnonzero(mask)
         if not len(candidates):
             return {}
@@ -629,7 +628,7 @@ class VectorIndex:
 def vector_candidates(
     vectors: VectorIndex, query: Any, tiers: Sequence[Tier], seen: Visibility, depth: int
 ) -> dict[Key, float]:
-    """Cosine per tier among rows the caller may see (`seen.mask`: scope and, for opt-in tiers, who shares)."""
+    """Cosine per tier among rows the caller may see (`seen.mask`: scope, expiry and, for opt-in tiers, who shares)."""
     similar = {}
     for tier in tiers:
         found = vectors.search(tier.name, query, functools.partial(seen.mask, tier), depth)

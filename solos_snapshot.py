@@ -199,7 +199,9 @@ def open_readonly(path: Path) -> sqlite3.Connection:
 def describe_database(conn: sqlite3.Connection) -> dict:
     """What a manifest records about a database: schema version and fingerprint, row counts."""
     version = (
-        solos_store.meta_value(conn, "schema_version") if solos_store.table_exists(conn, "solos_memory_meta") else None
+        solos_store.SQLITE.meta_value(conn, "schema_version")
+        if solos_store.SQLITE.table_exists(conn, "solos_memory_meta")
+        else None
     )
     schema = sorted(
         "|".join(map(str, row))
@@ -213,7 +215,7 @@ def describe_database(conn: sqlite3.Connection) -> dict:
         "row_counts": {
             table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
             for table in COUNTED_TABLES
-            if solos_store.table_exists(conn, table)
+            if solos_store.SQLITE.table_exists(conn, table)
         },
     }
 
@@ -276,10 +278,10 @@ def verify_chain(folder: Path) -> list[Link]:
 
 def read_anchor(conn: sqlite3.Connection) -> dict | None:
     """The chain head a database anchored (take_snapshot), or None."""
-    if not solos_store.table_exists(conn, "solos_memory_meta"):
+    if not solos_store.SQLITE.table_exists(conn, "solos_memory_meta"):
         return None
     try:
-        anchor = json.loads(solos_store.meta_value(conn, ANCHOR_KEY) or "null")
+        anchor = json.loads(solos_store.SQLITE.meta_value(conn, ANCHOR_KEY) or "null")
     except ValueError:
         return None
     return anchor if isinstance(anchor, dict) and isinstance(anchor.get("seq"), int) else None
@@ -386,7 +388,7 @@ def write_snapshot(
         try:
             described = describe_database(snapshot)
             after = previous[0]["last_retraction_id"] if previous else 0
-            retractions = solos_store.retractions_after(snapshot, after)
+            retractions = solos_store.SQLITE.retractions_after(snapshot, after)
         finally:
             snapshot.close()
         manifest = {
@@ -430,10 +432,10 @@ def anchor_head(db: str, anchor: dict | None, busy_timeout_ms: int) -> list[str]
     try:
         conn = sqlite3.connect(db, isolation_level=None, timeout=busy_timeout_ms / 1000)
         try:
-            if not solos_store.table_exists(conn, "solos_memory_meta"):
+            if not solos_store.SQLITE.table_exists(conn, "solos_memory_meta"):
                 return [f"{db} has no solos_memory_meta table (never served): the chain's head is not anchored"]
             conn.execute("BEGIN IMMEDIATE")
-            solos_store.set_meta(conn, ANCHOR_KEY, json.dumps(anchor, sort_keys=True))
+            solos_store.SQLITE.set_meta(conn, ANCHOR_KEY, json.dumps(anchor, sort_keys=True))
             conn.execute("COMMIT")
         finally:
             conn.close()
@@ -589,13 +591,13 @@ def rebuild(
         conn.row_factory = sqlite3.Row
         try:
             conn.execute("BEGIN IMMEDIATE")
-            erased = sum(solos_store.reapply(conn, retraction) for retraction in retractions)
+            erased = sum(solos_store.SQLITE.reapply(conn, retraction) for retraction in retractions)
             carry_forward(conn, carried, anchor_of(verified.chain[-1].manifest, verified.chain[-1].digest))
             conn.execute("COMMIT")
             for fts in [name for names in solos_store.KEYWORD_INDEX.values() for name in names]:
-                while solos_store.merge_step(conn, fts) >= 2:
+                while solos_store.SQLITE.merge_step(conn, fts) >= 2:
                     pass
-            solos_store.scrubs_done(conn, solos_store.queued_scrubs(conn))  # merged here, vacuumed next
+            solos_store.SQLITE.scrubs_done(conn, solos_store.SQLITE.queued_scrubs(conn))  # merged here, vacuumed next
             conn.execute("VACUUM")
             if conn.execute("PRAGMA journal_mode=delete").fetchone()[0] != "delete":  # all of it in the one file
                 raise SnapshotError("copy", f"{work.name} could not leave WAL mode")
@@ -607,7 +609,7 @@ def rebuild(
                     live.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
                     conn.backup(live)
                     live.execute("PRAGMA journal_mode=wal")
-                    solos_store.checkpoint_truncate(live, busy_timeout_ms)
+                    solos_store.SQLITE.checkpoint_truncate(live, busy_timeout_ms)
                 finally:
                     live.close()
         finally:
@@ -660,7 +662,7 @@ def later_retractions(
         try:
             dropped = removed_after(verified.chain, read_anchor(conn), str(target))
             warnings += [f"{dropped}; its own retractions are re-applied"] if dropped else []
-            retractions += solos_store.retractions_after(conn, 0)
+            retractions += solos_store.SQLITE.retractions_after(conn, 0)
             chained = carry_from(carried, conn, target, head)
         finally:
             conn.close()
@@ -679,7 +681,7 @@ def later_retractions(
                 dropped = removed_after(verified.chain, anchor, str(source))
                 if anchor is not None and anchor.get("chain") == head.manifest.get("chain"):
                     warnings += [f"{dropped}; {source}'s own retractions are re-applied"] if dropped else []
-                    retractions += solos_store.retractions_after(conn, 0)
+                    retractions += solos_store.SQLITE.retractions_after(conn, 0)
                 reason = f"{source} does not anchor this chain"
                 chained = carry_from(carried, conn, source, head) or chained
             finally:
@@ -788,13 +790,13 @@ def carried_state(conn: sqlite3.Connection) -> dict:
     """What the replaced database hands on to the restored one (carry_forward writes it)."""
     row = (
         conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'memory_event'").fetchone()
-        if solos_store.table_exists(conn, "sqlite_sequence")
+        if solos_store.SQLITE.table_exists(conn, "sqlite_sequence")
         else None
     )
     return {
         "event_seq": row[0] if row else 0,
         "anchor": read_anchor(conn),
-        "id_marks": solos_store.row_id_marks(conn),
+        "id_marks": solos_store.SQLITE.row_id_marks(conn),
     }
 
 
@@ -811,8 +813,8 @@ def carry_forward(conn: sqlite3.Connection, carried: dict, head: dict | None) ->
     if margin:
         own = carried_state(conn)
         carried["id_marks"] = {tier: mark + margin for tier, mark in own["id_marks"].items()}
-        carried["event_seq"] = max(own["event_seq"], solos_store.head_event(conn)) + margin
-    solos_store.mark_row_ids(conn, carried.get("id_marks"))
+        carried["event_seq"] = max(own["event_seq"], solos_store.SQLITE.head_event(conn)) + margin
+    solos_store.SQLITE.mark_row_ids(conn, carried.get("id_marks"))
     event_seq = carried.get("event_seq", 0)
     if not conn.execute(
         "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'memory_event'", (event_seq,)
@@ -822,7 +824,7 @@ def carry_forward(conn: sqlite3.Connection, carried: dict, head: dict | None) ->
     if head is None or (before and before.get("chain") == head["chain"] and before["seq"] > head["seq"]):
         head = before
     if head:
-        solos_store.set_meta(conn, ANCHOR_KEY, json.dumps(head, sort_keys=True))
+        solos_store.SQLITE.set_meta(conn, ANCHOR_KEY, json.dumps(head, sort_keys=True))
 
 
 # ==== CLI: snapshot and restore ====

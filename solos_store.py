@@ -1,11 +1,22 @@
 """solos_store: the SQLite store below everything: connections, transactions, the tier table and every query.
 
-Every module imports this one; it imports nothing of the service's. SQL lives
-here and in schema.sql. The service's own errors live here too, because the
-store raises most of them (busy: 503, unknown agent: 422).
+Every module imports this one; of the service's it imports only solos_errors (the errors it raises, busy:
+503, unknown agent: 422, and the log lines), whose names it re-exports.
+
+SQL lives here (Store, Queries; PostgreSQL's in solos_store_pg) and in schema.sql, with these exceptions, each
+a module's own table or file, said here so the rule stays one rule:
+    solos_qdrant     the qdrant_outbox it drains and the long facts an import writes (SQLite only)
+    solos_jobs       memory_job_run, and the transaction it records a run in when no store could be opened
+    solos_status     memory_activity, the recall counters kept per minute
+    solos_snapshot   the snapshot files' own checks and copies (VACUUM INTO, integrity, counts), SQLite only
+    solos_migrate    the table-by-table COPY from an SQLite file into PostgreSQL
+    solos_events     EventHub.own_read: the hub's own connection and transaction (its reads never wait for the
+                     pool or a queued write); the queries it runs there are Queries'.
 
 Public surface (what the operations and the service's other modules call; a
-second backend implements the same):
+second backend subclasses Store and Queries and overrides what its SQL says
+differently, as solos_store_pg's PgStore and PgQueries do, so mypy checks every
+override):
 
     Store(path, busy_timeout_ms, admin)      connect, read(work), write(work), migrate(), close()
       writes        upsert_short, upsert_long, put_long, known_long, insert_long, append_episodic,
@@ -17,21 +28,25 @@ second backend implements the same):
                     keep_vector (a write's own, in its transaction), count_missing_vectors, count_vectors,
                     vectors_by_id
       copies        shared_by_copies, listen(wake) (PostgreSQL: solos_copies)
-    forget          find_row, erase, own_retraction, queue_scrub, queued_scrubs, scrubs_done,
-                    merge_step, checkpoint_truncate, retractions_after, reapply, mirror_waiting,
+    Queries                                  store.queries (conn.queries where only a connection is at hand;
+                                             SQLITE for a snapshot's or migration source's SQLite file);
+                                             each takes the connection first: store.queries.erase(conn, ...)
+      dialect       NOW, SHIFTED, IDS_IN, SAME, LEAST, GREATEST, TAGGED, id_list, text_list, tagged_params
+      forget        find_row, erase, own_retraction, queue_scrub, queued_scrubs, scrubs_done,
+                    merge_step, checkpoint_truncate, retractions_after, last_retraction, reapply, mirror_waiting,
                     keep_only_hash
-    events          head_event, events_after, current_rows, text_matches, sweep_expired, expiry_due,
-                    prune_step, sharing_agents
-    meta and ids    meta_value, set_meta, table_exists, row_id_marks, mark_row_ids
-    lifecycle       episodes_by_id, link_promotion, archive_batch, lifecycle_counts, delete_tagged_facts (check)
-    provenance      record_deliveries, replaced_since, delivery_log_size, read_deliveries, purge_deliveries,
+      events        head_event, events_after, current_rows, text_matches, sweep_expired, expiry_due,
+                    prune_step, sharing_agents, job_running (solos_jobs)
+      meta and ids  meta_value, set_meta, table_exists, row_id_marks, mark_row_ids
+      lifecycle     episodes_by_id, link_promotion, archive_batch, lifecycle_counts, delete_tagged_facts (check)
+      provenance    record_deliveries, replaced_since, delivery_log_size, read_deliveries, purge_deliveries,
                     first_delivery, near_duplicates_version,
                     near_candidates, notify_forgotten, read_notices, ack_notices, versions_of, rows_as_of,
                     retracted_as_of, delivered_by (erase also erases a row's versions and keeps its span)
     tiers           Tier, TIER_TABLE, TIERS, DEFAULT_TIERS, SCOPES, LIVE_TIERS, EMBEDDED_TIERS,
                     tier_tables, tier_indexes
-    errors          ServiceError and its subclasses, error_body
-    log and time    log_event, JsonLogHandler, utc_now
+    errors          ServiceError and its subclasses, error_body (solos_errors's)
+    log and time    log_event, JsonLogHandler, utc_now (solos_errors's)
 """
 
 from __future__ import annotations
@@ -44,179 +59,75 @@ import os
 import queue
 import re
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import Any
+
+from solos_errors import (
+    BadRequest as BadRequest,
+)
+from solos_errors import (
+    Busy as Busy,
+)
+from solos_errors import (
+    Conflict as Conflict,
+)
+from solos_errors import (
+    Forbidden as Forbidden,
+)
+from solos_errors import (
+    JsonLogHandler as JsonLogHandler,
+)
+from solos_errors import (
+    LengthRequired as LengthRequired,
+)
+from solos_errors import (
+    MethodNotAllowed as MethodNotAllowed,
+)
+from solos_errors import (
+    NotFound as NotFound,
+)
+from solos_errors import (
+    PayloadTooLarge as PayloadTooLarge,
+)
+from solos_errors import (
+    ProtocolError as ProtocolError,
+)
+from solos_errors import (
+    RequestTimeout as RequestTimeout,
+)
+from solos_errors import (
+    ServiceError as ServiceError,
+)
+from solos_errors import (
+    StorageUnavailable as StorageUnavailable,
+)
+from solos_errors import (
+    Unauthorized as Unauthorized,
+)
+from solos_errors import (
+    UnknownAgent as UnknownAgent,
+)
+from solos_errors import (
+    UnsupportedMediaType as UnsupportedMediaType,
+)
+from solos_errors import (
+    error_body as error_body,
+)
+from solos_errors import (  # the service's errors and log lines, raised and written here too
+    log_event as log_event,
+)
+from solos_errors import (
+    utc_now as utc_now,
+)
 
 # The release, in one place: --version, /health, the status page, /openapi.json, MCP serverInfo and the Server
 # header all show this. solos_client.py stands alone and repeats it; tests/test_release.py keeps the two equal.
 __version__ = "0.3.0"
 
 log = logging.getLogger("solos_store")
-
-# ==== Log lines and time ====
-
-
-def log_event(event: str, **fields: Any) -> None:
-    """One JSON line on stderr (the journal under systemd)."""
-    record = {"ts": utc_now(), "event": event, **fields}
-    sys.stderr.write(json.dumps(record, default=str) + "\n")
-    sys.stderr.flush()
-
-
-class JsonLogHandler(logging.Handler):
-    """Route `logging` (tracebacks included) into the same one-line JSON as log_event."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        fields: dict[str, Any] = {
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            fields["traceback"] = logging.Formatter().formatException(record.exc_info)
-        log_event("log", **fields)
-
-
-def utc_now() -> str:
-    """Now as the schema's timestamp format (UTC, milliseconds, 'Z')."""
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-
-
-# ==== Errors ====
-
-
-class ServiceError(Exception):
-    """Base for expected errors; subclasses set status and code."""
-
-    status, code = 500, "internal"
-    retry_after_s: int | None = None  # set for conditions that pass by themselves
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-        self.counted = False  # set once Stats.reject has logged and counted it
-
-    def headers(self) -> dict[str, str]:
-        """Response headers this error needs besides its body (Allow, Retry-After, ...)."""
-        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
-
-
-class BadRequest(ServiceError):
-    """A field is missing, of the wrong type, or out of range."""
-
-    status, code = 400, "bad_request"
-
-
-class Unauthorized(ServiceError):
-    """Tokens are enabled and the request carries no valid bearer token."""
-
-    status, code = 401, "unauthorized"
-
-    def headers(self) -> dict[str, str]:
-        return {"WWW-Authenticate": 'Bearer realm="solos-memory"'}
-
-
-class Forbidden(ServiceError):
-    """The caller may not do this (another agent's persona, another agent's identity)."""
-
-    status, code = 403, "forbidden"
-
-
-class NotFound(ServiceError):
-    """No such route, or no such row for this agent."""
-
-    status, code = 404, "not_found"
-
-
-class MethodNotAllowed(ServiceError):
-    """The route exists, the method does not."""
-
-    status, code = 405, "method_not_allowed"
-
-    def __init__(self, message: str, allow: list[str]):
-        super().__init__(message)
-        self.allow = allow
-
-    def headers(self) -> dict[str, str]:
-        return {"Allow": ", ".join(self.allow)}
-
-
-class Conflict(ServiceError):
-    """An idempotency key was reused with different content."""
-
-    status, code = 409, "conflict"
-
-
-class LengthRequired(ServiceError):
-    """A body without Content-Length (chunked bodies are not accepted)."""
-
-    status, code = 411, "length_required"
-
-
-class PayloadTooLarge(ServiceError):
-    """The body is over MAX_BODY_BYTES."""
-
-    status, code = 413, "payload_too_large"
-
-
-class UnsupportedMediaType(ServiceError):
-    """A body that is not application/json."""
-
-    status, code = 415, "unsupported_media_type"
-
-
-class UnknownAgent(ServiceError):
-    """The agent is not in agent_registry: no orphan rows, ever."""
-
-    status, code = 422, "unknown_agent"
-
-
-class ProtocolError(ServiceError):
-    """http.server's own refusals (a malformed request line, headers too long), in the one JSON shape."""
-
-    def __init__(self, status: int, message: str | None):
-        phrase = HTTPStatus(status).phrase
-        super().__init__(message or phrase)
-        self.status, self.code = status, phrase.lower().replace(" ", "_")  # per instance: the status varies
-
-
-class RequestTimeout(ServiceError):
-    """The body did not arrive within BODY_DEADLINE_S (a slow-body attack, or a stalled client)."""
-
-    status, code = 408, "request_timeout"
-
-
-class Busy(ServiceError):
-    """The database stayed locked through every retry; never an empty success."""
-
-    status, code = 503, "busy"
-    retry_after_s = 1
-
-
-class StorageUnavailable(ServiceError):
-    """The database cannot be written or read right now (read-only, disk full, I/O error).
-
-    A condition outside the service that an operator fixes; the service recovers by itself once it is gone.
-    """
-
-    status, code = 503, "storage_unavailable"
-    retry_after_s = 5
-
-
-def error_body(error: ServiceError) -> dict:
-    """The one JSON shape every error takes, on REST and inside MCP results."""
-    body: dict[str, Any] = {"code": error.code, "status": error.status, "message": error.message}
-    if error.field:
-        body["field"] = error.field
-    return {"error": body}
-
 
 # ==== Storage: connections, transactions, the tier table and the tiers' queries ====
 
@@ -248,18 +159,6 @@ REQUIRED_COLUMNS = {
     ),
     "memory_episodic": ("id", "agent", "event_type", "summary", "details", "outcome", "duration_s", "timestamp"),
 }
-# A row carries one of the wanted tags (a JSON array of them is the parameter, twice): tags as this service
-# stores them (a JSON array) or as a comma list, which other writers of the fleet use.
-TAGGED = (
-    "CASE WHEN json_valid(t.tags) THEN EXISTS (SELECT 1 FROM json_each(t.tags) AS have "
-    "WHERE have.value IN (SELECT value FROM json_each(?))) "
-    "ELSE EXISTS (SELECT 1 FROM json_each(?) AS want "
-    "WHERE instr(',' || replace(t.tags, ', ', ',') || ',', ',' || want.value || ',') > 0) END"
-)
-
-
-def tagged_params(tags: Sequence[str]) -> list[Any]:
-    return [json.dumps(list(tags))] * 2
 
 
 @dataclass(frozen=True)
@@ -381,21 +280,6 @@ REMOVALS = ("delete", "forget", "expire", "archive")  # events that carry no row
 MERGE_PAGES = 128  # FTS5 pages one merge step writes: about 10 ms at 100k facts, so no long write lock
 
 
-# The SQL that differs between the two databases, named once. solos_store_pg defines the same names for
-# PostgreSQL; on(conn) picks the set for a connection.
-NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"  # UTC, milliseconds, 'Z': text order is time order
-SHIFTED = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)"  # now moved by '+3.000 seconds', '-30 days'
-IDS_IN = "IN (SELECT value FROM json_each(?))"  # with id_list(ids), or text_list(names), as its parameter
-SAME = "IS"  # equal, NULL equal to NULL
-LEAST, GREATEST = "min", "max"  # of two values
-
-
-def id_list(values: Iterable[Any]) -> Any:
-    return json.dumps(list(values))
-
-
-text_list = id_list
-
 PSYCOPG = "pip install 'psycopg[binary]==3.3.9' 'psycopg-pool==3.3.3'"
 
 
@@ -512,7 +396,10 @@ def whole_transaction(error: sqlite3.Error) -> bool:
 
 
 class PooledConnection(sqlite3.Connection):
-    """A connection that knows whether it may go back to the pool."""
+    """A connection that knows whether it may go back to the pool, and carries its store's queries (Visibility.read
+    and the capabilities' helpers that are handed only a connection reach them as `conn.queries`)."""
+
+    queries: Queries
 
     # False for one opened while the file was not writable (SQLite then silently opens it read-only, for
     # good) and for one that met a storage failure: reusing either kept writes failing after the cause was gone.
@@ -553,22 +440,23 @@ class Visibility:
         caller: str,
         scope: str,
         sharing: Iterable[str] = (),
-        queries: Any = None,
+        queries: Queries | None = None,
         spans: Iterable[tuple[str, str, str | None]] = (),
         operator: bool = False,
     ):
         self.caller, self.scope, self.sharing = caller, scope, frozenset(sharing)
-        self.queries = queries or sys.modules[__name__]  # whose SQL `where` speaks (on(conn))
+        self.queries: Queries = queries or SQLITE  # whose SQL `where` speaks
         self.spans, self.operator = tuple(spans), operator
 
     @classmethod
-    def read(cls, conn: sqlite3.Connection, caller: str, scope: str) -> Visibility:
-        return cls(caller, scope, sharing_agents(conn), on(conn))
+    def read(cls, conn: Any, caller: str, scope: str) -> Visibility:
+        return cls(caller, scope, conn.queries.sharing_agents(conn), conn.queries)
 
     @classmethod
-    def read_past(cls, conn: sqlite3.Connection, caller: str, scope: str, operator: bool = False) -> Visibility:
+    def read_past(cls, conn: Any, caller: str, scope: str, operator: bool = False) -> Visibility:
         """For as-of reads: with when each author was sharing."""
-        return cls(caller, scope, sharing_agents(conn), on(conn), sharing_spans(conn), operator)
+        queries: Queries = conn.queries
+        return cls(caller, scope, queries.sharing_agents(conn), queries, queries.sharing_spans(conn), operator)
 
     def widened(self) -> Visibility:
         """The same caller in scope shared: for rows read as ranking inputs only, never returned."""
@@ -578,7 +466,10 @@ class Visibility:
         """Whether an opt-in row of agent's is the caller's own (never in the operator's view)."""
         return agent == self.caller and not self.operator
 
-    def allows(self, tier: str, agent: str) -> bool:
+    def allows(self, tier: str, agent: str, expires_at: str | None = None, now: str | None = None) -> bool:
+        """One row: its writer's, and with `expires_at`, whether it is still live at `now` (default: now)."""
+        if expires_at and TIER_TABLE[tier].expires and expires_at <= (now or utc_now()):
+            return False
         if tier == "durable":
             return self.own(agent)
         if (self.scope == "own" and agent != self.caller) or (
@@ -598,7 +489,18 @@ class Visibility:
             or any(a == agent and start < until and (end or "~") > valid_from for a, start, end in self.spans)
         )
 
+    @staticmethod
+    def unexpired(tier: Tier, now: str) -> list[str]:
+        """SQL (alias t): the row is live at `now` (SQL: the store's NOW), for a tier whose rows expire."""
+        return [f"t.expires_at > {now}"] if tier.expires else []
+
     def where(self, tier: Tier) -> tuple[list[str], list[Any]]:
+        """SQL (alias t): the rows of `tier` the caller may see now (live: not expired)."""
+        where, params = self.scoped(tier)
+        return where + self.unexpired(tier, self.queries.NOW), params
+
+    def scoped(self, tier: Tier) -> tuple[list[str], list[Any]]:
+        """SQL (alias t): scope and sharing, as of any time."""
         where: list[str] = []
         params: list[Any] = []
         if self.scope == "own":
@@ -612,10 +514,12 @@ class Visibility:
             params.extend([self.caller if not self.operator else "", self.queries.text_list(sorted(self.sharing))])
         return where, params
 
-    def where_as_of(self, tier: Tier, deleted: str) -> tuple[list[str], list[Any]]:
-        """`where` over versions (alias t: VERSION_FIELDS), with the sharing and delete rules; `deleted` is SQL
-        true when t's row was deleted."""
-        where, params = self.where(tier)
+    def where_as_of(self, tier: Tier, deleted: str, at: str) -> tuple[list[str], list[Any]]:
+        """`where` over versions (alias t: VERSION_FIELDS) as of `at`, with the sharing and delete rules and expiry
+        as of `at`; `deleted` is SQL true when t's row was deleted."""
+        where, params = self.scoped(tier)
+        where.append("(t.expires_at IS NULL OR t.expires_at > ?)")
+        params.append(at)
         own = "" if self.operator else self.caller
         where.append(f"(t.agent = ? OR NOT {deleted})")
         params.append(own)
@@ -627,11 +531,16 @@ class Visibility:
             params.append(own)
         return where, params
 
-    def mask(self, tier: Tier, agents: Any) -> Any:
-        """A boolean array: which of these writers' rows of `tier` the caller may see (numpy)."""
+    def mask(self, tier: Tier, agents: Any, expires: Any = None, now: str | None = None) -> Any:
+        """A boolean array: which of these writers' rows of `tier` the caller may see (numpy); with `expires` (an
+        array of expires_at, "" for none), only those live at `now` (default: this second, as the vector leg's
+        candidates are re-read through `where`)."""
         import numpy as np
 
         mask = np.ones(len(agents), dtype=bool)
+        if expires is not None and tier.expires:
+            now = now or time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+            mask &= ((expires == "") | (expires > now)).astype(bool)
         if self.scope == "own":
             mask &= agents == self.caller
         elif self.scope == "shared_except_self":
@@ -681,6 +590,7 @@ class Store:
         self.queued: list[QueuedWrite] = []
         self.queue_lock = threading.Lock()
         self.leading = False  # a queued write leads: the next ones wait for it, not for the lock
+        self.queries: Queries = SQLITE  # every query outside Store's own (PgStore: PgQueries)
 
     # -- connections --
 
@@ -695,6 +605,7 @@ class Store:
             factory=PooledConnection,
         )
         conn.reusable = writable
+        conn.queries = self.queries
         conn.row_factory = sqlite3.Row
         # WAL lets agents read while one writes; busy_timeout absorbs the fleet's short write locks.
         mode = conn.execute("PRAGMA journal_mode=wal").fetchone()[0]
@@ -706,7 +617,7 @@ class Store:
             raise RuntimeError(f"{self.path}: busy_timeout did not take")
         # FULL: an acknowledged write survives power loss, not only a process crash.
         conn.execute("PRAGMA synchronous=FULL")
-        secure_delete(conn)  # what any delete removes is zeroed, not left in free pages (forget)
+        self.queries.secure_delete(conn)  # what any delete removes is zeroed, not left in free pages (forget)
         if not self.admin:
             conn.set_authorizer(deny_fleet_writes)
         return conn
@@ -905,7 +816,7 @@ class Store:
                 "INSERT OR IGNORE INTO solos_memory_meta (key, value) VALUES (?, lower(hex(randomblob(16))))",
                 (DATABASE_ID,),
             )
-            mark_row_ids(conn)
+            self.queries.mark_row_ids(conn)
             conn.execute("COMMIT")
         finally:
             if conn.in_transaction:
@@ -973,7 +884,7 @@ class Store:
             existing = conn.execute("SELECT id FROM memory_short WHERE agent = ? AND key = ?", (agent, key)).fetchone()
             row = conn.execute(
                 "INSERT INTO memory_short (agent, key, value, tags, created_at, expires_at) "
-                f"VALUES (?, ?, ?, ?, {on(conn).NOW}, {on(conn).SHIFTED}) "
+                f"VALUES (?, ?, ?, ?, {self.queries.NOW}, {self.queries.SHIFTED}) "
                 "ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags, "
                 "    created_at = excluded.created_at, expires_at = excluded.expires_at "
                 "RETURNING id, expires_at",
@@ -1016,9 +927,10 @@ class Store:
         known = self.known_long(conn, agent, fact)
         if known is None:
             return {"id": self.insert_long(conn, agent, topic, fact, source, confidence, tags), "status": "created"}
-        same = on(conn).SAME
+        same = self.queries.SAME
         changed = conn.execute(
-            f"UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, updated_at = {on(conn).NOW} "
+            f"UPDATE memory_longterm SET topic = ?, source = ?, confidence = ?, tags = ?, "
+            f"updated_at = {self.queries.NOW} "
             f"WHERE id = ? AND NOT (topic {same} ? AND source {same} ? AND confidence {same} ? AND tags {same} ?)",
             (topic, source, confidence, json.dumps(tags), known, topic, source, confidence, json.dumps(tags)),
         ).rowcount
@@ -1109,7 +1021,7 @@ class Store:
                 before(conn, "short", [found[0]])
             row = conn.execute(
                 "DELETE FROM memory_short WHERE agent = ? AND key = ? "
-                f"RETURNING id, expires_at <= {on(conn).NOW} AS expired",
+                f"RETURNING id, expires_at <= {self.queries.NOW} AS expired",
                 (agent, key),
             ).fetchone()
             if row is None:
@@ -1125,7 +1037,7 @@ class Store:
             existing = conn.execute("SELECT 1 FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
             conn.execute(
                 "INSERT INTO episodic_sharing (agent, shared) VALUES (?, ?) ON CONFLICT (agent) DO UPDATE "
-                f"SET shared = excluded.shared, updated_at = {on(conn).NOW}",
+                f"SET shared = excluded.shared, updated_at = {self.queries.NOW}",
                 (agent, int(episodic)),
             )
             return {"status": "updated" if existing else "created"}
@@ -1140,7 +1052,7 @@ class Store:
                 lambda conn: (
                     conn.execute(
                         "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
-                        f"WHERE expires_at <= {on(conn).NOW} LIMIT ?)",
+                        f"WHERE expires_at <= {self.queries.NOW} LIMIT ?)",
                         (batch,),
                     ).rowcount
                 )
@@ -1178,8 +1090,8 @@ class Store:
             return {
                 "agents": one("SELECT count(*) FROM agent_registry"),
                 "rows": {
-                    "short": one(f"SELECT count(*) FROM memory_short WHERE expires_at > {on(conn).NOW}"),
-                    "short_expired": one(f"SELECT count(*) FROM memory_short WHERE expires_at <= {on(conn).NOW}"),
+                    "short": one(f"SELECT count(*) FROM memory_short WHERE expires_at > {self.queries.NOW}"),
+                    "short_expired": one(f"SELECT count(*) FROM memory_short WHERE expires_at <= {self.queries.NOW}"),
                     "long": one("SELECT count(*) FROM memory_longterm"),
                     "episodic": one("SELECT count(*) FROM memory_episodic"),
                     "durable": one("SELECT count(*) FROM memory_durable"),
@@ -1221,8 +1133,6 @@ class Store:
         if tags:
             where.append(queries.TAGGED if "tags" in tier.result_columns else "1 = 0")
             params.extend(queries.tagged_params(tags) if "tags" in tier.result_columns else [])
-        if tier.expires:
-            where.append(f"t.expires_at > {queries.NOW}")
         return where, params
 
     def recent_rows(
@@ -1295,15 +1205,15 @@ class Store:
             "SELECT l.id, "
             "  (SELECT max(p.id) FROM memory_longterm p WHERE p.topic = l.topic AND p.id < l.id) AS previous, "
             "  (SELECT min(n.id) FROM memory_longterm n WHERE n.topic = l.topic AND n.id > l.id) AS following "
-            f"FROM memory_longterm l WHERE l.topic <> '' AND l.id {on(conn).IDS_IN}",
-            (on(conn).id_list(ids),),
+            f"FROM memory_longterm l WHERE l.topic <> '' AND l.id {self.queries.IDS_IN}",
+            (self.queries.id_list(ids),),
         )
         return {row[0]: (row[1], row[2]) for row in rows}
 
     # -- vectors --
 
     def vector_generation(self, conn: sqlite3.Connection) -> int:
-        return int(meta_value(conn, "vector_generation") or 0)
+        return int(self.queries.meta_value(conn, "vector_generation") or 0)
 
     def load_vectors(self, conn: sqlite3.Connection, tier: str, model: str) -> sqlite3.Cursor:
         """Every vector of one tier made by `model`, with what the vector search filters on, row by row."""
@@ -1317,9 +1227,9 @@ class Store:
         return self.read(
             lambda conn: conn.execute(
                 f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v ON v.tier = ? AND v.row_id = t.id "
-                f"AND v.model = ? WHERE v.row_id IS NULL{'' if ids is None else ' AND t.id ' + on(conn).IDS_IN} "
+                f"AND v.model = ? WHERE v.row_id IS NULL{'' if ids is None else ' AND t.id ' + self.queries.IDS_IN} "
                 "ORDER BY t.id LIMIT ?",
-                (tier, model, *(() if ids is None else (on(conn).id_list(ids),)), limit),
+                (tier, model, *(() if ids is None else (self.queries.id_list(ids),)), limit),
             ).fetchall()
         )
 
@@ -1332,8 +1242,8 @@ class Store:
                 row[0]
                 for row in conn.execute(
                     f"SELECT t.id FROM {table} t LEFT JOIN memory_vector v ON v.tier = ? AND v.row_id = t.id "
-                    f"AND v.model = ? WHERE v.row_id IS NULL AND t.id {on(conn).IDS_IN} ORDER BY t.id",
-                    (tier, model, on(conn).id_list(ids)),
+                    f"AND v.model = ? WHERE v.row_id IS NULL AND t.id {self.queries.IDS_IN} ORDER BY t.id",
+                    (tier, model, self.queries.id_list(ids)),
                 )
             ]
         )
@@ -1343,7 +1253,7 @@ class Store:
         table, fields = TIER_TABLE[tier].table, TIER_TABLE[tier].embedded
 
         def work(conn: sqlite3.Connection) -> tuple[list[int], int]:
-            same_text = " AND ".join(f"{name} {on(conn).SAME} ?" for name in fields)
+            same_text = " AND ".join(f"{name} {self.queries.SAME} ?" for name in fields)
             saved = []
             for row, vector in embedded:
                 current = (row["id"], *(row[name] for name in fields))
@@ -1425,7 +1335,7 @@ class Store:
         with self.write_lock:
             conn = self.checkout()
             try:
-                done = checkpoint_truncate(conn, wait_ms)
+                done = self.queries.checkpoint_truncate(conn, wait_ms)
             finally:
                 conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
                 self.checkin(conn)
@@ -1458,29 +1368,7 @@ class Store:
         ).fetchone()
 
 
-# ==== Forget, retractions, the event log and meta ====
-
-
-def on(conn: Any) -> Any:
-    """The SQL for this connection's database: this module's for SQLite, solos_store_pg's for PostgreSQL (its
-    connections carry their module, so this one never imports it). Callers run e.g. on(conn).erase(conn, ...)."""
-    return getattr(conn, "queries", None) or sys.modules[__name__]
-
-
-def query(name: str, **arguments: Any) -> Callable[[Any], Any]:
-    """One of the SQL functions as work for Store.read or write, for whichever database runs it."""
-    return lambda conn: getattr(on(conn), name)(conn, **arguments)
-
-
-def utc_stamp(conn: sqlite3.Connection) -> str:
-    return conn.execute("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')").fetchone()[0]
-
-
-def secure_delete(conn: sqlite3.Connection) -> None:
-    """Deleted cells and freed pages are overwritten with zeros on this connection; read back to be sure."""
-    conn.execute("PRAGMA secure_delete=ON")
-    if conn.execute("PRAGMA secure_delete").fetchone()[0] != 1:
-        raise RuntimeError("PRAGMA secure_delete did not take: forgotten text would stay in free pages")
+# ==== The queries: forget, retractions, the event log, meta, provenance, lifecycle ====
 
 
 def sha256_text(text: str) -> str:
@@ -1491,315 +1379,6 @@ def content_hash(tier: str, row: Any) -> str:
     """The hash a retraction keeps: long facts by their text (as their write key), others by their fields."""
     fields = CONTENT_FIELDS[tier]
     return sha256_text(row["fact"] if tier == "long" else json.dumps([row[name] for name in fields]))
-
-
-def find_row(conn: sqlite3.Connection, tier: str, row_id: int) -> tuple[str, Any] | None:
-    """The table holding the row and the row itself, or None when there is no such row."""
-    for table in RETRACTABLE[tier]:
-        if on(conn).table_exists(conn, table):
-            row = conn.execute(f"SELECT * FROM {table} WHERE id = ?", (row_id,)).fetchone()
-            if row is not None:
-                return table, row
-    return None
-
-
-def gone_row(conn: sqlite3.Connection, tier: str, row_id: int) -> tuple[str, dict] | None:
-    """A row deleted (or purged after its expiry) whose versions are still kept, as its last version read as the
-    row (no table: ""), so a forget finds it and erases them; None when there are none."""
-    if tier not in VERSIONED:
-        return None
-    last = conn.execute(
-        "SELECT agent, label, text, tags, expires_at, valid_from, (SELECT min(valid_from) FROM memory_version "
-        "WHERE tier = ? AND row_id = ?) AS born FROM memory_version WHERE tier = ? AND row_id = ? "
-        "ORDER BY valid_to DESC, id DESC LIMIT 1",
-        (tier, row_id, tier, row_id),
-    ).fetchone()
-    if last is None:
-        return None
-    label, text, tags, expires, born = (VERSIONED[tier][i] for i in range(1, 6))
-    row = {"id": row_id, "agent": last["agent"], label: last["label"], text: last["text"], born: last["born"]}
-    row |= {"tags": last["tags"], "expires_at": last["expires_at"], "details": None, "outcome": None}
-    return "", row
-
-
-def row_owner(conn: sqlite3.Connection, tier: str, row_id: int) -> str | None:
-    """Who wrote the row, or None when there is no such row."""
-    found = find_row(conn, tier, row_id)
-    return None if found is None else found[1]["agent"]
-
-
-def context_carriers(conn: sqlite3.Connection, row: Any) -> list[int]:
-    """Long facts whose keyword-index row holds this fact's text as context.
-
-    The insert trigger copies the two previous facts of a topic into the next
-    ones' context column; a topic's later edits can leave copies further on,
-    so the index itself is asked too (phrase match, then the exact copy).
-    """
-    carriers = {
-        r[0]
-        for r in conn.execute(
-            "SELECT id FROM memory_longterm WHERE topic <> '' AND topic = ? AND id > ? ORDER BY id LIMIT 2",
-            (row["topic"], row["id"]),
-        )
-    }
-    phrase = 'context : "' + row["fact"].replace('"', '""') + '"'
-    copy = f"{row['agent']}: {row['fact']}"
-    carriers.update(
-        r[0]
-        for r in conn.execute(
-            "SELECT rowid FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? AND instr(context, ?) > 0",
-            (phrase, copy),
-        )
-    )
-    return sorted(carriers)
-
-
-def erase(conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | None = None) -> dict:
-    """Delete one row and every copy of its text in the database; record the retraction, without the text.
-
-    Runs inside the caller's write transaction. The delete's triggers drop the
-    row's keyword-index entry and its vector; its write key goes here; long
-    facts that carried it as context are re-indexed without it (an update of
-    `tags` to itself re-runs the index trigger, and nothing else); the event
-    log says `forget`. The index's old segments and the WAL still hold the
-    words until Dataspace.scrub runs.
-    """
-    sql = on(conn)
-    sql.zero_freed(conn)
-    found = find_row(conn, tier, row_id) or sql.gone_row(conn, tier, row_id)
-    assert found is not None, "erase is called for a row the caller found"
-    table, row = found
-    digest = content_hash(tier, row)
-    key_hash = sha256_text(row["key"]) if tier == "short" else None
-    if table:
-        conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
-    conn.execute(
-        "DELETE FROM memory_write_key WHERE agent = ? AND tier = ? AND row_id = ?", (row["agent"], tier, row_id)
-    )
-    if tier == "long":
-        sql.keep_only_hash(conn, row_id)
-        sql.reindex_context_carriers(conn, row)
-    sql.log_forget(conn, tier, row_id, row["agent"])
-    retraction = conn.execute(
-        "INSERT INTO memory_retraction (agent, tier, row_id, content_hash, key_hash, forgotten_at) "
-        f"VALUES (?, ?, ?, ?, ?, coalesce(?, {sql.NOW})) RETURNING id",
-        (row["agent"], tier, row_id, digest, key_hash, forgotten_at),
-    ).fetchone()[0]
-    erase_versions(conn, tier, row, retraction)
-    queue_scrub(conn, tier, retraction)
-    return {"content_hash": digest, "retraction_id": retraction}
-
-
-zero_freed = secure_delete
-
-
-def reindex_context_carriers(conn: sqlite3.Connection, row: Any) -> None:
-    """Facts that carried the forgotten one as context are indexed again without it (an update of `tags` to
-    itself re-runs the index trigger, and nothing else)."""
-    conn.execute(f"UPDATE memory_longterm SET tags = tags WHERE id {IDS_IN}", (id_list(context_carriers(conn, row)),))
-
-
-def log_forget(conn: sqlite3.Connection, tier: str, row_id: int, agent: str) -> None:
-    """The delete's event says `forget`; an expired short row already reported logged none: one is added."""
-    logged = conn.execute(
-        "UPDATE memory_event SET kind = 'forget' "
-        "WHERE id = (SELECT max(id) FROM memory_event) AND tier = ? AND row_id = ?",
-        (tier, row_id),
-    ).rowcount
-    if not logged:
-        conn.execute(
-            "INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('forget', ?, ?, ?)", (tier, row_id, agent)
-        )
-
-
-def own_retraction(conn: sqlite3.Connection, agent: str, tier: str, row_id: int) -> dict | None:
-    """The agent's latest retraction of this row, as forget answers it; None if it never forgot it."""
-    row = conn.execute(
-        "SELECT content_hash, id FROM memory_retraction WHERE agent = ? AND tier = ? AND row_id = ? "
-        "ORDER BY id DESC LIMIT 1",
-        (agent, tier, row_id),
-    ).fetchone()
-    return None if row is None else {"content_hash": row[0], "retraction_id": row[1]}
-
-
-def queue_scrub(conn: sqlite3.Connection, tier: str, retraction_id: int) -> None:
-    """Record, in the forget's own transaction, that the tier's index segments and the WAL still hold its text.
-
-    Dataspace.scrub clears it once they no longer do; a service that died
-    first finishes it when it starts again (Dataspace.finish_scrubs).
-    """
-    conn.execute(
-        "INSERT INTO memory_scrub_pending (tier, retraction_id) VALUES (?, ?) ON CONFLICT (tier) DO UPDATE "
-        f"SET retraction_id = {on(conn).GREATEST}(memory_scrub_pending.retraction_id, excluded.retraction_id)",
-        (tier, retraction_id),
-    )
-
-
-def queued_scrubs(conn: sqlite3.Connection) -> dict[str, int]:
-    """Tiers whose scrub is still to finish, with the latest retraction each one covers."""
-    return dict(conn.execute("SELECT tier, retraction_id FROM memory_scrub_pending").fetchall())
-
-
-def scrubs_done(conn: sqlite3.Connection, done: dict[str, int]) -> None:
-    """Clear what a finished scrub covered; a forget that committed meanwhile keeps its own entry."""
-    for tier, through in done.items():
-        conn.execute("DELETE FROM memory_scrub_pending WHERE tier = ? AND retraction_id <= ?", (tier, through))
-
-
-def merge_step(conn: sqlite3.Connection, fts: str) -> int:
-    """One bounded FTS5 merge toward a single segment; returns the changes it made (under 2: nothing left)."""
-    secure_delete(conn)
-    before = conn.total_changes
-    conn.execute(f"INSERT INTO {fts} ({fts}, rank) VALUES ('merge', ?)", (-MERGE_PAGES,))
-    return conn.total_changes - before
-
-
-def checkpoint_truncate(conn: sqlite3.Connection, wait_ms: int) -> bool:
-    """Copy the WAL into the database and cut it to zero bytes; False if a reader kept it (nothing waits long)."""
-    conn.execute(f"PRAGMA busy_timeout={int(wait_ms)}")
-    busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-    return busy == 0
-
-
-def retractions_after(conn: sqlite3.Connection, after_id: int) -> list[dict]:
-    if not table_exists(conn, "memory_retraction"):
-        return []
-    rows = conn.execute(
-        "SELECT id, agent, tier, row_id, content_hash, key_hash, forgotten_at FROM memory_retraction "
-        "WHERE id > ? ORDER BY id",
-        (after_id,),
-    )
-    return [dict(zip(("id", "agent", "tier", "row_id", "content_hash", "key_hash", "forgotten_at"), r)) for r in rows]
-
-
-def reapply(conn: sqlite3.Connection, retraction: dict) -> bool:
-    """Forget the row a retraction names if this database still has it, and record the retraction. True if erased.
-
-    The row must be the same one: tier, id and writer, and the same content
-    hash (a short row: or the same key, since its value changes on upsert).
-    An id reused later by another row is left alone.
-    """
-    tier, row_id, agent = retraction["tier"], retraction["row_id"], retraction["agent"]
-    fields = (tier, row_id, agent, retraction["content_hash"], retraction["forgotten_at"])
-    known = conn.execute(
-        "SELECT 1 FROM memory_retraction WHERE tier = ? AND row_id = ? AND agent = ? AND content_hash = ? "
-        "AND forgotten_at = ?",
-        fields,
-    ).fetchone()
-    if known:  # this database already applied it
-        return False
-    found = find_row(conn, tier, row_id)
-    row = found[1] if found is not None and found[1]["agent"] == agent else None
-    if row is not None and (
-        content_hash(tier, row) == retraction["content_hash"]
-        or (tier == "short" and sha256_text(row["key"]) == retraction["key_hash"])
-    ):
-        erase(conn, tier, row_id, retraction["forgotten_at"])
-        return True
-    conn.execute(
-        "INSERT INTO memory_retraction (tier, row_id, agent, content_hash, forgotten_at, key_hash) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (*fields, retraction["key_hash"]),
-    )
-    return False
-
-
-def mirror_waiting(conn: sqlite3.Connection, row_ids: Iterable[int]) -> set[int]:
-    """Long rows whose point delete still waits in the Qdrant mirror's outbox."""
-    if not table_exists(conn, "qdrant_outbox"):
-        return set()
-    rows = conn.execute(
-        "SELECT DISTINCT row_id FROM qdrant_outbox "
-        "WHERE action = 'delete' AND row_id IN (SELECT value FROM json_each(?))",
-        (json.dumps(list(row_ids)),),
-    )
-    return {row[0] for row in rows}
-
-
-def table_exists(conn: sqlite3.Connection, name: str) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
-
-
-def meta_value(conn: sqlite3.Connection, key: str) -> str | None:
-    row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = ?", (key,)).fetchone()
-    return None if row is None else str(row[0])
-
-
-def set_meta(conn: sqlite3.Connection, key: str, value: Any) -> None:
-    conn.execute(
-        "INSERT INTO solos_memory_meta (key, value) VALUES (?, ?) "
-        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        (key, str(value)),
-    )
-
-
-def row_id_marks(conn: sqlite3.Connection) -> dict[str, int]:
-    """Each id space's high-water mark: its kept mark, or any larger id the database still names."""
-    marks = {}
-    for tier, tables in RETRACTABLE.items():
-        named = [f"SELECT max(id) AS id FROM {table}" for table in tables if table_exists(conn, table)] + [
-            f"SELECT max(row_id) FROM {table} WHERE tier = :tier"
-            for table in ("memory_event", "memory_retraction", "memory_write_key")
-            if table_exists(conn, table)
-        ]
-        if table_exists(conn, "solos_memory_meta"):
-            named.append("SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:' || :tier")
-        sql = f"SELECT coalesce(max(id), 0) FROM ({' UNION ALL '.join(named)})"
-        marks[tier] = int(conn.execute(sql, {"tier": tier}).fetchone()[0])
-    return marks
-
-
-def mark_row_ids(conn: sqlite3.Connection, floor: dict[str, int] | None = None) -> None:
-    """Raise the id marks to every id named here or in `floor` (a replaced database's), and drop stray placeholders.
-
-    The triggers keep the marks (schema.sql, "Row ids: never reused"); this covers a database that had rows
-    forgotten before the marks existed, a restore (ids the replaced database handed out stay spent), and a
-    placeholder an ignored INSERT OR IGNORE left behind.
-    """
-    for tier, mark in row_id_marks(conn).items():
-        set_meta(conn, f"row_id_high:{tier}", max(mark, (floor or {}).get(tier, 0)))
-        table, column = TIER_TABLE[tier].table, TIER_TABLE[tier].text_column
-        conn.execute(f"DELETE FROM {table} WHERE agent = '' AND {column} = '(row id reserved by solos-memory)'")
-    if table_exists(conn, "memory_event"):
-        conn.execute("DELETE FROM memory_event WHERE agent = ''")
-
-
-def head_event(conn: sqlite3.Connection) -> int:
-    return conn.execute("SELECT coalesce(max(id), 0) FROM memory_event").fetchone()[0]
-
-
-def events_after(conn: sqlite3.Connection, after: int, limit: int) -> list[sqlite3.Row]:
-    return conn.execute(
-        "SELECT id, ts, kind, tier, row_id, agent FROM memory_event WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
-    ).fetchall()
-
-
-def passed_over(conn: sqlite3.Connection) -> list[dict]:
-    """Running transactions the event cursor went past (solos_store_pg's): none here, one writer at a time."""
-    return []
-
-
-def current_rows(conn: sqlite3.Connection, tiers: dict, events: Sequence[Any]) -> dict[tuple[str, int], Any]:
-    """The rows that write and update events name, as they are now and only if recall could return them."""
-    wanted: dict[str, list[int]] = {}
-    for event in events:
-        if event["kind"] not in REMOVALS:
-            wanted.setdefault(event["tier"], []).append(event["row_id"])
-    found = {}
-    dialect = on(conn)
-    for tier, ids in wanted.items():
-        if tier == "durable":
-            sql = f"SELECT id, key, value, updated_at FROM memory_durable t WHERE t.id {dialect.IDS_IN}"
-        elif tier == "notice":
-            sql = f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE id {dialect.IDS_IN}"
-        else:
-            live = f" AND t.expires_at > {dialect.NOW}" if tiers[tier].expires else ""
-            sql = (
-                f"SELECT {tiers[tier].columns}, 0.0 AS score FROM {tiers[tier].table} t "
-                f"WHERE t.id {dialect.IDS_IN}{live}"
-            )
-        found.update({(tier, row["id"]): row for row in conn.execute(sql, (dialect.id_list(ids),))})
-    return found
 
 
 def parse_tags(raw: Any) -> list[str]:
@@ -1813,282 +1392,29 @@ def parse_tags(raw: Any) -> list[str]:
     return [str(tag) for tag in tags] if isinstance(tags, list) else [str(tags)]
 
 
-def tags_of(conn: sqlite3.Connection, tier: str, ids: list[int]) -> dict[int, set[str]]:
-    """The tags of these rows of a tier that has tags (short, long): a JSON array or the fleet's comma list."""
-    if "tags" not in TIER_TABLE[tier].result_columns:
-        return {}
-    found = conn.execute(
-        f"SELECT id, tags FROM {TIER_TABLE[tier].table} WHERE id {on(conn).IDS_IN}", (on(conn).id_list(ids),)
-    )
-    return {row[0]: set(parse_tags(row[1])) for row in found}
-
-
-def sharing_agents(conn: sqlite3.Connection) -> set[str]:
-    return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
-
-
-def sharing_spans(conn: sqlite3.Connection) -> list[tuple[str, str, str | None]]:
-    """When each author was sharing its episodes: (agent, from, until or None), for Visibility."""
-    return [tuple(row) for row in conn.execute("SELECT agent, shared_from, shared_until FROM episodic_sharing_span")]
-
-
-def text_matches(conn: sqlite3.Connection, match: str, candidates: dict[str, list[int]]) -> set[tuple[str, int]]:
-    """Which candidate rows the FTS5 query matches, per tier, on the rows' own columns."""
-    found: set[tuple[str, int]] = set()
-    for tier, ids in candidates.items():
-        fts = KEYWORD_INDEX[tier][0]
-        rows = conn.execute(
-            f"SELECT rowid FROM {fts} WHERE {fts} MATCH ? AND rowid IN (SELECT value FROM json_each(?))",
-            (f"{OWN_COLUMNS[tier]}({match})", json.dumps(ids)),
-        )
-        found.update((tier, row[0]) for row in rows)
-    return found
-
-
-def sweep_expired(conn: sqlite3.Connection, note: Callable[[sqlite3.Connection, str, list[int]], None]) -> int:
-    """Log 'expire' for short rows whose TTL passed since the last sweep (inside a write transaction); `note` is
-    told their ids first, while their text exists."""
-    now = utc_stamp(conn)
-    through = meta_value(conn, "events_expired_through")
-    added = 0
-    if through is not None:
-        expiring = conn.execute(
-            "SELECT id FROM memory_short WHERE expires_at > ? AND expires_at <= ?", (through, now)
-        ).fetchall()
-        note(conn, "short", [row[0] for row in expiring])
-        added = conn.execute(
-            "INSERT INTO memory_event (kind, tier, row_id, agent) SELECT 'expire', 'short', id, agent "
-            "FROM memory_short WHERE expires_at > ? AND expires_at <= ? ORDER BY expires_at, id",
-            (through, now),
-        ).rowcount
-    set_meta(conn, "events_expired_through", now)
-    return added
-
-
-def expiry_due(conn: sqlite3.Connection) -> bool:
-    through = meta_value(conn, "events_expired_through")
-    return through is None or (
-        conn.execute(
-            f"SELECT 1 FROM memory_short WHERE expires_at > ? AND expires_at <= {on(conn).NOW} LIMIT 1",
-            (through,),
-        ).fetchone()
-        is not None
-    )
-
-
-def prune_step(conn: sqlite3.Connection, cutoff: str, batch: int) -> int:
-    """Delete up to `batch` of the oldest events older than cutoff; remember the last id pruned."""
-    pruned = conn.execute(
-        "DELETE FROM memory_event WHERE id IN (SELECT id FROM memory_event ORDER BY id LIMIT ?) AND ts < ? "
-        "RETURNING id",
-        (batch, cutoff),
-    ).fetchall()
-    if pruned:
-        through = max(int(meta_value(conn, "events_pruned_through") or 0), max(row[0] for row in pruned))
-        set_meta(conn, "events_pruned_through", through)
-    return len(pruned)
-
-
 # A forgotten fact's Qdrant outbox entry holds this plus the text's sha256 instead of the text.
 # The API refuses NUL in a fact, so no fact the service stores starts with it.
 HASH_ONLY = "\x00sha256:"
 
 
-def keep_only_hash(conn: Any, row_id: int) -> None:
-    """After a forget, inside its transaction: the row's queued point delete keeps the text's hash, not the text.
-
-    So the text leaves the database with the WAL checkpoint, mirror running or
-    not. A writer's twin row (same text) keeps the point: the entry becomes its upsert.
-    """
-    entries = conn.execute(
-        "SELECT id, agent, fact FROM qdrant_outbox WHERE action = 'delete' AND row_id = ? AND fact IS NOT NULL",
-        (row_id,),
-    ).fetchall()
-    for entry_id, agent, fact in entries:
-        if fact.startswith(HASH_ONLY):
-            continue
-        twin = conn.execute(
-            "SELECT id FROM memory_longterm WHERE agent = ? AND fact = ? AND id != ? LIMIT 1", (agent, fact, row_id)
-        ).fetchone()
-        if twin is not None:
-            conn.execute(
-                "UPDATE qdrant_outbox SET action = 'upsert', row_id = ?, agent = NULL, fact = NULL WHERE id = ?",
-                (twin[0], entry_id),
-            )
-        else:
-            conn.execute("UPDATE qdrant_outbox SET fact = ? WHERE id = ?", (HASH_ONLY + sha256_text(fact), entry_id))
-
-
-# ==== Provenance: deliveries, versions, notices (solos_provenance) ====
-
 DELIVERY_COLUMNS = "id, reader, tier, row_id, writer, delivered_at"
+
+
 NOTICE_COLUMNS = "id, agent, tier, row_id, writer, kind, new_id, version_id, at, acked_at"
+
+
 # Per versioned tier: its tables (an archived episode lives on in the archive), and the columns a version keeps.
 VERSIONED = {
     "long": (("memory_longterm",), "topic", "fact", "tags", "NULL", "created_at"),
     "short": (("memory_short",), "key", "value", "tags", "expires_at", "created_at"),
     "episodic": (("memory_episodic", "memory_episodic_archive"), "event_type", "summary", "NULL", "NULL", "timestamp"),
 }
+
+
 VERSION_FIELDS = "id, agent, label, text, tags, expires_at, valid_from, valid_to"
 
 
-def record_deliveries(conn: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str]]) -> int:
-    """Log (reader, tier, row_id, writer, delivered_at) rows; notices for any already forgotten or replaced since.
-
-    The log is written after the fact, in batches: a row forgotten or updated between its delivery and this
-    write gets its notice here (the forget's and the update trigger's notices saw the log without it).
-    """
-    after = conn.execute("SELECT coalesce(max(id), 0) FROM memory_delivery").fetchone()[0]
-    conn.executemany(
-        "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, ?, ?, ?, ?)", rows
-    )
-    conn.execute(
-        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at) "
-        "SELECT DISTINCT d.reader, v.tier, v.row_id, v.agent, 'superseded', v.row_id, v.id, v.valid_to "
-        "FROM memory_delivery d JOIN memory_version v ON v.tier = d.tier AND v.row_id = d.row_id "
-        "AND v.ended_by = 'update' AND d.delivered_at >= v.valid_from AND d.delivered_at <= v.valid_to "
-        "WHERE d.id > ? AND d.reader <> v.agent ORDER BY v.id ON CONFLICT DO NOTHING",  # the newest last: it stays
-        (after,),
-    )
-    conn.execute(
-        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
-        "SELECT DISTINCT d.reader, s.tier, s.row_id, s.agent, 'forgotten', s.forgotten_at "
-        "FROM memory_delivery d JOIN memory_forgotten_span s ON s.tier = d.tier AND s.row_id = d.row_id "
-        "WHERE d.id > ? AND d.reader <> s.agent ON CONFLICT DO NOTHING",
-        (after,),
-    )
-    return len(rows)
-
-
-def replaced_since(conn: sqlite3.Connection, after: int | None) -> tuple[int, list[tuple[str, int]]]:
-    """The newest version's id, and the rows an update replaced after version `after` (None: none, just the id)."""
-    newest = conn.execute("SELECT coalesce(max(id), 0) FROM memory_version").fetchone()[0]
-    if after is None or newest <= after:
-        return newest, []
-    rows = conn.execute(
-        "SELECT DISTINCT tier, row_id FROM memory_version WHERE id > ? AND id <= ? AND ended_by = 'update'",
-        (after, newest),
-    )
-    return newest, [(row[0], row[1]) for row in rows]
-
-
-def delivery_log_size(conn: sqlite3.Connection) -> dict:
-    """The delivery log's rows and its oldest delivery, and the open notices (for stats)."""
-    rows, oldest = conn.execute("SELECT count(*), min(delivered_at) FROM memory_delivery").fetchone()
-    notices = conn.execute("SELECT count(*) FROM memory_notice WHERE acked_at IS NULL").fetchone()[0]
-    return {"rows": rows, "oldest": oldest, "open_notices": notices}
-
-
-def read_deliveries(
-    conn: sqlite3.Connection, writer: str | None, tier: str | None, row_id: int | None, limit: int, before_id: int
-) -> list[dict]:
-    """Deliveries newest first: of `writer`'s rows (None: everyone's), optionally of one row."""
-    rows = conn.execute(
-        f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ? AND (CAST(? AS TEXT) IS NULL OR writer = ?) "
-        "AND (CAST(? AS TEXT) IS NULL OR tier = ?) AND (CAST(? AS BIGINT) IS NULL OR row_id = ?) "
-        "ORDER BY id DESC LIMIT ?",
-        (before_id, writer, writer, tier, tier, row_id, row_id, limit),
-    )
-    return [dict(row) for row in rows]
-
-
-def purge_deliveries(conn: sqlite3.Connection, cutoff: str, batch: int) -> int:
-    """Delete up to `batch` of the oldest deliveries, notices (acknowledged or not), versions and spans older
-    than cutoff."""
-    removed = conn.execute(
-        "DELETE FROM memory_delivery WHERE id IN (SELECT id FROM memory_delivery ORDER BY id LIMIT ?) "
-        "AND delivered_at < ?",
-        (batch, cutoff),
-    ).rowcount
-    for sql in (
-        # open ones too: a notice nobody acknowledged in RETENTION_S is about a delivery the log no longer holds
-        "DELETE FROM memory_notice WHERE id IN (SELECT id FROM memory_notice WHERE coalesce(acked_at, at) < ? LIMIT ?)",
-        "DELETE FROM memory_version WHERE id IN (SELECT id FROM memory_version WHERE valid_to < ? LIMIT ?)",
-        "DELETE FROM memory_forgotten_span WHERE retraction_id IN "
-        "(SELECT retraction_id FROM memory_forgotten_span WHERE forgotten_at < ? LIMIT ?)",
-    ):
-        removed += conn.execute(sql, (cutoff, batch)).rowcount
-    return removed
-
-
-def first_delivery(conn: sqlite3.Connection, reader: str, tier: str, ids: Sequence[int]) -> str | None:
-    """When `reader` was first delivered any of these rows, or None."""
-    return conn.execute(
-        f"SELECT min(delivered_at) FROM memory_delivery WHERE tier = ? AND reader = ? AND row_id {on(conn).IDS_IN}",
-        (tier, reader, on(conn).id_list(ids)),
-    ).fetchone()[0]
-
-
-def near_duplicates_version(conn: sqlite3.Connection) -> tuple[bytes | None, int]:
-    """What near_candidates' answers depend on, as of this transaction: the long facts' keyword index (FTS5
-    rewrites its structure record, with a write counter, at every change) and the vectors (their generation)."""
-    row = conn.execute("SELECT block FROM memory_longterm_fts_data WHERE id = 10").fetchone()
-    return (row[0] if row else None), int(meta_value(conn, "vector_generation") or 0)
-
-
-def near_candidates(conn: sqlite3.Connection, match: str, limit: int) -> list[sqlite3.Row]:
-    """Up to `limit` long facts whose own text matches `match` (an FTS5 query), unranked: id, agent, fact,
-    created_at, vector."""
-    return conn.execute(
-        "SELECT l.id, l.agent, l.fact, l.created_at, l.embedding FROM (SELECT rowid AS id "
-        "FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? LIMIT ?) m JOIN memory_longterm l ON l.id = m.id",
-        ("{fact} : (" + match + ")", limit),
-    ).fetchall()
-
-
-def erase_versions(conn: sqlite3.Connection, tier: str, row: Any, retraction_id: int) -> None:
-    """Inside a forget: delete every version of the row (their text), keeping only when it lived (a span)."""
-    if tier not in VERSIONED or not on(conn).table_exists(conn, "memory_version"):
-        return
-    born = row[VERSIONED[tier][5]]
-    earliest = conn.execute(
-        "SELECT min(valid_from) FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"])
-    ).fetchone()[0]
-    conn.execute(
-        "INSERT INTO memory_forgotten_span (retraction_id, tier, row_id, agent, born_at, forgotten_at, lived_until) "
-        f"SELECT id, tier, row_id, agent, ?, forgotten_at, {on(conn).LEAST}(coalesce(?, forgotten_at), forgotten_at) "
-        "FROM memory_retraction WHERE id = ? ON CONFLICT (retraction_id) DO UPDATE SET born_at = excluded.born_at, "
-        "forgotten_at = excluded.forgotten_at, lived_until = excluded.lived_until",
-        (min(born, earliest or born), row["expires_at"] if tier == "short" else None, retraction_id),
-    )
-    conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
-    if tier == "short":  # the key names the row: earlier rows of it (deleted, then written again) go too
-        conn.execute(
-            "DELETE FROM memory_version WHERE tier = 'short' AND agent = ? AND label = ?", (row["agent"], row["key"])
-        )
-
-
-def notify_forgotten(conn: sqlite3.Connection, tier: str, row_id: int, retraction_id: int) -> int:
-    """A notice for every agent but the writer that was delivered the forgotten row; how many."""
-    return conn.execute(
-        "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
-        "SELECT DISTINCT d.reader, r.tier, r.row_id, r.agent, 'forgotten', r.forgotten_at "
-        "FROM memory_retraction r JOIN memory_delivery d ON d.tier = r.tier AND d.row_id = r.row_id "
-        "WHERE r.id = ? AND d.reader <> r.agent AND r.tier = ? AND r.row_id = ? ON CONFLICT DO NOTHING",
-        (retraction_id, tier, row_id),
-    ).rowcount
-
-
-def read_notices(conn: sqlite3.Connection, agent: str, after_id: int, limit: int, acked: bool) -> list[dict]:
-    """The agent's notices after an id, oldest first; acknowledged ones only if asked."""
-    rows = conn.execute(
-        f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE agent = ? AND id > ? AND (? OR acked_at IS NULL) "
-        "ORDER BY id LIMIT ?",
-        (agent, after_id, bool(acked), limit),
-    )
-    return [dict(row) for row in rows]
-
-
-def ack_notices(conn: sqlite3.Connection, agent: str, ids: Sequence[int]) -> int:
-    """Acknowledge the agent's own notices by id; how many were open."""
-    return conn.execute(
-        f"UPDATE memory_notice SET acked_at = {on(conn).NOW} WHERE agent = ? AND acked_at IS NULL "
-        f"AND id {on(conn).IDS_IN}",
-        (agent, on(conn).id_list(ids)),
-    ).rowcount
-
-
-def lives_sql(tier: str, greatest: str = GREATEST) -> str:
+def lives_sql(tier: str, greatest: str) -> str:
     """Every version of the tier's rows as one relation: the current ones (valid_to NULL) and the replaced."""
     tables, label, text, tags, expires, born = VERSIONED[tier]
     since = f"(SELECT max(v.valid_to) FROM memory_version v WHERE v.tier = '{tier}' AND v.row_id = c.id)"
@@ -2112,130 +1438,724 @@ def deleted_sql(tier: str) -> str:
     )
 
 
-def stream(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> Iterable[Any]:
-    """Rows one at a time as the query yields them, not the whole answer in memory (sqlite3 steps lazily)."""
-    return conn.execute(sql, params)
+class Queries:
+    """Every query outside Store's own, in SQLite's SQL: reached as `store.queries` (or `conn.queries` where only
+    a connection is at hand); solos_store_pg.PgQueries overrides what PostgreSQL says differently, so mypy checks
+    each override and no caller can run SQLite's SQL on PostgreSQL by naming a module function."""
 
-
-def rows_as_of(
-    conn: sqlite3.Connection, tier: str, at: str, seen: Visibility, contains: Sequence[str] = (), limit: int = 0
-) -> Iterable[dict]:
-    """The tier's versions as they stood at `at` that the caller may see (Visibility.where_as_of; expiry as of
-    `at`), streamed. `contains`: only those whose label or text holds one of these lower-cased fragments; `limit`:
-    the newest that many, else unordered."""
-    where, params = seen.where_as_of(TIER_TABLE[tier], deleted_sql(tier))
-    if contains:
-        like = "lower(coalesce(t.label, '') || ' ' || t.text) LIKE ? ESCAPE '\\'"
-        where.append("(" + " OR ".join([like] * len(contains)) + ")")
-        params.extend("%" + re.sub(r"([\\%_])", r"\\\1", fragment) + "%" for fragment in contains)
-    sql = (
-        f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, on(conn).GREATEST)}) SELECT * FROM t WHERE t.valid_from <= ? "
-        "AND (t.valid_to IS NULL OR t.valid_to > ?) AND (t.expires_at IS NULL OR t.expires_at > ?)"
-        + "".join(" AND " + w for w in where)
-        + (" ORDER BY t.valid_from DESC, t.id DESC LIMIT ?" if limit else "")
-    )
-    rows = on(conn).stream(conn, sql, (at, at, at, *params, *([limit] if limit else [])))
-    return ({**dict(row), "tier": tier} for row in rows)
-
-
-def versions_of(conn: sqlite3.Connection, tier: str, ids: Sequence[int]) -> list[dict]:
-    """Every version (current and replaced) of these rows, each saying whether its row was deleted."""
-    sql = (
-        f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, on(conn).GREATEST)}) "
-        f"SELECT t.*, {deleted_sql(tier)} AS deleted FROM t WHERE t.id {on(conn).IDS_IN}"
-    )
-    return [dict(row) for row in conn.execute(sql, (on(conn).id_list(ids),))]
-
-
-def retracted_as_of(conn: sqlite3.Connection, at: str) -> list[dict]:
-    """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text)."""
-    rows = conn.execute(
-        "SELECT tier, row_id, agent, forgotten_at FROM memory_forgotten_span WHERE born_at <= ? AND lived_until > ? "
-        "ORDER BY forgotten_at",
-        (at, at),
-    )
-    return [dict(row) for row in rows]
-
-
-def delivered_by(conn: sqlite3.Connection, reader: str, at: str) -> list[dict]:
-    """What `reader` was delivered up to `at`, oldest first."""
-    rows = conn.execute(
-        f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE reader = ? AND delivered_at <= ? ORDER BY delivered_at",
-        (reader, at),
-    )
-    return [dict(row) for row in rows]
-
-
-# ==== Promotion and archive (solos_lifecycle) ====
-
-
-def episodes_by_id(conn: sqlite3.Connection, ids: list[int]) -> dict[int, sqlite3.Row]:
-    """Episodic rows by id, live or archived (id, agent, summary)."""
-    ids_in, chosen = on(conn).IDS_IN, on(conn).id_list(ids)
-    rows = conn.execute(
-        f"SELECT id, agent, summary FROM memory_episodic WHERE id {ids_in} "
-        f"UNION ALL SELECT id, agent, summary FROM memory_episodic_archive WHERE id {ids_in}",
-        (chosen, chosen),
-    )
-    return {row["id"]: row for row in rows}
-
-
-def link_promotion(conn: sqlite3.Connection, long_id: int, episodic_ids: list[int], agent: str) -> None:
-    conn.executemany(
-        "INSERT INTO memory_promotion (long_id, episodic_id, agent) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-        [(long_id, i, agent) for i in episodic_ids],
+    # The SQL that differs between the two databases, named once (PgQueries says it in PostgreSQL's terms).
+    NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"  # UTC, milliseconds, 'Z': text order is time order
+    SHIFTED = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)"  # now moved by '+3.000 seconds', '-30 days'
+    IDS_IN = "IN (SELECT value FROM json_each(?))"  # with id_list(ids), or text_list(names), as its parameter
+    SAME = "IS"  # equal, NULL equal to NULL
+    LEAST, GREATEST = "min", "max"  # of two values
+    # A row carries one of the wanted tags (a JSON array of them is the parameter, twice): tags as this service
+    # stores them (a JSON array) or as a comma list, which other writers of the fleet use.
+    TAGGED = (
+        "CASE WHEN json_valid(t.tags) THEN EXISTS (SELECT 1 FROM json_each(t.tags) AS have "
+        "WHERE have.value IN (SELECT value FROM json_each(?))) "
+        "ELSE EXISTS (SELECT 1 FROM json_each(?) AS want "
+        "WHERE instr(',' || replace(t.tags, ', ', ',') || ',', ',' || want.value || ',') > 0) END"
     )
 
+    def id_list(self, values: Iterable[Any]) -> Any:
+        return json.dumps(list(values))
 
-def archive_batch(conn: sqlite3.Connection, cutoff: str, limit: int) -> int:
-    """Move up to `limit` episodes older than cutoff ('-30 days') into the archive, with their ids."""
-    columns = "id, agent, event_type, summary, details, outcome, duration_s, timestamp"
-    sql = on(conn)
-    ids = [
-        row[0]
-        for row in conn.execute(
-            f"SELECT id FROM memory_episodic WHERE timestamp < {sql.SHIFTED} ORDER BY id LIMIT ?", (cutoff, limit)
+    text_list = id_list
+
+    def tagged_params(self, tags: Sequence[str]) -> list[Any]:
+        return [json.dumps(list(tags))] * 2
+
+    # ==== Forget, retractions, the event log and meta ====
+
+    def utc_stamp(self, conn: sqlite3.Connection) -> str:
+        return conn.execute("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')").fetchone()[0]
+
+    def secure_delete(self, conn: sqlite3.Connection) -> None:
+        """Deleted cells and freed pages are overwritten with zeros on this connection; read back to be sure."""
+        conn.execute("PRAGMA secure_delete=ON")
+        if conn.execute("PRAGMA secure_delete").fetchone()[0] != 1:
+            raise RuntimeError("PRAGMA secure_delete did not take: forgotten text would stay in free pages")
+
+    def find_row(self, conn: sqlite3.Connection, tier: str, row_id: int) -> tuple[str, Any] | None:
+        """The table holding the row and the row itself, or None when there is no such row."""
+        for table in RETRACTABLE[tier]:
+            if self.table_exists(conn, table):
+                row = conn.execute(f"SELECT * FROM {table} WHERE id = ?", (row_id,)).fetchone()
+                if row is not None:
+                    return table, row
+        return None
+
+    def gone_row(self, conn: sqlite3.Connection, tier: str, row_id: int) -> tuple[str, dict] | None:
+        """A row deleted (or purged after its expiry) whose versions are still kept, as its last version read as the
+        row (no table: ""), so a forget finds it and erases them; None when there are none."""
+        if tier not in VERSIONED:
+            return None
+        last = conn.execute(
+            "SELECT agent, label, text, tags, expires_at, valid_from, (SELECT min(valid_from) FROM memory_version "
+            "WHERE tier = ? AND row_id = ?) AS born FROM memory_version WHERE tier = ? AND row_id = ? "
+            "ORDER BY valid_to DESC, id DESC LIMIT 1",
+            (tier, row_id, tier, row_id),
+        ).fetchone()
+        if last is None:
+            return None
+        label, text, tags, expires, born = (VERSIONED[tier][i] for i in range(1, 6))
+        row = {"id": row_id, "agent": last["agent"], label: last["label"], text: last["text"], born: last["born"]}
+        row |= {"tags": last["tags"], "expires_at": last["expires_at"], "details": None, "outcome": None}
+        return "", row
+
+    def row_owner(self, conn: sqlite3.Connection, tier: str, row_id: int) -> str | None:
+        """Who wrote the row, or None when there is no such row."""
+        found = self.find_row(conn, tier, row_id)
+        return None if found is None else found[1]["agent"]
+
+    def context_carriers(self, conn: sqlite3.Connection, row: Any) -> list[int]:
+        """Long facts whose keyword-index row holds this fact's text as context.
+
+        The insert trigger copies the two previous facts of a topic into the next
+        ones' context column; a topic's later edits can leave copies further on,
+        so the index itself is asked too (phrase match, then the exact copy).
+        """
+        carriers = {
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM memory_longterm WHERE topic <> '' AND topic = ? AND id > ? ORDER BY id LIMIT 2",
+                (row["topic"], row["id"]),
+            )
+        }
+        phrase = 'context : "' + row["fact"].replace('"', '""') + '"'
+        copy = f"{row['agent']}: {row['fact']}"
+        carriers.update(
+            r[0]
+            for r in conn.execute(
+                "SELECT rowid FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? AND instr(context, ?) > 0",
+                (phrase, copy),
+            )
         )
-    ]
-    conn.execute(
-        f"INSERT INTO memory_episodic_archive ({columns}) SELECT {columns} FROM memory_episodic WHERE id {sql.IDS_IN}",
-        (sql.id_list(ids),),
-    )
-    conn.execute(f"DELETE FROM memory_episodic WHERE id {sql.IDS_IN}", (sql.id_list(ids),))
-    return len(ids)
+        return sorted(carriers)
 
+    def erase(self, conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | None = None) -> dict:
+        """Delete one row and every copy of its text in the database; record the retraction, without the text.
 
-def lifecycle_counts(conn: sqlite3.Connection) -> dict:
-    """Archived episodic rows and promotions, for /v1/stats."""
-    return {
-        "episodic_archived": conn.execute("SELECT count(*) FROM memory_episodic_archive").fetchone()[0],
-        "promoted_facts": conn.execute("SELECT count(DISTINCT long_id) FROM memory_promotion").fetchone()[0],
-    }
+        Runs inside the caller's write transaction. The delete's triggers drop the
+        row's keyword-index entry and its vector; its write key goes here; long
+        facts that carried it as context are re-indexed without it (an update of
+        `tags` to itself re-runs the index trigger, and nothing else); the event
+        log says `forget`. The index's old segments and the WAL still hold the
+        words until Dataspace.scrub runs.
+        """
+        self.zero_freed(conn)
+        found = self.find_row(conn, tier, row_id) or self.gone_row(conn, tier, row_id)
+        assert found is not None, "erase is called for a row the caller found"
+        table, row = found
+        digest = content_hash(tier, row)
+        key_hash = sha256_text(row["key"]) if tier == "short" else None
+        if table:
+            conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
+        conn.execute(
+            "DELETE FROM memory_write_key WHERE agent = ? AND tier = ? AND row_id = ?", (row["agent"], tier, row_id)
+        )
+        if tier == "long":
+            self.keep_only_hash(conn, row_id)
+            self.reindex_context_carriers(conn, row)
+        self.log_forget(conn, tier, row_id, row["agent"])
+        retraction = conn.execute(
+            "INSERT INTO memory_retraction (agent, tier, row_id, content_hash, key_hash, forgotten_at) "
+            f"VALUES (?, ?, ?, ?, ?, coalesce(?, {self.NOW})) RETURNING id",
+            (row["agent"], tier, row_id, digest, key_hash, forgotten_at),
+        ).fetchone()[0]
+        self.erase_versions(conn, tier, row, retraction)
+        self.queue_scrub(conn, tier, retraction)
+        return {"content_hash": digest, "retraction_id": retraction}
 
+    zero_freed = secure_delete
 
-# ==== The rollout checks' own rows (solos_check) ====
+    def reindex_context_carriers(self, conn: sqlite3.Connection, row: Any) -> None:
+        """Facts that carried the forgotten one as context are indexed again without it (an update of `tags` to
+        itself re-runs the index trigger, and nothing else)."""
+        conn.execute(
+            f"UPDATE memory_longterm SET tags = tags WHERE id {self.IDS_IN}",
+            (self.id_list(self.context_carriers(conn, row)),),
+        )
 
+    def log_forget(self, conn: sqlite3.Connection, tier: str, row_id: int, agent: str) -> None:
+        """The delete's event says `forget`; an expired short row already reported logged none: one is added."""
+        logged = conn.execute(
+            "UPDATE memory_event SET kind = 'forget' "
+            "WHERE id = (SELECT max(id) FROM memory_event) AND tier = ? AND row_id = ?",
+            (tier, row_id),
+        ).rowcount
+        if not logged:
+            conn.execute(
+                "INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('forget', ?, ?, ?)", (tier, row_id, agent)
+            )
 
-def delete_tagged_facts(conn: sqlite3.Connection, source: str, tag: str) -> int:
-    """Delete the long facts whose source is `source` and whose JSON tags hold `tag` (and their write keys), in
-    one short write transaction: the database is shared with running agents. An agent's fact carrying only the
-    tag stays. Returns how many went."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        deleted = [
+    def own_retraction(self, conn: sqlite3.Connection, agent: str, tier: str, row_id: int) -> dict | None:
+        """The agent's latest retraction of this row, as forget answers it; None if it never forgot it."""
+        row = conn.execute(
+            "SELECT content_hash, id FROM memory_retraction WHERE agent = ? AND tier = ? AND row_id = ? "
+            "ORDER BY id DESC LIMIT 1",
+            (agent, tier, row_id),
+        ).fetchone()
+        return None if row is None else {"content_hash": row[0], "retraction_id": row[1]}
+
+    def queue_scrub(self, conn: sqlite3.Connection, tier: str, retraction_id: int) -> None:
+        """Record, in the forget's own transaction, that the tier's index segments and the WAL still hold its text.
+
+        Dataspace.scrub clears it once they no longer do; a service that died
+        first finishes it when it starts again (Dataspace.finish_scrubs).
+        """
+        conn.execute(
+            "INSERT INTO memory_scrub_pending (tier, retraction_id) VALUES (?, ?) ON CONFLICT (tier) DO UPDATE "
+            f"SET retraction_id = {self.GREATEST}(memory_scrub_pending.retraction_id, excluded.retraction_id)",
+            (tier, retraction_id),
+        )
+
+    def queued_scrubs(self, conn: sqlite3.Connection) -> dict[str, int]:
+        """Tiers whose scrub is still to finish, with the latest retraction each one covers."""
+        return dict(conn.execute("SELECT tier, retraction_id FROM memory_scrub_pending").fetchall())
+
+    def scrubs_done(self, conn: sqlite3.Connection, done: dict[str, int]) -> None:
+        """Clear what a finished scrub covered; a forget that committed meanwhile keeps its own entry."""
+        for tier, through in done.items():
+            conn.execute("DELETE FROM memory_scrub_pending WHERE tier = ? AND retraction_id <= ?", (tier, through))
+
+    def merge_step(self, conn: sqlite3.Connection, fts: str) -> int:
+        """One bounded FTS5 merge toward a single segment; returns the changes it made (under 2: nothing left)."""
+        self.secure_delete(conn)
+        before = conn.total_changes
+        conn.execute(f"INSERT INTO {fts} ({fts}, rank) VALUES ('merge', ?)", (-MERGE_PAGES,))
+        return conn.total_changes - before
+
+    def checkpoint_truncate(self, conn: sqlite3.Connection, wait_ms: int) -> bool:
+        """Copy the WAL into the database and cut it to zero bytes; False if a reader kept it (nothing waits long)."""
+        conn.execute(f"PRAGMA busy_timeout={int(wait_ms)}")
+        busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return busy == 0
+
+    def retractions_after(self, conn: sqlite3.Connection, after_id: int) -> list[dict]:
+        if not self.table_exists(conn, "memory_retraction"):
+            return []
+        rows = conn.execute(
+            "SELECT id, agent, tier, row_id, content_hash, key_hash, forgotten_at FROM memory_retraction "
+            "WHERE id > ? ORDER BY id",
+            (after_id,),
+        )
+        return [
+            dict(zip(("id", "agent", "tier", "row_id", "content_hash", "key_hash", "forgotten_at"), r)) for r in rows
+        ]
+
+    def last_retraction(self, conn: sqlite3.Connection) -> int:
+        """The newest retraction's id: another copy's forget shows here (solos_events.EventHub.watch_forgets)."""
+        return conn.execute("SELECT coalesce(max(id), 0) FROM memory_retraction").fetchone()[0]
+
+    def reapply(self, conn: sqlite3.Connection, retraction: dict) -> bool:
+        """Forget the row a retraction names if this database still has it, and record the retraction. True if erased.
+
+        The row must be the same one: tier, id and writer, and the same content
+        hash (a short row: or the same key, since its value changes on upsert).
+        An id reused later by another row is left alone.
+        """
+        tier, row_id, agent = retraction["tier"], retraction["row_id"], retraction["agent"]
+        fields = (tier, row_id, agent, retraction["content_hash"], retraction["forgotten_at"])
+        known = conn.execute(
+            "SELECT 1 FROM memory_retraction WHERE tier = ? AND row_id = ? AND agent = ? AND content_hash = ? "
+            "AND forgotten_at = ?",
+            fields,
+        ).fetchone()
+        if known:  # this database already applied it
+            return False
+        found = self.find_row(conn, tier, row_id)
+        row = found[1] if found is not None and found[1]["agent"] == agent else None
+        if row is not None and (
+            content_hash(tier, row) == retraction["content_hash"]
+            or (tier == "short" and sha256_text(row["key"]) == retraction["key_hash"])
+        ):
+            self.erase(conn, tier, row_id, retraction["forgotten_at"])
+            return True
+        conn.execute(
+            "INSERT INTO memory_retraction (tier, row_id, agent, content_hash, forgotten_at, key_hash) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (*fields, retraction["key_hash"]),
+        )
+        return False
+
+    def mirror_waiting(self, conn: sqlite3.Connection, row_ids: Iterable[int]) -> set[int]:
+        """Long rows whose point delete still waits in the Qdrant mirror's outbox."""
+        if not self.table_exists(conn, "qdrant_outbox"):
+            return set()
+        rows = conn.execute(
+            "SELECT DISTINCT row_id FROM qdrant_outbox "
+            "WHERE action = 'delete' AND row_id IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(row_ids)),),
+        )
+        return {row[0] for row in rows}
+
+    def table_exists(self, conn: sqlite3.Connection, name: str) -> bool:
+        return (
+            conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
+            is not None
+        )
+
+    def meta_value(self, conn: sqlite3.Connection, key: str) -> str | None:
+        row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, conn: sqlite3.Connection, key: str, value: Any) -> None:
+        conn.execute(
+            "INSERT INTO solos_memory_meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, str(value)),
+        )
+
+    def row_id_marks(self, conn: sqlite3.Connection) -> dict[str, int]:
+        """Each id space's high-water mark: its kept mark, or any larger id the database still names."""
+        marks = {}
+        for tier, tables in RETRACTABLE.items():
+            named = [f"SELECT max(id) AS id FROM {table}" for table in tables if self.table_exists(conn, table)] + [
+                f"SELECT max(row_id) FROM {table} WHERE tier = :tier"
+                for table in ("memory_event", "memory_retraction", "memory_write_key")
+                if self.table_exists(conn, table)
+            ]
+            if self.table_exists(conn, "solos_memory_meta"):
+                named.append("SELECT CAST(value AS INTEGER) FROM solos_memory_meta WHERE key = 'row_id_high:' || :tier")
+            sql = f"SELECT coalesce(max(id), 0) FROM ({' UNION ALL '.join(named)})"
+            marks[tier] = int(conn.execute(sql, {"tier": tier}).fetchone()[0])
+        return marks
+
+    def mark_row_ids(self, conn: sqlite3.Connection, floor: dict[str, int] | None = None) -> None:
+        """Raise the id marks to every id named here or in `floor` (a replaced database's), and drop stray placeholders.
+
+        The triggers keep the marks (schema.sql, "Row ids: never reused"); this covers a database that had rows
+        forgotten before the marks existed, a restore (ids the replaced database handed out stay spent), and a
+        placeholder an ignored INSERT OR IGNORE left behind.
+        """
+        for tier, mark in self.row_id_marks(conn).items():
+            self.set_meta(conn, f"row_id_high:{tier}", max(mark, (floor or {}).get(tier, 0)))
+            table, column = TIER_TABLE[tier].table, TIER_TABLE[tier].text_column
+            conn.execute(f"DELETE FROM {table} WHERE agent = '' AND {column} = '(row id reserved by solos-memory)'")
+        if self.table_exists(conn, "memory_event"):
+            conn.execute("DELETE FROM memory_event WHERE agent = ''")
+
+    def job_running(self, conn: sqlite3.Connection, job: str) -> bool:
+        """Whether a run recorded 'running' is alive: SQLite cannot tell (a purge killed there stays 'running'
+        until the next run), so it is taken for alive; PostgreSQL asks whether a session holds the job's turn."""
+        return True
+
+    def head_event(self, conn: sqlite3.Connection) -> int:
+        return conn.execute("SELECT coalesce(max(id), 0) FROM memory_event").fetchone()[0]
+
+    def events_after(self, conn: sqlite3.Connection, after: int, limit: int) -> list[sqlite3.Row]:
+        return conn.execute(
+            "SELECT id, ts, kind, tier, row_id, agent FROM memory_event WHERE id > ? ORDER BY id LIMIT ?",
+            (after, limit),
+        ).fetchall()
+
+    def passed_over(self, conn: sqlite3.Connection) -> list[dict]:
+        """Running transactions the event cursor went past (solos_store_pg's): none here, one writer at a time."""
+        return []
+
+    def current_rows(self, conn: sqlite3.Connection, tiers: dict, events: Sequence[Any]) -> dict[tuple[str, int], Any]:
+        """The rows that write and update events name, as they are now and only if recall could return them."""
+        wanted: dict[str, list[int]] = {}
+        for event in events:
+            if event["kind"] not in REMOVALS:
+                wanted.setdefault(event["tier"], []).append(event["row_id"])
+        found = {}
+        for tier, ids in wanted.items():
+            if tier == "durable":
+                sql = f"SELECT id, key, value, updated_at FROM memory_durable t WHERE t.id {self.IDS_IN}"
+            elif tier == "notice":
+                sql = f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE id {self.IDS_IN}"
+            else:
+                live = "".join(" AND " + w for w in Visibility.unexpired(tiers[tier], self.NOW))
+                sql = (
+                    f"SELECT {tiers[tier].columns}, 0.0 AS score FROM {tiers[tier].table} t "
+                    f"WHERE t.id {self.IDS_IN}{live}"
+                )
+            found.update({(tier, row["id"]): row for row in conn.execute(sql, (self.id_list(ids),))})
+        return found
+
+    def tags_of(self, conn: sqlite3.Connection, tier: str, ids: list[int]) -> dict[int, set[str]]:
+        """The tags of these rows of a tier that has tags (short, long): a JSON array or the fleet's comma list."""
+        if "tags" not in TIER_TABLE[tier].result_columns:
+            return {}
+        found = conn.execute(
+            f"SELECT id, tags FROM {TIER_TABLE[tier].table} WHERE id {self.IDS_IN}", (self.id_list(ids),)
+        )
+        return {row[0]: set(parse_tags(row[1])) for row in found}
+
+    def sharing_agents(self, conn: sqlite3.Connection) -> set[str]:
+        return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
+
+    def sharing_spans(self, conn: sqlite3.Connection) -> list[tuple[str, str, str | None]]:
+        """When each author was sharing its episodes: (agent, from, until or None), for Visibility."""
+        return [
+            tuple(row) for row in conn.execute("SELECT agent, shared_from, shared_until FROM episodic_sharing_span")
+        ]
+
+    def text_matches(
+        self, conn: sqlite3.Connection, match: str, candidates: dict[str, list[int]]
+    ) -> set[tuple[str, int]]:
+        """Which candidate rows the FTS5 query matches, per tier, on the rows' own columns."""
+        found: set[tuple[str, int]] = set()
+        for tier, ids in candidates.items():
+            fts = KEYWORD_INDEX[tier][0]
+            rows = conn.execute(
+                f"SELECT rowid FROM {fts} WHERE {fts} MATCH ? AND rowid IN (SELECT value FROM json_each(?))",
+                (f"{OWN_COLUMNS[tier]}({match})", json.dumps(ids)),
+            )
+            found.update((tier, row[0]) for row in rows)
+        return found
+
+    def sweep_expired(
+        self, conn: sqlite3.Connection, note: Callable[[sqlite3.Connection, str, list[int]], None]
+    ) -> int:
+        """Log 'expire' for short rows whose TTL passed since the last sweep (inside a write transaction); `note` is
+        told their ids first, while their text exists."""
+        now = self.utc_stamp(conn)
+        through = self.meta_value(conn, "events_expired_through")
+        added = 0
+        if through is not None:
+            expiring = conn.execute(
+                "SELECT id FROM memory_short WHERE expires_at > ? AND expires_at <= ?", (through, now)
+            ).fetchall()
+            note(conn, "short", [row[0] for row in expiring])
+            added = conn.execute(
+                "INSERT INTO memory_event (kind, tier, row_id, agent) SELECT 'expire', 'short', id, agent "
+                "FROM memory_short WHERE expires_at > ? AND expires_at <= ? ORDER BY expires_at, id",
+                (through, now),
+            ).rowcount
+        self.set_meta(conn, "events_expired_through", now)
+        return added
+
+    def expiry_due(self, conn: sqlite3.Connection) -> bool:
+        through = self.meta_value(conn, "events_expired_through")
+        return through is None or (
+            conn.execute(
+                f"SELECT 1 FROM memory_short WHERE expires_at > ? AND expires_at <= {self.NOW} LIMIT 1",
+                (through,),
+            ).fetchone()
+            is not None
+        )
+
+    def prune_step(self, conn: sqlite3.Connection, cutoff: str, batch: int) -> int:
+        """Delete up to `batch` of the oldest events older than cutoff; remember the last id pruned."""
+        pruned = conn.execute(
+            "DELETE FROM memory_event WHERE id IN (SELECT id FROM memory_event ORDER BY id LIMIT ?) AND ts < ? "
+            "RETURNING id",
+            (batch, cutoff),
+        ).fetchall()
+        if pruned:
+            through = max(int(self.meta_value(conn, "events_pruned_through") or 0), max(row[0] for row in pruned))
+            self.set_meta(conn, "events_pruned_through", through)
+        return len(pruned)
+
+    def keep_only_hash(self, conn: Any, row_id: int) -> None:
+        """After a forget, inside its transaction: the row's queued point delete keeps the text's hash, not the text.
+
+        So the text leaves the database with the WAL checkpoint, mirror running or
+        not. A writer's twin row (same text) keeps the point: the entry becomes its upsert.
+        """
+        entries = conn.execute(
+            "SELECT id, agent, fact FROM qdrant_outbox WHERE action = 'delete' AND row_id = ? AND fact IS NOT NULL",
+            (row_id,),
+        ).fetchall()
+        for entry_id, agent, fact in entries:
+            if fact.startswith(HASH_ONLY):
+                continue
+            twin = conn.execute(
+                "SELECT id FROM memory_longterm WHERE agent = ? AND fact = ? AND id != ? LIMIT 1", (agent, fact, row_id)
+            ).fetchone()
+            if twin is not None:
+                conn.execute(
+                    "UPDATE qdrant_outbox SET action = 'upsert', row_id = ?, agent = NULL, fact = NULL WHERE id = ?",
+                    (twin[0], entry_id),
+                )
+            else:
+                conn.execute(
+                    "UPDATE qdrant_outbox SET fact = ? WHERE id = ?", (HASH_ONLY + sha256_text(fact), entry_id)
+                )
+
+    # ==== Provenance: deliveries, versions, notices (solos_provenance) ====
+
+    def record_deliveries(self, conn: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str]]) -> int:
+        """Log (reader, tier, row_id, writer, delivered_at) rows; notices for any already forgotten or replaced since.
+
+        The log is written after the fact, in batches: a row forgotten or updated between its delivery and this
+        write gets its notice here (the forget's and the update trigger's notices saw the log without it).
+        """
+        after = conn.execute("SELECT coalesce(max(id), 0) FROM memory_delivery").fetchone()[0]
+        conn.executemany(
+            "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, ?, ?, ?, ?)", rows
+        )
+        conn.execute(
+            "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at) "
+            "SELECT DISTINCT d.reader, v.tier, v.row_id, v.agent, 'superseded', v.row_id, v.id, v.valid_to "
+            "FROM memory_delivery d JOIN memory_version v ON v.tier = d.tier AND v.row_id = d.row_id "
+            "AND v.ended_by = 'update' AND d.delivered_at >= v.valid_from AND d.delivered_at <= v.valid_to "
+            "WHERE d.id > ? AND d.reader <> v.agent ORDER BY v.id ON CONFLICT DO NOTHING",  # the newest last: it stays
+            (after,),
+        )
+        conn.execute(
+            "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
+            "SELECT DISTINCT d.reader, s.tier, s.row_id, s.agent, 'forgotten', s.forgotten_at "
+            "FROM memory_delivery d JOIN memory_forgotten_span s ON s.tier = d.tier AND s.row_id = d.row_id "
+            "WHERE d.id > ? AND d.reader <> s.agent ON CONFLICT DO NOTHING",
+            (after,),
+        )
+        return len(rows)
+
+    def replaced_since(self, conn: sqlite3.Connection, after: int | None) -> tuple[int, list[tuple[str, int]]]:
+        """The newest version's id, and the rows an update replaced after version `after` (None: none, just the id)."""
+        newest = conn.execute("SELECT coalesce(max(id), 0) FROM memory_version").fetchone()[0]
+        if after is None or newest <= after:
+            return newest, []
+        rows = conn.execute(
+            "SELECT DISTINCT tier, row_id FROM memory_version WHERE id > ? AND id <= ? AND ended_by = 'update'",
+            (after, newest),
+        )
+        return newest, [(row[0], row[1]) for row in rows]
+
+    def delivery_log_size(self, conn: sqlite3.Connection) -> dict:
+        """The delivery log's rows and its oldest delivery, and the open notices (for stats)."""
+        rows, oldest = conn.execute("SELECT count(*), min(delivered_at) FROM memory_delivery").fetchone()
+        notices = conn.execute("SELECT count(*) FROM memory_notice WHERE acked_at IS NULL").fetchone()[0]
+        return {"rows": rows, "oldest": oldest, "open_notices": notices}
+
+    def read_deliveries(
+        self,
+        conn: sqlite3.Connection,
+        writer: str | None,
+        tier: str | None,
+        row_id: int | None,
+        limit: int,
+        before_id: int,
+    ) -> list[dict]:
+        """Deliveries newest first: of `writer`'s rows (None: everyone's), optionally of one row."""
+        rows = conn.execute(
+            f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ? AND (CAST(? AS TEXT) IS NULL OR writer = ?) "
+            "AND (CAST(? AS TEXT) IS NULL OR tier = ?) AND (CAST(? AS BIGINT) IS NULL OR row_id = ?) "
+            "ORDER BY id DESC LIMIT ?",
+            (before_id, writer, writer, tier, tier, row_id, row_id, limit),
+        )
+        return [dict(row) for row in rows]
+
+    def purge_deliveries(self, conn: sqlite3.Connection, cutoff: str, batch: int) -> int:
+        """Delete up to `batch` of the oldest deliveries, notices (acknowledged or not), versions and spans older
+        than cutoff."""
+        removed = conn.execute(
+            "DELETE FROM memory_delivery WHERE id IN (SELECT id FROM memory_delivery ORDER BY id LIMIT ?) "
+            "AND delivered_at < ?",
+            (batch, cutoff),
+        ).rowcount
+        for sql in (
+            # open ones too: a notice nobody acknowledged in RETENTION_S is about a delivery the log no longer holds
+            "DELETE FROM memory_notice WHERE id IN "
+            "(SELECT id FROM memory_notice WHERE coalesce(acked_at, at) < ? LIMIT ?)",
+            "DELETE FROM memory_version WHERE id IN (SELECT id FROM memory_version WHERE valid_to < ? LIMIT ?)",
+            "DELETE FROM memory_forgotten_span WHERE retraction_id IN "
+            "(SELECT retraction_id FROM memory_forgotten_span WHERE forgotten_at < ? LIMIT ?)",
+        ):
+            removed += conn.execute(sql, (cutoff, batch)).rowcount
+        return removed
+
+    def first_delivery(self, conn: sqlite3.Connection, reader: str, tier: str, ids: Sequence[int]) -> str | None:
+        """When `reader` was first delivered any of these rows, or None."""
+        return conn.execute(
+            f"SELECT min(delivered_at) FROM memory_delivery WHERE tier = ? AND reader = ? AND row_id {self.IDS_IN}",
+            (tier, reader, self.id_list(ids)),
+        ).fetchone()[0]
+
+    def near_duplicates_version(self, conn: sqlite3.Connection) -> tuple[bytes | None, int] | None:
+        """What near_candidates' answers depend on, as of this transaction: the long facts' keyword index (FTS5
+        rewrites its structure record, with a write counter, at every change) and the vectors (their generation)."""
+        row = conn.execute("SELECT block FROM memory_longterm_fts_data WHERE id = 10").fetchone()
+        return (row[0] if row else None), int(self.meta_value(conn, "vector_generation") or 0)
+
+    def near_candidates(self, conn: sqlite3.Connection, match: str, limit: int) -> list[sqlite3.Row]:
+        """Up to `limit` long facts whose own text matches `match` (an FTS5 query), unranked: id, agent, fact,
+        created_at, vector."""
+        return conn.execute(
+            "SELECT l.id, l.agent, l.fact, l.created_at, l.embedding FROM (SELECT rowid AS id "
+            "FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? LIMIT ?) m "
+            "JOIN memory_longterm l ON l.id = m.id",
+            ("{fact} : (" + match + ")", limit),
+        ).fetchall()
+
+    def erase_versions(self, conn: sqlite3.Connection, tier: str, row: Any, retraction_id: int) -> None:
+        """Inside a forget: delete every version of the row (their text), keeping only when it lived (a span)."""
+        if tier not in VERSIONED or not self.table_exists(conn, "memory_version"):
+            return
+        born = row[VERSIONED[tier][5]]
+        earliest = conn.execute(
+            "SELECT min(valid_from) FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"])
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO memory_forgotten_span "
+            "(retraction_id, tier, row_id, agent, born_at, forgotten_at, lived_until) "
+            f"SELECT id, tier, row_id, agent, ?, forgotten_at, {self.LEAST}(coalesce(?, forgotten_at), forgotten_at) "
+            "FROM memory_retraction WHERE id = ? ON CONFLICT (retraction_id) DO UPDATE SET born_at = excluded.born_at, "
+            "forgotten_at = excluded.forgotten_at, lived_until = excluded.lived_until",
+            (min(born, earliest or born), row["expires_at"] if tier == "short" else None, retraction_id),
+        )
+        conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
+        if tier == "short":  # the key names the row: earlier rows of it (deleted, then written again) go too
+            conn.execute(
+                "DELETE FROM memory_version WHERE tier = 'short' AND agent = ? AND label = ?",
+                (row["agent"], row["key"]),
+            )
+
+    def notify_forgotten(self, conn: sqlite3.Connection, tier: str, row_id: int, retraction_id: int) -> int:
+        """A notice for every agent but the writer that was delivered the forgotten row; how many."""
+        return conn.execute(
+            "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
+            "SELECT DISTINCT d.reader, r.tier, r.row_id, r.agent, 'forgotten', r.forgotten_at "
+            "FROM memory_retraction r JOIN memory_delivery d ON d.tier = r.tier AND d.row_id = r.row_id "
+            "WHERE r.id = ? AND d.reader <> r.agent AND r.tier = ? AND r.row_id = ? ON CONFLICT DO NOTHING",
+            (retraction_id, tier, row_id),
+        ).rowcount
+
+    def read_notices(self, conn: sqlite3.Connection, agent: str, after_id: int, limit: int, acked: bool) -> list[dict]:
+        """The agent's notices after an id, oldest first; acknowledged ones only if asked."""
+        rows = conn.execute(
+            f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE agent = ? AND id > ? AND (? OR acked_at IS NULL) "
+            "ORDER BY id LIMIT ?",
+            (agent, after_id, bool(acked), limit),
+        )
+        return [dict(row) for row in rows]
+
+    def ack_notices(self, conn: sqlite3.Connection, agent: str, ids: Sequence[int]) -> int:
+        """Acknowledge the agent's own notices by id; how many were open."""
+        return conn.execute(
+            f"UPDATE memory_notice SET acked_at = {self.NOW} WHERE agent = ? AND acked_at IS NULL AND id {self.IDS_IN}",
+            (agent, self.id_list(ids)),
+        ).rowcount
+
+    def stream(self, conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> Iterable[Any]:
+        """Rows one at a time as the query yields them, not the whole answer in memory (sqlite3 steps lazily)."""
+        return conn.execute(sql, params)
+
+    def rows_as_of(
+        self,
+        conn: sqlite3.Connection,
+        tier: str,
+        at: str,
+        seen: Visibility,
+        contains: Sequence[str] = (),
+        limit: int = 0,
+    ) -> Iterable[dict]:
+        """The tier's versions as they stood at `at` that the caller may see (Visibility.where_as_of; expiry as of
+        `at`), streamed. `contains`: only those whose label or text holds one of these lower-cased fragments; `limit`:
+        the newest that many, else unordered."""
+        where, params = seen.where_as_of(TIER_TABLE[tier], deleted_sql(tier), at)
+        if contains:
+            like = "lower(coalesce(t.label, '') || ' ' || t.text) LIKE ? ESCAPE '\\'"
+            where.append("(" + " OR ".join([like] * len(contains)) + ")")
+            params.extend("%" + re.sub(r"([\\%_])", r"\\\1", fragment) + "%" for fragment in contains)
+        sql = (
+            f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, self.GREATEST)}) SELECT * FROM t WHERE t.valid_from <= ? "
+            "AND (t.valid_to IS NULL OR t.valid_to > ?)"
+            + "".join(" AND " + w for w in where)
+            + (" ORDER BY t.valid_from DESC, t.id DESC LIMIT ?" if limit else "")
+        )
+        rows = self.stream(conn, sql, (at, at, *params, *([limit] if limit else [])))
+        return ({**dict(row), "tier": tier} for row in rows)
+
+    def versions_of(self, conn: sqlite3.Connection, tier: str, ids: Sequence[int]) -> list[dict]:
+        """Every version (current and replaced) of these rows, each saying whether its row was deleted."""
+        sql = (
+            f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, self.GREATEST)}) "
+            f"SELECT t.*, {deleted_sql(tier)} AS deleted FROM t WHERE t.id {self.IDS_IN}"
+        )
+        return [dict(row) for row in conn.execute(sql, (self.id_list(ids),))]
+
+    def retracted_as_of(self, conn: sqlite3.Connection, at: str) -> list[dict]:
+        """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text)."""
+        rows = conn.execute(
+            "SELECT tier, row_id, agent, forgotten_at FROM memory_forgotten_span "
+            "WHERE born_at <= ? AND lived_until > ? "
+            "ORDER BY forgotten_at",
+            (at, at),
+        )
+        return [dict(row) for row in rows]
+
+    def delivered_by(self, conn: sqlite3.Connection, reader: str, at: str) -> list[dict]:
+        """What `reader` was delivered up to `at`, oldest first."""
+        rows = conn.execute(
+            f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE reader = ? AND delivered_at <= ? "
+            "ORDER BY delivered_at",
+            (reader, at),
+        )
+        return [dict(row) for row in rows]
+
+    # ==== Promotion and archive (solos_lifecycle) ====
+
+    def episodes_by_id(self, conn: sqlite3.Connection, ids: list[int]) -> dict[int, sqlite3.Row]:
+        """Episodic rows by id, live or archived (id, agent, summary)."""
+        ids_in, chosen = self.IDS_IN, self.id_list(ids)
+        rows = conn.execute(
+            f"SELECT id, agent, summary FROM memory_episodic WHERE id {ids_in} "
+            f"UNION ALL SELECT id, agent, summary FROM memory_episodic_archive WHERE id {ids_in}",
+            (chosen, chosen),
+        )
+        return {row["id"]: row for row in rows}
+
+    def link_promotion(self, conn: sqlite3.Connection, long_id: int, episodic_ids: list[int], agent: str) -> None:
+        conn.executemany(
+            "INSERT INTO memory_promotion (long_id, episodic_id, agent) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+            [(long_id, i, agent) for i in episodic_ids],
+        )
+
+    def archive_batch(self, conn: sqlite3.Connection, cutoff: str, limit: int) -> int:
+        """Move up to `limit` episodes older than cutoff ('-30 days') into the archive, with their ids."""
+        columns = "id, agent, event_type, summary, details, outcome, duration_s, timestamp"
+        ids = [
             row[0]
             for row in conn.execute(
-                "DELETE FROM memory_longterm WHERE source = ? AND EXISTS ("
-                "  SELECT 1 FROM json_each(CASE WHEN json_valid(tags) THEN tags ELSE '[]' END) WHERE value = ?"
-                ") RETURNING id",
-                (source, tag),
+                f"SELECT id FROM memory_episodic WHERE timestamp < {self.SHIFTED} ORDER BY id LIMIT ?", (cutoff, limit)
             )
         ]
-        conn.executemany(
-            "DELETE FROM memory_write_key WHERE tier = 'long' AND row_id = ?", [(row_id,) for row_id in deleted]
+        conn.execute(
+            f"INSERT INTO memory_episodic_archive ({columns}) "
+            f"SELECT {columns} FROM memory_episodic WHERE id {self.IDS_IN}",
+            (self.id_list(ids),),
         )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return len(deleted)
+        conn.execute(f"DELETE FROM memory_episodic WHERE id {self.IDS_IN}", (self.id_list(ids),))
+        return len(ids)
+
+    def lifecycle_counts(self, conn: sqlite3.Connection) -> dict:
+        """Archived episodic rows and promotions, for /v1/stats."""
+        return {
+            "episodic_archived": conn.execute("SELECT count(*) FROM memory_episodic_archive").fetchone()[0],
+            "promoted_facts": conn.execute("SELECT count(DISTINCT long_id) FROM memory_promotion").fetchone()[0],
+        }
+
+    # ==== The rollout checks' own rows (solos_check) ====
+
+    def delete_tagged_facts(self, conn: sqlite3.Connection, source: str, tag: str) -> int:
+        """Delete the long facts whose source is `source` and whose JSON tags hold `tag` (and their write keys), in
+        one short write transaction: the database is shared with running agents. An agent's fact carrying only the
+        tag stays. Returns how many went."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            deleted = [
+                row[0]
+                for row in conn.execute(
+                    "DELETE FROM memory_longterm WHERE source = ? AND EXISTS ("
+                    "  SELECT 1 FROM json_each(CASE WHEN json_valid(tags) THEN tags ELSE '[]' END) WHERE value = ?"
+                    ") RETURNING id",
+                    (source, tag),
+                )
+            ]
+            conn.executemany(
+                "DELETE FROM memory_write_key WHERE tier = 'long' AND row_id = ?", [(row_id,) for row_id in deleted]
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return len(deleted)
+
+
+SQLITE = Queries()  # SQLite's: the embedded store's, and the snapshot files'

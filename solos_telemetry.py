@@ -214,5 +214,7 @@ def metrics_text(memory: Any) -> bytes:
     family("event_cache_bytes", "gauge", "Encoded events kept for the streams (bounded by bytes).")
     lines.append(f"solos_memory_event_cache_bytes {streams['cache_bytes']}")
     lines.extend(solos_qdrant.metrics_lines(solos_qdrant.mirror_status(memory.store, memory.mirror)))
-    lines.extend(solos_jobs.metrics_lines(memory.store.read(solos_jobs.status)))
+    lines.extend(
+        solos_jobs.metrics_lines(memory.store.read(lambda conn: solos_jobs.status(memory.store.queries, conn)))
+    )
     return ("\n".join(lines) + "\n").encode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+import types
 import uuid
 from typing import Any
 
@@ -173,8 +174,8 @@ def test_witnesses_in_hybrid_mode_follow_the_text_not_vectors_holding_the_writer
         {"id": 3, "agent": "nova", "fact": "Sol prefers short answers without emoji.", "created_at": "t3",
          "embedding": vector(0.85, (1 - 0.85**2) ** 0.5)},
     ]  # fmt: skip
-    monkeypatch.setattr(solos_store, "near_candidates", lambda conn, match, limit: candidates)
-    cluster = solos_provenance.near_cluster(None, mine, vectors=True)
+    monkeypatch.setattr(solos_store.Queries, "near_candidates", lambda self, conn, match, limit: candidates)
+    cluster = solos_provenance.near_cluster(types.SimpleNamespace(queries=solos_store.SQLITE), mine, vectors=True)
     assert {row_id: how for row_id, (_, _, how) in cluster.items() if how} == {3: "token_overlap"}  # not 2
     assert "cosine" not in solos_provenance.rule_ran(vectors=False)
 

@@ -393,7 +393,7 @@ def test_hybrid_recall_is_reranked_with_the_vector_legs_score_of_every_row(embed
     scores = [r["score"] for r in reply.body["results"]]
     assert all(0 <= s <= 1 for s in scores) and scores == sorted(scores, reverse=True)
     vectors, query = server.server.memory.vectors, embedder.vector("gateway note")
-    everything = vectors.search("long", query, lambda agents: np.ones(len(agents), dtype=bool), 1000)
+    everything = vectors.search("long", query, lambda agents, expires: np.ones(len(agents), dtype=bool), 1000)
     assert len(everything) == 60
     similar = vectors.similarity(query, [("long", row_id) for row_id in everything] + [("short", 1), ("long", 10**9)])
     assert similar == pytest.approx({("long", row_id): score for row_id, score in everything.items()})
@@ -460,7 +460,7 @@ def test_a_fresh_row_scores_as_it_will_once_the_snapshot_holds_it(embedded_serve
     assert set(vectors.recent["long"]) == {fresh.body["id"], moved.body["id"]}
 
     question = "lisbon"
-    query, everyone = embedder.vector(question), lambda agents: np.ones(len(agents), dtype=bool)
+    query, everyone = embedder.vector(question), lambda agents, expires: np.ones(len(agents), dtype=bool)
     keys = [("long", row_id) for row_id in range(1, 40)]
     before = (vectors.search("long", query, everyone, 100), vectors.similarity(query, keys))
     first = server.recall("nova", question, k=10, min_relevance=0).body

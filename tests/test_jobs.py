@@ -20,6 +20,7 @@ from test_status_page import Dom
 
 import solos_jobs
 import solos_memory
+import solos_store
 
 UNITS = ROOT / "systemd"
 ALERT_UNIT = "lab-memory-alert@.service"
@@ -103,8 +104,8 @@ def test_a_job_that_has_not_succeeded_within_its_period_is_a_problem(server):
         )
     now = solos_jobs.seconds(watched)
     with server.db() as conn:
-        fresh = solos_jobs.status(conn, now)  # a new database: no run yet, and none due
-        late = solos_jobs.status(conn, now + day + solos_jobs.GRACE_S + 1)
+        fresh = solos_jobs.status(solos_store.SQLITE, conn, now)  # a new database: no run yet, and none due
+        late = solos_jobs.status(solos_store.SQLITE, conn, now + day + solos_jobs.GRACE_S + 1)
     assert fresh["snapshot"]["state"] == "waiting" and not fresh["snapshot"]["problem"]
     assert fresh["purge"]["state"] == "overdue"  # its last success is from January
     assert fresh["purge"]["detail"] == "no successful run since 2026-01-01T00:00:01.000Z"

@@ -6,6 +6,7 @@ import json
 import sqlite3
 import sys
 import time
+import types
 import uuid
 
 import pytest
@@ -111,13 +112,13 @@ def test_one_writes_one_echoes_one_agrees_independently_and_only_the_reader_is_t
 
 def test_a_kept_cluster_answers_only_while_the_long_facts_and_their_vectors_are_unchanged(server, monkeypatch):
     queried: list[str] = []
-    near_candidates = solos_store.near_candidates
+    near_candidates = solos_store.Queries.near_candidates
 
-    def counted(conn, match, limit):
+    def counted(self, conn, match, limit):
         queried.append(match)
-        return near_candidates(conn, match, limit)
+        return near_candidates(self, conn, match, limit)
 
-    monkeypatch.setattr(solos_store, "near_candidates", counted)
+    monkeypatch.setattr(solos_store.Queries, "near_candidates", counted)
     word = marker()
     fact = f"The coolant pump {word} is rated for 40 bar at the north plant"
     written = server.post("/v1/long", {"agent": "atlas", "fact": fact}).body["id"]
@@ -150,20 +151,21 @@ def test_a_kept_cluster_answers_only_while_the_long_facts_and_their_vectors_are_
 def test_a_cluster_kept_at_one_version_never_answers_a_recall_at_another(monkeypatch):
     """Two recalls at once over different states of the long facts: neither is answered from the other's."""
     near, seen = solos_provenance.NearDuplicates(), {"version": b"one"}
-    monkeypatch.setattr(solos_store, "near_duplicates_version", lambda conn: seen["version"])
+    monkeypatch.setattr(solos_store.Queries, "near_duplicates_version", lambda self, conn: seen["version"])
     first, second = ({"id": n, "agent": "atlas", "text": f"fact {n}"} for n in (1, 2))
+    conn = types.SimpleNamespace(queries=solos_store.SQLITE)  # only its queries are asked
 
     def near_cluster(conn, result, vectors):
         made = {result["id"]: (result["agent"], seen["version"].decode(), "")}
         if result is first and seen["version"] == b"one":  # meanwhile, a recall after a write keeps `second`
             seen["version"] = b"two"
-            assert near.clusters(None, [second], False) == [{2: ("atlas", "two", "")}]
+            assert near.clusters(conn, [second], False) == [{2: ("atlas", "two", "")}]
             seen["version"] = b"one"
         return made
 
     monkeypatch.setattr(solos_provenance, "near_cluster", near_cluster)
-    assert near.clusters(None, [first, second], False) == [{1: ("atlas", "one", "")}, {2: ("atlas", "one", "")}]
-    assert near.clusters(None, [second], False) == [{2: ("atlas", "one", "")}]  # asked again at one: never two's
+    assert near.clusters(conn, [first, second], False) == [{1: ("atlas", "one", "")}, {2: ("atlas", "one", "")}]
+    assert near.clusters(conn, [second], False) == [{2: ("atlas", "one", "")}]  # asked again at one: never two's
 
 
 # ==== Property: independent and echo follow the delivery order ====

@@ -1,4 +1,5 @@
-"""One Visibility, three forms: the SQL `where`, the numpy `mask` and `allows` agree row for row (issue 21)."""
+"""One Visibility, three forms: the SQL `where`, the numpy `mask` and `allows` agree row for row (issue 21), expiry
+included."""
 
 from __future__ import annotations
 
@@ -23,19 +24,23 @@ def db(tmp_path_factory):
     store = solos_store.Store(str(path), admin=True)
     store.migrate()
     store.register_agents(list(AGENTS))
-    conn = sqlite3.connect(path, isolation_level=None)
+    conn = sqlite3.connect(path, isolation_level=None, factory=solos_store.PooledConnection)
     conn.row_factory = sqlite3.Row
+    conn.queries = solos_store.SQLITE
     yield conn
     conn.close()
 
 
-def insert(conn: sqlite3.Connection, tier: solos_store.Tier, agent: str, n: int) -> None:
+PAST, FUTURE = "2000-01-01T00:00:00.000Z", "2999-01-01T00:00:00.000Z"  # an expiry gone by, one to come
+
+
+def insert(conn: sqlite3.Connection, tier: solos_store.Tier, agent: str, n: int, expired: bool = False) -> None:
     if tier.name == "long":
         conn.execute("INSERT INTO memory_longterm (agent, fact) VALUES (?, ?)", (agent, f"fact {n}"))
     elif tier.name == "short":
         conn.execute(
-            "INSERT INTO memory_short (agent, key, value, expires_at) VALUES (?, ?, 'v', '2999-01-01T00:00:00.000Z')",
-            (agent, f"key {n}"),
+            "INSERT INTO memory_short (agent, key, value, expires_at) VALUES (?, ?, 'v', ?)",
+            (agent, f"key {n}", PAST if expired else FUTURE),
         )
     else:
         conn.execute(
@@ -48,7 +53,7 @@ def insert(conn: sqlite3.Connection, tier: solos_store.Tier, agent: str, n: int)
 @pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(
-    writers=st.lists(st.sampled_from(AGENTS), min_size=1, max_size=12),
+    writers=st.lists(st.tuples(st.sampled_from(AGENTS), st.booleans()), min_size=1, max_size=12),
     sharing=st.dictionaries(st.sampled_from(AGENTS), st.booleans(), max_size=len(AGENTS)),
     caller=st.sampled_from(AGENTS),
     scope=st.sampled_from(solos_store.SCOPES),
@@ -62,23 +67,27 @@ def test_where_mask_and_allows_agree_row_for_row(db, writers, sharing, caller, s
             "INSERT INTO episodic_sharing (agent, shared) VALUES (?, ?)", [(a, int(s)) for a, s in sharing.items()]
         )
         db.execute(f"DELETE FROM {tier.table}")
-        for n, agent in enumerate(writers):
-            insert(db, tier, agent, n)
+        for n, (agent, expired) in enumerate(writers):
+            insert(db, tier, agent, n, expired)
         seen = Visibility.read(db, caller, scope)
         where, params = seen.where(tier)
         sql = f"SELECT t.id, t.agent FROM {tier.table} t {'WHERE ' + ' AND '.join(where) if where else ''}"
         by_sql = {row["id"] for row in db.execute(sql, params)}
-        rows = db.execute(f"SELECT id, agent FROM {tier.table} ORDER BY id").fetchall()
+        expiry = "expires_at" if tier.expires else "NULL"
+        rows = db.execute(f"SELECT id, agent, {expiry} AS expires_at FROM {tier.table} ORDER BY id").fetchall()
         agents = np.array([row["agent"] for row in rows], dtype=object)
-        by_mask = {row["id"] for row, kept in zip(rows, seen.mask(tier, agents)) if kept}
-        by_row = {row["id"] for row in rows if seen.allows(tier.name, row["agent"])}
+        expires = np.array([row["expires_at"] or "" for row in rows], dtype=object)
+        by_mask = {row["id"] for row, kept in zip(rows, seen.mask(tier, agents, expires)) if kept}
+        by_row = {row["id"] for row in rows if seen.allows(tier.name, row["agent"], row["expires_at"])}
         assert by_sql == by_mask == by_row
         opted_in = {agent for agent, shared in sharing.items() if shared}
         for row in rows:  # and each is the rule itself
             visible = row["id"] in by_row
             foreign = row["agent"] != caller
-            expected = {"own": not foreign, "shared": True, "shared_except_self": foreign}[scope] and (
-                not tier.opt_in or not foreign or row["agent"] in opted_in
+            expected = (
+                {"own": not foreign, "shared": True, "shared_except_self": foreign}[scope]
+                and (not tier.opt_in or not foreign or row["agent"] in opted_in)
+                and row["expires_at"] != PAST
             )
             assert visible == expected, (scope, tier.name, row["agent"], caller, opted_in)
     finally:
