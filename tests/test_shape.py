@@ -136,3 +136,35 @@ def test_every_test_that_reaches_a_postgresql_server_is_marked_slow(request: pyt
     reaching = [item for item in items if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ()))]
     unmarked = [item.nodeid for item in reaching if item.get_closest_marker("slow") is None]
     assert not unmarked, f"these reach PostgreSQL but are not slow: {unmarked}"
+
+
+# What DEVELOPERS.md's layout table calls a module's imports, as module names.
+IMPORT_PHRASES = {"the store": "solos_store", "the validation rules": "solos_validation", "the bounds": "solos_bounds"}
+
+
+def said_imports(phrase: str) -> set[str] | None:
+    """The project modules an "imports ..." phrase allows: none for "nothing", the named ones for "only ..." or a
+    list; None for a phrase that limits nothing ("imports it", "imports `x` lazily")."""
+    if phrase.startswith("nothing"):
+        return set()
+    if not (phrase.startswith("only ") or phrase.startswith("the store,")):
+        return None
+    named = set(re.findall(r"`(solos_\w+|mcp_bridge)`", phrase))
+    return named | {module for words, module in IMPORT_PHRASES.items() if words in phrase}
+
+
+def test_the_developers_layout_says_truly_what_each_module_imports():
+    """Each "imports only ..." / "imports nothing ..." in the layout table holds for the real import graph (the
+    store's names include solos_errors, which it re-exports)."""
+    graph, wrong = project_modules(), []
+    for line in (ROOT / "DEVELOPERS.md").read_text().splitlines():
+        row = re.match(r"\| `(\w+)\.py` \| (.*) \|$", line.strip())
+        if not row or row.group(1) not in graph:
+            continue
+        for phrase in re.findall(r"\bimports ([^;|]*)", row.group(2)):
+            allowed = said_imports(phrase)
+            if allowed is not None and "solos_store" in allowed:
+                allowed.add("solos_errors")
+            if allowed is not None and not graph[row.group(1)] <= allowed:
+                wrong.append(f"{row.group(1)}: says 'imports {phrase[:60]}', imports {sorted(graph[row.group(1)])}")
+    assert not wrong, "\n".join(wrong)
