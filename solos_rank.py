@@ -746,7 +746,7 @@ ALONE_FEATURES = ("keyword", "fused", "coverage", "cosine", "vector")  # hybrid:
 # 0.12), short of the 0.9 wanted, which costs 0.28 of hit@5 (floor 0.2). A paraphrase sharing no word with the
 # question is mostly under it. Figures in RESULTS-locomo.md, "Honest recall". The API's own default is 0 (every
 # match, each labelled with its relevance): see the recall operation's min_relevance.
-RELEVANCE_FLOOR = 0.008
+RELEVANCE_FLOOR = 0.17
 RELEVANCE_WEIGHTS = {
     "keyword": (-4.7487, 0.9448, 1.0038, 4.1019, 0.0),
     "hybrid": (-4.8917, 0.9193, 0.565, 2.6924, 2.4352),
@@ -984,7 +984,8 @@ def rerank(
         similar = None
         if vectors is not None:  # the vector leg's score of every head row with a vector, ranked by that leg or not
             missing = [key for key in fused.keys[:RERANK_DEPTH] if key not in fused.similar]
-            similar = {**(vectors.similarity(plan.vector, missing) if missing else {}), **fused.similar}
+            fused.similar.update(vectors.similarity(plan.vector, missing) if missing else {})  # the judge reads it too
+            similar = fused.similar
         question = Question.of(plan.query, plan.words, [result["agent"] for result in fused.rows])
         logits = head_logits(question, fused, rows, around, similar)
         weights = RELEVANCE_WEIGHTS["keyword" if similar is None else "hybrid"]
