@@ -111,7 +111,7 @@ A2A_RECALL_K = 3  # the fleet spec's turn-start recall: top 3, shared scope
 # Rows less likely than this to be relevant stay out of a turn's prompt (turn_context, and so the Hermes prefetch):
 # solos_rank.RELEVANCE_FLOOR, chosen on the LoCoMo dev split (bench/relevance_fit.py; RESULTS-locomo.md, "Honest
 # recall"); the service's API keeps every match unless asked.
-TURN_MIN_RELEVANCE = 0.008
+TURN_MIN_RELEVANCE = 0.17
 A2A_EVENT_TYPE = "a2a_turn"
 SUMMARY_CHARS = 4_096  # write_episodic's summary maxLength
 DETAILS_CHARS = 16_384  # write_episodic's details maxLength

@@ -12,7 +12,9 @@ lacks:
   hyphenated names, capitalised names) the row lacks, and the share no candidate holds at all;
 - whether the row holds the kind of thing asked for: a number for "how many / what port", a date for "when",
   a person for "who", a host or place for "where";
-- the cosine (hybrid only) and its gap to the best candidate's; today's relevance, as a logit.
+- the cosine (hybrid only) and its gap to the best candidate's; today's relevance, as a logit;
+- whether the row holds the attribute the question asks about (its head noun: port, cap, commander, owner,
+  approver, version, ...), and whether any candidate does.
 
 A logistic regression over those, per mode: `hybrid` reads the cosine, `keyword` (no embedder) does not. Its
 weights live in models/judge/judge.json, fitted by bench/judge_fit.py; the file's sha256 is JUDGE_SHA256 and
@@ -40,7 +42,7 @@ from solos_rank import STOP_WORDS
 
 JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
 # The sha256 of JUDGE_PATH as bench/judge_fit.py wrote it (the script rewrites this line).
-JUDGE_SHA256 = "740b9e009192f7be72bbf7468cc32536aa30747f04b672b72214081f58204b9d"
+JUDGE_SHA256 = "8a32b26c201c236db060f5e3093a36d3bc2457ac077ea39dea534c03eca068ac"
 JUDGE_FORMAT = 1
 MODES = ("hybrid", "keyword")
 STEM_LENGTH = 5  # solos_rank's coverage stems: a stemmer's poor cousin (approve/approved/approval)
@@ -96,6 +98,20 @@ _ASKS = (
         ),
         "place",
     ),
+)
+
+
+# The attributes a fleet question asks about: its head noun ("what PORT", "who was the COMMANDER", "the Q3
+# CAP"). A near miss is a row on the right topic that holds another attribute of it, or the same attribute of
+# something else: the row must hold the word (as a 5-letter stem: approve/approver/approved).
+ATTRIBUTES = frozenset(
+    word[:STEM_LENGTH]
+    for word in (
+        "port host hosts cap budget commander owner approver approved lead version limit quota retention "
+        "deadline rotation timeout ttl replica replicas region rack cluster database schedule window threshold "
+        "contract vendor renewal price cost salary preference prefers favourite language editor channel "
+        "cause root follow"
+    ).split()
 )
 
 
@@ -193,6 +209,8 @@ HYBRID_FEATURES = (
     "kind_held",
     "coverage",
     "top",
+    "attribute_missing",
+    "attribute_nowhere",
 )
 # Keyword mode (no embedder): the same but the cosine's.
 FEATURES = {"hybrid": HYBRID_FEATURES, "keyword": tuple(n for n in HYBRID_FEATURES if not n.startswith("cosine"))}
@@ -211,6 +229,10 @@ def features(question: str, rows: Sequence[Mapping], mode: str) -> list[dict[str
     total_idf = sum(idf.values()) or 1.0
     nowhere = sum(not any(has_identifier(t, i) for t in tokens) for i in ids) / len(ids) if ids else 0.0
     kind = asked_kind(question)
+    attributes = {stem for stem in wanted if stem in ATTRIBUTES}
+    attribute_nowhere = (
+        sum(not any(a in st for st in stems) for a in attributes) / len(attributes) if attributes else 0.0
+    )
     cosines = [float(r.get("cosine") or 0.0) for r in rows]
     best_cosine = max(cosines, default=0.0)
     out = []
@@ -230,6 +252,8 @@ def features(question: str, rows: Sequence[Mapping], mode: str) -> list[dict[str
             "kind_held": float(bool(kind) and held),
             "coverage": len(wanted & st) / max(len(wanted), 1),
             "top": 1.0 / (rank + 1),
+            "attribute_missing": sum(a not in st for a in attributes) / len(attributes) if attributes else 0.0,
+            "attribute_nowhere": attribute_nowhere,
         }
         out.append({name: f[name] for name in FEATURES[mode]})
     return out

@@ -55,6 +55,7 @@ import solos_embed_worker
 import solos_events
 import solos_forget
 import solos_jobs
+import solos_judge
 import solos_lifecycle
 import solos_migrate
 import solos_operations
@@ -172,6 +173,7 @@ class Memory:
         self.activity = solos_status.Activity(store)
         self.vectors = solos_rank.VectorIndex(embedder.model_id, [t.name for t in EMBEDDED_TIERS]) if embedder else None
         self.common_words = solos_rank.CommonWords(store)
+        self.judge = solos_judge.load(solos_judge.JUDGE_PATH)  # once; its sha256 checked; never raises
         self.worker = solos_embed_worker.EmbedWorker(store, embedder) if embedder else None
         self.query_pool = concurrent.futures.ThreadPoolExecutor(1, "embed-query") if embedder else None
         self.stuck_query: concurrent.futures.Future | None = None

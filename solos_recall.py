@@ -76,6 +76,8 @@ class Gathered:
     around: solos_rank.Around = field(default_factory=dict)  # topic neighbours read so far
     reranked: bool = False  # the learned reranker ordered the best rows
     rerank_failure: str | None = None  # why it could not, leaving the first pass's order
+    judge: str | None = None  # who set `relevance`: solos_judge's name, "relevance", or None (recency, vector)
+    judge_reason: str | None = None  # why not the fitted judge (its file missing, changed, malformed, failing)
     without_vector: int | None = None  # candidates with no vector yet; None: no embedder, or no question
 
 
@@ -188,7 +190,42 @@ def rank(memory: Any, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Recal
         memory.store, conn, plan, found.seen, fused, vectors, found.around, memory.rerank
     )
     found.reranked = memory.rerank and found.rerank_failure is None
+    judge_head(memory, plan, found, fused, ranked)
     return plan, found, ranked
+
+
+# The judge reads the reranked head: the rows it was fitted on (bench/judge_data.py asks k=20, the reranker's
+# depth), so its IDF over the candidates means what it meant in the fit. About 15 µs a row (bench/judge_eval.py).
+JUDGE_DEPTH = solos_rank.RERANK_DEPTH
+
+
+def judge_head(memory: Any, plan: RecallPlan, found: Gathered, fused: solos_rank.Fused, ranked: list[dict]) -> None:
+    """`relevance` of the first JUDGE_DEPTH rows becomes the judge's probability that the row answers the question
+    (solos_judge; hybrid reads the vector leg's score, keyword-only the features-only fit); rows below are scaled
+    under the lowest. With no judge loaded the reranker's calibrated relevance stands and the receipt says why."""
+    head = ranked[:JUDGE_DEPTH]
+    if not head or any(r.get("relevance") is None for r in head):  # the reranker failed: no relevance to judge
+        return
+    key_of = {id(row): key for key, row in zip(fused.keys, fused.rows)}
+    rows = [
+        {
+            "text": r["text"],
+            "topic": r.get("topic") or "",
+            "relevance": r["relevance"],
+            "cosine": fused.similar.get(key_of.get(id(r)), 0.0),  # type: ignore[arg-type]
+        }
+        for r in head
+    ]
+    verdict = memory.judge.judge(plan.query, rows, found.ranking)
+    found.judge, found.judge_reason = verdict.name, verdict.reason
+    if verdict.reason is not None:
+        return
+    lowest, cut = min(verdict.probabilities), min(r["relevance"] for r in head)
+    for row, p in zip(head, verdict.probabilities):
+        row["relevance"] = p
+    for row in ranked[JUDGE_DEPTH:]:
+        if row.get("relevance") is not None:
+            row["relevance"] = lowest * row["relevance"] / cut if cut > 0 else 0.0
 
 
 def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:
@@ -233,6 +270,8 @@ def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) 
             "considered": len(found.persona) + len(found.candidates),
             "below_floor": len(below),
             "without_vector": found.without_vector,
+            "judge": found.judge,
+            "judge_reason": found.judge_reason,
         },
     }
 
@@ -278,6 +317,12 @@ RECALL_OUTPUT = result_schema(
                 "considered": {"type": "integer"},
                 "below_floor": {"type": "integer"},
                 "without_vector": {"type": ["integer", "null"]},
+                "judge": {
+                    "type": ["string", "null"],
+                    "description": "Who set relevance: the judge (features-hybrid@…, features-keyword@…), or "
+                    "'relevance' (the reranker's calibration) with judge_reason saying why; null for recency.",
+                },
+                "judge_reason": {"type": ["string", "null"]},
             },
         },
         "degraded": {"type": "boolean", "description": "true: a leg or the reranker was unavailable (see the reason)."},

@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from judge_data import load  # noqa: E402
+from judge_data import CACHE, load  # noqa: E402
 from judge_fit import FLOORS, choose_floor, fit, fitting_records, floor_figures, judge_of  # noqa: E402
 
 import solos_rank  # noqa: E402
@@ -165,8 +165,9 @@ def column(scored: Scored, floors: Sequence[float], groups: list[int] | None, pa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default="hybrid,keyword", help="modes to score (default: hybrid,keyword)")
+    parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
     args = parser.parse_args(argv)
-    records = load()
+    records = load(args.data)
     for mode in args.modes.split(","):
         scored, floors, per_row = held_out(records, mode)
         table: dict[str, dict[str, dict]] = {}

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from judge_data import load  # noqa: E402
+from judge_data import CACHE, load  # noqa: E402
 from locomo_data import REPO  # noqa: E402
 
 import solos_judge  # noqa: E402
@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=solos_judge.JUDGE_PATH, help="the weights file (default: %(default)s)"
     )
+    parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
     parser.add_argument("--no-hash-update", action="store_true", help="leave solos_judge.JUDGE_SHA256 as it is")
     args = parser.parse_args(argv)
-    records = fitting_records(load())
+    records = fitting_records(load(args.data))
     models = {mode: fit(records, mode) for mode in solos_judge.MODES}
     judge = judge_of(models)
     domains = [

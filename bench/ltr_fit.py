@@ -6,11 +6,13 @@ Each (question, candidate) among the simulated first pass's top DEPTH
 whether the question names the writer, the row's shape, the date window,
 query-term coverage). A logistic regression (numpy, L2 1.0; OBJECTIVE) is
 fitted on four conversations and ranks the fifth (LOCO); the fit on all five
-gives the raw weights the service carries, printed for solos_rank.LTR_WEIGHTS
+(hybrid: and the fleet's fit half, bench/fleet_rank.py; FLEET_MODES) gives
+the raw weights the service carries (service_weights), printed for solos_rank.LTR_WEIGHTS
 and checked through solos_rank.ltr_score. A listwise fit (ListNet, calibrated
 after) is printed beside it. Serving it is a dot product per candidate: pure
 Python, keyword-only included. bench/locomo.py prints reranker_figures()
-beside the service's own figures.
+beside the service's own figures. Each mode ends with the fleet's score half
+(never fitted on): hit@5 per kind, as served and with the weights just fitted.
 
     .venv/bin/python bench/ltr_fit.py [--data LOCOMO.json]     # about 15 s with cached vectors
 
@@ -29,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import fleet_rank
 from locomo_data import DEFAULT_DATA, Conversation, load_conversations, summarise
 from locomo_simulate import (
     HEAD,
@@ -46,6 +49,9 @@ import solos_embed
 import solos_rank
 
 DEPTH = solos_rank.RERANK_DEPTH
+# The modes whose weights are fitted on the fleet's fit half too (bench/fleet_rank.py): hybrid only. Keyword-only
+# gains nothing there (a paraphrase shares no word to find) and loses 0.006 LoCoMo hit@5 held out.
+FLEET_MODES = ("hybrid",)
 # The fitting objective of the weights the service carries: "logistic" (a pointwise logistic regression) or
 # "listwise" (ListNet, first-pass rank weights held >= 0, then a logistic calibration of its score). Listwise
 # lifts held-out hit@1 and MRR by about 0.01 but stays within noise once its variant is chosen held-out, and
@@ -222,11 +228,12 @@ def rerank(fused: np.ndarray, data, model) -> np.ndarray:
     return out
 
 
-def held_out(convs, fuseds, data, l2: float = 1.0, objective: str | None = None) -> list:
-    """Leave one conversation out: fit on four, rank the fifth; the five held-out parts pooled."""
+def held_out(convs, fuseds, data, l2: float = 1.0, objective: str | None = None, extra: list = ()) -> list:
+    """Leave one conversation out: fit on four (and `extra`, the fleet's fit half), rank the fifth; the five
+    held-out parts pooled."""
     held = []
     for h in range(len(convs)):
-        model = fit_data([d for j, d in enumerate(data) if j != h], l2, objective)
+        model = fit_data([d for j, d in enumerate(data) if j != h] + list(extra), l2, objective)
         held += query_rows(convs[h], rerank(fuseds[h], data[h], model))
     return held
 
@@ -242,15 +249,17 @@ def with_weights(convs, fuseds, data, weights: tuple[float, ...]) -> list:
     return rows
 
 
-def run(convs, kws, vecs, fuseds, title: str) -> dict[str, list]:
-    """Held-out figures of both objectives, the in-sample fit, its raw weights and the same through ltr_score."""
+def run(convs, kws, vecs, fuseds, title: str, fleet: list[dict]) -> dict[str, list]:
+    """Held-out figures of both objectives, the in-sample fit, its raw weights and the same through ltr_score;
+    then the fleet's score half (never fitted on) as served and as these weights rank it."""
     data = build(convs, kws, vecs, fuseds)
+    extra = [fleet_rank.as_data(fleet, "fit")] if title in FLEET_MODES else []
     print(line(f"{title}: first pass", summarise([r for c, m in zip(convs, fuseds) for r in query_rows(c, m)])))
     held = {}
     for objective in ("logistic", "listwise"):
-        held[objective] = held_out(convs, fuseds, data, 1.0, objective)
+        held[objective] = held_out(convs, fuseds, data, 1.0, objective, extra)
         print(line(f"{title}: LTR top {DEPTH}, {objective}, l2 1.0, LOCO (held-out)", summarise(held[objective])))
-    model = fit_data(data, 1.0)
+    model = fit_data(data + extra, 1.0)
     ins = [r for c, f, d in zip(convs, fuseds, data) for r in query_rows(c, rerank(f, d, model))]
     print(line(f"{title}: LTR top {DEPTH}, {OBJECTIVE}, l2 1.0, in-sample", summarise(ins)))
     w, mu, sd = model
@@ -262,7 +271,24 @@ def run(convs, kws, vecs, fuseds, title: str) -> dict[str, list]:
     print(
         line(f"{title}: the same through solos_rank.ltr_score", summarise(with_weights(convs, fuseds, data, rounded)))
     )
+    for name, score in (("as served", None), ("these weights", fleet_rank.weights_score(rounded))):
+        figures = fleet_rank.hits(fleet, "score", score)
+        print(f"{title}: fleet score half, {name}: " + " ".join(f"{k} {v:.3f}" for k, v in sorted(figures.items())))
     return held
+
+
+def service_weights(convs, kw, vec) -> dict[str, tuple[float, ...]]:
+    """The raw weights the service carries, per mode, as run() prints them (rounded to 4 places): fitted on
+    every LoCoMo conversation and the fleet's fit half. tests/test_rank_weights.py holds LTR_WEIGHTS to them."""
+    modes = {"keyword": (None, [normalised(m, 100, "minmax") for m in kw]), "hybrid": (vec, recipe_hybrid(kw, vec))}
+    out = {}
+    for mode, (vecs, fused) in modes.items():
+        data = build(convs, kw, vecs, fused)
+        data += [fleet_rank.as_data(fleet_rank.capture(mode), "fit")] if mode in FLEET_MODES else []
+        w, mu, sd = fit_data(data, 1.0)
+        raw = w[:-1] / sd
+        out[mode] = tuple(round(float(x), 4) for x in (w[-1] - np.sum(w[:-1] * mu / sd), *raw))
+    return out
 
 
 def reranker_figures(convs, vec) -> dict[str, dict[str, dict]]:
@@ -276,12 +302,13 @@ def reranker_figures(convs, vec) -> dict[str, dict[str, dict]]:
     figures = {}
     for mode, (vecs, fused, weights) in modes.items():
         data = build(convs, kw, vecs, fused)
+        extra = [fleet_rank.as_data(fleet_rank.capture(mode), "fit")] if mode in FLEET_MODES else []
         figures[mode] = {
             "first pass": summarise([r for c, m in zip(convs, fused) for r in query_rows(c, m)]),
             "in-sample": summarise(with_weights(convs, fused, data, weights)),
         }
         if len(convs) > 1:
-            figures[mode]["LOCO"] = summarise(held_out(convs, fused, data))
+            figures[mode]["LOCO"] = summarise(held_out(convs, fused, data, extra=extra))
     return figures
 
 
@@ -342,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     kw_only = [normalised(m, 100, "minmax") for m in kw]
     hy = recipe_hybrid(kw, vec)
     print(HEAD)
-    held = {"keyword": run(convs, kw, None, kw_only, "keyword"), "hybrid": run(convs, kw, vec, hy, "hybrid")}
+    held = {
+        "keyword": run(convs, kw, None, kw_only, "keyword", fleet_rank.capture("keyword")),
+        "hybrid": run(convs, kw, vec, hy, "hybrid", fleet_rank.capture("hybrid")),
+    }
     print(f"-- paired difference, held-out LTR (top {DEPTH}) - first pass: mean +- 2 SE")
     for mode, first in (("keyword", kw_only), ("hybrid", hy)):
         base = [r for c, m in zip(convs, first) for r in query_rows(c, m)]

@@ -106,3 +106,42 @@ def test_the_listwise_fit_ranks_by_the_telling_feature_and_calibrates_its_score(
     assert p.mean() == pytest.approx(y.mean(), abs=1e-6)  # calibrated: a logistic fit with a bias keeps the mean
     top = [int(np.argmax(p[i : i + 10])) for i in range(0, len(p), 10)]
     assert np.mean([y[i + t] for i, t in zip(range(0, len(p), 10), top)]) > 0.6
+
+
+def test_a_row_with_no_topic_thread_is_alone_and_gets_its_own_copies():
+    """Hybrid: a fact store's row (no previous, no next in its topic) reads `alone` and the *_alone copies of its
+    leg scores; a chat turn with a neighbour reads 0 in all of them (issue 33: chat features must not cost
+    facts). Keyword-only has none of them."""
+    question = solos_rank.Question.of(QUESTION, solos_rank.query_words(QUESTION), WRITERS)
+    row, other = view("I painted a sunset last week."), view("Nice!", "Caroline")
+    extra = {"cosine": 0.6, "vector": 1.0}
+    alone = solos_rank.ltr_features(question, row, None, None, {**first_pass(0.8, 2, 0.8), **extra})
+    threaded = solos_rank.ltr_features(question, row, other, None, {**first_pass(0.8, 2, 0.8), **extra})
+    assert alone["alone"] == 1.0 and threaded["alone"] == 0.0
+    for name in solos_rank.ALONE_FEATURES:
+        assert alone[f"{name}_alone"] == alone[name] and threaded[f"{name}_alone"] == 0.0
+    keyword = solos_rank.ltr_features(question, row, None, None, first_pass(0.8, 2, 0.8))
+    assert not any(name.endswith("alone") for name in keyword)
+
+
+@pytest.mark.slow
+def test_the_shipped_weights_are_the_fit_scripts_output():
+    """LTR_WEIGHTS is what bench/ltr_fit.py fits (LoCoMo's dev split; hybrid also the fleet's fit half) (about 20 s)."""
+    pytest.importorskip("numpy")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import ltr_fit
+    from locomo_data import DEFAULT_DATA
+
+    import solos_embed
+
+    if not Path(DEFAULT_DATA).exists():
+        pytest.skip(f"{DEFAULT_DATA} is missing")
+    try:
+        embedder = solos_embed.load_embedder(None)
+    except solos_embed.EmbeddingsUnavailable as error:
+        pytest.skip(f"no embedder: {error}")
+    convs = ltr_fit.load_conversations(DEFAULT_DATA)
+    kw = ltr_fit.recipe_keyword(convs)
+    fitted = ltr_fit.service_weights(convs, kw, ltr_fit.recipe_vector(convs, embedder))
+    assert fitted["keyword"] == pytest.approx(solos_rank.LTR_KEYWORD_WEIGHTS, abs=2e-4)
+    assert fitted["hybrid"] == pytest.approx(solos_rank.LTR_HYBRID_WEIGHTS, abs=2e-4)

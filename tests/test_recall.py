@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+import solos_judge
+
 RESULT_FIELDS = {"id", "tier", "agent", "ts", "score", "source", "foreign", "text"}
 
 
@@ -350,3 +352,36 @@ def test_the_index_row_count_is_read_from_fts5_without_a_scan(server, rows):
     store = server.server.memory.store
     counted = store.read(lambda conn: store.indexed_rows(conn, solos_memory.TIER_TABLE["long"]))
     assert counted == rows - 1
+
+
+# ==== The judge sets relevance (issue 33) ====
+
+
+def test_relevance_is_the_judges_and_the_receipt_names_it(server):
+    write_long(server, "atlas", "payments-api serves on port 8443; TLS ends on the pod.")
+    write_long(server, "atlas", "search-api listens on 8088 behind haproxy.")
+    reply = server.recall("sol", "What port does payments-api listen on?", tiers="long", k=5)
+    receipt = reply.body["receipt"]
+    assert receipt["judge"] == solos_judge.load().name("keyword") and receipt["judge_reason"] is None
+    assert receipt["judge"].startswith("features-keyword@")
+    assert all(0.0 <= r["relevance"] <= 1.0 for r in reply.body["results"])
+    assert reply.body["results"][0]["text"].startswith("payments-api")
+    assert server.recall("sol", "", tiers="long").body["receipt"]["judge"] is None  # recency: nothing judged
+
+
+@pytest.mark.parametrize("content", [None, b"{not json", b'{"format": 1, "models": {}, "floor": 0.1}'])
+def test_a_missing_or_corrupt_judge_file_degrades_to_relevance_with_its_reason(
+    make_server, monkeypatch, tmp_path, content
+):
+    path = tmp_path / "judge.json"
+    if content is not None:
+        path.write_bytes(content)
+    monkeypatch.setattr(solos_judge, "JUDGE_PATH", path)  # Memory loads it once, at start
+    served = make_server()
+    write_long(served, "atlas", "payments-api serves on port 8443.")
+    reply = served.recall("sol", "What port does payments-api listen on?", tiers="long")
+    assert reply.status == 200
+    receipt = reply.body["receipt"]
+    assert receipt["judge"] == "relevance" and receipt["judge_reason"]
+    assert ("unreadable" if content is None else "sha256") in receipt["judge_reason"]
+    assert 0.0 < reply.body["results"][0]["relevance"] <= 1.0

@@ -1,0 +1,193 @@
+"""The fleet domain (bench/data/fleet) as the reranker sees it: each question's head rows and their features.
+
+A library for bench/ltr_fit.py (issue 33, Build item 4: ranking fitted on both domains), with a CLI that
+prints the fleet's figures. The 320 facts go into a scratch service run in this process (the real
+solos_memory server on a temp database, its embedder on for hybrid, --model-dir off for keyword); every
+question is asked through REST as its asker with k 20. While the service reranks, solos_rank.head_logits is
+wrapped to record each head row's solos_rank.ltr_features: the very inputs the service's reranker reads,
+so a refit on them serves as fitted. Fusion weights can be varied (solos_rank.LEG_WEIGHTS, patched in this
+process only) since the head and its first-pass features depend on them.
+
+Fleet facts are long facts whose topics are all distinct: no row has a topic neighbour, so the chat-structure
+features (neighbours, previous row asks, first of topic) are constant there.
+
+    .venv/bin/python bench/fleet_rank.py [--keyword-weight 0.7]     # about 30 s with the embedder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import http.client  # noqa: E402
+
+import solos_memory  # noqa: E402
+import solos_rank  # noqa: E402
+
+FLEET = Path(__file__).resolve().parent / "data" / "fleet"
+K = 20
+
+
+def load_fleet() -> tuple[list[dict], list[dict]]:
+    """The fleet's facts and questions."""
+    read = lambda name: [json.loads(x) for x in (FLEET / name).read_text().splitlines() if x.strip()]  # noqa: E731
+    return read("facts.jsonl"), read("questions.jsonl")
+
+
+class Capture:
+    """solos_rank.head_logits wrapped: the last call's head row texts and each one's features."""
+
+    def __init__(self) -> None:
+        self.heads: list[tuple[list[str], list[dict]]] = []
+        self.original: Callable = solos_rank.head_logits
+
+    def __enter__(self) -> Capture:
+        original, feature_fn = self.original, solos_rank.ltr_features
+
+        def head_logits(question, fused, rows, around, similar):
+            seen: list[dict] = []
+
+            def recorded(*args):
+                features = feature_fn(*args)
+                seen.append(features)
+                return features
+
+            solos_rank.ltr_features = recorded
+            try:
+                logits = original(question, fused, rows, around, similar)
+            finally:
+                solos_rank.ltr_features = feature_fn
+            self.heads.append(([r["text"] for r in fused.rows[: solos_rank.RERANK_DEPTH]], seen))
+            return logits
+
+        solos_rank.head_logits = head_logits
+        return self
+
+    def __exit__(self, *exc) -> None:
+        solos_rank.head_logits = self.original
+
+
+def request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, data, {"Content-Type": "application/json"} if data else {})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def capture(mode: str, weights: tuple[float, float] | None = None) -> list[dict]:
+    """Per fleet question (in file order): its record and, when the reranker ran, the head's texts, features,
+    labels (1 for an answer row) and the fact ids of the rows the service returned (k 20, min_relevance 0)."""
+    facts, questions = load_fleet()
+    by_text = {f["fact"]: f["id"] for f in facts}
+    agents = sorted({f["agent"] for f in facts} | {q["asker"] for q in questions})
+    saved = solos_rank.LEG_WEIGHTS["hybrid"]
+    if weights is not None:
+        solos_rank.LEG_WEIGHTS["hybrid"] = weights
+    with tempfile.TemporaryDirectory(prefix="fleet-rank-") as tmp:
+        config = solos_memory.Config(
+            db=str(Path(tmp) / "solos.db"), port=0, log_requests=False, model_dir="off" if mode == "keyword" else None
+        )
+        server = solos_memory.build_server(config, agents)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        port = server.server_address[1]
+        out = []
+        try:
+            for f in facts:
+                row = {"agent": f["agent"], "topic": f["topic"], "fact": f["fact"], "tags": f["tags"]}
+                status, body = request(port, "POST", "/v1/long", row | {"source": "fleet-bench", "confidence": 0.9})
+                assert status in (200, 201), body
+            if mode == "hybrid":
+                solos_memory.solos_embed_worker.embed_missing(server.memory.store, server.memory.embedder)
+            with Capture() as seen:
+                for q in questions:
+                    query = {"agent": q["asker"], "q": q["question"], "k": K, "scope": "shared", "tiers": "long"}
+                    query |= {"min_relevance": 0, "ranking": mode}
+                    before = len(seen.heads)
+                    status, body = request(port, "GET", "/v1/recall?" + urllib.parse.urlencode(query))
+                    assert status == 200 and body["ranking"] == mode, body
+                    assert mode == "keyword" or not body["degraded"], body["degraded_reason"]
+                    record = {**q, "returned": [by_text[r["text"]] for r in body["results"]]}
+                    if len(seen.heads) > before:
+                        texts, features = seen.heads[-1]
+                        ids = [by_text[t] for t in texts]
+                        record |= {"head": ids, "features": features, "labels": [int(i in q["answers"]) for i in ids]}
+                    out.append(record)
+        finally:
+            solos_rank.LEG_WEIGHTS["hybrid"] = saved
+            server.shutdown()
+            server.server_close()
+            server.memory.close()
+    return out
+
+
+def as_data(records: list[dict], split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """bench/ltr_fit.build's tuple (X, y, question index, candidate index) over one split's answerable questions."""
+    X, y, qs, cs = [], [], [], []
+    for qi, r in enumerate(records):
+        if r["split"] != split or not r["answers"] or "features" not in r:
+            continue
+        X += [list(f.values()) for f in r["features"]]
+        y += r["labels"]
+        qs += [qi] * len(r["labels"])
+        cs += list(range(len(r["labels"])))
+    return np.array(X), np.array(y, dtype=float), np.array(qs), np.array(cs)
+
+
+def reranked_ids(record: dict, score: Callable[[dict], float] | None) -> list[str]:
+    """The question's rows in the order the service would give with this scoring of the head (None: as captured
+    through REST, the service's own weights)."""
+    if score is None or "features" not in record:
+        return record["returned"]
+    logits = [score(f) for f in record["features"]]
+    order = sorted(range(len(logits)), key=lambda i: -logits[i])
+    return [record["head"][i] for i in order]
+
+
+def hits(records: list[dict], split: str, score: Callable[[dict], float] | None, k: int = 5) -> dict[str, float]:
+    """hit@k of the split's answerable questions, overall and per kind."""
+    per: dict[str, list[int]] = {}
+    for r in records:
+        if r["split"] != split or not r["answers"]:
+            continue
+        got = int(bool(set(reranked_ids(r, score)[:k]) & set(r["answers"])))
+        per.setdefault("all", []).append(got)
+        per.setdefault(r["kind"], []).append(got)
+    return {kind: sum(v) / len(v) for kind, v in per.items()}
+
+
+def weights_score(weights: tuple[float, ...]) -> Callable[[dict], float]:
+    return lambda features: solos_rank.ltr_score(features, weights)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keyword-weight", type=float, default=None, help="hybrid fusion's keyword weight (0.7)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    fusion = None if args.keyword_weight is None else (args.keyword_weight, 1 - args.keyword_weight)
+    for mode in ("keyword", "hybrid"):
+        records = capture(mode, fusion if mode == "hybrid" else None)
+        for split in ("fit", "score"):
+            figures = hits(records, split, None)
+            print(f"fleet {mode} {split}: " + " ".join(f"{k} {v:.3f}" for k, v in sorted(figures.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
