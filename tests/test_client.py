@@ -10,21 +10,17 @@ documented error (or, in best-effort mode, the empty result and no exception).
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import logging
-import queue
 import re
 import secrets
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import write_tokens
+from conftest import FaultServer, dead_url, episodic_rows, write_tokens
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,100 +36,7 @@ SLACK_S = 0.3
 FACT = "The backup job runs nightly at 02:00 UTC on host kestrel"
 
 
-def episodic_rows(server, agent: str, event_type: str) -> list[dict]:
-    with server.db() as db:
-        rows = db.execute(
-            "SELECT * FROM memory_episodic WHERE agent = ? AND event_type = ? ORDER BY id", (agent, event_type)
-        )
-        return [dict(row) for row in rows]
-
-
 # ---- misbehaving servers ----
-
-
-def read_request(conn: socket.socket) -> None:
-    """Read one request, head and Content-Length body, whatever the segments it arrives in."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
-    )
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return
-        body += chunk
-
-
-class FaultServer:
-    """A loopback listener that treats each connection as the next behaviour in its queue says."""
-
-    def __init__(self, default: tuple = ("hang",)):
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
-        self.port = self.listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.default = default
-        self.behaviours: queue.Queue[tuple] = queue.Queue()
-        self.held: list[socket.socket] = []
-        self.stopping = threading.Event()
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                behaviour = self.behaviours.get_nowait()
-            except queue.Empty:
-                behaviour = self.default
-            threading.Thread(target=self.serve, args=(conn, behaviour), daemon=True).start()
-
-    def serve(self, conn: socket.socket, behaviour: tuple) -> None:
-        kind, *params = behaviour
-        try:
-            conn.settimeout(5)
-            if kind != "reset":
-                read_request(conn)  # all of it: a close with bytes unread resets the client's read of the answer
-            if kind == "hang":
-                self.held.append(conn)  # never answered, never closed until the test ends
-                return
-            if kind == "reset":
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            elif kind == "garbage":
-                conn.sendall(params[0])
-            elif kind == "http":
-                status, body = params
-                head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-                conn.sendall(head.encode() + body)
-            elif kind == "trickle":
-                for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n":
-                    if self.stopping.wait(0.05):
-                        break
-                    conn.sendall(bytes([byte]))
-            elif kind == "late":
-                delay, body = params
-                time.sleep(delay)
-                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-        except OSError:
-            pass
-        finally:
-            if kind != "hang":
-                conn.close()
-
-    def close(self) -> None:
-        self.stopping.set()
-        with contextlib.suppress(OSError):  # wakes the accept under way (a close alone leaves it listening)
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        for conn in self.held:
-            conn.close()
 
 
 @pytest.fixture
@@ -147,13 +50,6 @@ def fault_server():
     yield make
     for server in servers:
         server.close()
-
-
-def dead_url() -> str:
-    """A loopback port that was just free, so nothing listens there."""
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 CALLS = {

@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, marker, skip_or_fail, start_server, stop_server, write_tokens
-from test_forget import forget
+from conftest import ROOT, forget, marker, skip_or_fail, start_server, stop_server, write_tokens
 from test_snapshots import refused, restore, snapshot
 
 import solos_memory

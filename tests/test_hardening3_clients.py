@@ -4,7 +4,7 @@ caller can see it, not in a background thread or by trusting any answer."""
 from __future__ import annotations
 
 import pytest
-from test_client import FaultServer
+from conftest import FaultServer
 
 import solos_client
 import solos_memory

@@ -11,8 +11,10 @@ import pytest
 from conftest import (
     PROPERTY_SETTINGS,
     Stream,
+    WordHashEmbedder,
     fresh_agents,
     marker,
+    require_embedder,
     start_server,
     stop_server,
     subscribed,
@@ -20,7 +22,6 @@ from conftest import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
-from test_hybrid import WordHashEmbedder
 
 import solos_memory
 
@@ -299,8 +300,6 @@ def test_removals_reach_only_the_streams_whose_filters_the_row_matched(server):
 @pytest.fixture(scope="module")
 def model_server(tmp_path_factory):
     """A service with the real embedder (MiniLM), holding the docs' A2A example and a burst of unrelated facts."""
-    from test_embed import require_embedder
-
     require_embedder()
     running = start_server(tmp_path_factory.mktemp("floor") / "solos.db", model_dir=None)
     running.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": "The backup job runs nightly at 02:00 UTC"})

@@ -8,21 +8,13 @@ import threading
 import time
 
 import pytest
-from conftest import WordHashEmbedder, skip_or_fail, stop_server, wait_until
+from conftest import WordHashEmbedder, skip_or_fail, stop_server, wait_for_vectors, wait_until
 
 import solos_embed_worker
 import solos_memory
 import solos_status
 
 np = pytest.importorskip("numpy")
-
-
-def wait_for_vectors(server, expected: int, timeout_s: float = 10.0) -> None:
-    """Until `expected` vectors are stored and the service has counted them off its backlog."""
-    deadline = time.monotonic() + timeout_s
-    while sum((stats := server.get("/v1/stats").body)["vectors"].values()) < expected or stats["embed_backlog"]:
-        assert time.monotonic() < deadline, stats
-        time.sleep(0.05)
 
 
 def wait_for_embed_error(server, timeout_s: float = 10.0) -> None:

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
-from test_status_page import Dom
+from conftest import ROOT, Dom
 
 import solos_jobs
 import solos_memory

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PROPERTY_SETTINGS, episode, fresh_agents, marker, sentences
+from conftest import PROPERTY_SETTINGS, age, episode, fresh_agents, marker, purge, sentences
 from hypothesis import given
 from hypothesis import strategies as st
-
-import solos_memory
 
 
 def mcp_result(reply) -> tuple[bool, dict]:
@@ -105,15 +103,6 @@ def test_promote_over_mcp_matches_rest(server):
 
 
 # ==== Archive ====
-
-
-def age(server, ids: list[int], timestamp: str = "2020-01-01T00:00:00.000Z") -> None:
-    with server.db() as conn:
-        conn.executemany("UPDATE memory_episodic SET timestamp = ? WHERE id = ?", [(timestamp, i) for i in ids])
-
-
-def purge(server, days: str = "30") -> None:
-    assert solos_memory.main(["purge", "--db", str(server.db_path), "--archive-after-days", days]) == 0
 
 
 def test_old_episodes_leave_the_hot_indexes_but_stay_recallable_when_asked(server):

@@ -9,8 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import Stream, marker, subscribed
-from test_forget import checkpoint, files_holding
+from conftest import Stream, checkpoint, files_holding, marker, subscribed
 
 import solos_memory
 import solos_store
