@@ -1,4 +1,5 @@
-"""What operators expect: OpenAPI from the operation table, Prometheus metrics, per-agent tokens, JSON logs."""
+"""What operators expect: OpenAPI from the operation table, Prometheus metrics, per-agent tokens, JSON logs,
+/health that names no machine path."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, write_tokens
@@ -219,3 +221,31 @@ def test_unexpected_errors_are_logged_as_one_json_line_with_the_traceback(capfd)
     record = json.loads(lines[0])
     assert record["event"] == "log" and record["level"] == "error"
     assert "RuntimeError: boom" in record["traceback"]
+
+
+# ---- /health (no token) names no machine path; the operator's view of stats keeps them ----
+
+
+@pytest.fixture
+def embedder_missing(make_server, monkeypatch, tmp_path):
+    """A service whose embedder lacks its packages and model: the reason names the interpreter and the folder."""
+    for module in ("onnxruntime", "tokenizers"):
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix + "-venv")  # a venv: the install command names sys.executable
+    return make_server("nothing.db", model_dir=str(tmp_path / "no-model"))
+
+
+def test_health_names_no_path_the_operators_stats_do(embedder_missing, tmp_path):
+    server = embedder_missing
+    interpreter = str(Path(sys.executable).parent)
+    operator = server.get("/v1/stats").body  # loopback trust, no agent named: the operator view
+    assert operator["view"] == "operator" and interpreter in operator["degraded_reason"]
+    assert str(tmp_path) in operator["degraded_reason"]
+    health = server.get("/health").body
+    assert health["degraded"] is True and "not installed for …/python" in health["degraded_reason"]
+    agent_view = server.get("/v1/stats", agent="sol").body
+    server.post("/v1/long", {"agent": "atlas", "fact": "keyword rows still come back"})
+    recall = server.recall("sol", "keyword").body
+    for reason in (health["degraded_reason"], agent_view["degraded_reason"], recall["degraded_reason"]):
+        assert interpreter not in reason and str(tmp_path) not in reason, reason
+        assert "onnxruntime, tokenizers" in reason and "pip install" in reason  # the advice stays

@@ -636,3 +636,67 @@ def test_a_rewritten_newest_manifest_is_refused_by_the_anchor(server, tmp_path, 
     newest["path"].write_text(json.dumps(rewritten, indent=1, sort_keys=True) + "\n")
     assert "rewritten" in refused(old["path"], tmp_path / "a.db", capsys, "chain")
     assert solos_memory.main(["snapshot", "--db", str(server.db_path), "--dir", str(folder)]) == 1  # not chained on
+
+
+# ---- a restore into a missing target never hands out an id or event id twice ----
+
+
+def written_after_a_snapshot(server, folder: Path) -> tuple[Path, int, int]:
+    """Fact 1, a snapshot, then fact 2 (a client keeps its id) and an episode: (manifest, fact 2's id, last event)."""
+    assert server.post("/v1/long", {"agent": "atlas", "fact": "fact one, in the snapshot"}).status == 201
+    assert solos_memory.main(["snapshot", "--db", str(server.db_path), "--dir", str(folder)]) == 0
+    kept = server.post("/v1/long", {"agent": "atlas", "fact": "fact two, written after it"}).body["id"]
+    assert server.post("/v1/episodic", {"agent": "atlas", "event_type": "note", "summary": "an episode"}).status == 201
+    head = server.get("/v1/events", agent="atlas", since=0).body["next_since"]
+    return sorted(folder.glob("solos-*.json"))[-1], kept, head
+
+
+def after_the_restore(db: Path, kept: int, head: int) -> int:
+    """atlas's next fact, a client's forget of its old id, and a subscriber resuming at its cursor; the new id."""
+    running = start_server(db)
+    try:
+        new = running.post("/v1/long", {"agent": "atlas", "fact": "fact three, after the restore"}).body["id"]
+        assert new > kept  # never the id a client still holds for fact two
+        query = {"agent": "atlas", "tier": "long", "id": kept}
+        assert running.request("DELETE", "/v1/memory", query=query).status == 404  # not the new fact
+        assert [r["text"] for r in running.recall("atlas", "restore").body["results"]] == [
+            "fact three, after the restore"
+        ]
+        resumed = running.get("/v1/events", agent="atlas", since=head).body["events"]
+        assert [(e["kind"], e["row_id"]) for e in resumed] == [("write", new)]  # the resumed cursor sees it
+        return new
+    finally:
+        stop_server(running)
+
+
+def test_a_restore_beside_the_live_database_carries_its_marks_and_says_so(server, tmp_path, capsys):
+    manifest, kept, head = written_after_a_snapshot(server, tmp_path / "snapshots")
+    capsys.readouterr()
+    beside = tmp_path / "beside.db"
+    assert solos_memory.main(["restore", str(manifest), "--db", str(beside)]) == 0
+    report = restored(capsys.readouterr().err)
+    assert report["ids_from"] == str(server.db_path)
+    assert any("beside" in w and str(server.db_path) in w and "a running service" in w for w in report["warnings"]), (
+        report["warnings"]
+    )
+    assert after_the_restore(beside, kept, head) == kept + 1  # carried exactly: no jump
+
+
+def test_a_restore_after_the_database_is_lost_raises_the_marks_and_says_ids_are_stale(tmp_path, capsys):
+    db = tmp_path / "solos.db"
+    server = start_server(db)
+    try:
+        manifest, kept, head = written_after_a_snapshot(server, tmp_path / "snapshots")
+    finally:
+        stop_server(server)
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    for file in tmp_path.glob("solos.db*"):
+        file.rename(lost / file.name)  # the disk is gone
+    capsys.readouterr()
+    assert solos_memory.main(["restore", str(manifest), "--db", str(db)]) == 0
+    report = restored(capsys.readouterr().err)
+    assert report["ids_from"] is None
+    stale = [w for w in report["warnings"] if "stale" in w]
+    assert stale and "ids" in stale[0] and "cursors" in stale[0] and str(db) in stale[0], report["warnings"]
+    assert after_the_restore(db, kept, head) > kept + solos_snapshot.UNKNOWN_IDS_MARGIN // 2
