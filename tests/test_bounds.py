@@ -1,5 +1,5 @@
-"""Hardening, round three (issue 31, item 12): byte bounds count bytes, not characters (the MCP batch cap,
-the answer cut, the request body cap).
+"""Byte bounds: answers cut by bytes and saying so, pages of events, the MCP batch cap, the request body cap;
+each counts bytes, not characters.
 
 An emoji is one character and four bytes of UTF-8 (twelve as ASCII JSON's surrogate pair), a CJK character
 three (six); a bound that counts characters lets such text through several times over."""
