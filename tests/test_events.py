@@ -294,3 +294,33 @@ def test_with_tokens_the_token_decides_who_subscribes(make_server, tmp_path, str
     )
     (event,) = stream.events(1)
     assert (event["agent"], event["foreign"], event["row"]["value"]) == ("sol", False, "by token")
+
+
+# ---- each agent's share of streams ----
+
+
+@pytest.mark.slow
+def test_an_agent_gets_its_share_of_streams_and_the_oldest_goes(server, streams):
+    hub = server.server.memory.events
+    hub.max_subscribers, hub.streams_per_agent = 4, 2
+    sol = [subscribed(streams(server, {"agent": "sol"})) for _ in range(3)]
+    sol[0].closed.wait(5)
+    assert sol[0].closed.is_set()  # sol's oldest gave way to its newest
+    atlas = [subscribed(streams(server, {"agent": "atlas"})) for _ in range(2)]
+    nova = subscribed(streams(server, {"agent": "nova"}))  # the cap is full: the biggest holder's oldest goes
+    assert nova.status == 200 and len(hub.subscribers) == 4
+    assert sum(s.closed.wait(5) for s in (sol[1], atlas[0])) == 1
+    assert hub.stats()["replaced"] == 2
+
+
+@pytest.mark.slow
+def test_a_closed_stream_gives_its_slot_back_within_seconds(server, streams):
+    hub = server.server.memory.events
+    stream = subscribed(streams(server, {"agent": "sol"}))
+    assert len(hub.subscribers) == 1
+    stream.close()
+    started = time.monotonic()
+    while hub.subscribers and time.monotonic() - started < 10:
+        time.sleep(0.05)
+    took = time.monotonic() - started
+    assert not hub.subscribers and took < 3, f"the closed stream kept its slot for {took:.1f} s"

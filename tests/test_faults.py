@@ -5,6 +5,7 @@ The crash rounds reuse bench/crash_rounds.py (20 rounds there, 3 here).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import BUDGET_MS, ROOT, raw_exchange, skip_or_fail, start_server, statuses_in, stop_server
+from conftest import BUDGET_MS, ROOT, raw_exchange, skip_or_fail, start_server, statuses_in, stop_server, wait_until
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -761,3 +762,34 @@ def test_expired_short_rows_never_appear_even_around_the_expiry_instant(server):
     assert stats["rows"]["short"] == 0 and stats["rows"]["short_expired"] == 1
     deleted = server.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "fleeting"})
     assert deleted.status == 200 and deleted.body["was_expired"] is True
+
+
+# ---- at the connection cap, which connection makes room ----
+
+
+def test_past_the_cap_a_kept_alive_client_keeps_its_connection(make_server, monkeypatch):
+    monkeypatch.setattr(solos_connections, "MAX_CONNECTIONS", 8)
+    server = make_server()
+    kept = []
+    for _ in range(4):  # clients that finished a request and keep the connection for their next one
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.request("GET", "/health")
+        assert conn.getresponse().read()
+        kept.append(conn)
+    silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]  # never send a head
+    wait_until(lambda: len(server.server.waiting) == 8, "the silent sockets to take the last slots")
+    newcomers = []
+    for _ in range(4):  # past the cap: each evicts someone
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+        newcomers.append(conn)
+    try:
+        for conn in kept:  # every reuse still works: the silent sockets made room
+            conn.request("GET", "/health")
+            assert conn.getresponse().status == 200
+    finally:
+        for conn in kept + newcomers:
+            conn.close()
+        for sock in silent:
+            sock.close()

@@ -60,3 +60,42 @@ def test_a_method_the_path_does_not_take_is_405_without_a_body_too(server, metho
 def test_a_method_the_path_takes_still_needs_its_body(server, method, path):
     status, _, body = bare(server, method, path)
     assert status == 411 and body["error"]["field"] == "Content-Length"
+
+
+# ---- integers past 64 bits; a listed Content-Length ----
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "field"),
+    [
+        ("read_events", {"agent": "atlas", "since": 2**63}, "since"),
+        ("forget", {"agent": "atlas", "tier": "long", "id": 2**64}, "id"),
+        ("read_audit", {"agent": "atlas", "before_id": 2**63}, "before_id"),
+        ("promote", {"agent": "atlas", "ids": [2**63], "fact": "x"}, "ids"),
+    ],
+)
+def test_integers_past_64_bits_are_a_4xx_naming_the_field(server, name, arguments, field):
+    result = server.mcp_tool(name, arguments).body["result"]
+    error = result["structuredContent"]["error"]
+    assert result["isError"] and error["status"] == 400 and error["field"] == field, error
+
+
+def test_rest_integers_past_64_bits_are_400(server):
+    reply = server.get("/v1/events", agent="atlas", since=str(2**63))
+    assert reply.status == 400 and reply.body["error"]["field"] == "since"
+    reply = server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": str(2**70)})
+    assert reply.status == 400 and reply.body["error"]["field"] == "id"
+
+
+@pytest.mark.parametrize("lengths", ["Content-Length: {n}, {n}", "Content-Length: {n}\r\nContent-Length: {n}"])
+def test_a_listed_content_length_is_refused(server, lengths):
+    body = json.dumps({"agent": "atlas", "fact": "framed twice"})
+    request = (
+        f"POST /v1/long HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+        f"{lengths.format(n=len(body))}\r\n\r\n{body}"
+    ).encode()
+    answer = raw_exchange(server.port, request)
+    assert statuses_in(answer) == [400]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["field"] == "Content-Length"
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
