@@ -1,4 +1,4 @@
-"""The read contract: attribution, foreign labels, scopes, tiers, sharing, expiry, FTS5 safety."""
+"""The read contract: attribution, foreign labels, scopes, tiers, sharing, audited reads, expiry, FTS5 safety."""
 
 from __future__ import annotations
 
@@ -200,6 +200,25 @@ def test_duplicates_do_not_shrink_the_result_below_k(server):
     reply = server.recall("sol", "printer fact", k=4)
     assert len(reply.body["results"]) == 4
     assert len(set(texts(reply))) == 4
+
+
+@pytest.mark.parametrize("transport", ["rest", "mcp"])
+def test_a_foreign_episode_revealed_only_as_a_duplicate_is_audited(server, transport):
+    assert server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}).status == 201
+    text = "deployed the canary to the west fleet"
+    atlas_row = server.post("/v1/episodic", {"agent": "atlas", "event_type": "deploy", "summary": text}).body["id"]
+    server.post("/v1/episodic", {"agent": "sol", "event_type": "deploy", "summary": text})
+    # Naming sol in the question ranks sol's copy first; atlas's row then shows only as also_written_by.
+    query = {"agent": "sol", "q": "sol canary west fleet", "tiers": "episodic"}
+    if transport == "rest":
+        body = server.get("/v1/recall", **query).body
+    else:
+        body = server.mcp_tool("recall", {**query, "tiers": ["episodic"]}).body["result"]["structuredContent"]
+    assert body["count"] == 1 and body["suppressed_duplicates"] == 1
+    shown = body["results"][0]
+    assert shown["agent"] == "sol" and shown["also_written_by"] == ["atlas"]
+    reads = server.get("/v1/audit", agent="atlas").body["reads"]
+    assert [(r["reader"], r["row_id"]) for r in reads] == [("sol", atlas_row)]
 
 
 @pytest.mark.parametrize(
