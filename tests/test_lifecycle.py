@@ -1,4 +1,4 @@
-"""Promotion (episodic -> long) and the episodic archive, over REST and MCP."""
+"""Promotion (episodic -> long, linking to an equal fact) and the episodic archive, over REST and MCP."""
 
 from __future__ import annotations
 
@@ -100,6 +100,31 @@ def test_promote_over_mcp_matches_rest(server):
     ).body["result"]["tools"]
     assert "promote" in {tool["name"] for tool in tools}
     assert "/v1/promote" in server.get("/openapi.json").body["paths"]
+
+
+def test_promotion_links_to_an_equal_fact_without_rewriting_it(server):
+    kept = {"agent": "atlas", "topic": "gateway", "fact": "Gateway v2 needs a 30 s timeout", "source": "runbook"}
+    kept.update(confidence=0.9, tags=["ops"])
+    fact_id = server.post("/v1/long", kept).body["id"]
+    episode = server.post("/v1/episodic", {"agent": "atlas", "event_type": "task", "summary": "raised the timeout"})
+    reply = server.post("/v1/promote", {"agent": "atlas", "ids": [episode.body["id"]], "fact": kept["fact"]})
+    assert (reply.status, reply.body["status"], reply.body["id"]) == (200, "linked", fact_id)
+    with server.db() as conn:
+        row = conn.execute("SELECT topic, source, confidence, tags FROM memory_longterm WHERE id = ?", (fact_id,))
+        assert tuple(row.fetchone()) == ("gateway", "runbook", 0.9, '["ops"]')
+        links = conn.execute("SELECT long_id, episodic_id FROM memory_promotion").fetchall()
+        assert [tuple(r) for r in links] == [(fact_id, episode.body["id"])]
+
+
+def test_forgetting_a_promoted_fact_removes_its_promotion_rows(server):
+    episode = server.post("/v1/episodic", {"agent": "atlas", "event_type": "task", "summary": "rolled back v2"})
+    promoted = server.post("/v1/promote", {"agent": "atlas", "ids": [episode.body["id"]]}).body["id"]
+    assert server.get("/v1/stats").body["promoted_facts"] == 1
+    forgot = server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": promoted})
+    assert forgot.status == 200
+    assert server.get("/v1/stats").body["promoted_facts"] == 0
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_promotion").fetchone()[0] == 0
 
 
 # ==== Archive ====
