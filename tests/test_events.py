@@ -1,4 +1,4 @@
-"""Events: GET /v1/events as Server-Sent Events and read_events by id, filtered as recall is."""
+"""Events: GET /v1/events as Server-Sent Events and read_events by id, filtered as recall is (removals too)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from conftest import subscribed, wait_until
+from conftest import Stream, subscribed, wait_until
 
 import solos_events
 import solos_memory
@@ -294,3 +294,90 @@ def test_with_tokens_the_token_decides_who_subscribes(make_server, tmp_path, str
     )
     (event,) = stream.events(1)
     assert (event["agent"], event["foreign"], event["row"]["value"]) == ("sol", False, "by token")
+
+
+# ---- each agent's share of streams ----
+
+
+@pytest.mark.slow
+def test_an_agent_gets_its_share_of_streams_and_the_oldest_goes(server, streams):
+    hub = server.server.memory.events
+    hub.max_subscribers, hub.streams_per_agent = 4, 2
+    sol = [subscribed(streams(server, {"agent": "sol"})) for _ in range(3)]
+    sol[0].closed.wait(5)
+    assert sol[0].closed.is_set()  # sol's oldest gave way to its newest
+    atlas = [subscribed(streams(server, {"agent": "atlas"})) for _ in range(2)]
+    nova = subscribed(streams(server, {"agent": "nova"}))  # the cap is full: the biggest holder's oldest goes
+    assert nova.status == 200 and len(hub.subscribers) == 4
+    assert sum(s.closed.wait(5) for s in (sol[1], atlas[0])) == 1
+    assert hub.stats()["replaced"] == 2
+
+
+@pytest.mark.slow
+def test_a_closed_stream_gives_its_slot_back_within_seconds(server, streams):
+    hub = server.server.memory.events
+    stream = subscribed(streams(server, {"agent": "sol"}))
+    assert len(hub.subscribers) == 1
+    stream.close()
+    started = time.monotonic()
+    while hub.subscribers and time.monotonic() - started < 10:
+        time.sleep(0.05)
+    took = time.monotonic() - started
+    assert not hub.subscribers and took < 3, f"the closed stream kept its slot for {took:.1f} s"
+
+
+# ---- removals follow the stream filters ----
+
+
+def forget(server, agent: str, tier: str, row_id: int):
+    return server.request("DELETE", "/v1/memory", query={"agent": agent, "tier": tier, "id": row_id})
+
+
+def changes(stream, count: int, timeout: float = 5.0) -> list[dict]:
+    """The next `count` change events of a stream; retraction notices (issue 24: they reach an agent's stream
+    whatever its filter) are left aside."""
+    found: list[dict] = []
+    while len(found) < count:
+        (event,) = stream.events(1, timeout=timeout)
+        if event["kind"] != "notice":
+            found.append(event)
+    return found
+
+
+def test_removals_reach_only_the_streams_whose_filters_the_row_matched(server):
+    tagged = subscribed(Stream(server, {"agent": "nova", "tags": "preference", "tiers": "long,short"}))
+    worded = subscribed(Stream(server, {"agent": "nova", "q": "coffee", "tiers": "long,short"}))
+    everything = subscribed(Stream(server, {"agent": "nova", "tiers": "long,short"}))
+    try:
+        liked = server.post("/v1/long", {"agent": "atlas", "fact": "likes green tea", "tags": ["preference"]})
+        plain = server.post("/v1/long", {"agent": "atlas", "fact": "the build broke at noon"})
+        brewed = server.post("/v1/long", {"agent": "sol", "fact": "sol brews coffee at nine"})
+        server.post("/v1/short", {"agent": "sol", "key": "k", "value": "untagged note", "ttl_s": 0.5})
+        cup = server.post("/v1/short", {"agent": "sol", "key": "cup", "value": "coffee cup", "tags": ["preference"]})
+        assert [e["kind"] for e in changes(tagged, 2)] == ["write", "write"]
+        assert [e["kind"] for e in changes(worded, 2)] == ["write", "write"]
+        assert len(changes(everything, 5)) == 5
+        assert forget(server, "atlas", "long", plain.body["id"]).status == 200
+        assert forget(server, "atlas", "long", liked.body["id"]).status == 200
+        assert forget(server, "sol", "long", brewed.body["id"]).status == 200
+        assert server.request("DELETE", "/v1/short", query={"agent": "sol", "key": "cup"}).status == 200
+        removals = [(e["kind"], e["tier"], e["row_id"]) for e in changes(everything, 5, timeout=8)]
+        assert sorted(kind for kind, _, _ in removals) == ["delete", "expire", "forget", "forget", "forget"]
+        assert [(e["kind"], e["row_id"]) for e in changes(tagged, 2)] == [
+            ("forget", liked.body["id"]),
+            ("delete", cup.body["id"]),
+        ]
+        assert [(e["kind"], e["row_id"]) for e in changes(worded, 2)] == [
+            ("forget", brewed.body["id"]),
+            ("delete", cup.body["id"]),
+        ]
+        quiet = [m["data"]["kind"] for m in tagged.quiet(0.5) + worded.quiet(0.1)]
+        assert set(quiet) <= {"notice"}  # not the untagged forget, nor the expiry
+    finally:
+        for stream in (tagged, worded, everything):
+            stream.close()
+    polled = server.get("/v1/events", agent="nova", since=0, tags="preference", tiers="long,short").body
+    assert [(e["kind"], e["row_id"]) for e in polled["events"] if e["kind"] != "notice"] == [
+        ("forget", liked.body["id"]),
+        ("delete", cup.body["id"]),
+    ]

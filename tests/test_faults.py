@@ -1,10 +1,12 @@
-"""Faults and abuse, loopback only and bounded: crashes, lock contention, hostile input, idle sockets, expiry.
+"""Faults and abuse, loopback only and bounded: crashes, lock contention, storage errors, hostile input, idle
+sockets and the connection cap, expiry.
 
 The crash rounds reuse bench/crash_rounds.py (20 rounds there, 3 here).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -17,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import BUDGET_MS, ROOT, raw_exchange, skip_or_fail, start_server, statuses_in, stop_server
+from conftest import BUDGET_MS, ROOT, raw_exchange, skip_or_fail, start_server, statuses_in, stop_server, wait_until
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -131,7 +133,7 @@ json_scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=False, allow_infinity=False),  # JSON has neither; test_hardening checks their refusal
+    st.floats(allow_nan=False, allow_infinity=False),  # JSON has neither; test_requests checks their refusal
     st.text(max_size=40),
 )
 json_values = st.recursive(
@@ -761,3 +763,85 @@ def test_expired_short_rows_never_appear_even_around_the_expiry_instant(server):
     assert stats["rows"]["short"] == 0 and stats["rows"]["short_expired"] == 1
     deleted = server.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "fleeting"})
     assert deleted.status == 200 and deleted.body["was_expired"] is True
+
+
+# ---- at the connection cap, which connection makes room ----
+
+
+def test_past_the_cap_a_kept_alive_client_keeps_its_connection(make_server, monkeypatch):
+    monkeypatch.setattr(solos_connections, "MAX_CONNECTIONS", 8)
+    server = make_server()
+    kept = []
+    for _ in range(4):  # clients that finished a request and keep the connection for their next one
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.request("GET", "/health")
+        assert conn.getresponse().read()
+        kept.append(conn)
+    silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]  # never send a head
+    wait_until(lambda: len(server.server.waiting) == 8, "the silent sockets to take the last slots")
+    newcomers = []
+    for _ in range(4):  # past the cap: each evicts someone
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+        newcomers.append(conn)
+    try:
+        for conn in kept:  # every reuse still works: the silent sockets made room
+            conn.request("GET", "/health")
+            assert conn.getresponse().status == 200
+    finally:
+        for conn in kept + newcomers:
+            conn.close()
+        for sock in silent:
+            sock.close()
+
+
+# ---- storage errors are 503 with Retry-After, and a failed connection is not reused ----
+
+
+def test_a_storage_failure_is_503_with_retry_after_and_its_connection_is_dropped(server, monkeypatch):
+    store = server.server.memory.store
+    real_connect = store.connect
+    failing = {"on": True}
+
+    def connect_then_fail():
+        conn = real_connect()
+        if failing["on"]:
+            conn.reusable = False  # as a connection opened during a read-only spell is
+            conn.execute("PRAGMA query_only = 1")  # every write on it fails with SQLITE_READONLY
+        return conn
+
+    store.close()  # empty the pool so the next request opens a connection
+    monkeypatch.setattr(store, "connect", connect_then_fail)
+    reply = server.post("/v1/long", {"agent": "atlas", "fact": "during the spell"})
+    assert reply.status == 503 and reply.body["error"]["code"] == "storage_unavailable", reply.raw
+    assert reply.headers["retry-after"] == "5" and "read-only" in reply.body["error"]["message"]
+    assert server.recall("sol", "spell").status == 200  # reads still work on such a connection
+    failing["on"] = False
+    assert server.post("/v1/long", {"agent": "atlas", "fact": "after the spell"}).status == 201
+    assert store.pool.qsize() >= 1 and all(conn.reusable for conn in list(store.pool.queue))
+    with server.db() as conn:
+        assert [row[0] for row in conn.execute("SELECT fact FROM memory_longterm")] == ["after the spell"]
+
+
+def test_starting_on_a_database_that_cannot_be_opened_is_one_clear_line(tmp_path):
+    missing_folder = tmp_path / "no" / "such" / "folder" / "solos.db"
+    with pytest.raises(SystemExit) as stopped:
+        solos_memory.build_server(solos_memory.Config(db=str(missing_folder), port=0, model_dir="off"))
+    message = str(stopped.value)
+    assert "cannot start" in message and "\n" not in message and "Traceback" not in message
+
+
+def test_invalid_utf8_is_read_leniently_by_reads_and_writes_alike(tmp_path):
+    store = solos_memory.Store(str(tmp_path / "x.db"))
+    try:
+        assert store.read(lambda conn: conn.execute("SELECT CAST(X'41ff42' AS TEXT)").fetchone()[0]) == "A\ufffdB"
+        assert store.write(lambda conn: conn.execute("SELECT CAST(X'43ff' AS TEXT)").fetchone()[0]) == "C\ufffd"
+        assert store.read(lambda conn: conn.execute("SELECT 'plain'").fetchone()[0]) == "plain"
+    finally:
+        store.close()
+
+
+def test_sqlite_error_codes_are_named(tmp_path):
+    assert sqlite3.SQLITE_READONLY in solos_memory.STORAGE_FAILURES
+    assert sqlite3.SQLITE_FULL in solos_memory.STORAGE_FAILURES

@@ -10,38 +10,26 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, fresh_agents, marker, sentences, start_server, stop_server, wait_until
+from conftest import (
+    ROOT,
+    checkpoint,
+    drained,
+    files_holding,
+    forget,
+    fresh_agents,
+    marker,
+    points_in,
+    sentences,
+    start_server,
+    stop_server,
+    wait_until,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import solos_rank
 
 ALL_TIERS = "short,long,episodic"
-
-
-def forget(server, agent: str, tier: str, row_id: int, transport: str = "rest"):
-    """The forget operation over REST or MCP; returns (ok, body)."""
-    args = {"agent": agent, "tier": tier, "id": row_id}
-    if transport == "rest":
-        reply = server.request("DELETE", "/v1/memory", query=args)
-        return reply.status == 200, reply.body
-    result = server.mcp_tool("forget", args).body["result"]
-    return not result.get("isError"), result["structuredContent"]
-
-
-def files_holding(server, text: str) -> dict[str, int]:
-    """How often text occurs in the bytes of the database file and its WAL."""
-    needle = text.encode()
-    counts = {}
-    for suffix in ("", "-wal"):
-        path = server.db_path.with_name(server.db_path.name + suffix)
-        counts[suffix or "db"] = path.read_bytes().count(needle) if path.exists() else 0
-    return counts
-
-
-def checkpoint(server) -> None:
-    with server.db() as conn:
-        assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
 
 
 def write_topic(server, agent: str, topic: str, facts: list[str]) -> list[int]:
@@ -231,7 +219,6 @@ def test_no_recall_returns_a_forgotten_row(shared_server, data):
 def test_forget_reaches_the_qdrant_mirror_and_its_outbox(make_server, tmp_path):
     """The point's delete is queued in the same transaction; once sent, the text leaves the outbox and the files."""
     pytest.importorskip("qdrant_client")
-    from test_qdrant import drained, points_in
 
     import solos_qdrant
 

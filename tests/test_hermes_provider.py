@@ -24,9 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import skip_or_fail, write_tokens
+from conftest import FaultServer, dead_url, episodic_rows, skip_or_fail, write_tokens
 from hermes_provider_probe import transcript
-from test_client import FaultServer, dead_url, episodic_rows
 
 pytestmark = pytest.mark.slow  # Hermes Agent in its own venv, a process per probe
 

@@ -1,4 +1,5 @@
-"""Hybrid recall: honest degradation, one model's vectors only, idempotent backfill, filters before the top k."""
+"""Hybrid recall: honest degradation, one model's vectors only, idempotent backfill, filters before the top k,
+read-your-writes by both legs."""
 
 from __future__ import annotations
 
@@ -8,21 +9,25 @@ import threading
 import time
 
 import pytest
-from conftest import WordHashEmbedder, skip_or_fail, stop_server, wait_until
+from conftest import (
+    PROPERTY_SETTINGS,
+    WordHashEmbedder,
+    fresh_agents,
+    marker,
+    skip_or_fail,
+    start_server,
+    stop_server,
+    wait_for_vectors,
+    wait_until,
+)
+from hypothesis import given
+from hypothesis import strategies as st
 
 import solos_embed_worker
 import solos_memory
 import solos_status
 
 np = pytest.importorskip("numpy")
-
-
-def wait_for_vectors(server, expected: int, timeout_s: float = 10.0) -> None:
-    """Until `expected` vectors are stored and the service has counted them off its backlog."""
-    deadline = time.monotonic() + timeout_s
-    while sum((stats := server.get("/v1/stats").body)["vectors"].values()) < expected or stats["embed_backlog"]:
-        assert time.monotonic() < deadline, stats
-        time.sleep(0.05)
 
 
 def wait_for_embed_error(server, timeout_s: float = 10.0) -> None:
@@ -472,3 +477,123 @@ def test_a_fresh_row_scores_as_it_will_once_the_snapshot_holds_it(embedded_serve
     assert first["ranking"] == settled["ranking"] == "hybrid"
     assert [(r["id"], r["score"]) for r in first["results"]] == [(r["id"], r["score"]) for r in settled["results"]]
     assert fresh.body["id"] in [r["id"] for r in first["results"]]
+
+
+# ---- degraded means something; read your writes ----
+
+
+@pytest.mark.slow
+def test_normal_writes_never_flip_degraded_and_the_backlog_counts_rows_once(embedded_server):
+    server = embedded_server(WordHashEmbedder(delay_s=0.02))
+    seen = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(server.get("/health").body["degraded"])
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for n in range(30):
+            reply = server.post("/v1/long", {"agent": "atlas", "fact": f"burst fact {n} about certificates"})
+            assert reply.status == 201
+            assert server.recall("sol", f"burst fact {n}", min_relevance=0).body["degraded"] is False
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen and not any(seen)
+
+
+def test_a_fact_written_twice_is_one_row_of_backlog(embedded_server):
+    broken = WordHashEmbedder(fail_after=0)
+    server = embedded_server(broken)
+    for _ in range(2):
+        server.post("/v1/long", {"agent": "atlas", "fact": "written twice while the embedder is broken"})
+    server.post("/v1/long", {"agent": "atlas", "fact": "written twice while the embedder is broken", "topic": "t"})
+    wait_until(lambda: server.get("/v1/stats").body["embed_error"], "the background pass to fail on the row")
+    health = server.get("/health").body
+    assert health["embed_backlog"] == 1 == server.get("/v1/stats").body["embed_backlog"]
+    recall = server.recall("sol", "embedder broken", min_relevance=0).body
+    assert recall["receipt"]["without_vector"] == 1
+
+
+def test_a_tagged_fact_is_in_the_next_recall_ranked_by_both_legs(embedded_server):
+    server = embedded_server(WordHashEmbedder())
+    for n in range(40):
+        server.post("/v1/long", {"agent": "sol", "fact": f"note {n} on the weekly preference survey and its results"})
+    server.recall("nova", "survey", min_relevance=0)  # the vector index has a snapshot to go stale
+    server.post("/v1/long", {"agent": "atlas", "fact": "Likes short answers", "tags": ["preference"]})
+    reply = server.recall("nova", "preference", k=50, min_relevance=0).body
+    assert reply["ranking"] == "hybrid" and reply["degraded"] is False
+    assert "Likes short answers" in [r["text"] for r in reply["results"]]
+    assert reply["receipt"]["without_vector"] == 0 and reply["receipt"]["legs"] == ["keyword", "vector"]
+
+
+class WideWordHashEmbedder(WordHashEmbedder):
+    """256 dimensions, not 16: unrelated texts' cosines near 0, as a real model's are, rather than spread over
+    +-0.5 (which let hundreds of earlier examples' rows outrank a fresh row's own words in the vector leg)."""
+
+    dim = 256
+
+
+@pytest.fixture(scope="module")
+def hybrid_server(tmp_path_factory):
+    embedder = WideWordHashEmbedder()
+    real = solos_memory.load_embedder
+    solos_memory.load_embedder = lambda config, threads=1: (embedder, None)
+    try:
+        running = start_server(tmp_path_factory.mktemp("ryw") / "solos.db")
+    finally:
+        solos_memory.load_embedder = real
+    yield running
+    stop_server(running)
+
+
+TOPICS = (None, "plans", "plans", "errands")  # long facts of one topic lend each other a share of their cosine
+
+
+def settle(running) -> None:
+    """What the service converges to without read-your-writes: every vector loaded from the database."""
+    store, vectors = running.server.memory.store, running.server.memory.vectors
+    store.read(lambda conn: vectors.load(store, conn, store.vector_generation(conn)))
+
+
+@pytest.mark.slow
+@PROPERTY_SETTINGS
+@given(data=st.data())
+def test_every_acknowledged_row_is_recalled_at_once_by_both_legs(hybrid_server, data):
+    """Random interleavings of writes (agents, tiers, topics) and recalls: each acknowledged matching row comes back
+    in the very next recall, with a vector (no match lacks one), ranked exactly as once every vector is loaded: as if
+    it had always been there, its topic neighbours' share included."""
+    agents = fresh_agents(hybrid_server)
+    word = marker()
+    written: set[str] = set()
+    steps = data.draw(
+        st.lists(
+            st.tuples(st.sampled_from(["long", "short", "recall"]), st.sampled_from(agents), st.sampled_from(TOPICS)),
+            max_size=12,
+        )
+    )
+    for n, (step, agent, topic) in enumerate(steps):
+        if step == "long":
+            text = f"{word} long fact {n} of {agent}"
+            thread = topic and f"{topic} {word}"  # this example's own: a topic's context is keyword-searched too
+            assert hybrid_server.post("/v1/long", {"agent": agent, "fact": text, "topic": thread}).status == 201
+            written.add(text)
+        elif step == "short":
+            text = f"{word} short note {n}"
+            assert hybrid_server.post("/v1/short", {"agent": agent, "key": f"k{n}", "value": text}).status == 201
+            written.add(text)
+        else:
+            query = {"k": 100, "min_relevance": 0, "scope": "shared"}
+            fresh = hybrid_server.recall(agent, word, **query).body
+            alone = hybrid_server.recall(agent, word, ranking="keyword", **query).body
+            settle(hybrid_server)
+            settled = hybrid_server.recall(agent, word, **query).body
+            ranked = [r["text"] for r in fresh["results"]]
+            assert ranked == [r["text"] for r in settled["results"]]
+            assert {text for text in ranked if word in text} == written == {r["text"] for r in alone["results"]}
+            assert fresh["receipt"]["without_vector"] == 0 and fresh["degraded"] is False
+            if written:
+                assert fresh["ranking"] == "hybrid" and fresh["receipt"]["legs"] == ["keyword", "vector"]

@@ -1,4 +1,5 @@
-"""The daily jobs: every purge, archive and snapshot run is a row; stats, metrics and the page say which are late.
+"""The daily jobs: every purge, archive and snapshot run is a row, recorded even when a held lock fails it; stats,
+metrics and the page say which are late.
 
 And the units: each job's unit (and the service's) names an OnFailure= template that reports the failure
 through the operator's command, or a line in the journal.
@@ -11,12 +12,12 @@ import os
 import shlex
 import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
-from test_status_page import Dom
+from conftest import ROOT, Dom, start_server, stop_server
 
 import solos_jobs
 import solos_memory
@@ -193,3 +194,74 @@ def test_the_alert_goes_to_the_journal_by_default_and_to_the_operators_command_w
     assert sent.read_text() == "fleet alert: lab-memory-snapshot failed\n"
     failing = alert("lab-memory-purge", {"SOLOS_MEMORY_ON_FAILURE": "exit 3"})
     assert failing.returncode == 3  # a reporter that fails shows as a failed alert unit, not as nothing
+
+
+# ---- a purge that fails on a held lock is recorded once the lock is free ----
+
+
+def held_lock(db: Path, seconds: float) -> threading.Thread:
+    """A fleet writer holding the write lock for `seconds` (past any busy timeout a job waits); it has it on return."""
+    taken = threading.Event()
+
+    def hold() -> None:
+        conn = sqlite3.connect(db, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        taken.set()
+        time.sleep(seconds)
+        conn.execute("COMMIT")
+        conn.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait()
+    return holder
+
+
+def job_runs(db: Path) -> list[tuple]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(
+            "SELECT job, result, error, ended_at IS NOT NULL FROM memory_job_run ORDER BY id"
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_a_purge_failing_on_a_held_lock_is_recorded_and_shown(tmp_path, capsys):
+    db = tmp_path / "solos.db"
+    stop_server(start_server(db))
+    holder = held_lock(db, 0.8)
+    try:
+        assert solos_memory.main(["purge", "--db", str(db), "--busy-timeout-ms", "200"]) == 1
+    finally:
+        holder.join()
+    runs = job_runs(db)
+    assert [(job, result, ended) for job, result, _, ended in runs] == [
+        ("purge", "failed", True),
+        ("archive", "failed", True),
+    ], capsys.readouterr().err
+    assert all("database is locked" in error for _, _, error, _ in runs)
+    running = start_server(db)
+    try:
+        jobs = running.get("/v1/stats").body["jobs"]
+        assert (jobs["purge"]["state"], jobs["purge"]["problem"]) == ("failed", True)
+        assert "database is locked" in jobs["purge"]["detail"]
+    finally:
+        stop_server(running)
+
+
+@pytest.mark.slow
+def test_a_runs_end_is_recorded_after_a_lock_held_past_the_busy_timeout(tmp_path):
+    db = tmp_path / "solos.db"
+    stop_server(start_server(db))
+    holders = []
+
+    def fails_under_a_held_lock() -> int:
+        holders.append(held_lock(db, 0.5))
+        raise solos_store.Busy("the database stayed locked")
+
+    with pytest.raises(solos_store.Busy):
+        solos_jobs.recorded(str(db), "purge", fails_under_a_held_lock, busy_timeout_ms=100)
+    holders[0].join()
+    assert job_runs(db) == [("purge", "failed", "Busy: the database stayed locked", True)]

@@ -1,15 +1,13 @@
-"""Promotion (episodic -> long) and the episodic archive, over REST and MCP."""
+"""Promotion (episodic -> long, linking to an equal fact) and the episodic archive, over REST and MCP."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from conftest import PROPERTY_SETTINGS, episode, fresh_agents, marker, sentences
+from conftest import PROPERTY_SETTINGS, age, episode, fresh_agents, marker, purge, sentences
 from hypothesis import given
 from hypothesis import strategies as st
-
-import solos_memory
 
 
 def mcp_result(reply) -> tuple[bool, dict]:
@@ -104,16 +102,32 @@ def test_promote_over_mcp_matches_rest(server):
     assert "/v1/promote" in server.get("/openapi.json").body["paths"]
 
 
-# ==== Archive ====
-
-
-def age(server, ids: list[int], timestamp: str = "2020-01-01T00:00:00.000Z") -> None:
+def test_promotion_links_to_an_equal_fact_without_rewriting_it(server):
+    kept = {"agent": "atlas", "topic": "gateway", "fact": "Gateway v2 needs a 30 s timeout", "source": "runbook"}
+    kept.update(confidence=0.9, tags=["ops"])
+    fact_id = server.post("/v1/long", kept).body["id"]
+    episode = server.post("/v1/episodic", {"agent": "atlas", "event_type": "task", "summary": "raised the timeout"})
+    reply = server.post("/v1/promote", {"agent": "atlas", "ids": [episode.body["id"]], "fact": kept["fact"]})
+    assert (reply.status, reply.body["status"], reply.body["id"]) == (200, "linked", fact_id)
     with server.db() as conn:
-        conn.executemany("UPDATE memory_episodic SET timestamp = ? WHERE id = ?", [(timestamp, i) for i in ids])
+        row = conn.execute("SELECT topic, source, confidence, tags FROM memory_longterm WHERE id = ?", (fact_id,))
+        assert tuple(row.fetchone()) == ("gateway", "runbook", 0.9, '["ops"]')
+        links = conn.execute("SELECT long_id, episodic_id FROM memory_promotion").fetchall()
+        assert [tuple(r) for r in links] == [(fact_id, episode.body["id"])]
 
 
-def purge(server, days: str = "30") -> None:
-    assert solos_memory.main(["purge", "--db", str(server.db_path), "--archive-after-days", days]) == 0
+def test_forgetting_a_promoted_fact_removes_its_promotion_rows(server):
+    episode = server.post("/v1/episodic", {"agent": "atlas", "event_type": "task", "summary": "rolled back v2"})
+    promoted = server.post("/v1/promote", {"agent": "atlas", "ids": [episode.body["id"]]}).body["id"]
+    assert server.get("/v1/stats").body["promoted_facts"] == 1
+    forgot = server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": promoted})
+    assert forgot.status == 200
+    assert server.get("/v1/stats").body["promoted_facts"] == 0
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_promotion").fetchone()[0] == 0
+
+
+# ==== Archive ====
 
 
 def test_old_episodes_leave_the_hot_indexes_but_stay_recallable_when_asked(server):

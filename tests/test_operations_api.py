@@ -1,4 +1,5 @@
-"""What operators expect: OpenAPI from the operation table, Prometheus metrics, per-agent tokens, JSON logs."""
+"""What operators expect: OpenAPI from the operation table, Prometheus metrics, per-agent tokens, JSON logs,
+/health that names no machine path."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import ROOT, write_tokens
+from conftest import ROOT, raw_exchange, write_tokens
 from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
 
 import solos_memory
+import solos_telemetry
 
 
 @pytest.mark.slow
@@ -219,3 +222,105 @@ def test_unexpected_errors_are_logged_as_one_json_line_with_the_traceback(capfd)
     record = json.loads(lines[0])
     assert record["event"] == "log" and record["level"] == "error"
     assert "RuntimeError: boom" in record["traceback"]
+
+
+# ---- /health (no token) names no machine path; the operator's view of stats keeps them ----
+
+
+@pytest.fixture
+def embedder_missing(make_server, monkeypatch, tmp_path):
+    """A service whose embedder lacks its packages and model: the reason names the interpreter and the folder."""
+    for module in ("onnxruntime", "tokenizers"):
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix + "-venv")  # a venv: the install command names sys.executable
+    return make_server("nothing.db", model_dir=str(tmp_path / "no-model"))
+
+
+def test_health_names_no_path_the_operators_stats_do(embedder_missing, tmp_path):
+    server = embedder_missing
+    interpreter = str(Path(sys.executable).parent)
+    operator = server.get("/v1/stats").body  # loopback trust, no agent named: the operator view
+    assert operator["view"] == "operator" and interpreter in operator["degraded_reason"]
+    assert str(tmp_path) in operator["degraded_reason"]
+    health = server.get("/health").body
+    assert health["degraded"] is True and "not installed for …/python" in health["degraded_reason"]
+    agent_view = server.get("/v1/stats", agent="sol").body
+    server.post("/v1/long", {"agent": "atlas", "fact": "keyword rows still come back"})
+    recall = server.recall("sol", "keyword").body
+    for reason in (health["degraded_reason"], agent_view["degraded_reason"], recall["degraded_reason"]):
+        assert interpreter not in reason and str(tmp_path) not in reason, reason
+        assert "onnxruntime, tokenizers" in reason and "pip install" in reason  # the advice stays
+
+
+# ---- /metrics: bounded label sets, escaped values ----
+
+
+def test_odd_method_names_add_no_series_and_metrics_stay_parseable(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    before = server.get("/metrics").raw.count(b"\nsolos_memory_requests_total{")
+    for index in range(60):
+        raw_exchange(server.port, f'X{index}"}}\\{{a="b HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n'.encode())
+        raw_exchange(server.port, f"M{index}{'Q' * 2000} /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    text = server.get("/metrics").raw.decode()
+    series = text.count("\nsolos_memory_requests_total{")
+    assert series - before <= 3, f"{series - before} new series from 120 junk method names"
+    assert 'method="other"' in text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    methods = {sample.labels["method"] for sample in families["solos_memory_requests"].samples}
+    assert methods <= {*solos_memory.SERVED_METHODS, "other"}
+
+
+def test_label_values_are_escaped_per_the_exposition_format():
+    assert solos_telemetry.label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+# ---- /v1/stats in token mode: each caller sees its own; the log names the token's holder ----
+
+
+def issue(tokens_file, agent: str) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert solos_memory.main(["token", agent, "--tokens-file", str(tokens_file)]) == 0
+    return out.getvalue().strip()
+
+
+def test_stats_show_an_agent_only_its_own_rejections_and_the_operator_everything(make_server, tmp_path):
+    tokens_file = tmp_path / "tokens"
+    atlas, sol, operator = (issue(tokens_file, name) for name in ("atlas", "sol", "@operator"))
+    server = make_server(tokens_file=str(tokens_file))
+
+    def auth(token: str) -> dict:
+        return {"Authorization": f"Bearer {token}"}
+
+    secret = "atlas-private-idempotency-key"
+    first = {"event_type": "t", "summary": "one", "idempotency_key": secret}
+    assert server.post("/v1/episodic", first, headers=auth(atlas)).status == 201
+    conflict = server.post("/v1/episodic", {**first, "summary": "two"}, headers=auth(atlas))
+    assert conflict.status == 409
+    impostor = server.post("/v1/long", {"agent": "atlas", "fact": "sol posing as atlas"}, headers=auth(sol))
+    assert impostor.status == 403
+
+    sol_view = server.request("GET", "/v1/stats", headers=auth(sol)).body
+    assert sol_view["view"] == "agent"
+    assert all(r["agent"] == "sol" for r in sol_view["recent_rejections"])
+    assert secret not in json.dumps(sol_view)
+    # The impostor's rejection is logged under the token's holder, with the name it claimed.
+    assert [(r["agent"], r["claimed_agent"]) for r in sol_view["recent_rejections"]] == [("sol", "'atlas'")]
+
+    atlas_view = server.request("GET", "/v1/stats", headers=auth(atlas)).body
+    assert [r["agent"] for r in atlas_view["recent_rejections"]] == ["atlas"]
+    assert secret in json.dumps(atlas_view) or atlas_view["recent_rejections"][0]["code"] == "conflict"
+
+    everything = server.request("GET", "/v1/stats", headers=auth(operator)).body
+    assert everything["view"] == "operator"
+    assert {r["agent"] for r in everything["recent_rejections"]} == {"atlas", "sol"}
+    # An agent cannot ask for the operator view by naming no one, nor read another's by naming it.
+    assert server.request("GET", "/v1/stats?agent=atlas", headers=auth(sol)).status == 403
+    # The operator token reads stats and nothing else.
+    assert server.post("/v1/long", {"agent": "atlas", "fact": "operator write"}, headers=auth(operator)).status == 403
+    assert server.request("GET", "/v1/recall?agent=atlas&q=one", headers=auth(operator)).status == 403
+    assert server.get("/v1/stats").status == 401

@@ -10,18 +10,13 @@ command lines must start the archive for real. What this machine lacks
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import http.client
 import json
 import os
-import queue
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import zipapp
@@ -29,7 +24,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import build_pyz, skip_or_fail
+from conftest import START_TIMEOUT_S, build_pyz, call, service, skip_or_fail
 
 pytestmark = pytest.mark.slow  # builds archives and venvs, runs systemd-analyze and make lint
 
@@ -43,8 +38,6 @@ UNIT_NAMES = (
     "lab-memory-snapshot.timer",
     "lab-memory-alert@.service",
 )
-# The embedder loads before the listening line: about a second here; room for a slow CI.
-START_TIMEOUT_S = 60
 
 
 def sha256(path: Path) -> str:
@@ -63,63 +56,6 @@ def bare_python(tmp_path_factory) -> Path:
 
 
 # ---- the service, started as a process ----
-
-
-@contextlib.contextmanager
-def service(
-    argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, timeout_s: float = START_TIMEOUT_S
-):
-    """Start argv, wait for its `listening` log line, yield (port, log lines); stop it after.
-
-    argv may start the service through another program (make): the whole process group is stopped.
-    """
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True
-    )
-    lines: list[str] = []
-    events: queue.Queue[dict | None] = queue.Queue()
-
-    def drain() -> None:
-        for line in proc.stderr:
-            lines.append(line.rstrip("\n"))
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict) and record.get("event") == "listening":
-                    events.put(record)
-        events.put(None)  # the process closed stderr: it has exited
-
-    threading.Thread(target=drain, daemon=True).start()
-    try:
-        try:
-            listening = events.get(timeout=timeout_s)
-        except queue.Empty:
-            listening = None
-        if listening is None:
-            proc.poll()
-            pytest.fail(f"no listening line in {timeout_s} s (exit {proc.returncode}); stderr:\n" + "\n".join(lines))
-        assert listening["host"] == "127.0.0.1", listening
-        yield listening["port"], lines
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    """One HTTP request to the service; returns (status, decoded JSON body)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        payload = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if payload else {}
-        conn.request(method, path, body=payload, headers=headers)
-        response = conn.getresponse()
-        return response.status, json.loads(response.read() or b"{}")
-    finally:
-        conn.close()
 
 
 def write_and_recall(port: int) -> dict:

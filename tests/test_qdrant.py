@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import AGENTS, REQUIRE_ALL, ROOT, stop_server, wait_until
+from conftest import AGENTS, REQUIRE_ALL, ROOT, drained, points_in, stop_server, wait_until
 
 import solos_langgraph
 import solos_memory
@@ -234,20 +234,6 @@ def test_import_of_a_missing_collection_fails_with_a_reason(server, tmp_path, ca
 
 
 # ==== Mirror: every long change reaches Qdrant, through a durable outbox ====
-
-
-def drained(server) -> bool:
-    status = server.get("/v1/stats").body["qdrant"]
-    return status["backlog"] == 0 and status["last_drained_at"] is not None
-
-
-def points_in(path: Path) -> dict[str, dict]:
-    client = QdrantClient(path=str(path))
-    try:
-        records, _ = client.scroll("long_term", limit=10_000, with_payload=True)
-    finally:
-        client.close()
-    return {str(r.id): r.payload for r in records}
 
 
 @pytest.mark.slow

@@ -1,10 +1,15 @@
-"""The read contract: attribution, foreign labels, scopes, tiers, sharing, expiry, FTS5 safety."""
+"""The read contract: attribution, foreign labels, scopes, tiers, tags, sharing, audited reads, expiry, FTS5 safety,
+the relevance floor and the receipt."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
+from conftest import require_embedder, start_server, stop_server
+
+import solos_memory
 
 import solos_judge
 
@@ -204,6 +209,25 @@ def test_duplicates_do_not_shrink_the_result_below_k(server):
     assert len(set(texts(reply))) == 4
 
 
+@pytest.mark.parametrize("transport", ["rest", "mcp"])
+def test_a_foreign_episode_revealed_only_as_a_duplicate_is_audited(server, transport):
+    assert server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}).status == 201
+    text = "deployed the canary to the west fleet"
+    atlas_row = server.post("/v1/episodic", {"agent": "atlas", "event_type": "deploy", "summary": text}).body["id"]
+    server.post("/v1/episodic", {"agent": "sol", "event_type": "deploy", "summary": text})
+    # Naming sol in the question ranks sol's copy first; atlas's row then shows only as also_written_by.
+    query = {"agent": "sol", "q": "sol canary west fleet", "tiers": "episodic"}
+    if transport == "rest":
+        body = server.get("/v1/recall", **query).body
+    else:
+        body = server.mcp_tool("recall", {**query, "tiers": ["episodic"]}).body["result"]["structuredContent"]
+    assert body["count"] == 1 and body["suppressed_duplicates"] == 1
+    shown = body["results"][0]
+    assert shown["agent"] == "sol" and shown["also_written_by"] == ["atlas"]
+    reads = server.get("/v1/audit", agent="atlas").body["reads"]
+    assert [(r["reader"], r["row_id"]) for r in reads] == [("sol", atlas_row)]
+
+
 @pytest.mark.parametrize(
     "q",
     [
@@ -238,6 +262,106 @@ def test_any_query_text_works(server, q):
 def test_unicode_words_match_without_diacritics(server):
     write_long(server, "atlas", "façade repair scheduled")
     assert texts(server.recall("sol", "facade")) == ["façade repair scheduled"]
+
+
+def mcp_payload(reply) -> tuple[bool, dict]:
+    result = reply.body["result"]
+    return result.get("isError", False), json.loads(result["content"][0]["text"])
+
+
+def test_recall_filters_by_tags_on_rest_and_mcp(server):
+    server.post("/v1/long", {"agent": "atlas", "fact": "Prefers dark mode in every editor", "tags": ["preference"]})
+    server.post("/v1/long", {"agent": "sol", "fact": "Editor preference survey closes Friday", "tags": ["survey"]})
+    server.post(
+        "/v1/short", {"agent": "sol", "key": "theme", "value": "dark mode editor", "tags": ["preference", "ui"]}
+    )
+    server.post("/v1/episodic", {"agent": "sol", "event_type": "task", "summary": "editor preference changed"})
+    with server.db() as conn:  # another writer of the fleet stores tags as a comma list
+        conn.execute(
+            "INSERT INTO memory_longterm (agent, fact, tags) VALUES ('atlas', 'editor font', 'ui, preference')"
+        )
+    rest = server.recall("nova", "editor", tags="preference", tiers="long,short,episodic", min_relevance=0)
+    assert rest.status == 200
+    assert {r["text"] for r in rest.body["results"]} == {
+        "Prefers dark mode in every editor",
+        "dark mode editor",
+        "editor font",
+    }
+    newest = server.recall("nova", "", tags="preference,ui", tiers="long,short", k=10)
+    assert [r["text"] for r in newest.body["results"]] == [
+        "editor font",
+        "dark mode editor",
+        "Prefers dark mode in every editor",
+    ]
+    own = server.recall("sol", "editor", tags="preference", scope="own", tiers="long,short", min_relevance=0)
+    assert [r["text"] for r in own.body["results"]] == ["dark mode editor"]
+    error, payload = mcp_payload(
+        server.mcp_tool("recall", {"agent": "nova", "q": "editor", "tags": ["survey"], "min_relevance": 0})
+    )
+    assert not error and [r["text"] for r in payload["results"]] == ["Editor preference survey closes Friday"]
+    bad = server.recall("nova", "editor", tags="x" * 65)
+    assert bad.status == 400 and bad.body["error"]["field"] == "tags"
+
+
+@pytest.fixture(scope="module")
+def model_server(tmp_path_factory):
+    """A service with the real embedder (MiniLM), holding the docs' A2A example and a burst of unrelated facts."""
+    require_embedder()
+    running = start_server(tmp_path_factory.mktemp("floor") / "solos.db", model_dir=None)
+    running.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": "The backup job runs nightly at 02:00 UTC"})
+    for n in range(40):
+        running.post("/v1/long", {"agent": "sol", "fact": f"burst fact {n} about rotating certificates"})
+    yield running
+    stop_server(running)
+
+
+def test_the_readme_examples_inject_no_unrelated_rows(model_server):
+    import solos_client
+    from solos_client import Client, turn_context
+
+    client = Client(model_server.url, "nova")
+    context = turn_context(client, "When does the backup job run?")
+    assert context.splitlines()[1:] == ["- [atlas, foreign; long] The backup job runs nightly at 02:00 UTC"]
+    assert turn_context(client, "who owns the kubernetes cluster") == ""
+    floor = solos_client.TURN_MIN_RELEVANCE
+    assert floor == solos_memory.solos_rank.RELEVANCE_FLOOR > 0
+    honest = model_server.recall("nova", "who owns the kubernetes cluster", min_relevance=floor).body
+    assert (honest["count"], honest["ranking"], honest["degraded"]) == (0, "hybrid", False)
+    assert honest["below_floor"] == 5 == honest["receipt"]["below_floor"]
+    everything = model_server.recall("nova", "who owns the kubernetes cluster").body  # the API keeps every match
+    assert everything["count"] == 5 and everything["below_floor"] == 0 and everything["min_relevance"] == 0
+    assert all(0 <= r["relevance"] < floor for r in everything["results"])
+
+
+def test_relevance_is_a_probability_and_the_floor_is_a_choice(server):
+    for n in range(12):
+        server.post("/v1/long", {"agent": "atlas", "fact": f"cluster note {n}: nodes drained for the upgrade"})
+    server.post("/v1/long", {"agent": "atlas", "fact": "The kubernetes cluster is owned by the platform team"})
+    found = server.recall("nova", "who owns the kubernetes cluster", k=20, min_relevance=0).body
+    assert found["count"] == 13 and found["ranking"] == "keyword"
+    relevance = [r["relevance"] for r in found["results"]]
+    assert all(0 <= value <= 1 for value in relevance)
+    assert found["results"][0]["text"] == "The kubernetes cluster is owned by the platform team"
+    assert relevance[0] == max(relevance) > relevance[1]
+    cut = (relevance[0] + relevance[1]) / 2
+    kept = server.recall("nova", "who owns the kubernetes cluster", k=20, min_relevance=cut).body
+    assert kept["count"] == 1 and kept["below_floor"] == 12 and kept["receipt"]["below_floor"] == 12
+    assert server.recall("nova", "", min_relevance=0.99).body["count"] == 5  # no question, nothing to judge by
+    assert server.recall("nova", "cluster", min_relevance=1.5).status == 400
+
+
+def test_the_receipt_never_counts_rows_the_caller_may_not_read(server):
+    server.post("/v1/episodic", {"agent": "atlas", "event_type": "task", "summary": "private migration notes"})
+    server.post("/v1/episodic", {"agent": "atlas", "event_type": "task", "summary": "private migration plan"})
+    server.post("/v1/long", {"agent": "sol", "fact": "the migration is on Tuesday"})
+    query = {"tiers": "long,episodic", "min_relevance": 0}
+    theirs = server.recall("nova", "migration", **query).body
+    counts = {"legs": ["keyword"], "considered": 1, "below_floor": 0, "without_vector": None}
+    assert {key: theirs["receipt"][key] for key in counts} == counts
+    own = server.recall("atlas", "migration", **query).body
+    assert own["receipt"]["considered"] == 3
+    error, payload = mcp_payload(server.mcp_tool("recall", {"agent": "nova", "q": "migration", "tiers": ["episodic"]}))
+    assert not error and payload["count"] == 0 and payload["receipt"]["considered"] == 0
 
 
 def test_recall_caller_must_be_registered(server):

@@ -7,7 +7,7 @@ import json
 import sqlite3
 
 import pytest
-from conftest import Stream, episode, start_server, stop_server, subscribed, write_tokens
+from conftest import Stream, age, episode, purge, start_server, stop_server, subscribed, write_tokens
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -113,8 +113,6 @@ def test_no_tier_reuses_the_id_of_a_forgotten_or_deleted_newest_row(server, tier
 
 
 def test_a_new_episode_never_takes_an_id_the_archive_holds(server):
-    from test_lifecycle import age, purge
-
     old = [episode(server, "atlas", f"old drill {i}") for i in range(3)]
     age(server, old)
     purge(server)

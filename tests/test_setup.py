@@ -21,9 +21,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from conftest import ROOT, skip_or_fail
-from test_docs import set_up_commands, zero_install_command
-from test_packaging import call, service
+from conftest import ROOT, call, service, set_up_commands, skip_or_fail, zero_install_command
 
 import solos_embed
 import solos_status

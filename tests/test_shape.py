@@ -168,3 +168,20 @@ def test_the_developers_layout_says_truly_what_each_module_imports():
             if allowed is not None and not graph[row.group(1)] <= allowed:
                 wrong.append(f"{row.group(1)}: says 'imports {phrase[:60]}', imports {sorted(graph[row.group(1)])}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_no_test_module_imports_another():
+    """Helpers shared by test modules live in conftest: importing one test module from another runs its module
+    code twice under two names and hides what the suite shares."""
+    test_modules = {path.stem for path in (ROOT / "tests").glob("test_*.py")}
+    found = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [f"{path.name}:{node.lineno} imports {name}" for name in imported if name in test_modules]
+    assert not found, found

@@ -18,12 +18,10 @@ import socket
 import struct
 import subprocess
 import time
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, skip_or_fail, wait_until, write_tokens
-from test_hybrid import WordHashEmbedder, wait_for_vectors
+from conftest import ROOT, Dom, WordHashEmbedder, skip_or_fail, wait_for_vectors, wait_until, write_tokens
 
 import solos_connections
 import solos_embed
@@ -32,66 +30,6 @@ import solos_status
 
 PHONE = (390, 844)  # CSS pixels of a common phone
 DESKTOP = (1280, 2000)
-
-
-class Dom(HTMLParser):
-    """What the tests look at in a serialized DOM: elements by tag, text by id, table cells by table id."""
-
-    def __init__(self, markup: str):
-        super().__init__()
-        self.tags: list[tuple[str, dict]] = []
-        self.text_by_id: dict[str, str] = {}
-        self.tables: dict[str, list[list[str]]] = {}
-        self.heads: dict[str, list[str]] = {}  # a table's head cells
-        self.open_ids: list[tuple[str, str]] = []  # (tag, id) of elements with an id, innermost last
-        self.table: str | None = None  # the table being read: its body rows go in tables, not its head
-        self.in_head = False
-        self.cell: list[str] | None = None
-        self.text: list[str] = []
-        self.feed(markup)
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        attributes = dict(attrs)
-        self.tags.append((tag, attributes))
-        if "id" in attributes:
-            self.open_ids.append((tag, attributes["id"]))
-            self.text_by_id[attributes["id"]] = ""
-            if tag == "table":
-                self.table = attributes["id"]
-                self.tables[self.table] = []
-                self.heads[self.table] = []
-        if tag == "thead":
-            self.in_head = True
-        if tag == "tr" and self.table and not self.in_head:
-            self.tables[self.table].append([])
-        if tag in ("td", "th") and self.table:
-            self.cell = []
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("td", "th") and self.table and self.cell is not None:
-            text = "".join(self.cell).strip()
-            (self.heads[self.table] if self.in_head else self.tables[self.table][-1]).append(text)
-            self.cell = None
-        if tag == "thead":
-            self.in_head = False
-        if tag == "table":
-            self.table = None
-        if self.open_ids and self.open_ids[-1][0] == tag:
-            self.open_ids.pop()
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-        if self.cell is not None:
-            self.cell.append(data)
-        for _, element_id in self.open_ids:
-            self.text_by_id[element_id] += data
-
-    def rows(self, table_id: str) -> dict[str, list[str]]:
-        """A table's body rows keyed by their first cell."""
-        return {row[0]: row[1:] for row in self.tables[table_id]}
-
-    def elements(self, tag: str) -> list[dict]:
-        return [attributes for name, attributes in self.tags if name == tag]
 
 
 def browse(url: str, folder: Path, size: tuple[int, int] = PHONE) -> Dom:

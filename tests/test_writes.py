@@ -1,6 +1,9 @@
-"""The write contract: registered agents only, upsert on (agent, tier, key), validation naming the field."""
+"""The write contract: registered agents only, upsert on (agent, tier, key), validation naming the field, retries
+that change nothing."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -205,3 +208,22 @@ def test_service_never_writes_the_fleets_registry_or_durable_records(server):
         assert server.request(method, "/v1/agents", body={"agent": "sneaky"}).status in (404, 405)
     with server.db() as direct:
         assert direct.execute("SELECT count(*) FROM agent_registry WHERE agent = 'sneaky'").fetchone()[0] == 0
+
+
+# ---- an identical retry changes nothing ----
+
+
+def test_an_identical_long_retry_is_unchanged_and_changes_nothing(server):
+    fact = {"agent": "atlas", "topic": "ops", "fact": "The cluster rotates certificates monthly " * 20, "tags": ["x"]}
+    first = server.post("/v1/long", fact)
+    with server.db() as conn:
+        before = tuple(conn.execute("SELECT * FROM memory_longterm").fetchone())
+        events = conn.execute("SELECT count(*) FROM memory_event").fetchone()[0]
+    time.sleep(0.01)
+    again = server.post("/v1/long", fact)
+    assert (first.status, again.status, again.body["status"], again.body["id"]) == (201, 200, "unchanged", 1)
+    with server.db() as conn:
+        assert tuple(conn.execute("SELECT * FROM memory_longterm").fetchone()) == before  # updated_at too
+        assert conn.execute("SELECT count(*) FROM memory_event").fetchone()[0] == events  # no update event
+    changed = server.post("/v1/long", {**fact, "tags": ["y"]})
+    assert changed.body["status"] == "updated"

@@ -1,5 +1,5 @@
-"""Issue 31, items 6-9: the delivery log bounded and written before the answer, retraction notices coalesced and
-purged and surfaced by the A2A turn helper. Store tests run on both stores (store_url)."""
+"""The delivery log bounded and written before the answer, retraction notices coalesced and purged and surfaced
+by the A2A turn helper, witnesses by text. Store tests run on both stores (store_url)."""
 
 from __future__ import annotations
 
