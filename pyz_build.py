@@ -58,6 +58,8 @@ REQUIRED_FILES = (
     "solos_operations.py",
     "solos_embed_worker.py",
     "solos_recall.py",
+    "solos_judge.py",  # recall's judge of whether a row answers, and its fitted weights (checked by sha256)
+    "models/judge/judge.json",
     "solos_telemetry.py",
     "solos_snapshot.py",
     "solos_jobs.py",

@@ -42,7 +42,7 @@ from solos_rank import STOP_WORDS
 
 JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
 # The sha256 of JUDGE_PATH as bench/judge_fit.py wrote it (the script rewrites this line).
-JUDGE_SHA256 = "8a32b26c201c236db060f5e3093a36d3bc2457ac077ea39dea534c03eca068ac"
+JUDGE_SHA256 = "d99737480f9fc781f3701d9a662beaba4f75e29aff95ca23a66a19476958a939"
 JUDGE_FORMAT = 1
 MODES = ("hybrid", "keyword")
 STEM_LENGTH = 5  # solos_rank's coverage stems: a stemmer's poor cousin (approve/approved/approval)
@@ -316,12 +316,20 @@ class Judge:
         return Verdict([probability(r.get("relevance")) for r in rows], "relevance", reason)
 
 
+def read_shipped(path: Path) -> bytes:
+    """A file's bytes, also from inside the .pyz (this module's loader reads its own archive)."""
+    loader = globals().get("__loader__")
+    if loader is not None and hasattr(loader, "get_data"):
+        return loader.get_data(str(path))
+    return path.read_bytes()
+
+
 def load(path: Path | str = JUDGE_PATH, sha256: str | None = JUDGE_SHA256) -> Judge:
     """The judge in `path`, its sha256 checked against `sha256` (None: not checked). Never raises: a missing,
     changed or malformed file gives a judge with no models and the reason."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_shipped(path)
     except OSError as error:
         return Judge(reason=f"judge file unreadable: {path}: {error.strerror or error}")
     digest = hashlib.sha256(raw).hexdigest()

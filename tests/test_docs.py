@@ -51,6 +51,7 @@ def test_quick_start_works_right_after_the_zero_install_set_up_command(tmp_path)
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
     for name in pyz_build.REQUIRED_FILES:  # what the service needs beside it
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     argv = zero_install_command()
     assert argv[:3] == ["python3", "solos_memory.py", "serve"]
@@ -66,6 +67,10 @@ def test_quick_start_works_right_after_the_zero_install_set_up_command(tmp_path)
         answers = [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
         recall = next(a for a in answers if a.get("q") == "when do backups run")
         assert [(r["agent"], r["foreign"]) for r in recall["results"]] == [("atlas", True)]
+        floored = {a["q"]: a for a in answers if a.get("min_relevance")}  # the example's floor is the helpers'
+        assert {a["min_relevance"] for a in floored.values()} == {solos_client.TURN_MIN_RELEVANCE}
+        assert [r["agent"] for r in floored["when do backups run"]["results"]] == ["atlas"]
+        assert floored["what port does the gateway use"]["results"] == []
         audit = next(a for a in answers if "reads" in a)
         assert [(r["reader"], r["author"]) for r in audit["reads"]] == [("sol", "atlas")]
         assert (tmp_path / "solos.db").exists()

@@ -587,7 +587,8 @@ def nobody_folder(tmp_path_factory) -> str:
     app = os.path.join(folder, "app")
     os.mkdir(app, 0o755)
     for name in pyz_build.REQUIRED_FILES:
-        shutil.copy(ROOT / name, app)
+        os.makedirs(os.path.dirname(os.path.join(app, name)), 0o755, exist_ok=True)
+        shutil.copy(ROOT / name, os.path.join(app, name))
         os.chmod(os.path.join(app, name), 0o644)
     return folder
 

@@ -126,7 +126,9 @@ def test_pyz_serves_keyword_recall_on_a_bare_interpreter(pyz, bare_python, tmp_p
         status, health = call(port, "GET", "/health")
         assert status == 200, health
         assert health["degraded"] is True
-        assert write_and_recall(port)["degraded"] is True
+        recalled = write_and_recall(port)
+        assert recalled["degraded"] is True
+        assert recalled["receipt"]["judge"].startswith("features-keyword@"), recalled["receipt"]  # from the archive
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=30) as page:  # from the archive
             assert page.status == 200 and b'<p id="verdict">Keyword recall: ' in page.read()
 
@@ -151,6 +153,7 @@ def test_pyz_uses_the_embedder_when_the_interpreter_has_it(pyz, tmp_path):
             assert time.monotonic() < deadline, body
             time.sleep(0.1)
         assert body["ranking"] == "hybrid" and "kestrel" in body["results"][0]["text"]
+        assert body["receipt"]["judge"].startswith("features-hybrid@"), body["receipt"]
 
 
 # ---- the systemd units ----
