@@ -12,7 +12,7 @@ Figures, per domain and mode, from bench/judge_data.py's cached candidates (k=20
   (foreign) questions' top row;
 - at a floor: `rejected`, the unanswerable questions with no row at or above it; `kept`, the answerable ones
   with an answer row at or above it. Two floors: the one chosen on the fitting data (for today's relevance
-  its documented 0.008; for the judge the floor its fit chose, the one solos_client.TURN_MIN_RELEVANCE would
+  its documented floor; for the judge the floor its fit chose, the one solos_client.TURN_MIN_RELEVANCE would
   carry), and the best single floor on the scored data itself (optimistic: chosen on what it scores);
 - hit@5 with no floor, in recall's order and reordered by the judge (fleet: also the paraphrases');
 - ECE over every candidate row: 10 equal-width bins, |mean probability - share answering| by rows;

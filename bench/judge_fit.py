@@ -8,8 +8,8 @@ Newton steps with a small L2. The two domains weigh the same in all (the fleet h
 stays calibrated to each domain's mix. Deterministic: no sampling, no random start (seed fixed for any tie).
 
 The floor it writes (`floor`, the value for solos_client.TURN_MIN_RELEVANCE) is chosen on the fitting data: the
-one that maximises, averaged over the two domains, the unanswerable questions rejected (no row at or above it)
-plus the answerable ones keeping an answer row at or above it. It then rewrites solos_judge.JUDGE_SHA256.
+highest one under which both domains keep at least KEEP of their answerable questions' answers (the issue's
+0.8), so it rejects as many unanswerable questions as that allows. It then rewrites solos_judge.JUDGE_SHA256.
 
     .venv/bin/python bench/judge_fit.py [--out models/judge/judge.json] [--no-hash-update]
 
@@ -40,6 +40,9 @@ L2 = 1.0  # on standardised features: enough to keep the weights sane where a fe
 FLOORS = tuple(
     sorted({round(float(x), 4) for x in np.concatenate([np.arange(0.005, 0.1, 0.005), np.arange(0.1, 0.9, 0.01)])})
 )
+
+
+KEEP = 0.8  # the share of answerable questions that must keep their answer at the floor, in each domain
 
 
 def rows_of(records: Sequence[dict], mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -115,14 +118,14 @@ def floor_figures(scored: Sequence[tuple[dict, list[float]]], floor: float) -> t
     return rejected / max(unanswerable, 1), kept / max(answerable, 1)
 
 
-def choose_floor(by_domain: Sequence[Sequence[tuple[dict, list[float]]]], floors: Sequence[float] = FLOORS) -> float:
-    """The floor with the most rejected plus kept, averaged over the domains (ties: the lower floor)."""
-    best, best_value = floors[0], -1.0
-    for floor in floors:
-        value = float(np.mean([sum(floor_figures(scored, floor)) for scored in by_domain]))
-        if value > best_value + 1e-12:
-            best, best_value = floor, value
-    return best
+def choose_floor(
+    by_domain: Sequence[Sequence[tuple[dict, list[float]]]], floors: Sequence[float] = FLOORS, keep: float = KEEP
+) -> float:
+    """The highest floor under which every domain still keeps `keep` of its answerable questions' answers: the
+    most rejection that costs no more answers than that (a dropped answer is memory lost; a near miss let
+    through is a row the agent can weigh). The lowest floor when none keeps that many."""
+    keeping = [f for f in floors if all(floor_figures(scored, f)[1] >= keep for scored in by_domain)]
+    return max(keeping, default=min(floors))
 
 
 def fitting_records(records: Sequence[dict]) -> list[dict]:

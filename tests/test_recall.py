@@ -9,9 +9,8 @@ import time
 import pytest
 from conftest import require_embedder, start_server, stop_server
 
-import solos_memory
-
 import solos_judge
+import solos_memory
 
 RESULT_FIELDS = {"id", "tier", "agent", "ts", "score", "source", "foreign", "text"}
 
