@@ -179,6 +179,7 @@ def level(port: int, pid: int, paths: list[str], clients: int, args: argparse.Na
         **result,
         **stats,
         "per_s": n / result["wall_s"],
+        "in_mode_per_s": (n - result["marker_missing"]) / result["wall_s"],  # answers ranked as asked
         "client_ms_per_req": result["client_cpu_s"] / max(n, 1) * 1000,
         "client_cores": result["client_cpu_s"] / result["wall_s"],
         "service_cores": result["service_cpu_s"] / result["wall_s"],
@@ -226,7 +227,7 @@ def warm(port: int, paths: list[str], mode: str) -> None:
 def row(tree: str, clients: int, figures: dict) -> str:
     extra = f"  errors {figures['errors']}" if figures["errors"] else ""
     if figures.get("marker_missing"):
-        extra += f"  other ranking {figures['marker_missing']}"
+        extra += f"  other ranking {figures['marker_missing']} ({figures['in_mode_per_s']:.1f}/s as asked)"
     return (
         f"  {tree:<5} {clients:>3} clients {figures['per_s']:8.1f}/s  p50 {figures['p50']:7.1f} ms"
         f"  p99 {figures['p99']:7.1f} ms  n {figures['n']:>6}  service {figures['service_cores']:4.2f} cores"
@@ -235,14 +236,15 @@ def row(tree: str, clients: int, figures: dict) -> str:
 
 
 def acceptance(results: dict[int, dict]) -> str:
-    """Issue 35's criteria on one tree's levels."""
+    """Issue 35's criteria on one tree's levels; throughput counts only answers ranked as asked (hybrid that
+    fell back to keyword is faster, not better)."""
     levels = sorted(results)
     notes = []
     for clients in levels:
         if clients < 16:
             continue
-        best = max(results[c]["per_s"] for c in levels if c < clients)
-        notes.append(f"{clients}: {results[clients]['per_s'] / best:.0%} of best lower")
+        best = max(results[c]["in_mode_per_s"] for c in levels if c < clients)
+        notes.append(f"{clients}: {results[clients]['in_mode_per_s'] / best:.0%} of best lower")
     if 4 in results and 16 in results:
         notes.append(f"p50 16/4 {results[16]['p50'] / results[4]['p50']:.1f}x (<= 4x)")
     worst = max(results[c]["p99"] / results[c]["p50"] for c in levels)
