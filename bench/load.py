@@ -241,9 +241,10 @@ def acceptance(results: dict[int, dict]) -> str:
     levels = sorted(results)
     notes = []
     for clients in levels:
-        if clients < 16:
+        lower = [results[c]["in_mode_per_s"] for c in levels if c < clients]
+        if clients < 16 or not lower:
             continue
-        best = max(results[c]["in_mode_per_s"] for c in levels if c < clients)
+        best = max(lower)
         notes.append(f"{clients}: {results[clients]['in_mode_per_s'] / best:.0%} of best lower")
     if 4 in results and 16 in results:
         notes.append(f"p50 16/4 {results[16]['p50'] / results[4]['p50']:.1f}x (<= 4x)")
