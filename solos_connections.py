@@ -5,8 +5,10 @@ its next request head or sends a body, and not while it works on a request.
 When every slot is taken, a newcomer evicts the slowest waiting connection and
 takes its slot; the accept loop never sleeps. The handler reports each phase
 (idle, receiving, received, forget); the server builds the 503 answer for a
-newcomer nothing can be made room for (`refusal()`). Imports nothing from the
-service.
+newcomer nothing can be made room for (`refusal()`). `load()` says how busy
+it is: requests being handled now and the most at once, connections open,
+newcomers waiting for a slot, refused and evicted (issue 35: /v1/stats and the
+status page show it). Imports nothing from the service.
 """
 
 from __future__ import annotations
@@ -57,9 +59,26 @@ class BoundedConnections:
         # evictable connections: [since, body bytes received, has completed a request before]
         self.waiting: dict[socket.socket, list] = {}
         self.unslotted: set[socket.socket] = set()  # event streams: their slot went back at the stream's start
+        # What load() shows, under waiting_lock: connections handling a request now (from its body's end
+        # to its answer), newcomers waiting for an evicted connection's slot, and counts since start.
+        self.handling: set[socket.socket] = set()
+        self.counts = {"in_flight_max": 0, "connections": 0, "connections_max": 0, "waiting_for_slot": 0}
+        self.counts.update(refused=0, evicted=0)
 
     def refusal(self) -> bytes:
         raise NotImplementedError
+
+    def load(self) -> dict[str, int]:
+        """Requests being handled now and the most at once since start; connections open and waiting; refusals."""
+        with self.waiting_lock:
+            return {"in_flight": len(self.handling), **self.counts, "connection_slots": MAX_CONNECTIONS}
+
+    def working(self, connection: socket.socket) -> None:
+        """The connection has a whole request and is being answered: in flight, never evicted."""
+        with self.waiting_lock:
+            self.waiting.pop(connection, None)
+            self.handling.add(connection)
+            self.counts["in_flight_max"] = max(self.counts["in_flight_max"], len(self.handling))
 
     def idle(self, connection: socket.socket, served: bool = False) -> None:
         """The connection waits for (or is still receiving) its next request head: evictable.
@@ -68,6 +87,7 @@ class BoundedConnections:
         """
         with self.waiting_lock:
             self.waiting[connection] = [time.monotonic(), 0, served]
+            self.handling.discard(connection)
 
     def receiving(self, connection: socket.socket) -> None:
         """The connection is sending a body: evictable, the slowest first."""
@@ -84,11 +104,14 @@ class BoundedConnections:
         """The connection becomes a long-lived stream: its thread slot goes back now, for everyone else."""
         self.slots.release()
         self.unslotted.add(connection)
+        with self.waiting_lock:
+            self.handling.discard(connection)  # counted among the event streams instead
 
     def forget(self, connection: socket.socket) -> None:
         """The connection is working on a request (or gone): never evicted."""
         with self.waiting_lock:
             self.waiting.pop(connection, None)
+            self.handling.discard(connection)
 
     def evict(self, older_than_s: float, handoff: SlotHandoff | None = None) -> bool:
         """Shut waiting connections past the deadline; with a handoff, at least one, the slowest, gets it.
@@ -112,6 +135,7 @@ class BoundedConnections:
                 doomed = [min(self.waiting, key=pace)]
             for conn in doomed:
                 del self.waiting[conn]
+            self.counts["evicted"] += len(doomed)
             if handoff is not None and doomed:
                 self.handoffs[doomed[0]] = handoff  # before the shutdown: its thread may end at once
         for conn in doomed:
@@ -137,21 +161,36 @@ class BoundedConnections:
         thread.start()
 
     def serve_connection(self, request: Any, client_address: Any, handoff: SlotHandoff | None) -> None:
-        if handoff is not None and not handoff.take(SLOT_WAIT_S):
-            self.refuse(request)
-            return
+        if handoff is not None:
+            self.count("waiting_for_slot", 1)
+            took = handoff.take(SLOT_WAIT_S)
+            self.count("waiting_for_slot", -1)
+            if not took:
+                self.refuse(request)
+                return
+        self.count("connections", 1)
         try:
             self.process_request_thread(request, client_address)  # type: ignore[attr-defined]  # ThreadingMixIn's
         finally:
             with self.waiting_lock:
                 successor = self.handoffs.pop(request, None)
+                self.handling.discard(request)
+                self.counts["connections"] -= 1
             if request in self.unslotted:  # an event stream: its slot went back when the stream began
                 self.unslotted.discard(request)
             elif successor is None or not successor.give():
                 self.slots.release()
 
+    def count(self, name: str, amount: int) -> None:
+        """Move one of load()'s counts; a count with a _max beside it raises its high mark."""
+        with self.waiting_lock:
+            self.counts[name] += amount
+            if f"{name}_max" in self.counts:
+                self.counts[f"{name}_max"] = max(self.counts[f"{name}_max"], self.counts[name])
+
     def refuse(self, request: socket.socket) -> None:
         """Every slot is busy working: say so at once rather than queue."""
+        self.count("refused", 1)
         try:
             request.sendall(self.refusal())
         except OSError:

@@ -712,7 +712,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 if refusal is not None:
                     raise Forbidden(refusal, "Host" if refusal.startswith("Host") else "Origin")
             body = self.read_body()
-            self.server.forget(self.connection)  # working: not to be evicted
+            self.server.working(self.connection)  # in flight: not to be evicted
             if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
                 self.serve_stream(url.query)
             else:
@@ -941,6 +941,7 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
         self.port = self.server_address[1]
         memory.copy = config.copy_name or f"{socket.gethostname()}:{self.port}"
         self.bound_connections()
+        memory.stats.load = self.load  # in-flight requests and queueing, for /v1/stats and the page
         names = [
             f"{name}:{self.port}" if ":" not in name else f"[{name}]:{self.port}"
             for name in {config.host, *LOOPBACK_HOSTS}

@@ -319,6 +319,8 @@ def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
         + tiers_table(stats)
         + "</section><section>"
         + jobs_table(stats.get("jobs") or {})
+        + "</section><section>"
+        + load_table(stats.get("load") or {})
         + "</section></div>",
         charts(stats.get("activity") or {}),
         activity_tables(stats.get("activity") or {}),
@@ -418,6 +420,23 @@ def facts(health: dict, stats: dict) -> str:
     ]
     rows = "".join(f'<tr><th scope="row">{escape(name)}</th>{cell(value, True)}</tr>' for name, value in items)
     return f'<h2>Service</h2><div class="scroll"><table id="service"><tbody>{rows}</tbody></table></div>'
+
+
+def load_table(load: dict) -> str:
+    """Requests in flight and connections queueing for a thread slot (issue 35), now and the most since start."""
+    if "in_flight" not in load:
+        return ""
+    items = [
+        ("requests in flight now", load["in_flight"]),
+        ("most in flight at once", load["in_flight_max"]),
+        ("connections open now", f"{load['connections']} of {load['connection_slots']}"),
+        ("most connections at once", load["connections_max"]),
+        ("waiting for a slot now", load["waiting_for_slot"]),
+        ("refused: no slot (503)", load["refused"]),
+        ("idle connections evicted", load["evicted"]),
+    ]
+    rows = "".join(f'<tr><th scope="row">{escape(name)}</th>{cell(value, True)}</tr>' for name, value in items)
+    return f'<h2>Load</h2><div class="scroll"><table id="load"><tbody>{rows}</tbody></table></div>'
 
 
 def delivery_facts(log: dict) -> list[tuple[str, Any]]:

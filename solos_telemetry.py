@@ -13,7 +13,7 @@ import bisect
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ class Stats:
     recent_rejections: list = field(default_factory=list)
     requests: Counter = field(default_factory=Counter)  # (route, method, status) -> count
     latency: dict = field(default_factory=dict)  # route -> [count per LATENCY_BUCKETS_S bucket..., +Inf, sum]
+    load: Callable[[], dict] | None = None  # the server's in-flight requests and queueing (solos_connections)
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
         """Count one answered request and its latency, for /metrics."""
@@ -73,8 +74,10 @@ class Stats:
             self.recall_empty += not results
 
     def snapshot(self) -> dict:
+        load = self.load() if self.load else {}
         with self.lock:
             return {
+                "load": load,
                 "uptime_s": round(time.time() - self.started, 1),
                 "calls": dict(self.calls),
                 "rejections": dict(self.rejections),

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Where concurrent recalls lose their time: each phase's wall and CPU per recall, at several client counts.
+
+    python3 bench/load_profile.py [--levels 4,16] [--seconds 5] [--rows 5k]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/load_profile.py --hybrid
+
+The service runs in this process (solos_memory.build_server, as the tests
+start it) on a copy of the LoCoMo-shaped database load.py uses; the clients
+are load.py's client process. Each phase of a request is wrapped to record
+its wall time and the handler thread's own CPU time (time.thread_time):
+wall minus CPU is time spent waiting (for the GIL, a lock, SQLite, the
+socket). Also counted: new SQLite connections opened (Store.connect) per
+recall, and how many requests were in a Store.read at once.
+
+The instrumented service runs a little slower than the real one; compare
+levels with each other, not with load.py's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import gen_db
+import load
+import locomo_shape
+from harness import ROOT, machine_note, with_vectors
+from locomo_data import DEFAULT_DATA
+
+sys.path.insert(0, str(ROOT))
+import solos_memory  # noqa: E402
+import solos_recall  # noqa: E402
+import solos_store  # noqa: E402
+
+
+class Phases:
+    """Wall and thread CPU per phase name, summed over every request."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.wall: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.in_read = 0
+        self.in_read_hist: dict[int, int] = defaultdict(int)
+
+    def add(self, name: str, wall: float, cpu: float) -> None:
+        with self.lock:
+            self.wall[name] += wall
+            self.cpu[name] += cpu
+            self.calls[name] += 1
+
+
+PHASES = Phases()
+ORDER = [
+    "request (route)",
+    "read body",
+    "waiting for admission",
+    "invoke",
+    "plan_recall",
+    "rank",
+    "Store.read",
+    "Store.checkout",
+    "Store.connect (new connection)",
+    "wait for the question's vector",
+    "embedder.embed (its own thread)",
+    "present",
+    "Store.write",
+    "respond (JSON, write)",
+]
+
+
+def timed(name: str, function):
+    """function, recording its wall and thread CPU under name."""
+
+    def wrapper(*args, **kwargs):
+        wall_0, cpu_0 = time.perf_counter(), time.thread_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            PHASES.add(name, time.perf_counter() - wall_0, time.thread_time() - cpu_0)
+
+    return wrapper
+
+
+def instrument() -> None:
+    """Wrap the request's phases; count connections and concurrent reads."""
+    handler = solos_memory.MemoryHandler
+    handler.route = timed("request (route)", handler.route)
+    handler.read_body = timed("  read body", handler.read_body)
+    handler.respond = timed("  respond (JSON, write)", handler.respond)
+    solos_memory.invoke = timed("  invoke", solos_memory.invoke)
+    for name in ("plan_recall", "rank", "present"):
+        setattr(solos_recall, name, timed(f"    {name}", getattr(solos_recall, name)))
+    store = solos_store.Store
+    store.connect = timed("      Store.connect (new connection)", store.connect)
+    store.checkout = timed("      Store.checkout", store.checkout)
+    store.write = timed("      Store.write", store.write)
+    original_read = store.read
+
+    def read(self, work):
+        with PHASES.lock:
+            PHASES.in_read += 1
+            PHASES.in_read_hist[PHASES.in_read] += 1
+        try:
+            return original_read(self, work)
+        finally:
+            with PHASES.lock:
+                PHASES.in_read -= 1
+
+    store.read = timed("      Store.read", read)
+    start_embedding = solos_memory.Memory.start_embedding
+
+    def embedding(self, text):
+        vector = start_embedding(self, text)
+        if self.embedder is not None and not getattr(self.embedder.embed, "timed", False):
+            self.embedder.embed = timed("      embedder.embed (its own thread)", self.embedder.embed)
+            self.embedder.embed.timed = True
+        return timed("      wait for the question's vector", vector)
+
+    solos_memory.Memory.start_embedding = embedding
+
+
+class Sampler:
+    """Every SAMPLE_S, the line each handler thread is at (innermost frame): where waiting threads wait."""
+
+    SAMPLE_S = 0.002
+
+    def __init__(self) -> None:
+        self.lines: dict[str, int] = defaultdict(int)
+        self.samples = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        handlers = {t.ident for t in threading.enumerate() if t.name.startswith("Thread-")}
+        while not self.stop.wait(self.SAMPLE_S):
+            for ident, frame in sys._current_frames().items():
+                thread = threading._active.get(ident)  # type: ignore[attr-defined]
+                if thread is None or not thread.name.startswith("Thread-") or ident in handlers:
+                    continue
+                code = frame.f_code
+                where = f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}"
+                if frame.f_back is not None:
+                    caller = frame.f_back.f_code
+                    where += f" <- {Path(caller.co_filename).name}:{frame.f_back.f_lineno} {caller.co_name}"
+                self.lines[where] += 1
+                self.samples += 1
+
+    def report(self, top: int = 12) -> None:
+        self.stop.set()
+        self.thread.join()
+        print(f"  where handler threads were, {self.samples} samples:")
+        for where, count in sorted(self.lines.items(), key=lambda item: -item[1])[:top]:
+            print(f"    {count / max(self.samples, 1):5.1%}  {where}")
+
+
+def admit(most: int) -> None:
+    """Trial of a bounded worker count: operations past `most` at once wait, blocked, off the GIL's queue."""
+    gate = threading.BoundedSemaphore(most)
+    invoke = solos_memory.invoke
+
+    def admitted(*args, **kwargs):
+        wall_0 = time.perf_counter()
+        with gate:
+            PHASES.add("  waiting for admission", time.perf_counter() - wall_0, 0.0)
+            return invoke(*args, **kwargs)
+
+    solos_memory.invoke = admitted
+
+
+def report(clients: int, figures: dict) -> None:
+    recalls = max(figures["n"], 1)
+    print(
+        f"{clients} clients: {figures['per_s']:.1f} recalls/s, p50 {figures['p50']:.1f} ms,"
+        f" p99 {figures['p99']:.1f} ms,"
+        f" service {figures['service_cores']:.2f} cores = {figures['service_cpu_s'] / recalls * 1000:.2f} ms CPU"
+        f" per recall   (load {os.getloadavg()[0]:.2f})"
+    )
+    print(f"  {'phase':<38} {'calls/recall':>12} {'wall ms':>9} {'CPU ms':>8} {'wait ms':>8}   (per recall)")
+    for name in sorted(PHASES.wall, key=lambda n: ORDER.index(n.strip()) if n.strip() in ORDER else len(ORDER)):
+        wall, cpu = PHASES.wall[name] / recalls * 1000, PHASES.cpu[name] / recalls * 1000
+        print(f"  {name:<38} {PHASES.calls[name] / recalls:12.2f} {wall:9.2f} {cpu:8.2f} {wall - cpu:8.2f}")
+    hist = PHASES.in_read_hist
+    total = sum(hist.values()) or 1
+    most = max(hist) if hist else 0
+    over = sum(n for depth, n in hist.items() if depth > solos_store.POOL_SIZE) / total
+    print(
+        f"  Store.read entered with this many in a read at once: most {most}, "
+        f"{over:.0%} of entries past POOL_SIZE ({solos_store.POOL_SIZE})"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default="4,16", help="concurrent clients (default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="per level (default: %(default)s)")
+    parser.add_argument("--rows", default="5k", help="LoCoMo turns as long facts (default: %(default)s)")
+    parser.add_argument("--hybrid", action="store_true", help="with the embedder (default: keyword)")
+    parser.add_argument(
+        "--admit", type=int, default=0, help="trial: at most N operations at once, the rest wait (default: off)"
+    )
+    parser.add_argument("--pool-size", type=int, default=0, help="trial: solos_store.POOL_SIZE (default: as is)")
+    parser.add_argument("--sample", action="store_true", help="also sample where threads wait (default: no)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo file (default: %(default)s)")
+    args = parser.parse_args()
+    args.max_requests = 50_000
+    source = locomo_shape.ensure_db(gen_db.parse_size(args.rows), args.data)
+    if args.hybrid:
+        source = with_vectors(source, budget_s=1800)
+        if source is None:
+            return 1
+    paths = load.recall_paths(locomo_shape.questions(args.data, load.QUESTIONS, 7))
+    mode = "hybrid" if args.hybrid else "keyword"
+    print(machine_note())
+    instrument()
+    if args.admit:
+        admit(args.admit)
+        print(f"trial: at most {args.admit} operations run at once (the rest wait on a semaphore)")
+    if args.pool_size:
+        solos_store.POOL_SIZE = args.pool_size
+        print(f"trial: POOL_SIZE {args.pool_size}")
+    with tempfile.TemporaryDirectory(prefix="solos-load-profile-") as folder:
+        db = Path(folder) / "profile.db"
+        shutil.copy(source, db)
+        config = solos_memory.Config(db=str(db), port=0, log_requests=False, model_dir=None if args.hybrid else "off")
+        server = solos_memory.build_server(config, [])
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        try:
+            load.warm(server.port, paths, mode)
+            for clients in (int(n) for n in args.levels.split(",")):
+                PHASES.reset()
+                sampler = Sampler() if args.sample else None
+                figures = load.level(server.port, os.getpid(), paths, clients, args)
+                report(clients, figures)
+                if sampler is not None:
+                    sampler.report()
+        finally:
+            server.shutdown()
+            server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
