@@ -1,4 +1,4 @@
-"""Recall's own candidates per question, labelled, for fitting and scoring the judge (issue 33).
+"""Recall's own candidates per question, labelled, for fitting and scoring the judge.
 
 Two domains, each loaded into a scratch service through REST (as bench/locomo.py runs one) and asked every
 question with k=20 and min_relevance=0, so every row the reranker's head holds comes back with its `score`

@@ -1,4 +1,4 @@
-"""LoCoMo retrieval benchmark for solos-memory's recall (issue 6).
+"""LoCoMo retrieval benchmark for solos-memory's recall.
 
 Loads a LoCoMo file into a fresh service per conversation through REST (one
 long fact per dialog turn, attributed to its speaker), asks every QA question
@@ -27,7 +27,7 @@ database path goes in through SOLOS_MEMORY_DB. Stdlib only here, but for the
 cross-validated block (imported when it runs) and psycopg with --db.
 
 --db postgresql://… runs every mode on both stores, SQLite first, then
-PostgreSQL, and ends with the two side by side (issue 22: hit@5 and frac@10
+PostgreSQL, and ends with the two side by side (the goal: hit@5 and frac@10
 within 0.01). Each conversation gets a fresh database on that server, named
 pgbench_locomo_<pid>_<n> and dropped after it (the URL's user needs CREATEDB or
 superuser). A user without that may name an empty database of its own: the
@@ -384,7 +384,7 @@ def run_latency(
 
 # ==== The reranker, cross-validated ====
 
-GOALS = {"hit@5": 0.85, "frac@10": 0.88, "MRR": 0.65}  # issue 13, hybrid; multi-hop and open-domain: +0.10 hit@5
+GOALS = {"hit@5": 0.85, "frac@10": 0.88, "MRR": 0.65}  # the recall bar, hybrid; multi-hop and open-domain: +0.10 hit@5
 
 
 def figure_line(name: str, summary: dict[str, dict[str, float]]) -> str:
@@ -423,7 +423,7 @@ def print_cross_validated(conversations: list[Conversation], service: dict[str, 
             print(figure_line(f"{mode}: simulated, {label}", summary))
     print(
         "goals (hybrid): " + ", ".join(f"{m} >= {v}" for m, v in GOALS.items()) + "; multi-hop and open-domain "
-        "hit@5 +0.10 over the issue's 0.64 and 0.45"
+        "hit@5 +0.10 over the first pass's 0.64 and 0.45"
     )
 
 
@@ -431,7 +431,7 @@ CROSS_COLUMNS = ("hit@1", "hit@5", "hit@10", "frac@10", "MRR", "mh@5", "od@5")
 
 
 def print_floor(conversations: list[Conversation], modes: list[str], args: argparse.Namespace) -> None:
-    """Honest recall (issue 19): each conversation's service asked its own and the other conversations'
+    """The relevance floor: each conversation's service asked its own and the other conversations'
     questions; rejection of the foreign ones and hit@5 of the own ones at the service's default floor, in-sample
     and held out by conversation (bench/relevance_fit.py, which needs numpy)."""
     try:
@@ -481,7 +481,7 @@ def run_stores(
     return service_figures
 
 
-STORE_GOAL = 0.01  # issue 22: PostgreSQL within 0.01 of SQLite on hit@5 and frac@10
+STORE_GOAL = 0.01  # PostgreSQL within 0.01 of SQLite on hit@5 and frac@10
 STORE_COLUMNS = ("hit@1", "hit@5", "hit@10", "frac@10", "MRR")
 
 

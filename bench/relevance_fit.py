@@ -1,4 +1,4 @@
-"""Recall's calibrated relevance and its floor (issue 19), fitted and scored on the LoCoMo dev split.
+"""Recall's calibrated relevance and its floor, fitted and scored on the LoCoMo dev split.
 
 Each conversation gets its own service (REST, as bench/locomo.py loads it). It
 is asked its own questions (a row is relevant when it is an evidence turn)
