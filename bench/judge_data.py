@@ -37,8 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from locomo import Service, agent_names, load_conversations, prepare, write_turns  # noqa: E402
-from locomo_data import DEFAULT_DATA, REPO  # noqa: E402
+from locomo_data import DEFAULT_DATA, REPO, agent_names, load_conversations  # noqa: E402
+from locomo_service import Service, prepare, write_turns  # noqa: E402
 
 FLEET = REPO / "bench" / "data" / "fleet"
 CACHE = REPO / ".cache" / "bench" / "judge-data.jsonl"

@@ -40,16 +40,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from locomo import (  # noqa: E402
-    DEFAULT_DATA,
-    READER,
-    Conversation,
-    Service,
-    agent_names,
-    load_conversations,
-    prepare,
-    write_turns,
-)
+from locomo_data import DEFAULT_DATA, Conversation, agent_names, load_conversations  # noqa: E402
+from locomo_service import READER, Service, prepare, write_turns  # noqa: E402
 
 import solos_rank  # noqa: E402
 
