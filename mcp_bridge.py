@@ -40,7 +40,7 @@ SUPPORTED_VERSIONS = MODERN_VERSIONS + HANDSHAKE_VERSIONS
 VERSION_WITHOUT_HEADER = "2025-03-26"
 # 2025-06-18 removed JSON-RPC batches; 2025-03-26 servers MUST accept them.
 BATCH_VERSIONS = frozenset({"2025-03-26"})
-# A batch multiplies one call's answer (issue 18: 8 read_events calls in 1,480 bytes built 1.5 GB). At most
+# A batch multiplies one call's answer (8 read_events calls in 1,480 bytes once built 1.5 GB). At most
 # this many items, and replies past this many bytes in all are errors asking for the call on its own.
 MAX_BATCH_ITEMS = 16
 MAX_BATCH_BYTES = 4 << 20
@@ -191,7 +191,7 @@ class McpBridge:
             error = RpcError(INVALID_REQUEST, f"a batch holds at most {MAX_BATCH_ITEMS} messages, got {len(batch)}")
             return _respond(400, error.reply())
         response_headers: dict[str, str] = {}
-        # Each reply is encoded once and its bytes counted as they go out (issue 31: counting characters let
+        # Each reply is encoded once and its bytes counted as they go out (counting characters let
         # 16 calls over emoji episodes answer 9.26 MB, a character being up to 4 bytes of UTF-8).
         answered: list[bytes] = []
         size = len(b"[]")

@@ -427,7 +427,7 @@ END;
 -- ==== Row ids: never reused ====
 -- The fleet's tables have no AUTOINCREMENT, so SQLite gives a new row the
 -- largest id + 1: forget the newest row and the next writer's row takes its
--- id, which events, the archive, retractions and clients still name (issue 18:
+-- id, which events, the archive, retractions and clients still name (once,
 -- a replayed event showed another agent's private episode). The high-water
 -- mark of each id space (an archived episode keeps its id, so the archive
 -- shares the episodic one) lives in solos_memory_meta as 'row_id_high:<tier>'.
@@ -631,7 +631,7 @@ CREATE INDEX IF NOT EXISTS memory_forgotten_span_time ON memory_forgotten_span (
 
 -- When each author was sharing its episodes (episodic_sharing's opt-in, from when until when), kept by the
 -- triggers below whoever writes: as-of recall shows another agent only an episode's versions that were current
--- while their author was sharing (issue 31). A database from before this table starts each sharing author's
+-- while their author was sharing. A database from before this table starts each sharing author's
 -- span at its last opt-in (updated_at): earlier replaced versions stay hidden rather than guessed shared.
 CREATE TABLE IF NOT EXISTS episodic_sharing_span (
     agent         TEXT NOT NULL,
@@ -686,7 +686,7 @@ BEGIN
     FROM memory_delivery WHERE tier = new.tier AND row_id = new.row_id AND reader <> new.agent
         AND delivered_at >= new.valid_from AND delivered_at <= new.valid_to;
 END;
--- One open notice per (agent, row): a newer one replaces the agent's open ones for the row (issue 31: 2,000
+-- One open notice per (agent, row): a newer one replaces the agent's open ones for the row (without it, 2,000
 -- rewrites of a key an agent had read left 2,000). The newest says what the row's state is; its event is new.
 CREATE TRIGGER IF NOT EXISTS memory_notice_coalesce_ai AFTER INSERT ON memory_notice WHEN new.acked_at IS NULL
 BEGIN

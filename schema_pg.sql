@@ -608,7 +608,7 @@ END $$;
 
 -- ==== The service's role ====
 -- Writes everything of its own, reads the fleet's registry and personas, never writes them; reads the token
--- hashes and never writes them either (issue 31): SQL on a serving connection cannot mint a token, and the
+-- hashes and never writes them either: SQL on a serving connection cannot mint a token, and the
 -- `token` command writes them as the URL's user (solos_store_pg.PgStore.keep_token, an admin store).
 DO $$ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'solos_memory_service') THEN

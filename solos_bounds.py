@@ -1,6 +1,6 @@
 """Bounds every answer keeps to: the largest integer a field takes, and the bytes one answer's rows may fill.
 
-Issue 18: a 1,480-byte MCP batch of read_events calls built a 1.5 GB answer,
+Unbounded, a 1,480-byte MCP batch of read_events calls built a 1.5 GB answer,
 and one recall with k=100 answered 29 MB. Counts alone do not bound bytes (a
 row can hold 21 KiB of text, and JSON's \\uXXXX escapes grow it up to 12x), so
 lists of rows are cut where their JSON would pass ANSWER_BYTES, and the answer

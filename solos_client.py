@@ -600,7 +600,7 @@ def check_write(operation: str, answer: dict, data: bytes, status: int) -> None:
     """A write counts as done only on the service's own answer: its tier, the row's id and a status it gives.
 
     Anything else that answers JSON (a proxy's or another service's `{"status": "ok"}`) is Unavailable, so
-    nothing is taken as committed that the service never wrote (issue 31: the Hermes archive was lost so).
+    nothing is taken as committed that the service never wrote (the Hermes archive was once lost so).
     """
     tier, statuses = WRITE_ANSWERS[operation]
     row_id = answer.get("id")
@@ -693,7 +693,7 @@ def record_turn(client: Client, message: str, reply: str, *, turn_id: str, **fie
     """Turn end: queue write_turn (same arguments) for the client's background thread; never waits.
 
     The arguments are checked here, not in the thread: a wrong one (e.g. the old `duration_s`) raises
-    TypeError at the call, where it would have lost every turn without a word (issue 31).
+    TypeError at the call, where it would have lost every turn without a word.
     Returns {"status": "queued"}, or with the queue full {"status": None, "error": ...} (dropped, counted).
     """
     event = turn_event(client, message, reply, turn_id=turn_id, **fields)

@@ -7,7 +7,7 @@ takes its slot; the accept loop never sleeps. The handler reports each phase
 (idle, receiving, received, forget); the server builds the 503 answer for a
 newcomer nothing can be made room for (`refusal()`). `load()` says how busy
 it is: requests being handled now and the most at once, connections open,
-newcomers waiting for a slot, refused and evicted (issue 35: /v1/stats and the
+newcomers waiting for a slot, refused and evicted (/v1/stats and the
 status page show it). Imports nothing from the service.
 """
 
@@ -118,7 +118,7 @@ class BoundedConnections:
 
         Connections that never completed a request go first (a flood that sends nothing, or drips a
         head); a client that kept its connection alive after a request goes last, so its next request
-        finds it open (issue 18: 41 of 82 such reuses were reset). Among equals, the slowest: the fewest
+        finds it open (evicted first, 41 of 82 such reuses were reset). Among equals, the slowest: the fewest
         bytes per second since it began waiting, the oldest first (an idle keep-alive and a body dripping
         a byte a second both rate about zero). A newcomer (a /health probe, an agent's turn) is so never
         starved by sockets that send little or nothing.

@@ -1,4 +1,4 @@
-"""solos_copies: several copies of the service over one PostgreSQL database (issue 23), and how they take turns.
+"""solos_copies: several copies of the service over one PostgreSQL database, and how they take turns.
 
 One copy runs on each host, bound to its own loopback; the copies never talk to each other, only to the
 database, so everything they must agree on goes through it:

@@ -40,7 +40,7 @@ log = logging.getLogger("solos_events")
 EVENT_RETENTION_S = 7 * 86_400  # a week: an agent offline over a weekend still catches up by id
 MAX_SUBSCRIBERS = 32  # streams each hold a thread; past this, 503 (MAX_CONNECTIONS stays for everyone else)
 # One agent's share: its newest stream replaces its oldest past this, and at the cap an agent holding more
-# than a newcomer's share gives up its oldest, so no agent holds every stream (issue 18, item 4).
+# than a newcomer's share gives up its oldest, so no agent holds every stream.
 STREAMS_PER_AGENT = 4
 GONE_CHECK_S = 1.0  # how often a quiet stream looks for a client that hung up
 SUBSCRIBER_BUFFER = 1024  # events queued for one stream; a consumer that far behind is dropped, not waited for
@@ -789,7 +789,7 @@ class EventHub:
         """The event as an SSE message, encoded once for all the streams it goes to.
 
         The newest encodings are kept up to WIRE_CACHE_BYTES in all: bounded by bytes, since one event can
-        encode to a quarter of a megabyte (issue 18: 4,000 large events held 1.1 GiB by a count bound).
+        encode to a quarter of a megabyte (bounded by count, 4,000 large events held 1.1 GiB).
         """
         key = (event["id"], event["foreign"])
         with self.wire_lock:

@@ -47,7 +47,7 @@ GRACE_S = 2 * 3600
 DONE_FOR_S = {job: period - GRACE_S for job, period in JOB_PERIOD_S.items()}
 KEPT_RUNS = 100  # rows kept per job; older ones go as a new run starts
 # A run's outcome waits this long for a write lock a fleet writer holds: the likeliest failure is that very
-# lock, and an outcome not recorded reads "no run yet, no problem" for a day (issue 31, item 14). The unit is a
+# lock, and an outcome not recorded reads "no run yet, no problem" for a day. The unit is a
 # oneshot without a start timeout, so the job's process may wait.
 RECORD_RETRY_S = 600
 RECORD_BACKOFF_S = (0.1, 5.0)  # first pause between attempts, and the longest

@@ -1,4 +1,4 @@
-"""The judge: the probability that a recalled row answers the question (issue 33).
+"""The judge: the probability that a recalled row answers the question.
 
 Today's `relevance` (solos_rank.calibrated_relevance) reads the reranker's logit, the question's stems the row
 covers and the cosine. It cannot tell a near miss from an answer: a service's port when memory holds another

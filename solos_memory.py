@@ -190,7 +190,7 @@ class Memory:
         """The embedder's state: one answer for /health, /v1/stats, /metrics, the startup line and recall.
 
         Machine paths (the interpreter, the model folder) only with `paths`: the operator's view; /health
-        answers anyone who can reach it (issue 31, item 17)."""
+        answers anyone who can reach it."""
         worker, backlog = self.worker, self.worker.backlog if self.worker else None
         state, reason = ("off", self.embedder_error) if worker is None else ("ready", None)
         if worker and self.stuck_query is not None and not self.stuck_query.done():
@@ -602,7 +602,7 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
 # The largest valid write (write_episodic: 21,696 characters of text) in the largest JSON a client may send
 # it as: ASCII JSON, Python's json default (requests, solos_langgraph.py), spells an emoji as a 12-byte
 # surrogate pair (\ud83d\ude00), so about 255 KiB; 320 KiB admits every valid write and stops a
-# memory-hungry body early. Issue 31: 128 KiB, sized at 6 bytes a character, refused 16 KiB emoji values.
+# memory-hungry body early. The cap before, 128 KiB sized at 6 bytes a character, refused 16 KiB emoji values.
 MAX_BODY_BYTES = 320 * 1024
 # The whole body, not each byte: a per-read timeout let a client hold a thread forever at one byte per 29 s.
 # 320 KiB in 10 s is 33 KB/s, far below any loopback or LAN client.

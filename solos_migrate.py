@@ -1,4 +1,4 @@
-"""solos_migrate: copy an SQLite solos.db into PostgreSQL, then prove the copy (issue 22, `migrate`).
+"""solos_migrate: copy an SQLite solos.db into PostgreSQL, then prove the copy (the `migrate` command).
 
     python3 solos_memory.py migrate --from solos.db --to postgresql://USER@HOST/DB
 

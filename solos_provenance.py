@@ -64,10 +64,10 @@ PURGE_BATCH = 5_000
 # (bench/near_duplicates.py).
 TOKEN_JACCARD = 0.8
 COSINE = 0.9
-# Stored vectors embed "<agent> (<topic>): <text>", so the writer's name decided the cosine (issue 31, item 8: one
+# Stored vectors embed "<agent> (<topic>): <text>", so the writer's name decided the cosine (one
 # text by two writers 0.81-0.92, "Sol prefers ..." by atlas and "Atlas prefers ..." by sol 0.983): witnesses
-# compare the facts' text by the text rule in every mode, stored vectors never. On 40
-# held-out pairs written for issue 31 (tests/data/near_duplicates_heldout.jsonl) the text rule measured precision
+# compare the facts' text by the text rule in every mode, stored vectors never. On 40 held-out pairs
+# written after the rule was chosen (tests/data/near_duplicates_heldout.jsonl) the text rule measured precision
 # 1.000 (14 of 14), recall 0.700: it misses paraphrases that change words, such as passive voice.
 TEXT_VECTORS = False
 NEAR_KEY_WORDS = 3  # a fact's longest words a candidate must share (an FTS5 AND query: cheap, selective)
@@ -87,7 +87,7 @@ TIMESTAMP = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,3})?Z$"
 
 
 class DeliveryLog:
-    """Deliveries written before the answer, once per (reader, row, version) per WINDOW_S (issue 31, items 6-7).
+    """Deliveries written before the answer, once per (reader, row, version) per WINDOW_S.
 
     A reader handed the same version of a row again within the window adds
     no row: what the log is for (echo needs the first delivery, a notice

@@ -700,7 +700,7 @@ STEM_LENGTH = 5  # a stemmer's poor cousin for the coverage features: the rerank
 # "Recall v2", "learned linear reranker" rows; "In the service"). A fact store's rows have no topic thread, so
 # the chat features (neighbours, previous row asks) say nothing there and the LoCoMo fit's trust in the keyword
 # leg buried answers only the vector leg found: in hybrid, `alone` and the `*_alone` copies give such rows
-# weights of their own, one model serving both (issue 33). Held out, hybrid: LoCoMo LOCO hit@5 0.825, frac@10
+# weights of their own, one model serving both. Held out, hybrid: LoCoMo LOCO hit@5 0.825, frac@10
 # 0.836 (unchanged); the fleet's score half hit@5 0.804 -> 0.875, paraphrase 0.083 -> 0.500 (only 0.67 of
 # those answers reach the fused top 20 at 0.7 / 0.3; 0.5 / 0.5 lifts that to 0.83 but costs LoCoMo 0.005-0.008
 # hit@5: not adopted). Keyword-only keeps the LoCoMo fit: the fleet gains nothing there (paraphrases share no

@@ -650,8 +650,8 @@ def later_retractions(
     retraction). Id marks and the event sequence: the largest any of them
     handed out. When none of them can tell (the source is lost and the target
     is new, or not of this chain), the warnings say from when on retractions
-    are unknown, and the marks are raised by UNKNOWN_IDS_MARGIN (issue 31,
-    item 10): clients' ids and cursors from after the snapshot are stale.
+    are unknown, and the marks are raised by UNKNOWN_IDS_MARGIN, since
+    clients' ids and cursors from after the snapshot are stale.
     """
     head = verified.chain[-1]
     retractions, carried = list(verified.later), {"id_marks": {}, "event_seq": 0, "anchor": None, "from": None}

@@ -423,7 +423,7 @@ def facts(health: dict, stats: dict) -> str:
 
 
 def load_table(load: dict) -> str:
-    """Requests in flight and connections queueing for a thread slot (issue 35), now and the most since start."""
+    """Requests in flight and connections queueing for a thread slot, now and the most since start."""
     if "in_flight" not in load:
         return ""
     items = [
@@ -440,7 +440,7 @@ def load_table(load: dict) -> str:
 
 
 def delivery_facts(log: dict) -> list[tuple[str, Any]]:
-    """The delivery log's size and rate (issue 31): rows kept, rows added in the last hour, repeats not logged."""
+    """The delivery log's size and rate: rows kept, rows added in the last hour, repeats not logged."""
     if "rows" not in log:
         return []
     return [

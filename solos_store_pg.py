@@ -52,7 +52,7 @@ SERVICE_ROLE = "solos_memory_service"
 MIGRATION_LOCK = 8437  # pg_advisory_xact_lock key: copies starting together create the schema one at a time
 STATEMENT_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 5
-# The longest the event cursor waits for one running transaction of this database (issue 31, item 11): one
+# The longest the event cursor waits for one running transaction of this database: one
 # session idle in transaction held every stream and read_events of every copy for as long as it lived. The
 # service's own write transactions last milliseconds and its statements at most STATEMENT_TIMEOUT_MS; a fleet
 # writer's transaction older than this is taken for stuck, and its events, if it commits, reach only readers
@@ -265,7 +265,7 @@ class PgStore(solos_store.Store):
                 last_error = error
             except psycopg.errors.ReadOnlySqlTransaction as error:
                 # A standby: during a failover HAProxy sends connections to the node Patroni is promoting a
-                # moment before it takes writes (issue 23). The database's state, not the request's: 503.
+                # moment before it takes writes. The database's state, not the request's: 503.
                 conn.reusable = False
                 log_event("storage_failure", db=solos_store.shown(self.path), error=str(error))
                 raise StorageUnavailable(

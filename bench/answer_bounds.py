@@ -1,4 +1,4 @@
-"""The largest answer and the service's peak RSS for the worst requests we can build (issue 18, item 2).
+"""The largest answer and the service's peak RSS for the worst requests we can build.
 
 Fills a fresh database with rows whose JSON is as large as JSON gets (control
 characters: six bytes each), then sends, one after another: read_events with

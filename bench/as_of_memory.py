@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Peak RSS and wall time of parallel as-of recalls: this tree against another checkout (issue 31, item 4).
+"""Peak RSS and wall time of parallel as-of recalls: this tree against another checkout.
 
     python3 bench/as_of_memory.py [--base DIR] [--rows 5000] [--kb 15.6] [--calls 16] [--k 100]
 

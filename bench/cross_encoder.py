@@ -1,6 +1,6 @@
-"""A cross-encoder judge from the service's own MiniLM weights, beside the features judge (issue 33).
+"""A cross-encoder judge from the service's own MiniLM weights, beside the features judge.
 
-The trial the issue asks for: does a model that reads the question and the row together hold on data it was
+The question it answers: does a model that reads the question and the row together hold on data it was
 not fitted on, at a cost a turn can pay? Bench-only: it needs torch, in its own venv, never the service's:
 
     python3 -m venv .cache/torch-venv

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A writer's latency with and without a reader paging the long facts, and the delivery log rows gained (issue 31,
-item 6), side by side in one run.
+"""A writer's latency with and without a reader paging the long facts, and the delivery log rows gained, side by
+side in one run.
 
     python3 bench/delivery_log.py [--facts 1000] [--seconds 10] [--readers 4]
 
@@ -8,7 +8,7 @@ The service runs as a subprocess on a fresh SQLite database in a temporary folde
 --facts small long facts. Then two phases of --seconds each: sol writes a short row every 0.2 s alone, then
 again while nova pages `GET /v1/events?since=0&limit=1000&tiers=long` in --readers threads as fast as the service
 answers. Printed per phase: the writer's p50/p95/max, the reader's pages, and the rows the delivery log gained
-(read from the database file). The issue measured, before the log was bounded: p50 4.6 ms alone, 1.1-1.24 s with
+(read from the database file). Measured before the log was bounded: p50 4.6 ms alone, 1.1-1.24 s with
 the reader, and 220,000-380,000 rows gained in 20 s. Not a pass/fail bench; it prints figures.
 """
 

@@ -1,6 +1,6 @@
 """The fleet domain (bench/data/fleet) as the reranker sees it: each question's head rows and their features.
 
-A library for bench/ltr_fit.py (issue 33, Build item 4: ranking fitted on both domains), with a CLI that
+A library for bench/ltr_fit.py (ranking fitted on both domains), with a CLI that
 prints the fleet's figures. The 320 facts go into a scratch service run in this process (the real
 solos_memory server on a temp database, its embedder on for hybrid, --model-dir off for keyword); every
 question is asked through REST as its asker with k 20. While the service reranks, solos_rank.head_logits is

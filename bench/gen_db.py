@@ -4,7 +4,7 @@
     python3 bench/gen_db.py [--size 10k|100k|1m|N] [--seed 7] [--vocab zipf|30] [--force]
 
 Size N means N episodic rows, N/10 long facts and N/100 short rows (at least
-100), so "1m" is the issue's 100k long + 1M episodic. Written by 11 agents with
+100), so "1m" is 100k long + 1M episodic. Written by 11 agents with
 a Zipf-like share of the writing. Text is drawn from a Zipf-distributed
 vocabulary (s = 1.07 over ~40k words: English function words and ops terms at
 the head, a synthetic long tail), so a content word matches a few rows and a
@@ -13,7 +13,7 @@ another agent's fact word for word, 1% of episodes repeat an earlier summary,
 half of the short rows are expired. Three agents opt in to episodic sharing;
 each agent has a persona/<agent> durable record.
 
-`--vocab 30` is the worst case the issue names: 30 words, uniform, so every
+`--vocab 30` is the worst case: 30 words, uniform, so every
 term matches ~40% of rows.
 
 The schema is the service's own (`solos_memory.Store(path).migrate()`); rows go

@@ -1,4 +1,4 @@
-"""Recall's own candidates per question, labelled, for fitting and scoring the judge (issue 33).
+"""Recall's own candidates per question, labelled, for fitting and scoring the judge.
 
 Two domains, each loaded into a scratch service through REST (as bench/locomo.py runs one) and asked every
 question with k=20 and min_relevance=0, so every row the reranker's head holds comes back with its `score`
@@ -37,8 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from locomo import Service, agent_names, load_conversations, prepare, write_turns  # noqa: E402
-from locomo_data import DEFAULT_DATA, REPO  # noqa: E402
+from locomo_data import DEFAULT_DATA, REPO, agent_names, load_conversations  # noqa: E402
+from locomo_service import Service, prepare, write_turns  # noqa: E402
 
 FLEET = REPO / "bench" / "data" / "fleet"
 CACHE = REPO / ".cache" / "bench" / "judge-data.jsonl"

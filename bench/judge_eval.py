@@ -1,4 +1,4 @@
-"""Today's `relevance` beside the judge (solos_judge.py), both domains, on data the fit never saw (issue 33).
+"""Today's `relevance` beside the judge (solos_judge.py), both domains, on data the fit never saw.
 
 - fleet: the judge fitted as bench/judge_fit.py fits it (fleet `fit` half + the five LoCoMo dev
   conversations), scored on the fleet's `score` half (other teams, people, hosts and incidents);
@@ -20,7 +20,7 @@ Figures, per domain and mode, from bench/judge_data.py's cached candidates (k=20
 
     .venv/bin/python bench/judge_eval.py [--modes hybrid,keyword]
 
-The issue's targets: fleet AUROC >= 0.90, at the floor >= 0.9 rejected and >= 0.8 kept; LoCoMo AUROC >= 0.85;
+The judge's targets: fleet AUROC >= 0.90, at the floor >= 0.9 rejected and >= 0.8 kept; LoCoMo AUROC >= 0.85;
 ECE <= 0.10.
 """
 

@@ -1,4 +1,4 @@
-"""Fit the judge (solos_judge.py) and write models/judge/judge.json (issue 33).
+"""Fit the judge (solos_judge.py) and write models/judge/judge.json.
 
 Fitted on the fleet domain's `fit` half and all five LoCoMo dev conversations (own and foreign questions),
 recall's own candidates from bench/judge_data.py's cache: one logistic regression per mode (hybrid reads the
@@ -8,7 +8,7 @@ Newton steps with a small L2. The two domains weigh the same in all (the fleet h
 stays calibrated to each domain's mix. Deterministic: no sampling, no random start (seed fixed for any tie).
 
 The floor it writes (`floor`, the value for solos_client.TURN_MIN_RELEVANCE) is chosen on the fitting data: the
-highest one under which both domains keep at least KEEP of their answerable questions' answers (the issue's
+highest one under which both domains keep at least KEEP of their answerable questions' answers (KEEP:
 0.8), so it rejects as many unanswerable questions as that allows. It then rewrites solos_judge.JUDGE_SHA256.
 
     .venv/bin/python bench/judge_fit.py [--out models/judge/judge.json] [--no-hash-update]

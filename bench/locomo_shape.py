@@ -4,7 +4,7 @@
 
 The generated fleet data (gen_db.py) has short texts and 2-3 word queries;
 chat memory has long turns and questions of ten words or more, which cost
-recall more (issue 26). Here every turn of the LoCoMo file becomes a long fact
+recall more. Here every turn of the LoCoMo file becomes a long fact
 of its speaker (topic: the session's date, tags: locomo and the session), as
 bench/locomo.py writes them through REST; past the file's 2,760 turns they
 repeat, each pass with a " (copy N)" suffix on fact and topic, so a larger

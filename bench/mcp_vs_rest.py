@@ -10,7 +10,7 @@ and `MCP-Protocol-Version: 2025-11-25`. The service is stateless, so no
 initialize is needed first (mcp_bridge answers a handshake-era tools/call
 without one). Requests alternate REST, MCP on the same query so drift hits
 both equally. Both answers are checked to carry the same result ids.
-Target (issue 5): MCP p50 <= 1.2x REST p50. Exits 1 on a miss.
+Target: MCP p50 <= 1.2x REST p50. Exits 1 on a miss.
 """
 
 from __future__ import annotations

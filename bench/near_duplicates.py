@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/near_duplicates.py [--sample tests/data/near_duplicates.jsonl]
 
-The sample: pairs of long facts, each labelled same fact or not, written by hand for issue 24 (paraphrases,
+The sample: pairs of long facts, each labelled same fact or not, written by hand (paraphrases,
 reorderings, case and punctuation; and the same topic with another number, negation or subject). Prints the
 text rule at several word-overlap thresholds, the shipped one marked, and the rule's misses and false hits.
 The vector rule is not measured here: no embedder is reachable in the test environment.

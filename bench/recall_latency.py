@@ -40,7 +40,7 @@ same content queries, interleaved, on two services over one database, with
 LoCoMo-shaped (`--shapes`, both by default; `--data` names the file): the
 size's count of LoCoMo turns as long facts, repeated with a "(copy N)" suffix
 past the file's 2,760 (locomo_shape.py), and 20 real questions, each asked
---queries / 20 times, against the issue-26 floor: the http floor plus plain
+--queries / 20 times, against the chat floor: the http floor plus plain
 FTS5 BM25 (default weights) top 5 of the question's non-stop words. Then
 serial acknowledged writes (POST /v1/long, one kept-alive connection).
 
@@ -54,7 +54,7 @@ Hybrid is measured when the service, started with its default model dir,
 reports degraded:false; otherwise it prints "n/a (degraded)". The embedder
 needs fastembed, so run it with .venv/bin/python, and --backfill to embed the
 rows first (about 200 rows/s: use it with --sizes 10k).
-Targets (issue 5): keyword p50 <= 1.5x floor, p99 < 10 ms at 1m (100k long +
+Targets: keyword p50 <= 1.5x floor, p99 < 10 ms at 1m (100k long +
 1M episodic), p50 growth 10k -> 1m <= 3x. The 30-word vocabulary worst case
 is a separate line. Exits 1 if a target is missed.
 """
@@ -89,9 +89,9 @@ TARGET_P99_MS = 10.0
 TARGET_GROWTH = 3.0
 CALLER = "atlas"  # writes its share; not one of the sharing agents
 K = 5
-LOCOMO_TARGET_RATIO = 2.0  # issue 26, chat-shaped text against its own floor
-HYBRID_TARGET_RATIO = 3.0  # issue 26, at 10k rows, against the same floor as keyword
-LOCOMO_QUESTIONS = 20  # the issue's: 20 real questions, each asked --queries / 20 times
+LOCOMO_TARGET_RATIO = 2.0  # at most, chat-shaped text against its own floor
+HYBRID_TARGET_RATIO = 3.0  # at most, at 10k rows, against the same floor as keyword
+LOCOMO_QUESTIONS = 20  # 20 real questions, each asked --queries / 20 times
 LINES = (
     ("long,short", "shared", "content"),
     ("long,short", "shared", "question"),
@@ -285,7 +285,7 @@ def measure_size(label: str, db_source: Path, args: argparse.Namespace, floor_po
 
 
 def locomo_floor() -> list[str]:
-    """The issue's floor for chat text: plain FTS5 BM25 (default weights) top 5 of the question's non-stop words."""
+    """The floor for chat text: plain FTS5 BM25 (default weights) top 5 of the question's non-stop words."""
     fts = solos_memory.TIER_TABLE["long"].fts
     return [f"SELECT rowid, bm25({fts}) FROM {fts} WHERE {fts} MATCH ? ORDER BY bm25({fts}) LIMIT {K}"]
 

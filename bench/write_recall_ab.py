@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from harness import ROOT, Client, Process, machine_note, percentiles
-from locomo import DEFAULT_DATA, READER, agent_names, load_conversations
+from locomo_data import DEFAULT_DATA, agent_names, load_conversations
+from locomo_service import READER
 
 
 def start(tree: Path, db: Path) -> Process:

@@ -18,7 +18,7 @@ its slowest lock wait, and two floors: the same loop against a trivial
 one-write http.server (the HTTP cost alone), and the time of one single-row
 commit with the service's pragmas in the same folder (SQLite syncs the WAL on
 each commit, so this bounds any one-commit-per-write design: on a disk busy
-with other work it, not the service, decides the figure). Target (issue 5): >= 1,500
+with other work it, not the service, decides the figure). Target: >= 1,500
 acknowledged writes/s, 0 lost, 0 5xx. Exits 1 on a miss.
 """
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install Debian's PostgreSQL server for the tests that run the store on PostgreSQL (issue 22):
+# Install Debian's PostgreSQL server for the tests that run the store on PostgreSQL:
 # tests/pg_server.py starts its own throwaway servers from these binaries, on loopback ports, as
 # the postgres user the package creates. A no-op when a server (initdb, pg_ctl and postgres) is
 # already there: beside PATH's initdb (where the helper looks first) or under any major version

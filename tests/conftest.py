@@ -437,7 +437,7 @@ def pyz(tmp_path_factory) -> Path:
     return build_pyz(tmp_path_factory.mktemp("pyz") / "solos-memory.pyz")
 
 
-# ==== PostgreSQL: one throwaway server per run, a fresh database per test (issue 22) ====
+# ==== PostgreSQL: one throwaway server per run, a fresh database per test ====
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for the tests (issue 22): its own data directory in a temp dir, a free loopback
+"""A throwaway PostgreSQL server for the tests: its own data directory in a temp dir, a free loopback
 port, a fresh empty database per test, and stop, kill and start for the fault tests.
 
 It needs the server binaries (scripts/setup_postgres.sh installs Debian's) and psycopg. `initdb` and `postgres`

@@ -26,7 +26,7 @@ def utf8_post(server, path: str, body: dict):
 
 
 def wide_episodes(server, char: str, count: int) -> None:
-    for n in range(count):  # 20,000 characters each, as in the issue
+    for n in range(count):  # 20,000 characters each
         body = {
             "agent": "atlas",
             "event_type": "task",

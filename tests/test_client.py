@@ -458,7 +458,7 @@ def test_readme_shell_example_runs(server, packaging, request, tmp_path):
     assert down.returncode == 0 and "not recorded" in down.stderr, down.stderr
 
 
-# ---- issue 20: hostile answers, no agent, the background queue and the breaker ----
+# ---- hostile answers, no agent, the background queue and the breaker ----
 
 DEEP = b"[" * 200_000 + b"]" * 200_000  # json.loads raises RecursionError on this
 

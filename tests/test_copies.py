@@ -1,4 +1,4 @@
-"""Several copies of the service over one PostgreSQL database (issue 23, acceptance 1, 2, 5 and 6): each test
+"""Several copies of the service over one PostgreSQL database: each test
 starts copies of the real service on one fresh database, as hosts of a cluster would run them, and checks
 what they must agree on: recall across copies with both legs, streams that resume on any copy, a forget gone
 everywhere, background work done once, and which copy answered."""

@@ -167,7 +167,7 @@ def test_witnesses_in_hybrid_mode_follow_the_text_not_vectors_holding_the_writer
         return (unit / np.linalg.norm(unit)).astype("<f4").tobytes()
 
     mine = {"id": 1, "agent": "atlas", "text": "Sol prefers short answers without emoji"}
-    candidates = [  # the cosines of stored vectors the issue measured: the writer's name decides them
+    candidates = [  # the cosines of stored vectors as measured: the writer's name decides them
         {"id": 1, "agent": "atlas", "fact": mine["text"], "created_at": "t1", "embedding": vector(1, 0)},
         {"id": 2, "agent": "sol", "fact": "Atlas prefers short answers without emoji", "created_at": "t2",
          "embedding": vector(0.983, (1 - 0.983**2) ** 0.5)},
@@ -181,7 +181,7 @@ def test_witnesses_in_hybrid_mode_follow_the_text_not_vectors_holding_the_writer
 
 
 def test_the_near_duplicate_rule_measured_on_held_out_pairs_keeps_its_precision():
-    """Pairs written for issue 31, never used to choose TOKEN_JACCARD: precision 1.000, recall 0.700 (it misses
+    """Pairs written after TOKEN_JACCARD was chosen, never used to choose it: precision 1.000, recall 0.700 (it misses
     paraphrases that change words)."""
     pairs = near_duplicates.load(ROOT / "tests" / "data" / "near_duplicates_heldout.jsonl")
     held = near_duplicates.measure(pairs, solos_provenance.TOKEN_JACCARD)

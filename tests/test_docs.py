@@ -9,10 +9,12 @@ import contextlib
 import importlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, set_up_commands, zero_install_command
@@ -464,3 +466,39 @@ def test_the_units_install_steps_are_the_operations_pages():
     assert [step for step in steps if step not in page] == []
     assert any(" agents add " in step for step in steps)
     assert any("lab-memory-snapshot.timer" in step and "enable" in step for step in steps)
+
+
+# An issue's number means nothing to a reader of the repository: code, tests, benches and docs say what is meant.
+# CHANGELOG.md and research/ are records of their time and keep theirs.
+CITATION = re.compile(r"\bissues?[ -]#?\d", re.IGNORECASE)
+CITING_SUFFIXES = {".py", ".md", ".sql", ".sh", ".service", ".timer", ".in"}
+RECORDS = {"CHANGELOG.md", "research"}
+
+
+def citing_files() -> list[Path]:
+    """The repository's code, schema, script, unit and doc files, less the records and dot folders (venvs, caches)."""
+    found = []
+    for folder, subfolders, files in os.walk(ROOT):
+        here = Path(folder)
+        skipped = {"__pycache__", "node_modules", "dist"}
+        subfolders[:] = [
+            name
+            for name in sorted(subfolders)
+            if not name.startswith(".")
+            and name not in skipped
+            and (here / name).relative_to(ROOT).as_posix() not in RECORDS
+        ]
+        found += [here / name for name in sorted(files) if Path(name).suffix in CITING_SUFFIXES]
+    return [path for path in found if path.relative_to(ROOT).as_posix() not in RECORDS]
+
+
+def test_nothing_cites_an_issue_by_number():
+    files = citing_files()
+    assert ROOT / "solos_memory.py" in files and ROOT / "schema.sql" in files and ROOT / "bench" / "README.md" in files
+    cited = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}"
+        for path in files
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if CITATION.search(line)
+    ]
+    assert not cited, "say what is meant instead of the issue's number:\n" + "\n".join(cited)

@@ -46,7 +46,7 @@ def test_a_stream_sees_writes_updates_direct_inserts_forgets_and_expiry_as_they_
         ("write", "long", direct, "nova"),
         ("write", "short", short, "atlas"),
         ("forget", "long", fact, "atlas"),
-        ("notice", "notice", 1, "sol"),  # the stream handed sol the fact: a retraction notice follows (issue 24)
+        ("notice", "notice", 1, "sol"),  # the stream handed sol the fact: a retraction notice follows
     ]
     assert got[5]["notice"] == {**got[5]["notice"], "tier": "long", "row_id": fact, "kind": "forgotten"}
     assert got[0]["row"]["text"] == "the lab door code changed" and got[0]["foreign"] is True
@@ -334,7 +334,7 @@ def forget(server, agent: str, tier: str, row_id: int):
 
 
 def changes(stream, count: int, timeout: float = 5.0) -> list[dict]:
-    """The next `count` change events of a stream; retraction notices (issue 24: they reach an agent's stream
+    """The next `count` change events of a stream; retraction notices (they reach an agent's stream
     whatever its filter) are left aside."""
     found: list[dict] = []
     while len(found) < count:

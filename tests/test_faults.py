@@ -472,7 +472,7 @@ def test_idle_and_slowloris_sockets_cannot_starve_health_and_threads_stay_bounde
 
 
 def test_a_slow_body_flood_cannot_starve_health(server, monkeypatch):
-    """200 connections each promise a 100 kB body and drip one byte a second (issue 9, finding 3).
+    """200 connections each promise a 100 kB body and drip one byte a second.
 
     Each byte used to reset a per-read timeout, so the drippers held every thread for good and /health
     got 503 "too many connections" or hung. Now the body has a deadline and the slowest readers make room.
@@ -678,7 +678,7 @@ def test_starting_on_a_read_only_database_prints_one_clear_line(tmp_path_factory
 
 
 def test_a_full_disk_loses_no_acknowledged_write_and_recovers_when_space_frees(tmp_path):
-    """A 4 MB tmpfs: write until the disk is full, free the space, write again (issue 9's fault list)."""
+    """A 4 MB tmpfs: write until the disk is full, free the space, write again."""
     import subprocess
 
     mount = tmp_path / "small"

@@ -275,7 +275,7 @@ def test_a_forgotten_rows_text_does_not_stay_in_what_recall_keeps(server, how):
     assert [cache.cache_info().currsize for cache in kept] == [0, 0]
 
 
-# ---- a forget interrupted between its commit and its scrub (issue 18, item 5) ----
+# ---- a forget interrupted between its commit and its scrub ----
 
 # The service's own code in a child process that dies by SIGKILL right after forget's transaction commits,
 # before its scrub (index merge, WAL checkpoint) starts: the window a kill -9 5-50 ms after the DELETE hit.

@@ -424,7 +424,7 @@ def test_token_gated_even_on_loopback(make_server, hermes_home, tmp_path):
     assert [t["summary"] for t in episodic_rows(server, "hermes", "hermes_turn")] == ["Who holds the token?"]
 
 
-# ---- issue 20: Hermes's own memory tool, and failures nobody planned for ----
+# ---- Hermes's own memory tool, and failures nobody planned for ----
 
 
 def test_hermes_memory_tool_add_replace_remove_reach_the_service(server, hermes_home):
@@ -489,7 +489,7 @@ def test_the_archive_spools_on_any_failure(hermes_home):
 
 @pytest.mark.parametrize("answer", [b'{"status": "ok"}', b'{"status": "created"}'], ids=["ok", "no id"])
 def test_the_archive_trusts_only_the_services_own_answer(hermes_home, answer):
-    """Another service answering JSON with a status has archived nothing: the transcript is spooled (issue 31)."""
+    """Another service answering JSON with a status has archived nothing: the transcript is spooled."""
     impostor = FaultServer(("http", 200, answer))
     try:
         report = run_probe(

@@ -381,7 +381,7 @@ def test_the_degraded_reason_names_every_missing_piece_and_the_install_command(m
     assert f"pip install {pins}" in reason and "make serve" in reason
     assert "lacks config.json, special_tokens_map.json, tokenizer.json, tokenizer_config.json" in reason
     server.post("/v1/long", {"agent": "atlas", "fact": "keyword rows still come back"})
-    operator = server.get("/v1/stats").body["degraded_reason"]  # the operator's view keeps the paths (issue 31)
+    operator = server.get("/v1/stats").body["degraded_reason"]  # the operator's view keeps the paths
     assert server.recall("sol", "keyword").body["degraded_reason"] == reason == solos_status.without_paths(operator)
 
 

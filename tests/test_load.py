@@ -1,4 +1,4 @@
-"""In-flight requests and queueing in /v1/stats and on the status page (issue 35): counts, no timings."""
+"""In-flight requests and queueing in /v1/stats and on the status page: counts, no timings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`migrate --from solos.db --to postgresql://…` (issue 22): a database the service filled is copied whole, the
+"""`migrate --from solos.db --to postgresql://…`: a database the service filled is copied whole, the
 service on PostgreSQL answers as it did on SQLite, a second run copies nothing and verifies, and a target that
 differs fails verification."""
 
@@ -48,7 +48,7 @@ def answers(server) -> dict:
         "deliveries": get("/v1/deliveries", agent="atlas"),
         "operator_deliveries": get("/v1/deliveries"),
         "notices": [get("/v1/notices", agent=agent, include_acked="true") for agent in ("sol", "atlas")],
-        # The reader's view: an agent's own view hands rows over, and is logged as deliveries (issue 31).
+        # The reader's view: an agent's own view hands rows over, and is logged as deliveries.
         "as_of": get(
             "/v1/recall/as_of", agent="sol", reader="sol", as_of="2100-01-01T00:00:00.000Z", tiers="long,short", k=50
         ),

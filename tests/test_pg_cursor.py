@@ -1,4 +1,4 @@
-"""PostgreSQL: the event cursor and idle transactions (issue 31, item 11). Events are read below the oldest
+"""PostgreSQL: the event cursor and idle transactions. Events are read below the oldest
 running transaction, so one session idle in transaction holding an xid stopped every event of every copy for as
 long as it lived. Now a transaction of another database is never waited for, one of this database at most
 solos_store_pg.EVENT_WAIT_S (a gap tells readers what it may leave behind), and /health and stats show the

@@ -1,4 +1,4 @@
-"""PostgreSQL faults (issue 22): a bad URL, a refused connection or a database the service may not set up each
+"""PostgreSQL faults: a bad URL, a refused connection or a database the service may not set up each
 stop the start with one clear line; the database going away while serving gives 503 storage_unavailable with
 Retry-After, never an empty success, and the service recovers by itself when the database comes back."""
 

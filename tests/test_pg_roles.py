@@ -1,4 +1,4 @@
-"""PostgreSQL: what the serving role may do (issue 31, item 13). The service works as `solos_memory_service`,
+"""PostgreSQL: what the serving role may do. The service works as `solos_memory_service`,
 which reads `memory_token` and never writes it: a token is issued by the `token` command, which works as the
 URL's user. A service logging in as a member of that role only (not the owner) starts on a schema the owner
 applied, so `RESET ROLE` gives SQL on its connection nothing more."""

@@ -100,8 +100,8 @@ def test_no_empty_success_while_the_database_is_locked(shared_server, q, k):
 
 
 def without_history(answer: dict) -> dict:
-    """A recall answer less what the first of two identical recalls changes: the REST call's delivery is logged
-    (issue 24), so the MCP call's witnesses may say when the caller was first shown a copy."""
+    """A recall answer less what the first of two identical recalls changes: the REST call's delivery is logged,
+    so the MCP call's witnesses may say when the caller was first shown a copy."""
     results = [
         {**row, "witnesses": [{k: v for k, v in w.items() if k != "first_shown_at"} for w in row["witnesses"]]}
         if "witnesses" in row

@@ -1,4 +1,4 @@
-"""Who knew what, and when (issue 24): the delivery log, witnesses, as-of recall, retraction notices."""
+"""Who knew what, and when: the delivery log, witnesses, as-of recall, retraction notices."""
 
 from __future__ import annotations
 
@@ -360,7 +360,7 @@ def test_no_text_of_a_forgotten_row_stays_in_any_version_notice_as_of_answer_or_
     retracted = json.loads(answers[0])["retracted"]
     assert {(r["tier"], r["row_id"]) for r in retracted} == {("short", short), ("long", long_id)}
     kinds = sorted((n["tier"], n["kind"]) for n in json.loads(answers[-2]))
-    # one open notice per (agent, row): the forget's replaced the superseded one (issue 31, item 9)
+    # one open notice per (agent, row): the forget's replaced the superseded one
     assert kinds == [("long", "forgotten"), ("short", "forgotten")]
 
 

@@ -409,7 +409,7 @@ def test_a_mirror_without_qdrant_client_stops_startup(tmp_path):
     assert run.returncode != 0 and "need qdrant-client" in run.stderr
 
 
-# ==== Issue 20: ids in their own type, the API's rules, private points, verify ====
+# ==== Ids in their own type, the API's rules, private points, verify ====
 
 UUID_NEW = "6f1c2a0e-1d3b-4c55-9e0f-2a7b8c9d0e11"
 UUID_OLD = "0b9e4d2c-7a61-4f38-8c2d-5e6f7a8b9c0d"
@@ -580,7 +580,7 @@ def test_import_applies_the_apis_rules_and_counts_every_skipped_point(server, tm
 
 @pytest.mark.slow
 def test_forget_without_a_running_mirror_says_so_and_the_text_leaves_the_outbox(make_server, tmp_path):
-    """Issue 18 #13: the outbox is on (a mirror ran once) but this service runs none."""
+    """The outbox is on (a mirror ran once) but this service runs none."""
     path = tmp_path / "qdrant"
     seed_vectorless(path, {})
     stop_server(make_server(qdrant=solos_qdrant.Target(path=str(path))))  # switches the outbox on

@@ -110,7 +110,7 @@ def test_the_listwise_fit_ranks_by_the_telling_feature_and_calibrates_its_score(
 
 def test_a_row_with_no_topic_thread_is_alone_and_gets_its_own_copies():
     """Hybrid: a fact store's row (no previous, no next in its topic) reads `alone` and the *_alone copies of its
-    leg scores; a chat turn with a neighbour reads 0 in all of them (issue 33: chat features must not cost
+    leg scores; a chat turn with a neighbour reads 0 in all of them (chat features must not cost
     facts). Keyword-only has none of them."""
     question = solos_rank.Question.of(QUESTION, solos_rank.query_words(QUESTION), WRITERS)
     row, other = view("I painted a sunset last week."), view("Nice!", "Caroline")

@@ -477,7 +477,7 @@ def test_the_index_row_count_is_read_from_fts5_without_a_scan(server, rows):
     assert counted == rows - 1
 
 
-# ==== The judge sets relevance (issue 33) ====
+# ==== The judge sets relevance ====
 
 
 def test_relevance_is_the_judges_and_the_receipt_names_it(server):

@@ -1,4 +1,4 @@
-"""Row ids are never reused, and an event shows only the row it was logged for (issue 18, item 1)."""
+"""Row ids are never reused, and an event shows only the row it was logged for."""
 
 from __future__ import annotations
 

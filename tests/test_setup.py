@@ -107,7 +107,7 @@ def test_readme_set_up_in_an_empty_folder_from_zero_install_to_hybrid(tmp_path):
     with service(["sh", "-c", commands[0] + " ARGS='--port 0'"], cwd=clone, timeout_s=SETUP_TIMEOUT_S) as (port, lines):
         setup_s = time.monotonic() - started
         listening = listening_line(lines)
-        # Under DEGRADED_BACKLOG_ROWS rows wait: catching up, counted, and not degraded (issue 19).
+        # Under DEGRADED_BACKLOG_ROWS rows wait: catching up, counted, and not degraded.
         assert listening["embedder_state"] == "catching_up" and listening["degraded"] is False, listening
         assert 0 < listening["embed_backlog"] <= FLEET_ROWS + 1 and listening["degraded_reason"] is None
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S

@@ -618,7 +618,7 @@ def test_removed_newest_manifests_are_noticed_and_a_forgotten_row_stays_forgotte
     assert status == 0, err
     warning, ids = restored(err)["warnings"]
     assert f"later retractions are known only up to snapshot {old['seq']}" in warning and "comes back" in warning
-    assert "ids and event cursors from after the snapshot are stale" in ids  # and raised (issue 31, item 10)
+    assert "ids and event cursors from after the snapshot are stale" in ids  # and raised
     assert facts(tmp_path / "c.db") == [f"the secret {word}", "the keeper"]
 
     (tmp_path / "elsewhere.db").rename(server.db_path)

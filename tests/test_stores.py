@@ -1,4 +1,4 @@
-"""The store contract (issue 22): what the service answers and keeps must not depend on the database below it.
+"""The store contract: what the service answers and keeps must not depend on the database below it.
 
 Every test runs twice through `store_url`: on a fresh SQLite file and on a fresh PostgreSQL database (that
 half is marked slow). Each starts the real service on it and talks HTTP, and plays the fleet's other writers
@@ -936,7 +936,7 @@ def test_as_of_deliveries_and_notices_answer_alike(served):
     now = ok(served.get("/v1/recall/as_of", agent="sol", as_of=solos_store.utc_now(), q="gate"))
     assert [r["text"] for r in now["results"]] == ["day shift on gate"]
     shown = ok(served.get("/v1/recall/as_of", agent="sol", reader="sol", as_of=solos_store.utc_now()))
-    # recall showed sol the night shift; as-of's answers are deliveries too (issue 31), the day shift among them
+    # recall showed sol the night shift; as-of's answers are deliveries too, the day shift among them
     assert sorted(r["text"] for r in shown["results"]) == ["day shift on gate", "night shift on gate"]
 
     def sol_notices() -> list[tuple]:

@@ -1,4 +1,4 @@
-"""One Visibility, three forms: the SQL `where`, the numpy `mask` and `allows` agree row for row (issue 21), expiry
+"""One Visibility, three forms: the SQL `where`, the numpy `mask` and `allows` agree row for row, expiry
 included."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 23's acceptance against the real cluster: three service copies over Patroni/PostgreSQL.
+"""The acceptance checks against the real cluster: three service copies over Patroni/PostgreSQL.
 
     .venv/bin/python deploy/cluster/acceptance.py [--state DIR] [--base-port N] [--failovers N]
 
@@ -68,7 +68,7 @@ HTTP_TIMEOUT_S = 20  # a request hanging this long is a failure of its own (the 
 RETRY_PAUSE_S = 0.1
 WARMUP_S = 5.0  # writers run this long before a kill
 AFTER_COPY_KILL_S = 5.0
-RECOVERY_BAR_S = 15.0  # issue 23
+RECOVERY_BAR_S = 15.0  # check 4's bar: writes acknowledged again within this
 RECOVERY_DEADLINE_S = 40.0  # past this, check 4 stops waiting and fails
 TAIL_S = 4.0  # writers keep going this long after writes came back, so late failures show
 VERIFY_TIMEOUT_S = 30.0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A highly available PostgreSQL for solos-memory on one machine (issue 23).
+"""A highly available PostgreSQL for solos-memory on one machine.
 
 Three etcd members, three PostgreSQL 15 nodes run by Patroni with
 `synchronous_mode: true`, and HAProxy sending one port to the current primary

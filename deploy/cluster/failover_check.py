@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Kill the database leader under 16 writers; count what comes back (issue 23).
+"""Kill the database leader under 16 writers; count what comes back.
 
     .venv/bin/python deploy/cluster/failover_check.py [--state DIR] [--whole-node]
 
@@ -30,7 +30,7 @@ import cluster  # noqa: E402 - the folder beside this file
 
 WRITERS = 16
 WARMUP_S = 8.0
-# Issue 23's bar is 15 s; past this the run gives up and reports a failure.
+# The bar: writes back within 15 s; past this the run gives up and reports a failure.
 RECOVERY_DEADLINE_S = 45.0
 # Writes keep going this long after they come back, so late failures show.
 TAIL_S = 5.0
