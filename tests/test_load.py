@@ -52,7 +52,8 @@ def test_in_flight_rises_during_a_slow_request_and_falls_after(server, monkeypat
     assert during["in_flight"] == 2 and during["in_flight_max"] >= 2
     assert during["connections"] >= 3 and during["connections_max"] >= during["connections"]
     assert during["waiting_for_slot"] == 0 and during["refused"] == 0
-    assert after["in_flight_max"] == during["in_flight_max"]
+    # The most at once never goes down (the page's request may overlap the stats request still leaving flight).
+    assert after["in_flight_max"] >= during["in_flight_max"]
     assert 'id="load"' in page and "requests in flight now" in page
 
 
