@@ -8,19 +8,135 @@ takes its slot; the accept loop never sleeps. The handler reports each phase
 newcomer nothing can be made room for (`refusal()`). `load()` says how busy
 it is: requests being handled now and the most at once, connections open,
 newcomers waiting for a slot, refused and evicted (/v1/stats and the
-status page show it). Imports nothing from the service.
+status page show it), and the admission queue's.
+
+`Admission` caps the requests that run at once (`--admit`, about two per core):
+the rest wait their turn in a bounded FIFO queue, and a request the queue
+cannot hold, or that waited past ADMIT_WAIT_S, gets 503 `busy` naming why.
+Imports only solos_errors.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from solos_errors import Busy
 
 KEEPALIVE_IDLE_S = 30  # a connection idle (or dripping a request head) this long is closed, freeing its thread
 MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the slowest waiting connection
 SLOT_WAIT_S = 1.0  # how long a newcomer waits for the slot of the connection it evicted
+# Requests running at once, by default: the service's Python holds one core (the GIL), and past a few running
+# threads each recall costs more CPU and waits at every SQLite call to take the GIL back (docs/load.md: at most 4
+# at once kept 16 and 64 clients at 98% and 93% of 4 clients' throughput, against 88% and 72% without).
+ADMIT_PER_CORE = 2
+# Requests waiting for a place: half the connection slots, so a burst of every connection at once is told at once
+# that the service is full rather than queued behind a minute of work; 64 clients on 2 cores fit (60 queued).
+ADMIT_QUEUE_MOST = 64
+# The longest a request waits for a place before 503: the client's own write timeout (solos_client, 2 s), and the
+# as-of calls' wait for theirs; past it the caller has most likely given up, and work done for it is lost.
+ADMIT_WAIT_S = 2.0
+ADMIT_WAITS_KEPT = 1024  # the most recent admissions' waits, for load()'s p50 and p99
+
+
+def default_admit() -> int:
+    """Requests running at once unless --admit says otherwise: ADMIT_PER_CORE per core."""
+    return ADMIT_PER_CORE * (os.cpu_count() or 1)
+
+
+class Admission:
+    """At most `most` requests run at once; the rest wait their turn, first come first served (0: no cap).
+
+    FIFO, not a semaphore: a semaphore lets a late arrival take a place freed while earlier ones sleep, so
+    some requests wait many turns (docs/load.md: p99 3.8x p50 with one). Here a leaving request hands its place
+    straight to the oldest waiter, and a newcomer runs at once only while nobody waits.
+    """
+
+    def __init__(self, most: int, queue_most: int = ADMIT_QUEUE_MOST, wait_s: float = ADMIT_WAIT_S) -> None:
+        self.most, self.queue_most, self.wait_s = most, queue_most, wait_s
+        self.lock = threading.Lock()
+        self.running = 0
+        self.queue: deque[threading.Event] = deque()  # each waiter's turn, oldest first; set = handed a place
+        self.waits: deque[float] = deque(maxlen=ADMIT_WAITS_KEPT)  # seconds, every admission (0 for no wait)
+        self.counts = {"running_max": 0, "queued_max": 0, "admitted_after_waiting": 0, "queue_wait_s_total": 0.0}
+        self.counts.update(busy_queue_full=0, busy_queue_wait=0)
+
+    @contextmanager
+    def admitted(self, exempt: bool = False) -> Iterator[None]:
+        """Run the body in a place, waiting for one in turn; exempt requests (health, metrics, the page) do not."""
+        if exempt or self.most <= 0:
+            yield
+            return
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
+
+    def enter(self) -> None:
+        """Take a place now, or wait in turn for one; Busy when the queue is full or the wait passes wait_s."""
+        with self.lock:
+            if self.running < self.most and not self.queue:
+                self.running += 1
+                self.counts["running_max"] = max(self.counts["running_max"], self.running)
+                self.waits.append(0.0)
+                return
+            if len(self.queue) >= self.queue_most:
+                self.counts["busy_queue_full"] += 1
+                raise Busy(
+                    f"queue full: {len(self.queue)} requests already wait for one of {self.most} places; retry shortly",
+                    reason="queue_full",
+                )
+            turn = threading.Event()
+            self.queue.append(turn)
+            self.counts["queued_max"] = max(self.counts["queued_max"], len(self.queue))
+        started = time.monotonic()
+        turn.wait(self.wait_s)
+        waited = time.monotonic() - started
+        with self.lock:
+            self.counts["queue_wait_s_total"] += waited
+            if not turn.is_set():  # set only under the lock: not handed a place, and now never will be
+                self.queue.remove(turn)
+                self.counts["busy_queue_wait"] += 1
+                raise Busy(
+                    f"queue wait: no place among {self.most} came free within {self.wait_s:g} s; retry shortly",
+                    reason="queue_wait",
+                )
+            self.counts["admitted_after_waiting"] += 1
+            self.waits.append(waited)
+
+    def leave(self) -> None:
+        """Hand the place straight to the oldest waiter (running stays the same), else give it back."""
+        with self.lock:
+            if self.queue:
+                self.queue.popleft().set()
+            else:
+                self.running -= 1
+
+    def load(self) -> dict[str, Any]:
+        """Places and the queue now, the most since start, the recent waits' p50 and p99, and the 503s."""
+        with self.lock:
+            waits = sorted(self.waits)
+            counts = dict(self.counts, queue_wait_s_total=round(self.counts["queue_wait_s_total"], 3))
+            now = {"running": self.running, "running_most": self.most, "queued": len(self.queue)}
+        return {
+            **now,
+            "queue_most": self.queue_most,
+            "queue_wait_ms_p50": quantile_ms(waits, 0.5),
+            "queue_wait_ms_p99": quantile_ms(waits, 0.99),
+            **counts,
+        }
+
+
+def quantile_ms(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted seconds, in milliseconds; 0 for none."""
+    return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1000, 1) if ordered else 0.0
 
 
 class SlotHandoff:
@@ -52,7 +168,10 @@ class SlotHandoff:
 class BoundedConnections:
     """The ThreadingHTTPServer mixin: call bound_connections() in __init__, implement refusal()."""
 
-    def bound_connections(self) -> None:
+    def bound_connections(self, admit: int = 0) -> None:
+        """`admit`: at most this many requests run at once (Admission; 0: no cap)."""
+        self.admission = Admission(admit)
+        self.admitted = self.admission.admitted
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.handoffs: dict[socket.socket, SlotHandoff] = {}  # evicted connection -> the newcomer awaiting its slot
         self.waiting_lock = threading.Lock()
@@ -68,10 +187,12 @@ class BoundedConnections:
     def refusal(self) -> bytes:
         raise NotImplementedError
 
-    def load(self) -> dict[str, int]:
-        """Requests being handled now and the most at once since start; connections open and waiting; refusals."""
+    def load(self) -> dict[str, Any]:
+        """Requests being handled now and the most at once since start; connections open and waiting; refusals;
+        the admission's places and queue."""
         with self.waiting_lock:
-            return {"in_flight": len(self.handling), **self.counts, "connection_slots": MAX_CONNECTIONS}
+            connections = {"in_flight": len(self.handling), **self.counts, "connection_slots": MAX_CONNECTIONS}
+        return {**connections, **self.admission.load()}
 
     def working(self, connection: socket.socket) -> None:
         """The connection has a whole request and is being answered: in flight, never evicted."""

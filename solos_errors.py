@@ -50,6 +50,7 @@ class ServiceError(Exception):
 
     status, code = 500, "internal"
     retry_after_s: int | None = None  # set for conditions that pass by themselves
+    reason: str | None = None  # a word for machines where the code alone does not say why (Busy's queue_full)
 
     def __init__(self, message: str, field: str | None = None):
         super().__init__(message)
@@ -148,10 +149,15 @@ class RequestTimeout(ServiceError):
 
 
 class Busy(ServiceError):
-    """The database stayed locked through every retry; never an empty success."""
+    """The database stayed locked through every retry, or more requests came than the service runs and queues
+    (`reason`: queue_full, queue_wait; solos_connections.Admission); never an empty success or a silent stall."""
 
     status, code = 503, "busy"
     retry_after_s = 1
+
+    def __init__(self, message: str, field: str | None = None, reason: str | None = None):
+        super().__init__(message, field)
+        self.reason = reason
 
 
 class StorageUnavailable(ServiceError):
@@ -169,4 +175,6 @@ def error_body(error: ServiceError) -> dict:
     body: dict[str, Any] = {"code": error.code, "status": error.status, "message": error.message}
     if error.field:
         body["field"] = error.field
+    if error.reason:
+        body["reason"] = error.reason
     return {"error": body}

@@ -130,6 +130,7 @@ class Config:
     qdrant: solos_qdrant.Target | None = None  # the mirror's target; None: no mirror
     rerank: bool = True  # the learned reranker reorders keyword and hybrid recall's best rows
     copy_name: str | None = None  # None: hostname:port
+    admit: int = solos_connections.default_admit()  # requests running at once, the rest queued in turn; 0: no cap
 
 
 def env_default(name: str, default: str | None) -> str | None:
@@ -714,9 +715,10 @@ class MemoryHandler(BaseHTTPRequestHandler):
             body = self.read_body()
             self.server.working(self.connection)  # in flight: not to be evicted
             if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
-                self.serve_stream(url.query)
+                self.serve_stream(url.query)  # long-lived, outside the admission cap, as are the documents and page
             else:
-                SERVED.get(url.path, MemoryHandler.call_operation)(self, url, body)
+                with self.server.admitted(exempt=url.path in UNQUEUED):
+                    SERVED.get(url.path, MemoryHandler.call_operation)(self, url, body)
         except ServiceError as error:
             if body is None:
                 self.close_connection = True  # what follows on the socket cannot be told from this body
@@ -902,6 +904,7 @@ SERVED: dict[str, Callable[[MemoryHandler, SplitResult, bytes], None]] = {
     **dict.fromkeys(STATUS_PAGES, MemoryHandler.serve_status),
     "/mcp": MemoryHandler.serve_mcp,
 }
+UNQUEUED = {*SERVICE_DOCUMENTS, *STATUS_PAGES, "/v1/stats"}  # answered at once however busy: they show the queue
 KNOWN_PATHS = {*SERVICE_DOCUMENTS, *STATUS_PAGES, "/mcp", *(op.path for op in OPERATIONS.values())}
 
 
@@ -940,7 +943,7 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
         super().__init__((config.host, config.port), MemoryHandler)
         self.port = self.server_address[1]
         memory.copy = config.copy_name or f"{socket.gethostname()}:{self.port}"
-        self.bound_connections()
+        self.bound_connections(config.admit)
         memory.stats.load = self.load  # in-flight requests and queueing, for /v1/stats and the page
         names = [
             f"{name}:{self.port}" if ":" not in name else f"[{name}]:{self.port}"
@@ -1193,6 +1196,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=env_default("COPY_NAME", None),
         help="which copy of the service this is, in /health, /v1/stats, /metrics and the page (default: hostname:port)",
     )
+    admit_help = "requests running at once, the rest queued in turn (2 per core; 0: no cap) (default: %(default)s)"
+    serve.add_argument(
+        "--admit", type=int, default=env_int("ADMIT", solos_connections.default_admit()), help=admit_help
+    )
     solos_qdrant.add_arguments(serve, env_default)
 
     agents = commands.add_parser("agents", help="register or list agents (admin; never over HTTP)")
@@ -1267,6 +1274,7 @@ def config_from(args: argparse.Namespace) -> Config:
         qdrant=solos_qdrant.target_from(args),
         rerank=getattr(args, "rerank", Config.rerank),
         copy_name=getattr(args, "copy_name", Config.copy_name),
+        admit=getattr(args, "admit", Config.admit),
     )
 
 

@@ -423,7 +423,7 @@ def facts(health: dict, stats: dict) -> str:
 
 
 def load_table(load: dict) -> str:
-    """Requests in flight and connections queueing for a thread slot, now and the most since start."""
+    """Requests in flight, connections queueing for a thread slot and requests for a place to run."""
     if "in_flight" not in load:
         return ""
     items = [
@@ -435,6 +435,16 @@ def load_table(load: dict) -> str:
         ("refused: no slot (503)", load["refused"]),
         ("idle connections evicted", load["evicted"]),
     ]
+    if "running_most" in load and load["running_most"]:  # the admission cap (--admit; 0: none)
+        items += [
+            ("running now", f"{load['running']} of {load['running_most']}"),
+            ("waiting for a place now", f"{load['queued']} of {load['queue_most']}"),
+            ("most waiting at once", load["queued_max"]),
+            ("wait for a place, p50 / p99", f"{load['queue_wait_ms_p50']} / {load['queue_wait_ms_p99']} ms"),
+            ("admitted after waiting", load["admitted_after_waiting"]),
+            ("refused: queue full (503)", load["busy_queue_full"]),
+            ("refused: waited too long (503)", load["busy_queue_wait"]),
+        ]
     rows = "".join(f'<tr><th scope="row">{escape(name)}</th>{cell(value, True)}</tr>' for name, value in items)
     return f'<h2>Load</h2><div class="scroll"><table id="load"><tbody>{rows}</tbody></table></div>'
 

@@ -35,6 +35,7 @@ from harness import ROOT, machine_note, with_vectors
 from locomo_data import DEFAULT_DATA
 
 sys.path.insert(0, str(ROOT))
+import solos_connections  # noqa: E402
 import solos_memory  # noqa: E402
 import solos_recall  # noqa: E402
 import solos_store  # noqa: E402
@@ -166,18 +167,18 @@ class Sampler:
             print(f"    {count / max(self.samples, 1):5.1%}  {where}")
 
 
-def admit(most: int) -> None:
-    """Trial of a bounded worker count: operations past `most` at once wait, blocked, off the GIL's queue."""
-    gate = threading.BoundedSemaphore(most)
-    invoke = solos_memory.invoke
+def time_admission() -> None:
+    """The service's own admission queue (--admit): each request's wait for a place, as a phase."""
+    enter = solos_connections.Admission.enter
 
-    def admitted(*args, **kwargs):
+    def timed(self, *args, **kwargs):
         wall_0 = time.perf_counter()
-        with gate:
+        try:
+            return enter(self, *args, **kwargs)
+        finally:
             PHASES.add("  waiting for admission", time.perf_counter() - wall_0, 0.0)
-            return invoke(*args, **kwargs)
 
-    solos_memory.invoke = admitted
+    solos_connections.Admission.enter = timed  # type: ignore[method-assign]
 
 
 def report(clients: int, figures: dict) -> None:
@@ -209,7 +210,10 @@ def main() -> int:
     parser.add_argument("--rows", default="5k", help="LoCoMo turns as long facts (default: %(default)s)")
     parser.add_argument("--hybrid", action="store_true", help="with the embedder (default: keyword)")
     parser.add_argument(
-        "--admit", type=int, default=0, help="trial: at most N operations at once, the rest wait (default: off)"
+        "--admit",
+        type=int,
+        default=solos_connections.default_admit(),
+        help="the service's --admit: requests running at once, the rest queued; 0 no cap (default: %(default)s)",
     )
     parser.add_argument("--pool-size", type=int, default=0, help="trial: solos_store.POOL_SIZE (default: as is)")
     parser.add_argument("--sample", action="store_true", help="also sample where threads wait (default: no)")
@@ -225,16 +229,21 @@ def main() -> int:
     mode = "hybrid" if args.hybrid else "keyword"
     print(machine_note())
     instrument()
-    if args.admit:
-        admit(args.admit)
-        print(f"trial: at most {args.admit} operations run at once (the rest wait on a semaphore)")
+    time_admission()
+    print(f"--admit {args.admit}: " + (f"at most {args.admit} requests run at once" if args.admit else "no cap"))
     if args.pool_size:
         solos_store.POOL_SIZE = args.pool_size
         print(f"trial: POOL_SIZE {args.pool_size}")
     with tempfile.TemporaryDirectory(prefix="solos-load-profile-") as folder:
         db = Path(folder) / "profile.db"
         shutil.copy(source, db)
-        config = solos_memory.Config(db=str(db), port=0, log_requests=False, model_dir=None if args.hybrid else "off")
+        config = solos_memory.Config(
+            db=str(db),
+            port=0,
+            log_requests=False,
+            model_dir=None if args.hybrid else "off",
+            admit=args.admit,
+        )
         server = solos_memory.build_server(config, [])
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         thread.start()

@@ -6,22 +6,33 @@ import http.client
 import socket
 import threading
 
+import pytest
 from conftest import wait_until
 
+import solos_connections
 import solos_memory
+from solos_errors import Busy
 
 
-def test_in_flight_rises_during_a_slow_request_and_falls_after(server, monkeypatch):
-    entered, release = threading.Event(), threading.Event()
+@pytest.fixture
+def held_recalls(monkeypatch):
+    """Recalls block inside the operation until released: they hold their admission places."""
+    entered, release = threading.Semaphore(0), threading.Event()
     invoke = solos_memory.invoke
 
     def held_recall(memory, tokens, op, args, headers):
         if op.name == "recall":
-            entered.set()
-            release.wait(10)
+            entered.release()
+            release.wait(20)
         return invoke(memory, tokens, op, args, headers)
 
     monkeypatch.setattr(solos_memory, "invoke", held_recall)
+    yield entered, release
+    release.set()
+
+
+def test_in_flight_rises_during_a_slow_request_and_falls_after(server, held_recalls):
+    entered, release = held_recalls
     idle = socket.create_connection(("127.0.0.1", server.port))  # open, sends nothing: a connection, not in flight
     answers: list[int] = []
 
@@ -34,7 +45,7 @@ def test_in_flight_rises_during_a_slow_request_and_falls_after(server, monkeypat
     slow = threading.Thread(target=recall)
     slow.start()
     try:
-        assert entered.wait(10)
+        assert entered.acquire(timeout=10)
         during = server.get("/v1/stats").body["load"]
         page = server.get("/status").raw.decode()
     finally:
@@ -65,3 +76,137 @@ def test_a_refused_newcomer_is_counted(server):
     finally:
         ours.close()
     assert server.get("/v1/stats").body["load"]["refused"] == 1
+
+
+# ==== Admission: at most N requests run at once, the rest wait in turn (solos_connections.Admission) ====
+
+
+def test_admission_lets_waiters_in_first_come_first_served():
+    admission = solos_connections.Admission(1, queue_most=8, wait_s=30)
+    admission.enter()  # the one place, held
+    order: list[int] = []
+
+    def wait_in_turn(number: int) -> None:
+        with admission.admitted():
+            order.append(number)
+
+    threads = []
+    for number in range(6):  # each joins the queue before the next starts: arrival order is known
+        threads.append(threading.Thread(target=wait_in_turn, args=(number,)))
+        threads[-1].start()
+        wait_until(lambda n=number: len(admission.queue) == n + 1, f"waiter {number} to queue")
+    admission.leave()
+    for thread in threads:
+        thread.join(10)
+    assert order == list(range(6))
+    load = admission.load()
+    assert load["running"] == 0 and load["queued"] == 0 and load["queued_max"] == 6
+    assert load["admitted_after_waiting"] == 6 and load["running_max"] == 1
+
+
+def test_a_place_freed_goes_to_the_oldest_waiter_never_to_a_newcomer():
+    admission = solos_connections.Admission(1, queue_most=8, wait_s=30)
+    admission.enter()
+    admitted, done = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        with admission.admitted():
+            admitted.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wait_until(lambda: len(admission.queue) == 1, "the waiter to queue")
+    admission.leave()
+    assert admission.running == 1 and not admission.queue  # handed over, never free for anyone to take
+    admission.wait_s = 0.01
+    with pytest.raises(Busy) as late:  # the newcomer queues behind the place's new holder, and gives up
+        admission.enter()
+    done.set()
+    thread.join(10)
+    assert admitted.is_set() and late.value.reason == "queue_wait" and admission.running == 0
+
+
+def recall_in_background(server, answers: list) -> threading.Thread:
+    def recall() -> None:
+        answers.append(server.recall("atlas", "anything").status)
+
+    thread = threading.Thread(target=recall)
+    thread.start()
+    return thread
+
+
+def test_a_full_queue_answers_503_busy_naming_the_reason_and_the_stats_show_the_queue(make_server, held_recalls):
+    entered, release = held_recalls
+    server = make_server(admit=1)
+    server.server.admission.queue_most = 1
+    answers: list[int] = []
+    running = recall_in_background(server, answers)
+    assert entered.acquire(timeout=10)
+    queued = recall_in_background(server, answers)
+    wait_until(lambda: server.get("/v1/stats").body["load"]["queued"] == 1, "the second recall to queue")
+    try:
+        refused = server.recall("atlas", "anything")
+        during = server.get("/v1/stats").body["load"]
+        page = server.get("/status").raw.decode()
+    finally:
+        release.set()
+        running.join(10)
+        queued.join(10)
+    assert refused.status == 503 and refused.headers["retry-after"] == "1"
+    assert refused.body["error"]["code"] == "busy" and refused.body["error"]["reason"] == "queue_full"
+    assert "queue full" in refused.body["error"]["message"]
+    assert sorted(answers) == [200, 200]  # the queued one ran once the place came free: nothing lost
+    assert during["running"] == 1 and during["running_most"] == 1 and during["queued"] == 1
+    assert during["busy_queue_full"] == 1 and during["queued_max"] == 1
+    after = server.get("/v1/stats").body
+    assert after["load"]["queued"] == 0 and after["load"]["admitted_after_waiting"] == 1
+    assert after["rejections"]["busy"] == 1
+    assert "waiting for a place now" in page and "refused: queue full (503)" in page
+
+
+def test_a_request_that_waits_past_the_bound_gets_503_busy_not_a_stall(make_server, held_recalls):
+    entered, release = held_recalls
+    server = make_server(admit=1)
+    server.server.admission.wait_s = 0.05  # the place is held throughout: the wait must run out
+    answers: list[int] = []
+    running = recall_in_background(server, answers)
+    assert entered.acquire(timeout=10)
+    try:
+        refused = server.recall("atlas", "anything")
+    finally:
+        release.set()
+        running.join(10)
+    assert refused.status == 503 and refused.headers["retry-after"] == "1"
+    assert refused.body["error"]["reason"] == "queue_wait"
+    assert server.get("/v1/stats").body["load"]["busy_queue_wait"] == 1
+
+
+def test_health_metrics_the_page_stats_and_streams_pass_while_every_place_is_taken(make_server, held_recalls):
+    entered, release = held_recalls
+    server = make_server(admit=1)
+    server.server.admission.queue_most = 0  # full: any request that queues is refused at once
+    answers: list[int] = []
+    running = recall_in_background(server, answers)
+    assert entered.acquire(timeout=10)
+    stream = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    try:
+        assert server.recall("atlas", "anything").status == 503  # the cap is full
+        passed = {path: server.get(path).status for path in ("/health", "/metrics", "/status", "/v1/stats")}
+        stream.sendall(
+            b"GET /v1/events?agent=atlas HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAccept: text/event-stream\r\n\r\n"
+            % server.port
+        )
+        head = stream.recv(4096)
+    finally:
+        stream.close()
+        release.set()
+        running.join(10)
+    assert passed == dict.fromkeys(passed, 200)
+    assert head.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in head
+
+
+def test_admit_zero_runs_every_request_at_once():
+    admission = solos_connections.Admission(0)
+    with admission.admitted(), admission.admitted():
+        assert admission.load()["running"] == 0
