@@ -563,6 +563,7 @@ OPERATIONS = solos_operations.table(
     solos_provenance.OPERATION_ROWS,
 )
 ROUTES = {(op.method, op.path): op for op in OPERATIONS.values()}
+WRITES = {route for route, op in ROUTES.items() if op.writes}  # their own admission lane (solos_connections)
 
 
 def validate_for(name: str, args: dict) -> dict:
@@ -717,7 +718,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
             if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
                 self.serve_stream(url.query)  # long-lived, outside the admission cap, as are the documents and page
             else:
-                with self.server.admitted(exempt=url.path in UNQUEUED):
+                with self.server.admitted(exempt=url.path in UNQUEUED, writes=(self.command, url.path) in WRITES):
                     SERVED.get(url.path, MemoryHandler.call_operation)(self, url, body)
         except ServiceError as error:
             if body is None:

@@ -435,15 +435,17 @@ def load_table(load: dict) -> str:
         ("refused: no slot (503)", load["refused"]),
         ("idle connections evicted", load["evicted"]),
     ]
-    if "running_most" in load and load["running_most"]:  # the admission cap (--admit; 0: none)
+    if load.get("running_most"):  # the admission cap (--admit; 0: none), its two lanes: "reads / writes"
+        lanes = (load, load["writes"]) if "writes" in load else (load,)
+        pair = lambda pattern: " / ".join(pattern.format(**lane) for lane in lanes)  # noqa: E731
         items += [
-            ("running now", f"{load['running']} of {load['running_most']}"),
-            ("waiting for a place now", f"{load['queued']} of {load['queue_most']}"),
-            ("most waiting at once", load["queued_max"]),
-            ("wait for a place, p50 / p99", f"{load['queue_wait_ms_p50']} / {load['queue_wait_ms_p99']} ms"),
-            ("admitted after waiting", load["admitted_after_waiting"]),
-            ("refused: queue full (503)", load["busy_queue_full"]),
-            ("refused: waited too long (503)", load["busy_queue_wait"]),
+            ("running now, reads / writes", pair("{running} of {running_most}")),
+            ("waiting for a place now", pair("{queued} of {queue_most}")),
+            ("most waiting at once", pair("{queued_max}")),
+            ("wait for a place, p50-p99", pair("{queue_wait_ms_p50}-{queue_wait_ms_p99} ms")),
+            ("admitted after waiting", pair("{admitted_after_waiting}")),
+            ("refused: queue full (503)", pair("{busy_queue_full}")),
+            ("refused: waited too long (503)", pair("{busy_queue_wait}")),
         ]
     rows = "".join(f'<tr><th scope="row">{escape(name)}</th>{cell(value, True)}</tr>' for name, value in items)
     return f'<h2>Load</h2><div class="scroll"><table id="load"><tbody>{rows}</tbody></table></div>'

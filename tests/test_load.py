@@ -136,27 +136,41 @@ def recall_in_background(server, answers: list) -> threading.Thread:
     return thread
 
 
-def test_a_full_queue_answers_503_busy_naming_the_reason_and_the_stats_show_the_queue(make_server, held_recalls):
+@pytest.fixture
+def one_place_held(make_server, held_recalls):
+    """hold(**bounds): a server with one place for reads, taken by a held recall, and the recalls' statuses
+    (filled as they end); `bounds` set the reads' Admission (queue_most, wait_s). Released at the end."""
     entered, release = held_recalls
-    server = make_server(admit=1)
-    server.server.admission.queue_most = 1
     answers: list[int] = []
-    running = recall_in_background(server, answers)
-    assert entered.acquire(timeout=10)
-    queued = recall_in_background(server, answers)
+    threads: list[threading.Thread] = []
+
+    def hold(**bounds: float) -> tuple:
+        server = make_server(admit=1)
+        for name, value in bounds.items():
+            setattr(server.server.admission, name, value)
+        threads.append(recall_in_background(server, answers))
+        assert entered.acquire(timeout=10)
+        return server, answers, threads
+
+    yield hold
+    release.set()
+    for thread in threads:
+        thread.join(10)
+
+
+def test_a_full_queue_answers_503_busy_naming_the_reason_and_the_stats_show_the_queue(one_place_held, held_recalls):
+    server, answers, threads = one_place_held(queue_most=1)
+    threads.append(recall_in_background(server, answers))
     wait_until(lambda: server.get("/v1/stats").body["load"]["queued"] == 1, "the second recall to queue")
-    try:
-        refused = server.recall("atlas", "anything")
-        during = server.get("/v1/stats").body["load"]
-        page = server.get("/status").raw.decode()
-    finally:
-        release.set()
-        running.join(10)
-        queued.join(10)
+    refused = server.recall("atlas", "anything")
+    during = server.get("/v1/stats").body["load"]
+    page = server.get("/status").raw.decode()
+    held_recalls[1].set()
+    wait_until(lambda: len(answers) == 2, "both recalls to end")
     assert refused.status == 503 and refused.headers["retry-after"] == "1"
     assert refused.body["error"]["code"] == "busy" and refused.body["error"]["reason"] == "queue_full"
     assert "queue full" in refused.body["error"]["message"]
-    assert sorted(answers) == [200, 200]  # the queued one ran once the place came free: nothing lost
+    assert answers == [200, 200]  # the queued one ran once the place came free: nothing lost
     assert during["running"] == 1 and during["running_most"] == 1 and during["queued"] == 1
     assert during["busy_queue_full"] == 1 and during["queued_max"] == 1
     after = server.get("/v1/stats").body
@@ -165,43 +179,34 @@ def test_a_full_queue_answers_503_busy_naming_the_reason_and_the_stats_show_the_
     assert "waiting for a place now" in page and "refused: queue full (503)" in page
 
 
-def test_a_request_that_waits_past_the_bound_gets_503_busy_not_a_stall(make_server, held_recalls):
-    entered, release = held_recalls
-    server = make_server(admit=1)
-    server.server.admission.wait_s = 0.05  # the place is held throughout: the wait must run out
-    answers: list[int] = []
-    running = recall_in_background(server, answers)
-    assert entered.acquire(timeout=10)
-    try:
-        refused = server.recall("atlas", "anything")
-    finally:
-        release.set()
-        running.join(10)
+def test_writes_have_a_lane_of_their_own_while_every_read_place_is_taken(one_place_held):
+    server, _, _ = one_place_held(queue_most=0)  # full: a read that would queue is refused at once
+    assert server.recall("atlas", "anything").status == 503
+    written = server.post("/v1/long", {"agent": "atlas", "topic": "lane", "fact": "writes pass"})
+    load = server.get("/v1/stats").body["load"]
+    assert written.status == 201
+    assert load["writes"]["running_most"] == solos_connections.ADMIT_WRITES_PER_PLACE
+    assert load["writes"]["running_max"] == 1 and load["writes"]["busy_queue_full"] == 0
+
+
+def test_a_request_that_waits_past_the_bound_gets_503_busy_not_a_stall(one_place_held):
+    server, _, _ = one_place_held(wait_s=0.05)  # the place is held throughout: the wait must run out
+    refused = server.recall("atlas", "anything")
     assert refused.status == 503 and refused.headers["retry-after"] == "1"
     assert refused.body["error"]["reason"] == "queue_wait"
     assert server.get("/v1/stats").body["load"]["busy_queue_wait"] == 1
 
 
-def test_health_metrics_the_page_stats_and_streams_pass_while_every_place_is_taken(make_server, held_recalls):
-    entered, release = held_recalls
-    server = make_server(admit=1)
-    server.server.admission.queue_most = 0  # full: any request that queues is refused at once
-    answers: list[int] = []
-    running = recall_in_background(server, answers)
-    assert entered.acquire(timeout=10)
-    stream = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    try:
-        assert server.recall("atlas", "anything").status == 503  # the cap is full
-        passed = {path: server.get(path).status for path in ("/health", "/metrics", "/status", "/v1/stats")}
+def test_health_metrics_the_page_stats_and_streams_pass_while_every_place_is_taken(one_place_held):
+    server, _, _ = one_place_held(queue_most=0)
+    assert server.recall("atlas", "anything").status == 503  # the cap is full
+    passed = {path: server.get(path).status for path in ("/health", "/metrics", "/status", "/v1/stats")}
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as stream:
         stream.sendall(
             b"GET /v1/events?agent=atlas HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAccept: text/event-stream\r\n\r\n"
             % server.port
         )
         head = stream.recv(4096)
-    finally:
-        stream.close()
-        release.set()
-        running.join(10)
     assert passed == dict.fromkeys(passed, 200)
     assert head.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in head
 
