@@ -69,6 +69,7 @@ BM25_K1, BM25_B = 1.2, 0.75  # FTS5's
 # set on LoCoMo-shaped rows (20 questions): 0.1 gives a first pass that clears the bound on 19 of 20 at 100k rows
 # (p50 1,058 -> 304 ms), 0.25 scores more rows than needed (451 ms).
 FIRST_PASS_ROWS, FIRST_PASS_SHARE = 2000, 0.1
+PASS_GROWTH = 3  # a pass that does not clear the bound: the next takes the next word, and words for 3x the rows
 # Per table: the weight of each tsvector class A-D, from the FTS5 column weights (solos_store.TIER_TABLE) as
 # schema_pg.sql files the columns; OWN_CLASSES: a row's own text (FTS5's column filter {topic fact tags agent}).
 WEIGHTS = {
@@ -396,9 +397,9 @@ class PgStore(solos_store.Store):
         Exact top `limit` without scoring every matching row (MaxScore): a word adds at most idf * (k1 + 1) to
         a row's score, so once the rows holding the rarest words are scored, a row holding none of them (only
         common words) cannot pass the `limit`-th score if those common words' bounds add up to less. The rare
-        words are as many as match FIRST_PASS_ROWS rows or FIRST_PASS_SHARE of the tier; when their scores do
-        not clear the bound, every matching row is scored, as before. One REPEATABLE READ snapshot: both passes
-        agree."""
+        words are as many as match FIRST_PASS_ROWS rows or FIRST_PASS_SHARE of the tier; while their scores do
+        not clear the bound, the next pass takes the next word and PASS_GROWTH times the rows, the last one
+        every matching row, as before. One REPEATABLE READ snapshot: every pass sees the same rows."""
         text, classes = match_words(match)
         rows, _ = self.size(conn, tier.table)
         counted = conn.execute(
@@ -411,15 +412,17 @@ class PgStore(solos_store.Store):
         if not terms:
             return []
         rare, matched, budget = 0, 0, max(FIRST_PASS_ROWS, rows * FIRST_PASS_SHARE)
-        while rare < len(terms) and (rare == 0 or matched + terms[rare][1] <= budget):
-            matched += terms[rare][1]
-            rare += 1
-        if rare < len(terms):
+        while True:
+            while rare < len(terms) and (rare == 0 or matched + terms[rare][1] <= budget):
+                matched += terms[rare][1]
+                rare += 1
             found = self.scored(conn, tier, seen, terms, terms[:rare], classes, limit, tags)
+            if rare == len(terms):
+                return found
             bound = sum(bm25_idf(rows, df) * (BM25_K1 + 1) for _, df in terms[rare:]) * (1 + 1e-9)
             if len(found) == limit and found[-1]["score"] > bound:
                 return found
-        return self.scored(conn, tier, seen, terms, terms, classes, limit, tags)
+            budget, rare, matched = budget * PASS_GROWTH, rare + 1, matched + terms[rare][1]
 
     def scored(
         self,
