@@ -22,6 +22,7 @@ import pytest
 from conftest import WordHashEmbedder, fleet_writer, start_server, stop_server, wait_until
 
 import solos_memory
+import solos_rank
 import solos_store
 
 STAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
@@ -405,6 +406,40 @@ def test_the_same_questions_find_the_same_rows_in_the_same_order_on_both_stores(
     assert sum(len(rows) for rows in on_sqlite) > 100  # the questions find plenty
     differing = [(q, s, p) for q, s, p in zip(asked, on_sqlite, on_postgresql) if s != p]
     assert differing == []
+
+
+@pytest.mark.slow
+def test_postgresql_scores_the_rarest_words_rows_first_and_answers_as_scoring_every_match(pg_url, monkeypatch):
+    """PgStore.ranked_rows scores the rows holding a question's rarest words first, and answers from them only
+    when no other row can reach their scores (MaxScore): then the answer is the one scoring every match gives."""
+    import solos_store_pg
+
+    stop_server(start_server(pg_url))  # the schema, atlas registered
+    draw = random.Random(34)
+    common = WORDS[:6]  # in most rows: the rows holding only these can never make the top
+    with fleet_writer(pg_url) as conn:
+        for n in range(400):
+            words = draw.sample(common, 3) + draw.sample(WORDS[6:], draw.choice((0, 0, 0, 1, 2)))
+            conn.execute(
+                "INSERT INTO memory_longterm (agent, topic, fact) VALUES ('atlas', ?, ?)", (f"t{n}", " ".join(words))
+            )
+    store = solos_store_pg.PgStore(pg_url)
+    tier, seen = solos_store.TIER_TABLE["long"], solos_store.Visibility("atlas", "shared", queries=store.queries)
+    passes: list[int] = []
+    scored = store.scored
+    monkeypatch.setattr(store, "scored", lambda conn, *args: passes.append(len(args[3])) or scored(conn, *args))
+    try:
+        for question in [f"{WORDS[n]} {WORDS[n + 1]} {common[n % 6]} {common[(n + 1) % 6]}" for n in range(6, 40)]:
+            match = solos_rank.make_fts_query(solos_rank.query_words(question)) or ""
+            monkeypatch.setattr(solos_store_pg, "FIRST_PASS_ROWS", 0)
+            monkeypatch.setattr(solos_store_pg, "FIRST_PASS_SHARE", 0.0)
+            first = store.read(lambda conn, match=match: store.ranked_rows(conn, tier, seen, match, 5))
+            monkeypatch.setattr(solos_store_pg, "FIRST_PASS_ROWS", 10**9)
+            every = store.read(lambda conn, match=match: store.ranked_rows(conn, tier, seen, match, 5))
+            assert [(r["id"], r["score"]) for r in first] == [(r["id"], r["score"]) for r in every], question
+    finally:
+        store.close()
+    assert passes.count(1) > len(passes) // 4  # the first pass (the rarest word alone) answered often
 
 
 # Words the fleet writes inside addresses, paths and numbers: FTS5's unicode61 splits them at every punctuation
