@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, raw_exchange, write_tokens
+from conftest import ROOT, raw_exchange, wait_until, write_tokens
 from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -199,8 +199,14 @@ def test_logs_are_one_json_object_per_line(make_server, capfd):
     server = make_server("json-logs.db", log_requests=True)
     server.post("/v1/long", {"agent": "atlas", "fact": "logged fact"})
     server.post("/v1/long", {"agent": "mallory", "fact": "refused"})
-    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
-    events = [json.loads(line) for line in lines]
+    events: list[dict] = []
+
+    def both_requests_logged() -> bool:  # a request's line is written after its answer: the client may read first
+        lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+        events.extend(json.loads(line) for line in lines)
+        return sum(e["event"] == "request" for e in events) >= 2
+
+    wait_until(both_requests_logged, "both requests' log lines")
     rejected = [e for e in events if e["event"] == "rejected"]
     assert rejected == [{**rejected[0], "agent": "mallory", "operation": "write_long", "code": "unknown_agent"}]
     assert any(e["event"] == "request" and e["status"] == 201 for e in events)
