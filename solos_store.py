@@ -65,61 +65,25 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from solos_errors import (
-    BadRequest as BadRequest,
-)
-from solos_errors import (
-    Busy as Busy,
-)
-from solos_errors import (
-    Conflict as Conflict,
-)
-from solos_errors import (
-    Forbidden as Forbidden,
-)
-from solos_errors import (
-    JsonLogHandler as JsonLogHandler,
-)
-from solos_errors import (
-    LengthRequired as LengthRequired,
-)
-from solos_errors import (
-    MethodNotAllowed as MethodNotAllowed,
-)
-from solos_errors import (
-    NotFound as NotFound,
-)
-from solos_errors import (
-    PayloadTooLarge as PayloadTooLarge,
-)
-from solos_errors import (
-    ProtocolError as ProtocolError,
-)
-from solos_errors import (
-    RequestTimeout as RequestTimeout,
-)
-from solos_errors import (
-    ServiceError as ServiceError,
-)
-from solos_errors import (
-    StorageUnavailable as StorageUnavailable,
-)
-from solos_errors import (
-    Unauthorized as Unauthorized,
-)
-from solos_errors import (
-    UnknownAgent as UnknownAgent,
-)
-from solos_errors import (
-    UnsupportedMediaType as UnsupportedMediaType,
-)
-from solos_errors import (
-    error_body as error_body,
-)
 from solos_errors import (  # the service's errors and log lines, raised and written here too
+    BadRequest as BadRequest,
+    Busy as Busy,
+    Conflict as Conflict,
+    Forbidden as Forbidden,
+    JsonLogHandler as JsonLogHandler,
+    LengthRequired as LengthRequired,
+    MethodNotAllowed as MethodNotAllowed,
+    NotFound as NotFound,
+    PayloadTooLarge as PayloadTooLarge,
+    ProtocolError as ProtocolError,
+    RequestTimeout as RequestTimeout,
+    ServiceError as ServiceError,
+    StorageUnavailable as StorageUnavailable,
+    Unauthorized as Unauthorized,
+    UnknownAgent as UnknownAgent,
+    UnsupportedMediaType as UnsupportedMediaType,
+    error_body as error_body,
     log_event as log_event,
-)
-from solos_errors import (
     utc_now as utc_now,
 )
 

@@ -34,8 +34,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from harness import Client as HttpClient
-from harness import machine_note, start_service
+from harness import Client as HttpClient, machine_note, start_service
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = [f"The kestrel backup job keeps {n + 7} nightly copies on volume {n}" for n in range(5)]

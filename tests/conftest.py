@@ -28,8 +28,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from pg_server import ThrowawayPostgres, unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FaultServer, dead_url, episodic_rows, write_tokens
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import solos_client
 import solos_memory

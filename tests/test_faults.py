@@ -20,8 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import BUDGET_MS, ROOT, raw_exchange, skip_or_fail, start_server, statuses_in, stop_server, wait_until
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 import pyz_build
 import solos_connections

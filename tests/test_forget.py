@@ -24,8 +24,7 @@ from conftest import (
     stop_server,
     wait_until,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import solos_rank
 

@@ -20,8 +20,7 @@ from conftest import (
     wait_for_vectors,
     wait_until,
 )
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import solos_embed_worker
 import solos_memory

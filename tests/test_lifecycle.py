@@ -6,8 +6,7 @@ import json
 
 import pytest
 from conftest import PROPERTY_SETTINGS, age, episode, fresh_agents, marker, purge, sentences
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 
 def mcp_result(reply) -> tuple[bool, dict]:

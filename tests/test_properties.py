@@ -6,8 +6,7 @@ import sqlite3
 
 import pytest
 from conftest import BUDGET_MS, PROPERTY_SETTINGS, fresh_agents, marker, sentences
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 pytestmark = pytest.mark.slow  # hypothesis: hundreds of requests per test
 

@@ -11,8 +11,7 @@ import uuid
 
 import pytest
 from conftest import ROOT, start_server, stop_server, write_tokens
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import solos_memory
 import solos_provenance

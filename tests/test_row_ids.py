@@ -8,8 +8,7 @@ import sqlite3
 
 import pytest
 from conftest import Stream, age, episode, purge, start_server, stop_server, subscribed, write_tokens
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import solos_memory
 import solos_snapshot

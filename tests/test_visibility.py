@@ -7,8 +7,7 @@ import sqlite3
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import solos_store
 from solos_store import TIER_TABLE, Visibility
