@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,8 +43,9 @@ from solos_rank import STOP_WORDS
 
 JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
 # The sha256 of JUDGE_PATH as bench/judge_fit.py wrote it (the script rewrites this line).
-JUDGE_SHA256 = "d99737480f9fc781f3701d9a662beaba4f75e29aff95ca23a66a19476958a939"
+JUDGE_SHA256 = "561ad67f7c1d84c353f9c379b644eaeb83c3475e90c85780d54db23a69e9d9e9"
 JUDGE_FORMAT = 1
+OFF_VARIABLE = "SOLOS_MEMORY_JUDGE"
 MODES = ("hybrid", "keyword")
 STEM_LENGTH = 5  # solos_rank's coverage stems: a stemmer's poor cousin (approve/approved/approval)
 
@@ -56,28 +58,36 @@ _MONTHS = (
     "january february march april may june july august september october november december "
     "jan feb mar apr jun jul aug sep sept oct nov dec"
 ).split()
-_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday weekend".split()
 _DATE = re.compile(
-    r"\b(?:(?:19|20)\d\d-\d\d(?:-\d\d)?|\d{1,2}/\d{1,2}(?:/\d{2,4})?|(?:19|20)\d\d|q[1-4]|h[12]|"
-    rf"{'|'.join(_MONTHS + _WEEKDAYS)}|yesterday|today|tomorrow)\b",
+    r"\b(?:(?:19|20)\d\d-\d\d(?:-\d\d)?|\d{1,2}/\d{1,2}(?:/\d{2,4})?|(?:19|20)\d\d|q[1-4]|h[12]|\d{1,2}:\d\d|"
+    rf"(?:{'|'.join(_MONTHS + _WEEKDAYS)})s?|yesterday|today|tomorrow|tonight|morning|afternoon|evening|noon|"
+    r"midnight|daily|weekly|monthly|quarterly|nightly)\b",
     re.IGNORECASE,
 )
 _NUMBER = re.compile(r"\d")
-# A person: two capitalised words (Priya Raman, Anouk de Vries), or a role naming one.
-_NAME = re.compile(
-    r"\b[A-Z][a-z]+ (?:(?:de|van|von|da|del) )?[A-Z][a-z]+\b|\b(?:commander|owner|approver|approved by|lead)\b:? [A-Z]",
+# A person: two capitalised words (Priya Raman, Anouk de Vries), or a role naming one ("IC Elif", "Owner: Tom").
+_ROLE = r"(?i:commander|commanded by|ic|owner|owned by|approver|approved by|lead|led by|signed by|scribe)"
+_NAME = re.compile(rf"\b[A-Z][a-z]+ (?:(?:de|van|von|da|del) )?[A-Z][a-z]+\b|\b{_ROLE}\b:? (?:is |was )?[A-Z][a-z]+")
+# A port: "port 8443", "tp.hx.internal:3080", "listens on 8088", "gRPC 8001", "(443)".
+_PORT = re.compile(
+    r"\bports? (?:is |are |of )?\d{2,5}\b|:\d{2,5}\b|\b(?:listens?|listening|serves?|answers?|runs?) (?:on|at) "
+    r"(?:port )?\d{2,5}\b|\b(?:https?|grpc|tcp|udp|metrics|ui|api|admin|submission) (?:on )?\d{2,5}\b|\(\d{2,5}\)",
+    re.I,
 )
-_PORT = re.compile(r"\bports? \d{2,5}\b|:\d{2,5}\b|\bports? (?:is |are |of )?\d", re.I)
 _PLACE = re.compile(
     r"[a-z0-9-]+\.(?:internal|com|net|io|org)\b|\b[a-z]+-?\d+[a-z0-9-]*\b|\b(?:rack|dc|region|office|floor|room|"
     r"city|country|host|cluster|zone)\b|\b[A-Z][a-z]{2,}\b",
 )
-# What a question asks for, first match wins: (pattern, kind).
+# What a question asks for, first match wins: (pattern, kind). Read only in the question's opening words, so
+# "a call or a message when something breaks" does not ask for a date.
+ASK_WORDS = 6
 _ASKS = (
     (re.compile(r"\b(what|which) ports?\b", re.I), "port"),
     (
         re.compile(
-            r"\b(when|what (date|day|time|year|month)|which (date|day|year|month)|by what|since when|how long ago)\b",
+            r"\b(when|what (date|day|days|time|year|month)|which (date|day|days|year|month)|by what|since when|"
+            r"how long ago|at what (hour|time))\b",
             re.I,
         ),
         "date",
@@ -117,8 +127,9 @@ ATTRIBUTES = frozenset(
 
 def asked_kind(question: str) -> str:
     """What the question asks for: port, date, number, person, place, or "" for anything else."""
+    opening = " ".join(question.split()[:ASK_WORDS])
     for pattern, kind in _ASKS:
-        if pattern.search(question):
+        if pattern.search(opening):
             return kind
     return ""
 
@@ -141,6 +152,20 @@ def holds_kind(text: str, kind: str) -> bool:
 def content_stems(text: str) -> set[str]:
     """The text's content words as solos_rank's 5-letter stems, stop words dropped."""
     return {w[:STEM_LENGTH] for w in _WORD.findall(text.lower()) if w not in STOP_WORDS}
+
+
+# Attributes a row holds without naming them: "listens on 8088" holds a port, "IC Elif Kaya" a commander.
+_IMPLIED = (
+    (_PORT, "port"),
+    (re.compile(r"\b(?:IC|(?i:led by|commanded by|incident lead))\b"), "comma"),
+    (re.compile(r"\b(?i:approved|signed off|signed by)\b"), "appro"),
+    (re.compile(r"\b(?i:owned by|owns)\b"), "owner"),
+)
+
+
+def row_stems(text: str) -> set[str]:
+    """A row's content stems and the attributes it implies (see _IMPLIED)."""
+    return content_stems(text) | {stem for pattern, stem in _IMPLIED if pattern.search(text)}
 
 
 def identifiers(question: str) -> set[str]:
@@ -219,7 +244,7 @@ FEATURES = {"hybrid": HYBRID_FEATURES, "keyword": tuple(n for n in HYBRID_FEATUR
 def features(question: str, rows: Sequence[Mapping], mode: str) -> list[dict[str, float]]:
     """Each row's features by name (FEATURES[mode] order), read against the other candidates."""
     texts = [row_text(r) for r in rows]
-    stems = [content_stems(t) for t in texts]
+    stems = [row_stems(t) for t in texts]
     tokens = [row_tokens(t) for t in texts]
     wanted = content_stems(question)
     ids = identifiers(question)
@@ -326,7 +351,11 @@ def read_shipped(path: Path) -> bytes:
 
 def load(path: Path | str = JUDGE_PATH, sha256: str | None = JUDGE_SHA256) -> Judge:
     """The judge in `path`, its sha256 checked against `sha256` (None: not checked). Never raises: a missing,
-    changed or malformed file gives a judge with no models and the reason."""
+    changed or malformed file gives a judge with no models and the reason. SOLOS_MEMORY_JUDGE=off turns it off
+    (relevance is then the reranker's calibration, and the receipt says so): what bench/judge_data.py records,
+    since the judge reads that calibration, never its own output."""
+    if os.environ.get(OFF_VARIABLE, "").strip().lower() == "off":
+        return Judge(reason=f"judge turned off ({OFF_VARIABLE}=off)")
     path = Path(path)
     try:
         raw = read_shipped(path)

@@ -2,7 +2,8 @@
 
 Two domains, each loaded into a scratch service through REST (as bench/locomo.py runs one) and asked every
 question with k=20 and min_relevance=0, so every row the reranker's head holds comes back with its `score`
-(the reranker's probability) and its `relevance` (today's calibration):
+(the reranker's probability) and its `relevance` (today's calibration: the service runs with the judge off,
+SOLOS_MEMORY_JUDGE=off, since the judge reads that calibration and must not be fitted on its own output):
 
 - fleet (bench/data/fleet): all 320 facts as long facts by their agents (source `fleet-bench`, confidence 0.9
   for every row, so neither carries a signal), asked every question as its asker. A row is positive when it is
@@ -40,8 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from locomo_data import DEFAULT_DATA, REPO, agent_names, load_conversations  # noqa: E402
 from locomo_service import Service, prepare, write_turns  # noqa: E402
 
+import solos_judge  # noqa: E402
+
 FLEET = REPO / "bench" / "data" / "fleet"
-CACHE = REPO / ".cache" / "bench" / "judge-data.jsonl"
+CACHE = REPO / ".cache" / "bench" / "judge-data-v2.jsonl"  # v2: relevance recorded with the judge off
 DEPTH = 20  # the reranker's head (solos_rank.RERANK_DEPTH): every row there carries its relevance
 READER = "locomo-reader"
 SEED = 33
@@ -63,6 +66,8 @@ def recall_rows(service: Service, agent: str, question: str, mode: str) -> list[
     else:
         raise RuntimeError(f"hybrid recall stayed degraded: {body.get('degraded_reason')}")
     legs = body.get("receipt", {}).get("legs", [])
+    if body.get("receipt", {}).get("judge") not in (None, "relevance"):  # the judge reads the calibration, not itself
+        raise RuntimeError(f"recall was judged by {body.get('receipt', {}).get('judge')!r}: start it with the judge off")
     if mode == "hybrid" and (body.get("ranking") != "hybrid" or "vector" not in legs):
         # A service without its embedder answers keyword-only: such rows must never be cached as hybrid.
         raise RuntimeError(f"a hybrid recall answered ranking {body.get('ranking')!r} with legs {legs}")
@@ -206,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"LoCoMo's file (default: {DEFAULT_DATA})")
     parser.add_argument("--out", type=Path, default=CACHE, help=f"where the JSONL goes (default: {CACHE})")
     args = parser.parse_args(argv)
+    os.environ[solos_judge.OFF_VARIABLE] = "off"  # the services below inherit it
     if args.out.exists() and not args.refresh:
         print(f"{args.out}: cached ({sum(1 for _ in args.out.open())} records); --refresh builds it again")
         return 0

@@ -97,6 +97,47 @@ def test_what_a_question_asks_for():
     assert solos_judge.asked_kind("Who commanded INC-2270?") == "person"
     assert solos_judge.asked_kind("What does hx-www do?") == ""
     assert solos_judge.identifiers("Who commanded INC-2270 in Q3?") == {"inc-2270", "q3"}
+    # only the question's opening asks: "when" inside a later clause is not a date question
+    assert solos_judge.asked_kind("Does Yusuf prefer a call or a message when something breaks?") == ""
+    assert solos_judge.asked_kind("Which day does Jonas Berg keep free of meetings?") == "date"
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "held"),
+    [
+        ("search-api listens on 8088 behind haproxy", "port", True),
+        ("Teleport proxy at tp.hx.internal:3080", "port", True),
+        ("Model serving is Triton: HTTP 8000, gRPC 8001", "port", True),
+        ("ledger-writer runs on pay-ledger-01 only", "port", False),
+        ("Jonas keeps Fridays meeting-free", "date", True),
+        ("likes standups at 09:30", "date", True),
+        ("INC-2174: emails delayed. IC Elif Kaya.", "person", True),
+        ("INC-2324: DNS records pointed at a decommissioned IP", "person", False),
+    ],
+)
+def test_what_a_row_holds(text, kind, held):
+    assert solos_judge.holds_kind(text, kind) is held
+
+
+def test_a_row_holds_the_attributes_it_implies():
+    assert {"port", "comma"} <= solos_judge.row_stems("notify-api listens on 8710. IC Bruno Costa.")
+    assert "port" not in solos_judge.row_stems("ledger-writer runs on pay-ledger-01 only")
+
+
+def test_the_off_switch_names_itself(monkeypatch):
+    monkeypatch.setenv(solos_judge.OFF_VARIABLE, "off")
+    judge = solos_judge.load()
+    verdict = judge.judge("What port?", [row("port 80", relevance=0.4)], "hybrid")
+    assert (verdict.name, verdict.probabilities) == ("relevance", [0.4])
+    assert solos_judge.OFF_VARIABLE in verdict.reason
+
+
+def test_one_floor_everywhere():
+    """The floor the fit chose is the one the turn helpers and the API's documentation use."""
+    import solos_client
+    import solos_rank
+
+    assert SHIPPED.floor == solos_rank.RELEVANCE_FLOOR == solos_client.TURN_MIN_RELEVANCE
 
 
 @pytest.mark.parametrize("mode", solos_judge.MODES)
