@@ -177,8 +177,9 @@ class SolosMemoryProvider(MemoryProvider):
         """
         if self.soft is None:
             return ""
-        recalled = "" if is_trivial_prompt(query) else solos_client.turn_context(self.soft, query, k=self.recall_k)
-        return "\n\n".join(part for part in (solos_client.retraction_context(self.soft), recalled) if part)
+        if is_trivial_prompt(query):
+            return solos_client.retraction_context(self.soft)
+        return solos_client.turn_context(self.soft, query, k=self.recall_k)  # the notices first, read once
 
     # -- after the turn: the queue and its worker ------------------------------
 

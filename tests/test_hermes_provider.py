@@ -192,6 +192,27 @@ def test_a_turn_through_hermes_hooks(server, hermes_home):
     assert ("hermes", True, "User reads times in UTC") in [(r["agent"], r["foreign"], r["text"]) for r in seen_by_sol]
 
 
+def notices_read(server) -> int:
+    """How many GET /v1/notices the service has answered (its /metrics counter)."""
+    reply = server.get("/metrics")
+    assert reply.status == 200
+    lines = [line for line in reply.raw.decode().splitlines() if line.startswith("solos_memory_requests_total{")]
+    return sum(int(line.rsplit(" ", 1)[1]) for line in lines if 'route="/v1/notices"' in line and 'method="GET"' in line)
+
+
+def test_prefetch_reads_the_notices_once_a_turn(server, hermes_home):
+    """One GET /v1/notices per prefetch, trivial prompt or not: the notices come first, shown once."""
+    assert server.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": FACT}).status == 201
+    before = notices_read(server)
+    report = run_probe(
+        hermes_home,
+        server.url,
+        [{"op": "prefetch", "query": "When is the staging backup window now?"}, {"op": "prefetch", "query": "ok"}],
+    )
+    assert f"- [atlas, foreign; long] {FACT}" in step(report, "prefetch")["result"]
+    assert notices_read(server) - before == 2
+
+
 def test_tools_for_the_model(server, hermes_home):
     """solos_recall returns rows; solos_remember writes as hermes, and bad input comes back naming the field."""
     assert server.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": FACT}).status == 201
