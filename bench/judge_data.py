@@ -50,8 +50,9 @@ READER = "locomo-reader"
 SEED = 33
 
 
-def recall_rows(service: Service, agent: str, question: str, mode: str) -> list[dict]:
-    """Recall's rows for one question, best first, with every row of the reranked head (min_relevance 0)."""
+def recall_rows(service: Service, agent: str, question: str, mode: str, judged: bool = False) -> list[dict]:
+    """Recall's rows for one question, best first, with every row of the reranked head (min_relevance 0).
+    judged: the service's judge may set `relevance` (a side-by-side of what a caller gets), else it must be off."""
     query = urllib.parse.urlencode(
         {"agent": agent, "q": question, "k": DEPTH, "scope": "shared", "tiers": "long", "min_relevance": 0}
         | ({"ranking": "keyword"} if mode == "keyword" else {})
@@ -66,8 +67,13 @@ def recall_rows(service: Service, agent: str, question: str, mode: str) -> list[
     else:
         raise RuntimeError(f"hybrid recall stayed degraded: {body.get('degraded_reason')}")
     legs = body.get("receipt", {}).get("legs", [])
-    if body.get("receipt", {}).get("judge") not in (None, "relevance"):  # the judge reads the calibration, not itself
-        raise RuntimeError(f"recall was judged by {body.get('receipt', {}).get('judge')!r}: start it with the judge off")
+    if not judged and body.get("receipt", {}).get("judge") not in (
+        None,
+        "relevance",
+    ):  # the judge reads the calibration, not itself
+        raise RuntimeError(
+            f"recall was judged by {body.get('receipt', {}).get('judge')!r}: start it with the judge off"
+        )
     if mode == "hybrid" and (body.get("ranking") != "hybrid" or "vector" not in legs):
         # A service without its embedder answers keyword-only: such rows must never be cached as hybrid.
         raise RuntimeError(f"a hybrid recall answered ranking {body.get('ranking')!r} with legs {legs}")
@@ -88,8 +94,9 @@ def serve_args(mode: str) -> list[str]:
     return ["--model-dir", "off"] if mode == "keyword" else []
 
 
-def fleet_records(modes: list[str]) -> Iterator[dict]:
-    """Every fleet question asked of a service holding all 320 facts, in each mode."""
+def fleet_records(modes: list[str], tree: Path = REPO, judged: bool = False) -> Iterator[dict]:
+    """Every fleet question asked of a service holding all 320 facts, in each mode (`tree`'s service; `judged`
+    as recall_rows)."""
     facts = [json.loads(line) for line in (FLEET / "facts.jsonl").read_text().splitlines() if line.strip()]
     questions = [json.loads(line) for line in (FLEET / "questions.jsonl").read_text().splitlines() if line.strip()]
     by_text = {f["fact"]: f["id"] for f in facts}
@@ -97,7 +104,7 @@ def fleet_records(modes: list[str]) -> Iterator[dict]:
     agents = sorted({f["agent"] for f in facts} | {q["asker"] for q in questions})
     for mode in modes:
         with tempfile.TemporaryDirectory(prefix="judge-fleet-") as tmp:
-            service = Service(sys.executable, Path(tmp) / "solos.db", agents, serve_args(mode))
+            service = Service(sys.executable, Path(tmp) / "solos.db", agents, serve_args(mode), tree)
             try:
                 for f in facts:
                     row = {"agent": f["agent"], "topic": f["topic"], "fact": f["fact"], "tags": f["tags"]}
@@ -108,7 +115,7 @@ def fleet_records(modes: list[str]) -> Iterator[dict]:
                         raise RuntimeError(f"write of {f['id']} answered {status}: {body}")
                 prepare(service, mode)
                 for q in questions:
-                    rows = recall_rows(service, q["asker"], q["question"], mode)
+                    rows = recall_rows(service, q["asker"], q["question"], mode, judged)
                     answers = set(q["answers"])
                     for r in rows:
                         r["row_id"] = by_text[r["text"]]
@@ -129,8 +136,11 @@ def fleet_records(modes: list[str]) -> Iterator[dict]:
         print(f"  fleet {mode}: {len(questions)} questions asked", file=sys.stderr)
 
 
-def locomo_records(modes: list[str], foreign_per_conversation: int, conversations: list) -> Iterator[dict]:
-    """Each conversation's service asked its own questions and a seeded sample of the others'."""
+def locomo_records(
+    modes: list[str], foreign_per_conversation: int, conversations: list, tree: Path = REPO, judged: bool = False
+) -> Iterator[dict]:
+    """Each conversation's service asked its own questions and a seeded sample of the others' (`tree`, `judged`:
+    as fleet_records)."""
     pick = random.Random(SEED)
     foreign: list[list[tuple[int, int]]] = []
     for ci in range(len(conversations)):
@@ -141,14 +151,15 @@ def locomo_records(modes: list[str], foreign_per_conversation: int, conversation
             agents = agent_names(conv.speakers + [t.speaker for t in conv.turns])
             asked = [(ci, qi) for qi in range(len(conv.queries))] + foreign[ci]
             with tempfile.TemporaryDirectory(prefix="judge-locomo-") as tmp:
-                service = Service(sys.executable, Path(tmp) / "solos.db", [*agents.values(), READER], serve_args(mode))
+                readers = [*agents.values(), READER]
+                service = Service(sys.executable, Path(tmp) / "solos.db", readers, serve_args(mode), tree)
                 try:
                     write_turns(service, conv.turns, agents)
                     prepare(service, mode)
                     for cj, qi in asked:
                         q = conversations[cj].queries[qi]
                         evidence = set(q.evidence) if cj == ci else set()
-                        rows = recall_rows(service, READER, q.question, mode)
+                        rows = recall_rows(service, READER, q.question, mode, judged)
                         for r in rows:
                             r["row_id"] = r["source"]
                             r["label"] = int(r["source"] in evidence)

@@ -126,10 +126,12 @@ def shown_url(url: str) -> str:
 class Service:
     """One solos-memory server on a fresh database, talked to over one kept-alive connection."""
 
-    def __init__(self, python: str, db: str | Path, agents: list[str], serve_args: list[str]) -> None:
+    def __init__(
+        self, python: str, db: str | Path, agents: list[str], serve_args: list[str], tree: Path = REPO
+    ) -> None:
         # The database (a file or a postgresql:// URL) goes in through SOLOS_MEMORY_DB, so this works wherever
-        # the CLI puts --db.
-        self.python, self.script = python, str(REPO / "solos_memory.py")
+        # the CLI puts --db. `tree`: the checkout whose service runs (another one for a side-by-side bench).
+        self.python, self.script = python, str(tree / "solos_memory.py")
         self.env = {**os.environ, "SOLOS_MEMORY_DB": str(db), "HF_HUB_OFFLINE": "1"}
         self.cli("agents", "add", *agents)
         # Port 0: the service names its port in its first log line (harness.Process reads it).

@@ -197,7 +197,9 @@ def notices_read(server) -> int:
     reply = server.get("/metrics")
     assert reply.status == 200
     lines = [line for line in reply.raw.decode().splitlines() if line.startswith("solos_memory_requests_total{")]
-    return sum(int(line.rsplit(" ", 1)[1]) for line in lines if 'route="/v1/notices"' in line and 'method="GET"' in line)
+    return sum(
+        int(line.rsplit(" ", 1)[1]) for line in lines if 'route="/v1/notices"' in line and 'method="GET"' in line
+    )
 
 
 def test_prefetch_reads_the_notices_once_a_turn(server, hermes_home):
