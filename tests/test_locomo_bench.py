@@ -23,6 +23,7 @@ LOCOMO_BENCHES = {
     "write_recall_ab.py": ["--base", "."],
     "store_compare.py": [],
     "judge_data.py": ["--refresh"],
+    "judge_ab.py": ["--base", "."],
 }
 
 
