@@ -151,7 +151,7 @@ class Seats:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[dict]:
-        """The file's content, written back after the block; under an exclusive lock."""
+        """The file's content, written back after the block if it changed; under an exclusive lock."""
         descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX)
@@ -164,9 +164,10 @@ class Seats:
             state.setdefault("serial", 0)
             yield state
             data = json.dumps(state).encode()
-            os.lseek(descriptor, 0, os.SEEK_SET)
-            os.ftruncate(descriptor, 0)
-            os.write(descriptor, data)
+            if data != raw:  # unchanged, untouched: the other workers' cut_for need not read it again
+                os.lseek(descriptor, 0, os.SEEK_SET)
+                os.ftruncate(descriptor, 0)
+                os.write(descriptor, data)
         finally:
             os.close(descriptor)  # and the lock with it
 

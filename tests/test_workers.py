@@ -309,3 +309,27 @@ def test_one_worker_is_the_default_and_nothing_changes(server):
     answer = server.get("/health")
     assert "workers" not in answer.body and "worker" not in answer.body
     assert all(name.lower() != "x-memory-worker" for name in answer.headers)
+
+
+def test_workers_over_postgresql_share_writes_forgets_and_the_stream_caps(pg_url):
+    """On PostgreSQL the workers are copies on one host: the same properties, and the caps still the service's."""
+    argv = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", pg_url, "--port", "0",
+            "--workers", str(WORKERS), "--register", AGENTS, "--no-request-log", "--model-dir", "off"]  # fmt: skip
+    with service(argv) as (port, _):
+        word = f"zp{uuid.uuid4().hex[:10]}"
+        status, written = on(port, 1, "POST", "/v1/long", {"agent": "atlas", "fact": f"the {word} pump hums"})
+        assert status == 201
+        assert ids(on(port, 2, "GET", recall_path("sol", word))[1]) == [written["id"]]
+        forget = {"agent": "atlas", "tier": "long", "id": written["id"]}
+        assert on(port, 2, "DELETE", "/v1/memory?" + urlencode(forget))[0] == 200
+        assert ids(on(port, 1, "GET", recall_path("sol", word))[1]) == []
+        held = []
+        for n in range(solos_events.STREAMS_PER_AGENT):
+            stream, _ = pinned_stream(port, 1 + n % WORKERS, {"agent": "nova"})
+            held.append(subscribed(stream))
+            time.sleep(0.02)
+        newest, _ = pinned_stream(port, WORKERS, {"agent": "nova"})
+        subscribed(newest)
+        assert cut(held[0])
+        for stream in held + [newest]:
+            stream.close()
