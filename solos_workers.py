@@ -95,9 +95,11 @@ class Worker:
 
     def ready(self, fields: dict) -> None:
         """Tell the supervisor this worker serves (one line on the pipe: atomic under PIPE_BUF)."""
-        line = json.dumps({"worker": self.index, **fields}, default=str)[: select.PIPE_BUF - 1] + "\n"
+        line = json.dumps({"worker": self.index, **fields}, default=str)
+        if len(line.encode()) >= select.PIPE_BUF:  # one write, whole: the fields the listening line repeats can go
+            line = json.dumps({"worker": self.index})
         with contextlib.suppress(OSError):
-            os.write(self.ready_fd, line.encode())
+            os.write(self.ready_fd, line.encode() + b"\n")
             os.close(self.ready_fd)
 
     def describe(self) -> dict:
@@ -302,7 +304,7 @@ class Supervisor:
                     if not announced and all(c.ready for c in self.children.values()) and first:
                         announced = True
                         fields = {k: v for k, v in first.items() if k != "worker"}
-                        log_event("listening", **{**fields, "port": self.port, "workers": self.count})
+                        log_event("listening", **{"host": self.host, **fields, "port": self.port, "workers": self.count})
         finally:
             self.stop_all()
             self.sock.close()
