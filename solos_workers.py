@@ -22,6 +22,7 @@ Imports only the store (its log lines and the database's shown name).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
@@ -46,6 +47,7 @@ STOP_WAIT_S = 20.0  # after SIGTERM, how long the workers get to finish their re
 # RESTART_PAUSE_S[1], so a worker that cannot start (a broken database) is not forked in a tight loop.
 QUICK_DEATH_S = 10.0
 RESTART_PAUSE_S = (0.5, 30.0)
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 SEAT_CHECK_S = 0.05  # how often a worker holding streams looks for one another worker's newcomer replaced
 
 
@@ -304,7 +306,9 @@ class Supervisor:
                     if not announced and all(c.ready for c in self.children.values()) and first:
                         announced = True
                         fields = {k: v for k, v in first.items() if k != "worker"}
-                        log_event("listening", **{"host": self.host, **fields, "port": self.port, "workers": self.count})
+                        log_event(
+                            "listening", **{"host": self.host, **fields, "port": self.port, "workers": self.count}
+                        )
         finally:
             self.stop_all()
             self.sock.close()
@@ -318,6 +322,7 @@ class Supervisor:
         self.stopping = True
 
     def fork(self, child: Child) -> None:
+        supervisor = os.getpid()
         pid = os.fork()
         if pid == 0:  # the worker
             status = 1
@@ -325,6 +330,7 @@ class Supervisor:
                 signal.set_wakeup_fd(-1)
                 for number in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                     signal.signal(number, signal.SIG_DFL)
+                follow_parent(supervisor)
                 os.close(self.ready_read)
                 os.close(self.wake_read)
                 os.close(self.wake_write)
@@ -391,6 +397,16 @@ class Supervisor:
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, 0)
+
+
+def follow_parent(supervisor: int) -> None:
+    """A worker gets SIGTERM when the supervisor dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG), so no worker
+    keeps serving the port with nobody to restart or stop it; elsewhere systemd's stop still reaches them."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:  # it died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def supervise(count: int, host: str, port: int, mode: str, start: Callable[[Worker], int]) -> int:

@@ -8,10 +8,10 @@ import contextlib
 import http.client
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -266,16 +266,39 @@ def test_a_token_added_or_removed_holds_on_every_worker_at_the_next_request(tmp_
             assert status == 503 and "tokens file" in answer["error"]["message"], answer
 
 
+class Supervised:
+    """`serve --workers` as a child process of the test, its log drained into `lines` on a thread."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        self.lines: list[str] = []
+        self.drained = threading.Event()
+        threading.Thread(target=self.drain, daemon=True).start()
+        listening = wait_until(lambda: self.logged("listening") or self.drained.is_set(), "listening", 60)
+        assert listening is not True, self.lines
+        self.port = listening[0]["port"]
+
+    def drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+        self.drained.set()
+
+    def logged(self, event: str) -> list[dict]:
+        return [json.loads(line) for line in list(self.lines) if f'"event": "{event}"' in line]
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
 def test_the_supervisor_restarts_a_dead_worker_and_stops_them_all_on_sigterm(tmp_path):
-    argv = serve_argv(tmp_path / "s.db", "--model-dir", "off")
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    supervised = Supervised(serve_argv(tmp_path / "s.db", "--model-dir", "off"))
+    proc, port = supervised.proc, supervised.port
     try:
-        lines = []
-        while not any('"listening"' in line for line in lines):
-            ready, _, _ = select.select([proc.stderr], [], [], 30)
-            assert ready, lines
-            lines.append(proc.stderr.readline())
-        port = next(json.loads(line)["port"] for line in lines if '"listening"' in line)
         before = {worker: on(port, worker, "GET", "/health")[1]["worker_pid"] for worker in range(1, WORKERS + 1)}
         os.kill(before[1], signal.SIGKILL)
 
@@ -294,15 +317,34 @@ def test_the_supervisor_restarts_a_dead_worker_and_stops_them_all_on_sigterm(tmp
             pytest.fail("the dead worker was not reaped")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-        rest = proc.stderr.read()
-        assert '"worker_exited"' in "".join(lines) + rest and '"stopped"' in rest
+        supervised.drained.wait(10)
+        assert supervised.logged("worker_exited") and supervised.logged("stopped")
         for pid in (restarted, before[2]):
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        supervised.kill()
+
+
+def test_workers_stop_when_the_supervisor_is_killed(tmp_path):
+    """SIGKILL leaves the supervisor no time to stop them: the workers must not keep the port on their own."""
+    supervised = Supervised(serve_argv(tmp_path / "k.db", "--model-dir", "off"))
+    proc, port = supervised.proc, supervised.port
+    try:
+        pids = [on(port, worker, "GET", "/health")[1]["worker_pid"] for worker in range(1, WORKERS + 1)]
+        proc.kill()
         proc.wait()
+
+        def gone(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+        wait_until(lambda: all(gone(pid) for pid in pids), "the workers to end")
+    finally:
+        supervised.kill()
 
 
 def test_one_worker_is_the_default_and_nothing_changes(server):
