@@ -282,3 +282,9 @@ def test_every_database_command_prints_its_help(command, capsys):
         solos_memory.main([*command, "--help"])
     assert exit_info.value.code == 0
     assert "--db" in capsys.readouterr().out
+
+
+def test_serve_refuses_fewer_than_one_worker(tmp_path):
+    with pytest.raises(SystemExit, match="--workers must be 1 or more, got 0"):
+        solos_memory.main(["serve", "--db", str(tmp_path / "w.db"), "--port", "0", "--workers", "0"])
+    assert not (tmp_path / "w.db").exists()
