@@ -8,6 +8,7 @@ is indexed) and imports only the store and the vector index's module, so the ser
 from __future__ import annotations
 
 import concurrent.futures
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -173,3 +174,31 @@ class EmbedWorker(threading.Thread):
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.is_alive() and self is not threading.current_thread():
             self.join(timeout=10)
+
+
+def backfill(store: Store, loaded: tuple[Any, str | None], batch: int) -> int:
+    """The `backfill` command: embed rows without a vector, with a progress line and a final count; exit 1
+    without an embedder (`loaded`: the embedder, or None and why)."""
+    embedder, reason = loaded
+    if embedder is None:
+        log_event("failed", command="backfill", reason=reason)
+        return 1
+    todo = store.count_missing_vectors(embedder.model_id)
+    started = time.monotonic()
+
+    def progress(done: int) -> None:
+        rate = done / max(time.monotonic() - started, 1e-9)
+        sys.stderr.write(f"\rbackfill: {done}/{todo} rows embedded ({rate:.0f}/s)")
+        sys.stderr.flush()
+
+    done = embed_missing(store, embedder, batch, progress)
+    sys.stderr.write("\n")
+    log_event(
+        "backfilled",
+        rows=done,
+        missing_before=todo,
+        model=embedder.model_id,
+        seconds=round(time.monotonic() - started, 1),
+        vectors=store.count_vectors(embedder.model_id),
+    )
+    return 0

@@ -193,6 +193,25 @@ class Pattern:
         return cls(args["agent"], args["scope"], tiers, writers, tags, args["q"] or "", match)
 
 
+def choose_victim(streams: Sequence[tuple[str, float, Any]], agent: str, per_agent: int, cap: int) -> Any:
+    """Which open stream a newcomer of `agent` replaces: the key of one, None (a seat is free), or "refuse".
+
+    `streams` is (agent, opened, key) of every open stream. An agent at `per_agent` gives up its own oldest
+    for its newest. At the cap, the agent holding the most streams gives up its oldest if it holds more than
+    the newcomer's agent would.
+    """
+    held: dict[str, list[Any]] = {}
+    for holder, _, key in sorted(streams, key=lambda stream: stream[1]):
+        held.setdefault(holder, []).append(key)
+    mine = held.get(agent, [])
+    if len(mine) >= per_agent:
+        return mine[0]
+    if len(streams) >= cap:
+        most = max(held.values(), key=len)
+        return "refuse" if len(most) <= len(mine) + 1 else most[0]
+    return None
+
+
 @dataclass(eq=False)
 class Subscriber:
     """One open stream: its pattern, a bounded queue the hub fills, and the socket to cut if it falls behind."""
@@ -202,6 +221,7 @@ class Subscriber:
     queue: queue.Queue = field(default_factory=lambda: queue.Queue(SUBSCRIBER_BUFFER))
     dropped: str | None = None
     opened: float = field(default_factory=time.monotonic)
+    seat: int | None = None  # workers: its seat in solos_workers.Seats
 
     def gone(self) -> bool:
         """The client hung up: its socket reads end-of-file (an SSE client sends nothing after its request)."""
@@ -289,6 +309,8 @@ class EventHub:
         self.own, self.own_lock = store.connect(), threading.Lock()
         self.retracted: int | None = None  # the newest retraction seen (watch_forgets)
         self.forgotten_elsewhere: Callable[[], None] | None = None  # the spine's caches to drop after one
+        self.retraction_lock = threading.Lock()
+        self.seats: Any = None  # workers: solos_workers.Seats, every worker's streams under the caps
         self.thread = threading.Thread(target=self.run, name="dataspace", daemon=True)
         self.thread.start()
         self.listener = store.listen(self.wake)  # None but on PostgreSQL: other copies' commits wake the hub too
@@ -312,6 +334,8 @@ class EventHub:
             found = {"open": len(self.subscribers), **self.counters}
         with self.wire_lock:
             found = {**found, "cache_events": len(self.wire), "cache_bytes": self.wire_bytes}
+        if self.seats is not None:
+            found.update(self.seats.count())
         return {**found, "cursor": self.store.event_cursor()}
 
     def forget_encoded(self) -> None:
@@ -374,20 +398,28 @@ class EventHub:
                 if self.store.shared_by_copies and now >= next_forget_check:
                     next_forget_check = now + self.poll_s
                     self.watch_forgets()
+                if self.subscribers:
+                    self.cut_seats()
                 self.fan_out()
             except Exception:  # a busy or broken database: log it, the next round tries again
                 log.exception("dataspace round failed")
                 time.sleep(1)
 
-    def watch_forgets(self) -> None:
-        """Another copy forgot a row: drop what this copy keeps that may quote it (encoded events here, recall's
-        texts and vectors through `forgotten_elsewhere`), as the copy that forgot it did (solos_forget)."""
-        last = self.own_read(self.store.queries.last_retraction)
-        if self.retracted is not None and last > self.retracted:
+    def retracted_since(self, conn: Any) -> None:
+        """Another copy (or worker) forgot a row: drop what this one keeps that may quote it (encoded events here,
+        recall's texts and vectors through `forgotten_elsewhere`), as the one that forgot it did (solos_forget).
+        On the hub's round (`watch_forgets`), and at the start of every recall's read while copies share the
+        store, so no answer after the forget's comes from what was kept before it."""
+        last = self.store.queries.last_retraction(conn)
+        with self.retraction_lock:
+            moved, self.retracted = self.retracted is not None and last > self.retracted, max(self.retracted or 0, last)
+        if moved:
             self.forget_encoded()
             if self.forgotten_elsewhere is not None:
                 self.forgotten_elsewhere()
-        self.retracted = last
+
+    def watch_forgets(self) -> None:
+        self.own_read(self.retracted_since)
 
     def fan_out(self) -> None:
         """Read what committed since the cursor, once, and queue each subscriber its share."""
@@ -676,27 +708,29 @@ class EventHub:
         An agent at STREAMS_PER_AGENT gives up its own oldest stream for its newest. At the cap, the agent
         holding the most streams gives up its oldest if it holds more than the newcomer's agent would.
         """
+        decide = functools.partial(choose_victim, per_agent=self.streams_per_agent, cap=self.max_subscribers)
         with self.lock:
-            held: dict[str, list[Subscriber]] = {}
-            for subscriber in sorted(self.subscribers, key=lambda s: s.opened):
-                held.setdefault(subscriber.pattern.caller, []).append(subscriber)
-            mine = held.get(pattern.caller, [])
-            victim = None
-            if len(mine) >= self.streams_per_agent:
-                victim = mine[0]
-            elif len(self.subscribers) >= self.max_subscribers:
-                most = max(held.values(), key=len)
-                if len(most) <= len(mine) + 1:
-                    self.counters["refused"] += 1
-                    return None
-                victim = most[0]
+            seat = None
+            if self.seats is None:  # one process: its own streams
+                victim = decide([(s.pattern.caller, s.opened, s) for s in self.subscribers], pattern.caller)
+            else:  # workers: every worker's streams (solos_workers.Seats); another's victim is cut by its worker
+                seat, replaced = self.seats.take(pattern.caller, decide)
+                victim = "refuse" if seat is None else None
+                if replaced is not None:
+                    mine = [s for s in self.subscribers if replaced == (self.seats.worker, s.seat)]
+                    victim = mine[0] if mine else "elsewhere"  # its worker drops it (cut_seats)
+            if victim == "refuse":
+                self.counters["refused"] += 1
+                return None
             if victim is not None:
-                self.subscribers.discard(victim)
-                victim.drop(f"replaced by a newer stream ({victim.pattern.caller} holds its share)")
                 self.counters["replaced"] += 1
+            if isinstance(victim, Subscriber):
+                self.subscribers.discard(victim)
+                victim.seat = None
+                victim.drop(f"replaced by a newer stream ({victim.pattern.caller} holds its share)")
             if not self.subscribers:  # nobody was listening: start from the head, not from a backlog
                 self.cursor = self.store.read(self.store.queries.head_event)
-            subscriber = Subscriber(pattern, connection)
+            subscriber = Subscriber(pattern, connection, seat=seat)
             self.subscribers.add(subscriber)
         self.wakeup.set()
         return subscriber
@@ -704,6 +738,20 @@ class EventHub:
     def unsubscribe(self, subscriber: Subscriber) -> None:
         with self.lock:
             self.subscribers.discard(subscriber)
+            if self.seats is not None and subscriber.seat is not None:
+                self.seats.leave(subscriber.seat)
+                subscriber.seat = None
+
+    def cut_seats(self) -> None:
+        """Workers: drop this worker's streams that another worker's newcomer replaced (solos_workers.Seats)."""
+        if self.seats is None:
+            return
+        cut = set(self.seats.cut_for())
+        with self.lock:
+            for subscriber in [s for s in self.subscribers if s.seat in cut]:
+                self.subscribers.discard(subscriber)
+                subscriber.seat = None  # already gone from the seats
+                subscriber.drop(f"replaced by a newer stream ({subscriber.pattern.caller} holds its share)")
 
     def stream(self, subscriber: Subscriber, since: int | None, write: Callable[[bytes], Any], head: bytes) -> None:
         """Write the SSE response: catch-up from `since` (None: from now), then live events and heartbeats.

@@ -34,11 +34,9 @@ import json
 import logging
 import os
 import re
-import signal
 import socket
 import sqlite3
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +66,7 @@ import solos_status
 import solos_store
 import solos_telemetry
 import solos_tokens
+import solos_workers
 from solos_operations import WRITE_OUTPUT, Operation, object_schema, result_schema, text_field
 from solos_store import (
     EMBEDDED_TIERS,
@@ -131,6 +130,8 @@ class Config:
     rerank: bool = True  # the learned reranker reorders keyword and hybrid recall's best rows
     copy_name: str | None = None  # None: hostname:port
     admit: int = solos_connections.default_admit()  # requests running at once, the rest queued in turn; 0: no cap
+    workers: int = 1  # processes answering on the port (solos_workers); 1: this process alone
+    worker_socket: str = "shared"  # how workers share the port: one inherited socket, or SO_REUSEPORT
 
 
 def env_default(name: str, default: str | None) -> str | None:
@@ -171,6 +172,7 @@ class Memory:
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
         self.stats = solos_telemetry.Stats()
         self.copy = socket.gethostname()  # which copy this is (MemoryServer adds the port, or --copy-name)
+        self.serving: dict = {}  # workers: how many, and which this is (solos_workers.Worker.describe)
         self.activity = solos_status.Activity(store)
         self.vectors = solos_rank.VectorIndex(embedder.model_id, [t.name for t in EMBEDDED_TIERS]) if embedder else None
         self.common_words = solos_rank.CommonWords(store)
@@ -341,6 +343,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
     return {
         "version": __version__,
         "copy": memory.copy,
+        **memory.serving,
         "view": "operator" if args["agent"] is None else "agent",
         **memory.store.counts(),
         **snapshot,
@@ -679,6 +682,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
             fields["Content-Type"] = content_type
         fields["Content-Length"] = str(len(body))
         fields.update(headers or {})
+        fields.update(self.server.worker_header)
         if self.close_connection:
             fields["Connection"] = "close"
         head = http_head(status, fields)
@@ -771,7 +775,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
         self.status_sent = 200
         self.count_request()
         fields = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store"}
-        head = http_head(200, {**fields, "X-Accel-Buffering": "no", "Connection": "close"})
+        head = http_head(200, {**fields, "X-Accel-Buffering": "no", "Connection": "close", **server.worker_header})
         server.memory.events.stream(subscriber, checked["since"], self.wfile.write, head)
 
     def only(self, methods: tuple[str, ...]) -> None:
@@ -929,8 +933,8 @@ def mcp_tools(operations: Mapping[str, Operation]) -> list[mcp_bridge.Tool]:
     ]
 
 
-class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
-    """ThreadingHTTPServer with bounded threads, the memory, and /mcp mounted."""
+class MemoryServer(solos_connections.BoundedConnections, solos_workers.WorkerSocket, ThreadingHTTPServer):
+    """ThreadingHTTPServer with bounded threads, the memory, and /mcp mounted; a worker's socket is shared."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -938,12 +942,14 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
     hold: solos_snapshot.Hold | None = None  # the lock a restore checks; released once the database is closed
     memory: Memory
 
-    def __init__(self, config: Config, memory: Memory, tokens: Tokens | None):
+    def __init__(self, config: Config, memory: Memory, tokens: Tokens | None, worker: Any = None):
         self.address_family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
         self.config, self.memory, self.tokens = config, memory, tokens  # before binding: a failed bind closes them
-        super().__init__((config.host, config.port), MemoryHandler)
+        self.worker = worker  # solos_workers.Worker: its socket is the supervisor's, or SO_REUSEPORT's
+        super().__init__((config.host, worker.port if worker else config.port), MemoryHandler)
         self.port = self.server_address[1]
         memory.copy = config.copy_name or f"{socket.gethostname()}:{self.port}"
+        self.worker_header = {"X-Memory-Worker": str(worker.index)} if worker else {}
         self.bound_connections(config.admit)
         memory.stats.load = self.load  # in-flight requests and queueing, for /v1/stats and the page
         names = [
@@ -983,6 +989,7 @@ class MemoryServer(solos_connections.BoundedConnections, ThreadingHTTPServer):
             "status": "ok",
             "version": __version__,
             "copy": self.memory.copy,
+            **self.memory.serving,
             "auth": "tokens" if self.tokens else "loopback-trust",
             **self.memory.embedder_state(),
             "event_cursor": self.memory.store.event_cursor()["state"],  # PostgreSQL: stalled, skipping (stats)
@@ -1057,27 +1064,57 @@ def register_agents(config: Config, names: list[str]) -> list[str]:
 
 def build_server(config: Config, register: Sequence[str] = ()) -> MemoryServer:
     """Hold the database (a restore refuses while the service runs), then open it and bind (open_server)."""
-    if solos_store.is_postgres(config.db):  # no file to hold: pg_restore is the operator's, not restore's
+    hold = hold_database(config)
+    try:
+        server = open_server(config, register)
+    except BaseException:
+        if hold:
+            hold.release()
+        raise
+    server.hold = hold
+    return server
+
+
+def hold_database(config: Config) -> solos_snapshot.Hold | None:
+    """The lock a restore checks (SQLite; None on PostgreSQL: pg_restore is the operator's, not restore's)."""
+    if solos_store.is_postgres(config.db):
         if config.qdrant:
             raise SystemExit("the Qdrant mirror runs on SQLite only; drop --qdrant-url/--qdrant-path for PostgreSQL")
-        return open_server(config, register)
+        return None
+    if config.qdrant and config.workers > 1:
+        raise SystemExit("the Qdrant mirror runs in one process: drop --workers, or the mirror")
     try:
         hold = solos_snapshot.hold_database(config.db, tokens_on=config.tokens_file is not None)
     except solos_snapshot.SnapshotError as error:
         raise SystemExit(f"{config.db}: cannot start: {error}") from None
     for warning in hold.warnings:
         log_event("warning", db=solos_store.shown(config.db), message=warning)
+    return hold
+
+
+def open_server(config: Config, register: Sequence[str], worker: solos_workers.Worker | None = None) -> MemoryServer:
+    """Open (or create) the database, register agents, load extras, bind the socket (a worker: take it)."""
+    store = open_database(config, register)
+    tokens: Tokens | None = Tokens.load(config.tokens_file) if config.tokens_file else None
+    if tokens is None and store.keeps_tokens:  # PostgreSQL: in the database, so every copy agrees
+        tokens = solos_tokens.StoredTokens(store.token_hashes)
+    embedder, reason = load_embedder(config)
+    if worker:  # what the other workers commit reaches this one as copies' commits do (solos_workers)
+        store.shared_by_copies = True
     try:
-        server = open_server(config, register)
-    except BaseException:
-        hold.release()
-        raise
-    server.hold = hold
+        server = MemoryServer(config, Memory(store, embedder, reason, config.rerank), tokens, worker)
+    except OSError as error:  # the port is taken, or the address is not this host's
+        raise SystemExit(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
+    if worker:
+        server.memory.serving = worker.describe()
+        server.memory.events.seats = worker.seats = solos_workers.Seats(worker.seats_path, worker.index)
+    if config.qdrant:
+        server.memory.mirror = solos_qdrant.start_mirror(store, config.qdrant, embedder)
     return server
 
 
-def open_server(config: Config, register: Sequence[str]) -> MemoryServer:
-    """Open (or create) the database, register agents, load extras, bind the socket."""
+def open_database(config: Config, register: Sequence[str]) -> Store:
+    """Refuse a remote address without --allow-remote; register agents; open (or create) the database."""
     if config.host not in LOOPBACK_HOSTS and not config.allow_remote:
         raise SystemExit(
             f"refusing to bind {config.host}: not a loopback address. Anyone who can reach it could read and "
@@ -1094,17 +1131,7 @@ def open_server(config: Config, register: Sequence[str]) -> MemoryServer:
     except sqlite3.Error as error:
         failure = STORAGE_FAILURES.get(primary_code(error) or 0, "the database cannot be used")
         raise SystemExit(f"{config.db}: cannot start: {failure} ({error})") from None
-    tokens: Tokens | None = Tokens.load(config.tokens_file) if config.tokens_file else None
-    if tokens is None and store.keeps_tokens:  # PostgreSQL: in the database, so every copy agrees
-        tokens = solos_tokens.StoredTokens(store.token_hashes)
-    embedder, reason = load_embedder(config)
-    try:
-        server = MemoryServer(config, Memory(store, embedder, reason, config.rerank), tokens)
-    except OSError as error:  # the port is taken, or the address is not this host's
-        raise SystemExit(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
-    if config.qdrant:
-        server.memory.mirror = solos_qdrant.start_mirror(store, config.qdrant, embedder)
-    return server
+    return store
 
 
 def check_agent_names(names: list[str]) -> list[str]:
@@ -1201,6 +1228,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument(
         "--admit", type=int, default=env_int("ADMIT", solos_connections.default_admit()), help=admit_help
     )
+    workers_help = "processes answering on the port, one database; 1: this process alone (default: %(default)s)"
+    serve.add_argument("--workers", type=int, default=env_int("WORKERS", 1), help=workers_help)
+    serve.add_argument(
+        "--worker-socket",
+        choices=solos_workers.SOCKET_MODES,
+        default=env_default("WORKER_SOCKET", "shared"),
+        help="how workers share the port: one inherited socket, or SO_REUSEPORT (default: %(default)s)",
+    )
     solos_qdrant.add_arguments(serve, env_default)
 
     agents = commands.add_parser("agents", help="register or list agents (admin; never over HTTP)")
@@ -1276,6 +1311,8 @@ def config_from(args: argparse.Namespace) -> Config:
         rerank=getattr(args, "rerank", Config.rerank),
         copy_name=getattr(args, "copy_name", Config.copy_name),
         admit=getattr(args, "admit", Config.admit),
+        workers=getattr(args, "workers", Config.workers),
+        worker_socket=getattr(args, "worker_socket", Config.worker_socket),
     )
 
 
@@ -1306,54 +1343,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(config: Config, register: list[str]) -> int:
+    """This process serves; or, with --workers N, it binds, forks N workers and keeps them (solos_workers)."""
     logging.basicConfig(level=logging.INFO, handlers=[JsonLogHandler()], force=True)
-    server = build_server(config, register)
-    # systemd stops the unit with SIGTERM: stop accepting, close the database, say so in the journal.
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    log_event(
-        "listening",
-        host=config.host,
-        port=server.port,
-        db=solos_store.shown(config.db),
-        version=__version__,
-        auth="tokens" if server.tokens else "loopback-trust",
-        **server.memory.embedder_state(paths=True),
-    )
+    if config.workers < 1:
+        raise SystemExit(f"--workers must be 1 or more, got {config.workers}")
+    if config.workers == 1:
+        return solos_workers.run(build_server(config, register), config)
+    hold = hold_database(config)  # the supervisor's, for the workers' whole life; they register nothing again
+    open_database(config, register).close()  # registered and migrated once, and a broken database stops here
+    start = lambda worker: solos_workers.run(open_server(config, (), worker), config, worker)  # noqa: E731
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        return solos_workers.supervise(config.workers, config.host, config.port, config.worker_socket, start)
     finally:
-        server.server_close()
-        log_event("stopped", port=server.port)
-    return 0
-
-
-def backfill(store: Store, config: Config, batch: int) -> int:
-    """Embed rows without a vector, with a progress line and a final count; exit 1 without an embedder."""
-    embedder, reason = load_embedder(config, threads=None)
-    if embedder is None:
-        log_event("failed", command="backfill", reason=reason)
-        return 1
-    todo = store.count_missing_vectors(embedder.model_id)
-    started = time.monotonic()
-
-    def progress(done: int) -> None:
-        rate = done / max(time.monotonic() - started, 1e-9)
-        sys.stderr.write(f"\rbackfill: {done}/{todo} rows embedded ({rate:.0f}/s)")
-        sys.stderr.flush()
-
-    done = solos_embed_worker.embed_missing(store, embedder, batch, progress)
-    sys.stderr.write("\n")
-    log_event(
-        "backfilled",
-        rows=done,
-        missing_before=todo,
-        model=embedder.model_id,
-        seconds=round(time.monotonic() - started, 1),
-        vectors=store.count_vectors(embedder.model_id),
-    )
-    return 0
+        if hold:
+            hold.release()
 
 
 def run_admin_command(args: argparse.Namespace, config: Config) -> int:
@@ -1386,7 +1389,7 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         elif args.command in solos_qdrant.COMMANDS:
             return solos_qdrant.run_command(args, store, config.qdrant, validate_for)
         elif args.command == "backfill":
-            return backfill(store, config, args.batch)
+            return solos_embed_worker.backfill(store, load_embedder(config, threads=None), args.batch)
     finally:
         store.close()
     return 0

@@ -64,6 +64,8 @@ class RankStore(Protocol):
 
     def vectors_by_id(self, conn: Any, tier: str, model: str, ids: list[int]) -> Any: ...
 
+    queries: Any  # solos_store.Queries: the event log's head and events, for VectorIndex.catch_up
+
 
 # ==== What one recall asks ====
 
@@ -330,6 +332,7 @@ def smooth_with_neighbours(
 NEIGHBOUR_WEIGHT = 0.5
 # Rows embedded since the last snapshot kept beside it (1.5 KiB each); past this a reload folds them in.
 RECENT_VECTORS_KEPT = 4096
+CATCH_UP_EVENTS = 1000  # events a copy's vector index reads to catch up (VectorIndex.catch_up); past it, a reload
 
 
 class VectorIndex:
@@ -363,6 +366,9 @@ class VectorIndex:
         # topic or None). Each overrides the snapshot's row and is dropped once a snapshot of that generation or
         # later is in.
         self.recent: dict[str, dict[int, tuple[str, str, Any, int, Any]]] = {tier: {} for tier in self.tier_names}
+        # Copies (workers) sharing the store: the event log's id up to which the snapshot and `recent` hold what
+        # every copy wrote with its vector (catch_up); None until a snapshot is loaded, and for one service alone.
+        self.events_seen: int | None = None
 
     def add(
         self,
@@ -402,7 +408,39 @@ class VectorIndex:
         if not self.count(tiers):
             self.load(store, conn, generation)
             return
+        if getattr(store, "shared_by_copies", False):
+            self.catch_up(store, conn)
         self.reload_soon(store)
+
+    def catch_up(self, store: RankStore, conn: Any) -> None:
+        """Copies (workers) of the service: the vectors other copies committed with their rows since this index
+        last looked join it before this recall searches, so a row another worker acknowledged ranks by both
+        legs in the very next recall anywhere (read-your-writes), whichever leg finds it. Which rows: the event
+        log's writes and updates after `events_seen` (a copy's write logs its event in the vector's own
+        transaction); their vectors by id, in the recall's read. More than CATCH_UP_EVENTS behind, the snapshot
+        is loaded now instead. The fleet's direct writes, embedded later, join at the reload as before."""
+        import numpy as np
+
+        with self.lock:
+            after = self.events_seen
+        if after is None:
+            return
+        events = store.queries.events_after(conn, after, CATCH_UP_EVENTS + 1)
+        if len(events) > CATCH_UP_EVENTS:
+            self.load(store, conn, store.vector_generation(conn))
+            return
+        wanted: dict[str, set[int]] = {}
+        for event in events:
+            if event["tier"] in self.recent and event["kind"] in ("write", "update"):
+                wanted.setdefault(event["tier"], set()).add(event["row_id"])
+        generation = store.vector_generation(conn)
+        for tier, ids in wanted.items():
+            for row in store.vectors_by_id(conn, tier, self.model_id, sorted(ids)):
+                vector = np.frombuffer(row["vector"], dtype="<f4")
+                self.add(store, tier, row["id"], row["agent"], row["expires_at"], vector, generation, row["thread"])
+        if events:
+            with self.lock:
+                self.events_seen = max(self.events_seen or 0, events[-1]["id"])
 
     def reload_soon(self, store: RankStore) -> None:
         """Reload in the background, unless a reload runs already."""
@@ -423,6 +461,7 @@ class VectorIndex:
     def load(self, store: RankStore, conn: Any, generation: int) -> None:
         import numpy as np
 
+        head = store.queries.head_event(conn) if getattr(store, "shared_by_copies", False) else None
         tiers = {}
         sorted_ids = {}
         for tier in self.tier_names:
@@ -463,6 +502,8 @@ class VectorIndex:
         with self.lock:
             if self.generation is None or generation >= self.generation:
                 self.tiers, self.sorted_ids, self.generation = tiers, sorted_ids, generation
+                if head is not None:
+                    self.events_seen = max(self.events_seen or 0, head)
                 for recent in self.recent.values():
                     for row_id in [i for i, entry in recent.items() if entry[3] <= generation]:
                         del recent[row_id]

@@ -127,6 +127,8 @@ def gather(memory: Any, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Rec
     """Every candidate both legs find, in one read snapshot, already filtered by scope, sharing and expiry; and
     the plan with the question's vector (or why there is none)."""
     store, caller = memory.store, plan.caller
+    if store.shared_by_copies:  # another copy's (or worker's) forget drops what this one keeps, before it answers
+        memory.events.retracted_since(conn)
     Store.require_agent(conn, caller)
     seen = Visibility.read(conn, caller, plan.scope)
     persona = []

@@ -1267,9 +1267,11 @@ class Store:
         PostgreSQL's store releases their claims."""
 
     def vectors_by_id(self, conn: sqlite3.Connection, tier: str, model: str, ids: list[int]) -> list:
-        """Vectors other copies saved since the index's snapshot: none here, the service being the file's only
-        copy (the fleet's direct writes, embedded by the worker, join the index at its reload)."""
-        return []
+        """These rows' vectors from `model`, as load_vectors reads them: what other copies (or workers) saved since
+        the vector index's snapshot (solos_rank.VectorIndex.fill and catch_up, only while copies share the store;
+        one service alone has its own rows' vectors already, and the fleet's join at the reload)."""
+        sql = f"SELECT * FROM ({TIER_TABLE[tier].vector_sql}) v WHERE v.id {self.queries.IDS_IN}"
+        return conn.execute(sql, (tier, model, self.queries.id_list(ids))).fetchall()
 
     def count_missing_vectors(self, model: str) -> int:
         return self.read(

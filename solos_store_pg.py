@@ -551,11 +551,6 @@ class PgStore(solos_store.Store):
                 self.write(lambda conn: solos_copies.release(conn, tier, ids))
             raise
 
-    def vectors_by_id(self, conn: Any, tier: str, model: str, ids: list[int]) -> list:
-        """These rows' vectors from `model`, as load_vectors reads them: what other copies saved since the vector
-        index's snapshot, for the rows a recall is ranking (solos_rank.VectorIndex.fill)."""
-        return conn.execute(f"SELECT * FROM ({TIER_TABLE[tier].vector_sql}) v WHERE v.id = ANY(?)", (tier, model, ids))
-
     @staticmethod
     def hold_key(conn: Any, agent: str, tier: str, key: str) -> None:
         """Writers do not queue behind one lock here: the same write key waits for the other's commit."""

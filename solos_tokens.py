@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,41 +28,81 @@ class Tokens:
     """Optional per-agent bearer tokens: the token, not the request body, names the caller.
 
     The file holds one `<sha256 hex of token> <agent>` per line (`@operator` for the operator view); it
-    must not be readable by group or others. Tokens themselves are never stored or logged.
+    must not be readable by group or others. Tokens themselves are never stored or logged. The file is read
+    again whenever it changes (a stat per request), so a token added or a line removed holds at the next
+    request, in every worker of the service at once; a file changed into one that cannot be used refuses
+    every request (503, saying why) until it is fixed, rather than keep tokens that were meant to go.
     """
 
-    def __init__(self, by_hash: dict[str, str]):
-        self.by_hash = by_hash
+    def __init__(self, by_hash: dict[str, str], path: str | None = None):
+        self.by_hash, self.path = by_hash, path
+        self.seen = file_state(path) if path else None
+        self.broken: str | None = None
+        self.lock = threading.Lock()
 
     @classmethod
     def load(cls, path: str) -> Tokens:
-        mode = os.stat(path).st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise SystemExit(f"{path}: tokens file must not be accessible by group or others (chmod 600)")
-        by_hash = {}
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip() or line.startswith("#"):
-                    continue
-                parts = line.split()
-                if len(parts) != 2 or not re.fullmatch(r"[0-9a-f]{64}", parts[0]) or not names_holder(parts[1]):
-                    raise SystemExit(f"{path}:{number}: expected '<sha256 hex> <agent>'")
-                by_hash[parts[0]] = parts[1]
-        return cls(by_hash)
+        try:
+            return cls(read_tokens(path), path)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+
+    def current(self) -> dict[str, str]:
+        """The tokens as the file says now: read again if it changed since."""
+        if self.path is not None and file_state(self.path) != self.seen:
+            with self.lock:
+                state = file_state(self.path)
+                if state != self.seen:
+                    try:
+                        self.by_hash, self.broken = read_tokens(self.path), None
+                    except (OSError, ValueError) as error:
+                        self.broken = str(error)
+                        solos_store.log_event("tokens_unusable", path=self.path, reason=self.broken)
+                    self.seen = state
+        if self.broken is not None:
+            raise solos_store.StorageUnavailable(f"the tokens file changed and cannot be used: {self.broken}")
+        return self.by_hash
 
     def agent_for(self, authorization: str | None) -> str:
         """The agent a bearer token belongs to; compared in constant time."""
+        by_hash = self.current()
         if not authorization or not authorization.startswith("Bearer "):
             # Worded without the scheme name: Hermes redacts "Bearer <word>" from error text.
             raise Unauthorized("this service needs the calling agent's token in the Authorization header")
         digest = hashlib.sha256(authorization[7:].strip().encode("utf-8")).hexdigest()
         found = None
-        for known, agent in self.by_hash.items():
+        for known, agent in by_hash.items():
             if hmac.compare_digest(known, digest):
                 found = agent
         if found is None:
             raise Unauthorized("the bearer token is not known")
         return found
+
+
+def file_state(path: str) -> tuple | None:
+    """What changes when a file is written or replaced (None: it is gone)."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
+
+
+def read_tokens(path: str) -> dict[str, str]:
+    """The tokens file's hashes and holders; ValueError says what is wrong with it."""
+    mode = os.stat(path).st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"{path}: tokens file must not be accessible by group or others (chmod 600)")
+    by_hash = {}
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            parts = line.split()
+            if len(parts) != 2 or not re.fullmatch(r"[0-9a-f]{64}", parts[0]) or not names_holder(parts[1]):
+                raise ValueError(f"{path}:{number}: expected '<sha256 hex> <agent>'")
+            by_hash[parts[0]] = parts[1]
+    return by_hash
 
 
 class StoredTokens(Tokens):
@@ -86,10 +127,6 @@ class StoredTokens(Tokens):
 
     def __bool__(self) -> bool:
         return bool(self.current())
-
-    def agent_for(self, authorization: str | None) -> str:
-        self.current()
-        return super().agent_for(authorization)
 
 
 def names_holder(name: str) -> bool:

@@ -2,6 +2,7 @@
 """Recall under load: recalls/s, p50 and p99 at 1, 4, 16 and 64 concurrent clients, this tree beside another.
 
     python3 bench/load.py [--base main] [--rows 5k] [--levels 1,4,16,64] [--seconds 5] [--modes keyword]
+                          [--workers 1,2] [--worker-socket shared,reuseport]
     HF_HUB_OFFLINE=1 .venv/bin/python bench/load.py --modes keyword,hybrid
 
 Why: a fleet's turns come in bursts, and recall throughput fell from 4 to
@@ -25,6 +26,12 @@ per recall and cores) beside the service's own CPU (from /proc), so a reader
 can see when the service, not the clients, holds the cores. A level stops
 after `--seconds` or `--max-requests`, whichever comes first; a client
 process that does not report within its deadline is killed.
+
+`--workers 1,2` serves this tree once per count (`serve --workers N`, named
+`this`, `w2`, ...; with several `--worker-socket` modes, `w2-shared`, ...),
+each beside the base; a row then says how the requests spread over the
+workers (from each answer's X-Memory-Worker), and the service's CPU is the
+supervisor's and its workers'.
 
 `/health` at each level, on this tree, is the transport's ceiling: the most
 requests per second this server answers when the operation costs nothing.
@@ -80,6 +87,7 @@ def run_clients(port: int, paths: list[str], clients: int, seconds: float, limit
         selector.register(sock, selectors.EVENT_READ, entry)
     latencies: list[float] = []
     statuses: dict[str, int] = {}
+    by_worker: dict[str, int] = {}
     marker_missing = 0
     marker = os.environ.get("LOAD_MARKER", "").encode()
 
@@ -117,6 +125,10 @@ def run_clients(port: int, paths: list[str], clients: int, seconds: float, limit
             del buf[: head_end + 4 + length]
             status = head.split(" ", 2)[1]
             statuses[status] = statuses.get(status, 0) + 1
+            worker = next(
+                (line[16:].strip() for line in head.split("\r\n") if line[:16].lower() == "x-memory-worker:"), ""
+            )
+            by_worker[worker] = by_worker.get(worker, 0) + 1
             if marker and marker not in body:
                 marker_missing += 1
             latencies.append(finished - entry["sent"])
@@ -131,6 +143,7 @@ def run_clients(port: int, paths: list[str], clients: int, seconds: float, limit
     return {
         "latencies": latencies,
         "statuses": statuses,
+        "by_worker": by_worker,
         "marker_missing": marker_missing,
         "wall_s": wall,
         "client_cpu_s": cpu,
@@ -139,12 +152,15 @@ def run_clients(port: int, paths: list[str], clients: int, seconds: float, limit
 
 
 def service_cpu(pid: int) -> float:
-    """CPU seconds (user + system, all threads) a process has used, from /proc; NaN where there is none."""
+    """CPU seconds (user + system, all threads) a process and its children (workers) have used, from /proc; NaN
+    where there is none. A worker that exited within the window is missed (none should)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(service_cpu(int(child)) for child in children)
 
 
 def client_main(spec: str) -> int:
@@ -200,10 +216,26 @@ def base_tree(base: str, folder: Path) -> Path | None:
     return tree
 
 
-def start(tree: Path, db: Path, hybrid: bool) -> Process:
+def start(tree: Path, db: Path, hybrid: bool, workers: tuple[int, str] | None = None) -> Process:
     argv = [sys.executable, str(tree / "solos_memory.py"), "serve", "--db", str(db), "--port", "0"]
     argv += ["--no-request-log"] + ([] if hybrid else ["--model-dir", "off"])
+    if workers:
+        argv += ["--workers", str(workers[0]), "--worker-socket", workers[1]]
     return Process(argv, {**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def serving(args: argparse.Namespace, base: Path | None) -> list[tuple[str, Path, tuple[int, str] | None]]:
+    """(name, tree, workers and socket mode or None) of each service to measure: the base, then this tree once
+    per --workers count (and --worker-socket mode, when several are given)."""
+    found: list[tuple[str, Path, tuple[int, str] | None]] = [("base", base, None)] if base else []
+    for count in args.workers:
+        if count == 1:
+            found.append(("this", ROOT, None))
+            continue
+        for mode in args.worker_socket:
+            name = f"w{count}" + (f"-{mode[:5]}" if len(args.worker_socket) > 1 else "")
+            found.append((name, ROOT, (count, mode)))
+    return found
 
 
 def recall_paths(questions: list[str]) -> list[str]:
@@ -212,24 +244,37 @@ def recall_paths(questions: list[str]) -> list[str]:
     ]
 
 
-def warm(port: int, paths: list[str], mode: str) -> None:
-    """WARMUP recalls on one connection; stops if the service answers otherwise than in `mode`."""
-    client = Client(port)
-    try:
-        for path in paths[:WARMUP]:
-            status, answer = client.json("GET", path)
-            if status != 200 or answer.get("ranking") != mode:
-                raise RuntimeError(f"warm-up recall answered {status}, ranking {answer.get('ranking')}: {answer}")
-    finally:
-        client.close()
+def warm(port: int, paths: list[str], mode: str, workers: int = 1) -> None:
+    """WARMUP recalls on a connection to each worker; stops if the service answers otherwise than in `mode`."""
+    warmed: set[str] = set()
+    for _ in range(workers * 20):
+        client = Client(port)
+        try:
+            status, health = client.json("GET", "/health")
+            if str(health.get("worker", 1)) in warmed:
+                continue
+            for path in paths[:WARMUP]:
+                status, answer = client.json("GET", path)
+                if status != 200 or answer.get("ranking") != mode:
+                    raise RuntimeError(f"warm-up recall answered {status}, ranking {answer.get('ranking')}: {answer}")
+            warmed.add(str(health.get("worker", 1)))
+        finally:
+            client.close()
+        if len(warmed) == workers:
+            return
+    raise RuntimeError(f"warmed workers {sorted(warmed)} of {workers}")
 
 
 def row(tree: str, clients: int, figures: dict) -> str:
     extra = f"  errors {figures['errors']}" if figures["errors"] else ""
     if figures.get("marker_missing"):
         extra += f"  other ranking {figures['marker_missing']} ({figures['in_mode_per_s']:.1f}/s as asked)"
+    spread = {worker: n for worker, n in figures.get("by_worker", {}).items() if worker}
+    if spread:
+        total = sum(spread.values())
+        extra += "  by worker " + " ".join(f"{w}:{n / total:.0%}" for w, n in sorted(spread.items()))
     return (
-        f"  {tree:<5} {clients:>3} clients {figures['per_s']:8.1f}/s  p50 {figures['p50']:7.1f} ms"
+        f"  {tree:<8} {clients:>3} clients {figures['per_s']:8.1f}/s  p50 {figures['p50']:7.1f} ms"
         f"  p99 {figures['p99']:7.1f} ms  n {figures['n']:>6}  service {figures['service_cores']:4.2f} cores"
         f"  client {figures['client_cores']:4.2f} cores ({figures['client_ms_per_req']:.3f} ms/req){extra}"
     )
@@ -263,9 +308,10 @@ def sweep(title: str, trees: dict[str, Process], paths: list[str], args: argpars
             figures = level(service.port, service.popen.pid, paths, clients, args, marker)
             results[name][clients] = figures
             print(row(name, clients, figures), flush=True)
-        if len(trees) == 2:
-            ratio = results["this"][clients]["per_s"] / results["base"][clients]["per_s"]
-            print(f"        this/base throughput {ratio:4.2f}x   load {os.getloadavg()[0]:.2f}", flush=True)
+        if "base" in trees and len(trees) > 1:
+            ratios = [f"{name}/base {results[name][clients]['per_s'] / results['base'][clients]['per_s']:4.2f}x"
+                      for name in trees if name != "base"]  # fmt: skip
+            print(f"        throughput {'  '.join(ratios)}   load {os.getloadavg()[0]:.2f}", flush=True)
     for name in trees:
         print(f"  {name} against the load criteria: {acceptance(results[name])}")
     return results
@@ -282,11 +328,17 @@ def main() -> int:
     parser.add_argument("--no-health", action="store_true", help="skip the /health ceiling (default: measure it)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo file (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=7, help="question sample seed (default: %(default)s)")
+    parser.add_argument("--workers", default="1", help="this tree's worker counts, e.g. 1,2 (default: %(default)s)")
+    parser.add_argument(
+        "--worker-socket", default="shared", help="shared, reuseport or both, for counts over 1 (default: %(default)s)"
+    )
     parser.add_argument("--client", help=argparse.SUPPRESS)  # the client process's job (JSON)
     args = parser.parse_args()
     if args.client:
         return client_main(args.client)
     args.levels = [int(n) for n in args.levels.split(",")]
+    args.workers = [int(n) for n in args.workers.split(",")]
+    args.worker_socket = [m.strip() for m in args.worker_socket.split(",") if m.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     source = locomo_shape.ensure_db(gen_db.parse_size(args.rows), args.data)
     paths = recall_paths(locomo_shape.questions(args.data, QUESTIONS, args.seed))
@@ -301,13 +353,11 @@ def main() -> int:
                 continue
             trees: dict[str, Process] = {}
             try:
-                for name, tree in (("base", base), ("this", ROOT)):
-                    if tree is None:
-                        continue
+                for name, tree, workers in serving(args, base):
                     copy = folder / f"{name}-{mode}.db"
                     shutil.copy(db, copy)
-                    trees[name] = start(tree, copy, mode == "hybrid")
-                    warm(trees[name].port, paths, mode)
+                    trees[name] = start(tree, copy, mode == "hybrid", workers)
+                    warm(trees[name].port, paths, mode, workers[0] if workers else 1)
                 sweep(f"{mode} recall, {args.rows} rows", trees, paths, args, f'"ranking": "{mode}"')
                 if not args.no_health and mode == modes[0]:
                     sweep("/health (the transport's ceiling)", trees, ["/health"], args, "")

@@ -150,8 +150,8 @@ STREAM_WAIT_S = 5.0  # how long a test waits for the next message of a stream
 class Stream:
     """One SSE subscription, read on a thread into a queue of messages ({"id", "event", "data", "comment"})."""
 
-    def __init__(self, server, query: dict, headers: dict | None = None):
-        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    def __init__(self, server, query: dict, headers: dict | None = None, conn: Any = None):
+        self.conn = conn or http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
         self.conn.request(
             "GET", "/v1/events?" + urlencode(query), headers={"Accept": "text/event-stream", **(headers or {})}
         )

@@ -163,7 +163,8 @@ def test_every_admin_subcommand_uses_its_db(tmp_path, monkeypatch, capsys, comma
 
 def test_one_config_carries_every_flag_to_the_command(monkeypatch, tmp_path):
     seen = []
-    monkeypatch.setattr(solos_memory, "backfill", lambda store, config, batch: seen.append(config) or 0)
+    monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: seen.append(config) or (None, "-"))
+    monkeypatch.setattr(solos_memory.solos_embed_worker, "backfill", lambda store, loaded, batch: 0)
     db = str(tmp_path / "solos.db")
     argv = ["backfill", "--db", db, "--busy-timeout-ms", "1234", "--model-dir", "off"]
     assert solos_memory.main(argv) == 0
@@ -281,3 +282,9 @@ def test_every_database_command_prints_its_help(command, capsys):
         solos_memory.main([*command, "--help"])
     assert exit_info.value.code == 0
     assert "--db" in capsys.readouterr().out
+
+
+def test_serve_refuses_fewer_than_one_worker(tmp_path):
+    with pytest.raises(SystemExit, match="--workers must be 1 or more, got 0"):
+        solos_memory.main(["serve", "--db", str(tmp_path / "w.db"), "--port", "0", "--workers", "0"])
+    assert not (tmp_path / "w.db").exists()

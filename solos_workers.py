@@ -1,0 +1,414 @@
+"""solos_workers: one process serving, or `serve --workers N`: N processes answering on one port, one database.
+
+Why: one process holds one GIL, so recall under load waits for one core however many the host has
+(docs/load.md). With --workers N a supervisor (the process systemd starts) binds the port, forks N workers
+and keeps them: a worker that dies is started again, SIGTERM stops them all. The workers never talk to one
+another; they share what copies of the service over PostgreSQL share, the database, and reuse that
+machinery (solos_copies, the store's `shared_by_copies`): the event hub reads what any worker committed
+(streams resume gapless on any worker, by id), a retraction another worker made drops this worker's kept
+texts and encoded events before its next recall answers (`EventHub.retracted_since`), and the vector index
+reads the vectors other workers committed since its snapshot before it searches (`VectorIndex.catch_up`).
+What only a host has, the supervisor keeps: the stream seats every worker holds (`Seats`: the per-agent
+cap and the total are the service's, not each worker's), and the tokens file (read again by every worker
+when it changes, solos_tokens).
+
+Two ways to share the port, `--worker-socket`: `shared` (one listening socket, inherited: a worker takes
+a connection when it is free to; the default, see docs/load.md for the measurement) or `reuseport`
+(SO_REUSEPORT: each worker binds its own, the kernel spreads connections by a hash of their addresses).
+
+Imports only the store (its log lines and the database's shown name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import select
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import solos_store
+from solos_store import log_event
+
+# ==== Configuration ====
+
+SOCKET_MODES = ("shared", "reuseport")
+STOP_WAIT_S = 20.0  # after SIGTERM, how long the workers get to finish their requests before SIGKILL
+# A worker that dies within this of its start is restarted after a pause that doubles each time, up to
+# RESTART_PAUSE_S[1], so a worker that cannot start (a broken database) is not forked in a tight loop.
+QUICK_DEATH_S = 10.0
+RESTART_PAUSE_S = (0.5, 30.0)
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+SEAT_CHECK_S = 0.05  # how often a worker holding streams looks for one another worker's newcomer replaced
+
+
+# ==== One process: the serve loop (single, or a worker) ====
+
+
+def run(server: Any, config: Any, worker: Worker | None = None) -> int:
+    """Serve until SIGTERM (systemd's stop) or Ctrl-C, then close the database; say so in the log."""
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    fields = {
+        "host": config.host,
+        "port": server.port,
+        "db": solos_store.shown(config.db),
+        "version": solos_store.__version__,
+        "auth": "tokens" if server.tokens else "loopback-trust",
+        **server.memory.embedder_state(paths=True),
+    }
+    if worker is None:
+        log_event("listening", **fields)
+    else:
+        log_event("worker_listening", worker=worker.index, workers=worker.count, pid=os.getpid())
+        worker.ready(fields)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        log_event("stopped", port=server.port, **({"worker": worker.index} if worker else {}))
+    return 0
+
+
+# ==== A worker's view of the supervisor ====
+
+
+@dataclass
+class Worker:
+    """What a forked worker is given: which it is, the socket (shared) or port (reuseport), the seats file."""
+
+    index: int  # 1..count
+    count: int
+    port: int
+    listener: socket.socket | None  # the supervisor's listening socket (shared), or None: bind with SO_REUSEPORT
+    seats_path: str
+    ready_fd: int
+    seats: Seats | None = None
+
+    def ready(self, fields: dict) -> None:
+        """Tell the supervisor this worker serves (one line on the pipe: atomic under PIPE_BUF)."""
+        line = json.dumps({"worker": self.index, **fields}, default=str)
+        if len(line.encode()) >= select.PIPE_BUF:  # one write, whole: the fields the listening line repeats can go
+            line = json.dumps({"worker": self.index})
+        with contextlib.suppress(OSError):
+            os.write(self.ready_fd, line.encode() + b"\n")
+            os.close(self.ready_fd)
+
+    def describe(self) -> dict:
+        """For /health and /v1/stats: how many workers, and which one answered."""
+        return {"workers": self.count, "worker": self.index, "worker_pid": os.getpid()}
+
+
+class WorkerSocket:
+    """ThreadingHTTPServer mixin: a worker serves the supervisor's socket, or binds its own with SO_REUSEPORT.
+
+    Set `worker` before the server's __init__ binds."""
+
+    worker: Worker | None = None
+    socket: socket.socket
+    allow_reuse_port: bool
+
+    def server_bind(self) -> None:
+        worker = self.worker
+        if worker is not None and worker.listener is not None:
+            self.socket.close()
+            # Non-blocking: every idle worker wakes for a new connection and one accepts it; the others'
+            # accept fails (BlockingIOError, which socketserver passes over) and they return to select.
+            worker.listener.setblocking(False)
+            self.socket = worker.listener
+            self.server_address = self.socket.getsockname()  # type: ignore[misc]
+            self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+            return
+        if worker is not None:
+            self.allow_reuse_port = True
+        super().server_bind()  # type: ignore[misc]
+
+    def server_activate(self) -> None:
+        if self.worker is None or self.worker.listener is None:
+            super().server_activate()  # type: ignore[misc]
+
+
+# ==== Stream seats: the caps across workers ====
+
+
+class Seats:
+    """Every worker's open event streams, in one file under an exclusive lock: the total cap and the per-agent
+    share are decided over all of them (solos_events.choose_victim), as one process decides over its own.
+
+    A stream another worker holds that a newcomer here replaces is moved to `cut` in the file; its worker
+    reads that within SEAT_CHECK_S (`cut_for`) and drops it. The supervisor removes a dead worker's seats.
+    """
+
+    def __init__(self, path: str, worker: int):
+        self.path, self.worker = path, worker
+        self.changed: tuple[int, int] | None = None  # the file's (mtime_ns, size) when cut_for last read it
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[dict]:
+        """The file's content, written back after the block if it changed; under an exclusive lock."""
+        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            raw = b""
+            while chunk := os.read(descriptor, 1 << 16):
+                raw += chunk
+            state = json.loads(raw) if raw.strip() else {}
+            state.setdefault("open", [])
+            state.setdefault("cut", [])
+            state.setdefault("serial", 0)
+            yield state
+            data = json.dumps(state).encode()
+            if data != raw:  # unchanged, untouched: the other workers' cut_for need not read it again
+                os.lseek(descriptor, 0, os.SEEK_SET)
+                os.ftruncate(descriptor, 0)
+                os.write(descriptor, data)
+        finally:
+            os.close(descriptor)  # and the lock with it
+
+    def take(self, agent: str, decide: Callable[[list[tuple[str, float, Any]], str], Any]) -> tuple[Any, Any]:
+        """A seat for a newcomer stream of `agent`: (its seat id, or None if refused; the seat it replaced, if
+        any, as (worker, seat id)). `decide(streams, agent)` is one process's rule over (agent, opened, key)."""
+        with self.locked() as state:
+            streams = [(seat["agent"], seat["opened"], (seat["worker"], seat["id"])) for seat in state["open"]]
+            victim = decide(streams, agent)
+            if victim == "refuse":
+                return None, None
+            if victim is not None:
+                state["open"] = [s for s in state["open"] if (s["worker"], s["id"]) != victim]
+                if victim[0] != self.worker:
+                    state["cut"].append(list(victim))
+            state["serial"] += 1
+            seat = state["serial"]
+            state["open"].append({"worker": self.worker, "id": seat, "agent": agent, "opened": time.time()})
+            return seat, victim
+
+    def leave(self, seat: int) -> None:
+        with self.locked() as state:
+            state["open"] = [s for s in state["open"] if (s["worker"], s["id"]) != (self.worker, seat)]
+
+    def cut_for(self) -> list[int]:
+        """Seats of this worker another worker's newcomer replaced since the last look (removed from the file)."""
+        try:
+            status = os.stat(self.path)
+        except FileNotFoundError:
+            return []
+        changed = (status.st_mtime_ns, status.st_size)
+        if changed == self.changed:
+            return []
+        with self.locked() as state:
+            mine = [seat for worker, seat in state["cut"] if worker == self.worker]
+            state["cut"] = [cut for cut in state["cut"] if cut[0] != self.worker]
+        self.changed = None if mine else changed  # our own write moved it: look once more next time
+        return mine
+
+    def count(self) -> dict:
+        """Streams open on every worker, for /v1/stats."""
+        with self.locked() as state:
+            return {"open_all_workers": len(state["open"])}
+
+    def vacate(self, worker: int) -> None:
+        """The supervisor: a dead worker's seats are free."""
+        with self.locked() as state:
+            state["open"] = [s for s in state["open"] if s["worker"] != worker]
+            state["cut"] = [cut for cut in state["cut"] if cut[0] != worker]
+
+
+# ==== The supervisor ====
+
+
+@dataclass
+class Child:
+    index: int
+    pid: int = 0
+    started: float = 0.0
+    pause: float = RESTART_PAUSE_S[0]
+    due: float = 0.0  # when a dead one is started again
+    restarts: int = 0
+    ready: bool = False
+
+
+@dataclass
+class Supervisor:
+    """Binds, forks `count` workers, restarts the dead, stops them all on SIGTERM.
+
+    `start(worker)` runs in the child and returns its exit status (it builds the server on the socket and
+    serves); the supervisor itself opens no database and starts no thread, so a fork copies no lock held.
+    """
+
+    count: int
+    host: str
+    port: int
+    mode: str
+    start: Callable[[Worker], int]
+    children: dict[int, Child] = field(default_factory=dict)
+    stopping: bool = False
+
+    def bind(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.mode == "reuseport":  # held bound, never listening: it keeps the port for the workers' sockets
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((self.host, self.port))
+        if self.mode == "shared":
+            sock.listen(128)  # MemoryServer.request_queue_size
+        return sock
+
+    def run(self) -> int:
+        try:
+            self.sock = self.bind()
+        except OSError as error:
+            raise SystemExit(f"cannot listen on {self.host}:{self.port}: {error.strerror or error}") from None
+        self.port = self.sock.getsockname()[1]
+        folder = tempfile.mkdtemp(prefix="solos-workers-")  # 0700: the seats file is this service's alone
+        self.seats_path = os.path.join(folder, "seats.json")
+        self.ready_read, self.ready_write = os.pipe()
+        self.wake_read, self.wake_write = os.pipe()
+        os.set_blocking(self.wake_write, False)
+        signal.set_wakeup_fd(self.wake_write)
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, self.stop)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through the wakeup fd
+        announced, pending = False, b""
+        first: dict | None = None
+        try:
+            for index in range(1, self.count + 1):
+                self.children[index] = Child(index)
+                self.fork(self.children[index])
+            while not self.stopping:
+                self.reap()
+                now = time.monotonic()
+                for child in self.children.values():
+                    if child.pid == 0 and now >= child.due:
+                        self.fork(child)
+                due = [c.due - now for c in self.children.values() if c.pid == 0]
+                readable, _, _ = select.select([self.ready_read, self.wake_read], [], [], max(0.0, min(due, default=1)))
+                if self.wake_read in readable:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake_read, 512)
+                if self.ready_read in readable:
+                    pending += os.read(self.ready_read, 1 << 16)
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        found = json.loads(line)
+                        self.children[found["worker"]].ready = True
+                        first = first or found
+                    if not announced and all(c.ready for c in self.children.values()) and first:
+                        announced = True
+                        fields = {k: v for k, v in first.items() if k != "worker"}
+                        log_event(
+                            "listening", **{"host": self.host, **fields, "port": self.port, "workers": self.count}
+                        )
+        finally:
+            self.stop_all()
+            self.sock.close()
+            with contextlib.suppress(OSError):
+                os.remove(self.seats_path)
+                os.rmdir(folder)
+            log_event("stopped", port=self.port, workers=self.count)
+        return 0
+
+    def stop(self, *_: Any) -> None:
+        self.stopping = True
+
+    def fork(self, child: Child) -> None:
+        supervisor = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            status = 1
+            try:
+                signal.set_wakeup_fd(-1)
+                for number in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                    signal.signal(number, signal.SIG_DFL)
+                follow_parent(supervisor)
+                os.close(self.ready_read)
+                os.close(self.wake_read)
+                os.close(self.wake_write)
+                listener = self.sock if self.mode == "shared" else None
+                if listener is None:
+                    self.sock.close()
+                worker = Worker(child.index, self.count, self.port, listener, self.seats_path, self.ready_write)
+                status = self.start(worker)
+            except SystemExit as error:
+                log_event("worker_failed", worker=child.index, reason=str(error.code))
+                status = error.code if isinstance(error.code, int) else 1
+            except BaseException as error:
+                log_event("worker_failed", worker=child.index, reason=f"{type(error).__name__}: {error}")
+            finally:
+                os._exit(status)
+        child.pid, child.started, child.ready = pid, time.monotonic(), False
+        log_event("worker_started", worker=child.index, pid=pid, restarts=child.restarts)
+
+    def reap(self) -> None:
+        """Every worker that exited: logged, its seats freed, started again after its pause."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = next((c for c in self.children.values() if c.pid == pid), None)
+            if child is None:
+                continue
+            lived = time.monotonic() - child.started
+            quick = lived < QUICK_DEATH_S
+            child.due = time.monotonic() + (child.pause if quick else 0.0)
+            child.pause = min(child.pause * 2, RESTART_PAUSE_S[1]) if quick else RESTART_PAUSE_S[0]
+            child.pid, child.ready, child.restarts = 0, False, child.restarts + 1
+            Seats(self.seats_path, child.index).vacate(child.index)
+            log_event(
+                "worker_exited",
+                worker=child.index,
+                pid=pid,
+                status=os.waitstatus_to_exitcode(status),
+                seconds=round(lived, 1),
+                restart_in_s=round(child.due - time.monotonic(), 1),
+            )
+
+    def stop_all(self) -> None:
+        """SIGTERM every worker, wait STOP_WAIT_S for them, SIGKILL the rest."""
+        live = {c.pid for c in self.children.values() if c.pid}
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while live and time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid:
+                live.discard(pid)
+            else:
+                time.sleep(0.05)
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, 0)
+
+
+def follow_parent(supervisor: int) -> None:
+    """A worker gets SIGTERM when the supervisor dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG), so no worker
+    keeps serving the port with nobody to restart or stop it; elsewhere systemd's stop still reaches them."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:  # it died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def supervise(count: int, host: str, port: int, mode: str, start: Callable[[Worker], int]) -> int:
+    """Run `count` workers on one port until SIGTERM; see Supervisor."""
+    return Supervisor(count, host, port, mode, start).run()

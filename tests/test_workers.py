@@ -1,0 +1,377 @@
+"""serve --workers N: every property one process holds still holds across its workers, on a real multi-worker
+service on loopback (read-your-writes on both legs, forget, gapless SSE resumed on another worker, the
+per-agent stream cap, tokens), and the supervisor restarts a dead worker and stops them all on SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+from conftest import ROOT, Stream, require_embedder, service, subscribed, wait_until, write_tokens
+
+import solos_events
+
+pytestmark = pytest.mark.slow  # each starts a supervisor and its workers
+
+AGENTS = "atlas,sol,hermes,nova,vega,lyra,orion,rhea"
+WORKERS = 2
+
+
+def serve_argv(db: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(db), "--port", "0",
+            "--workers", str(WORKERS), "--register", AGENTS, "--no-request-log", *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def keyword_service(tmp_path_factory):
+    db = tmp_path_factory.mktemp("workers") / "workers.db"
+    with service(serve_argv(db, "--model-dir", "off")) as (port, lines):
+        yield port, lines
+
+
+@pytest.fixture(scope="module")
+def hybrid_service(tmp_path_factory):
+    require_embedder()
+    db = tmp_path_factory.mktemp("workers-hybrid") / "workers.db"
+    with service(serve_argv(db)) as (port, lines):
+        yield port, lines
+
+
+class Port:
+    """What conftest's Stream needs of a server."""
+
+    def __init__(self, port: int):
+        self.port = port
+
+
+def connect_to(port: int, worker: int, attempts: int = 400) -> http.client.HTTPConnection:
+    """A kept-alive connection that the given worker answers (asked over it with /health: it stays there)."""
+    conn = reach(port, worker, attempts)
+    if conn is None:
+        pytest.fail(f"no connection reached worker {worker} in {attempts} tries")
+    return conn
+
+
+def reach(port: int, worker: int, attempts: int) -> http.client.HTTPConnection | None:
+    for _ in range(attempts):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/health")
+        response = conn.getresponse()
+        health = json.loads(response.read())
+        assert response.getheader("X-Memory-Worker") == str(health["worker"])
+        if health["worker"] == worker:
+            return conn
+        conn.close()
+    return None
+
+
+def ask(conn: http.client.HTTPConnection, method: str, path: str, body: dict | None = None, **headers: str):
+    """One request on a pinned connection: (status, JSON body, the worker that answered)."""
+    payload = json.dumps(body).encode() if body is not None else None
+    conn.request(
+        method, path, body=payload, headers={**headers, **({"Content-Type": "application/json"} if payload else {})}
+    )
+    response = conn.getresponse()
+    return response.status, json.loads(response.read() or b"{}"), int(response.getheader("X-Memory-Worker"))
+
+
+def on(port: int, worker: int, method: str, path: str, body: dict | None = None, **headers: str):
+    conn = connect_to(port, worker)
+    try:
+        status, answer, answered = ask(conn, method, path, body, **headers)
+    finally:
+        conn.close()
+    assert answered == worker
+    return status, answer
+
+
+def recall_path(agent: str, q: str, **more) -> str:
+    return "/v1/recall?" + urlencode({"agent": agent, "q": q, "k": 20, "min_relevance": 0, **more})
+
+
+def ids(answer: dict) -> list[int]:
+    return [row["id"] for row in answer["results"]]
+
+
+def test_workers_share_the_port_and_health_and_stats_say_which_answered(keyword_service):
+    port, lines = keyword_service
+    listening = next(json.loads(line) for line in lines if '"listening"' in line)
+    assert listening["workers"] == WORKERS
+    for worker in range(1, WORKERS + 1):
+        status, health = on(port, worker, "GET", "/health")
+        assert status == 200 and health["workers"] == WORKERS and health["worker"] == worker
+        status, stats = on(port, worker, "GET", "/v1/stats")
+        assert status == 200 and (stats["workers"], stats["worker"]) == (WORKERS, worker)
+    pids = {on(port, worker, "GET", "/health")[1]["worker_pid"] for worker in range(1, WORKERS + 1)}
+    assert len(pids) == WORKERS
+
+
+def test_a_write_on_one_worker_is_in_the_next_recall_on_every_other(keyword_service):
+    port, _ = keyword_service
+    for n in range(6):
+        writer, reader = 1 + n % WORKERS, 1 + (n + 1) % WORKERS
+        word = f"zq{uuid.uuid4().hex[:10]}"
+        status, written = on(port, writer, "POST", "/v1/long", {"agent": "atlas", "fact": f"the {word} valve leaks"})
+        assert status == 201
+        status, found = on(port, reader, "GET", recall_path("sol", word))
+        assert status == 200 and ids(found) == [written["id"]], (writer, reader, found)
+
+
+def test_the_vector_leg_of_another_worker_sees_a_write_before_it_answers(hybrid_service):
+    """The reader's vector index holds a snapshot (loaded by an earlier recall); a row another worker writes
+    then must rank in the reader's very next vector-only recall: its index catches up before it searches."""
+    port, _ = hybrid_service
+    for n in range(4):
+        writer, reader = 1 + n % WORKERS, 1 + (n + 1) % WORKERS
+        status, _ = on(port, reader, "POST", "/v1/long", {"agent": "nova", "fact": f"warm-up fact {n} about tides"})
+        status, warm = on(port, reader, "GET", recall_path("nova", "tides at the harbour", ranking="vector"))
+        assert status == 200 and warm["ranking"] == "vector", warm
+        fact = f"The orchard's {n}th pear harvest was sold at the village market"
+        status, written = on(port, writer, "POST", "/v1/long", {"agent": "vega", "fact": fact})
+        assert status == 201
+        status, found = on(
+            port, reader, "GET", recall_path("nova", "fruit picked and traded in town", ranking="vector")
+        )
+        assert status == 200 and found["ranking"] == "vector", found
+        assert written["id"] in ids(found), (writer, reader, found["results"])
+
+
+def test_a_forget_on_one_worker_reaches_every_worker_at_once(hybrid_service):
+    port, _ = hybrid_service
+    word = f"zf{uuid.uuid4().hex[:10]}"
+    status, written = on(
+        port, 1, "POST", "/v1/long", {"agent": "lyra", "topic": "keys", "fact": f"the {word} code is 4417"}
+    )
+    assert status == 201
+    for worker in range(1, WORKERS + 1):  # every worker has read it: its texts, vector and cluster are kept
+        for ranking in ("hybrid", "keyword", "vector"):
+            status, found = on(port, worker, "GET", recall_path("orion", f"{word} code", ranking=ranking))
+            assert status == 200 and written["id"] in ids(found), (worker, ranking, found)
+    status, gone = on(
+        port, WORKERS, "DELETE", "/v1/memory?" + urlencode({"agent": "lyra", "tier": "long", "id": written["id"]})
+    )
+    assert status == 200 and gone["status"] == "forgotten", gone
+    for worker in range(1, WORKERS + 1):
+        for ranking in ("hybrid", "keyword", "vector"):
+            status, found = on(port, worker, "GET", recall_path("orion", f"{word} code", ranking=ranking))
+            assert status == 200 and written["id"] not in ids(found), (worker, ranking, found)
+            assert all(word not in json.dumps(row) for row in found["results"])
+        status, events = on(
+            port, worker, "GET", "/v1/events?" + urlencode({"agent": "orion", "since": 0, "limit": 1000})
+        )
+        about = [e for e in events["events"] if e["row_id"] == written["id"] and e["tier"] == "long"]
+        assert [e["kind"] for e in about] == ["forget"], about  # its write shows no row any more, so it is not listed
+        assert word not in json.dumps(events)
+
+
+def pinned_stream(port: int, worker: int, query: dict, headers: dict | None = None) -> tuple[Stream, int]:
+    conn = connect_to(port, worker)
+    stream = Stream(Port(port), query, headers, conn=conn)
+    return stream, int(stream.response.getheader("X-Memory-Worker"))
+
+
+def test_a_stream_resumed_on_another_worker_misses_nothing_and_repeats_nothing(keyword_service):
+    port, _ = keyword_service
+    topic = f"zs{uuid.uuid4().hex[:8]}"
+    query = {"agent": "hermes", "writers": "rhea"}
+    first, worker = pinned_stream(port, 1, query)
+    subscribed(first)
+    written: list[int] = []
+
+    def write(numbers: range) -> None:  # each on the worker its number picks
+        for n in numbers:
+            fact = {"agent": "rhea", "topic": topic, "fact": f"{topic} fact {n}"}
+            written.append(on(port, 1 + n % WORKERS, "POST", "/v1/long", fact)[1]["id"])
+
+    write(range(5))
+    seen = first.events(5)
+    assert [e["row_id"] for e in seen] == written and worker == 1
+    first.close()
+    write(range(5, 9))  # while no stream is open
+    again, worker = pinned_stream(port, 2, query, {"Last-Event-ID": str(seen[-1]["id"])})
+    subscribed(again)
+    assert worker == 2
+    write(range(9, 12))
+    resumed = again.events(7)
+    assert [e["row_id"] for e in resumed] == written[5:], resumed
+    assert [e["id"] for e in resumed] == sorted({e["id"] for e in resumed}) and resumed[0]["id"] > seen[-1]["id"]
+    assert again.quiet(0.5) == []
+    again.close()
+
+
+def cut(stream: Stream, within_s: float = 5.0) -> bool:
+    """Whether the service ended the stream (end of file, or reset) within `within_s`."""
+    return stream.closed.wait(within_s)
+
+
+def test_the_per_agent_stream_cap_holds_across_workers(keyword_service):
+    """Four streams of one agent, two on each worker: a fifth (on either) replaces the oldest, wherever it is,
+    and the service then holds four of that agent's streams in all, not four per worker."""
+    port, _ = keyword_service
+    cap = solos_events.STREAMS_PER_AGENT
+    held = []
+    for n in range(cap):
+        stream, _ = pinned_stream(port, 1 + n % WORKERS, {"agent": "vega"})
+        held.append(subscribed(stream))
+        time.sleep(0.02)  # opened in order: the oldest is the first
+    newest, _ = pinned_stream(port, WORKERS, {"agent": "vega"})  # the oldest is on worker 1, the newcomer on 2
+    subscribed(newest)
+    assert cut(held[0]), "the oldest stream, on the other worker, was not replaced"
+    assert not any(stream.closed.wait(0.3) for stream in held[1:] + [newest])
+    stats = on(port, 1, "GET", "/v1/stats")[1]["event_streams"]
+    assert stats["open_all_workers"] == cap, stats
+    another, _ = pinned_stream(port, 1, {"agent": "vega"})  # and again, the other way round
+    subscribed(another)
+    assert cut(held[1])
+    assert not any(stream.closed.wait(0.3) for stream in held[2:] + [newest, another])
+    for stream in held + [newest, another]:
+        stream.close()
+    wait_until(lambda: on(port, 2, "GET", "/v1/stats")[1]["event_streams"]["open_all_workers"] == 0, "seats freed")
+
+
+def test_a_token_added_or_removed_holds_on_every_worker_at_the_next_request(tmp_path):
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, {"atlas-token": "atlas"})
+    with service(serve_argv(tmp_path / "t.db", "--model-dir", "off", "--tokens-file", str(tokens))) as (port, _):
+        path = "/v1/audit?limit=1"
+        for worker in range(1, WORKERS + 1):
+            assert on(port, worker, "GET", path, Authorization="Bearer atlas-token")[0] == 200
+            assert on(port, worker, "GET", path, Authorization="Bearer sol-token")[0] == 401
+        issued = subprocess.run(
+            [sys.executable, str(ROOT / "solos_memory.py"), "token", "sol", "--tokens-file", str(tokens)],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        for worker in range(1, WORKERS + 1):
+            status, answer = on(port, worker, "GET", path, Authorization=f"Bearer {issued}")
+            assert status == 200 and answer["agent"] == "sol", (worker, answer)
+        kept = [line for line in tokens.read_text().splitlines() if not line.endswith(" atlas")]
+        tokens.write_text("\n".join(kept) + "\n")  # atlas's token revoked
+        for worker in range(1, WORKERS + 1):
+            assert on(port, worker, "GET", path, Authorization="Bearer atlas-token")[0] == 401
+            assert on(port, worker, "GET", path, Authorization=f"Bearer {issued}")[0] == 200
+        tokens.write_text("not a token line\n")  # broken: every request refused, saying why, until fixed
+        for worker in range(1, WORKERS + 1):
+            status, answer = on(port, worker, "GET", path, Authorization=f"Bearer {issued}")
+            assert status == 503 and "tokens file" in answer["error"]["message"], answer
+
+
+class Supervised:
+    """`serve --workers` as a child process of the test, its log drained into `lines` on a thread."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        self.lines: list[str] = []
+        self.drained = threading.Event()
+        threading.Thread(target=self.drain, daemon=True).start()
+        listening = wait_until(lambda: self.logged("listening") or self.drained.is_set(), "listening", 60)
+        assert listening is not True, self.lines
+        self.port = listening[0]["port"]
+
+    def drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+        self.drained.set()
+
+    def logged(self, event: str) -> list[dict]:
+        return [json.loads(line) for line in list(self.lines) if f'"event": "{event}"' in line]
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def test_the_supervisor_restarts_a_dead_worker_and_stops_them_all_on_sigterm(tmp_path):
+    supervised = Supervised(serve_argv(tmp_path / "s.db", "--model-dir", "off"))
+    proc, port = supervised.proc, supervised.port
+    try:
+        before = {worker: on(port, worker, "GET", "/health")[1]["worker_pid"] for worker in range(1, WORKERS + 1)}
+        os.kill(before[1], signal.SIGKILL)
+
+        def again() -> int | None:
+            conn = reach(port, 1, 20)  # until worker 1 is back, worker 2 answers every connection
+            if conn is None:
+                return None
+            with contextlib.closing(conn):
+                pid = ask(conn, "GET", "/health")[1]["worker_pid"]
+            return pid if pid != before[1] else None
+
+        restarted = wait_until(again, "worker 1 started again")
+        assert on(port, 2, "GET", "/health")[1]["worker_pid"] == before[2]  # the other kept serving
+        with contextlib.suppress(OSError):
+            os.kill(before[1], 0)
+            pytest.fail("the dead worker was not reaped")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        supervised.drained.wait(10)
+        assert supervised.logged("worker_exited") and supervised.logged("stopped")
+        for pid in (restarted, before[2]):
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        supervised.kill()
+
+
+def test_workers_stop_when_the_supervisor_is_killed(tmp_path):
+    """SIGKILL leaves the supervisor no time to stop them: the workers must not keep the port on their own."""
+    supervised = Supervised(serve_argv(tmp_path / "k.db", "--model-dir", "off"))
+    proc, port = supervised.proc, supervised.port
+    try:
+        pids = [on(port, worker, "GET", "/health")[1]["worker_pid"] for worker in range(1, WORKERS + 1)]
+        proc.kill()
+        proc.wait()
+
+        def gone(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+        wait_until(lambda: all(gone(pid) for pid in pids), "the workers to end")
+    finally:
+        supervised.kill()
+
+
+def test_one_worker_is_the_default_and_nothing_changes(server):
+    answer = server.get("/health")
+    assert "workers" not in answer.body and "worker" not in answer.body
+    assert all(name.lower() != "x-memory-worker" for name in answer.headers)
+
+
+def test_workers_over_postgresql_share_writes_forgets_and_the_stream_caps(pg_url):
+    """On PostgreSQL the workers are copies on one host: the same properties, and the caps still the service's."""
+    argv = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", pg_url, "--port", "0",
+            "--workers", str(WORKERS), "--register", AGENTS, "--no-request-log", "--model-dir", "off"]  # fmt: skip
+    with service(argv) as (port, _):
+        word = f"zp{uuid.uuid4().hex[:10]}"
+        status, written = on(port, 1, "POST", "/v1/long", {"agent": "atlas", "fact": f"the {word} pump hums"})
+        assert status == 201
+        assert ids(on(port, 2, "GET", recall_path("sol", word))[1]) == [written["id"]]
+        forget = {"agent": "atlas", "tier": "long", "id": written["id"]}
+        assert on(port, 2, "DELETE", "/v1/memory?" + urlencode(forget))[0] == 200
+        assert ids(on(port, 1, "GET", recall_path("sol", word))[1]) == []
+        held = []
+        for n in range(solos_events.STREAMS_PER_AGENT):
+            stream, _ = pinned_stream(port, 1 + n % WORKERS, {"agent": "nova"})
+            held.append(subscribed(stream))
+            time.sleep(0.02)
+        newest, _ = pinned_stream(port, WORKERS, {"agent": "nova"})
+        subscribed(newest)
+        assert cut(held[0])
+        for stream in held + [newest]:
+            stream.close()
