@@ -33,10 +33,11 @@ def serve_argv(db: Path, *extra: str) -> list[str]:
             "--workers", str(WORKERS), "--register", AGENTS, "--no-request-log", *extra]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def keyword_service(tmp_path_factory):
+@pytest.fixture(scope="module", params=["shared", "reuseport"])
+def keyword_service(tmp_path_factory, request):
+    """Keyword-only, on either way of sharing the port (--worker-socket)."""
     db = tmp_path_factory.mktemp("workers") / "workers.db"
-    with service(serve_argv(db, "--model-dir", "off")) as (port, lines):
+    with service(serve_argv(db, "--model-dir", "off", "--worker-socket", request.param)) as (port, lines):
         yield port, lines
 
 
