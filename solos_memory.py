@@ -1100,7 +1100,7 @@ def open_server(config: Config, register: Sequence[str], worker: solos_workers.W
         tokens = solos_tokens.StoredTokens(store.token_hashes)
     embedder, reason = load_embedder(config)
     if worker:  # what the other workers commit reaches this one as copies' commits do (solos_workers)
-        store.shared_by_copies = True
+        store.shared_by_copies, store.embed_share = True, (worker.index - 1, worker.count)
     try:
         server = MemoryServer(config, Memory(store, embedder, reason, config.rerank), tokens, worker)
     except OSError as error:  # the port is taken, or the address is not this host's

@@ -540,6 +540,9 @@ class Store:
 
     BEGIN_READ, BEGIN_WRITE = "BEGIN", "BEGIN IMMEDIATE"  # a read snapshot; a write that takes the lock up front
     shared_by_copies = False  # one service per SQLite file; PostgreSQL's store may have copies on other hosts
+    # Workers (solos_workers): (this one's remainder, count): its background pass embeds the rows whose id leaves
+    # that remainder, so no two workers embed one row (PostgreSQL's store claims rows instead).
+    embed_share: tuple[int, int] | None = None
 
     def __init__(self, path: str, busy_timeout_ms: int = 5000, admin: bool = False):
         self.path = path
@@ -1186,14 +1189,17 @@ class Store:
     def rows_missing_vectors(
         self, tier: str, model: str, limit: int, ids: list[int] | None = None
     ) -> list[sqlite3.Row]:
-        """Rows with no vector from `model` (new, changed, or embedded by another model), of `ids` if given."""
+        """Rows with no vector from `model` (new, changed, or embedded by another model), of `ids` if given; without
+        ids, only this process's share of them (`embed_share`)."""
         table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
+        only, params = ("", []) if ids is None else (" AND t.id " + self.queries.IDS_IN, [self.queries.id_list(ids)])
+        if ids is None and self.embed_share is not None:
+            only, params = " AND t.id % ? = ?", [self.embed_share[1], self.embed_share[0]]
         return self.read(
             lambda conn: conn.execute(
                 f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v ON v.tier = ? AND v.row_id = t.id "
-                f"AND v.model = ? WHERE v.row_id IS NULL{'' if ids is None else ' AND t.id ' + self.queries.IDS_IN} "
-                "ORDER BY t.id LIMIT ?",
-                (tier, model, *(() if ids is None else (self.queries.id_list(ids),)), limit),
+                f"AND v.model = ? WHERE v.row_id IS NULL{only} ORDER BY t.id LIMIT ?",
+                (tier, model, *params, limit),
             ).fetchall()
         )
 

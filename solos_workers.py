@@ -8,9 +8,9 @@ machinery (solos_copies, the store's `shared_by_copies`): the event hub reads wh
 (streams resume gapless on any worker, by id), a retraction another worker made drops this worker's kept
 texts and encoded events before its next recall answers (`EventHub.retracted_since`), and the vector index
 reads the vectors other workers committed since its snapshot before it searches (`VectorIndex.catch_up`).
-What only a host has, the supervisor keeps: the stream seats every worker holds (`Seats`: the per-agent
-cap and the total are the service's, not each worker's), and the tokens file (read again by every worker
-when it changes, solos_tokens).
+What only a host has, the supervisor provides: the file of stream seats every worker holds (`Seats`: the
+per-agent cap and the total are the service's, not each worker's). Each worker reads the tokens file again
+when it changes (solos_tokens), and embeds its share of the fleet's direct writes (`Store.embed_share`).
 
 Two ways to share the port, `--worker-socket`: `shared` (one listening socket, inherited: a worker takes
 a connection when it is free to; the default, see docs/load.md for the measurement) or `reuseport`
@@ -48,7 +48,6 @@ STOP_WAIT_S = 20.0  # after SIGTERM, how long the workers get to finish their re
 QUICK_DEATH_S = 10.0
 RESTART_PAUSE_S = (0.5, 30.0)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
-SEAT_CHECK_S = 0.05  # how often a worker holding streams looks for one another worker's newcomer replaced
 
 
 # ==== One process: the serve loop (single, or a worker) ====
@@ -146,7 +145,8 @@ class Seats:
     share are decided over all of them (solos_events.choose_victim), as one process decides over its own.
 
     A stream another worker holds that a newcomer here replaces is moved to `cut` in the file; its worker
-    reads that within SEAT_CHECK_S (`cut_for`) and drops it. The supervisor removes a dead worker's seats.
+    reads that on its event hub's next round, within 50 ms while it holds streams (`cut_for`), and drops it.
+    The supervisor removes a dead worker's seats.
     """
 
     def __init__(self, path: str, worker: int):
@@ -228,6 +228,8 @@ class Seats:
 
 @dataclass
 class Child:
+    """One worker's place: its process now (pid 0 while dead), and when it is started again."""
+
     index: int
     pid: int = 0
     started: float = 0.0

@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
-from conftest import ROOT, Stream, require_embedder, service, subscribed, wait_until, write_tokens
+from conftest import ROOT, Stream, fleet_writer, require_embedder, service, subscribed, wait_until, write_tokens
 
 import solos_events
 
@@ -33,10 +33,11 @@ def serve_argv(db: Path, *extra: str) -> list[str]:
             "--workers", str(WORKERS), "--register", AGENTS, "--no-request-log", *extra]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def keyword_service(tmp_path_factory):
+@pytest.fixture(scope="module", params=["shared", "reuseport"])
+def keyword_service(tmp_path_factory, request):
+    """Keyword-only, on either way of sharing the port (--worker-socket)."""
     db = tmp_path_factory.mktemp("workers") / "workers.db"
-    with service(serve_argv(db, "--model-dir", "off")) as (port, lines):
+    with service(serve_argv(db, "--model-dir", "off", "--worker-socket", request.param)) as (port, lines):
         yield port, lines
 
 
@@ -44,8 +45,8 @@ def keyword_service(tmp_path_factory):
 def hybrid_service(tmp_path_factory):
     require_embedder()
     db = tmp_path_factory.mktemp("workers-hybrid") / "workers.db"
-    with service(serve_argv(db)) as (port, lines):
-        yield port, lines
+    with service(serve_argv(db)) as (port, _):
+        yield port, db
 
 
 class Port:
@@ -375,3 +376,26 @@ def test_workers_over_postgresql_share_writes_forgets_and_the_stream_caps(pg_url
         assert cut(held[0])
         for stream in held + [newest]:
             stream.close()
+
+
+def test_the_workers_embed_each_of_the_fleets_direct_writes_once(hybrid_service):
+    """Rows the fleet writes straight into the file are embedded by the workers' background passes, each row by
+    one worker only (its share of the ids): every vector saved once, so the generation moves once per row."""
+    port, db = hybrid_service
+    generation = "SELECT value FROM solos_memory_meta WHERE key = 'vector_generation'"
+    with fleet_writer(str(db)) as conn:
+        before = int(conn.execute(generation).fetchone()[0])
+        conn.execute("BEGIN IMMEDIATE")
+        ids = [
+            conn.execute(
+                "INSERT INTO memory_longterm (agent, fact) VALUES ('rhea', ?)", (f"fleet note {n} on gears",)
+            ).lastrowid
+            for n in range(64)
+        ]
+        conn.execute("COMMIT")
+        vectors = f"SELECT count(*) FROM memory_vector WHERE tier = 'long' AND row_id IN ({','.join(map(str, ids))})"
+        wait_until(lambda: conn.execute(vectors).fetchone()[0] == len(ids), "every row embedded", 60)
+        time.sleep(1)  # a second pass over a row, if any, lands meanwhile
+        assert int(conn.execute(generation).fetchone()[0]) - before == len(ids)
+    status, found = on(port, 2, "GET", recall_path("atlas", "gears fleet note", ranking="vector"))
+    assert status == 200 and set(ids) & set(ids_of := [row["id"] for row in found["results"]]), ids_of
