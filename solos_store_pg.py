@@ -37,6 +37,7 @@ import psycopg.errors
 from psycopg.types.numeric import FloatLoader
 
 import solos_copies
+import solos_pg_keyword
 import solos_store
 from solos_store import (
     RETRACTABLE,
@@ -210,6 +211,7 @@ class PgStore(solos_store.Store):
         self.vacuum_wanted = False
         self.running = RunningTransactions()
         self.queries = PgQueries()
+        self.keyword: solos_pg_keyword.KeywordIndex | None = None  # a serving copy's own (listen starts it)
 
     def event_cursor(self, conn: Any = None) -> dict:
         """The event cursor's state (RunningTransactions.state): read again on `conn` if given (the event hub's
@@ -399,7 +401,13 @@ class PgStore(solos_store.Store):
         common words) cannot pass the `limit`-th score if those common words' bounds add up to less. The rare
         words are as many as match FIRST_PASS_ROWS rows or FIRST_PASS_SHARE of the tier; while their scores do
         not clear the bound, the next pass takes the next word and PASS_GROWTH times the rows, the last one
-        every matching row, as before. One REPEATABLE READ snapshot: every pass sees the same rows."""
+        every matching row, as before. One REPEATABLE READ snapshot: every pass sees the same rows.
+
+        A serving copy ranks by its own FTS5 index instead (solos_pg_keyword), once it is filled."""
+        if self.keyword is not None:
+            found = self.keyword.ranked_rows(conn, tier, seen, match, limit, tags)
+            if found is not None:
+                return found
         text, classes = match_words(match)
         rows, _ = self.size(conn, tier.table)
         counted = conn.execute(
@@ -513,9 +521,13 @@ class PgStore(solos_store.Store):
         return int(rows), float(mean)
 
     def indexed_rows(self, conn: Any, tier: Tier) -> int | None:
-        return self.size(conn, tier.table)[0]
+        counted = self.keyword.indexed_rows(tier) if self.keyword is not None else None
+        return counted if counted is not None else self.size(conn, tier.table)[0]
 
     def matches_at_least(self, conn: Any, tier: Tier, match: str, count: int) -> bool:
+        found = self.keyword.matches_at_least(tier, match, count) if self.keyword is not None else None
+        if found is not None:
+            return found
         text, classes = match_words(match)
         sql = f"SELECT count(*) FROM (SELECT 1 FROM {tier.table} t WHERE t.fts @@ solos_query(?, ?) LIMIT ?) enough"
         return conn.execute(sql, (text, classes, count)).fetchone()[0] >= count
@@ -589,10 +601,23 @@ class PgStore(solos_store.Store):
     # -- copies: notifications and the daily jobs' turns --
 
     def listen(self, wake: Callable[[], None]) -> solos_copies.Listener:
-        """Call `wake` whenever any copy (or fleet writer) commits an event; `.stop()` the listener returned."""
-        listener = solos_copies.Listener(self.path, wake)
+        """Call `wake` whenever any copy (or fleet writer) commits an event; `.stop()` the listener returned.
+        A serving copy listens: its own keyword index starts filling here, and is woken alike."""
+        if self.keyword is None:
+            self.keyword = solos_pg_keyword.KeywordIndex(self)
+            self.keyword.start()
+        keyword = self.keyword
+
+        def woken() -> None:
+            wake()
+            keyword.wake()
+
+        listener = solos_copies.Listener(self.path, woken)
         listener.start()
         return listener
+
+    def keyword_index_state(self) -> str:
+        return "off" if self.keyword is None else self.keyword.health()
 
     def job_lock(self, job: str) -> Any:
         """A context holding the job's turn for the run (True), or False while another copy runs it."""
@@ -603,6 +628,8 @@ class PgStore(solos_store.Store):
     def close(self) -> None:
         """The pool, a count under way, and a VACUUM still running (they finish first, so they never outlive
         the database)."""
+        if self.keyword is not None:
+            self.keyword.close()
         super().close()
         self.counter.shutdown(wait=True)
         vacuuming = self.vacuuming
