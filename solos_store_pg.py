@@ -619,6 +619,10 @@ class PgStore(solos_store.Store):
     def keyword_index_state(self) -> str:
         return "off" if self.keyword is None else self.keyword.health()
 
+    def counts(self) -> dict:
+        """solos_store's, and this copy's keyword index: its state, rows filled, file size, answers by it and by SQL."""
+        return {**super().counts(), "keyword_index": self.keyword.stats() if self.keyword is not None else None}
+
     def job_lock(self, job: str) -> Any:
         """A context holding the job's turn for the run (True), or False while another copy runs it."""
         return solos_copies.job_lock(self.connect, job)
