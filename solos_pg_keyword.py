@@ -266,20 +266,20 @@ class KeywordIndex:
 
     # -- applying what committed --
 
-    def apply(self, conn: Any, most: int | None) -> bool:
-        """Apply the events `conn`'s snapshot sees that the index lacks, with the lock held; False (nothing
-        applied) if they are more than `most`."""
+    def apply(self, conn: Any, most: int | None) -> Applied | None:
+        """Apply the events `conn`'s snapshot sees that the index lacks, with the lock held: that snapshot, or
+        None (nothing applied) if they are more than `most`."""
         assert self.applied is not None
         now = Applied.of(conn)
         if now.xmax <= self.applied.xmax and not any(now.sees(x) for x in self.applied.running):
-            return True  # this snapshot sees nothing the index lacks (it may be behind the index)
+            return now  # this snapshot sees nothing the index lacks (it may be behind the index)
         limit = most + 1 if most is not None else None
         events = conn.execute(
             NEW_EVENTS_SQL,
             (self.applied.xmax << 24, sorted(self.applied.running), list(EVENT_TIERS), limit),
         ).fetchall()
         if most is not None and len(events) > most:
-            return False
+            return None
         last: dict[tuple[str, int], str] = {}
         for _, kind, tier, row_id in events:
             last[(tier, row_id)] = kind
@@ -294,7 +294,7 @@ class KeywordIndex:
         if any(kind == "forget" for kind in last.values()):
             self.scrub_due = True
         self.applied = self.applied.joined(now)
-        return True
+        return now
 
     def refresh(self, conn: Any, table: str, ids: list[int]) -> None:
         """These rows as `conn`'s snapshot has them: replaced, or dropped if gone. A long fact gone takes the facts
@@ -344,21 +344,26 @@ class KeywordIndex:
         with self.lock:
             SQLITE.checkpoint_truncate(self.writer, 1000)
 
-    def caught_up(self, conn: Any) -> bool:
-        """Apply what the recall's snapshot sees first (read-your-writes across copies); False: rank by SQL."""
-        if self.state != "ready" or not self.lock.acquire(timeout=APPLY_WAIT_S):
-            return False
+    def caught_up(self, conn: Any) -> Applied | None:
+        """Apply what the recall's snapshot sees first (read-your-writes across copies), once per transaction
+        (PgStore.read marks each one's connection): that snapshot, or None: rank by SQL."""
+        if self.state != "ready":
+            return None
+        if conn.keyword_snapshot is not None:
+            return conn.keyword_snapshot
+        if not self.lock.acquire(timeout=APPLY_WAIT_S):
+            return None
         try:
             if self.applied is None:
-                return False
-            if not self.apply(conn, RECALL_APPLIES_AT_MOST):
+                return None
+            conn.keyword_snapshot = self.apply(conn, RECALL_APPLIES_AT_MOST)
+            if conn.keyword_snapshot is None:
                 self.wake()
-                return False
-            return True
+            return conn.keyword_snapshot
         except Exception as error:
             self.failed(error)
             self.wake()
-            return False
+            return None
         finally:
             self.lock.release()
 
@@ -394,6 +399,28 @@ class KeywordIndex:
     def read(self, work: Callable[[Any], Any]) -> Any:
         """`work` on the index (an embedded store's connection), or None while it is not ready."""
         return self.local.read(work) if self.state == "ready" else None
+
+    def topic_neighbours(self, conn: Any, ids: list[int]) -> dict[int, tuple[int | None, int | None]] | None:
+        """solos_store's answer from the index's topics, once it holds `conn`'s snapshot; None: ask PostgreSQL.
+        (A fact written since that snapshot may be named: read through the snapshot's filters, it is not found,
+        as the rows a recall reads by id are not.)"""
+        if conn.keyword_snapshot is None or self.state != "ready":
+            return None
+        return self.local.read(lambda lc: self.local.topic_neighbours(lc, ids))
+
+    def long_facts_version(self, conn: Any) -> bytes | None:
+        """The long facts' FTS5 structure record (rewritten at every change, as solos_store's near_duplicates_version
+        reads it), if the index holds exactly `conn`'s snapshot; None: it may not (nothing is kept)."""
+        snapshot = self.caught_up(conn)
+        if snapshot is None or not self.lock.acquire(timeout=APPLY_WAIT_S):
+            return None
+        try:
+            if snapshot != self.applied:
+                return None
+            row = self.writer.execute("SELECT block FROM memory_longterm_fts_data WHERE id = 10").fetchone()
+        finally:
+            self.lock.release()
+        return row[0] if row else b""
 
     def indexed_rows(self, tier: Tier) -> int | None:
         return self.read(lambda lc: self.local.indexed_rows(lc, tier))

@@ -176,6 +176,7 @@ class PgConnection(psycopg.Connection):
 
     queries: solos_store.Queries  # its store's: PgQueries
     reusable = True
+    keyword_snapshot: Any = None  # the snapshot this transaction's keyword index was brought to (PgStore.read)
     running = RunningTransactions()  # PgStore.connect gives each store's connections the store's own
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -288,6 +289,15 @@ class PgStore(solos_store.Store):
                 break
             time.sleep(pause)
         raise Busy(f"transaction kept conflicting with other writers ({last_error})")
+
+    def read(self, work: Callable[[Any], Any]) -> Any:
+        """solos_store's; each transaction starts with no keyword snapshot (solos_pg_keyword.caught_up)."""
+
+        def fresh(conn: Any) -> Any:
+            conn.keyword_snapshot = None
+            return work(conn)
+
+        return super().read(fresh)
 
     def checkout(self) -> Any:
         conn: Any = super().checkout()
@@ -520,6 +530,10 @@ class PgStore(solos_store.Store):
         self.stats[table] = (time.monotonic(), int(rows), float(mean))
         return int(rows), float(mean)
 
+    def topic_neighbours(self, conn: Any, ids: list[int]) -> dict[int, tuple[int | None, int | None]]:
+        found = self.keyword.topic_neighbours(conn, ids) if self.keyword is not None else None
+        return found if found is not None else super().topic_neighbours(conn, ids)
+
     def indexed_rows(self, conn: Any, tier: Tier) -> int | None:
         counted = self.keyword.indexed_rows(tier) if self.keyword is not None else None
         return counted if counted is not None else self.size(conn, tier.table)[0]
@@ -605,6 +619,8 @@ class PgStore(solos_store.Store):
         A serving copy listens: its own keyword index starts filling here, and is woken alike."""
         if self.keyword is None:
             self.keyword = solos_pg_keyword.KeywordIndex(self)
+            if isinstance(self.queries, PgQueries):  # near-duplicate clusters kept while it holds the snapshot
+                self.queries.keyword = self.keyword
             self.keyword.start()
         keyword = self.keyword
 
@@ -853,9 +869,13 @@ class PgQueries(solos_store.Queries):
         """Rows one at a time (psycopg's single-row mode): a client-side cursor would hold the whole answer."""
         return conn.cursor().stream(placeholders(sql), params)
 
-    def near_duplicates_version(self, conn: Any) -> None:
-        """No cheap mark of every change to the long facts' text here: near-duplicate clusters are not kept."""
-        return None
+    keyword: Any = None  # the store's keyword index, on a serving copy (solos_pg_keyword)
+
+    def near_duplicates_version(self, conn: Any) -> tuple[bytes, int] | None:
+        """solos_store's, from this copy's keyword index while it holds exactly this snapshot; else None: no cheap
+        mark of every change to the long facts' text, and near-duplicate clusters are not kept."""
+        block = self.keyword.long_facts_version(conn) if self.keyword is not None else None
+        return None if block is None else (block, int(self.meta_value(conn, "vector_generation") or 0))
 
     def near_candidates(self, conn: Any, match: str, limit: int) -> list:
         text, classes = match_words("{fact} : (" + match + ")")
