@@ -289,8 +289,8 @@ class KeywordIndex:
             for table in RETRACTABLE[tier]:
                 if expired:  # invisible to every reader from now; a later update writes it again
                     self.drop(table, expired)
-                if touched:
-                    self.refresh(conn, table, touched)
+                for start in range(0, len(touched), FILL_PAGE):  # a bulk load by the fleet: a page at a time
+                    self.refresh(conn, table, touched[start : start + FILL_PAGE])
         if any(kind == "forget" for kind in last.values()):
             self.scrub_due = True
         self.applied = self.applied.joined(now)

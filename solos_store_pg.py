@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import math
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -618,15 +619,20 @@ class PgStore(solos_store.Store):
         """Call `wake` whenever any copy (or fleet writer) commits an event; `.stop()` the listener returned.
         A serving copy listens: its own keyword index starts filling here, and is woken alike."""
         if self.keyword is None:
-            self.keyword = solos_pg_keyword.KeywordIndex(self)
-            if isinstance(self.queries, PgQueries):  # near-duplicate clusters kept while it holds the snapshot
-                self.queries.keyword = self.keyword
-            self.keyword.start()
+            try:
+                self.keyword = solos_pg_keyword.KeywordIndex(self)
+            except (OSError, sqlite3.Error) as error:  # no file for it: recall ranks by SQL, /health says off
+                log_event("keyword_index_unavailable", error=str(error))
+            else:
+                if isinstance(self.queries, PgQueries):  # near-duplicate clusters kept while it holds the snapshot
+                    self.queries.keyword = self.keyword
+                self.keyword.start()
         keyword = self.keyword
 
         def woken() -> None:
             wake()
-            keyword.wake()
+            if keyword is not None:
+                keyword.wake()
 
         listener = solos_copies.Listener(self.path, woken)
         listener.start()

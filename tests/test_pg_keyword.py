@@ -173,3 +173,15 @@ def test_a_recall_that_cannot_apply_at_once_ranks_by_sql_and_still_sees_every_wr
         assert index.answered["sql"] == 1
     assert ids_of(b.recall("sol", "heron count", tiers="long")) == [written.body["id"]]
     assert index.answered["index"] >= 1 and held(b, "memory_longterm", written.body["id"])
+
+
+@pytest.mark.slow
+def test_a_copy_that_cannot_make_its_index_file_says_off_and_ranks_by_sql(copies, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only temporary folder")
+
+    monkeypatch.setattr(solos_pg_keyword.tempfile, "mkdtemp", refuse)
+    copy = copies(rerank=False)
+    assert copy.get("/health").body["keyword_index"] == "off"
+    written = copy.post("/v1/long", {"agent": "atlas", "fact": "the heron count is twelve"})
+    assert ids_of(copy.recall("sol", "heron count", tiers="long")) == [written.body["id"]]
