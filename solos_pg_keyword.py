@@ -100,14 +100,19 @@ class Applied:
         return Applied(max(self.xmax, other.xmax), frozenset(running))
 
 
-# Events a snapshot sees that `Applied` lacks: from transactions at or past its xmax, or running in it (ids are
+# One round trip at every recall: the snapshot, the vectors' generation (solos_store_pg.near_duplicates_version)
+# and the events it sees that `Applied` lacks: from transactions at or past its xmax, or running in it (ids are
 # the transaction's xid8 in the high bits: schema_pg.sql's memory_event), each range read by the primary key.
-NEW_EVENTS_SQL = (
-    "SELECT id, kind, tier, row_id FROM ("
-    "  SELECT id, kind, tier, row_id FROM memory_event WHERE id >= ? "
-    "  UNION ALL SELECT e.id, e.kind, e.tier, e.row_id FROM unnest(?::bigint[]) x "
-    "    JOIN memory_event e ON e.id >= x << 24 AND e.id < (x + 1) << 24) new "
-    "WHERE tier = ANY(?) ORDER BY id LIMIT ?"
+CATCH_UP_SQL = (
+    "SELECT pg_snapshot_xmax(s)::text::bigint, array(SELECT x::text::bigint FROM pg_snapshot_xip(s) x), "
+    "  (SELECT value FROM solos_memory_meta WHERE key = 'vector_generation'), "
+    "  (SELECT json_agg(json_build_array(id, kind, tier, row_id) ORDER BY id) FROM ("
+    "    SELECT id, kind, tier, row_id FROM ("
+    "      SELECT id, kind, tier, row_id FROM memory_event WHERE id >= ? "
+    "      UNION ALL SELECT e.id, e.kind, e.tier, e.row_id FROM unnest(?::bigint[]) x "
+    "        JOIN memory_event e ON e.id >= x << 24 AND e.id < (x + 1) << 24) new "
+    "    WHERE tier = ANY(?) ORDER BY id LIMIT ?) events) "
+    "FROM pg_current_snapshot() s"
 )
 
 
@@ -270,14 +275,14 @@ class KeywordIndex:
         """Apply the events `conn`'s snapshot sees that the index lacks, with the lock held: that snapshot, or
         None (nothing applied) if they are more than `most`."""
         assert self.applied is not None
-        now = Applied.of(conn)
+        limit = most + 1 if most is not None else None
+        xmax, running, vectors, events = conn.execute(
+            CATCH_UP_SQL, (self.applied.xmax << 24, sorted(self.applied.running), list(EVENT_TIERS), limit)
+        ).fetchone()
+        now, conn.keyword_vectors = Applied(int(xmax), frozenset(running or ())), int(vectors or 0)
         if now.xmax <= self.applied.xmax and not any(now.sees(x) for x in self.applied.running):
             return now  # this snapshot sees nothing the index lacks (it may be behind the index)
-        limit = most + 1 if most is not None else None
-        events = conn.execute(
-            NEW_EVENTS_SQL,
-            (self.applied.xmax << 24, sorted(self.applied.running), list(EVENT_TIERS), limit),
-        ).fetchall()
+        events = events or []
         if most is not None and len(events) > most:
             return None
         last: dict[tuple[str, int], str] = {}

@@ -178,6 +178,7 @@ class PgConnection(psycopg.Connection):
     queries: solos_store.Queries  # its store's: PgQueries
     reusable = True
     keyword_snapshot: Any = None  # the snapshot this transaction's keyword index was brought to (PgStore.read)
+    keyword_vectors = 0  # and the vectors' generation in it, read in the same round trip
     running = RunningTransactions()  # PgStore.connect gives each store's connections the store's own
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -881,7 +882,7 @@ class PgQueries(solos_store.Queries):
         """solos_store's, from this copy's keyword index while it holds exactly this snapshot; else None: no cheap
         mark of every change to the long facts' text, and near-duplicate clusters are not kept."""
         block = self.keyword.long_facts_version(conn) if self.keyword is not None else None
-        return None if block is None else (block, int(self.meta_value(conn, "vector_generation") or 0))
+        return None if block is None else (block, conn.keyword_vectors)
 
     def near_candidates(self, conn: Any, match: str, limit: int) -> list:
         text, classes = match_words("{fact} : (" + match + ")")
