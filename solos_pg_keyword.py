@@ -201,6 +201,7 @@ class KeywordIndex:
                     self.store.read(lambda conn: self.apply(conn, None))
                 if self.state != "ready":
                     self.state, self.reason = "ready", None
+                    log_event("keyword_index_ready", rows=self.filled_rows, seconds=round(self.fill_s, 1))
                 if self.scrub_due:
                     self.scrub()
             except Exception as error:
@@ -208,8 +209,11 @@ class KeywordIndex:
                 self.stopped.wait(POLL_S)
 
     def failed(self, error: BaseException) -> None:
+        """Say so (/health, stats), and log it once a spell: a database away for minutes is one line, not one a
+        second; the thread says `keyword_index_ready` when it keeps up again."""
+        if self.state != "failing":
+            log.warning("keyword index failing, recall ranks by SQL: %s", error, exc_info=True)
         self.state, self.reason = "failing", f"{type(error).__name__}: {error}"
-        log.warning("keyword index: %s", self.reason, exc_info=True)
 
     def fill(self, conn: Any) -> None:
         """Every row of every tier as one snapshot has it, page by page, and that snapshot as what is applied."""

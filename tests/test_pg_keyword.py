@@ -185,3 +185,25 @@ def test_a_copy_that_cannot_make_its_index_file_says_off_and_ranks_by_sql(copies
     assert copy.get("/health").body["keyword_index"] == "off"
     written = copy.post("/v1/long", {"agent": "atlas", "fact": "the heron count is twelve"})
     assert ids_of(copy.recall("sol", "heron count", tiers="long")) == [written.body["id"]]
+
+
+@pytest.mark.slow
+def test_the_index_says_failing_while_the_database_is_away_and_keeps_up_once_it_is_back(pg_private_cluster):
+    url = pg_private_cluster.fresh_database()
+    running = ready(start_server(url, busy_timeout_ms=1000, rerank=False))
+    try:
+        assert running.post("/v1/long", {"agent": "atlas", "fact": "the boiler was serviced in May"}).status == 201
+        pg_private_cluster.kill()
+        wait_until(lambda: running.get("/health").body["keyword_index"] == "failing", "the index to say failing")
+        pg_private_cluster.start()
+        ready(running)
+        with fleet_writer(url) as conn:  # the fleet's own write, once it is back
+            row_id = conn.execute(
+                "INSERT INTO memory_longterm (agent, fact) VALUES ('nova', 'the boiler kiln fired at dawn') "
+                "RETURNING id"
+            ).fetchone()[0]
+        by_index = index_of(running).answered["index"]
+        assert ids_of(running.recall("sol", "boiler kiln", tiers="long"))[0] == row_id
+        assert index_of(running).answered["index"] == by_index + 1
+    finally:
+        stop_server(running)
