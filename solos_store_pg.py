@@ -6,8 +6,10 @@ solos_store.Queries with PostgreSQL's SQL where the two databases differ. The sc
 
 What is not the same, and why:
 
-- Keyword recall is Okapi BM25 computed in SQL from a tsvector per row (FTS5's bm25(), same k1, b and
-  column weights), since PostgreSQL's ts_rank ignores how rare a word is.
+- Keyword recall ranks on each serving copy's own FTS5 index (solos_pg_keyword: SQLite's bm25(), rows read
+  back from here). Until it is filled, or when a recall cannot bring it to its snapshot at once, it is Okapi
+  BM25 computed in SQL from a tsvector per row (FTS5's formula, same k1, b and column weights), since
+  PostgreSQL's ts_rank ignores how rare a word is.
 - Writers do not queue behind one lock: PostgreSQL takes row locks. Writes that must not race (the same long
   fact, the same idempotency key) take a transaction-scoped advisory lock on their key.
 - Events are read only below the oldest running transaction (xid8), because ids commit out of order; but not
