@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import solos_store
-from solos_store import RETRACTABLE, SQLITE, Tier, Visibility, log_event
+from solos_store import RETRACTABLE, SQLITE, TIER_TABLE, Tier, Visibility, log_event
 
 log = logging.getLogger("solos_pg_keyword")
 
@@ -416,6 +416,20 @@ class KeywordIndex:
         if conn.keyword_snapshot is None or self.state != "ready":
             return None
         return self.local.read(lambda lc: self.local.topic_neighbours(lc, ids))
+
+    def alone(self, conn: Any, match: str) -> bool:
+        """Whether one long fact at most (a witness lookup's own result) has `match` in its own text, as the
+        embedded store's near_candidates asks it: known only while the index holds exactly `conn`'s snapshot."""
+        snapshot = self.caught_up(conn)
+        if snapshot is None or not self.lock.acquire(timeout=APPLY_WAIT_S):
+            return False
+        try:
+            long = TIER_TABLE["long"]
+            return snapshot == self.applied and not self.local.matches_at_least(
+                self.writer, long, "{fact} : (" + match + ")", 2
+            )
+        finally:
+            self.lock.release()
 
     def long_facts_version(self, conn: Any) -> bytes | None:
         """The long facts' FTS5 structure record (rewritten at every change, as solos_store's near_duplicates_version

@@ -887,6 +887,8 @@ class PgQueries(solos_store.Queries):
         return None if block is None else (block, conn.keyword_vectors)
 
     def near_candidates(self, conn: Any, match: str, limit: int) -> list:
+        if self.keyword is not None and self.keyword.alone(conn, match):
+            return []  # the result's own fact at most: no other can join its cluster, nothing to read
         text, classes = match_words("{fact} : (" + match + ")")
         every = "&" if " AND " in match else "|"  # solos_provenance.near_key: all of its words
         # The query in a subquery, made once: psycopg prepares a statement run often, and PostgreSQL's generic plan
