@@ -26,6 +26,7 @@ runs ahead of a snapshot never hands out a row that snapshot cannot see.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -167,7 +168,9 @@ class KeywordIndex:
         return self.state
 
     def stats(self) -> dict:
-        size = sum(os.path.getsize(os.path.join(self.folder, f)) for f in os.listdir(self.folder))
+        size = 0
+        with contextlib.suppress(OSError):  # closing: the folder is going
+            size = sum(os.path.getsize(os.path.join(self.folder, f)) for f in os.listdir(self.folder))
         return {
             "state": self.state,
             "reason": self.reason,
