@@ -993,6 +993,7 @@ class MemoryServer(solos_connections.BoundedConnections, solos_workers.WorkerSoc
             "auth": "tokens" if self.tokens else "loopback-trust",
             **self.memory.embedder_state(),
             "event_cursor": self.memory.store.event_cursor()["state"],  # PostgreSQL: stalled, skipping (stats)
+            "keyword_index": self.memory.store.keyword_index_state(),  # PostgreSQL: filling, ready, failing
         }
 
     def refusal(self) -> bytes:

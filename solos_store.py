@@ -1322,6 +1322,11 @@ class Store:
         the fleet's. PostgreSQL's store returns a listener for the other copies' commits."""
         return None
 
+    def keyword_index_state(self) -> str:
+        """/health's `keyword_index`: SQLite's FTS5 tables live in the database, kept by its triggers (PostgreSQL:
+        each copy's own index, solos_pg_keyword)."""
+        return "ready"
+
     def event_cursor(self, conn: Any = None) -> dict:
         """Whether the event cursor waits for a running transaction: never here, where events commit in id
         order (PostgreSQL's store: solos_store_pg.RunningTransactions)."""

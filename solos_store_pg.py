@@ -6,8 +6,10 @@ solos_store.Queries with PostgreSQL's SQL where the two databases differ. The sc
 
 What is not the same, and why:
 
-- Keyword recall is Okapi BM25 computed in SQL from a tsvector per row (FTS5's bm25(), same k1, b and
-  column weights), since PostgreSQL's ts_rank ignores how rare a word is.
+- Keyword recall ranks on each serving copy's own FTS5 index (solos_pg_keyword: SQLite's bm25(), rows read
+  back from here). Until it is filled, or when a recall cannot bring it to its snapshot at once, it is Okapi
+  BM25 computed in SQL from a tsvector per row (FTS5's formula, same k1, b and column weights), since
+  PostgreSQL's ts_rank ignores how rare a word is.
 - Writers do not queue behind one lock: PostgreSQL takes row locks. Writes that must not race (the same long
   fact, the same idempotency key) take a transaction-scoped advisory lock on their key.
 - Events are read only below the oldest running transaction (xid8), because ids commit out of order; but not
@@ -26,6 +28,7 @@ import contextlib
 import hashlib
 import math
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,6 +40,7 @@ import psycopg.errors
 from psycopg.types.numeric import FloatLoader
 
 import solos_copies
+import solos_pg_keyword
 import solos_store
 from solos_store import (
     RETRACTABLE,
@@ -175,6 +179,8 @@ class PgConnection(psycopg.Connection):
 
     queries: solos_store.Queries  # its store's: PgQueries
     reusable = True
+    keyword_snapshot: Any = None  # the snapshot this transaction's keyword index was brought to (PgStore.read)
+    keyword_vectors = 0  # and the vectors' generation in it, read in the same round trip
     running = RunningTransactions()  # PgStore.connect gives each store's connections the store's own
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -210,6 +216,7 @@ class PgStore(solos_store.Store):
         self.vacuum_wanted = False
         self.running = RunningTransactions()
         self.queries = PgQueries()
+        self.keyword: solos_pg_keyword.KeywordIndex | None = None  # a serving copy's own (listen starts it)
 
     def event_cursor(self, conn: Any = None) -> dict:
         """The event cursor's state (RunningTransactions.state): read again on `conn` if given (the event hub's
@@ -286,6 +293,15 @@ class PgStore(solos_store.Store):
                 break
             time.sleep(pause)
         raise Busy(f"transaction kept conflicting with other writers ({last_error})")
+
+    def read(self, work: Callable[[Any], Any]) -> Any:
+        """solos_store's; each transaction starts with no keyword snapshot (solos_pg_keyword.caught_up)."""
+
+        def fresh(conn: Any) -> Any:
+            conn.keyword_snapshot = None
+            return work(conn)
+
+        return super().read(fresh)
 
     def checkout(self) -> Any:
         conn: Any = super().checkout()
@@ -399,7 +415,13 @@ class PgStore(solos_store.Store):
         common words) cannot pass the `limit`-th score if those common words' bounds add up to less. The rare
         words are as many as match FIRST_PASS_ROWS rows or FIRST_PASS_SHARE of the tier; while their scores do
         not clear the bound, the next pass takes the next word and PASS_GROWTH times the rows, the last one
-        every matching row, as before. One REPEATABLE READ snapshot: every pass sees the same rows."""
+        every matching row, as before. One REPEATABLE READ snapshot: every pass sees the same rows.
+
+        A serving copy ranks by its own FTS5 index instead (solos_pg_keyword), once it is filled."""
+        if self.keyword is not None:
+            found = self.keyword.ranked_rows(conn, tier, seen, match, limit, tags)
+            if found is not None:
+                return found
         text, classes = match_words(match)
         rows, _ = self.size(conn, tier.table)
         counted = conn.execute(
@@ -512,10 +534,18 @@ class PgStore(solos_store.Store):
         self.stats[table] = (time.monotonic(), int(rows), float(mean))
         return int(rows), float(mean)
 
+    def topic_neighbours(self, conn: Any, ids: list[int]) -> dict[int, tuple[int | None, int | None]]:
+        found = self.keyword.topic_neighbours(conn, ids) if self.keyword is not None else None
+        return found if found is not None else super().topic_neighbours(conn, ids)
+
     def indexed_rows(self, conn: Any, tier: Tier) -> int | None:
-        return self.size(conn, tier.table)[0]
+        counted = self.keyword.indexed_rows(tier) if self.keyword is not None else None
+        return counted if counted is not None else self.size(conn, tier.table)[0]
 
     def matches_at_least(self, conn: Any, tier: Tier, match: str, count: int) -> bool:
+        found = self.keyword.matches_at_least(tier, match, count) if self.keyword is not None else None
+        if found is not None:
+            return found
         text, classes = match_words(match)
         sql = f"SELECT count(*) FROM (SELECT 1 FROM {tier.table} t WHERE t.fts @@ solos_query(?, ?) LIMIT ?) enough"
         return conn.execute(sql, (text, classes, count)).fetchone()[0] >= count
@@ -584,10 +614,34 @@ class PgStore(solos_store.Store):
     # -- copies: notifications and the daily jobs' turns --
 
     def listen(self, wake: Callable[[], None]) -> solos_copies.Listener:
-        """Call `wake` whenever any copy (or fleet writer) commits an event; `.stop()` the listener returned."""
-        listener = solos_copies.Listener(self.path, wake)
+        """Call `wake` whenever any copy (or fleet writer) commits an event; `.stop()` the listener returned.
+        A serving copy listens: its own keyword index starts filling here, and is woken alike."""
+        if self.keyword is None:
+            try:
+                self.keyword = solos_pg_keyword.KeywordIndex(self)
+            except (OSError, sqlite3.Error) as error:  # no file for it: recall ranks by SQL, /health says off
+                log_event("keyword_index_unavailable", error=str(error))
+            else:
+                if isinstance(self.queries, PgQueries):  # near-duplicate clusters kept while it holds the snapshot
+                    self.queries.keyword = self.keyword
+                self.keyword.start()
+        keyword = self.keyword
+
+        def woken() -> None:
+            wake()
+            if keyword is not None:
+                keyword.wake()
+
+        listener = solos_copies.Listener(self.path, woken)
         listener.start()
         return listener
+
+    def keyword_index_state(self) -> str:
+        return "off" if self.keyword is None else self.keyword.health()
+
+    def counts(self) -> dict:
+        """solos_store's, and this copy's keyword index: its state, rows filled, file size, answers by it and by SQL."""
+        return {**super().counts(), "keyword_index": self.keyword.stats() if self.keyword is not None else None}
 
     def job_lock(self, job: str) -> Any:
         """A context holding the job's turn for the run (True), or False while another copy runs it."""
@@ -598,6 +652,8 @@ class PgStore(solos_store.Store):
     def close(self) -> None:
         """The pool, a count under way, and a VACUUM still running (they finish first, so they never outlive
         the database)."""
+        if self.keyword is not None:
+            self.keyword.close()
         super().close()
         self.counter.shutdown(wait=True)
         vacuuming = self.vacuuming
@@ -817,11 +873,17 @@ class PgQueries(solos_store.Queries):
         """Rows one at a time (psycopg's single-row mode): a client-side cursor would hold the whole answer."""
         return conn.cursor().stream(placeholders(sql), params)
 
-    def near_duplicates_version(self, conn: Any) -> None:
-        """No cheap mark of every change to the long facts' text here: near-duplicate clusters are not kept."""
-        return None
+    keyword: Any = None  # the store's keyword index, on a serving copy (solos_pg_keyword)
+
+    def near_duplicates_version(self, conn: Any) -> tuple[bytes, int] | None:
+        """solos_store's, from this copy's keyword index while it holds exactly this snapshot; else None: no cheap
+        mark of every change to the long facts' text, and near-duplicate clusters are not kept."""
+        block = self.keyword.long_facts_version(conn) if self.keyword is not None else None
+        return None if block is None else (block, conn.keyword_vectors)
 
     def near_candidates(self, conn: Any, match: str, limit: int) -> list:
+        if self.keyword is not None and self.keyword.alone(conn, match):
+            return []  # the result's own fact at most: no other can join its cluster, nothing to read
         text, classes = match_words("{fact} : (" + match + ")")
         every = "&" if " AND " in match else "|"  # solos_provenance.near_key: all of its words
         # The query in a subquery, made once: psycopg prepares a statement run often, and PostgreSQL's generic plan

@@ -4,6 +4,7 @@
     .venv/bin/python bench/store_compare.py                       # 10k and 100k, hybrid at 10k: about 6 min
     .venv/bin/python bench/store_compare.py --sizes 1m --shapes fleet --no-hybrid   # 1M keyword: about 7 min
     .venv/bin/python bench/store_compare.py --pg-url postgresql://postgres@127.0.0.1:5432/postgres
+    .venv/bin/python bench/store_compare.py --base main --no-writes  # and the tree before, on PostgreSQL beside
 
 For each size the same rows go into both stores: the cached SQLite database
 of the speed benches (gen_db.py: N episodic rows, N/10 long facts, N/100 short
@@ -18,7 +19,12 @@ dropped at the end.
 
 One service per store runs as a subprocess, and each line alternates them
 query by query (which goes first alternates too), so whatever else loads the
-machine loads both alike:
+machine loads both alike. With --base, a third service from that tree (a git
+revision or a folder) serves the same PostgreSQL database in the same rotation,
+so the recall lines show this tree against the one before, side by side. The
+PostgreSQL service's own keyword index fills before any line is timed: how long
+that took, the first recall's latency while it filled, the index's file and the
+service's memory are printed once per size (keyword services):
 
   keyword [long,short]       2-3 content words of a random row (recall_latency's
                              queries), the default tiers, scope shared
@@ -58,13 +64,13 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gen_db
 import locomo_shape
 import write_throughput
-from harness import ROOT, Client, Process, machine_note, percentiles, start_service, with_vectors
+from harness import ROOT, Client, Process, base_tree, machine_note, percentiles, start_service, with_vectors
 from locomo_data import DEFAULT_DATA, load_conversations
 from recall_latency import CALLER, make_queries
 
@@ -74,6 +80,8 @@ sys.path.insert(0, str(ROOT))
 K = 5
 LOCOMO_QUESTIONS = 20
 STORES = ("SQLite", "PostgreSQL")
+BEFORE = "PG before"  # --base's service, on the PostgreSQL database
+FILL_WAIT_S = 3600  # the longest a service's keyword index may take to fill before a line is timed
 TIERS = ("memory_longterm", "memory_episodic", "memory_short")  # what "rows" counts
 
 # ==== PostgreSQL: the server, and the databases filled from the SQLite files ====
@@ -172,10 +180,58 @@ def source_db(shape: str, size: int, data: Path, seed: int) -> Path:
 
 
 @contextlib.contextmanager
-def services(dbs: dict[str, str], model_dir: str) -> Iterator[dict[str, Process]]:
-    """One service per store on its database; stopped on the way out, whatever happens."""
+def services(
+    dbs: dict[str, str], model_dir: str, base: Path | None = None, agent: str = CALLER
+) -> Iterator[dict[str, Process]]:
+    """One service per store on its database (and the base tree's on PostgreSQL's), PostgreSQL's keyword index
+    filled; stopped on the way out, whatever happens."""
     with contextlib.ExitStack() as stack:
-        yield {store: stack.enter_context(start_service(db, model_dir=model_dir)) for store, db in dbs.items()}
+        procs = {store: stack.enter_context(start_service(db, model_dir=model_dir)) for store, db in dbs.items()}
+        filling = index_filling(procs["PostgreSQL"], agent, verbose=model_dir == "off")
+        if base is not None:
+            procs[BEFORE] = stack.enter_context(start_service(dbs["PostgreSQL"], model_dir=model_dir, tree=base))
+        filling()
+        yield procs
+
+
+def index_filling(proc: Process, agent: str, verbose: bool) -> Callable[[], None]:
+    """One recall at once, while the service's keyword index fills (timed); the call returned waits for the
+    index to be full and says how long it took, its file and the service's memory."""
+    started, client = time.monotonic(), Client(proc.port, timeout=120)
+    query = {"agent": agent, "q": "when did she go to the harbor", "k": K}
+    first = time.perf_counter()
+    status, body = client.json("GET", "/v1/recall", query=query)
+    first_ms = (time.perf_counter() - first) * 1000
+    state = client.json("GET", "/health")[1].get("keyword_index")
+
+    def wait() -> None:
+        try:
+            while client.json("GET", "/health")[1].get("keyword_index") == "filling":
+                if time.monotonic() - started > FILL_WAIT_S:
+                    raise RuntimeError(f"the keyword index did not fill in {FILL_WAIT_S} s")
+                time.sleep(0.2)
+            index = client.json("GET", "/v1/stats")[1].get("keyword_index") or {}
+            if verbose:
+                print(
+                    f"  PostgreSQL keyword index: {index.get('filled_rows', 0):,} rows filled in "
+                    f"{time.monotonic() - started:.1f} s (the first recall, at once: {status} in {first_ms:.0f} ms, "
+                    f"index {state}); file {index.get('file_bytes', 0) / 2**20:.0f} MiB; "
+                    f"service RSS {rss_mib(proc):.0f} MiB",
+                    flush=True,
+                )
+        finally:
+            client.close()
+
+    return wait
+
+
+def rss_mib(proc: Process) -> float:
+    """The service's resident memory now (Linux /proc)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{proc.popen.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def recall_line(
@@ -255,8 +311,9 @@ def concurrent_writes(procs: dict[str, Process], clients: int, seconds: float) -
 
 
 def show(label: str, figures: dict[str, dict]) -> None:
-    """One line per store: p50 and p99, and the ratio."""
+    """One line per store: p50 and p99, and the ratio (and with --base, the tree before's, and this/before)."""
     lite, pg = (figures[s] for s in STORES)
+    before = figures.get(BEFORE)
     extra = "".join(
         f" ({f['other']} of {s}'s answers not {label.split()[0]}, left out)"
         for s, f in figures.items()
@@ -268,9 +325,18 @@ def show(label: str, figures: dict[str, dict]) -> None:
         f"PG/SQLite p50 {pg['p50'] / lite['p50']:5.2f}x p99 {pg['p99'] / lite['p99']:5.2f}x{extra}",
         flush=True,
     )
+    if before is not None:
+        print(
+            f"  {'':<34} {'':>6}  PG before p50 {before['p50']:7.2f} p99 {before['p99']:7.2f} ms | "
+            f"before/SQLite p50 {before['p50'] / lite['p50']:5.2f}x | "
+            f"this/before p50 {pg['p50'] / before['p50']:5.2f}x",
+            flush=True,
+        )
 
 
-def measure(shape: str, label: str, source: Path, pg: PgServer, args: argparse.Namespace, hybrid: bool) -> dict:
+def measure(
+    shape: str, label: str, source: Path, pg: PgServer, args: argparse.Namespace, hybrid: bool, base: Path | None
+) -> dict:
     """Every line of one shape and size on both stores; {line: {store: figures}}."""
     results: dict[str, dict] = {}
     url = pg.create(f"{shape}_{label}")
@@ -297,7 +363,7 @@ def measure(shape: str, label: str, source: Path, pg: PgServer, args: argparse.N
             for mode, model_dir in (("keyword", "off"), ("hybrid", "")):
                 if mode == "hybrid" and not hybrid:
                     continue
-                with services(dbs, model_dir) as procs:
+                with services(dbs, model_dir, base, lines[0][1]["agent"]) as procs:
                     if mode == "hybrid" and not ready_for_hybrid(procs):
                         continue
                     for name, params in lines:
@@ -305,7 +371,7 @@ def measure(shape: str, label: str, source: Path, pg: PgServer, args: argparse.N
                         results[key] = recall_line(procs, queries, args.warmup, params, mode, args.line_seconds)
                         show(key, results[key])
             if shape == "fleet" and args.writes:  # last: the rows written have no vectors, hybrid would wait
-                with services(dbs, "off") as procs:
+                with services(dbs, "off") as procs:  # this tree's two stores only
                     results.update(measure_writes(procs, args))
     finally:
         pg.drop(url)
@@ -363,9 +429,11 @@ def summary(results: dict[str, dict[str, dict]]) -> None:
                     f"{pg['per_s']:>10,.0f}{'':>9}{pg['per_s'] / lite['per_s']:>10.2f}x"
                 )
                 continue
+            before = figures.get(BEFORE)
             print(
                 f"  {size:<6}{name:<36}{lite['p50']:>11.2f}{lite['p99']:>9.2f}{pg['p50']:>10.2f}{pg['p99']:>9.2f}"
                 f"{pg['p50'] / lite['p50']:>10.2f}x{pg['p99'] / lite['p99']:>7.2f}x"
+                + (f"   before p50 {before['p50']:.2f} ({before['p50'] / lite['p50']:.2f}x)" if before else "")
             )
             if name.endswith("serial writes"):
                 print(
@@ -400,6 +468,11 @@ def main() -> int:
     )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo file (default: %(default)s)")
     parser.add_argument(
+        "--base",
+        default="none",
+        help="git revision or checkout of the tree before, beside on PostgreSQL (default: none)",
+    )
+    parser.add_argument(
         "--pg-url", help="an existing server's postgresql:// URL (default: start a throwaway server for this run)"
     )
     args = parser.parse_args()
@@ -414,7 +487,11 @@ def main() -> int:
     print(machine_note())
     pg = PgServer(args.pg_url)
     results: dict[str, dict] = {}
+    folder = tempfile.TemporaryDirectory(prefix="solos-compare-base-")
     try:
+        base = base_tree(args.base, Path(folder.name))
+        if base is not None:
+            print(f"this: {ROOT}  before: {args.base} ({base})")
         print(pg.describe())
         for label, shape in itertools.product(sizes, shapes):
             spent = (time.monotonic() - started) / 60
@@ -426,10 +503,11 @@ def main() -> int:
             if hybrid:
                 vectors = with_vectors(source, budget_s=max(60.0, args.budget_min * 60 - (time.monotonic() - started)))
                 hybrid, source = vectors is not None, vectors or source
-            measured = measure(shape, label, source, pg, args, hybrid)
+            measured = measure(shape, label, source, pg, args, hybrid, base)
             results.setdefault(label, {}).update({f"{shape} {name}": v for name, v in measured.items()})
     finally:
         pg.close()
+        folder.cleanup()
     summary(results)
     print(f"\n{machine_note()}; run time {(time.monotonic() - started) / 60:.1f} min")
     return 0

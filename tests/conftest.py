@@ -300,6 +300,23 @@ def server(tmp_path: Path):
 
 
 @pytest.fixture
+def copies(pg_url: str, monkeypatch: pytest.MonkeyPatch):
+    """start(embedder=None, **config): one more copy of the service on the test's PostgreSQL database, as hosts
+    of a cluster would run them; all stopped after."""
+    started: list[RunningServer] = []
+
+    def start(embedder: Any = None, **config: Any) -> RunningServer:
+        monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (embedder, None))
+        running = start_server(pg_url, **config)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        stop_server(running)
+
+
+@pytest.fixture
 def make_server(tmp_path: Path):
     """Start servers with custom config; all are stopped at the end of the test."""
     started: list[RunningServer] = []

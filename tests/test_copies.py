@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, Stream, start_server, stop_server, subscribed, wait_until
+from conftest import ROOT, Stream, subscribed, wait_until
 
 import solos_embed_worker
 import solos_memory
@@ -56,22 +56,6 @@ class CountingEmbedder:
             self.together.wait(timeout=WAIT_S)
         time.sleep(0.01)  # a batch takes a moment, as the model's does
         return [self.vector(text).astype("<f4").tobytes() for text in texts]
-
-
-@pytest.fixture
-def copies(pg_url, monkeypatch):
-    """start(embedder=None, **config): one more copy of the service on the test's database; all stopped after."""
-    started = []
-
-    def start(embedder=None, **config):
-        monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: (embedder, None))
-        running = start_server(pg_url, **config)
-        started.append(running)
-        return running
-
-    yield start
-    for running in started:
-        stop_server(running)
 
 
 def sql(url: str, query: str, params: tuple = ()) -> list[tuple]:
