@@ -1352,6 +1352,7 @@ def serve(config: Config, register: list[str]) -> int:
         return solos_workers.run(build_server(config, register), config)
     hold = hold_database(config)  # the supervisor's, for the workers' whole life; they register nothing again
     open_database(config, register).close()  # registered and migrated once, and a broken database stops here
+    Tokens.load(config.tokens_file) if config.tokens_file else None  # so does a tokens file it cannot use
     start = lambda worker: solos_workers.run(open_server(config, (), worker), config, worker)  # noqa: E731
     try:
         return solos_workers.supervise(config.workers, config.host, config.port, config.worker_socket, start)

@@ -399,3 +399,15 @@ def test_the_workers_embed_each_of_the_fleets_direct_writes_once(hybrid_service)
         assert int(conn.execute(generation).fetchone()[0]) - before == len(ids)
     status, found = on(port, 2, "GET", recall_path("atlas", "gears fleet note", ranking="vector"))
     assert status == 200 and set(ids) & set(ids_of := [row["id"] for row in found["results"]]), ids_of
+
+
+def test_a_tokens_file_the_service_cannot_use_stops_the_supervisor_before_any_worker(tmp_path):
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, {"atlas-token": "atlas"})
+    tokens.chmod(0o644)
+    run = subprocess.run(
+        serve_argv(tmp_path / "b.db", "--model-dir", "off", "--tokens-file", str(tokens)),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode != 0 and "chmod 600" in run.stderr, run.stderr
+    assert '"worker_started"' not in run.stderr
