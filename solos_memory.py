@@ -1037,8 +1037,7 @@ def load_embedder(config: Config, threads: int | None = 1) -> tuple[Any, str | N
 
 
 def open_store(config: Config, admin: bool = False) -> Store:
-    """The database, migrated (additively); SchemaMismatch names what a fleet table lacks. A PostgreSQL URL
-    loads solos_store_pg (and psycopg) only then."""
+    """The database, migrated (additively); a PostgreSQL URL loads solos_store_pg (and psycopg) only then."""
     if solos_store.is_postgres(config.db):
         try:
             import solos_store_pg
@@ -1352,7 +1351,7 @@ def serve(config: Config, register: list[str]) -> int:
         return solos_workers.run(build_server(config, register), config)
     hold = hold_database(config)  # the supervisor's, for the workers' whole life; they register nothing again
     open_database(config, register).close()  # registered and migrated once, and a broken database stops here
-    Tokens.load(config.tokens_file) if config.tokens_file else None  # so does a tokens file it cannot use
+    Tokens.load(config.tokens_file) if config.tokens_file else None  # and a tokens file it cannot use
     start = lambda worker: solos_workers.run(open_server(config, (), worker), config, worker)  # noqa: E731
     try:
         return solos_workers.supervise(config.workers, config.host, config.port, config.worker_socket, start)
