@@ -4,6 +4,7 @@
     .venv/bin/python bench/store_compare.py                       # 10k and 100k, hybrid at 10k: about 6 min
     .venv/bin/python bench/store_compare.py --sizes 1m --shapes fleet --no-hybrid   # 1M keyword: about 7 min
     .venv/bin/python bench/store_compare.py --pg-url postgresql://postgres@127.0.0.1:5432/postgres
+    .venv/bin/python bench/store_compare.py --sizes 10k --shapes fleet --no-recall --base main   # writes, before/after
 
 For each size the same rows go into both stores: the cached SQLite database
 of the speed benches (gen_db.py: N episodic rows, N/10 long facts, N/100 short
@@ -36,6 +37,11 @@ machine loads both alike:
                              episodic, short), --write-seconds per store per round,
                              two rounds in alternating order: acknowledged writes/s
 
+With --base (a git revision or a checkout's folder), the write lines run the
+base tree's two services beside this tree's, each on a copy of its own (the
+PostgreSQL one made from the filled database as a template), all four
+alternating, so "before" and "after" are one run's figures.
+
 The summary prints each figure for both stores and PostgreSQL/SQLite (latency:
 above 1 is slower; throughput: below 1 is slower). Every run is bounded: HTTP
 calls time out, loops are counted, a recall line stops after --line-seconds
@@ -64,7 +70,7 @@ from pathlib import Path
 import gen_db
 import locomo_shape
 import write_throughput
-from harness import ROOT, Client, Process, machine_note, percentiles, start_service, with_vectors
+from harness import ROOT, Client, Process, base_tree, machine_note, percentiles, start_service, with_vectors
 from locomo_data import DEFAULT_DATA, load_conversations
 from recall_latency import CALLER, make_queries
 
@@ -74,6 +80,7 @@ sys.path.insert(0, str(ROOT))
 K = 5
 LOCOMO_QUESTIONS = 20
 STORES = ("SQLite", "PostgreSQL")
+BASE = "base "  # the base tree's services and lines (--base)
 TIERS = ("memory_longterm", "memory_episodic", "memory_short")  # what "rows" counts
 
 # ==== PostgreSQL: the server, and the databases filled from the SQLite files ====
@@ -117,9 +124,16 @@ class PgServer:
         where = "a throwaway server of this run" if self.throwaway else "--pg-url's server"
         return f"PostgreSQL {version}, {where} ({settings})"
 
-    def create(self, label: str) -> str:
+    def create(self, label: str, template: str | None = None) -> str:
+        """A new database, empty or a copy of the database at `template` (a URL no one is connected to)."""
         name = f"{self.PREFIX}_{os.getpid()}_{next(self.numbers)}_{label}"
-        self.admin.execute(self.psycopg.sql.SQL("CREATE DATABASE {}").format(self.psycopg.sql.Identifier(name)))
+        identifier = self.psycopg.sql.Identifier
+        if template is None:
+            self.admin.execute(self.psycopg.sql.SQL("CREATE DATABASE {}").format(identifier(name)))
+        else:
+            source = urllib.parse.urlsplit(template).path.lstrip("/")
+            statement = self.psycopg.sql.SQL("CREATE DATABASE {} TEMPLATE {}")
+            self.admin.execute(statement.format(identifier(name), identifier(source)))
         self.made.append(name)
         return urllib.parse.urlunsplit(urllib.parse.urlsplit(self.url)._replace(path="/" + name))
 
@@ -172,10 +186,13 @@ def source_db(shape: str, size: int, data: Path, seed: int) -> Path:
 
 
 @contextlib.contextmanager
-def services(dbs: dict[str, str], model_dir: str) -> Iterator[dict[str, Process]]:
-    """One service per store on its database; stopped on the way out, whatever happens."""
+def services(dbs: dict[str, str], model_dir: str, tree: Path = ROOT) -> Iterator[dict[str, Process]]:
+    """One service per store on its database (this checkout's, or `tree`'s); stopped on the way out, whatever
+    happens."""
     with contextlib.ExitStack() as stack:
-        yield {store: stack.enter_context(start_service(db, model_dir=model_dir)) for store, db in dbs.items()}
+        yield {
+            store: stack.enter_context(start_service(db, model_dir=model_dir, tree=tree)) for store, db in dbs.items()
+        }
 
 
 def recall_line(
@@ -209,13 +226,15 @@ def recall_line(
 
 
 def serial_writes(procs: dict[str, Process], count: int, agent: str) -> dict[str, dict]:
-    """POST /v1/long one after another on one kept-alive connection per store, the stores alternating."""
+    """POST /v1/long one after another on one kept-alive connection per service, the services taking turns (who
+    goes first rotates)."""
     clients = {store: Client(proc.port, timeout=60) for store, proc in procs.items()}
     samples: dict[str, list[float]] = {store: [] for store in procs}
     stamp = time.time()
+    names = list(procs)
     try:
         for n in range(count):
-            for store in list(procs) if n % 2 == 0 else list(reversed(procs)):
+            for store in names[n % len(names) :] + names[: n % len(names)]:
                 body = {"agent": agent, "topic": "bench writes", "fact": f"Store bench write {n} at {stamp}"}
                 started = time.perf_counter()
                 status, answer = clients[store].json("POST", "/v1/long", body)
@@ -229,7 +248,7 @@ def serial_writes(procs: dict[str, Process], count: int, agent: str) -> dict[str
 
 
 def concurrent_writes(procs: dict[str, Process], clients: int, seconds: float) -> dict[str, dict]:
-    """write_throughput's clients on each store in turn, two rounds in alternating order: acknowledged writes/s."""
+    """write_throughput's clients on each service in turn, two rounds in reverse orders: acknowledged writes/s."""
     totals = {store: {"acked": 0, "elapsed": 0.0, "5xx": 0, "errors": 0, "latencies": []} for store in procs}
     for round_no in range(2):
         for store in list(procs) if round_no == 0 else list(reversed(procs)):
@@ -274,12 +293,16 @@ def measure(shape: str, label: str, source: Path, pg: PgServer, args: argparse.N
     """Every line of one shape and size on both stores; {line: {store: figures}}."""
     results: dict[str, dict] = {}
     url = pg.create(f"{shape}_{label}")
+    base_url = None
     try:
         rows, load_s = fill_pg(url, source)
         print(
             f"\n== {label} {shape}: {source.name}; "
             f"{rows:,} rows (long, episodic, short) into PostgreSQL in {load_s:.0f} s =="
         )
+        writing = shape == "fleet" and args.writes
+        if writing and args.base_tree:  # before any service connects: a template must have no sessions
+            base_url = pg.create(f"{shape}_{label}_base", template=url)
         with tempfile.TemporaryDirectory(prefix="solos-bench-") as scratch:
             lite = Path(scratch) / "solos.db"
             shutil.copyfile(source, lite)
@@ -295,7 +318,7 @@ def measure(shape: str, label: str, source: Path, pg: PgServer, args: argparse.N
                 asked = locomo_shape.questions(args.data, LOCOMO_QUESTIONS, args.seed)
                 queries = asked * max(1, (args.queries + args.warmup) // len(asked))
             for mode, model_dir in (("keyword", "off"), ("hybrid", "")):
-                if mode == "hybrid" and not hybrid:
+                if (mode == "hybrid" and not hybrid) or args.no_recall:
                     continue
                 with services(dbs, model_dir) as procs:
                     if mode == "hybrid" and not ready_for_hybrid(procs):
@@ -304,31 +327,47 @@ def measure(shape: str, label: str, source: Path, pg: PgServer, args: argparse.N
                         key = f"{mode} [{name}]"
                         results[key] = recall_line(procs, queries, args.warmup, params, mode, args.line_seconds)
                         show(key, results[key])
-            if shape == "fleet" and args.writes:  # last: the rows written have no vectors, hybrid would wait
-                with services(dbs, "off") as procs:
+            if writing:  # last: the rows written have no vectors, hybrid would wait
+                with contextlib.ExitStack() as stack:
+                    procs = stack.enter_context(services(dbs, "off"))
+                    if base_url is not None:
+                        base = Path(scratch) / "base.db"
+                        shutil.copyfile(source, base)
+                        before = {"SQLite": str(base), "PostgreSQL": base_url}
+                        procs |= {
+                            BASE + s: p for s, p in stack.enter_context(services(before, "off", args.base_tree)).items()
+                        }
                     results.update(measure_writes(procs, args))
     finally:
         pg.drop(url)
+        if base_url is not None:
+            pg.drop(base_url)
     return results
 
 
 def measure_writes(procs: dict[str, Process], args: argparse.Namespace) -> dict[str, dict]:
-    """Serial writes, then concurrent writers, on both stores; printed as they come."""
+    """Serial writes, then concurrent writers, on both stores (and the base tree's two, beside them); printed as
+    they come. {line: {store: figures}}, the base tree's lines prefixed with BASE."""
     serial = serial_writes(procs, args.writes, CALLER)
-    show("serial writes (POST /v1/long)", serial)
-    print("  " + " " * 34 + " writes/s: " + "  ".join(f"{s} {serial[s]['per_s']:,.0f}" for s in STORES))
     many = concurrent_writes(procs, args.clients, args.write_seconds)
-    print(
-        f"  {f'{args.clients} writers, acknowledged/s':<34} "
-        + "  ".join(
-            f"{s} {many[s]['per_s']:,.0f} (p99 {many[s]['p99']:.0f} ms, 5xx {many[s]['5xx']}, "
-            f"transport errors {many[s]['errors']})"
-            for s in STORES
+    lines: dict[str, dict] = {}
+    for tree in ("", BASE) if BASE + STORES[0] in procs else ("",):
+        lines[tree + "serial writes"] = serial_line = {s: serial[tree + s] for s in STORES}
+        show(f"{tree}serial writes (POST /v1/long)", serial_line)
+        print("  " + " " * 34 + " writes/s: " + "  ".join(f"{s} {serial_line[s]['per_s']:,.0f}" for s in STORES))
+    for tree in ("", BASE) if BASE + STORES[0] in procs else ("",):
+        lines[f"{tree}{args.clients} writers"] = line = {s: many[tree + s] for s in STORES}
+        print(
+            f"  {f'{tree}{args.clients} writers, acknowledged/s':<34} "
+            + "  ".join(
+                f"{s} {line[s]['per_s']:,.0f} (p99 {line[s]['p99']:.0f} ms, 5xx {line[s]['5xx']}, "
+                f"transport errors {line[s]['errors']})"
+                for s in STORES
+            )
+            + f"  PG/SQLite {line['PostgreSQL']['per_s'] / line['SQLite']['per_s']:.2f}x",
+            flush=True,
         )
-        + f"  PG/SQLite {many['PostgreSQL']['per_s'] / many['SQLite']['per_s']:.2f}x",
-        flush=True,
-    )
-    return {"serial writes": serial, f"{args.clients} writers": many}
+    return lines
 
 
 def ready_for_hybrid(procs: dict[str, Process]) -> bool:
@@ -391,6 +430,12 @@ def main() -> int:
     parser.add_argument("--no-hybrid", action="store_true", help="keyword only (default: hybrid at --hybrid-sizes)")
     parser.add_argument("--writes", type=int, default=200, help="serial writes per store (default: %(default)s)")
     parser.add_argument("--no-writes", action="store_true", help="skip both write lines (default: run them)")
+    parser.add_argument("--no-recall", action="store_true", help="skip the recall lines (default: run them)")
+    parser.add_argument(
+        "--base",
+        default="none",
+        help="a git revision or checkout folder whose services write beside this tree's (default: %(default)s)",
+    )
     parser.add_argument("--clients", type=int, default=16, help="concurrent writers (default: %(default)s)")
     parser.add_argument(
         "--write-seconds", type=float, default=5, help="concurrent writing per store per round (default: %(default)s)"
@@ -412,6 +457,10 @@ def main() -> int:
     if "locomo" in shapes:
         load_conversations(args.data)  # a missing file stops here, in one line naming it, before any server starts
     print(machine_note())
+    scratch = tempfile.TemporaryDirectory(prefix="solos-bench-base-")
+    args.base_tree = base_tree(args.base, Path(scratch.name))
+    if args.base_tree is not None:
+        print(f"base: {args.base} ({args.base_tree}), beside this tree in the write lines")
     pg = PgServer(args.pg_url)
     results: dict[str, dict] = {}
     try:
@@ -430,6 +479,7 @@ def main() -> int:
             results.setdefault(label, {}).update({f"{shape} {name}": v for name, v in measured.items()})
     finally:
         pg.close()
+        scratch.cleanup()
     summary(results)
     print(f"\n{machine_note()}; run time {(time.monotonic() - started) / 60:.1f} min")
     return 0
