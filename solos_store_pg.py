@@ -56,6 +56,13 @@ from solos_store import (
 SERVICE_ROLE = "solos_memory_service"
 MIGRATION_LOCK = 8437  # pg_advisory_xact_lock key: copies starting together create the schema one at a time
 STATEMENT_TIMEOUT_MS = 30_000
+# Connections kept open between uses: the writes' admission lane at the default --admit on 2 cores (16). A
+# PostgreSQL connection costs a server process and a few round trips to open, and its first calls plan and
+# compile afresh, so with SQLite's 8 a run of 16 writers opened ~11 a second and reached 425-475 acknowledged
+# writes/s against 560-636 with 16 (bench/write_throughput.py's clients, one run, load 7). Each copy holds up to
+# this many, the listener and the event hub's own besides: size max_connections for the copies (the cluster
+# allows 200).
+POOL_SIZE = 16
 CONNECT_TIMEOUT_S = 5
 # The longest the event cursor waits for one running transaction of this database: one
 # session idle in transaction held every stream and read_events of every copy for as long as it lived. The
@@ -244,7 +251,7 @@ class PgStore(solos_store.Store):
                 conn.execute("ROLLBACK")
             except psycopg.Error:
                 conn.reusable = False
-        if conn.reusable and not conn.closed and self.pool.qsize() < solos_store.POOL_SIZE:
+        if conn.reusable and not conn.closed and self.pool.qsize() < POOL_SIZE:
             self.pool.put(conn)
         else:
             conn.close()
