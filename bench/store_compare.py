@@ -251,7 +251,7 @@ def concurrent_writes(procs: dict[str, Process], clients: int, seconds: float) -
     """write_throughput's clients on each service in turn, two rounds in reverse orders: acknowledged writes/s."""
     totals = {store: {"acked": 0, "elapsed": 0.0, "5xx": 0, "errors": 0, "latencies": []} for store in procs}
     for round_no in range(2):
-        for store in list(procs) if round_no == 0 else list(reversed(procs)):
+        for store in round_order(procs, round_no):
             # Numbered apart per round: the same client number twice would write the same facts (updates).
             tally, elapsed = write_throughput.drive(
                 procs[store].port, clients, seconds, first_client=round_no * clients
@@ -271,6 +271,17 @@ def concurrent_writes(procs: dict[str, Process], clients: int, seconds: float) -
         }
         for store, t in totals.items()
     }
+
+
+def round_order(procs: dict[str, Process], round_no: int) -> list[str]:
+    """Who writes when in a round of concurrent writers. The two stores alternate who goes first; with the base
+    tree's services (--base), the stores go in turn, each store's two trees in alternating order, so each tree's
+    PostgreSQL follows an SQLite run (whose WAL checkpoint may still be writing) as often as the other's."""
+    trees = ("", BASE) if BASE + STORES[0] in procs else ("",)
+    if round_no % 2:
+        trees = trees[::-1]
+    stores = STORES if round_no % 2 == 0 or len(trees) > 1 else STORES[::-1]
+    return [tree + store for store in stores for tree in trees]
 
 
 def show(label: str, figures: dict[str, dict]) -> None:
