@@ -417,7 +417,10 @@ BEGIN
     RETURN new;
 END $$;
 
--- One event row: its id places it by transaction, then by order within the transaction.
+-- One event row: its id places it by transaction, then by order within the transaction. Listening copies are
+-- told at commit (NOTIFY), unless the transaction is one of the service's writes (solos_write_begins), which
+-- notifies after its commit instead (solos_copies.Notifier): a NOTIFY holds the notify queue's lock from the
+-- commit until its WAL flush, so writers that notify queue for each other's flush.
 CREATE OR REPLACE FUNCTION solos_log_event(event_kind text, event_tier text, event_row bigint, event_agent text)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -426,7 +429,9 @@ BEGIN
     PERFORM set_config('solos.event_place', place::text, true);
     INSERT INTO memory_event (id, kind, tier, row_id, agent)
     VALUES ((pg_current_xact_id()::text::bigint << 24) + place, event_kind, event_tier, event_row, event_agent);
-    PERFORM pg_notify('solos_memory_event', '');
+    IF current_setting('solos.notify_after_commit', true) IS DISTINCT FROM 'on' THEN
+        PERFORM pg_notify('solos_memory_event', '');
+    END IF;
 END $$;
 
 -- A version an update or delete replaced (as-of recall), and notices for those it was delivered to.
@@ -602,12 +607,14 @@ BEGIN
 END $$;
 
 -- Whether the writer is registered (no orphan rows, ever); if so, its write key's lock is taken (w_lock: NULL for
--- none), so the same key written twice at once waits for the other's commit: one is `created`.
+-- none), so the same key written twice at once waits for the other's commit: one is `created`. The events it
+-- logs are notified after its commit, by the service (solos_log_event).
 CREATE OR REPLACE FUNCTION solos_write_begins(w_agent text, w_lock bigint) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM agent_registry r WHERE r.agent = w_agent) THEN
         RETURN false;
     END IF;
+    PERFORM set_config('solos.notify_after_commit', 'on', true);
     IF w_lock IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(w_lock);
     END IF;

@@ -221,6 +221,7 @@ class PgStore(solos_store.Store):
         self.vacuum_wanted = False
         self.running = RunningTransactions()
         self.queries = PgQueries()
+        self.notifier = solos_copies.Notifier(url)
 
     def event_cursor(self, conn: Any = None) -> dict:
         """The event cursor's state (RunningTransactions.state): read again on `conn` if given (the event hub's
@@ -617,6 +618,7 @@ class PgStore(solos_store.Store):
         row_id, status, expires_at, generation = self.run(
             lambda conn: conn.execute(sql, params).fetchone(), write=True, one_statement=True
         )
+        self.notifier.poke()  # the function left its NOTIFY to after the commit (solos_copies.Notifier)
         if status == "unknown_agent":
             raise solos_store.unregistered(agent)
         if status == "conflict":
@@ -668,8 +670,10 @@ class PgStore(solos_store.Store):
 
     def close(self) -> None:
         """The pool, a count under way, and a VACUUM still running (they finish first, so they never outlive
-        the database)."""
+        the database); the notifier sends what it was poked for first."""
         super().close()
+        self.notifier.stop()
+        self.notifier = solos_copies.Notifier(self.path)  # unstarted, should the store write again
         self.counter.shutdown(wait=True)
         vacuuming = self.vacuuming
         if vacuuming is not None:
