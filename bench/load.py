@@ -48,7 +48,7 @@ from urllib.parse import urlencode
 
 import gen_db
 import locomo_shape
-from harness import ROOT, Client, Process, base_tree, machine_note, percentiles, start_service, with_vectors
+from harness import ROOT, Client, Process, base_tree, machine_note, percentiles, with_vectors
 from locomo_data import DEFAULT_DATA
 
 K = 5  # as the acceptance criteria measure it
@@ -187,6 +187,12 @@ def level(port: int, pid: int, paths: list[str], clients: int, args: argparse.Na
     }
 
 
+def start(tree: Path, db: Path, hybrid: bool) -> Process:
+    argv = [sys.executable, str(tree / "solos_memory.py"), "serve", "--db", str(db), "--port", "0"]
+    argv += ["--no-request-log"] + ([] if hybrid else ["--model-dir", "off"])
+    return Process(argv, {**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
 def recall_paths(questions: list[str]) -> list[str]:
     return [
         "/v1/recall?" + urlencode({"agent": locomo_shape.READER, "q": q, "tiers": "long", "k": K}) for q in questions
@@ -287,7 +293,7 @@ def main() -> int:
                         continue
                     copy = folder / f"{name}-{mode}.db"
                     shutil.copy(db, copy)
-                    trees[name] = start_service(copy, model_dir="" if mode == "hybrid" else "off", tree=tree)
+                    trees[name] = start(tree, copy, mode == "hybrid")
                     warm(trees[name].port, paths, mode)
                 sweep(f"{mode} recall, {args.rows} rows", trees, paths, args, f'"ranking": "{mode}"')
                 if not args.no_health and mode == modes[0]:
