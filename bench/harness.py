@@ -129,7 +129,7 @@ class Process:
 def start_service(
     db: str | Path, register: str = "", model_dir: str = "off", extra: list[str] = (), tree: Path = ROOT
 ) -> Process:
-    """python3 solos_memory.py serve on port 0, request log off; this checkout's, or `tree`'s (base_tree)."""
+    """python3 solos_memory.py serve on port 0, request log off; this checkout's, or `tree`'s (load.base_tree)."""
     argv = [sys.executable, str(tree / "solos_memory.py"), "serve", "--db", str(db), "--port", "0", "--no-request-log"]
     if model_dir:
         argv += ["--model-dir", model_dir]
@@ -137,19 +137,6 @@ def start_service(
         argv += ["--register", register]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return Process(argv + list(extra), env)
-
-
-def base_tree(base: str, folder: Path) -> Path | None:
-    """The base checkout: a folder as given, or a git revision archived into `folder`; None for 'none'."""
-    if base == "none":
-        return None
-    if Path(base).is_dir():
-        return Path(base).resolve()
-    tree = folder / "base"
-    tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", base], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    return tree
 
 
 def start_floor(mode: str = "one") -> Process:

@@ -48,7 +48,7 @@ from urllib.parse import urlencode
 
 import gen_db
 import locomo_shape
-from harness import ROOT, Client, Process, base_tree, machine_note, percentiles, with_vectors
+from harness import ROOT, Client, Process, machine_note, percentiles, with_vectors
 from locomo_data import DEFAULT_DATA
 
 K = 5  # as the acceptance criteria measure it
@@ -185,6 +185,19 @@ def level(port: int, pid: int, paths: list[str], clients: int, args: argparse.Na
         "service_cores": result["service_cpu_s"] / result["wall_s"],
         "errors": sum(count for status, count in result["statuses"].items() if status != "200"),
     }
+
+
+def base_tree(base: str, folder: Path) -> Path | None:
+    """The base checkout: a folder as given, or a git revision archived into `folder`; None for 'none'."""
+    if base == "none":
+        return None
+    if Path(base).is_dir():
+        return Path(base).resolve()
+    tree = folder / "base"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", base], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
 
 
 def start(tree: Path, db: Path, hybrid: bool) -> Process:

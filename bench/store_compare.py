@@ -70,7 +70,8 @@ from pathlib import Path
 import gen_db
 import locomo_shape
 import write_throughput
-from harness import ROOT, Client, Process, base_tree, machine_note, percentiles, start_service, with_vectors
+from harness import ROOT, Client, Process, machine_note, percentiles, start_service, with_vectors
+from load import base_tree
 from locomo_data import DEFAULT_DATA, load_conversations
 from recall_latency import CALLER, make_queries
 
