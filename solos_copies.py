@@ -194,6 +194,7 @@ class Notifier(threading.Thread):
         self.url = url
         self.poked = threading.Event()
         self.stopped = False
+        self.halted = threading.Event()  # set by stop(): no more waiting for a database that is away
         self.sent = 0  # NOTIFYs sent
         self.pid: int | None = None  # its server process, while connected
 
@@ -207,6 +208,7 @@ class Notifier(threading.Thread):
     def stop(self) -> None:
         """Send what was poked, then stop (a CLI process writing and exiting still tells the copies)."""
         self.stopped = True
+        self.halted.set()
         self.poked.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout=CONNECT_TIMEOUT_S + 1)
@@ -232,7 +234,6 @@ class Notifier(threading.Thread):
                     log_event("notify_lost", channel=CHANNEL, error=(str(error).strip().splitlines() or ["?"])[0])
                 lost = True
                 self.poked.set()  # what was poked before the failure is sent once the database is back
-                if self.stopped:
+                if self.halted.wait(pause):
                     return
-                time.sleep(pause)
                 pause = min(pause * 2, RECONNECT_S[1])
