@@ -417,7 +417,10 @@ BEGIN
     RETURN new;
 END $$;
 
--- One event row: its id places it by transaction, then by order within the transaction.
+-- One event row: its id places it by transaction, then by order within the transaction. Listening copies are
+-- told at commit (NOTIFY), unless the transaction is one of the service's writes (solos_write_begins), which
+-- notifies after its commit instead (solos_copies.Notifier): a NOTIFY holds the notify queue's lock from the
+-- commit until its WAL flush, so writers that notify queue for each other's flush.
 CREATE OR REPLACE FUNCTION solos_log_event(event_kind text, event_tier text, event_row bigint, event_agent text)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -426,7 +429,9 @@ BEGIN
     PERFORM set_config('solos.event_place', place::text, true);
     INSERT INTO memory_event (id, kind, tier, row_id, agent)
     VALUES ((pg_current_xact_id()::text::bigint << 24) + place, event_kind, event_tier, event_row, event_agent);
-    PERFORM pg_notify('solos_memory_event', '');
+    IF current_setting('solos.notify_after_commit', true) IS DISTINCT FROM 'on' THEN
+        PERFORM pg_notify('solos_memory_event', '');
+    END IF;
 END $$;
 
 -- A version an update or delete replaced (as-of recall), and notices for those it was delivered to.
@@ -572,6 +577,144 @@ BEGIN
             AND acked_at IS NULL AND id < new.id;
     END IF;
     RETURN NULL;
+END $$;
+
+-- ==== The service's writes: one statement each ====
+-- solos_store.Store's upsert_short, upsert_long and append_episodic, step for step (the same checks, the same
+-- key lock, the same rows, the same outcome), as one function: PgStore.write_row runs it as one statement whose
+-- COMMIT ends its round trip, where the steps took 8 round trips for a new long fact (docs/benchmarks.md).
+-- The write key's advisory lock is computed by the caller (solos_store_pg.key_lock). Each answers one row:
+-- (id, status, expires_at, the vector generation its vector joined); status 'unknown_agent' or 'conflict'
+-- wrote nothing.
+
+-- A write's vector, kept with its row unless the row holds one from that model (solos_store.Store.keep_vector):
+-- the vector generation it joined, or NULL when none was kept.
+CREATE OR REPLACE FUNCTION solos_keep_vector(v_tier text, v_row bigint, v_model text, v_vector bytea)
+RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    IF v_model IS NULL
+        OR v_model IS NOT DISTINCT FROM (SELECT v.model FROM memory_vector v WHERE v.tier = v_tier AND v.row_id = v_row)
+    THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO memory_vector (tier, row_id, model, vector)
+    VALUES (v_tier, v_row, v_model, CASE WHEN v_tier = 'long' THEN NULL ELSE v_vector END)
+    ON CONFLICT (tier, row_id) DO UPDATE SET model = excluded.model, vector = excluded.vector;
+    IF v_tier = 'long' THEN  -- the long tier keeps its vector in memory_longterm.embedding
+        UPDATE memory_longterm SET embedding = v_vector WHERE memory_longterm.id = v_row;
+    END IF;
+    RETURN coalesce((SELECT m.value FROM solos_memory_meta m WHERE m.key = 'vector_generation'), '0')::bigint;
+END $$;
+
+-- Whether the writer is registered (no orphan rows, ever); if so, its write key's lock is taken (w_lock: NULL for
+-- none), so the same key written twice at once waits for the other's commit: one is `created`. The events it
+-- logs are notified after its commit, by the service (solos_log_event).
+CREATE OR REPLACE FUNCTION solos_write_begins(w_agent text, w_lock bigint) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM agent_registry r WHERE r.agent = w_agent) THEN
+        RETURN false;
+    END IF;
+    PERFORM set_config('solos.notify_after_commit', 'on', true);
+    IF w_lock IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(w_lock);
+    END IF;
+    RETURN true;
+END $$;
+
+CREATE OR REPLACE FUNCTION solos_write_short(w_agent text, w_lock bigint, w_key text, w_value text, w_tags text,
+    w_ttl text, w_model text, w_vector bytea)
+RETURNS TABLE (written_id bigint, written_status text, written_expires_at text, written_generation bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    existed boolean;
+BEGIN
+    IF NOT solos_write_begins(w_agent, w_lock) THEN
+        written_status := 'unknown_agent';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    existed := EXISTS (SELECT 1 FROM memory_short s WHERE s.agent = w_agent AND s.key = w_key);
+    INSERT INTO memory_short AS s (agent, key, value, tags, created_at, expires_at)
+    VALUES (w_agent, w_key, w_value, w_tags, solos_now(), solos_at(w_ttl::interval))
+    ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags,
+        created_at = excluded.created_at, expires_at = excluded.expires_at
+    RETURNING s.id, s.expires_at INTO written_id, written_expires_at;
+    written_status := CASE WHEN existed THEN 'updated' ELSE 'created' END;
+    written_generation := solos_keep_vector('short', written_id, w_model, w_vector);
+    RETURN NEXT;
+END $$;
+
+CREATE OR REPLACE FUNCTION solos_write_long(w_agent text, w_lock bigint, w_key text, w_topic text, w_fact text,
+    w_source text, w_confidence double precision, w_tags text, w_model text, w_vector bytea)
+RETURNS TABLE (written_id bigint, written_status text, written_expires_at text, written_generation bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    changed integer;
+BEGIN
+    IF NOT solos_write_begins(w_agent, w_lock) THEN
+        written_status := 'unknown_agent';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- The writer's row holding exactly this fact (w_key: the full text's sha256), if there is one.
+    SELECT l.id INTO written_id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id
+    WHERE k.agent = w_agent AND k.tier = 'long' AND k.key = w_key AND l.agent = k.agent AND l.fact = w_fact;
+    IF written_id IS NULL THEN
+        INSERT INTO memory_longterm AS l (agent, topic, fact, source, confidence, tags)
+        VALUES (w_agent, w_topic, w_fact, w_source, w_confidence, w_tags) RETURNING l.id INTO written_id;
+        INSERT INTO memory_write_key AS k (agent, tier, key, row_id) VALUES (w_agent, 'long', w_key, written_id)
+        ON CONFLICT (agent, tier, key) DO UPDATE SET row_id = excluded.row_id;
+        written_status := 'created';
+    ELSE  -- an identical retry changes nothing (`unchanged`)
+        UPDATE memory_longterm l SET topic = w_topic, source = w_source, confidence = w_confidence, tags = w_tags,
+            updated_at = solos_now()
+        WHERE l.id = written_id AND NOT (l.topic IS NOT DISTINCT FROM w_topic AND l.source IS NOT DISTINCT FROM w_source
+            AND l.confidence IS NOT DISTINCT FROM w_confidence AND l.tags IS NOT DISTINCT FROM w_tags);
+        GET DIAGNOSTICS changed = ROW_COUNT;
+        written_status := CASE WHEN changed > 0 THEN 'updated' ELSE 'unchanged' END;
+    END IF;
+    written_generation := solos_keep_vector('long', written_id, w_model, w_vector);
+    RETURN NEXT;
+END $$;
+
+-- w_key: the idempotency key, or NULL for none (then w_lock is NULL too: nothing is locked or remembered).
+CREATE OR REPLACE FUNCTION solos_write_episodic(w_agent text, w_lock bigint, w_key text, w_event_type text,
+    w_summary text, w_details text, w_outcome text, w_duration_s double precision, w_model text, w_vector bytea)
+RETURNS TABLE (written_id bigint, written_status text, written_expires_at text, written_generation bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    earlier memory_episodic%ROWTYPE;
+BEGIN
+    IF NOT solos_write_begins(w_agent, w_lock) THEN
+        written_status := 'unknown_agent';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF w_key IS NOT NULL THEN
+        SELECT e.* INTO earlier FROM memory_write_key k JOIN memory_episodic e ON e.id = k.row_id
+        WHERE k.agent = w_agent AND k.tier = 'episodic' AND k.key = w_key AND e.agent = k.agent;
+        IF FOUND THEN
+            written_id := earlier.id;
+            IF (earlier.event_type, earlier.summary, earlier.details, earlier.outcome, earlier.duration_s)
+                IS DISTINCT FROM (w_event_type, w_summary, w_details, w_outcome, w_duration_s) THEN
+                written_status := 'conflict';  -- the key was used for a different event
+            ELSE
+                written_status := 'unchanged';
+                written_generation := solos_keep_vector('episodic', written_id, w_model, w_vector);
+            END IF;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO memory_episodic AS e (agent, event_type, summary, details, outcome, duration_s)
+    VALUES (w_agent, w_event_type, w_summary, w_details, w_outcome, w_duration_s) RETURNING e.id INTO written_id;
+    IF w_key IS NOT NULL THEN
+        INSERT INTO memory_write_key AS k (agent, tier, key, row_id) VALUES (w_agent, 'episodic', w_key, written_id)
+        ON CONFLICT (agent, tier, key) DO UPDATE SET row_id = excluded.row_id;
+    END IF;
+    written_status := 'created';
+    written_generation := solos_keep_vector('episodic', written_id, w_model, w_vector);
+    RETURN NEXT;
 END $$;
 
 -- Triggers: created once (PostgreSQL 15 has no CREATE TRIGGER IF NOT EXISTS); their functions above are

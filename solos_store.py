@@ -154,7 +154,7 @@ class Tier:
 
 
 EPISODE_COLUMNS = "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts"
-EPISODE_RESULT = ("event_type", "summary", "details", "outcome", "duration_s")
+EPISODE_RESULT = ("event_type", "summary", "details", "outcome", "duration_s")  # also what a write gives
 EPISODE_CONTENT = ("event_type", "summary", "details", "outcome")
 ARCHIVE_TIER = "episodic_archive"  # recall's internal name for the archived rows; results say "episodic"
 TIER_TABLE = {
@@ -308,6 +308,18 @@ def read_varint(blob: bytes) -> int:
 
 def decode_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
+
+
+def unregistered(agent: str) -> UnknownAgent:
+    """A write or read by an agent agent_registry does not hold (both stores raise this one)."""
+    return UnknownAgent(f"agent {agent!r} is not registered in agent_registry", "agent")
+
+
+def reused_key(idempotency_key: str, earlier_id: int) -> Conflict:
+    """An episodic write whose idempotency key an earlier, different event holds (both stores raise this one)."""
+    return Conflict(
+        f"idempotency_key {idempotency_key!r} was used for a different event (id {earlier_id})", "idempotency_key"
+    )
 
 
 @dataclass(eq=False)
@@ -838,7 +850,7 @@ class Store:
     @staticmethod
     def require_agent(conn: sqlite3.Connection, agent: str) -> None:
         if conn.execute("SELECT 1 FROM agent_registry WHERE agent = ?", (agent,)).fetchone() is None:
-            raise UnknownAgent(f"agent {agent!r} is not registered in agent_registry", "agent")
+            raise unregistered(agent)
 
     # -- writes --
 
@@ -939,7 +951,7 @@ class Store:
     def append_episodic(
         self, agent: str, event: dict, idempotency_key: str | None, vector: Embedded | None = None
     ) -> dict:
-        columns = ("event_type", "summary", "details", "outcome", "duration_s")
+        columns = EPISODE_RESULT
 
         def work(conn: sqlite3.Connection) -> dict:
             self.require_agent(conn, agent)
@@ -952,10 +964,7 @@ class Store:
                 ).fetchone()
                 if earlier:
                     if any(earlier[c] != event[c] for c in columns):
-                        raise Conflict(
-                            f"idempotency_key {idempotency_key!r} was used for a different event (id {earlier['id']})",
-                            "idempotency_key",
-                        )
+                        raise reused_key(idempotency_key, earlier["id"])
                     return self.keep_vector(conn, "episodic", {"id": earlier["id"], "status": "unchanged"}, vector)
             row_id = conn.execute(
                 "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome, duration_s) "

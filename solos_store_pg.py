@@ -12,6 +12,8 @@ What is not the same, and why:
   PostgreSQL's ts_rank ignores how rare a word is.
 - Writers do not queue behind one lock: PostgreSQL takes row locks. Writes that must not race (the same long
   fact, the same idempotency key) take a transaction-scoped advisory lock on their key.
+- The service's writes (short, long, episodic) are one statement each, schema_pg.sql's solos_write_* functions
+  doing Store's steps (write_row): a round trip is a wake-up of another process, and the steps took 8 of them.
 - Events are read only below the oldest running transaction (xid8), because ids commit out of order; but not
   below one of another database, nor one this copy has seen running for EVENT_WAIT_S (an idle session holding an
   xid): readers are told of the gap it may leave (`passed_over`), and /health and stats show the wait.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import re
 import sqlite3
@@ -46,6 +49,7 @@ from solos_store import (
     RETRACTABLE,
     TIER_TABLE,
     Busy,
+    Embedded,
     StorageUnavailable,
     Tier,
     Visibility,
@@ -56,6 +60,13 @@ from solos_store import (
 SERVICE_ROLE = "solos_memory_service"
 MIGRATION_LOCK = 8437  # pg_advisory_xact_lock key: copies starting together create the schema one at a time
 STATEMENT_TIMEOUT_MS = 30_000
+# Connections kept open between uses: the writes' admission lane at the default --admit on 2 cores (16). A
+# PostgreSQL connection costs a server process and a few round trips to open, and its first calls plan and
+# compile afresh, so with SQLite's 8 a run of 16 writers opened ~11 a second and reached 425-475 acknowledged
+# writes/s against 560-636 with 16 (bench/write_throughput.py's clients, one run, load 7). Each copy holds up to
+# this many, the listener and the event hub's own besides: size max_connections for the copies (the cluster
+# allows 200).
+POOL_SIZE = 16
 CONNECT_TIMEOUT_S = 5
 # The longest the event cursor waits for one running transaction of this database: one
 # session idle in transaction held every stream and read_events of every copy for as long as it lived. The
@@ -217,6 +228,7 @@ class PgStore(solos_store.Store):
         self.running = RunningTransactions()
         self.queries = PgQueries()
         self.keyword: solos_pg_keyword.KeywordIndex | None = None  # a serving copy's own (listen starts it)
+        self.notifier = solos_copies.Notifier(url)
 
     def event_cursor(self, conn: Any = None) -> dict:
         """The event cursor's state (RunningTransactions.state): read again on `conn` if given (the event hub's
@@ -247,23 +259,29 @@ class PgStore(solos_store.Store):
                 conn.execute("ROLLBACK")
             except psycopg.Error:
                 conn.reusable = False
-        if conn.reusable and not conn.closed and self.pool.qsize() < solos_store.POOL_SIZE:
+        if conn.reusable and not conn.closed and self.pool.qsize() < POOL_SIZE:
             self.pool.put(conn)
         else:
             conn.close()
 
-    def run(self, work: Callable[[Any], Any], write: bool) -> Any:
+    def run(self, work: Callable[[Any], Any], write: bool, one_statement: bool = False) -> Any:
         """Run work in one transaction (reads: one REPEATABLE READ snapshot), retrying serialization failures and
-        deadlocks within busy_timeout; a lock wait past it is Busy, an unreachable server StorageUnavailable."""
+        deadlocks within busy_timeout; a lock wait past it is Busy, an unreachable server StorageUnavailable.
+        With `one_statement`, work runs one statement, which is its own transaction: no BEGIN, and its COMMIT
+        comes back in the statement's round trip (write_row).
+
+        A COMMIT waiting for the synchronous standby is never cancelled by statement_timeout (which would report
+        success for a commit not yet replicated): PostgreSQL lifts the timeout before it commits, explicit COMMIT
+        or a statement's own (tests/test_pg_faults.py holds it)."""
         deadline = time.monotonic() + self.busy_timeout_ms / 1000
         for attempt in range(solos_store.BUSY_RETRIES + 1):
             conn = self.checkout()
             try:
-                conn.execute(self.BEGIN_WRITE if write else self.BEGIN_READ)
+                if not one_statement:
+                    conn.execute(self.BEGIN_WRITE if write else self.BEGIN_READ)
                 result = work(conn)
-                if write:  # a COMMIT cancelled while it waits for the synchronous standby still says committed
-                    conn.execute("SET LOCAL statement_timeout = 0")
-                conn.execute("COMMIT")
+                if not one_statement:
+                    conn.execute("COMMIT")
                 return result
             except psycopg.errors.QueryCanceled as error:  # before OperationalError, its parent class
                 raise Busy(f"the database took longer than {STATEMENT_TIMEOUT_MS} ms ({error})") from None
@@ -584,8 +602,58 @@ class PgStore(solos_store.Store):
     @staticmethod
     def hold_key(conn: Any, agent: str, tier: str, key: str) -> None:
         """Writers do not queue behind one lock here: the same write key waits for the other's commit."""
-        digest = int.from_bytes(hashlib.sha256(f"{agent}\0{tier}\0{key}".encode()).digest()[:8], "big", signed=True)
-        conn.execute("SELECT pg_advisory_xact_lock(?)", (digest,))
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (key_lock(agent, tier, key),))
+
+    # -- the service's writes: one statement each --
+
+    def upsert_short(
+        self, agent: str, key: str, value: str, ttl_s: float, tags: list[str], vector: Embedded | None = None
+    ) -> dict:
+        values = (value, json.dumps(tags), f"+{ttl_s:.3f} seconds")
+        return self.write_row("solos_write_short", agent, "short", key, values, vector)
+
+    def upsert_long(
+        self,
+        agent: str,
+        topic: str | None,
+        fact: str,
+        source: str | None,
+        confidence: float | None,
+        tags: list[str],
+        vector: Embedded | None = None,
+    ) -> dict:
+        values = (topic, fact, source, confidence, json.dumps(tags))
+        return self.write_row("solos_write_long", agent, "long", solos_store.sha256_text(fact), values, vector)
+
+    def append_episodic(
+        self, agent: str, event: dict, idempotency_key: str | None, vector: Embedded | None = None
+    ) -> dict:
+        values = tuple(event[c] for c in solos_store.EPISODE_RESULT)
+        return self.write_row("solos_write_episodic", agent, "episodic", idempotency_key or None, values, vector)
+
+    def write_row(
+        self, function: str, agent: str, tier: str, key: str | None, values: Sequence[Any], vector: Embedded | None
+    ) -> dict:
+        """One of the service's writes as schema_pg.sql's function for it (solos_write_short, _long, _episodic:
+        solos_store.Store's steps in one statement, its own transaction): one round trip where the steps took
+        eight for a new long fact, with the same outcome and the same refusals."""
+        model, blob = vector if vector is not None else (None, None)
+        params = (agent, None if key is None else key_lock(agent, tier, key), key, *values, model, blob)
+        sql = f"SELECT * FROM {function}({', '.join('?' * len(params))})"
+        row_id, status, expires_at, generation = self.run(
+            lambda conn: conn.execute(sql, params).fetchone(), write=True, one_statement=True
+        )
+        self.notifier.poke()  # the function left its NOTIFY to after the commit (solos_copies.Notifier)
+        if status == "unknown_agent":
+            raise solos_store.unregistered(agent)
+        if status == "conflict":
+            raise solos_store.reused_key(str(key), row_id)
+        outcome = {"id": row_id, "status": status}
+        if expires_at is not None:
+            outcome["expires_at"] = expires_at
+        if generation is not None:
+            outcome[solos_store.VECTOR_SAVED_AT] = generation
+        return outcome
 
     # -- tokens --
 
@@ -651,10 +719,12 @@ class PgStore(solos_store.Store):
 
     def close(self) -> None:
         """The pool, a count under way, and a VACUUM still running (they finish first, so they never outlive
-        the database)."""
+        the database); the notifier sends what it was poked for first."""
         if self.keyword is not None:
             self.keyword.close()
         super().close()
+        self.notifier.stop()
+        self.notifier = solos_copies.Notifier(self.path)  # unstarted, should the store write again
         self.counter.shutdown(wait=True)
         vacuuming = self.vacuuming
         if vacuuming is not None:
@@ -710,6 +780,11 @@ class PgStore(solos_store.Store):
         conn.execute(f"VACUUM {', '.join(tables)}")
         self.write(lambda conn: self.queries.scrubs_done(conn, queued))
         log_event("forgotten_vacuumed", tables=tables)
+
+
+def key_lock(agent: str, tier: str, key: str) -> int:
+    """The transaction-scoped advisory lock that serializes writes of one write key (hold_key, write_row)."""
+    return int.from_bytes(hashlib.sha256(f"{agent}\0{tier}\0{key}".encode()).digest()[:8], "big", signed=True)
 
 
 def schema_digest(schema: str) -> str:

@@ -5,6 +5,7 @@
     .venv/bin/python bench/store_compare.py --sizes 1m --shapes fleet --no-hybrid   # 1M keyword: about 7 min
     .venv/bin/python bench/store_compare.py --pg-url postgresql://postgres@127.0.0.1:5432/postgres
     .venv/bin/python bench/store_compare.py --base main --no-writes  # and the tree before, on PostgreSQL beside
+    .venv/bin/python bench/store_compare.py --sizes 10k --shapes fleet --no-recall --base main   # writes, before/after
 
 For each size the same rows go into both stores: the cached SQLite database
 of the speed benches (gen_db.py: N episodic rows, N/10 long facts, N/100 short
@@ -21,7 +22,9 @@ One service per store runs as a subprocess, and each line alternates them
 query by query (which goes first alternates too), so whatever else loads the
 machine loads both alike. With --base, a third service from that tree (a git
 revision or a folder) serves the same PostgreSQL database in the same rotation,
-so the recall lines show this tree against the one before, side by side. The
+so the recall lines show this tree against the one before, side by side; the
+write lines run it on a copy of the database of its own (made from the filled
+one as a template), beside this tree's two, all three taking turns. The
 PostgreSQL service's own keyword index fills before any line is timed: how long
 that took, the first recall's latency while it filled, the index's file and the
 service's memory are printed once per size (keyword services):
@@ -125,9 +128,14 @@ class PgServer:
         where = "a throwaway server of this run" if self.throwaway else "--pg-url's server"
         return f"PostgreSQL {version}, {where} ({settings})"
 
-    def create(self, label: str) -> str:
+    def create(self, label: str, template: str | None = None) -> str:
+        """A new database, empty or a copy of the database at `template` (a URL no one is connected to)."""
         name = f"{self.PREFIX}_{os.getpid()}_{next(self.numbers)}_{label}"
-        self.admin.execute(self.psycopg.sql.SQL("CREATE DATABASE {}").format(self.psycopg.sql.Identifier(name)))
+        statement = self.psycopg.sql.SQL("CREATE DATABASE {}").format(self.psycopg.sql.Identifier(name))
+        if template is not None:
+            source = urllib.parse.urlsplit(template).path.lstrip("/")
+            statement += self.psycopg.sql.SQL(" TEMPLATE {}").format(self.psycopg.sql.Identifier(source))
+        self.admin.execute(statement)
         self.made.append(name)
         return urllib.parse.urlunsplit(urllib.parse.urlsplit(self.url)._replace(path="/" + name))
 
@@ -265,13 +273,15 @@ def recall_line(
 
 
 def serial_writes(procs: dict[str, Process], count: int, agent: str) -> dict[str, dict]:
-    """POST /v1/long one after another on one kept-alive connection per store, the stores alternating."""
+    """POST /v1/long one after another on one kept-alive connection per service, the services taking turns (who
+    goes first rotates)."""
     clients = {store: Client(proc.port, timeout=60) for store, proc in procs.items()}
     samples: dict[str, list[float]] = {store: [] for store in procs}
     stamp = time.time()
+    names = list(procs)
     try:
         for n in range(count):
-            for store in list(procs) if n % 2 == 0 else list(reversed(procs)):
+            for store in names[n % len(names) :] + names[: n % len(names)]:
                 body = {"agent": agent, "topic": "bench writes", "fact": f"Store bench write {n} at {stamp}"}
                 started = time.perf_counter()
                 status, answer = clients[store].json("POST", "/v1/long", body)
@@ -288,7 +298,7 @@ def concurrent_writes(procs: dict[str, Process], clients: int, seconds: float) -
     """write_throughput's clients on each store in turn, two rounds in alternating order: acknowledged writes/s."""
     totals = {store: {"acked": 0, "elapsed": 0.0, "5xx": 0, "errors": 0, "latencies": []} for store in procs}
     for round_no in range(2):
-        for store in list(procs) if round_no == 0 else list(reversed(procs)):
+        for store in round_order(procs, round_no):
             # Numbered apart per round: the same client number twice would write the same facts (updates).
             tally, elapsed = write_throughput.drive(
                 procs[store].port, clients, seconds, first_client=round_no * clients
@@ -308,6 +318,15 @@ def concurrent_writes(procs: dict[str, Process], clients: int, seconds: float) -
         }
         for store, t in totals.items()
     }
+
+
+def round_order(procs: dict[str, Process], round_no: int) -> list[str]:
+    """Who writes when in a round of concurrent writers: the two stores alternate who goes first; with the tree
+    before's PostgreSQL (--base), SQLite goes first and the two PostgreSQL services swap, so each follows an SQLite
+    run (whose WAL checkpoint may still be writing) once."""
+    if BEFORE not in procs:
+        return list(STORES) if round_no % 2 == 0 else list(reversed(STORES))
+    return ["SQLite", "PostgreSQL", BEFORE] if round_no % 2 == 0 else ["SQLite", BEFORE, "PostgreSQL"]
 
 
 def show(label: str, figures: dict[str, dict]) -> None:
@@ -340,12 +359,16 @@ def measure(
     """Every line of one shape and size on both stores; {line: {store: figures}}."""
     results: dict[str, dict] = {}
     url = pg.create(f"{shape}_{label}")
+    base_url = None
     try:
         rows, load_s = fill_pg(url, source)
         print(
             f"\n== {label} {shape}: {source.name}; "
             f"{rows:,} rows (long, episodic, short) into PostgreSQL in {load_s:.0f} s =="
         )
+        writing = shape == "fleet" and args.writes
+        if writing and base is not None:  # before any service connects: a template must have no sessions
+            base_url = pg.create(f"{shape}_{label}_before", template=url)
         with tempfile.TemporaryDirectory(prefix="solos-bench-") as scratch:
             lite = Path(scratch) / "solos.db"
             shutil.copyfile(source, lite)
@@ -361,7 +384,7 @@ def measure(
                 asked = locomo_shape.questions(args.data, LOCOMO_QUESTIONS, args.seed)
                 queries = asked * max(1, (args.queries + args.warmup) // len(asked))
             for mode, model_dir in (("keyword", "off"), ("hybrid", "")):
-                if mode == "hybrid" and not hybrid:
+                if (mode == "hybrid" and not hybrid) or args.no_recall:
                     continue
                 with services(dbs, model_dir, base, lines[0][1]["agent"]) as procs:
                     if mode == "hybrid" and not ready_for_hybrid(procs):
@@ -370,28 +393,36 @@ def measure(
                         key = f"{mode} [{name}]"
                         results[key] = recall_line(procs, queries, args.warmup, params, mode, args.line_seconds)
                         show(key, results[key])
-            if shape == "fleet" and args.writes:  # last: the rows written have no vectors, hybrid would wait
-                with services(dbs, "off") as procs:  # this tree's two stores only
+            if writing:  # last: the rows written have no vectors, hybrid would wait
+                with contextlib.ExitStack() as stack:
+                    procs = stack.enter_context(services(dbs, "off"))  # this tree's two stores
+                    if base_url is not None:  # and the tree before's PostgreSQL, on a copy of its own
+                        procs[BEFORE] = stack.enter_context(start_service(base_url, model_dir="off", tree=base))
                     results.update(measure_writes(procs, args))
     finally:
         pg.drop(url)
+        if base_url is not None:
+            pg.drop(base_url)
     return results
 
 
 def measure_writes(procs: dict[str, Process], args: argparse.Namespace) -> dict[str, dict]:
-    """Serial writes, then concurrent writers, on both stores; printed as they come."""
+    """Serial writes, then concurrent writers, on both stores (and the tree before's PostgreSQL, on a copy of the
+    database, with --base); printed as they come."""
+    shown = [s for s in (*STORES, BEFORE) if s in procs]
     serial = serial_writes(procs, args.writes, CALLER)
     show("serial writes (POST /v1/long)", serial)
-    print("  " + " " * 34 + " writes/s: " + "  ".join(f"{s} {serial[s]['per_s']:,.0f}" for s in STORES))
+    print("  " + " " * 34 + " writes/s: " + "  ".join(f"{s} {serial[s]['per_s']:,.0f}" for s in shown))
     many = concurrent_writes(procs, args.clients, args.write_seconds)
     print(
         f"  {f'{args.clients} writers, acknowledged/s':<34} "
         + "  ".join(
             f"{s} {many[s]['per_s']:,.0f} (p99 {many[s]['p99']:.0f} ms, 5xx {many[s]['5xx']}, "
             f"transport errors {many[s]['errors']})"
-            for s in STORES
+            for s in shown
         )
-        + f"  PG/SQLite {many['PostgreSQL']['per_s'] / many['SQLite']['per_s']:.2f}x",
+        + "  PG/SQLite "
+        + ", ".join(f"{s} {many[s]['per_s'] / many['SQLite']['per_s']:.2f}x" for s in shown[1:]),
         flush=True,
     )
     return {"serial writes": serial, f"{args.clients} writers": many}
@@ -423,13 +454,14 @@ def summary(results: dict[str, dict[str, dict]]) -> None:
     for size, lines in results.items():
         for name, figures in lines.items():
             lite, pg = (figures[s] for s in STORES)
+            before = figures.get(BEFORE)
+            then = f"   before {before['per_s']:,.0f} ({before['per_s'] / lite['per_s']:.2f}x)" if before else ""
             if name.endswith(" writers"):
                 print(
                     f"  {size:<6}{name + ', writes/s':<36}{lite['per_s']:>11,.0f}{'':>9}"
-                    f"{pg['per_s']:>10,.0f}{'':>9}{pg['per_s'] / lite['per_s']:>10.2f}x"
+                    f"{pg['per_s']:>10,.0f}{'':>9}{pg['per_s'] / lite['per_s']:>10.2f}x{then}"
                 )
                 continue
-            before = figures.get(BEFORE)
             print(
                 f"  {size:<6}{name:<36}{lite['p50']:>11.2f}{lite['p99']:>9.2f}{pg['p50']:>10.2f}{pg['p99']:>9.2f}"
                 f"{pg['p50'] / lite['p50']:>10.2f}x{pg['p99'] / lite['p99']:>7.2f}x"
@@ -438,7 +470,7 @@ def summary(results: dict[str, dict[str, dict]]) -> None:
             if name.endswith("serial writes"):
                 print(
                     f"  {size:<6}{name + ', writes/s':<36}{lite['per_s']:>11,.0f}{'':>9}"
-                    f"{pg['per_s']:>10,.0f}{'':>9}{pg['per_s'] / lite['per_s']:>10.2f}x"
+                    f"{pg['per_s']:>10,.0f}{'':>9}{pg['per_s'] / lite['per_s']:>10.2f}x{then}"
                 )
 
 
@@ -459,6 +491,7 @@ def main() -> int:
     parser.add_argument("--no-hybrid", action="store_true", help="keyword only (default: hybrid at --hybrid-sizes)")
     parser.add_argument("--writes", type=int, default=200, help="serial writes per store (default: %(default)s)")
     parser.add_argument("--no-writes", action="store_true", help="skip both write lines (default: run them)")
+    parser.add_argument("--no-recall", action="store_true", help="skip the recall lines (default: run them)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent writers (default: %(default)s)")
     parser.add_argument(
         "--write-seconds", type=float, default=5, help="concurrent writing per store per round (default: %(default)s)"

@@ -262,6 +262,28 @@ class ThrowawayPostgres:
             shutil.rmtree(self.dir, ignore_errors=True)
         atexit.unregister(self.close)
 
+    def start_standby(self, name: str) -> subprocess.Popen:
+        """A streaming standby of this server (pg_basebackup into the temp dir, a free loopback port), connecting
+        as application_name `name`: named in synchronous_standby_names, every commit waits for its flush, as in
+        the cluster's synchronous mode (deploy/cluster/). It dies with this process; stop it with SIGINT."""
+        standby_dir = self.dir / f"standby-{name}"
+        command = [str(self.bin_dir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"]
+        command += ["-D", str(standby_dir), "-X", "stream", "-R", "--checkpoint=fast"]  # spread: minutes
+        subprocess.run(command, cwd=self.dir, capture_output=True, timeout=120, check=True, **self._user_switch)
+        settings = {
+            "port": free_loopback_port(),
+            "listen_addresses": "127.0.0.1",
+            "unix_socket_directories": self.dir,
+            "dynamic_shared_memory_type": "mmap",
+            "primary_conninfo": f"host=127.0.0.1 port={self.port} user=postgres application_name={name}",
+        }
+        command = [str(self.bin_dir / "postgres"), "-D", str(standby_dir)]
+        command += [part for key, value in settings.items() for part in ("-c", f"{key}={value}")]
+        with open(self.dir / f"standby-{name}.log", "ab") as log:
+            return spawn_dying_with_us(
+                command, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log, stderr=log, **self._user_switch
+            )
+
     def log_tail(self, lines: int = 20) -> str:
         """The end of the server's log, for failure messages."""
         try:

@@ -446,3 +446,42 @@ def test_each_copy_says_which_answered_and_shows_the_clusters_counts(copies):
         assert counts == (shared or counts)
         shared = counts
     assert shared is not None and shared[0]["long"] == 3 and shared[3] == {"sol": 3}  # every copy's recalls
+
+
+def test_the_services_writes_notify_after_their_commit_and_every_other_writer_as_it_commits(pg_url):
+    """A NOTIFY in a write transaction holds the notify queue's lock from its commit until its WAL flush, so
+    concurrent writers queued for each other's flush. The service's one-statement writes leave it to the store's
+    notifier, after the commit, even once the notifier's session is cut; a transaction of the service's and the
+    fleet's direct writes still NOTIFY as they commit. Every listener hears each of them."""
+    import solos_store
+    import solos_store_pg
+
+    admin = solos_store_pg.PgStore(pg_url, admin=True)
+    admin.migrate()
+    admin.register_agents(["atlas"])
+    admin.close()
+    store = solos_store_pg.PgStore(pg_url)
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as listener, psycopg.connect(pg_url, autocommit=True) as fleet:
+            listener.execute(LISTEN)
+
+            def notified_by() -> set[int]:
+                return {note.pid for note in listener.notifies(timeout=3.0, stop_after=1)}
+
+            store.upsert_long("atlas", "ops", "written in one statement", None, None, [])
+            assert notified_by() == {store.notifier.pid} and store.notifier.sent >= 1
+            writer = store.read(lambda conn: conn.info.backend_pid)  # the pool's connection, reused (LIFO)
+            assert writer != store.notifier.pid
+
+            solos_store.Store.upsert_long(store, "atlas", "ops", "written step by step", None, None, [])
+            assert notified_by() == {writer}
+            fleet.execute("INSERT INTO memory_longterm (agent, fact) VALUES ('atlas', 'written by the fleet')")
+            assert notified_by() == {fleet.info.backend_pid}
+
+            sql(pg_url, "SELECT pg_terminate_backend(%s)", (store.notifier.pid,))
+            cut = store.notifier.pid
+            store.upsert_long("atlas", "ops", "written after the notifier's session was cut", None, None, [])
+            wait_until(lambda: store.notifier.pid != cut, "the notifier to connect again")
+            assert notified_by() == {store.notifier.pid}
+    finally:
+        store.close()

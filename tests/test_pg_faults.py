@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, start_server, stop_server
+from conftest import ROOT, start_server, stop_server, wait_until
 from pg_server import free_loopback_port
 
 pytestmark = pytest.mark.slow
@@ -158,4 +158,60 @@ def test_a_statement_past_its_timeout_is_busy_and_keeps_the_pool(pg_url, monkeyp
         assert store.pool.qsize() == pooled >= 1
         assert store.read(lambda conn: conn.execute("SELECT 41 + 1").fetchone()[0]) == 42
     finally:
+        store.close()
+
+
+def test_a_write_waiting_for_its_synchronous_standby_outlasts_the_statement_timeout(pg_private_cluster, monkeypatch):
+    """A COMMIT cancelled while it waits for the synchronous standby reports success for a commit that is not
+    replicated. PostgreSQL lifts statement_timeout before it commits, so neither the service's one-statement
+    writes (their COMMIT is the statement's own) nor a transaction's COMMIT is cancelled by it: both still wait,
+    unanswered, at 5x the timeout, and are acknowledged once the standby (here: the setting going away) allows."""
+    import threading
+
+    import psycopg
+
+    import solos_store_pg
+
+    monkeypatch.setattr(solos_store_pg, "STATEMENT_TIMEOUT_MS", 200)
+    url = pg_private_cluster.fresh_database()
+    admin = solos_store_pg.PgStore(url, admin=True)
+    admin.migrate()
+    admin.register_agents(["atlas"])
+    admin.close()
+    store = solos_store_pg.PgStore(url)
+    writes = {
+        "one statement": lambda: store.upsert_long("atlas", "ops", "the standby flushed this", None, None, []),
+        "a transaction": lambda: store.write(
+            lambda conn: conn.execute("INSERT INTO solos_memory_meta (key, value) VALUES ('flushed', 'yes')")
+        ),
+    }
+    outcomes: dict[str, object] = {}
+    threads = [threading.Thread(target=lambda n=n, w=w: outcomes.setdefault(n, w())) for n, w in writes.items()]
+
+    def standby_named(name: str) -> None:
+        with psycopg.connect(pg_private_cluster.url, autocommit=True) as conn:
+            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+            conn.execute("SELECT pg_reload_conf()")
+
+            def taken() -> bool:
+                with psycopg.connect(url) as fresh:
+                    return fresh.execute("SHOW synchronous_standby_names").fetchone()[0] == name
+
+            wait_until(taken, "synchronous_standby_names to be reloaded")
+
+    try:
+        standby_named("absent_standby")
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        assert outcomes == {} and all(thread.is_alive() for thread in threads)  # waiting, not acknowledged
+        standby_named("")
+        for thread in threads:
+            thread.join(10)
+        assert outcomes["one statement"]["status"] == "created"
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 1
+            assert conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'flushed'").fetchone() == ("yes",)
+    finally:
+        standby_named("")
         store.close()

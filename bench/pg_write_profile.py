@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Where a serial PostgreSQL write spends its time, beside SQLite's: in the server, in round trips, in the
+synchronous standby's flush.
+
+    .venv/bin/python bench/pg_write_profile.py [--writes 400] [--no-standby]
+
+In-process, on a throwaway PostgreSQL server of its own (tests/pg_server.py: Debian's PostgreSQL, stock
+settings, fsync on, loopback) and an SQLite file beside it (WAL, synchronous=FULL: one fdatasync per commit),
+each with the service's schema and one registered agent:
+
+  server    one long fact's INSERT in a loop inside the server (a DO block, rolled back): with its triggers,
+            without the keyword index's (the tsvector), without any; and the one-statement write
+            (solos_write_long) the service calls, per row in microseconds
+  writes    serial long-fact writes through the stores, taking turns: SQLite's Store.upsert_long; PgStore's
+            one statement (one round trip, its COMMIT the statement's own); Store's steps on PostgreSQL (the
+            statements one by one, BEGIN to COMMIT: 7 round trips); p50 and mean wall ms and the client's CPU
+  standby   the writes again once a streaming standby is named in synchronous_standby_names, as the cluster's
+            synchronous mode does (deploy/cluster/): every commit waits for its flush (--no-standby: skip)
+
+The HTTP round trip and the service around the store are bench/store_compare.py's, which runs the same writes
+through the services. Prints the figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from harness import ROOT, machine_note, percentiles
+
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+import solos_store  # noqa: E402
+
+AGENT, TOPIC = "atlas", "bench writes"
+FACT = "Store bench write {n} at {stamp}: the nightly backup of grafana.internal ran in 41 s"
+LOOP_ROWS = 1000
+STANDBY = "bench_standby"
+
+
+def server_side(conn) -> dict[str, float]:
+    """Microseconds per row of one long fact's INSERT in a server-side loop, triggers on and off, and of the
+    service's one-statement write; in a transaction rolled back."""
+    fact = FACT.format(n="' || i || '", stamp=time.time())
+    insert = "INSERT INTO memory_longterm (agent, topic, fact, tags) VALUES ('{0}', '{1}', '{2}', '[]')"
+    write = "PERFORM solos_write_long('{0}', i, md5(i::text), '{1}', 'w {2}', NULL, NULL, '[]', NULL, NULL)"
+    bodies = {
+        "INSERT, its triggers": insert.format(AGENT, TOPIC, fact),
+        "solos_write_long (the service's write)": write.format(AGENT, TOPIC, fact),
+    }
+    figures: dict[str, float] = {}
+    notices: list[str] = []
+    conn.add_notice_handler(lambda notice: notices.append(notice.message_primary))
+
+    def loop(label: str, body: str) -> None:
+        conn.execute(
+            f"DO $loop$ DECLARE t0 timestamptz := clock_timestamp(); BEGIN FOR i IN 1..{LOOP_ROWS} LOOP {body}; "
+            f"END LOOP; RAISE NOTICE '%', extract(epoch FROM clock_timestamp() - t0) * 1e6 / {LOOP_ROWS}; END $loop$"
+        )
+        figures[label] = float(notices[-1])
+
+    conn.execute("BEGIN")
+    try:
+        for label, body in bodies.items():
+            loop(label, body)
+        conn.execute("ALTER TABLE memory_longterm DISABLE TRIGGER memory_longterm_fts")
+        loop("INSERT, no keyword-index trigger", bodies["INSERT, its triggers"])
+        conn.execute("ALTER TABLE memory_longterm DISABLE TRIGGER memory_longterm_changed")
+        loop("INSERT, no trigger", bodies["INSERT, its triggers"])
+    finally:
+        conn.execute("ROLLBACK")
+    return figures
+
+
+def serial(writers: dict[str, Callable[[str], object]], count: int) -> dict[str, dict]:
+    """Each writer writes a new fact in turn (who goes first rotates): wall ms and the client's CPU ms."""
+    walls: dict[str, list[float]] = {name: [] for name in writers}
+    cpus: dict[str, float] = dict.fromkeys(writers, 0.0)
+    names, stamp = list(writers), time.time()
+    for n in range(count):
+        for name in names[n % len(names) :] + names[: n % len(names)]:
+            cpu, started = time.thread_time(), time.perf_counter()
+            writers[name](FACT.format(n=f"{name} {n}", stamp=stamp))
+            walls[name].append(time.perf_counter() - started)
+            cpus[name] += time.thread_time() - cpu
+    return {name: {**percentiles(walls[name]), "cpu": cpus[name] / count * 1000} for name in writers}
+
+
+def show(title: str, figures: dict[str, dict]) -> None:
+    lite = figures["SQLite"]
+    print(f"\n{title}")
+    for name, f in figures.items():
+        print(
+            f"  {name:<36} p50 {f['p50']:6.3f}  mean {f['mean']:6.3f} ms  client CPU {f['cpu']:5.3f} ms  "
+            f"p50 / SQLite's {f['p50'] / lite['p50']:4.2f}x",
+            flush=True,
+        )
+
+
+def wait_for_sync(admin, name: str) -> None:
+    """Until the standby streams as the synchronous one (pg_stat_replication), at most 30 s."""
+    deadline = time.monotonic() + 30
+    while ("sync",) not in admin.execute(
+        "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s", (name,)
+    ).fetchall():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the standby {name} did not become synchronous in 30 s")
+        time.sleep(0.2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--writes", type=int, default=400, help="serial writes per store and line (default: %(default)s)"
+    )
+    parser.add_argument("--no-standby", action="store_true", help="skip the synchronous standby's line")
+    args = parser.parse_args()
+    try:
+        import psycopg
+        from pg_server import ThrowawayPostgres, unavailable_reason
+
+        import solos_store_pg
+    except ImportError as error:
+        raise SystemExit(f"pg_write_profile.py needs psycopg ({error}): run it with .venv/bin/python") from None
+    if reason := unavailable_reason():
+        raise SystemExit(f"no PostgreSQL: {reason}")
+    print(machine_note())
+    with ThrowawayPostgres() as server, tempfile.TemporaryDirectory(prefix="solos-bench-") as scratch:
+        url = server.fresh_database()
+        admin = solos_store_pg.PgStore(url, admin=True)
+        admin.migrate()
+        admin.register_agents([AGENT])
+        lite = solos_store.Store(str(Path(scratch) / "solos.db"), admin=True)
+        lite.migrate()
+        lite.register_agents([AGENT])
+        pg = solos_store_pg.PgStore(url)
+        standby = None
+        try:
+            conn = admin.checkout()
+            try:
+                version = conn.execute("SHOW server_version").fetchone()[0]
+                print(f"PostgreSQL {version}, a throwaway server of this run (stock settings, fsync on)")
+                print(f"\nserver side: microseconds per row, {LOOP_ROWS} rows in a loop")
+                for label, us in server_side(conn).items():
+                    print(f"  {label:<40} {us:7.1f} us")
+            finally:
+                admin.checkin(conn)
+            writers = {
+                "SQLite": lambda fact: lite.upsert_long(AGENT, TOPIC, fact, None, None, []),
+                "PostgreSQL, one statement": lambda fact: pg.upsert_long(AGENT, TOPIC, fact, None, None, []),
+                "PostgreSQL, Store's steps": lambda fact: solos_store.Store.upsert_long(
+                    pg, AGENT, TOPIC, fact, None, None, []
+                ),
+            }
+            show(f"serial writes, {args.writes} each, taking turns", serial(writers, args.writes))
+            if not args.no_standby:
+                standby = server.start_standby(STANDBY)
+                with psycopg.connect(server.url, autocommit=True) as root:
+                    root.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY}'")
+                    root.execute("SELECT pg_reload_conf()")
+                    wait_for_sync(root, STANDBY)
+                show("the same with a synchronous standby (its flush in every commit)", serial(writers, args.writes))
+        finally:
+            pg.close()
+            admin.close()
+            lite.close()
+            if standby is not None:
+                standby.send_signal(signal.SIGINT)
+                standby.wait(30)
+    print(f"\n{machine_note()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
