@@ -207,3 +207,22 @@ def test_the_index_says_failing_while_the_database_is_away_and_keeps_up_once_it_
         assert index_of(running).answered["index"] == by_index + 1
     finally:
         stop_server(running)
+
+
+@pytest.mark.slow
+def test_a_write_that_commits_after_later_ones_is_not_skipped(copies, pg_url):
+    """Event ids commit out of order: a transaction running when the index caught up, that commits after
+    transactions begun later, is applied all the same (the snapshot's running transactions are read again)."""
+    import psycopg
+
+    copy = ready(copies(rerank=False))
+    with psycopg.connect(pg_url) as slow:  # a transaction of the fleet's, open across the others
+        early = slow.execute(
+            "INSERT INTO memory_longterm (agent, fact) VALUES ('nova', 'the early ferry leaves at six') RETURNING id"
+        ).fetchone()[0]
+        later = copy.post("/v1/long", {"agent": "atlas", "fact": "the late ferry leaves at ten"})
+        assert ids_of(copy.recall("sol", "ferry leaves", tiers="long")) == [later.body["id"]]
+        assert index_of(copy).applied is not None and index_of(copy).applied.running  # the open one, seen running
+        slow.commit()
+    assert sorted(ids_of(copy.recall("sol", "ferry leaves", tiers="long"))) == sorted([early, later.body["id"]])
+    assert held(copy, "memory_longterm", early)
