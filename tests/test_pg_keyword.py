@@ -7,7 +7,10 @@ PostgreSQL test); the first two need none.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -38,6 +41,19 @@ def test_the_index_has_the_embedded_stores_columns_and_tokenizer():
     }
     assert found == solos_pg_keyword.FTS_COLUMNS
     assert set(re.findall(r"tokenize = '([^']+)'", schema)) == {solos_pg_keyword.TOKENIZER}
+
+
+def test_a_start_removes_the_index_folders_of_copies_that_died(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{solos_pg_keyword.FOLDER_PREFIX}{dead.pid}-abc"
+    running = tmp_path / f"{solos_pg_keyword.FOLDER_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "solos-keyword-notes"
+    for folder in (stale, running, other):
+        folder.mkdir()
+        (folder / "keyword.db").write_bytes(b"x")
+    assert solos_pg_keyword.remove_stale(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and running.exists() and other.exists()
 
 
 def test_what_is_applied_is_every_transaction_either_snapshot_saw():
