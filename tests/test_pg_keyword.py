@@ -7,7 +7,10 @@ PostgreSQL test); the first two need none.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -38,6 +41,19 @@ def test_the_index_has_the_embedded_stores_columns_and_tokenizer():
     }
     assert found == solos_pg_keyword.FTS_COLUMNS
     assert set(re.findall(r"tokenize = '([^']+)'", schema)) == {solos_pg_keyword.TOKENIZER}
+
+
+def test_a_start_removes_the_index_folders_of_copies_that_died(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{solos_pg_keyword.FOLDER_PREFIX}{dead.pid}-abc"
+    running = tmp_path / f"{solos_pg_keyword.FOLDER_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "solos-keyword-notes"
+    for folder in (stale, running, other):
+        folder.mkdir()
+        (folder / "keyword.db").write_bytes(b"x")
+    assert solos_pg_keyword.remove_stale(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and running.exists() and other.exists()
 
 
 def test_what_is_applied_is_every_transaction_either_snapshot_saw():
@@ -207,3 +223,22 @@ def test_the_index_says_failing_while_the_database_is_away_and_keeps_up_once_it_
         assert index_of(running).answered["index"] == by_index + 1
     finally:
         stop_server(running)
+
+
+@pytest.mark.slow
+def test_a_write_that_commits_after_later_ones_is_not_skipped(copies, pg_url):
+    """Event ids commit out of order: a transaction running when the index caught up, that commits after
+    transactions begun later, is applied all the same (the snapshot's running transactions are read again)."""
+    import psycopg
+
+    copy = ready(copies(rerank=False))
+    with psycopg.connect(pg_url) as slow:  # a transaction of the fleet's, open across the others
+        early = slow.execute(
+            "INSERT INTO memory_longterm (agent, fact) VALUES ('nova', 'the early ferry leaves at six') RETURNING id"
+        ).fetchone()[0]
+        later = copy.post("/v1/long", {"agent": "atlas", "fact": "the late ferry leaves at ten"})
+        assert ids_of(copy.recall("sol", "ferry leaves", tiers="long")) == [later.body["id"]]
+        assert index_of(copy).applied is not None and index_of(copy).applied.running  # the open one, seen running
+        slow.commit()
+    assert sorted(ids_of(copy.recall("sol", "ferry leaves", tiers="long"))) == sorted([early, later.body["id"]])
+    assert held(copy, "memory_longterm", early)
