@@ -17,9 +17,9 @@ runs ahead of a snapshot never hands out a row that snapshot cannot see.
   touched row's state as that snapshot has it (read again by id: insert, replace or drop). What was applied
   is one snapshot's visibility (xmax and the transactions running in it, `Applied`), so events that commit
   out of id order are never skipped. A recall first applies what its snapshot sees (read-your-writes across
-  copies); the thread applies at every commit any copy makes (woken by LISTEN, solos_copies.Listener) or
-  every POLL_S, so a forget leaves every copy's index at once, and is then merged out of the file and its WAL
-  (the embedded store's own scrub steps).
+  copies); the thread applies what any copy commits (woken by LISTEN, solos_copies.Listener, the commits of
+  GATHER_S at once) or every POLL_S, so a forget leaves every copy's index at once, and is then merged out of
+  the file and its WAL (the embedded store's own scrub steps).
 - A recall that finds more than RECALL_APPLIES_AT_MOST events to apply, or the thread busy applying, ranks by
   the SQL path this once rather than wait; a failure of the index does the same, and /health says `failing`.
 """
@@ -61,6 +61,9 @@ FILL_PAGE = 5000  # rows read from PostgreSQL and inserted per step of the fill
 RECALL_APPLIES_AT_MOST = 2000  # events a recall applies itself; past this it ranks by SQL while the thread applies
 APPLY_WAIT_S = 0.25  # how long a recall waits for the thread's apply before it ranks by SQL this once
 POLL_S = 1.0  # the thread looks for events this often without a wake (the fleet's writes are woken too)
+# After a wake the thread waits this long for more commits before it applies them: serial writes woke one
+# catch-up each, its round trip and FTS5 work beside every write (a recall applies what it sees itself).
+GATHER_S = 0.1
 CACHE_KIB = 16_384  # SQLite page cache per connection: the index's RAM; the file holds the rest
 MAX_ROUNDS = 6  # a recall widens its read of the index this often when PostgreSQL's filters drop rows
 SCRUB_STEPS = 10_000  # merge steps after a forget, at most (solos_forget's bound)
@@ -220,6 +223,7 @@ class KeywordIndex:
         log_event("keyword_index_ready", rows=self.filled_rows, seconds=round(self.fill_s, 1))
         while not self.stopped.is_set():
             self.wakeup.wait(POLL_S)
+            self.stopped.wait(GATHER_S)  # a burst of commits is applied at once, not one catch-up each
             self.wakeup.clear()
             if self.stopped.is_set():
                 break
