@@ -372,7 +372,7 @@ def logit(p: np.ndarray) -> np.ndarray:
 def fit_combination(xenc: list[list[float]], feats: list[list[float]], records: list[dict]) -> np.ndarray:
     """A logistic over (cross-encoder logit, features judge logit, 1), domains weighing the same; Newton steps."""
     X, y, w = [], [], []
-    counts = {d: sum(len(r["rows"]) for r in records if r["domain"] == d) for d in ("fleet", "locomo")}
+    counts = {d: sum(len(a) for a, r in zip(xenc, records) if r["domain"] == d) for d in ("fleet", "locomo")}
     for a, b, rec in zip(xenc, feats, records):
         for la, pb, row in zip(a, b, rec["rows"]):
             X.append([la, float(logit(np.array(pb))), 1.0])
@@ -389,8 +389,9 @@ def fit_combination(xenc: list[list[float]], feats: list[list[float]], records: 
 
 
 def combined(beta: np.ndarray, xenc: list[list[float]], feats: list[list[float]]) -> list[list[float]]:
+    """The combination's probability for the rows the cross-encoder read, the features judge's for the rest."""
     return [
-        [float(sigmoid(beta[0] * la + beta[1] * logit(np.array(pb)) + beta[2])) for la, pb in zip(a, b)]
+        [float(sigmoid(beta[0] * la + beta[1] * logit(np.array(pb)) + beta[2])) for la, pb in zip(a, b)] + b[len(a) :]
         for a, b in zip(xenc, feats)
     ]
 
@@ -426,16 +427,18 @@ def session_of(path: Path):
     return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 
-def cost_per_row(run, tokenizer, torch, records: list[dict], rows: int = 10) -> float:
-    """Seconds per row: each question's first `rows` candidates in one call."""
+def cost_per_row(run, tokenizer, torch, records: list[dict], rows: int = 10) -> str:
+    """Milliseconds per row, each question's first `rows` candidates in one call: the thread's CPU time (what a
+    turn pays on an idle core) and the wall time (what it paid on this machine as loaded)."""
     batches = [
         batch_of(torch, tokenizer, [(r["question"], row_input(x)) for x in r["rows"][:rows]]) for r in records[:100]
     ]
     run(*batches[0])
-    started = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.thread_time()
     for b in batches:
         run(*b)
-    return (time.perf_counter() - started) / sum(b[0].shape[0] for b in batches)
+    n = sum(b[0].shape[0] for b in batches)
+    return f"{(time.thread_time() - cpu) / n * 1e3:.2f} ms CPU ({(time.perf_counter() - wall) / n * 1e3:.2f} wall)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -452,6 +455,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", type=int, default=4, help="the LoCoMo conversation scored (default: 4)")
     parser.add_argument("--calibrate", type=int, default=3, help="the conversation the combination fits on (3)")
     parser.add_argument("--export", type=Path, help="keep the int8 ONNX here (default: a temporary file)")
+    parser.add_argument(
+        "--rows", type=int, default=0, help="the cross-encoder reads recall's first N candidates (default: all)"
+    )
+    parser.add_argument(
+        "--meta", type=Path, help="write what a loader needs beside the file here (JSON: combination, floors, input)"
+    )
     parser.add_argument("--score", type=Path, help="train nothing: score this int8 ONNX file (an earlier --export)")
     args = parser.parse_args(argv)
     torch = import_torch()
@@ -519,10 +528,18 @@ def report(torch, model, session, tokenizer, records: list[dict], roles: dict[st
         "locomo": roles["locomo"],
         "fleet-all": unfiltered,
     }
-    xenc = {name: logits_of(ort_run, tokenizer, torch, recs) for name, recs in sets.items()}
+    # The cross-encoder reads recall's first --rows candidates (all by default); a row it did not read gets 0
+    # from it alone, and the features judge's probability in the combination.
+    xenc = {
+        name: logits_of(ort_run, tokenizer, torch, [dict(r, rows=r["rows"][: args.rows or None]) for r in recs])
+        for name, recs in sets.items()
+    }
     beta = fit_combination(xenc["calibrate"], feats_of(roles["calibrate"]), roles["calibrate"])
     print(f"combination: {beta[0]:.2f} x cross-encoder logit + {beta[1]:.2f} x features logit + {beta[2]:.2f}")
-    xenc_probs = {name: [sigmoid(np.array(s)).tolist() for s in v] for name, v in xenc.items()}
+    xenc_probs = {
+        name: [sigmoid(np.array(s)).tolist() + [0.0] * (len(r["rows"]) - len(s)) for s, r in zip(v, sets[name])]
+        for name, v in xenc.items()
+    }
     both = {name: combined(beta, xenc[name], feats_of(recs)) for name, recs in sets.items()}
 
     def by_domain(recs: list[dict], scores: list[list[float]]) -> list[list[tuple[dict, list[float]]]]:
@@ -531,6 +548,31 @@ def report(torch, model, session, tokenizer, records: list[dict], roles: dict[st
 
     xenc_floor = choose_floor(by_domain(roles["calibrate"], xenc_probs["calibrate"]))
     both_floor = choose_floor(by_domain(roles["calibrate"], both["calibrate"]))
+    if args.meta:
+        model_file = args.score or args.export
+        meta = {
+            "model": model_file.name if model_file else None,
+            "sha256": hashlib.sha256(model_file.read_bytes()).hexdigest() if model_file else None,
+            "fitted_by": "bench/cross_encoder.py " + " ".join(sys.argv[1:]),
+            "input": {
+                "pair": "question, then the row as '{agent} ({topic}): {text}' ('{agent}: {text}' with no topic)",
+                "tokenizer": "models/all-MiniLM-L6-v2/tokenizer.json, truncation only_second",
+                "max_len": args.max_len,
+                "names": ["input_ids", "token_type_ids", "attention_mask"],
+                "output": "logit, one per row",
+            },
+            "rows": args.rows or None,
+            "cross_encoder_floor": xenc_floor,
+            "combination": {
+                "p": "sigmoid(a * cross-encoder logit + b * logit(features judge probability) + c)",
+                "a": round(float(beta[0]), 6),
+                "b": round(float(beta[1]), 6),
+                "c": round(float(beta[2]), 6),
+                "floor": both_floor,
+            },
+        }
+        args.meta.write_text(json.dumps(meta, indent=1) + "\n")
+        print(f"wrote {args.meta}")
 
     def judged(domain: str, recs: list[dict]) -> list[list[float]]:
         return [judges[domain][0].judge(r["question"], r["rows"], "hybrid").probabilities for r in recs]
@@ -571,10 +613,11 @@ def report(torch, model, session, tokenizer, records: list[dict], roles: dict[st
     )
     memorised(unfiltered, xenc["fleet-all"])
     scored = roles["fleet"] + roles["locomo"]
-    costs = [f"{cost_per_row(ort_run, tokenizer, torch, scored) * 1e3:.2f} ms onnxruntime int8"]
+    per_call = args.rows or 10
+    costs = [f"{cost_per_row(ort_run, tokenizer, torch, scored, per_call)} onnxruntime int8"]
     if model is not None:
-        costs.append(f"{cost_per_row(torch_run, tokenizer, torch, scored) * 1e3:.2f} ms torch fp32")
-    print("cost per row, the top 10 of a question per call, one thread: " + ", ".join(costs))
+        costs.append(f"{cost_per_row(torch_run, tokenizer, torch, scored, per_call)} torch fp32")
+    print(f"cost per row, the top {per_call} of a question per call, one thread: " + ", ".join(costs))
 
 
 def memorised(records: list[dict], logits: list[list[float]]) -> None:
