@@ -163,9 +163,9 @@ _IMPLIED = (
 )
 
 
-def row_stems(text: str) -> set[str]:
-    """A row's content stems and the attributes it implies (see _IMPLIED)."""
-    return content_stems(text) | {stem for pattern, stem in _IMPLIED if pattern.search(text)}
+def row_stems(text: str, wanted: set[str] | frozenset[str] = frozenset({stem for _, stem in _IMPLIED})) -> set[str]:
+    """A row's content stems and those of the `wanted` attributes it implies (see _IMPLIED)."""
+    return content_stems(text) | {stem for pattern, stem in _IMPLIED if stem in wanted and pattern.search(text)}
 
 
 def identifiers(question: str) -> set[str]:
@@ -244,9 +244,9 @@ FEATURES = {"hybrid": HYBRID_FEATURES, "keyword": tuple(n for n in HYBRID_FEATUR
 def features(question: str, rows: Sequence[Mapping], mode: str) -> list[dict[str, float]]:
     """Each row's features by name (FEATURES[mode] order), read against the other candidates."""
     texts = [row_text(r) for r in rows]
-    stems = [row_stems(t) for t in texts]
-    tokens = [row_tokens(t) for t in texts]
     wanted = content_stems(question)
+    stems = [row_stems(t, wanted) for t in texts]
+    tokens = [row_tokens(t) for t in texts]
     ids = identifiers(question)
     n = len(rows)
     # IDF over the candidates (smoothed so a word none holds weighs most, one all hold little).
