@@ -163,7 +163,10 @@ _IMPLIED = (
 )
 
 
-def row_stems(text: str, wanted: set[str] | frozenset[str] = frozenset({stem for _, stem in _IMPLIED})) -> set[str]:
+IMPLIED_STEMS = frozenset(implied for _, implied in _IMPLIED)
+
+
+def row_stems(text: str, wanted: set[str] | frozenset[str] = IMPLIED_STEMS) -> set[str]:
     """A row's content stems and those of the `wanted` attributes it implies (see _IMPLIED)."""
     return content_stems(text) | {stem for pattern, stem in _IMPLIED if stem in wanted and pattern.search(text)}
 
