@@ -384,6 +384,17 @@ class WordHashEmbedder:
         return [self.vector(text).astype("<f4").tobytes() for text in texts]
 
 
+def metric_samples(server: RunningServer, name: str) -> dict[str, float]:
+    """One /metrics family's samples: each sample's label text ("" for none, else '{route="/v1/recall",...}') ->
+    its value."""
+    samples = {}
+    for line in server.get("/metrics").raw.decode().splitlines():
+        if line.startswith((name + "{", name + " ")):
+            series, value = line.rsplit(" ", 1)
+            samples[series[len(name) :]] = float(value)
+    return samples
+
+
 def wait_until(condition, what: str = "condition", timeout_s: float = 20.0):
     """Poll condition() until it returns something truthy, and return that; fail naming `what` after timeout_s."""
     deadline = time.monotonic() + timeout_s

@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import FaultServer, dead_url, episodic_rows, skip_or_fail, write_tokens
+from conftest import FaultServer, dead_url, episodic_rows, metric_samples, skip_or_fail, write_tokens
 from hermes_provider_probe import transcript
 
 pytestmark = pytest.mark.slow  # Hermes Agent in its own venv, a process per probe
@@ -194,12 +194,8 @@ def test_a_turn_through_hermes_hooks(server, hermes_home):
 
 def notices_read(server) -> int:
     """How many GET /v1/notices the service has answered (its /metrics counter)."""
-    reply = server.get("/metrics")
-    assert reply.status == 200
-    lines = [line for line in reply.raw.decode().splitlines() if line.startswith("solos_memory_requests_total{")]
-    return sum(
-        int(line.rsplit(" ", 1)[1]) for line in lines if 'route="/v1/notices"' in line and 'method="GET"' in line
-    )
+    samples = metric_samples(server, "solos_memory_requests_total")
+    return int(sum(n for labels, n in samples.items() if 'route="/v1/notices"' in labels and 'method="GET"' in labels))
 
 
 def test_prefetch_reads_the_notices_once_a_turn(server, hermes_home):

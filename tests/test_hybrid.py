@@ -14,6 +14,7 @@ from conftest import (
     WordHashEmbedder,
     fresh_agents,
     marker,
+    metric_samples,
     skip_or_fail,
     start_server,
     stop_server,
@@ -303,8 +304,7 @@ def test_a_stopped_service_embeds_nothing_more(embedded_server):
 
 
 def metric(server, name: str) -> float:
-    line = next(line for line in server.get("/metrics").raw.decode().splitlines() if line.startswith(name + " "))
-    return float(line.split()[1])
+    return metric_samples(server, name)[""]
 
 
 def test_catching_up_after_a_start_is_the_same_on_every_surface(make_server, embedded_server, monkeypatch):

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Dom, start_server, stop_server
+from conftest import ROOT, Dom, metric_samples, start_server, stop_server
 
 import solos_jobs
 import solos_memory
@@ -34,12 +34,7 @@ def runs(server) -> list[dict]:
 
 def metric(server, name: str) -> dict[str, float]:
     """One metric family's samples by their job label."""
-    text = server.get("/metrics").raw.decode()
-    return {
-        line.split('job="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{")
-    }
+    return {labels.split('job="')[1].split('"')[0]: value for labels, value in metric_samples(server, name).items()}
 
 
 def test_purge_archive_and_snapshot_record_each_run(server, tmp_path):
