@@ -108,9 +108,10 @@ def request(port: int, method: str, path: str, body: dict | None = None) -> tupl
         conn.close()
 
 
-def capture(mode: str, weights: tuple[float, float] | None = None) -> list[dict]:
+def capture(mode: str, weights: tuple[float, float] | None = None, cosine: bool = False) -> list[dict]:
     """Per fleet question (in file order): its record and, when the reranker ran, the head's texts, features,
-    labels (1 for an answer row) and the fact ids of the rows the service returned (k 20, min_relevance 0)."""
+    labels (1 for an answer row) and the fact ids of the rows the service returned (k 20, min_relevance 0);
+    `stages`: each leg's, fusion's and the head's fact ids, and with `cosine` (hybrid) every fact by cosine."""
     facts, questions = load_fleet()
     by_text = {f["fact"]: f["id"] for f in facts}
     agents = sorted({f["agent"] for f in facts} | {q["asker"] for q in questions})
@@ -148,7 +149,7 @@ def capture(mode: str, weights: tuple[float, float] | None = None) -> list[dict]
                         }
                         record["stages"]["head"] = record["stages"]["fused"][: seen.fusions[-1]["head"]]
                         seen.fusions.clear()
-                    if mode == "hybrid":
+                    if cosine and mode == "hybrid":
                         record["stages"]["cosine"] = by_cosine(server.memory.embedder, facts, q["question"])
                     if len(seen.heads) > before:
                         texts, features = seen.heads[-1]
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     fusion = None if args.keyword_weight is None else (args.keyword_weight, 1 - args.keyword_weight)
     if args.stages:
-        records = capture("hybrid", fusion)
+        records = capture("hybrid", fusion, cosine=True)
         print("\n".join(stage_table(records, args.stages, tuple(args.kinds.split(",")))))
         return 0
     for mode in ("keyword", "hybrid"):
