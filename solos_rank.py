@@ -683,6 +683,15 @@ def vector_candidates(
 # the fitted vector weight is 0.2 or 0.3 in every fold; "Recall v2": RRF and z-score within 0.005).
 KEYWORD_WEIGHT, VECTOR_WEIGHT = 0.7, 0.3
 LEG_WEIGHTS = {"hybrid": (KEYWORD_WEIGHT, VECTOR_WEIGHT), "keyword": (1.0, 0.0), "vector": (0.0, 1.0)}
+# A question whose content words the keyword leg's best rows hardly hold is likely a paraphrase: its answer shares no
+# word with it, so only the vector leg can find it, and at 0.3 a row matching one incidental word outranks the best
+# cosine, below the reranker's head (the fleet's fit half: 8 of 24 paraphrase answers, 4 of them in the vector leg's top
+# 4; bench/fleet_rank.py --stages). Such a question's head gets seats for the vector leg's best rows (with_vector_seats;
+# RESULTS-locomo.md, "Paraphrases on the fleet"). Swapping the legs' weights instead found as many but cost LoCoMo 0.014
+# hit@5 held out (its weak questions still lean on the keyword leg); seats cost it nothing measurable.
+WEAK_KEYWORD_ROWS = 3  # the keyword leg's best rows read for their coverage of the question
+WEAK_KEYWORD_COVERAGE = 0.35  # under this share of the question's content stems in each of them: weak
+HEAD_VECTOR_ROWS = 5  # the vector leg's best rows a weak question's head holds (10: LoCoMo multi-hop -0.007)
 
 
 def normalise(scores: dict[Any, float]) -> dict[Any, float]:
@@ -704,13 +713,29 @@ class Fused:
     keyword: dict[Key, float]  # the keyword leg, normalised over its candidates
     vector: dict[Key, float]  # the vector leg, normalised over its candidates
     similar: dict[Key, float]  # the vector leg as it scored: cosine plus NEIGHBOUR_WEIGHT x the neighbours'
+    head: int = 0  # how many rows the reranker reorders: RERANK_DEPTH, plus the vector leg's seats (0: RERANK_DEPTH)
 
 
-def fuse(candidates: dict[Key, dict], similar: dict[Key, float], ranking: str) -> Fused:
+def keyword_strength(stems: frozenset[str], candidates: dict[Key, dict]) -> float:
+    """The best share of the question's content `stems` that one of the keyword leg's WEAK_KEYWORD_ROWS best
+    rows accounts for (question_coverage); 1.0 for a question with no content word, 0.0 when nothing matched."""
+    if not stems:
+        return 1.0
+    matched = [r for r in candidates.values() if r["keyword"] is not None]
+    best = sorted(matched, key=lambda r: r["keyword"], reverse=True)[:WEAK_KEYWORD_ROWS]
+    return max((len(stems & covered_stems(r["text"], r["agent"])) / len(stems) for r in best), default=0.0)
+
+
+def fuse(
+    candidates: dict[Key, dict], similar: dict[Key, float], ranking: str, stems: frozenset[str] = frozenset()
+) -> Fused:
     """One score in [0, 1] per row from LEG_WEIGHTS over the two legs, each min-max normalised; best first.
 
-    A row outside a leg's candidates gets 0 from it.
+    A row outside a leg's candidates gets 0 from it. In hybrid, when the keyword leg's best rows hardly cover
+    the question's content `stems` (keyword_strength under WEAK_KEYWORD_COVERAGE), the reranker's head also
+    seats the vector leg's best rows (with_vector_seats); `head` says how many rows it reorders.
     """
+    weak = ranking == "hybrid" and keyword_strength(stems, candidates) < WEAK_KEYWORD_COVERAGE
     keyword = normalise({key: r["keyword"] for key, r in candidates.items() if r["keyword"] is not None})
     vector = normalise(similar)
     weights = LEG_WEIGHTS[ranking]
@@ -721,7 +746,24 @@ def fuse(candidates: dict[Key, dict], similar: dict[Key, float], ranking: str) -
         if result["score"] > 0:
             fused.append((key, result))
     fused.sort(key=lambda pair: pair[1]["score"], reverse=True)
-    return Fused([r for _, r in fused], [key for key, _ in fused], keyword, vector, similar)
+    head = RERANK_DEPTH
+    if weak and len(fused) > RERANK_DEPTH:
+        fused, head = with_vector_seats(fused, similar)
+    return Fused([r for _, r in fused], [key for key, _ in fused], keyword, vector, similar, head)
+
+
+def with_vector_seats(fused: list[tuple[Key, dict]], similar: dict[Key, float]) -> tuple[list[tuple[Key, dict]], int]:
+    """The fused rows with the vector leg's HEAD_VECTOR_ROWS best that fell below the reranker's head moved up
+    to join it, at its last row's score; and the head's new length."""
+    listed = {key for key, _ in fused}  # the vector leg's rows that are candidates (a tag filter may drop some)
+    best = sorted((key for key in similar if key in listed), key=similar.__getitem__, reverse=True)
+    joining = set(best[:HEAD_VECTOR_ROWS]) - {key for key, _ in fused[:RERANK_DEPTH]}
+    moved = [pair for pair in fused[RERANK_DEPTH:] if pair[0] in joining]
+    cut = fused[RERANK_DEPTH - 1][1]["score"]
+    for _, result in moved:
+        result["score"] = cut
+    rest = [pair for pair in fused[RERANK_DEPTH:] if pair[0] not in joining]
+    return fused[:RERANK_DEPTH] + moved + rest, RERANK_DEPTH + len(moved)
 
 
 # ==== The reranker: a learned linear model over the fused top rows ====
@@ -734,46 +776,47 @@ RERANK_DEPTH = 20
 DATE_WINDOW_AFTER_DAYS = 7
 STEM_LENGTH = 5  # a stemmer's poor cousin for the coverage features: the reranker was fitted with 5-letter prefixes
 # The reranker's inputs per candidate and their logistic-regression weights (keyword-only, hybrid), fitted by
-# bench/ltr_fit.py (top 20, L2 1.0, on ltr_features below; hybrid on the vectors of the model the service builds,
-# MiniLM re-quantized for integer kernels): keyword-only on all five LoCoMo dev conversations, hybrid on those
-# and the fleet's `fit` half (bench/data/fleet, read through bench/fleet_rank.py). Held out (fitted on four
-# conversations, ranking the fifth) they lift hit@5 and MRR of both modes well past noise (RESULTS-locomo.md,
-# "Recall v2", "learned linear reranker" rows; "In the service"). A fact store's rows have no topic thread, so
-# the chat features (neighbours, previous row asks) say nothing there and the LoCoMo fit's trust in the keyword
-# leg buried answers only the vector leg found: in hybrid, `alone` and the `*_alone` copies give such rows
-# weights of their own, one model serving both. Held out, hybrid: LoCoMo LOCO hit@5 0.825, frac@10
-# 0.836 (unchanged); the fleet's score half hit@5 0.804 -> 0.875, paraphrase 0.083 -> 0.500 (only 0.67 of
-# those answers reach the fused top 20 at 0.7 / 0.3; 0.5 / 0.5 lifts that to 0.83 but costs LoCoMo 0.005-0.008
-# hit@5: not adopted). Keyword-only keeps the LoCoMo fit: the fleet gains nothing there (paraphrases share no
-# word to find; 0.786 either way) and costs LoCoMo 0.006 hit@5. The rank features' `_alone` copies would add
-# 0.018 fleet hit@5 but outweigh a date the question names among tied rows: left out.
+# bench/ltr_fit.py (top 20, L2 1.0, on ltr_features below; hybrid on the vectors of the model the service builds, MiniLM
+# re-quantized for integer kernels): keyword-only on all five LoCoMo dev conversations, hybrid on those and the fleet's
+# `fit` half (bench/data/fleet, read through bench/fleet_rank.py). Held out (fitted on four conversations, ranking the
+# fifth) they lift hit@5 and MRR of both modes well past noise (RESULTS-locomo.md, "Recall v2", "learned linear
+# reranker" rows; "In the service"). A fact store's rows have no topic thread, so the chat features (neighbours,
+# previous row asks) say nothing there and the LoCoMo fit's trust in the keyword leg buried answers only the vector leg
+# found: in hybrid, `alone` and the `*_alone` copies give such rows weights of their own, one model serving both. Held
+# out, hybrid: LoCoMo LOCO hit@5 0.825, frac@10 0.836 (unchanged); the fleet's score half hit@5 0.804 -> 0.875,
+# paraphrase 0.083 -> 0.500 (only 0.67 of those answers reach the fused top 20 at 0.7 / 0.3; 0.5 / 0.5 lifts that to
+# 0.83 but costs LoCoMo 0.005-0.008 hit@5: not adopted). Refitted on heads with the vector leg's seats (fuse): LoCoMo
+# LOCO 0.824 / 0.836; the fleet's fit half (two folds by cluster) paraphrase hit@5 0.542 -> 0.708, its score half 0.500
+# -> 0.542 (0.71 of its answers now reach the head). Keyword-only keeps the LoCoMo fit: the fleet gains nothing there
+# (paraphrases share no word to find; 0.786 either way) and costs LoCoMo 0.006 hit@5. The rank features' `_alone` copies
+# would add 0.018 fleet hit@5 but outweigh a date the question names among tied rows: left out.
 LTR_WEIGHTS: dict[str, tuple[float | None, float]] = {
-    "bias": (-7.9995, -8.3709),
-    "fused": (1.7835, 2.1126),  # the first pass's score (fusion, or the normalised keyword score alone)
-    "fused_rr": (0.7124, 0.899),  # 1 / its rank in the first pass
-    "keyword": (1.7835, 1.5232),  # the keyword leg, min-max over its candidates (0 when absent)
-    "keyword_rr": (0.7124, 0.9373),  # 1 / the keyword rank (0 when absent)
-    "neighbour_best": (1.6277, 1.7521),  # the better normalised keyword score of the topic's previous and next row
-    "neighbour_prev": (-1.4205, -1.6211),
-    "neighbour_next": (-0.9538, -1.2983),
-    "writer_named": (-0.1547, 0.1029),  # the question names this row's writer
-    "other_named": (-0.8258, -0.2552),  # the question names a writer, not this one
-    "is_question": (-0.7169, -0.7614),  # the row ends with "?": asking is rarely the answer
-    "log_words": (0.5297, 0.6379),  # log(1 + words in the row)
-    "in_date_window": (0.5966, 0.6743),  # the row's date falls in the window the question names (date_window)
-    "coverage": (1.5528, 0.7928),  # share of the question's content stems in the row
-    "prev_is_question": (-0.1207, -0.1437),  # the topic's previous row asks something: this row may answer it
-    "answers_match": (2.6565, 2.6219),  # prev_is_question x neighbour_prev: it asks what the question asks
-    "coverage_around": (0.6, 0.3952),  # share of the question's content stems in the previous and next rows
-    "first_of_topic": (0.1561, -0.0151),  # no previous row in the topic
-    "cosine": (None, -0.1066),  # the vector leg's score (cosine, neighbour-smoothed) of any row with a vector
-    "vector": (None, 0.4548),  # the vector leg, min-max over its candidates (0 when absent)
-    "alone": (None, -1.9222),  # no previous and no next row in the topic: a fact store's row, not a chat turn
-    "keyword_alone": (None, -0.9758),  # keyword x alone: the legs' weights where no thread speaks for a row
-    "fused_alone": (None, 1.3701),
-    "coverage_alone": (None, 0.7023),
-    "cosine_alone": (None, -1.5065),
-    "vector_alone": (None, 4.2042),
+    "bias": (-7.9995, -8.4014),
+    "fused": (1.7835, 3.6989),  # the first pass's score (fusion, or the normalised keyword score alone)
+    "fused_rr": (0.7124, 0.8907),  # 1 / its rank in the first pass
+    "keyword": (1.7835, 0.4148),  # the keyword leg, min-max over its candidates (0 when absent)
+    "keyword_rr": (0.7124, 0.9498),  # 1 / the keyword rank (0 when absent)
+    "neighbour_best": (1.6277, 1.7597),  # the better normalised keyword score of the topic's previous and next row
+    "neighbour_prev": (-1.4205, -1.6198),
+    "neighbour_next": (-0.9538, -1.3009),
+    "writer_named": (-0.1547, 0.1023),  # the question names this row's writer
+    "other_named": (-0.8258, -0.2561),  # the question names a writer, not this one
+    "is_question": (-0.7169, -0.7594),  # the row ends with "?": asking is rarely the answer
+    "log_words": (0.5297, 0.6448),  # log(1 + words in the row)
+    "in_date_window": (0.5966, 0.6736),  # the row's date falls in the window the question names (date_window)
+    "coverage": (1.5528, 0.7898),  # share of the question's content stems in the row
+    "prev_is_question": (-0.1207, -0.1423),  # the topic's previous row asks something: this row may answer it
+    "answers_match": (2.6565, 2.6184),  # prev_is_question x neighbour_prev: it asks what the question asks
+    "coverage_around": (0.6, 0.3954),  # share of the question's content stems in the previous and next rows
+    "first_of_topic": (0.1561, -0.0159),  # no previous row in the topic
+    "cosine": (None, -0.106),  # the vector leg's score (cosine, neighbour-smoothed) of any row with a vector
+    "vector": (None, -0.0223),  # the vector leg, min-max over its candidates (0 when absent)
+    "alone": (None, -1.7729),  # no previous and no next row in the topic: a fact store's row, not a chat turn
+    "keyword_alone": (None, -7.6201),  # keyword x alone: the legs' weights where no thread speaks for a row
+    "fused_alone": (None, 10.6274),
+    "coverage_alone": (None, 0.4218),
+    "cosine_alone": (None, -1.5878),
+    "vector_alone": (None, 1.6712),
 }
 ALONE_FEATURES = ("keyword", "fused", "coverage", "cosine", "vector")  # hybrid: each also as <name>_alone
 # `relevance` = logistic(bias + a x the reranker's logit + b x question_coverage + c x list_coverage + d x the vector
@@ -921,9 +964,13 @@ class Question:
     @classmethod
     def of(cls, text: str, words: list[str], writers: Sequence[str]) -> Question:
         """The question's reading; `writers` are the candidates' (a name counts when it is a query word)."""
-        content = {word[:STEM_LENGTH] for word in words if word not in STOP_WORDS}
         named = {writer.lower() for writer in writers} & set(words)
-        return cls(frozenset(content), frozenset(named), date_window(text))
+        return cls(content_stems(words), frozenset(named), date_window(text))
+
+
+def content_stems(words: Sequence[str]) -> frozenset[str]:
+    """A question's query words but stop words, as the STEM_LENGTH-letter stems coverage counts."""
+    return frozenset(word[:STEM_LENGTH] for word in words if word not in STOP_WORDS)
 
 
 def ltr_features(
@@ -1016,15 +1063,16 @@ def rerank(
     store retries or answers 503); any other failure leaves the first pass's
     order and scores, and no relevance, so the reranker cannot fail a recall.
     """
-    head = fused.rows[:RERANK_DEPTH]
+    depth = fused.head or RERANK_DEPTH
+    head = fused.rows[:depth]
     if not head:
         return fused.rows, None
     rows = dict(zip(fused.keys, fused.rows))
-    topic_context(store, conn, plan.searched, seen, fused.keys[:RERANK_DEPTH], rows, around)
+    topic_context(store, conn, plan.searched, seen, fused.keys[:depth], rows, around)
     try:
         similar = None
         if vectors is not None:  # the vector leg's score of every head row with a vector, ranked by that leg or not
-            missing = [key for key in fused.keys[:RERANK_DEPTH] if key not in fused.similar]
+            missing = [key for key in fused.keys[:depth] if key not in fused.similar]
             fused.similar.update(vectors.similarity(plan.vector, missing) if missing else {})  # the judge reads it too
             similar = fused.similar
         question = Question.of(plan.query, plan.words, [result["agent"] for result in fused.rows])
@@ -1048,17 +1096,17 @@ def rerank(
     for result, value in zip(head, relevance):
         result["relevance"] = value
     lowest = min(relevance)
-    for result in fused.rows[RERANK_DEPTH:]:  # below every reranked row, as their scores are
+    for result in fused.rows[depth:]:  # below every reranked row, as their scores are
         result["relevance"] = lowest * result["score"] / cut
     if not reorder:
         return fused.rows, None
     for result, logit in zip(head, logits):
         result["score"] = logistic(logit)
     floor = min(result["score"] for result in head)
-    for result in fused.rows[RERANK_DEPTH:]:
+    for result in fused.rows[depth:]:
         result["score"] = floor * result["score"] / cut
     order = sorted(range(len(head)), key=lambda i: -logits[i])  # stable: ties keep the first pass's order
-    return [head[i] for i in order] + fused.rows[RERANK_DEPTH:], None
+    return [head[i] for i in order] + fused.rows[depth:], None
 
 
 def covered_stems(text: Any, agent: str) -> frozenset[str]:
@@ -1125,7 +1173,8 @@ def head_logits(
 ) -> list[float]:
     """The reranker's logit for each of the first RERANK_DEPTH fused rows (`rows`: any row by key; `similar`: the
     vector leg's score of the head rows with a vector, None for keyword-only weights)."""
-    keys, head = fused.keys[:RERANK_DEPTH], fused.rows[:RERANK_DEPTH]
+    depth = fused.head or RERANK_DEPTH
+    keys, head = fused.keys[:depth], fused.rows[:depth]
     by_keyword = sorted(fused.keyword, key=fused.keyword.__getitem__, reverse=True)
     keyword_rank = {key: rank for rank, key in enumerate(by_keyword, 1)}
     weights = LTR_KEYWORD_WEIGHTS if similar is None else LTR_HYBRID_WEIGHTS

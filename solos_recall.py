@@ -184,7 +184,7 @@ def rank(memory: Any, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Recal
     plan, found = gather(memory, plan, conn)
     if found.ranking == "recency":
         return plan, found, sorted(found.candidates.values(), key=lambda r: r["ts"] or "", reverse=True)
-    fused = solos_rank.fuse(found.candidates, found.similar, found.ranking)
+    fused = solos_rank.fuse(found.candidates, found.similar, found.ranking, solos_rank.content_stems(plan.words))
     if found.ranking == "vector":  # vector alone is for comparing the legs: no reranker, no relevance
         return plan, found, fused.rows
     vectors = memory.vectors if found.ranking == "hybrid" else None

@@ -34,6 +34,7 @@ import http.client  # noqa: E402
 
 import solos_memory  # noqa: E402
 import solos_rank  # noqa: E402
+import solos_store  # noqa: E402
 
 FLEET = Path(__file__).resolve().parent / "data" / "fleet"
 K = 20
@@ -46,14 +47,31 @@ def load_fleet() -> tuple[list[dict], list[dict]]:
 
 
 class Capture:
-    """solos_rank.head_logits wrapped: the last call's head row texts and each one's features."""
+    """solos_rank.head_logits wrapped: the last call's head row texts and each one's features; and
+    solos_rank.fuse wrapped: the last call's texts in the order of each leg and of fusion, and the head's size."""
 
     def __init__(self) -> None:
         self.heads: list[tuple[list[str], list[dict]]] = []
+        self.fusions: list[dict] = []
         self.original: Callable = solos_rank.head_logits
+        self.original_fuse: Callable = solos_rank.fuse
 
     def __enter__(self) -> Capture:
-        original, feature_fn = self.original, solos_rank.ltr_features
+        original, feature_fn, fuse = self.original, solos_rank.ltr_features, self.original_fuse
+
+        def fused_recorded(candidates, similar, ranking, stems=frozenset()):
+            by_keyword = sorted(
+                (r for r in candidates.values() if r["keyword"] is not None), key=lambda r: -r["keyword"]
+            )
+            by_vector = sorted((key for key in similar if key in candidates), key=lambda key: -similar[key])
+            keyword = [r["text"] for r in by_keyword]  # before fuse pops each row's keyword score
+            fused = fuse(candidates, similar, ranking, stems)
+            texts = [r["text"] for r in fused.rows]
+            vector = [candidates[key]["text"] for key in by_vector]
+            self.fusions.append({"keyword": keyword, "vector": vector, "fused": texts, "head": fused.head})
+            return fused
+
+        solos_rank.fuse = fused_recorded
 
         def head_logits(question, fused, rows, around, similar):
             seen: list[dict] = []
@@ -68,7 +86,7 @@ class Capture:
                 logits = original(question, fused, rows, around, similar)
             finally:
                 solos_rank.ltr_features = feature_fn
-            self.heads.append(([r["text"] for r in fused.rows[: solos_rank.RERANK_DEPTH]], seen))
+            self.heads.append(([r["text"] for r in fused.rows[: fused.head or solos_rank.RERANK_DEPTH]], seen))
             return logits
 
         solos_rank.head_logits = head_logits
@@ -76,6 +94,7 @@ class Capture:
 
     def __exit__(self, *exc) -> None:
         solos_rank.head_logits = self.original
+        solos_rank.fuse = self.original_fuse
 
 
 def request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -89,9 +108,10 @@ def request(port: int, method: str, path: str, body: dict | None = None) -> tupl
         conn.close()
 
 
-def capture(mode: str, weights: tuple[float, float] | None = None) -> list[dict]:
+def capture(mode: str, weights: tuple[float, float] | None = None, cosine: bool = False) -> list[dict]:
     """Per fleet question (in file order): its record and, when the reranker ran, the head's texts, features,
-    labels (1 for an answer row) and the fact ids of the rows the service returned (k 20, min_relevance 0)."""
+    labels (1 for an answer row) and the fact ids of the rows the service returned (k 20, min_relevance 0);
+    `stages`: each leg's, fusion's and the head's fact ids, and with `cosine` (hybrid) every fact by cosine."""
     facts, questions = load_fleet()
     by_text = {f["fact"]: f["id"] for f in facts}
     agents = sorted({f["agent"] for f in facts} | {q["asker"] for q in questions})
@@ -123,6 +143,14 @@ def capture(mode: str, weights: tuple[float, float] | None = None) -> list[dict]
                     assert status == 200 and body["ranking"] == mode, body
                     assert mode == "keyword" or not body["degraded"], body["degraded_reason"]
                     record = {**q, "returned": [by_text[r["text"]] for r in body["results"]]}
+                    if seen.fusions:
+                        record["stages"] = {
+                            k: [by_text[t] for t in v] for k, v in seen.fusions[-1].items() if k != "head"
+                        }
+                        record["stages"]["head"] = record["stages"]["fused"][: seen.fusions[-1]["head"]]
+                        seen.fusions.clear()
+                    if cosine and mode == "hybrid":
+                        record["stages"]["cosine"] = by_cosine(server.memory.embedder, facts, q["question"])
                     if len(seen.heads) > before:
                         texts, features = seen.heads[-1]
                         ids = [by_text[t] for t in texts]
@@ -134,6 +162,48 @@ def capture(mode: str, weights: tuple[float, float] | None = None) -> list[dict]
             server.server_close()
             server.memory.close()
     return out
+
+
+def by_cosine(embedder, facts: list[dict], question: str) -> list[str]:
+    """Every fact's id, best cosine to the question first, over the very text the service embeds for it."""
+    key = id(facts)
+    if key not in EMBEDDED:
+        EMBEDDED.clear()
+        texts = [solos_store.TIER_TABLE["long"].embedding_text(f) for f in facts]
+        EMBEDDED[key] = np.stack([np.frombuffer(blob, dtype="<f4") for blob in embedder.embed(texts)])
+    cosine = EMBEDDED[key] @ np.frombuffer(embedder.embed([question])[0], dtype="<f4")
+    return [facts[i]["id"] for i in np.argsort(-cosine, kind="stable")]
+
+
+EMBEDDED: dict[int, np.ndarray] = {}  # by_cosine's fact vectors, for the facts list they were made of
+STAGES = ("cosine", "keyword", "vector", "fused", "head", "returned")  # where an answer is looked for, in order
+
+
+def stage_table(records: list[dict], split: str, kinds: tuple[str, ...] = ("paraphrase",)) -> list[str]:
+    """Where each answerable question's best answer sits at each stage (1-based rank, "-" absent): the cosine
+    over every fact, the keyword leg, the vector leg (its candidates), fusion (its seats moved up), the
+    reranker's head (fusion's top and any vector seats) and the rows returned (reranked, k 20); then the share
+    of questions with an answer within 5, within 20 and anywhere at each stage."""
+    lines = [f"{'q':6}{'kind':12}" + "".join(f"{name:>9}" for name in STAGES) + "  question"]
+    ranks: dict[str, list[int | None]] = {name: [] for name in STAGES}
+    for r in records:
+        if r["split"] != split or r["kind"] not in kinds or "stages" not in r:
+            continue
+        found = {**r["stages"], "returned": r["returned"]}
+        row = []
+        for name in STAGES:
+            at = [i for i, fact in enumerate(found.get(name, []), 1) if fact in r["answers"]]
+            ranks[name].append(min(at) if at else None)
+            row.append("-" if not at else str(min(at)))
+        lines.append(f"{r['id']:6}{r['kind']:12}" + "".join(f"{x:>9}" for x in row) + f"  {r['question'][:60]}")
+    for depth in (5, 20, None):
+        share = {
+            name: sum(1 for x in v if x is not None and (depth is None or x <= depth)) / max(len(v), 1)
+            for name, v in ranks.items()
+        }
+        label = f"{'within':6}{depth:<12}" if depth else f"{'present':18}"
+        lines.append(label + "".join(f"{share[name]:>9.3f}" for name in STAGES))
+    return lines
 
 
 def as_data(records: list[dict], split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -178,9 +248,19 @@ def weights_score(weights: tuple[float, ...]) -> Callable[[dict], float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keyword-weight", type=float, default=None, help="hybrid fusion's keyword weight (0.7)")
+    parser.add_argument(
+        "--stages",
+        default=None,
+        help="hybrid only: where each answer sits, stage by stage, for this split (fit or score) and --kinds",
+    )
+    parser.add_argument("--kinds", default="paraphrase", help="with --stages: question kinds, comma-separated")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     fusion = None if args.keyword_weight is None else (args.keyword_weight, 1 - args.keyword_weight)
+    if args.stages:
+        records = capture("hybrid", fusion, cosine=True)
+        print("\n".join(stage_table(records, args.stages, tuple(args.kinds.split(",")))))
+        return 0
     for mode in ("keyword", "hybrid"):
         records = capture(mode, fusion if mode == "hybrid" else None)
         for split in ("fit", "score"):

@@ -241,6 +241,14 @@ def recipe_hybrid(kw: Scores, vec: Scores) -> Scores:
     return linear([kw, vec], FUSION, 100, "minmax")
 
 
+def keyword_strength(conv: Conversation, question: str, keyword: np.ndarray) -> float:
+    """solos_rank.keyword_strength over one question's keyword scores of the conversation's turns."""
+    stems = solos_rank.content_stems(solos_rank.query_words(question))
+    best = [int(i) for i in np.argsort(-keyword, kind="stable")[: solos_rank.WEAK_KEYWORD_ROWS] if keyword[i] > 0]
+    rows = {i: {"keyword": float(keyword[i]), "text": conv.turns[i].fact, "agent": conv.turns[i].speaker} for i in best}
+    return solos_rank.keyword_strength(stems, rows)
+
+
 # ==== Evaluation ====
 
 

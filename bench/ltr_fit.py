@@ -35,6 +35,7 @@ import fleet_rank
 from locomo_data import DEFAULT_DATA, Conversation, load_conversations, summarise
 from locomo_simulate import (
     HEAD,
+    keyword_strength,
     line,
     neighbour_scores,
     normalised,
@@ -62,12 +63,16 @@ OBJECTIVE = "logistic"
 def features(
     conv: Conversation, kw: np.ndarray, vec: np.ndarray | None, fused: np.ndarray, qi: int, cands: np.ndarray
 ) -> np.ndarray:
-    """One row of solos_rank.ltr_features per candidate turn of question qi (the service's view of a turn)."""
+    """One row of solos_rank.ltr_features per candidate turn of question qi (the service's view of a turn);
+    `cands` in head order (the fused top DEPTH, then any vector seats: solos_rank.with_vector_seats)."""
     q = conv.queries[qi].question
     question = solos_rank.Question.of(q, solos_rank.query_words(q), conv.speakers)
     kwn = normalised(kw[qi : qi + 1], 100, "minmax")[0]
     kw_rank = ranks_of(kw[qi : qi + 1], 100)[0]
     fz_rank = ranks_of(fused[qi : qi + 1], DEPTH)[0]
+    fused = fused.copy()
+    for at, i in enumerate(cands[DEPTH:], DEPTH + 1):  # a seat: the head's last score, the rank it takes there
+        fz_rank[i], fused[qi, i] = at, fused[qi, cands[DEPTH - 1]]
     prev_k, next_k = (s[0] for s in neighbour_scores(conv, kwn[None, :], [-1, 1]))
     vn = None if vec is None else normalised(vec[qi : qi + 1], 100, "minmax")[0]
 
@@ -101,8 +106,7 @@ def build(convs, kws, vecs, fuseds):
         X, y, qs, cs = [], [], [], []
         idx = {t.dia_id: i for i, t in enumerate(conv.turns)}
         for qi, q in enumerate(conv.queries):
-            order = np.argsort(-fuseds[ci][qi], kind="stable")[:DEPTH]
-            order = order[fuseds[ci][qi, order] > 0]
+            order = head(conv, kws[ci], None if vecs is None else vecs[ci], fuseds[ci], qi)
             if not len(order):
                 continue
             evidence = {idx[e] for e in q.evidence}
@@ -112,6 +116,23 @@ def build(convs, kws, vecs, fuseds):
             cs += list(order)
         out.append((np.vstack(X), np.array(y), np.array(qs), np.array(cs)))
     return out
+
+
+def head(conv: Conversation, kw: np.ndarray, vec: np.ndarray | None, fused: np.ndarray, qi: int) -> np.ndarray:
+    """The turns the reranker reads for question qi: the fused top DEPTH and, in hybrid, when the keyword leg's
+    best turns hardly cover the question, the vector leg's best that fell below (solos_rank.fuse's seats)."""
+    ranked = np.argsort(-fused[qi], kind="stable")
+    ranked = ranked[fused[qi, ranked] > 0]
+    order = ranked[:DEPTH]
+    if vec is None or len(ranked) <= DEPTH:
+        return order
+    if keyword_strength(conv, conv.queries[qi].question, kw[qi]) >= solos_rank.WEAK_KEYWORD_COVERAGE:
+        return order
+    listed = np.zeros(fused.shape[1], dtype=bool)
+    listed[ranked] = True
+    best = [int(i) for i in np.argsort(-vec[qi], kind="stable") if listed[i]][: solos_rank.HEAD_VECTOR_ROWS]
+    joining = set(best) - set(order.tolist())
+    return np.concatenate([order, [i for i in ranked[DEPTH:] if int(i) in joining]]).astype(int)
 
 
 def fit(X: np.ndarray, y: np.ndarray, l2: float = 1.0, steps: int = 50) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -596,3 +596,34 @@ def test_every_acknowledged_row_is_recalled_at_once_by_both_legs(hybrid_server, 
             assert fresh["receipt"]["without_vector"] == 0 and fresh["degraded"] is False
             if written:
                 assert fresh["ranking"] == "hybrid" and fresh["receipt"]["legs"] == ["keyword", "vector"]
+
+
+class ParaphraseEmbedder(WordHashEmbedder):
+    """The hashed words, but a row naming `answer` embeds as `question` does: a paraphrase the model recognises
+    though the two share no word."""
+
+    def __init__(self, question: str, answer: str):
+        super().__init__()
+        self.question, self.answer = question, answer
+
+    def vector(self, text: str):
+        return super().vector(self.question if self.answer in text else text)
+
+
+def test_a_paraphrase_reaches_the_top_when_only_the_vector_leg_finds_it(embedded_server):
+    """The question's one matched word is in 30 rows, all fused above the answer, which shares no word with it
+    and is the vector leg's best: its question is weak on keywords, so the reranker's head seats the answer."""
+    question = "Who led the response when customers were billed twice?"
+    answer = "INC-2207: card payments double charged. Incident commander: Priya Raman."
+    server = embedded_server(ParaphraseEmbedder(question, "Priya Raman"))
+    for n in range(30):
+        server.post("/v1/long", {"agent": "atlas", "topic": f"runbook {n}", "fact": f"response playbook step {n}"})
+    server.post("/v1/long", {"agent": "nova", "topic": "INC-2207", "fact": answer})
+    wait_for_vectors(server, 31)
+    reply = server.recall("sol", question, k=5)
+    assert (reply.body["ranking"], reply.body["reranked"], reply.body["degraded"]) == ("hybrid", True, False)
+    assert answer in [r["text"] for r in reply.body["results"]], reply.body["results"]
+    scores = [r["score"] for r in server.recall("sol", question, k=40).body["results"]]
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    keyword = server.recall("sol", question, k=40, ranking="keyword").body["results"]
+    assert answer not in [r["text"] for r in keyword]  # no word in common: only the vector leg finds it

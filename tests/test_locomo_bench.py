@@ -83,3 +83,26 @@ def test_a_bench_without_its_data_stops_with_one_line_naming_it(script, tmp_path
     run = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
     assert (run.returncode, run.stdout) == (1, "")
     assert run.stderr.splitlines() == [f"LoCoMo data not found: {missing} (give its path with --data)"]
+
+
+def test_the_fleets_stage_table_finds_each_answer_at_each_step():
+    """bench/fleet_rank.py --stages: an answer's best rank per step, "-" where a step never held it, and the shares
+    within 5, within 20 and present."""
+    pytest.importorskip("numpy")
+    import fleet_rank
+
+    record = {"split": "fit", "kind": "paraphrase", "id": "q1", "question": "Who led it?", "answers": ["f2", "f9"]}
+    near = {
+        **record,
+        "stages": {"cosine": ["f1", "f2"], "keyword": [], "vector": ["f2"], "fused": ["f1"] * 21 + ["f9"]},
+    }
+    near["stages"]["head"], near["returned"] = near["stages"]["fused"], ["f9", "f2"]
+    lost = {**record, "id": "q2", "stages": {name: ["f1"] for name in ("cosine", "keyword", "vector", "fused", "head")}}
+    lost["returned"] = ["f1"]
+    other = {**near, "split": "score"}
+    lines = fleet_rank.stage_table([near, lost, other], "fit")
+    assert lines[1].split()[:8] == ["q1", "paraphrase", "2", "-", "1", "22", "22", "1"]
+    assert lines[2].split()[:8] == ["q2", "paraphrase", "-", "-", "-", "-", "-", "-"]
+    assert lines[3].split() == ["within5", "0.500", "0.000", "0.500", "0.000", "0.000", "0.500"]
+    assert lines[4].split() == ["within20", "0.500", "0.000", "0.500", "0.000", "0.000", "0.500"]
+    assert lines[5].split() == ["present", "0.500", "0.000", "0.500", "0.500", "0.500", "0.500"]

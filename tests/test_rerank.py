@@ -370,3 +370,60 @@ def test_a_rewritten_value_is_ranked_by_its_new_text(make_server):
     assert after[statement["value"]][0] == first[question["value"]][0]  # the same row, rewritten
     assert after[statement["value"]][0] != anew[statement["value"]][0]
     assert [(text, score) for text, (_, score) in after.items()] == [(t, score) for t, (_, score) in anew.items()]
+
+
+def candidate(text: str, keyword: float | None) -> dict:
+    return {"text": text, "agent": "atlas", "keyword": keyword}
+
+
+QUESTION_STEMS = solos_rank.content_stems(
+    solos_rank.query_words("Who led the response when customers were billed twice?")
+)
+
+
+def test_keyword_strength_is_the_best_coverage_among_the_keyword_legs_first_rows():
+    assert QUESTION_STEMS == {"led", "respo", "custo", "bille", "twice"}
+    rows = {
+        ("long", 1): candidate("our response playbook", 3.0),  # 1 of 5
+        ("long", 2): candidate("customers billed twice in March", 2.0),  # 3 of 5
+        ("long", 3): candidate("a response", 1.0),
+        ("long", 4): candidate("he led the response: customers billed twice", 0.5),  # 5 of 5, but fourth
+        ("long", 5): candidate("led by nobody", None),  # only the vector leg found it
+    }
+    assert solos_rank.keyword_strength(QUESTION_STEMS, rows) == pytest.approx(3 / 5)
+    del rows[("long", 2)]
+    assert solos_rank.keyword_strength(QUESTION_STEMS, rows) == pytest.approx(1.0)  # now among the first three
+    assert solos_rank.keyword_strength(QUESTION_STEMS, {("long", 5): candidate("led", None)}) == 0.0
+    assert solos_rank.keyword_strength(frozenset(), rows) == 1.0  # no content word: nothing to judge by
+
+
+def weak_candidates() -> tuple[dict, dict]:
+    """30 rows matching one incidental word, and 5 only the vector leg found, its best 3 among them."""
+    rows = {("long", n): candidate(f"response step {n}", 1.0) for n in range(30)}  # each fused at 0.7 or more
+    rows |= {("long", 100 + n): candidate(f"paraphrase {n}", None) for n in range(5)}
+    similar = {key: 0.3 for key in list(rows)[:30]} | {("long", 100 + n): 0.9 - n / 10 for n in range(5)}
+    return rows, similar
+
+
+def test_a_weak_question_seats_the_vector_legs_best_in_the_rerankers_head():
+    rows, similar = weak_candidates()
+    fused = solos_rank.fuse(rows, similar, "hybrid", QUESTION_STEMS)
+    depth = solos_rank.RERANK_DEPTH
+    seated = {("long", 100 + n) for n in range(solos_rank.HEAD_VECTOR_ROWS)}
+    assert fused.head == depth + len(seated)
+    assert set(fused.keys[depth : fused.head]) == seated  # the vector leg's best, none of which fusion ranked in
+    assert [r["score"] for r in fused.rows[depth : fused.head]] == [fused.rows[depth - 1]["score"]] * len(seated)
+    scores = [r["score"] for r in fused.rows]
+    assert scores == sorted(scores, reverse=True)  # below the head, fusion's order as it was
+    assert len(fused.rows) == len(rows)
+
+
+@pytest.mark.parametrize(
+    "ranking, stems",
+    [("hybrid", solos_rank.content_stems(["response", "step"])), ("keyword", QUESTION_STEMS)],
+)
+def test_a_question_the_keyword_leg_covers_or_keyword_ranking_seats_nothing(ranking, stems):
+    rows, similar = weak_candidates()
+    fused = solos_rank.fuse(rows, similar if ranking == "hybrid" else {}, ranking, stems)
+    assert fused.head == solos_rank.RERANK_DEPTH
+    assert not {("long", 100 + n) for n in range(5)} & set(fused.keys[: fused.head])
