@@ -321,6 +321,9 @@ class PgStore(solos_store.Store):
 
         return super().read(fresh)
 
+    def read_alone(self, work: Callable[[Any], Any]) -> Any:
+        return self.run(work, write=False, one_statement=True)
+
     def checkout(self) -> Any:
         conn: Any = super().checkout()
         if conn.closed or conn.broken:
