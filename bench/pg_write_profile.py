@@ -18,8 +18,8 @@ each with the service's schema and one registered agent:
             SQLite's and PostgreSQL's of this tree, and with --base the tree before's on a database of its own; per
             write the wall (p50, mean, writes/s against SQLite's), the CPU of the service's process and of its
             database's server processes (/proc), and the time PostgreSQL spent executing the write's statements
-            (pg_stat_statements, preloaded in this run's server): the rest of the wall is the round trips, the
-            commit's flush and waiting for a CPU (--no-services: skip)
+            (pg_stat_statements, preloaded in this run's server), and the server's WAL flushes (pg_stat_wal): the
+            rest of the wall is the round trips and waiting for a CPU (--no-services: skip)
   standby   the writes again once a streaming standby is named in synchronous_standby_names, as the cluster's
             synchronous mode does (deploy/cluster/): every commit waits for its flush (--no-standby: skip)
 
@@ -150,6 +150,7 @@ def through_services(dbs: dict[str, tuple[str, Path]], root, count: int) -> None
         cpu = {name: cpu_s(proc.popen.pid) for name, proc in procs.items()}
         server = {name: server_cpu_s(root, database) for name, database in databases.items()}
         executed = {name: statement_ms(root, database) for name, database in databases.items()}
+        flushes = wal_syncs(root)
         names, stamp = list(procs), time.time()
         for n in range(count):
             for name in names[n % len(names) :] + names[: n % len(names)]:
@@ -173,6 +174,18 @@ def through_services(dbs: dict[str, tuple[str, Path]], root, count: int) -> None
                 ran = statement_ms(root, databases[name]) - executed[name]
                 line += f", server {used / count * 1000:4.2f}; statements {ran / count:4.2f} ms a write"
             print(line, flush=True)
+        syncs, sync_ms = (after - before for after, before in zip(wal_syncs(root), flushes))
+        written = count * len(databases)
+        print(
+            f"  the server's WAL flushes (every database): {syncs / written:.2f} a write, "
+            f"{sync_ms / max(syncs, 1):.2f} ms each",
+            flush=True,
+        )
+
+
+def wal_syncs(root) -> tuple[int, float]:
+    """The server's WAL flushes so far and the ms they took (pg_stat_wal, track_wal_io_timing on)."""
+    return root.execute("SELECT wal_sync, wal_sync_time FROM pg_stat_wal").fetchone()
 
 
 def wait_for_sync(admin, name: str) -> None:
@@ -212,6 +225,7 @@ def main() -> int:
     with ThrowawayPostgres() as server, tempfile.TemporaryDirectory(prefix="solos-bench-") as scratch:
         with psycopg.connect(server.url, autocommit=True) as root:  # the statements' time, for the services' line
             root.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+            root.execute("ALTER SYSTEM SET track_wal_io_timing = on")  # pg_stat_wal's flush times
         server.stop()
         server.start()
         root = psycopg.connect(server.url, autocommit=True)
