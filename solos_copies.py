@@ -120,10 +120,11 @@ PING_S = 10.0  # a quiet connection is checked this often, so a database that va
 RECONNECT_S = (0.5, 5.0)  # first and longest pause between attempts while the database is away
 CONNECT_TIMEOUT_S = 5
 # How long the Notifier gathers the writes that commit after a first one before it sends their one NOTIFY: each
-# NOTIFY wakes every copy's listener and hub, and one per serial write cost about 0.2 ms of CPU a write here
-# (service and server, against none: 1.52 -> 1.32 ms a write with a 20 ms gathering). The copies hear of a write
-# this much later at most, within their hubs' own poll (solos_events.POLL_S, 50 ms).
-NOTIFY_GATHER_S = 0.01
+# NOTIFY wakes every other copy's listener, hub and keyword index, and one per serial write cost about 0.2 ms of CPU
+# a write here (service and server, against none: 1.52 -> 1.32 ms a write with a 20 ms gathering). The copies hear
+# of a write this much later at most: a hub with streams looks every solos_events.POLL_S (50 ms) anyway, and a
+# recall brings its copy's keyword index to its own snapshot first.
+NOTIFY_GATHER_S = 0.05
 
 
 class Listener(threading.Thread):
@@ -131,12 +132,15 @@ class Listener(threading.Thread):
 
     On a connection of its own in autocommit (LISTEN delivers only between transactions). It wakes once more
     on every (re)connection, for what committed while it was not listening, and while the database is away it
-    tries again, from half a second up to every 5 s, saying so once in the log each way.
+    tries again, from half a second up to every 5 s, saying so once in the log each way. A NOTIFY from the server
+    process `own()` names (this copy's Notifier) wakes nothing: it tells of this copy's own writes, which woke
+    what they had to as they were acknowledged (a NOTIFY each woke the listener, hub and index thread for none).
     """
 
-    def __init__(self, url: str, wake: Callable[[], None]):
+    def __init__(self, url: str, wake: Callable[[], None], own: Callable[[], int | None] = lambda: None):
         super().__init__(name="pg-listen", daemon=True)
-        self.url, self.wake = url, wake
+        self.url, self.wake, self.own = url, wake, own
+        self.heard = self.ignored = 0  # notifications received, and those of them from this copy's own notifier
         self.stopped = threading.Event()
         self.listening = threading.Event()
 
@@ -169,7 +173,11 @@ class Listener(threading.Thread):
     def follow(self, conn: psycopg.Connection) -> None:
         next_ping = time.monotonic() + PING_S
         while not self.stopped.is_set():
-            for _ in conn.notifies(timeout=WAIT_S):
+            for note in conn.notifies(timeout=WAIT_S):
+                self.heard += 1
+                if note.pid == self.own():
+                    self.ignored += 1
+                    continue
                 self.wake()
             if time.monotonic() >= next_ping:
                 conn.execute("SELECT 1")

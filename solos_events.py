@@ -345,8 +345,15 @@ class EventHub:
             self.wire_bytes = 0
 
     def wake(self) -> None:
-        """A write committed: look now rather than at the next poll."""
+        """A write committed (another copy's, on PostgreSQL): look now rather than at the next poll."""
         self.wakeup.set()
+
+    def written(self) -> None:
+        """This service wrote or removed a row: `wake`, if anyone subscribes; else the thread has nothing a write
+        changes (its sweeps keep their clock, `subscribe` wakes it for the first stream), and waking it took a
+        thread switch in every write's path."""
+        if self.subscribers:
+            self.wakeup.set()
 
     # -- the thread --
 
@@ -357,11 +364,14 @@ class EventHub:
             with self.own_lock:
                 self.own.close()
 
-    def own_read(self, work: Callable[[sqlite3.Connection], Any], write: bool = False) -> Any:
-        """One transaction on the hub's own connection; its writes (expiry sweeps, pruning) are short and rare."""
+    def own_read(self, work: Callable[[sqlite3.Connection], Any], write: bool = False, alone: bool = False) -> Any:
+        """One transaction on the hub's own connection; its writes (expiry sweeps, pruning) are short and rare.
+        `alone`: work is one statement, its own transaction (no BEGIN and COMMIT: two round trips fewer)."""
         with self.own_lock:
             if getattr(self.own, "broken", False):  # a PostgreSQL server that went away and came back
                 self.own = self.store.connect()
+            if alone:
+                return work(self.own)
             self.own.execute(self.store.BEGIN_WRITE if write else self.store.BEGIN_READ)
             try:
                 result = work(self.own)
@@ -396,7 +406,7 @@ class EventHub:
                     next_checkpoint = now + scrubber.retry_s
                     scrubber.finish()
                 if self.store.shared_by_copies and now >= next_forget_check:
-                    next_forget_check = now + self.poll_s
+                    next_forget_check = now + self.forget_check_s()
                     self.watch_forgets()
                 if self.subscribers:
                     self.cut_seats()
@@ -419,7 +429,17 @@ class EventHub:
                 self.forgotten_elsewhere()
 
     def watch_forgets(self) -> None:
-        self.own_read(self.retracted_since)
+        self.own_read(self.retracted_since, alone=True)
+
+    def forget_check_s(self) -> float:
+        """How soon the hub looks for another copy's forget again: every poll while streams (or their encoded
+        events) may hand out what it keeps; else every SWEEP_S, since a recall looks first itself
+        (`retracted_since`). Each look is a round trip, and every write of this copy woke one (20 a second)."""
+        with self.lock:
+            streaming = bool(self.subscribers)
+        if not streaming:
+            self.forget_encoded()  # kept for streams still to send them: there are none
+        return self.poll_s if streaming else SWEEP_S
 
     def fan_out(self) -> None:
         """Read what committed since the cursor, once, and queue each subscriber its share."""

@@ -219,7 +219,7 @@ class Memory:
             if not embedded:
                 self.worker.embed_written(tier, row_id, self.vectors)
             self.worker.wake.set()  # as before: a write also has the fleet's direct writes looked for
-        self.events.wake()
+        self.events.written()
 
     def write(self, tier: str, args: dict, write: Callable[..., dict]) -> dict:
         """write(vector=…) with the row's vector embedded first, so row and vector commit together (one commit)."""

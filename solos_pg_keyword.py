@@ -161,6 +161,7 @@ class KeywordIndex:
         self.reason: str | None = None  # why the index is failing
         self.filled_rows, self.fill_s = 0, 0.0
         self.wakeup, self.stopped = threading.Event(), threading.Event()
+        self.own_writes = False  # this copy wrote since the thread last looked (`written`)
         self.scrub_due = False
         self.answered = {"index": 0, "sql": 0}  # recalls' ranked reads by this index, and by SQL meanwhile
         self.thread = threading.Thread(target=self.run, name="pg-keyword", daemon=True)
@@ -222,9 +223,7 @@ class KeywordIndex:
         self.state = "ready"
         log_event("keyword_index_ready", rows=self.filled_rows, seconds=round(self.fill_s, 1))
         while not self.stopped.is_set():
-            self.wakeup.wait(POLL_S)
-            self.stopped.wait(GATHER_S)  # a burst of commits is applied at once, not one catch-up each
-            self.wakeup.clear()
+            self.wait_for_commits()
             if self.stopped.is_set():
                 break
             try:
@@ -238,6 +237,24 @@ class KeywordIndex:
             except Exception as error:
                 self.failed(error)
                 self.stopped.wait(POLL_S)
+
+    def written(self) -> None:
+        """This copy wrote a row (PgStore.write_row): marked, not woken, so the write's answer does not wait for the
+        thread to run; it looks every GATHER_S."""
+        self.own_writes = True
+
+    def wait_for_commits(self) -> None:
+        """Until there is something to apply, gathered: other copies' commits (the listener's wake, then GATHER_S for
+        the rest of their burst), this copy's own writes (marked by `written`, seen within GATHER_S), or POLL_S."""
+        deadline = time.monotonic() + POLL_S
+        while not self.stopped.is_set() and time.monotonic() < deadline:
+            if self.wakeup.wait(GATHER_S):
+                self.stopped.wait(GATHER_S)  # a burst of commits is applied at once, not one catch-up each
+                break
+            if self.own_writes:
+                break
+        self.wakeup.clear()
+        self.own_writes = False  # before the apply: what commits from here on is marked again
 
     def failed(self, error: BaseException) -> None:
         """Say so (/health, stats), and log it once a spell: a database away for minutes is one line, not one a

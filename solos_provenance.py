@@ -220,7 +220,10 @@ class DeliveryLog:
 
     def forget_replaced(self) -> None:
         """Rows the fleet replaced since the last look: their next delivery is logged whatever its text."""
-        newest, replaced = self.store.read(lambda conn: self.store.queries.replaced_since(conn, self.versions_seen))
+        # replaced_since's second statement reads versions up to the first's newest id: a later snapshot sees them too.
+        newest, replaced = self.store.read_alone(
+            lambda conn: self.store.queries.replaced_since(conn, self.versions_seen)
+        )
         with self.lock:
             if self.versions_seen is not None and replaced:
                 gone = set(replaced)

@@ -321,6 +321,9 @@ class PgStore(solos_store.Store):
 
         return super().read(fresh)
 
+    def read_alone(self, work: Callable[[Any], Any]) -> Any:
+        return self.run(work, write=False, one_statement=True)
+
     def checkout(self) -> Any:
         conn: Any = super().checkout()
         if conn.closed or conn.broken:
@@ -644,6 +647,8 @@ class PgStore(solos_store.Store):
             lambda conn: conn.execute(sql, params).fetchone(), write=True, one_statement=True
         )
         self.notifier.poke()  # the function left its NOTIFY to after the commit (solos_copies.Notifier)
+        if self.keyword is not None:  # this copy's listener does not hear its own notifier (listen)
+            self.keyword.written()
         if status == "unknown_agent":
             raise solos_store.unregistered(agent)
         if status == "conflict":
@@ -682,8 +687,10 @@ class PgStore(solos_store.Store):
     # -- copies: notifications and the daily jobs' turns --
 
     def listen(self, wake: Callable[[], None]) -> solos_copies.Listener:
-        """Call `wake` whenever any copy (or fleet writer) commits an event; `.stop()` the listener returned.
-        A serving copy listens: its own keyword index starts filling here, and is woken alike."""
+        """Call `wake` whenever another copy (or fleet writer) commits an event; `.stop()` the listener returned.
+        A serving copy listens: its own keyword index starts filling here, and is woken alike. This copy's own
+        notifier is not heard: the service's writes wake the event hub (the spine's Memory.written) and the index
+        (write_row) as they are acknowledged."""
         if self.keyword is None:
             try:
                 self.keyword = solos_pg_keyword.KeywordIndex(self)
@@ -700,7 +707,7 @@ class PgStore(solos_store.Store):
             if keyword is not None:
                 keyword.wake()
 
-        listener = solos_copies.Listener(self.path, woken)
+        listener = solos_copies.Listener(self.path, woken, own=lambda: self.notifier.pid)
         listener.start()
         return listener
 

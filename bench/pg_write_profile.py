@@ -14,16 +14,24 @@ each with the service's schema and one registered agent:
   writes    serial long-fact writes through the stores, taking turns: SQLite's Store.upsert_long; PgStore's
             one statement (one round trip, its COMMIT the statement's own); Store's steps on PostgreSQL (the
             statements one by one, BEGIN to COMMIT: 7 round trips); p50 and mean wall ms and the client's CPU
+  services  the same writes through the services (POST /v1/long, one kept-alive connection each, taking turns):
+            SQLite's and PostgreSQL's of this tree, and with --base the tree before's on a database of its own; per
+            write the wall (p50, mean, writes/s against SQLite's), the CPU of the service's process and of its
+            database's server processes (/proc), and the time PostgreSQL spent executing the write's statements
+            (pg_stat_statements, preloaded in this run's server), and the server's WAL flushes (pg_stat_wal): the
+            rest of the wall is the round trips and waiting for a CPU (--no-services: skip)
   standby   the writes again once a streaming standby is named in synchronous_standby_names, as the cluster's
             synchronous mode does (deploy/cluster/): every commit waits for its flush (--no-standby: skip)
 
-The HTTP round trip and the service around the store are bench/store_compare.py's, which runs the same writes
-through the services. Prints the figures; asserts nothing.
+bench/store_compare.py runs the acceptance line (serial writes/s against SQLite's, with the tree before). Prints
+the figures; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import sys
 import tempfile
@@ -31,7 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import ROOT, machine_note, percentiles
+from harness import ROOT, Client, base_tree, machine_note, percentiles, start_service
 
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
@@ -42,6 +50,7 @@ AGENT, TOPIC = "atlas", "bench writes"
 FACT = "Store bench write {n} at {stamp}: the nightly backup of grafana.internal ran in 41 s"
 LOOP_ROWS = 1000
 STANDBY = "bench_standby"
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # /proc's unit of CPU time
 
 
 def server_side(conn) -> dict[str, float]:
@@ -103,6 +112,82 @@ def show(title: str, figures: dict[str, dict]) -> None:
         )
 
 
+def cpu_s(pid: int) -> float:
+    """A process's user and system CPU so far (/proc), 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * TICK_S
+
+
+def server_cpu_s(root, database: str) -> float:
+    """The CPU so far of the server processes connected to `database`."""
+    pids = root.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (database,)).fetchall()
+    return sum(cpu_s(pid) for (pid,) in pids)
+
+
+def statement_ms(root, database: str) -> float:
+    """The time the database's top-level statements executed so far (pg_stat_statements), in ms."""
+    return root.execute(
+        "SELECT coalesce(sum(s.total_exec_time), 0) FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
+        "WHERE d.datname = %s AND s.toplevel",
+        (database,),
+    ).fetchone()[0]
+
+
+def through_services(dbs: dict[str, tuple[str, Path]], root, count: int) -> None:
+    """POST /v1/long through each service ({name: (database, tree)}) in turn, who goes first rotating; per write:
+    the wall, the CPU of the service and of its database's server processes, and the statements' time."""
+    with contextlib.ExitStack() as stack:
+        procs = {
+            name: stack.enter_context(start_service(db, register=AGENT, tree=tree)) for name, (db, tree) in dbs.items()
+        }
+        databases = {name: db.rsplit("/", 1)[1] for name, (db, _) in dbs.items() if db.startswith("postgresql")}
+        clients = {name: Client(proc.port, timeout=60) for name, proc in procs.items()}
+        walls: dict[str, list[float]] = {name: [] for name in procs}
+        time.sleep(1.0)  # the keyword index fills (a database of a few rows)
+        cpu = {name: cpu_s(proc.popen.pid) for name, proc in procs.items()}
+        server = {name: server_cpu_s(root, database) for name, database in databases.items()}
+        executed = {name: statement_ms(root, database) for name, database in databases.items()}
+        flushes = wal_syncs(root)
+        names, stamp = list(procs), time.time()
+        for n in range(count):
+            for name in names[n % len(names) :] + names[: n % len(names)]:
+                body = {"agent": AGENT, "topic": TOPIC, "fact": FACT.format(n=f"{name} {n}", stamp=stamp)}
+                started = time.perf_counter()
+                status, answer = clients[name].json("POST", "/v1/long", body)
+                walls[name].append(time.perf_counter() - started)
+                if status != 201:
+                    raise SystemExit(f"{name} answered {status}: {answer}")
+        for client in clients.values():
+            client.close()
+        lite = count / sum(walls["SQLite"])
+        for name in names:
+            f, per_s = percentiles(walls[name]), count / sum(walls[name])
+            line = (
+                f"  {name:<28} p50 {f['p50']:5.2f}  mean {f['mean']:5.2f} ms  {per_s:5.0f}/s ({per_s / lite:4.2f}x)  "
+                f"CPU ms a write: service {(cpu_s(procs[name].popen.pid) - cpu[name]) / count * 1000:4.2f}"
+            )
+            if name in databases:
+                used = server_cpu_s(root, databases[name]) - server[name]
+                ran = statement_ms(root, databases[name]) - executed[name]
+                line += f", server {used / count * 1000:4.2f}; statements {ran / count:4.2f} ms a write"
+            print(line, flush=True)
+        syncs, sync_ms = (after - before for after, before in zip(wal_syncs(root), flushes))
+        written = count * len(databases)
+        print(
+            f"  the server's WAL flushes (every database): {syncs / written:.2f} a write, "
+            f"{sync_ms / max(syncs, 1):.2f} ms each",
+            flush=True,
+        )
+
+
+def wal_syncs(root) -> tuple[int, float]:
+    """The server's WAL flushes so far and the ms they took (pg_stat_wal, track_wal_io_timing on)."""
+    return root.execute("SELECT wal_sync, wal_sync_time FROM pg_stat_wal").fetchone()
+
+
 def wait_for_sync(admin, name: str) -> None:
     """Until the standby streams as the synchronous one (pg_stat_replication), at most 30 s."""
     deadline = time.monotonic() + 30
@@ -120,6 +205,12 @@ def main() -> int:
         "--writes", type=int, default=400, help="serial writes per store and line (default: %(default)s)"
     )
     parser.add_argument("--no-standby", action="store_true", help="skip the synchronous standby's line")
+    parser.add_argument("--no-services", action="store_true", help="skip the writes through the services")
+    parser.add_argument(
+        "--base",
+        default="none",
+        help="git revision or checkout of the tree before, in the services' line (default: none)",
+    )
     args = parser.parse_args()
     try:
         import psycopg
@@ -132,6 +223,13 @@ def main() -> int:
         raise SystemExit(f"no PostgreSQL: {reason}")
     print(machine_note())
     with ThrowawayPostgres() as server, tempfile.TemporaryDirectory(prefix="solos-bench-") as scratch:
+        with psycopg.connect(server.url, autocommit=True) as root:  # the statements' time, for the services' line
+            root.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+            root.execute("ALTER SYSTEM SET track_wal_io_timing = on")  # pg_stat_wal's flush times
+        server.stop()
+        server.start()
+        root = psycopg.connect(server.url, autocommit=True)
+        root.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         url = server.fresh_database()
         admin = solos_store_pg.PgStore(url, admin=True)
         admin.migrate()
@@ -159,6 +257,16 @@ def main() -> int:
                 ),
             }
             show(f"serial writes, {args.writes} each, taking turns", serial(writers, args.writes))
+            if not args.no_services:
+                dbs = {
+                    "SQLite": (str(Path(scratch) / "services.db"), ROOT),
+                    "PostgreSQL": (server.fresh_database(), ROOT),
+                }
+                base = base_tree(args.base, Path(scratch))
+                if base is not None:
+                    dbs["PostgreSQL, the tree before"] = (server.fresh_database(), base)
+                print(f"\nthrough the services, {args.writes} writes each, taking turns")
+                through_services(dbs, root, args.writes)
             if not args.no_standby:
                 standby = server.start_standby(STANDBY)
                 with psycopg.connect(server.url, autocommit=True) as root:
@@ -170,6 +278,7 @@ def main() -> int:
             pg.close()
             admin.close()
             lite.close()
+            root.close()
             if standby is not None:
                 standby.send_signal(signal.SIGINT)
                 standby.wait(30)

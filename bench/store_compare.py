@@ -455,7 +455,8 @@ def summary(results: dict[str, dict[str, dict]]) -> None:
         for name, figures in lines.items():
             lite, pg = (figures[s] for s in STORES)
             before = figures.get(BEFORE)
-            then = f"   before {before['per_s']:,.0f} ({before['per_s'] / lite['per_s']:.2f}x)" if before else ""
+            throughput = before is not None and "per_s" in before  # the writes' lines; recall's have latency only
+            then = f"   before {before['per_s']:,.0f} ({before['per_s'] / lite['per_s']:.2f}x)" if throughput else ""
             if name.endswith(" writers"):
                 print(
                     f"  {size:<6}{name + ', writes/s':<36}{lite['per_s']:>11,.0f}{'':>9}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -381,3 +382,42 @@ def test_removals_reach_only_the_streams_whose_filters_the_row_matched(server):
         ("forget", liked.body["id"]),
         ("delete", cup.body["id"]),
     ]
+
+
+class CountingEvent(threading.Event):
+    """An Event that counts its set() calls: who woke the hub's thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sets = 0
+
+    def set(self) -> None:
+        self.sets += 1
+        super().set()
+
+
+def test_a_write_wakes_the_hub_only_while_someone_subscribes(server, streams):
+    """With no stream there is nothing a write changes for the hub's thread (its sweeps keep their own clock), and
+    waking it put a thread switch in every write's path; with one, the write is on the stream at once."""
+    hub = server.server.memory.events
+    hub.wakeup = counted = CountingEvent()
+    for n in range(3):
+        assert server.post("/v1/long", {"agent": "atlas", "fact": f"written to no stream {n}"}).status == 201
+    assert counted.sets == 0
+    hub.poll_s = 60.0  # only the write's wake can bring it to the stream in time
+    stream = subscribed(streams(server, {"agent": "sol", "tiers": "long"}))
+    before = counted.sets  # subscribing woke it
+    fact = server.post("/v1/long", {"agent": "atlas", "fact": "written to a stream"}).body["id"]
+    (seen,) = stream.events(1, timeout=WAIT_S)
+    assert seen["row_id"] == fact and counted.sets > before
+
+
+def test_the_hub_looks_for_other_copies_forgets_every_poll_only_while_it_streams(server, streams):
+    """A recall looks for another copy's forget itself before it reads; the hub's own look (a round trip on
+    PostgreSQL, once each poll that a write woke) matters to what streams hand out, so without one it looks every
+    sweep, and drops the encoded events it kept for streams."""
+    hub = server.server.memory.events
+    hub.wire[(1, False)] = b"data: an encoded event\n\n"
+    assert hub.forget_check_s() == solos_events.SWEEP_S and hub.wire == {}
+    subscribed(streams(server, {"agent": "sol", "tiers": "long"}))
+    assert hub.forget_check_s() == hub.poll_s

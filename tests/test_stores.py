@@ -1065,3 +1065,30 @@ def test_snapshot_restore_and_the_qdrant_import_refuse_a_postgresql_url_in_one_l
     message = str(refused.value.code)
     assert message.startswith(f"{command[0]} works on SQLite only") and "pg_dump" in message, message
     assert "\n" not in message
+
+
+def test_a_read_alone_on_postgresql_is_no_transaction_and_sees_each_commit(pg_url):
+    """read_alone skips BEGIN and COMMIT (two round trips of a thread's look every 0.1 s): each statement is its
+    own snapshot, so a commit between two of them is seen by the second, as read's one snapshot would not."""
+    import psycopg
+
+    import solos_store_pg
+
+    store = solos_store_pg.PgStore(pg_url, admin=True)
+    store.migrate()
+    idle, in_transaction = psycopg.pq.TransactionStatus.IDLE, psycopg.pq.TransactionStatus.INTRANS
+
+    def around_a_commit(conn: Any) -> tuple[Any, int, int]:
+        status = conn.info.transaction_status
+        before = conn.execute("SELECT count(*) FROM agent_registry").fetchone()[0]
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            other.execute("INSERT INTO agent_registry (agent) VALUES (%s)", (f"agent-{time.monotonic_ns()}",))
+        return status, before, conn.execute("SELECT count(*) FROM agent_registry").fetchone()[0]
+
+    try:
+        status, before, after = store.read_alone(around_a_commit)
+        assert status == idle and after == before + 1
+        status, before, after = store.read(around_a_commit)
+        assert status == in_transaction and after == before
+    finally:
+        store.close()
