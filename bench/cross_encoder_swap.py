@@ -12,8 +12,11 @@ step of CALIBRATION_STEP under which, at the service's one documented floor (sol
 combination keeps in each domain at least the share of answerable questions' answers that the features judge
 keeps there. So the floor means what it means for the features judge ("no more answers lost than the features
 judge loses"), and keeps its single number. It writes models/judge/cross-encoder.json, rewrites
-solos_cross_encoder.META_SHA256 and MODEL_SHA256, and prints the hashes and the calibration figures. Run it
-again after bench/judge_fit.py refits judge.json: the combination reads that judge.
+solos_cross_encoder.META_SHA256 and MODEL_SHA256, and prints the hashes, the calibration figures, and the
+held-out ones beside the features judge's (the fleet's `score` half on its own rows and the `--held-out`
+conversation, as bench/cross_encoder.py scores them; the features judge as shipped was fitted on LoCoMo's
+conversations, that one too). Run it again after bench/judge_fit.py refits judge.json: the combination reads
+that judge.
 
 Needs the service's .venv (numpy, onnxruntime, tokenizers) and bench/judge_data.py's cache; not torch.
 """
@@ -32,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cross_encoder import fit_combination, split  # noqa: E402
 from judge_data import CACHE, load  # noqa: E402
+from judge_eval import ece, separation  # noqa: E402
 from judge_fit import floor_figures  # noqa: E402
 from locomo_data import REPO  # noqa: E402
 
@@ -61,13 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", type=Path, help="the int8 ONNX file bench/cross_encoder.py --export wrote")
     parser.add_argument("--trial-meta", type=Path, help="its --meta file (read for max_len and fitted_by)")
     parser.add_argument("--rows", type=int, default=ROWS, help=f"rows the cross-encoder reads (default: {ROWS})")
+    parser.add_argument("--max-len", type=int, help="tokens per pair, the row cut (default: the trial's, else 96)")
     parser.add_argument("--held-out", type=int, default=4, help="the LoCoMo conversation no fit sees (default: 4)")
     parser.add_argument("--calibrate", type=int, default=3, help="the conversation the combination fits on (3)")
     parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
     parser.add_argument("--no-hash-update", action="store_true", help="leave solos_cross_encoder's pins as they are")
     args = parser.parse_args(argv)
     trial = json.loads(args.trial_meta.read_text()) if args.trial_meta else {}
-    max_len = int(trial.get("input", {}).get("max_len", 96))
+    max_len = args.max_len or int(trial.get("input", {}).get("max_len", 96))
     raw = args.model.read_bytes()
     model_sha = hashlib.sha256(raw).hexdigest()
     target = solos_cross_encoder.META_PATH.parent / args.model.name
@@ -78,12 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     if features.reason is not None:
         raise SystemExit(f"the features judge did not load: {features.reason}")
 
-    calibration = [r for r in split(load(args.data), args.held_out, args.calibrate)["calibrate"] if r["rows"]]
-    feats = [features.judge(r["question"], r["rows"], "hybrid").probabilities for r in calibration]
-    logits = [
-        session.logits(r["question"], [solos_cross_encoder.pair_text(x) for x in r["rows"][: args.rows]])
-        for r in calibration
-    ]
+    roles = split(load(args.data), args.held_out, args.calibrate)
+    calibration = [r for r in roles["calibrate"] if r["rows"]]
+
+    def judged(records: list[dict]) -> tuple[list[list[float]], list[list[float]]]:
+        """The features judge's probabilities and the cross-encoder's logits (first `rows` rows) per record."""
+        return [features.judge(r["question"], r["rows"], "hybrid").probabilities for r in records], [
+            session.logits(r["question"], [solos_cross_encoder.pair_text(x) for x in r["rows"][: args.rows]])
+            for r in records
+        ]
+
+    feats, logits = judged(calibration)
     heads = [dict(r, rows=r["rows"][: args.rows]) for r in calibration]
     a, b, c = (float(x) for x in fit_combination(logits, [f[: args.rows] for f in feats], heads))
     floor = solos_rank.RELEVANCE_FLOOR
@@ -102,6 +112,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{c:.4f}, intercept raised {raised - c:+.2f} so that at the floor {floor} it keeps "
         + ", ".join(f"{d} {got[d]:.3f} (features judge {wanted[d]:.3f})" for d in wanted)
     )
+    for domain in ("fleet", "locomo"):
+        held = [r for r in roles[domain] if r["rows"]]
+        held_feats, held_logits = judged(held)
+        for name, scores in (
+            ("features judge", held_feats),
+            ("combination", [combine((a, b, raised), x, f) for x, f in zip(held_logits, held_feats)]),
+        ):
+            scored = list(zip(held, scores))
+            rejected, keeping = floor_figures(scored, floor)
+            print(
+                f"held out, {domain} ({len(held)} questions), {name:14}: AUROC {separation(scored):.3f}, at {floor} "
+                f"rejected {rejected:.3f} kept {keeping:.3f}, ECE {ece(scored):.3f}"
+            )
     meta = {
         "format": solos_cross_encoder.META_FORMAT,
         "model": args.model.name,
