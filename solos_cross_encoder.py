@@ -140,7 +140,7 @@ def padded(encoded: Sequence[Any]) -> tuple[Any, Any, Any]:
 class Session:
     """The loaded model and tokenizers, shared by every judge of this process that names the same file."""
 
-    def __init__(self, raw: bytes, max_len: int) -> None:
+    def __init__(self, model: bytes | str, max_len: int) -> None:
         import numpy  # noqa: F401  (the run needs it: fail here, at load, with the reason)
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -156,7 +156,7 @@ class Session:
         self.words.no_truncation()
         self.max_len = max_len
         options = solos_embed.session_options(1)
-        self.session = ort.InferenceSession(raw, sess_options=options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
 
     def logits(self, question: str, rows: Sequence[str]) -> list[float]:
         """One logit per row: the pairs padded to the longest, in one run."""
@@ -186,8 +186,12 @@ class Runner:
             raw, _, self.failure = read_pinned(self.path, self.sha256, "cross-encoder file")
             if raw is None:
                 raise RuntimeError(self.failure)
+            # A file onnxruntime reads itself, once its hash is checked (as solos_embed loads its built model):
+            # from bytes it kept about 20 MiB more resident. Bytes only from inside the .pyz.
+            model: bytes | str = str(self.path) if self.path.is_file() else raw
+            del raw
             try:
-                self.session = Session(raw, self.max_len)
+                self.session = Session(model, self.max_len)
             except ImportError as error:
                 self.failure = f"cross-encoder needs onnxruntime, tokenizers and numpy: {error}"
             except Exception as error:  # onnxruntime and tokenizers raise their own types
