@@ -30,6 +30,7 @@ import concurrent.futures
 import hashlib
 import json
 import math
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -219,14 +220,18 @@ class Runner:
             return None, f"cross-encoder failed: {type(error).__name__}: {error}"
 
 
-_RUNNERS: dict[tuple[Path, str], Runner] = {}
+_RUNNERS: dict[tuple[int, Path, str], Runner] = {}
 _RUNNERS_LOCK = threading.Lock()
 
 
 def runner(path: Path, sha256: str, max_len: int) -> Runner:
-    """The process's one runner for this file and hash."""
+    """The process's one runner for this file and hash (by process id: a forked worker's inherited runner has
+    no thread, and an onnxruntime session is not to be shared across a fork)."""
+    key = (os.getpid(), path, sha256)
     with _RUNNERS_LOCK:
-        return _RUNNERS.setdefault((path, sha256), Runner(path, sha256, max_len))
+        if key not in _RUNNERS:
+            _RUNNERS[key] = Runner(path, sha256, max_len)
+        return _RUNNERS[key]
 
 
 @dataclass

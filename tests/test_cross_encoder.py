@@ -134,6 +134,16 @@ def test_the_model_loads_once_per_process(tmp_path):
     assert first.combine(QUESTION, [NEAR], [0.5])[1] is None and runner.session is session
 
 
+def test_a_forked_process_loads_its_own(monkeypatch):
+    """A worker forked from a process that ran the model gets a runner (thread, session) of its own."""
+    args = (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model, SHIPPED.meta.sha256, SHIPPED.meta.max_len)
+    parent = solos_cross_encoder.runner(*args)
+    assert solos_cross_encoder.runner(*args) is parent
+    monkeypatch.setattr(solos_cross_encoder.os, "getpid", lambda: -1)
+    child = solos_cross_encoder.runner(*args)
+    assert child is not parent and child.session is None
+
+
 def test_a_run_past_its_time_leaves_the_features_judge_and_later_runs_do_not_queue(tmp_path):
     needs_runtime()
     meta = copied(tmp_path, (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model).read_bytes())
