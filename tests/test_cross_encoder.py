@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import shutil
 import time
 from pathlib import Path
@@ -49,6 +50,13 @@ def test_one_floor_everywhere():
     import solos_rank
 
     assert SHIPPED.meta.floor == solos_rank.RELEVANCE_FLOOR == solos_client.TURN_MIN_RELEVANCE
+
+
+def test_the_combination_was_fitted_with_the_shipped_features_judge():
+    """Its weights read the features judge's logit: after bench/judge_fit.py refits judge.json, run
+    bench/cross_encoder_swap.py again."""
+    combination = json.loads(solos_cross_encoder.META_PATH.read_bytes())["combination"]
+    assert combination["features_judge"] == solos_judge.JUDGE_SHA256
 
 
 @pytest.mark.parametrize(
