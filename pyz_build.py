@@ -60,6 +60,11 @@ REQUIRED_FILES = (
     "solos_recall.py",
     "solos_judge.py",  # recall's judge of whether a row answers, and its fitted weights (checked by sha256)
     "models/judge/judge.json",
+    # The cross-encoder's code and meta; its 19 MB model stays out (a 0.5 MB archive would grow to 15 MB, for the
+    # few who run the .pyz with an embedder): the .pyz's hybrid recall keeps the features judge and its receipt's
+    # judge_reason says the model is not there.
+    "solos_cross_encoder.py",
+    "models/judge/cross-encoder.json",
     "solos_telemetry.py",
     "solos_snapshot.py",
     "solos_jobs.py",

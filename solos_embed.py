@@ -307,6 +307,22 @@ def versions() -> str:
     return ", ".join(found)
 
 
+def session_options(threads: int | None = 1) -> Any:
+    """The service's onnxruntime settings, the embedder's and the cross-encoder's (solos_cross_encoder)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # The arena and the memory-pattern planner keep the largest run's activations for good
+    # (+60-80 MiB after long texts); without them a question still embeds in about 1 ms.
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    options.intra_op_num_threads = threads or 1
+    return options
+
+
 def load_embedder(
     model_dir: str | None = None, weights: str | None = None, threads: int | None = None, cache_dir: str | None = None
 ) -> Embedder:
@@ -344,16 +360,9 @@ def load_embedder(
         # as fastembed and sentence-transformers do. One text per run needs no padding.
         tokenizer.no_padding()
         tokenizer.enable_truncation(int(json.loads(tokenizer_files["tokenizer_config.json"])["model_max_length"]))
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # The arena and the memory-pattern planner keep the largest run's activations for good
-        # (+60-80 MiB after long texts); without them a question still embeds in about 1 ms.
-        options.enable_cpu_mem_arena = False
-        options.enable_mem_pattern = False
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.inter_op_num_threads = 1
-        options.intra_op_num_threads = threads or 1
-        session = ort.InferenceSession(str(built), sess_options=options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            str(built), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
+        )
     except Exception as exc:  # tokenizers and onnxruntime raise their own types
         raise EmbeddingsUnavailable(f"onnxruntime failed to load {built}: {exc}") from exc
     return Embedder(session, tokenizer, f"all-MiniLM-L6-v2-dynint8@{MODEL_SHA256[:12]}", DIM)

@@ -21,6 +21,11 @@ weights live in models/judge/judge.json, fitted by bench/judge_fit.py; the file'
 is checked at load. A missing, changed or unreadable file never raises: `load()` returns a judge that passes
 the rows' own relevance through, named `relevance`, with the reason. Figures: bench/judge_eval.py.
 
+In hybrid mode the features judge's probabilities of the first rows are combined with a cross-encoder's
+(solos_cross_encoder: it reads the question and each row together), named `cross-encoder@…+features-hybrid@…`;
+when the cross-encoder cannot run (its files missing or changed, onnxruntime missing, a run failing or too
+slow) the features judge's stand, with the reason. SOLOS_MEMORY_JUDGE=features turns the cross-encoder off.
+
     judge = solos_judge.load()                       # once; never raises
     verdict = judge.judge(question, rows, "hybrid")  # rows: dicts with text, topic, agent, relevance, cosine
     verdict.probabilities, verdict.name, verdict.reason
@@ -30,7 +35,6 @@ Stdlib only (no numpy): about 10-20 microseconds per row.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -39,6 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import solos_cross_encoder
+from solos_cross_encoder import logistic, logit, read_pinned
 from solos_rank import STOP_WORDS
 
 JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
@@ -46,6 +52,7 @@ JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
 JUDGE_SHA256 = "561ad67f7c1d84c353f9c379b644eaeb83c3475e90c85780d54db23a69e9d9e9"
 JUDGE_FORMAT = 1
 OFF_VARIABLE = "SOLOS_MEMORY_JUDGE"
+CROSS_META_PATH = solos_cross_encoder.META_PATH
 MODES = ("hybrid", "keyword")
 STEM_LENGTH = 5  # solos_rank's coverage stems: a stemmer's poor cousin (approve/approved/approval)
 
@@ -216,15 +223,6 @@ def probability(value: object) -> float:
     return min(max(p, 0.0), 1.0) if math.isfinite(p) else 0.0
 
 
-def logit(p: float) -> float:
-    p = min(max(float(p), 1e-6), 1 - 1e-6)
-    return math.log(p / (1 - p))
-
-
-def logistic(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-
-
 HYBRID_FEATURES = (
     "relevance_logit",
     "cosine",
@@ -296,8 +294,10 @@ class Verdict:
     the fitted judge when it did not run."""
 
     probabilities: list[float]
-    name: str  # the receipt's `judge`: "features-hybrid@1a2b3c4d", "features-keyword@…", or "relevance"
-    reason: str | None = None
+    # The receipt's `judge`: "cross-encoder@8dc2c774+features-hybrid@1a2b3c4d", "features-hybrid@1a2b3c4d",
+    # "features-keyword@…", or "relevance" (the rows' own, passed through).
+    name: str
+    reason: str | None = None  # why not the cross-encoder (hybrid) or why not the features judge ("relevance")
 
 
 @dataclass(frozen=True)
@@ -326,6 +326,7 @@ class Judge:
     sha256: str = ""
     reason: str | None = None
     floor: float | None = None  # the floor bench/judge_fit.py chose on the fitting data
+    cross: solos_cross_encoder.CrossEncoder | None = None  # read with the features in hybrid mode; None: never
 
     def name(self, mode: str) -> str:
         return f"features-{mode}@{self.sha256[:8]}" if mode in self.models else "relevance"
@@ -336,37 +337,42 @@ class Judge:
         model = self.models.get(mode)
         if model is not None:
             try:
-                return Verdict(model.probabilities(question, rows), self.name(mode))
+                found = model.probabilities(question, rows)
             except Exception as error:  # a judge that fails must not fail the recall: keep relevance, say why
                 reason = f"judge failed: {type(error).__name__}: {error}"
+            else:
+                if mode != "hybrid" or self.cross is None:
+                    return Verdict(found, self.name(mode))
+                combined, why = self.cross.combine(question, rows, found)
+                if why is not None:
+                    return Verdict(found, self.name(mode), why)
+                return Verdict(combined, f"{self.cross.name}+{self.name(mode)}")
         else:
             reason = self.reason or f"judge has no {mode} model"
         return Verdict([probability(r.get("relevance")) for r in rows], "relevance", reason)
 
 
-def read_shipped(path: Path) -> bytes:
-    """A file's bytes, also from inside the .pyz (this module's loader reads its own archive)."""
-    loader = globals().get("__loader__")
-    if loader is not None and hasattr(loader, "get_data"):
-        return loader.get_data(str(path))
-    return path.read_bytes()
-
-
-def load(path: Path | str = JUDGE_PATH, sha256: str | None = JUDGE_SHA256) -> Judge:
-    """The judge in `path`, its sha256 checked against `sha256` (None: not checked). Never raises: a missing,
-    changed or malformed file gives a judge with no models and the reason. SOLOS_MEMORY_JUDGE=off turns it off
-    (relevance is then the reranker's calibration, and the receipt says so): what bench/judge_data.py records,
-    since the judge reads that calibration, never its own output."""
-    if os.environ.get(OFF_VARIABLE, "").strip().lower() == "off":
+def load(
+    path: Path | str = JUDGE_PATH, sha256: str | None = JUDGE_SHA256, cross: Path | str | None = CROSS_META_PATH
+) -> Judge:
+    """The judge in `path`, its sha256 checked against `sha256` (None: not checked), with the cross-encoder whose
+    meta is `cross` for hybrid mode (None: features only; its model loads at its first run). Never raises: a
+    missing, changed or malformed file gives a judge with no models and the reason. SOLOS_MEMORY_JUDGE=off turns
+    it off (relevance is then the reranker's calibration, and the receipt says so): what bench/judge_data.py
+    records, since the judge reads that calibration, never its own output; =features keeps only the features."""
+    switch = os.environ.get(OFF_VARIABLE, "").strip().lower()
+    if switch == "off":
         return Judge(reason=f"judge turned off ({OFF_VARIABLE}=off)")
+    if cross is None:
+        cross_encoder = None
+    elif switch == "features":
+        cross_encoder = solos_cross_encoder.CrossEncoder(reason=f"cross-encoder turned off ({OFF_VARIABLE}=features)")
+    else:
+        cross_encoder = solos_cross_encoder.load(cross)
     path = Path(path)
-    try:
-        raw = read_shipped(path)
-    except OSError as error:
-        return Judge(reason=f"judge file unreadable: {path}: {error.strerror or error}")
-    digest = hashlib.sha256(raw).hexdigest()
-    if sha256 is not None and digest != sha256:
-        return Judge(reason=f"judge file {path.name} sha256 {digest[:12]}… is not the expected {sha256[:12]}…")
+    raw, digest, reason = read_pinned(path, sha256, "judge file")
+    if raw is None:
+        return Judge(reason=reason)
     try:
         doc = json.loads(raw)
         if doc.get("format") != JUDGE_FORMAT:
@@ -385,4 +391,4 @@ def load(path: Path | str = JUDGE_PATH, sha256: str | None = JUDGE_SHA256) -> Ju
         floor = doc.get("floor")
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         return Judge(sha256=digest, reason=f"judge file {path.name} malformed: {error}")
-    return Judge(models, digest, None, float(floor) if isinstance(floor, (int, float)) else None)
+    return Judge(models, digest, None, float(floor) if isinstance(floor, (int, float)) else None, cross_encoder)

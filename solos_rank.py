@@ -829,7 +829,8 @@ ALONE_FEATURES = ("keyword", "fused", "coverage", "cosine", "vector")  # hybrid:
 # domains keep 0.8 of their answers. Held out (bench/judge_eval.py, hybrid): the fleet's scoring half keeps 0.81
 # and rejects 0.08 of its near misses; LoCoMo keeps 0.83 and rejects 0.58 of foreign questions. Short of the 0.9
 # rejected wanted: near misses are not told from answers by these features. The API's own default is 0 (every
-# match, each labelled with its relevance).
+# match, each labelled with its relevance). Hybrid recall's cross-encoder combination is set to this same floor
+# (bench/cross_encoder_swap.py: at it, it keeps the share of answers the features judge keeps on calibration data).
 RELEVANCE_FLOOR = 0.075
 RELEVANCE_WEIGHTS = {
     "keyword": (-4.7487, 0.9448, 1.0038, 4.1019, 0.0),

@@ -203,8 +203,9 @@ JUDGE_DEPTH = solos_rank.RERANK_DEPTH
 
 def judge_head(memory: Any, plan: RecallPlan, found: Gathered, fused: solos_rank.Fused, ranked: list[dict]) -> None:
     """`relevance` of the first JUDGE_DEPTH rows becomes the judge's probability that the row answers the question
-    (solos_judge; hybrid reads the vector leg's score, keyword-only the features-only fit); rows below are scaled
-    under the lowest. With no judge loaded the reranker's calibrated relevance stands and the receipt says why."""
+    (solos_judge; hybrid reads the vector leg's score and the cross-encoder over the first rows, keyword-only the
+    features-only fit); rows below are scaled under the lowest. With no judge loaded the reranker's calibrated
+    relevance stands; the receipt says why, and why not the cross-encoder when hybrid recall could not use it."""
     head = ranked[:JUDGE_DEPTH]
     if not head or any(r.get("relevance") is None for r in head):  # the reranker failed: no relevance to judge
         return
@@ -213,6 +214,7 @@ def judge_head(memory: Any, plan: RecallPlan, found: Gathered, fused: solos_rank
         {
             "text": r["text"],
             "topic": r.get("topic") or "",
+            "agent": r.get("agent") or "",  # the cross-encoder reads the row as the embedder does: agent (topic): text
             "relevance": r["relevance"],
             "cosine": fused.similar.get(key_of.get(id(r)), 0.0),  # type: ignore[arg-type]
         }
@@ -220,7 +222,7 @@ def judge_head(memory: Any, plan: RecallPlan, found: Gathered, fused: solos_rank
     ]
     verdict = memory.judge.judge(plan.query, rows, found.ranking)
     found.judge, found.judge_reason = verdict.name, verdict.reason
-    if verdict.reason is not None:
+    if verdict.name == "relevance":  # no judge: the reranker's relevance stands (a cross-encoder's failure is not)
         return
     lowest, cut = min(verdict.probabilities), min(r["relevance"] for r in head)
     for row, p in zip(head, verdict.probabilities):
@@ -321,8 +323,10 @@ RECALL_OUTPUT = result_schema(
                 "without_vector": {"type": ["integer", "null"]},
                 "judge": {
                     "type": ["string", "null"],
-                    "description": "Who set relevance: the judge (features-hybrid@…, features-keyword@…), or "
-                    "'relevance' (the reranker's calibration) with judge_reason saying why; null for recency.",
+                    "description": "Who set relevance: the judge (cross-encoder@…+features-hybrid@… in hybrid "
+                    "recall, features-hybrid@… when the cross-encoder could not run, features-keyword@…), or "
+                    "'relevance' (the reranker's calibration); judge_reason says why not the cross-encoder or why "
+                    "not the judge; null for recency.",
                 },
                 "judge_reason": {"type": ["string", "null"]},
             },

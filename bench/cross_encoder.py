@@ -60,6 +60,7 @@ from judge_eval import column, fitted, folds, separation  # noqa: E402
 from judge_fit import choose_floor, fit, judge_of  # noqa: E402
 from locomo_data import REPO  # noqa: E402
 
+import solos_cross_encoder  # noqa: E402
 import solos_embed  # noqa: E402
 
 SEED = 33
@@ -226,14 +227,7 @@ def load_tokenizer(max_len: int):
 
 def batch_of(torch, tokenizer, pairs: list[tuple[str, str]]):
     """Padded ids, token types and mask for (question, row text) pairs."""
-    encoded = tokenizer.encode_batch(pairs)
-    width = max(len(e.ids) for e in encoded)
-    ids = np.zeros((len(encoded), width), dtype=np.int64)
-    types, mask = ids.copy(), ids.copy()
-    for i, e in enumerate(encoded):
-        n = len(e.ids)
-        ids[i, :n], types[i, :n], mask[i, :n] = e.ids, e.type_ids, 1
-    return torch.from_numpy(ids), torch.from_numpy(types), torch.from_numpy(mask)
+    return tuple(torch.from_numpy(x) for x in solos_cross_encoder.padded(tokenizer.encode_batch(pairs)))
 
 
 def training_pairs(

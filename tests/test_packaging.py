@@ -85,6 +85,8 @@ def test_archive_holds_the_service_and_a_shebang(pyz):
     if (ROOT / "solos_embed.py").exists():
         assert "solos_embed.py" in names
         assert "models/all-MiniLM-L6-v2/tokenizer.json" in names
+    assert {"solos_cross_encoder.py", "models/judge/judge.json", "models/judge/cross-encoder.json"} <= set(names)
+    assert not [name for name in names if name.endswith(".onnx")]  # the cross-encoder's model stays out
     assert not [name for name in names if name.endswith(".pyc") or "__pycache__" in name]
 
 
@@ -153,7 +155,8 @@ def test_pyz_uses_the_embedder_when_the_interpreter_has_it(pyz, tmp_path):
             assert time.monotonic() < deadline, body
             time.sleep(0.1)
         assert body["ranking"] == "hybrid" and "kestrel" in body["results"][0]["text"]
-        assert body["receipt"]["judge"].startswith("features-hybrid@"), body["receipt"]
+        assert body["receipt"]["judge"].startswith("features-hybrid@"), body["receipt"]  # no cross-encoder model
+        assert "cross-encoder file unreadable" in body["receipt"]["judge_reason"], body["receipt"]
 
 
 # ---- the systemd units ----

@@ -854,6 +854,26 @@ def test_a_write_is_ranked_by_both_legs_at_once(hybrid):
     assert [r["id"] for r in vector_only["results"]] == [written] and vector_only["receipt"]["legs"] == ["vector"]
 
 
+def test_hybrid_relevance_is_the_cross_encoders_and_its_floor_holds_alike(hybrid):
+    """The relevance contract with the cross-encoder on: a probability per row, the receipt naming who gave it,
+    and a floor between two rows' relevance leaving the lower one out, counted."""
+    for module in ("onnxruntime", "tokenizers"):
+        pytest.importorskip(module)
+    long_fact(hybrid, "atlas", "payments-api serves on port 8443; TLS ends on the pod.", topic="payments-api")
+    long_fact(hybrid, "atlas", "search-api listens on 8088 behind haproxy.", topic="search-api")
+    question = "What port does payments-api listen on?"
+    reply = ok(hybrid.recall("sol", question, tiers="long", k=5))
+    assert (reply["ranking"], reply["receipt"]["judge_reason"]) == ("hybrid", None)
+    assert reply["receipt"]["judge"].startswith("cross-encoder@")
+    relevance = {r["text"].split()[0]: r["relevance"] for r in reply["results"]}
+    assert all(0.0 <= p <= 1.0 for p in relevance.values())
+    assert relevance["payments-api"] > relevance["search-api"]
+    floor = round((relevance["payments-api"] + relevance["search-api"]) / 2, 6)  # REST reads 12 decimals at most
+    floored = ok(hybrid.recall("sol", question, tiers="long", k=5, min_relevance=floor))
+    assert [r["text"].split()[0] for r in floored["results"]] == ["payments-api"]
+    assert floored["below_floor"] == floored["receipt"]["below_floor"] == 1
+
+
 def test_a_hybrid_write_commits_its_row_and_vector_together(store_url, monkeypatch):
     """A write's text is embedded before its transaction, which saves the vector with the row: the fleet never reads
     a row the service wrote without its vector (it could, between the row's commit and the vector's), and an

@@ -1,0 +1,167 @@
+"""Ship a cross-encoder: copy bench/cross_encoder.py's int8 file into models/judge/, write its meta, pin both.
+
+    .venv/bin/python bench/cross_encoder_swap.py MODEL.onnx [--trial-meta M.json] [--held-out 4] [--calibrate 3]
+
+One command for a retrained model (same input format): it copies MODEL into models/judge/ (by its own name),
+then sets the combination with the features judge as shipped (models/judge/judge.json, solos_judge.load) on
+bench/cross_encoder.py's calibration records, which neither the cross-encoder nor the combination trained
+on (the fleet's mobile and office-it clusters, LoCoMo's `--calibrate` conversation; the `--held-out` one is
+left out of everything): a logistic over (the cross-encoder's logit, the features judge's logit, 1) for the
+first `rows` rows of each question (cross_encoder.fit_combination), then its intercept raised by the least
+step of CALIBRATION_STEP under which, at the service's one documented floor (solos_rank.RELEVANCE_FLOOR), the
+combination keeps in each domain at least the share of answerable questions' answers that the features judge
+keeps there. So the floor means what it means for the features judge ("no more answers lost than the features
+judge loses"), and keeps its single number. It writes models/judge/cross-encoder.json, rewrites
+solos_cross_encoder.META_SHA256 and MODEL_SHA256, and prints the hashes, the calibration figures, and the
+held-out ones beside the features judge's (the fleet's `score` half on its own rows and the `--held-out`
+conversation, as bench/cross_encoder.py scores them; the features judge as shipped was fitted on LoCoMo's
+conversations, that one too). Run it again after bench/judge_fit.py refits judge.json: the combination reads
+that judge.
+
+Needs the service's .venv (numpy, onnxruntime, tokenizers) and bench/judge_data.py's cache; not torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cross_encoder import fit_combination, split  # noqa: E402
+from judge_data import CACHE, load  # noqa: E402
+from judge_eval import ece, separation  # noqa: E402
+from judge_fit import floor_figures  # noqa: E402
+from locomo_data import REPO  # noqa: E402
+
+import solos_cross_encoder  # noqa: E402
+import solos_judge  # noqa: E402
+import solos_rank  # noqa: E402
+
+ROWS = 5  # recall's first rows the cross-encoder reads: the held-out trial's best (bench/README.md)
+CALIBRATION_STEP = 0.05  # the intercept's step, in logits
+MAX_STEPS = 60
+
+
+def combine(beta: tuple[float, float, float], logits: list[float], features: list[float]) -> list[float]:
+    a, b, c = beta
+    combined = [
+        solos_cross_encoder.logistic(a * x + b * solos_cross_encoder.logit(p) + c) for x, p in zip(logits, features)
+    ]
+    return combined + features[len(logits) :]
+
+
+def kept(scored: list[tuple[dict, list[float]]], floor: float) -> dict[str, float]:
+    return {d: floor_figures([s for s in scored if s[0]["domain"] == d], floor)[1] for d in ("fleet", "locomo")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path, help="the int8 ONNX file bench/cross_encoder.py --export wrote")
+    parser.add_argument("--trial-meta", type=Path, help="its --meta file (read for max_len and fitted_by)")
+    parser.add_argument("--rows", type=int, default=ROWS, help=f"rows the cross-encoder reads (default: {ROWS})")
+    parser.add_argument("--max-len", type=int, help="tokens per pair, the row cut (default: the trial's, else 96)")
+    parser.add_argument("--held-out", type=int, default=4, help="the LoCoMo conversation no fit sees (default: 4)")
+    parser.add_argument("--calibrate", type=int, default=3, help="the conversation the combination fits on (3)")
+    parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
+    parser.add_argument("--no-hash-update", action="store_true", help="leave solos_cross_encoder's pins as they are")
+    args = parser.parse_args(argv)
+    trial = json.loads(args.trial_meta.read_text()) if args.trial_meta else {}
+    max_len = args.max_len or int(trial.get("input", {}).get("max_len", 96))
+    raw = args.model.read_bytes()
+    model_sha = hashlib.sha256(raw).hexdigest()
+    target = solos_cross_encoder.META_PATH.parent / args.model.name
+    if args.model.resolve() != target.resolve():
+        shutil.copyfile(args.model, target)
+    session = solos_cross_encoder.Session(raw, max_len)
+    features = solos_judge.load(cross=None)
+    if features.reason is not None:
+        raise SystemExit(f"the features judge did not load: {features.reason}")
+
+    roles = split(load(args.data), args.held_out, args.calibrate)
+    calibration = [r for r in roles["calibrate"] if r["rows"]]
+
+    def judged(records: list[dict]) -> tuple[list[list[float]], list[list[float]]]:
+        """The features judge's probabilities and the cross-encoder's logits (first `rows` rows) per record."""
+        return [features.judge(r["question"], r["rows"], "hybrid").probabilities for r in records], [
+            session.logits(r["question"], [solos_cross_encoder.pair_text(x) for x in r["rows"][: args.rows]])
+            for r in records
+        ]
+
+    feats, logits = judged(calibration)
+    heads = [dict(r, rows=r["rows"][: args.rows]) for r in calibration]
+    a, b, c = (float(x) for x in fit_combination(logits, [f[: args.rows] for f in feats], heads))
+    floor = solos_rank.RELEVANCE_FLOOR
+    wanted = kept(list(zip(calibration, feats)), floor)
+    raised = c
+    for step in range(MAX_STEPS + 1):
+        raised = c + step * CALIBRATION_STEP
+        scored = [(r, combine((a, b, raised), x, f)) for r, x, f in zip(calibration, logits, feats)]
+        got = kept(scored, floor)
+        if all(got[d] >= wanted[d] for d in wanted):
+            break
+    else:
+        raise SystemExit(f"no intercept up to +{MAX_STEPS * CALIBRATION_STEP} keeps {wanted} at {floor}")
+    print(
+        f"combination on {len(calibration)} calibration questions: {a:.4f} x logit + {b:.4f} x features logit + "
+        f"{c:.4f}, intercept raised {raised - c:+.2f} so that at the floor {floor} it keeps "
+        + ", ".join(f"{d} {got[d]:.3f} (features judge {wanted[d]:.3f})" for d in wanted)
+    )
+    for domain in ("fleet", "locomo"):
+        held = [r for r in roles[domain] if r["rows"]]
+        held_feats, held_logits = judged(held)
+        for name, scores in (
+            ("features judge", held_feats),
+            ("combination", [combine((a, b, raised), x, f) for x, f in zip(held_logits, held_feats)]),
+        ):
+            scored = list(zip(held, scores))
+            rejected, keeping = floor_figures(scored, floor)
+            print(
+                f"held out, {domain} ({len(held)} questions), {name:14}: AUROC {separation(scored):.3f}, at {floor} "
+                f"rejected {rejected:.3f} kept {keeping:.3f}, ECE {ece(scored):.3f}"
+            )
+    meta = {
+        "format": solos_cross_encoder.META_FORMAT,
+        "model": args.model.name,
+        "sha256": model_sha,
+        "trained_by": trial.get("fitted_by"),
+        "combined_by": "bench/cross_encoder_swap.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "input": {
+            "pair": "question, then the row as '{agent} ({topic}): {text}' ('{agent}: {text}' with no topic)",
+            "tokenizer": "models/all-MiniLM-L6-v2/tokenizer.json, truncation only_second",
+            "max_len": max_len,
+            "names": list(solos_cross_encoder.INPUT_NAMES),
+            "output": "logit, one per row",
+        },
+        "rows": args.rows,
+        "combination": {
+            "p": "sigmoid(a * cross-encoder logit + b * logit(features judge probability) + c)",
+            "a": round(a, 6),
+            "b": round(b, 6),
+            "c": round(raised, 6),
+            "fitted_c": round(c, 6),
+            "floor": floor,
+            "features_judge": features.sha256,
+        },
+    }
+    meta_raw = (json.dumps(meta, indent=1) + "\n").encode()
+    solos_cross_encoder.META_PATH.write_bytes(meta_raw)
+    meta_sha = hashlib.sha256(meta_raw).hexdigest()
+    print(f"{target}: sha256 {model_sha}\n{solos_cross_encoder.META_PATH}: sha256 {meta_sha}")
+    if not args.no_hash_update:
+        source = REPO / "solos_cross_encoder.py"
+        text = source.read_text()
+        for name, digest in (("META_SHA256", meta_sha), ("MODEL_SHA256", model_sha)):
+            text = re.sub(rf'^{name} = "[0-9a-f]{{64}}"$', f'{name} = "{digest}"', text, count=1, flags=re.M)
+        source.write_text(text)
+        print("solos_cross_encoder.META_SHA256 and MODEL_SHA256 set; commit both files (git add models/judge)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""The cross-encoder: a small model that reads a question and a recalled row together.
+
+The features judge (solos_judge) reads words, identifiers and the cosine; a bi-encoder's cosine cannot tell a
+service's port from another service's. This model reads the pair (the question, then the row as the service
+embeds it) through the embedder's lower four MiniLM layers, fine-tuned by bench/cross_encoder.py, and gives one
+logit per row. In hybrid recall (the embedder is up, so onnxruntime, tokenizers and numpy import) it reads
+recall's first `rows` rows after fusion and rerank, in one batched run, and the judge's probability for those
+rows becomes a logistic over its logit and the features judge's:
+
+    p = sigmoid(a * cross-encoder logit + b * logit(features judge probability) + c)
+
+Everything model-specific (the model file's name and sha256, the input format, `rows`, a/b/c, the floor the
+combination was set to) is in a small meta file, models/judge/cross-encoder.json, whose own sha256 is
+META_SHA256; the model's sha256 is MODEL_SHA256 and is checked on the very bytes onnxruntime loads. A file with
+another hash is never loaded. A retrained model is swapped in by bench/cross_encoder_swap.py (two files, two
+hashes).
+
+Lazy and once per process: `load()` reads only the meta (no onnxruntime); the first hybrid recall reads,
+checks and loads the model in this module's one worker thread, one onnxruntime thread as the embedder runs,
+and every later recall reuses that session. Nothing here raises into a recall: a missing, changed or
+malformed file, a package that does not import, a run that fails or takes over RUN_TIMEOUT_S, each gives the
+features judge's probabilities back with the reason, which the receipt's `judge_reason` shows.
+
+Stdlib at import (the .pyz starts on a bare python3); imports solos_embed lazily, for its session settings.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import math
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+META_PATH = HERE / "models" / "judge" / "cross-encoder.json"
+# The sha256 of META_PATH and of the model file it names, as bench/cross_encoder_swap.py wrote them (it rewrites
+# these two lines).
+META_SHA256 = "921516934d0f6e77f94131e11f0eb95843f9115f2805d554e171544ff21d748d"
+MODEL_SHA256 = "8dc2c7740edd872f0f9309de843b93fcb285093a548008a136c8cbbedf67bb67"
+META_FORMAT = 1
+TOKENIZER_PATH = HERE / "models" / "all-MiniLM-L6-v2" / "tokenizer.json"
+INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+# Five rows take about 15 ms of one core; past this the recall keeps the features judge and says so (a loaded
+# host, or the first recall's load of the model on a very slow disk), and later recalls do not queue behind it.
+RUN_TIMEOUT_S = 1.0
+
+
+def read_shipped(path: Path) -> bytes:
+    """A file's bytes, also from inside the .pyz (this module's loader reads its own archive)."""
+    loader = globals().get("__loader__")
+    if loader is not None and hasattr(loader, "get_data"):
+        return loader.get_data(str(path))
+    return path.read_bytes()
+
+
+def read_pinned(path: Path, sha256: str | None, what: str) -> tuple[bytes | None, str, str | None]:
+    """A shipped file's bytes and sha256, or None and why not: unreadable, or not the pinned hash (None: any)."""
+    try:
+        raw = read_shipped(path)
+    except OSError as error:
+        return None, "", f"{what} unreadable: {path.name}: {error.strerror or error}"
+    digest = hashlib.sha256(raw).hexdigest()
+    if sha256 is not None and digest != sha256:
+        return None, digest, f"{what} {path.name} sha256 {digest[:12]}… is not the expected {sha256[:12]}…"
+    return raw, digest, None
+
+
+def logit(p: float) -> float:
+    p = min(max(float(p), 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+def logistic(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def pair_text(row: Mapping) -> str:
+    """The row as the model was trained to read it: as the service embeds it, `agent (topic): text`."""
+    agent, topic, text = row.get("agent") or "", row.get("topic") or "", row.get("text") or ""
+    return f"{agent} ({topic}): {text}" if topic else f"{agent}: {text}"
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What models/judge/cross-encoder.json holds: the model file, its input, how many rows it reads, and the
+    combination with the features judge."""
+
+    model: str
+    sha256: str
+    max_len: int
+    rows: int
+    a: float
+    b: float
+    c: float
+    floor: float
+
+    @staticmethod
+    def parse(raw: bytes) -> Meta:
+        doc = json.loads(raw)
+        if doc.get("format") != META_FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, expected {META_FORMAT}")
+        names = tuple(doc["input"]["names"])
+        if names != INPUT_NAMES:
+            raise ValueError(f"inputs {list(names)} are not this code's {list(INPUT_NAMES)}")
+        combination = doc["combination"]
+        meta = Meta(
+            str(doc["model"]),
+            str(doc["sha256"]),
+            int(doc["input"]["max_len"]),
+            int(doc["rows"]),
+            *(float(combination[key]) for key in ("a", "b", "c", "floor")),
+        )
+        if "/" in meta.model or meta.model.startswith("."):
+            raise ValueError(f"model {meta.model!r} is not a file name beside the meta")
+        if not 8 <= meta.max_len <= 512 or not 1 <= meta.rows <= 100:
+            raise ValueError(f"max_len {meta.max_len} or rows {meta.rows} out of range")
+        if not all(math.isfinite(x) for x in (meta.a, meta.b, meta.c, meta.floor)):
+            raise ValueError("combination not finite")
+        return meta
+
+
+def padded(encoded: Sequence[Any]) -> tuple[Any, Any, Any]:
+    """Encoded pairs as the model's inputs (numpy int64 ids, token types, mask), zero-padded to the longest."""
+    import numpy as np
+
+    width = max(len(e.ids) for e in encoded)
+    ids = np.zeros((len(encoded), width), dtype=np.int64)
+    types, mask = ids.copy(), ids.copy()
+    for i, e in enumerate(encoded):
+        n = len(e.ids)
+        ids[i, :n], types[i, :n], mask[i, :n] = e.ids, e.type_ids, 1
+    return ids, types, mask
+
+
+class Session:
+    """The loaded model and tokenizers, shared by every judge of this process that names the same file."""
+
+    def __init__(self, model: bytes | str, max_len: int) -> None:
+        import numpy  # noqa: F401  (the run needs it: fail here, at load, with the reason)
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        import solos_embed  # the embedder's session settings: one thread, no arena kept past a run
+
+        # The pair truncated as in training: the row only (a question over half the room is cut first, below).
+        spec = read_shipped(TOKENIZER_PATH).decode("utf-8")
+        self.tokenizer, self.words = Tokenizer.from_str(spec), Tokenizer.from_str(spec)
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_len, strategy="only_second")
+        self.words.no_padding()  # the question alone, uncut: where to cut it
+        self.words.no_truncation()
+        self.max_len = max_len
+        options = solos_embed.session_options(1)
+        self.session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+
+    def logits(self, question: str, rows: Sequence[str]) -> list[float]:
+        """One logit per row: the pairs padded to the longest, in one run."""
+        import numpy as np
+
+        offsets = self.words.encode(question, add_special_tokens=False).offsets
+        if len(offsets) > self.max_len // 2:  # only_second cannot fit a pair whose question fills the room
+            question = question[: offsets[self.max_len // 2 - 1][1]]
+        ids, types, mask = padded(self.tokenizer.encode_batch([(question, r) for r in rows]))
+        out = self.session.run(None, {"input_ids": ids, "token_type_ids": types, "attention_mask": mask})[0]
+        return [float(x) for x in np.asarray(out, dtype=np.float64).reshape(-1)]
+
+
+class Runner:
+    """One model file's session, loaded at its first run in the runner's one thread; a run past RUN_TIMEOUT_S
+    is waited for by nobody, and the runs asked for while it lasts are refused at once."""
+
+    def __init__(self, path: Path, sha256: str, max_len: int) -> None:
+        self.path, self.sha256, self.max_len = path, sha256, max_len
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, "cross-encoder")
+        self.session: Session | None = None
+        self.failure: str | None = None  # why the model did not load: kept, so it is not re-read every recall
+        self.stuck: concurrent.futures.Future | None = None
+
+    def load(self) -> Session:
+        if self.session is None and self.failure is None:
+            raw, _, self.failure = read_pinned(self.path, self.sha256, "cross-encoder file")
+            if raw is None:
+                raise RuntimeError(self.failure)
+            # A file onnxruntime reads itself, once its hash is checked (as solos_embed loads its built model):
+            # from bytes it kept about 20 MiB more resident. Bytes only from inside the .pyz.
+            model: bytes | str = str(self.path) if self.path.is_file() else raw
+            del raw
+            try:
+                self.session = Session(model, self.max_len)
+            except ImportError as error:
+                self.failure = f"cross-encoder needs onnxruntime, tokenizers and numpy: {error}"
+            except Exception as error:  # onnxruntime and tokenizers raise their own types
+                self.failure = f"cross-encoder failed to load: {type(error).__name__}: {error}"
+        if self.session is None:
+            raise RuntimeError(self.failure)
+        return self.session
+
+    def logits(self, question: str, rows: Sequence[str], timeout_s: float) -> tuple[list[float] | None, str | None]:
+        """The rows' logits, or None and why not. Never raises."""
+        if self.failure is not None:
+            return None, self.failure
+        if self.stuck is not None and not self.stuck.done():
+            return None, "cross-encoder still busy with a run that timed out"
+        future = self.pool.submit(lambda: self.load().logits(question, rows))
+        try:
+            return future.result(timeout=timeout_s), None
+        except concurrent.futures.TimeoutError:
+            self.stuck = future
+            loading = "" if self.session is not None else " (loading the model)"
+            return None, f"cross-encoder took over {timeout_s:g} s{loading}"
+        except RuntimeError as error:
+            return None, str(error)
+        except Exception as error:
+            return None, f"cross-encoder failed: {type(error).__name__}: {error}"
+
+
+_RUNNERS: dict[tuple[int, Path, str], Runner] = {}
+_RUNNERS_LOCK = threading.Lock()
+
+
+def runner(path: Path, sha256: str, max_len: int) -> Runner:
+    """The process's one runner for this file and hash (by process id: a forked worker's inherited runner has
+    no thread, and an onnxruntime session is not to be shared across a fork)."""
+    key = (os.getpid(), path, sha256)
+    with _RUNNERS_LOCK:
+        if key not in _RUNNERS:
+            _RUNNERS[key] = Runner(path, sha256, max_len)
+        return _RUNNERS[key]
+
+
+@dataclass
+class CrossEncoder:
+    """A loaded meta (the model itself loads at its first run), or why there is none."""
+
+    meta: Meta | None = None
+    meta_sha256: str = ""
+    folder: Path = META_PATH.parent
+    reason: str | None = None
+    timeout_s: float = RUN_TIMEOUT_S
+
+    @property
+    def name(self) -> str:
+        return f"cross-encoder@{self.meta.sha256[:8]}" if self.meta else "cross-encoder"
+
+    def combine(
+        self, question: str, rows: Sequence[Mapping], features: Sequence[float]
+    ) -> tuple[list[float], str | None]:
+        """The first `rows` rows' probability from the combination, the others' the features judge's; or the
+        features judge's alone and why. Never raises."""
+        if self.meta is None:
+            return list(features), self.reason
+        meta = self.meta
+        head = [pair_text(row) for row in rows[: meta.rows]]
+        if not head:
+            return list(features), None
+        logits, reason = runner(self.folder / meta.model, meta.sha256, meta.max_len).logits(
+            question, head, self.timeout_s
+        )
+        if logits is None or len(logits) != len(head):
+            return list(features), reason or f"cross-encoder gave {len(logits or ())} logits for {len(head)} rows"
+        combined = [logistic(meta.a * x + meta.b * logit(p) + meta.c) for x, p in zip(logits, features)]
+        return combined + list(features[len(head) :]), None
+
+
+def load(
+    path: Path | str = META_PATH, sha256: str | None = META_SHA256, model_sha256: str = MODEL_SHA256
+) -> CrossEncoder:
+    """The cross-encoder whose meta is `path` (checked against `sha256`; None: not checked), naming a model whose
+    sha256 must be `model_sha256`. Reads no model and imports no package; never raises."""
+    path = Path(path)
+    raw, digest, reason = read_pinned(path, sha256, "cross-encoder meta")
+    if raw is None:
+        return CrossEncoder(reason=reason)
+    try:
+        meta = Meta.parse(raw)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        return CrossEncoder(reason=f"cross-encoder meta {path.name} malformed: {error}")
+    if meta.sha256 != model_sha256:
+        return CrossEncoder(
+            reason=f"cross-encoder meta names model sha256 {meta.sha256[:12]}…, not {model_sha256[:12]}…"
+        )
+    return CrossEncoder(meta, digest, path.parent)

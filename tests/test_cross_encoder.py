@@ -1,0 +1,220 @@
+"""The cross-encoder (solos_cross_encoder.py): its two files are checked by their pinned hashes, a missing,
+changed or failing model leaves the features judge with the reason (never a 500), it loads once per process,
+and in hybrid recall the receipt names it."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from conftest import WordHashEmbedder
+
+import solos_cross_encoder
+import solos_judge
+
+SHIPPED = solos_cross_encoder.load()
+QUESTION = "What port does payments-api listen on?"
+ANSWER = {"agent": "atlas", "topic": "payments-api", "text": "payments-api serves on port 8443; TLS ends on the pod."}
+NEAR = {"agent": "atlas", "topic": "search-api", "text": "search-api listens on 8088 behind haproxy."}
+
+
+def needs_runtime() -> None:
+    for module in ("numpy", "onnxruntime", "tokenizers"):
+        pytest.importorskip(module)
+
+
+def copied(tmp_path: Path, model: bytes | None) -> Path:
+    """The shipped meta in tmp_path, beside `model` as the model file it names (None: no model file)."""
+    meta = tmp_path / solos_cross_encoder.META_PATH.name
+    shutil.copyfile(solos_cross_encoder.META_PATH, meta)
+    if model is not None:
+        (tmp_path / SHIPPED.meta.model).write_bytes(model)
+    return meta
+
+
+def test_the_shipped_files_are_the_pinned_ones():
+    assert SHIPPED.reason is None, SHIPPED.reason
+    assert SHIPPED.meta_sha256 == solos_cross_encoder.META_SHA256
+    model = solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model
+    assert hashlib.sha256(model.read_bytes()).hexdigest() == solos_cross_encoder.MODEL_SHA256 == SHIPPED.meta.sha256
+
+
+def test_one_floor_everywhere():
+    """The combination was set to the floor the features judge, the turn helpers and the API's text use."""
+    import solos_client
+    import solos_rank
+
+    assert SHIPPED.meta.floor == solos_rank.RELEVANCE_FLOOR == solos_client.TURN_MIN_RELEVANCE
+
+
+def test_the_combination_was_fitted_with_the_shipped_features_judge():
+    """Its weights read the features judge's logit: after bench/judge_fit.py refits judge.json, run
+    bench/cross_encoder_swap.py again."""
+    combination = json.loads(solos_cross_encoder.META_PATH.read_bytes())["combination"]
+    assert combination["features_judge"] == solos_judge.JUDGE_SHA256
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda raw: None, "unreadable"),
+        (lambda raw: raw.replace(b'"rows"', b' "rows"', 1), "sha256"),
+    ],
+)
+def test_a_missing_or_changed_meta_leaves_the_features_judge_with_its_reason(tmp_path, change, expected):
+    meta = tmp_path / "cross-encoder.json"
+    changed = change(solos_cross_encoder.META_PATH.read_bytes())
+    if changed is not None:
+        meta.write_bytes(changed)
+    judge = solos_judge.load(cross=meta)
+    assert expected in judge.cross.reason
+    features = solos_judge.load(cross=None).judge(QUESTION, [ANSWER, NEAR], "hybrid")
+    verdict = judge.judge(QUESTION, [ANSWER, NEAR], "hybrid")
+    assert (verdict.name, verdict.probabilities) == (features.name, features.probabilities)
+    assert expected in verdict.reason
+
+
+@pytest.mark.parametrize("model", [None, b"not a model", b"\x08\x07"], ids=["missing", "corrupt", "short"])
+def test_a_missing_or_corrupt_model_is_never_loaded(tmp_path, model):
+    """Refused by its hash before onnxruntime sees a byte: the features judge's probabilities, and why."""
+    judge = solos_judge.load(cross=copied(tmp_path, model))
+    assert judge.cross.reason is None  # the meta is the shipped one; the model is read at its first run
+    verdict = judge.judge(QUESTION, [ANSWER, NEAR], "hybrid")
+    assert verdict.name.startswith("features-hybrid@")
+    assert verdict.probabilities == solos_judge.load(cross=None).judge(QUESTION, [ANSWER, NEAR], "hybrid").probabilities
+    assert ("unreadable" if model is None else "sha256") in verdict.reason
+    again = judge.judge(QUESTION, [ANSWER], "hybrid")  # the failure is kept, not re-read every recall
+    assert again.reason == verdict.reason
+
+
+def test_keyword_recall_keeps_the_features_judge_and_says_nothing_of_the_cross_encoder(tmp_path):
+    judge = solos_judge.load(cross=copied(tmp_path, None))
+    verdict = judge.judge(QUESTION, [ANSWER, NEAR], "keyword")
+    assert verdict.name.startswith("features-keyword@") and verdict.reason is None
+
+
+def test_the_switch_keeps_only_the_features(monkeypatch):
+    monkeypatch.setenv(solos_judge.OFF_VARIABLE, "features")
+    verdict = solos_judge.load().judge(QUESTION, [ANSWER, NEAR], "hybrid")
+    assert verdict.name.startswith("features-hybrid@") and "features" in verdict.reason
+
+
+def test_the_cross_encoder_tells_the_answer_from_a_near_miss():
+    needs_runtime()
+    judge = solos_judge.load()
+    rows = [dict(NEAR, relevance=0.5, cosine=0.6), dict(ANSWER, relevance=0.5, cosine=0.6)]
+    verdict = judge.judge(QUESTION, rows, "hybrid")
+    assert verdict.reason is None, verdict.reason
+    assert verdict.name == f"cross-encoder@{solos_cross_encoder.MODEL_SHA256[:8]}+{judge.name('hybrid')}"
+    features = solos_judge.load(cross=None).judge(QUESTION, rows, "hybrid").probabilities
+    assert verdict.probabilities != features  # the combination, not the features judge's alone
+    assert verdict.probabilities[1] > verdict.probabilities[0]
+    assert all(0.0 <= p <= 1.0 for p in verdict.probabilities)
+
+
+def test_it_reads_only_the_first_rows_and_any_question():
+    needs_runtime()
+    rows = [dict(NEAR, text=f"{NEAR['text']} {n}", relevance=0.3) for n in range(SHIPPED.meta.rows + 3)]
+    features = solos_judge.load(cross=None).judge(QUESTION, rows, "hybrid").probabilities
+    probabilities, reason = SHIPPED.combine(QUESTION, rows, features)
+    assert reason is None
+    assert probabilities[SHIPPED.meta.rows :] == features[SHIPPED.meta.rows :]
+    assert probabilities[: SHIPPED.meta.rows] != features[: SHIPPED.meta.rows]
+    for question in ("", "port " * 2000, "?"):  # a question longer than the model's room is cut, not refused
+        probabilities, reason = SHIPPED.combine(question, rows[:2], features[:2])
+        assert reason is None and len(probabilities) == 2
+
+
+def test_the_model_loads_once_per_process(tmp_path):
+    needs_runtime()
+    meta = copied(tmp_path, (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model).read_bytes())
+    first, second = solos_cross_encoder.load(meta), solos_cross_encoder.load(meta)
+    assert first.combine(QUESTION, [ANSWER], [0.5])[1] is None
+    assert second.combine(QUESTION, [ANSWER], [0.5])[1] is None
+    runner = solos_cross_encoder.runner(meta.parent / SHIPPED.meta.model, SHIPPED.meta.sha256, SHIPPED.meta.max_len)
+    session = runner.session
+    assert session is not None
+    assert first.combine(QUESTION, [NEAR], [0.5])[1] is None and runner.session is session
+
+
+def test_a_forked_process_loads_its_own(monkeypatch):
+    """A worker forked from a process that ran the model gets a runner (thread, session) of its own."""
+    args = (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model, SHIPPED.meta.sha256, SHIPPED.meta.max_len)
+    parent = solos_cross_encoder.runner(*args)
+    assert solos_cross_encoder.runner(*args) is parent
+    monkeypatch.setattr(solos_cross_encoder.os, "getpid", lambda: -1)
+    child = solos_cross_encoder.runner(*args)
+    assert child is not parent and child.session is None
+
+
+def test_a_run_past_its_time_leaves_the_features_judge_and_later_runs_do_not_queue(tmp_path):
+    needs_runtime()
+    meta = copied(tmp_path, (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model).read_bytes())
+    slow = solos_cross_encoder.load(meta)
+    slow.timeout_s = 0.0  # the first run loads the model too: it cannot be done at once
+    probabilities, reason = slow.combine(QUESTION, [ANSWER, NEAR], [0.4, 0.3])
+    assert probabilities == [0.4, 0.3] and "took over 0 s (loading the model)" in reason
+    probabilities, reason = slow.combine(QUESTION, [ANSWER], [0.4])
+    assert probabilities == [0.4] and "still busy" in reason
+    runner = solos_cross_encoder.runner(meta.parent / SHIPPED.meta.model, SHIPPED.meta.sha256, SHIPPED.meta.max_len)
+    runner.stuck.result(timeout=60)
+    slow.timeout_s = 60.0
+    assert slow.combine(QUESTION, [ANSWER], [0.4])[1] is None  # once it is done, the next recall uses it
+
+
+# ==== Through the service ====
+
+
+LOAD = solos_judge.load
+DEFAULT = solos_cross_encoder.META_PATH
+
+
+def served_with(embedded_server, monkeypatch, meta: Path | None = DEFAULT, name: str = "hybrid.db"):
+    """A hybrid service whose judge reads the cross-encoder meta `meta` (None: the features judge alone)."""
+    monkeypatch.setattr(solos_judge, "load", functools.partial(LOAD, cross=meta))  # Memory loads it at start
+    server = embedded_server(WordHashEmbedder(), name)
+    for fact in (ANSWER, NEAR):
+        reply = server.post("/v1/long", {"agent": fact["agent"], "topic": fact["topic"], "fact": fact["text"]})
+        assert reply.status == 201, reply.body
+    return server
+
+
+def hybrid_recall(server) -> dict:
+    deadline = time.monotonic() + 10
+    while (reply := server.recall("sol", QUESTION, tiers="long", k=5)).body.get("ranking") != "hybrid":
+        assert time.monotonic() < deadline, reply.body
+        time.sleep(0.05)
+    assert reply.status == 200, reply.body
+    return reply.body
+
+
+def test_hybrid_recall_names_the_cross_encoder(embedded_server, monkeypatch):
+    needs_runtime()
+    body = hybrid_recall(served_with(embedded_server, monkeypatch))
+    receipt = body["receipt"]
+    assert receipt["judge"].startswith(f"cross-encoder@{solos_cross_encoder.MODEL_SHA256[:8]}+features-hybrid@")
+    assert receipt["judge_reason"] is None and body["degraded"] is False
+    relevance = {r["text"]: r["relevance"] for r in body["results"]}
+    assert all(0.0 <= p <= 1.0 for p in relevance.values())
+    assert relevance[ANSWER["text"]] > relevance[NEAR["text"]]
+
+
+@pytest.mark.parametrize("model", [None, b"corrupt"], ids=["missing", "corrupt"])
+def test_hybrid_recall_without_its_model_answers_with_the_features_judge_and_why(
+    embedded_server, monkeypatch, tmp_path, model
+):
+    body = hybrid_recall(served_with(embedded_server, monkeypatch, copied(tmp_path, model)))
+    receipt = body["receipt"]
+    assert receipt["judge"].startswith("features-hybrid@")
+    assert ("unreadable" if model is None else "sha256") in receipt["judge_reason"]
+    assert len(body["results"]) == 2 and all(0.0 < r["relevance"] <= 1.0 for r in body["results"])
+    features = hybrid_recall(served_with(embedded_server, monkeypatch, None, "features.db"))  # the same, no model
+    assert (features["receipt"]["judge"], features["receipt"]["judge_reason"]) == (receipt["judge"], None)
+    assert [(r["text"], r["relevance"]) for r in body["results"]] == [
+        (r["text"], r["relevance"]) for r in features["results"]
+    ]
