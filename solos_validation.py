@@ -146,6 +146,9 @@ def check_args(schema: dict, args: Any) -> dict:
 # (solos_bounds.MAX_ID has 19) and some past it, so the schema's range check names the field, not a type error.
 # Bounded: int() of a long digit string costs quadratic time, and 4,300 digits raise.
 REST_INTEGER = re.compile(r"-?[0-9]{1,40}")
+# A query-string number as a program prints one: Python's repr of a float has up to 17 significant digits
+# (0.42358799999999996) and small ones take an exponent (1e-05). Bounded like the integer.
+REST_NUMBER = re.compile(r"-?[0-9]{1,20}(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?")
 
 
 def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
@@ -162,7 +165,7 @@ def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
         if kind == "integer":
             args[name] = int(raw) if re.fullmatch(REST_INTEGER, raw) else raw
         elif kind == "number":
-            args[name] = float(raw) if re.fullmatch(r"-?\d{1,12}(\.\d{1,12})?", raw) else raw
+            args[name] = float(raw) if re.fullmatch(REST_NUMBER, raw) else raw
         elif kind == "boolean":
             args[name] = {"true": True, "false": False}.get(raw, raw)
         elif kind == "array":

@@ -508,3 +508,15 @@ def test_a_missing_or_corrupt_judge_file_degrades_to_relevance_with_its_reason(
     assert receipt["judge"] == "relevance" and receipt["judge_reason"]
     assert ("unreadable" if content is None else "sha256") in receipt["judge_reason"]
     assert 0.0 < reply.body["results"][0]["relevance"] <= 1.0
+
+
+def test_a_floor_is_read_as_a_program_prints_it(server):
+    """A client sends str(float): 17 significant digits, or an exponent for a small value."""
+    server.post("/v1/long", {"agent": "atlas", "fact": "The kubernetes cluster is owned by the platform team"})
+    for printed in ("0.42358799999999996", "1e-05", "2.5E-3", "0"):
+        reply = server.get("/v1/recall", agent="nova", q="kubernetes cluster", min_relevance=printed)
+        assert reply.status == 200, (printed, reply.body)
+        assert reply.body["min_relevance"] == float(printed)
+    for wrong in ("0.1.2", "1e", "abc", "1" * 21):
+        reply = server.get("/v1/recall", agent="nova", q="kubernetes cluster", min_relevance=wrong)
+        assert reply.status == 400 and "min_relevance" in reply.body["error"]["message"], (wrong, reply.body)
