@@ -41,8 +41,8 @@ HERE = Path(__file__).resolve().parent
 META_PATH = HERE / "models" / "judge" / "cross-encoder.json"
 # The sha256 of META_PATH and of the model file it names, as bench/cross_encoder_swap.py wrote them (it rewrites
 # these two lines).
-META_SHA256 = "cc1ea9b9093fc8e6b21759a1424e423000a84e8a73b40596549bbbfed9c7c9c9"
-MODEL_SHA256 = "8dc2c7740edd872f0f9309de843b93fcb285093a548008a136c8cbbedf67bb67"
+META_SHA256 = "d21ac2663bcbeaddf3eb2eb087a78c2049454d865e1845bee3c297d593c05008"
+MODEL_SHA256 = "44e88373f545c527bf8d0fd1633ea31d9a364e8bcb01efcf2406eae40960ab02"
 META_FORMAT = 1
 TOKENIZER_PATH = HERE / "models" / "all-MiniLM-L6-v2" / "tokenizer.json"
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
