@@ -130,6 +130,21 @@ def test_it_reads_only_the_first_rows_and_any_question():
         assert reason is None and len(probabilities) == 2
 
 
+def test_a_long_row_is_cut_before_tokenizing_and_reads_the_same():
+    needs_runtime()
+    session = solos_cross_encoder.Session(str(solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model), 20)
+    room, text = 20 * solos_cross_encoder.CHARS_PER_TOKEN, solos_cross_encoder.pair_text(ANSWER)
+    rows = [
+        text,
+        text + " more words" * 100,  # cut at a space, the room full before the cut
+        "x" * (room - 3) + " tail" + " end" * 50,  # one long word: cut, but the cut row fits, so read whole
+        "8443" * 200,  # no space to cut at
+        "port " + "漢字é " * 200,
+    ]
+    for row in rows:
+        assert session.pair(QUESTION, row).ids == session.tokenizer.encode(QUESTION, row).ids, row[:40]
+
+
 def test_the_model_loads_once_per_process(tmp_path):
     needs_runtime()
     meta = copied(tmp_path, (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model).read_bytes())
