@@ -55,7 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from judge_data import load  # noqa: E402
+from judge_data import CACHE, load  # noqa: E402
 from judge_eval import column, fitted, folds, separation  # noqa: E402
 from judge_fit import choose_floor, fit, judge_of  # noqa: E402
 from locomo_data import REPO  # noqa: E402
@@ -462,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         "--meta", type=Path, help="write what a loader needs beside the file here (JSON: combination, floors, input)"
     )
     parser.add_argument("--score", type=Path, help="train nothing: score this int8 ONNX file (an earlier --export)")
+    parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
     args = parser.parse_args(argv)
     torch = import_torch()
     torch.set_num_threads(1)
@@ -470,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     np.random.seed(SEED)
     torch.use_deterministic_algorithms(True)
 
-    records = load()
+    records = load(args.data)
     roles = split(records, args.held_out, args.calibrate)
     tokenizer = load_tokenizer(args.max_len)
     if args.score:
