@@ -14,7 +14,7 @@ not fitted on, at a cost a turn can pay? Bench-only: it needs torch, in its own 
   A head over the mean of the token states (or the [CLS] state, `--pooling cls`) gives the logit that the row
   answers. Input: the question, then the row as the service embeds it (`agent (topic): text`), as a BERT pair,
   at most `--max-len` tokens (only the row is cut).
-- The split is disjoint in everything a model can learn by heart (`split`). The fleet's memory holds all 320
+- The split is disjoint in everything a model can learn by heart (`split`). The fleet's memory holds all 520
   facts, so a question's 20 candidates mix both halves: each question keeps only its own role's rows (the
   scored half is judged on the scored half's facts, as a memory no fit saw). LoCoMo's foreign questions are
   other conversations' own: a question asked in the held-out conversation at all is in no fit. Without this
@@ -55,7 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from judge_data import load  # noqa: E402
+from judge_data import CACHE, load  # noqa: E402
 from judge_eval import column, fitted, folds, separation  # noqa: E402
 from judge_fit import choose_floor, fit, judge_of  # noqa: E402
 from locomo_data import REPO  # noqa: E402
@@ -279,7 +279,7 @@ def fleet_role(item: str) -> str:
 
 def split(records: list[dict], held: int, calibrate: int) -> dict[str, list[dict]]:
     """Hybrid records by role: train, calibrate (for the combination) and the two held-out sets, disjoint in
-    everything a model can learn by heart. The fleet's memory holds all 320 facts, so each question's 20
+    everything a model can learn by heart. The fleet's memory holds all 520 facts, so each question's 20
     candidates mix both halves: a record keeps only the rows of its own role (the scored half's questions are
     judged on the scored half's facts, as a memory the fit never saw). LoCoMo's foreign questions are other
     conversations' own: a question is the held-out conversation's if it is asked there at all (own or
@@ -456,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         "--meta", type=Path, help="write what a loader needs beside the file here (JSON: combination, floors, input)"
     )
     parser.add_argument("--score", type=Path, help="train nothing: score this int8 ONNX file (an earlier --export)")
+    parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
     args = parser.parse_args(argv)
     torch = import_torch()
     torch.set_num_threads(1)
@@ -464,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     np.random.seed(SEED)
     torch.use_deterministic_algorithms(True)
 
-    records = load()
+    records = load(args.data)
     roles = split(records, args.held_out, args.calibrate)
     tokenizer = load_tokenizer(args.max_len)
     if args.score:

@@ -1,12 +1,17 @@
 """The fleet domain (bench/data/fleet) as the reranker sees it: each question's head rows and their features.
 
-A library for bench/ltr_fit.py (ranking fitted on both domains), with a CLI that
-prints the fleet's figures. The 320 facts go into a scratch service run in this process (the real
+A library for bench/ltr_fit.py (ranking fitted on both domains), with a CLI that prints the fleet's figures.
+The first batch's 320 facts (RANK_CLUSTERS) go into a scratch service run in this process (the real
 solos_memory server on a temp database, its embedder on for hybrid, --model-dir off for keyword); every
 question is asked through REST as its asker with k 20. While the service reranks, solos_rank.head_logits is
 wrapped to record each head row's solos_rank.ltr_features: the very inputs the service's reranker reads,
 so a refit on them serves as fitted. Fusion weights can be varied (solos_rank.LEG_WEIGHTS, patched in this
 process only) since the head and its first-pass features depend on them.
+
+The ranking reads the data set's first batch only (16 clusters, 8 per half): the shipped weights
+(solos_rank.LTR_*_WEIGHTS) were fitted on it and tests/test_rank_weights.py holds them to it. The second batch
+(ten more `fit` clusters, bench/data/fleet/README.md) was written for the judge; refitting the ranking on it
+moves the hybrid weights and the candidates the judge was fitted on, a change to measure on its own.
 
 Fleet facts are long facts whose topics are all distinct: no row has a topic neighbour, so the chat-structure
 features (neighbours, previous row asks, first of topic) are constant there.
@@ -38,12 +43,19 @@ import solos_store  # noqa: E402
 
 FLEET = Path(__file__).resolve().parent / "data" / "fleet"
 K = 20
+RANK_CLUSTERS = frozenset(
+    ("payments", "search", "identity", "observability", "data-platform", "mobile", "ci-build", "office-it")
+    + ("notifications", "storage", "edge", "ml-platform", "secops", "billing", "geo", "support")
+)  # the first batch: every `score` cluster and the `fit` clusters the ranking weights were fitted on
 
 
 def load_fleet() -> tuple[list[dict], list[dict]]:
-    """The fleet's facts and questions."""
+    """The fleet's facts and questions of RANK_CLUSTERS."""
     read = lambda name: [json.loads(x) for x in (FLEET / name).read_text().splitlines() if x.strip()]  # noqa: E731
-    return read("facts.jsonl"), read("questions.jsonl")
+    facts, questions = read("facts.jsonl"), read("questions.jsonl")
+    return [f for f in facts if f["domain_topic"] in RANK_CLUSTERS], [
+        q for q in questions if q["domain_topic"] in RANK_CLUSTERS
+    ]
 
 
 class Capture:

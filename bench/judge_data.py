@@ -5,7 +5,7 @@ question with k=20 and min_relevance=0, so every row the reranker's head holds c
 (the reranker's probability) and its `relevance` (today's calibration: the service runs with the judge off,
 SOLOS_MEMORY_JUDGE=off, since the judge reads that calibration and must not be fitted on its own output):
 
-- fleet (bench/data/fleet): all 320 facts as long facts by their agents (source `fleet-bench`, confidence 0.9
+- fleet (bench/data/fleet): all 520 facts as long facts by their agents (source `fleet-bench`, confidence 0.9
   for every row, so neither carries a signal), asked every question as its asker. A row is positive when it is
   one of the question's `answers`; an unanswerable question's rows are all negatives.
 - LoCoMo (the dev split): each conversation stored as bench/locomo.py stores it (one long fact per turn), asked
@@ -95,7 +95,7 @@ def serve_args(mode: str) -> list[str]:
 
 
 def fleet_records(modes: list[str], tree: Path = REPO, judged: bool = False) -> Iterator[dict]:
-    """Every fleet question asked of a service holding all 320 facts, in each mode (`tree`'s service; `judged`
+    """Every fleet question asked of a service holding all 520 facts, in each mode (`tree`'s service; `judged`
     as recall_rows)."""
     facts = [json.loads(line) for line in (FLEET / "facts.jsonl").read_text().splitlines() if line.strip()]
     questions = [json.loads(line) for line in (FLEET / "questions.jsonl").read_text().splitlines() if line.strip()]

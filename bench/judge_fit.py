@@ -3,7 +3,7 @@
 Fitted on the fleet domain's `fit` half and all five LoCoMo dev conversations (own and foreign questions),
 recall's own candidates from bench/judge_data.py's cache: one logistic regression per mode (hybrid reads the
 cosine; keyword, for a service without the embedder, does not) over solos_judge.features, standardised, by
-Newton steps with a small L2. The two domains weigh the same in all (the fleet has 160 questions to LoCoMo's
+Newton steps with a small L2. The two domains weigh the same in all (the fleet has 362 fitting questions to LoCoMo's
 ~2,000), so the fleet's near misses are not drowned; within a domain, rows count as they come, so the output
 stays calibrated to each domain's mix. Deterministic: no sampling, no random start (seed fixed for any tie).
 
