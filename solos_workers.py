@@ -47,6 +47,10 @@ STOP_WAIT_S = 20.0  # after SIGTERM, how long the workers get to finish their re
 # RESTART_PAUSE_S[1], so a worker that cannot start (a broken database) is not forked in a tight loop.
 QUICK_DEATH_S = 10.0
 RESTART_PAUSE_S = (0.5, 30.0)
+# A worker that dies quickly this many times within the window is not going to serve: the supervisor stops the
+# others and exits 1, so systemd sees the failure (restarts the unit, and past its start limit, OnFailure=)
+# instead of a service that retries every 30 s for ever. 5 quick deaths take about 8 s (pauses 0.5 to 4 s).
+GIVE_UP_AFTER = (5, 120.0)  # (quick deaths, within seconds)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
@@ -76,6 +80,8 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
     finally:
         server.server_close()
         log_event("stopped", port=server.port, **({"worker": worker.index} if worker else {}))
+        if worker is not None and os.getppid() != worker.supervisor:
+            worker.orphaned()
     return 0
 
 
@@ -92,6 +98,7 @@ class Worker:
     listener: socket.socket | None  # the supervisor's listening socket (shared), or None: bind with SO_REUSEPORT
     seats_path: str
     ready_fd: int
+    supervisor: int = 0  # its pid: a worker whose parent is another has outlived it
     seats: Seats | None = None
 
     def ready(self, fields: dict) -> None:
@@ -102,6 +109,14 @@ class Worker:
         with contextlib.suppress(OSError):
             os.write(self.ready_fd, line.encode() + b"\n")
             os.close(self.ready_fd)
+
+    def orphaned(self) -> None:
+        """The supervisor died without its clean-up (SIGKILL): the workers, stopping with it, remove the seats
+        file and its folder, the last to stop succeeding (under systemd, PrivateTmp= removes them anyway)."""
+        with contextlib.suppress(OSError):
+            os.remove(self.seats_path)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(self.seats_path))
 
     def describe(self) -> dict:
         """For /health and /v1/stats: how many workers, and which one answered."""
@@ -237,6 +252,7 @@ class Child:
     due: float = 0.0  # when a dead one is started again
     restarts: int = 0
     ready: bool = False
+    quick_deaths: list[float] = field(default_factory=list)  # when, within GIVE_UP_AFTER's window
 
 
 @dataclass
@@ -254,6 +270,7 @@ class Supervisor:
     start: Callable[[Worker], int]
     children: dict[int, Child] = field(default_factory=dict)
     stopping: bool = False
+    gave_up: str = ""  # why the supervisor stopped the service by itself: a worker that cannot start
 
     def bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -289,6 +306,8 @@ class Supervisor:
                 self.fork(self.children[index])
             while not self.stopping:
                 self.reap()
+                if self.stopping:  # a worker that cannot start: no more forks
+                    break
                 now = time.monotonic()
                 for child in self.children.values():
                     if child.pid == 0 and now >= child.due:
@@ -317,8 +336,10 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.remove(self.seats_path)
                 os.rmdir(folder)
-            log_event("stopped", port=self.port, workers=self.count)
-        return 0
+            log_event(
+                "stopped", port=self.port, workers=self.count, **({"failed": self.gave_up} if self.gave_up else {})
+            )
+        return 1 if self.gave_up else 0
 
     def stop(self, *_: Any) -> None:
         self.stopping = True
@@ -339,7 +360,9 @@ class Supervisor:
                 listener = self.sock if self.mode == "shared" else None
                 if listener is None:
                     self.sock.close()
-                worker = Worker(child.index, self.count, self.port, listener, self.seats_path, self.ready_write)
+                worker = Worker(
+                    child.index, self.count, self.port, listener, self.seats_path, self.ready_write, supervisor
+                )
                 status = self.start(worker)
             except SystemExit as error:
                 log_event("worker_failed", worker=child.index, reason=str(error.code))
@@ -363,8 +386,16 @@ class Supervisor:
             child = next((c for c in self.children.values() if c.pid == pid), None)
             if child is None:
                 continue
-            lived = time.monotonic() - child.started
+            now = time.monotonic()
+            lived = now - child.started
             quick = lived < QUICK_DEATH_S
+            if quick:
+                deaths, window = GIVE_UP_AFTER
+                child.quick_deaths = [t for t in child.quick_deaths if now - t < window] + [now]
+                if len(child.quick_deaths) >= deaths and not self.stopping:
+                    self.gave_up = f"worker {child.index} died within {QUICK_DEATH_S:g} s of its start {deaths} times"
+                    log_event("workers_failed", worker=child.index, reason=self.gave_up)
+                    self.stopping = True
             child.due = time.monotonic() + (child.pause if quick else 0.0)
             child.pause = min(child.pause * 2, RESTART_PAUSE_S[1]) if quick else RESTART_PAUSE_S[0]
             child.pid, child.ready, child.restarts = 0, False, child.restarts + 1

@@ -21,6 +21,7 @@ import pytest
 from conftest import ROOT, Stream, fleet_writer, require_embedder, service, subscribed, wait_until, write_tokens
 
 import solos_events
+import solos_workers
 
 pytestmark = pytest.mark.slow  # each starts a supervisor and its workers
 
@@ -270,9 +271,9 @@ def test_a_token_added_or_removed_holds_on_every_worker_at_the_next_request(tmp_
 class Supervised:
     """`serve --workers` as a child process of the test, its log drained into `lines` on a thread."""
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None):
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
         )
         self.lines: list[str] = []
         self.drained = threading.Event()
@@ -328,8 +329,11 @@ def test_the_supervisor_restarts_a_dead_worker_and_stops_them_all_on_sigterm(tmp
 
 
 def test_workers_stop_when_the_supervisor_is_killed(tmp_path):
-    """SIGKILL leaves the supervisor no time to stop them: the workers must not keep the port on their own."""
-    supervised = Supervised(serve_argv(tmp_path / "k.db", "--model-dir", "off"))
+    """SIGKILL leaves the supervisor no time to stop them: the workers must not keep the port on their own, nor
+    leave the seats file's folder behind."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    supervised = Supervised(serve_argv(tmp_path / "k.db", "--model-dir", "off"), {**os.environ, "TMPDIR": str(scratch)})
     proc, port = supervised.proc, supervised.port
     try:
         pids = [on(port, worker, "GET", "/health")[1]["worker_pid"] for worker in range(1, WORKERS + 1)]
@@ -344,8 +348,28 @@ def test_workers_stop_when_the_supervisor_is_killed(tmp_path):
             return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
         wait_until(lambda: all(gone(pid) for pid in pids), "the workers to end")
+        assert list(scratch.iterdir()) == []
     finally:
         supervised.kill()
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor_with_a_failure():
+    """A worker that dies at every start is not retried for ever: after GIVE_UP_AFTER quick deaths the supervisor
+    stops the others and exits 1, so systemd sees a failed service."""
+    script = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); import solos_workers;"
+        " sys.exit(solos_workers.supervise(2, '127.0.0.1', 0, 'shared', lambda worker: 3))"
+    )
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    events = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
+    failed = [e for e in events if e["event"] == "workers_failed"]
+    assert len(failed) == 1 and "died within" in failed[0]["reason"], events
+    deaths, window = solos_workers.GIVE_UP_AFTER
+    starts = [e for e in events if e["event"] == "worker_started" and e["worker"] == failed[0]["worker"]]
+    assert len(starts) == deaths and time.monotonic() - started < window
+    assert events[-1]["event"] == "stopped" and events[-1]["failed"] == failed[0]["reason"]
 
 
 def test_one_worker_is_the_default_and_nothing_changes(server):
