@@ -97,6 +97,8 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if worker is not None:
+            worker.holding(-1)  # accepting no more: the others' turns no longer wait for this one
         server.server_close()
         log_event("stopped", port=server.port, **({"worker": worker.index} if worker else {}))
         if worker is not None and os.getppid() != worker.supervisor:
