@@ -61,6 +61,7 @@ PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 # and 16 clients 14 to 2 once, and a worker with 3 clients answers each 3x slower (docs/load.md).
 TURN_PAUSE_S = 0.001
 TURN_WAIT_S = 0.25
+TURN_GAP_S = 0.05  # declines further apart than this were for different newcomers
 
 
 # ==== One process: the serve loop (single, or a worker) ====
@@ -167,6 +168,7 @@ class WorkerSocket:
     socket: socket.socket
     allow_reuse_port: bool
     declined_since: float | None = None  # when this worker first declined the connection now waiting
+    declined_last = 0.0  # when it last declined one
     worker_lock: threading.Lock  # the accept loop's and the handler threads' view of open_connections
     open_connections: set[Any]
 
@@ -196,12 +198,18 @@ class WorkerSocket:
         worker = self.worker
         if worker is not None and worker.listener is not None:
             now = time.monotonic()
-            if not worker.my_turn() and now - (self.declined_since or now) < TURN_WAIT_S:
-                self.declined_since = self.declined_since or now
-                time.sleep(TURN_PAUSE_S)
-                raise BlockingIOError("another worker holds fewer connections")
+            if worker.my_turn():
+                self.declined_since = None
+            else:
+                # Declining again soon after the last time: the same newcomer is still waiting. After a gap, the
+                # one declined before was taken by another worker, and this is a new one.
+                if self.declined_since is None or now - self.declined_last > TURN_GAP_S:
+                    self.declined_since = now
+                self.declined_last = now
+                if now - self.declined_since < TURN_WAIT_S:
+                    time.sleep(TURN_PAUSE_S)
+                    raise BlockingIOError("another worker holds fewer connections")
         request, address = super().get_request()  # type: ignore[misc]
-        self.declined_since = None
         if worker is not None:
             self.counted(request, True)
         return request, address

@@ -144,6 +144,27 @@ def test_a_burst_of_connections_is_spread_evenly_over_the_workers(tmp_path):
             sock.close()
 
 
+def test_a_stuck_worker_does_not_stop_the_others_taking_connections(tmp_path):
+    """A worker that holds the fewest connections but does not accept (stopped here) delays a newcomer by at most
+    TURN_WAIT_S: the others take it then."""
+    with service(serve_argv(tmp_path / "stuck.db", "--model-dir", "off")) as (port, _):
+        stuck = on(port, 1, "GET", "/health")[1]["worker_pid"]
+        os.kill(stuck, signal.SIGSTOP)
+        try:
+            held = []
+            started = time.monotonic()
+            for _ in range(4):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                assert answered_by(sock) == 2
+                held.append(sock)
+            assert time.monotonic() - started < 4 * (solos_workers.TURN_WAIT_S + 1)
+        finally:
+            os.kill(stuck, signal.SIGCONT)
+        for sock in held:
+            sock.close()
+
+
 def answered_by(sock: socket.socket) -> int:
     """The worker that answered the one request sent on sock (read whole, so the next is answered next)."""
     data = b""
