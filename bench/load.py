@@ -66,6 +66,7 @@ from locomo_data import DEFAULT_DATA
 K = 5  # as the acceptance criteria measure it
 QUESTIONS = 200  # real LoCoMo questions, cycled by every client from its own offset
 WARMUP = 40  # recalls per service before its first level: caches, the embedder's first runs
+WARM_WAIT_S = 120  # how long warm() tries to reach every worker
 CLIENT_GRACE_S = 30  # past --seconds, when a client process that has not reported is killed
 
 
@@ -246,9 +247,13 @@ def recall_paths(questions: list[str]) -> list[str]:
 
 
 def warm(port: int, paths: list[str], mode: str, workers: int = 1) -> None:
-    """WARMUP recalls on a connection to each worker; stops if the service answers otherwise than in `mode`."""
+    """WARMUP recalls on a connection to each worker; stops if the service answers otherwise than in `mode`.
+
+    New connections go to the worker holding the fewest, so after one is warmed the next usually reaches
+    another; a worker still busy starting (a large database) is retried until WARM_WAIT_S."""
     warmed: set[str] = set()
-    for _ in range(workers * 20):
+    deadline = time.monotonic() + WARM_WAIT_S
+    while time.monotonic() < deadline:
         client = Client(port)
         try:
             status, health = client.json("GET", "/health")
