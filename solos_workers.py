@@ -12,19 +12,22 @@ What only a host has, the supervisor provides: the file of stream seats every wo
 per-agent cap and the total are the service's, not each worker's). Each worker reads the tokens file again
 when it changes (solos_tokens), and embeds its share of the fleet's direct writes (`Store.embed_share`).
 
-Two ways to share the port, `--worker-socket`: `shared` (one listening socket, inherited: a worker takes
-a connection when it is free to; the default, see docs/load.md for the measurement) or `reuseport`
-(SO_REUSEPORT: each worker binds its own, the kernel spreads connections by a hash of their addresses).
+Two ways to share the port, `--worker-socket`: `shared` (one listening socket, inherited: the worker holding
+the fewest connections takes the next, counted in memory the supervisor shares with its workers; the default,
+see docs/load.md for the measurement) or `reuseport` (SO_REUSEPORT: each worker binds its own, the kernel
+spreads connections by a hash of their addresses).
 
 Imports only the store (its log lines and the database's shown name).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import fcntl
 import json
+import mmap
 import os
 import select
 import signal
@@ -47,10 +50,31 @@ STOP_WAIT_S = 20.0  # after SIGTERM, how long the workers get to finish their re
 # RESTART_PAUSE_S[1], so a worker that cannot start (a broken database) is not forked in a tight loop.
 QUICK_DEATH_S = 10.0
 RESTART_PAUSE_S = (0.5, 30.0)
+# A worker that dies quickly this many times within the window is not going to serve: the supervisor stops the
+# others and exits 1, so systemd sees the failure (restarts the unit, and past its start limit, OnFailure=)
+# instead of a service that retries every 30 s for ever. 5 quick deaths take about 8 s (pauses 0.5 to 4 s).
+GIVE_UP_AFTER = (5, 120.0)  # (quick deaths, within seconds)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+# Shared socket: a worker holding more connections than the least busy declines a newcomer (pausing this long each
+# time, so its accept loop does not spin) and leaves it to that worker; past TURN_WAIT_S it takes it anyway, so
+# a worker that is stuck never stops the others. Free-for-all, a burst of 4 clients landed 3 to 1 in 2 of 5 tries
+# and 16 clients 14 to 2 once, and a worker with 3 clients answers each 3x slower (docs/load.md).
+TURN_PAUSE_S = 0.001
+TURN_WAIT_S = 0.25
+TURN_GAP_S = 0.05  # declines further apart than this were for different newcomers
 
 
 # ==== One process: the serve loop (single, or a worker) ====
+
+
+def count(raw: str) -> int:
+    """--workers: a number, or `auto`, one worker per core this process may run on (its affinity, not the host's)."""
+    if raw.strip().lower() == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        return int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of workers or auto, got {raw!r}") from None
 
 
 def run(server: Any, config: Any, worker: Worker | None = None) -> int:
@@ -74,8 +98,12 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if worker is not None:
+            worker.holding(-1)  # accepting no more: the others' turns no longer wait for this one
         server.server_close()
         log_event("stopped", port=server.port, **({"worker": worker.index} if worker else {}))
+        if worker is not None and os.getppid() != worker.supervisor:
+            worker.orphaned()
     return 0
 
 
@@ -92,16 +120,39 @@ class Worker:
     listener: socket.socket | None  # the supervisor's listening socket (shared), or None: bind with SO_REUSEPORT
     seats_path: str
     ready_fd: int
+    supervisor: int = 0  # its pid: a worker whose parent is another has outlived it
+    held: Any = None  # every worker's open connections (a memoryview of int64 on shared memory; -1: not serving)
     seats: Seats | None = None
+
+    def holding(self, connections: int) -> None:
+        """Tell the other workers how many connections this one holds."""
+        if self.held is not None:
+            self.held[self.index - 1] = connections
+
+    def my_turn(self) -> bool:
+        """Whether this worker should take the next connection: none of the serving workers holds fewer."""
+        if self.held is None:
+            return True
+        serving = [count for count in self.held.tolist() if count >= 0]
+        return not serving or self.held[self.index - 1] <= min(serving)
 
     def ready(self, fields: dict) -> None:
         """Tell the supervisor this worker serves (one line on the pipe: atomic under PIPE_BUF)."""
         line = json.dumps({"worker": self.index, **fields}, default=str)
         if len(line.encode()) >= select.PIPE_BUF:  # one write, whole: the fields the listening line repeats can go
             line = json.dumps({"worker": self.index})
+        self.holding(0)
         with contextlib.suppress(OSError):
             os.write(self.ready_fd, line.encode() + b"\n")
             os.close(self.ready_fd)
+
+    def orphaned(self) -> None:
+        """The supervisor died without its clean-up (SIGKILL): the workers, stopping with it, remove the seats
+        file and its folder, the last to stop succeeding (under systemd, PrivateTmp= removes them anyway)."""
+        with contextlib.suppress(OSError):
+            os.remove(self.seats_path)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(self.seats_path))
 
     def describe(self) -> dict:
         """For /health and /v1/stats: how many workers, and which one answered."""
@@ -116,9 +167,14 @@ class WorkerSocket:
     worker: Worker | None = None
     socket: socket.socket
     allow_reuse_port: bool
+    declined_since: float | None = None  # when this worker first declined the connection now waiting
+    declined_last = 0.0  # when it last declined one
+    worker_lock: threading.Lock  # the accept loop's and the handler threads' view of open_connections
+    open_connections: set[Any]
 
     def server_bind(self) -> None:
         worker = self.worker
+        self.worker_lock, self.open_connections = threading.Lock(), set()
         if worker is not None and worker.listener is not None:
             self.socket.close()
             # Non-blocking: every idle worker wakes for a new connection and one accepts it; the others'
@@ -135,6 +191,40 @@ class WorkerSocket:
     def server_activate(self) -> None:
         if self.worker is None or self.worker.listener is None:
             super().server_activate()  # type: ignore[misc]
+
+    def get_request(self) -> tuple[Any, Any]:
+        """Accept, on a shared socket only in this worker's turn (Worker.my_turn) or past TURN_WAIT_S of declining;
+        an OSError here makes socketserver go back to waiting for the socket."""
+        worker = self.worker
+        if worker is not None and worker.listener is not None:
+            now = time.monotonic()
+            if worker.my_turn():
+                self.declined_since = None
+            else:
+                # Declining again soon after the last time: the same newcomer is still waiting. After a gap, the
+                # one declined before was taken by another worker, and this is a new one.
+                if self.declined_since is None or now - self.declined_last > TURN_GAP_S:
+                    self.declined_since = now
+                self.declined_last = now
+                if now - self.declined_since < TURN_WAIT_S:
+                    time.sleep(TURN_PAUSE_S)
+                    raise BlockingIOError("another worker holds fewer connections")
+        request, address = super().get_request()  # type: ignore[misc]
+        if worker is not None:
+            self.counted(request, True)
+        return request, address
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)  # type: ignore[misc]
+        if self.worker is not None:
+            self.counted(request, False)
+
+    def counted(self, request: Any, held: bool) -> None:
+        """The connections this worker holds, accepted and not yet shut, published for the others' turns."""
+        assert self.worker is not None
+        with self.worker_lock:
+            (self.open_connections.add if held else self.open_connections.discard)(request)
+            self.worker.holding(len(self.open_connections))
 
 
 # ==== Stream seats: the caps across workers ====
@@ -237,6 +327,7 @@ class Child:
     due: float = 0.0  # when a dead one is started again
     restarts: int = 0
     ready: bool = False
+    quick_deaths: list[float] = field(default_factory=list)  # when, within GIVE_UP_AFTER's window
 
 
 @dataclass
@@ -254,6 +345,7 @@ class Supervisor:
     start: Callable[[Worker], int]
     children: dict[int, Child] = field(default_factory=dict)
     stopping: bool = False
+    gave_up: str = ""  # why the supervisor stopped the service by itself: a worker that cannot start
 
     def bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -274,6 +366,10 @@ class Supervisor:
         self.port = self.sock.getsockname()[1]
         folder = tempfile.mkdtemp(prefix="solos-workers-")  # 0700: the seats file is this service's alone
         self.seats_path = os.path.join(folder, "seats.json")
+        # Every worker's open connections, -1 while it is not serving: shared, anonymous memory the forks inherit.
+        self.held = memoryview(mmap.mmap(-1, 8 * self.count)).cast("q")
+        for index in range(self.count):
+            self.held[index] = -1
         self.ready_read, self.ready_write = os.pipe()
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_write, False)
@@ -289,6 +385,8 @@ class Supervisor:
                 self.fork(self.children[index])
             while not self.stopping:
                 self.reap()
+                if self.stopping:  # a worker that cannot start: no more forks
+                    break
                 now = time.monotonic()
                 for child in self.children.values():
                     if child.pid == 0 and now >= child.due:
@@ -317,8 +415,10 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.remove(self.seats_path)
                 os.rmdir(folder)
-            log_event("stopped", port=self.port, workers=self.count)
-        return 0
+            log_event(
+                "stopped", port=self.port, workers=self.count, **({"failed": self.gave_up} if self.gave_up else {})
+            )
+        return 1 if self.gave_up else 0
 
     def stop(self, *_: Any) -> None:
         self.stopping = True
@@ -339,7 +439,10 @@ class Supervisor:
                 listener = self.sock if self.mode == "shared" else None
                 if listener is None:
                     self.sock.close()
-                worker = Worker(child.index, self.count, self.port, listener, self.seats_path, self.ready_write)
+                worker = Worker(
+                    child.index, self.count, self.port, listener, self.seats_path, self.ready_write, supervisor
+                )
+                worker.held = self.held
                 status = self.start(worker)
             except SystemExit as error:
                 log_event("worker_failed", worker=child.index, reason=str(error.code))
@@ -363,11 +466,20 @@ class Supervisor:
             child = next((c for c in self.children.values() if c.pid == pid), None)
             if child is None:
                 continue
-            lived = time.monotonic() - child.started
+            now = time.monotonic()
+            lived = now - child.started
             quick = lived < QUICK_DEATH_S
+            if quick:
+                deaths, window = GIVE_UP_AFTER
+                child.quick_deaths = [t for t in child.quick_deaths if now - t < window] + [now]
+                if len(child.quick_deaths) >= deaths and not self.stopping:
+                    self.gave_up = f"worker {child.index} died within {QUICK_DEATH_S:g} s of its start {deaths} times"
+                    log_event("workers_failed", worker=child.index, reason=self.gave_up)
+                    self.stopping = True
             child.due = time.monotonic() + (child.pause if quick else 0.0)
             child.pause = min(child.pause * 2, RESTART_PAUSE_S[1]) if quick else RESTART_PAUSE_S[0]
             child.pid, child.ready, child.restarts = 0, False, child.restarts + 1
+            self.held[child.index - 1] = -1  # not serving: the others' turns no longer wait for it
             Seats(self.seats_path, child.index).vacate(child.index)
             log_event(
                 "worker_exited",

@@ -172,6 +172,17 @@ def test_each_unit_reports_its_failure_through_the_alert_template(unit):
     assert (UNITS / ALERT_UNIT).exists()
 
 
+def test_the_service_unit_can_use_up_its_restarts_and_so_report_failing():
+    """OnFailure= fires only past the start limit. Starts come RestartSec apart, plus the run: a service that
+    fails at once, or a supervisor whose worker cannot start (solos_workers.GIVE_UP_AFTER: about 8 s), must
+    still use up StartLimitBurst starts within StartLimitIntervalSec (systemd's 5 in 10 s never is)."""
+    settings = unit_settings(UNITS / "lab-memory.service")
+    burst = int(settings.get("StartLimitBurst", ["5"])[0])
+    interval = float(settings.get("StartLimitIntervalSec", ["10"])[0])
+    pause = float(settings["RestartSec"][0])
+    assert (burst - 1) * (pause + 10) < interval
+
+
 def alert(unit: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """The template's ExecStart as systemd runs it for `unit` ($$ is a literal $, %i the instance)."""
     (command,) = unit_settings(UNITS / ALERT_UNIT)["ExecStart"]

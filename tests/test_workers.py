@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import pytest
 from conftest import ROOT, Stream, fleet_writer, require_embedder, service, subscribed, wait_until, write_tokens
 
 import solos_events
+import solos_workers
 
 pytestmark = pytest.mark.slow  # each starts a supervisor and its workers
 
@@ -116,6 +118,64 @@ def test_workers_share_the_port_and_health_and_stats_say_which_answered(keyword_
         assert status == 200 and (stats["workers"], stats["worker"]) == (WORKERS, worker)
     pids = {on(port, worker, "GET", "/health")[1]["worker_pid"] for worker in range(1, WORKERS + 1)}
     assert len(pids) == WORKERS
+
+
+def test_a_burst_of_connections_is_spread_evenly_over_the_workers(tmp_path):
+    """Kept-alive clients arriving at once (a fleet's burst) land evenly: on the shared socket a worker holding more
+    connections than another leaves the newcomer to it. Free-for-all, 4 landed 3 to 1 or 4 to 0 in 4 of 5 tries
+    and 64 up to 60 to 4, and the busier worker's clients waited 3x or more as long."""
+    with service(serve_argv(tmp_path / "spread.db", "--model-dir", "off")) as (port, _):
+        held: list[socket.socket] = []
+        for burst in (4, 4, 16, 40):
+            opened = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(burst)]
+            held += opened
+            for sock in opened:
+                sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            by_worker = {worker: 0 for worker in range(1, WORKERS + 1)}
+            for sock in held:
+                if sock in opened:
+                    by_worker[answered_by(sock)] += 1
+            assert max(by_worker.values()) - min(by_worker.values()) <= 1, (burst, by_worker)
+        for sock in held:  # every connection is still open, each held by the worker that answered it
+            sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        counts = [answered_by(sock) for sock in held]
+        assert abs(counts.count(1) - counts.count(2)) <= 1, counts
+        for sock in held:
+            sock.close()
+
+
+def test_a_stuck_worker_does_not_stop_the_others_taking_connections(tmp_path):
+    """A worker that holds the fewest connections but does not accept (stopped here) delays a newcomer by at most
+    TURN_WAIT_S: the others take it then."""
+    with service(serve_argv(tmp_path / "stuck.db", "--model-dir", "off")) as (port, _):
+        stuck = on(port, 1, "GET", "/health")[1]["worker_pid"]
+        os.kill(stuck, signal.SIGSTOP)
+        try:
+            held = []
+            started = time.monotonic()
+            for _ in range(4):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                assert answered_by(sock) == 2
+                held.append(sock)
+            assert time.monotonic() - started < 4 * (solos_workers.TURN_WAIT_S + 1)
+        finally:
+            os.kill(stuck, signal.SIGCONT)
+        for sock in held:
+            sock.close()
+
+
+def answered_by(sock: socket.socket) -> int:
+    """The worker that answered the one request sent on sock (read whole, so the next is answered next)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    fields = dict(line.split(": ", 1) for line in head.decode("latin-1").split("\r\n")[1:])
+    length = int(fields["Content-Length"])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(fields["X-Memory-Worker"])
 
 
 def test_a_write_on_one_worker_is_in_the_next_recall_on_every_other(keyword_service):
@@ -270,9 +330,9 @@ def test_a_token_added_or_removed_holds_on_every_worker_at_the_next_request(tmp_
 class Supervised:
     """`serve --workers` as a child process of the test, its log drained into `lines` on a thread."""
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None):
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
         )
         self.lines: list[str] = []
         self.drained = threading.Event()
@@ -328,8 +388,11 @@ def test_the_supervisor_restarts_a_dead_worker_and_stops_them_all_on_sigterm(tmp
 
 
 def test_workers_stop_when_the_supervisor_is_killed(tmp_path):
-    """SIGKILL leaves the supervisor no time to stop them: the workers must not keep the port on their own."""
-    supervised = Supervised(serve_argv(tmp_path / "k.db", "--model-dir", "off"))
+    """SIGKILL leaves the supervisor no time to stop them: the workers must not keep the port on their own, nor
+    leave the seats file's folder behind."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    supervised = Supervised(serve_argv(tmp_path / "k.db", "--model-dir", "off"), {**os.environ, "TMPDIR": str(scratch)})
     proc, port = supervised.proc, supervised.port
     try:
         pids = [on(port, worker, "GET", "/health")[1]["worker_pid"] for worker in range(1, WORKERS + 1)]
@@ -344,8 +407,42 @@ def test_workers_stop_when_the_supervisor_is_killed(tmp_path):
             return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
         wait_until(lambda: all(gone(pid) for pid in pids), "the workers to end")
+        assert list(scratch.iterdir()) == []
     finally:
         supervised.kill()
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor_with_a_failure():
+    """A worker that dies at every start is not retried for ever: after GIVE_UP_AFTER quick deaths the supervisor
+    stops the others and exits 1, so systemd sees a failed service."""
+    script = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); import solos_workers;"
+        " sys.exit(solos_workers.supervise(2, '127.0.0.1', 0, 'shared', lambda worker: 3))"
+    )
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    events = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
+    failed = [e for e in events if e["event"] == "workers_failed"]
+    assert len(failed) == 1 and "died within" in failed[0]["reason"], events
+    deaths, window = solos_workers.GIVE_UP_AFTER
+    starts = [e for e in events if e["event"] == "worker_started" and e["worker"] == failed[0]["worker"]]
+    assert len(starts) == deaths and time.monotonic() - started < window
+    assert events[-1]["event"] == "stopped" and events[-1]["failed"] == failed[0]["reason"]
+
+
+def test_workers_auto_is_one_per_core_this_process_may_use(monkeypatch):
+    import solos_memory
+
+    cores = len(os.sched_getaffinity(0))
+    assert solos_memory.parse_args(["serve", "--workers", "auto"]).workers == cores
+    assert solos_memory.parse_args(["serve"]).workers == 1
+    monkeypatch.setenv("SOLOS_MEMORY_WORKERS", "auto")
+    assert solos_memory.parse_args(["serve"]).workers == cores
+    assert solos_memory.parse_args(["serve", "--workers", "3"]).workers == 3
+    monkeypatch.setenv("SOLOS_MEMORY_WORKERS", "two")
+    with pytest.raises(SystemExit):
+        solos_memory.parse_args(["serve"])
 
 
 def test_one_worker_is_the_default_and_nothing_changes(server):
