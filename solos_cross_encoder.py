@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import solos_store
+
 HERE = Path(__file__).resolve().parent
 META_PATH = HERE / "models" / "judge" / "cross-encoder.json"
 # The sha256 of META_PATH and of the model file it names, as bench/cross_encoder_swap.py wrote them (it rewrites
@@ -86,8 +88,7 @@ def logistic(x: float) -> float:
 
 def pair_text(row: Mapping) -> str:
     """The row as the model was trained to read it: as the service embeds it, `agent (topic): text`."""
-    agent, topic, text = row.get("agent") or "", row.get("topic") or "", row.get("text") or ""
-    return f"{agent} ({topic}): {text}" if topic else f"{agent}: {text}"
+    return solos_store.labelled_text(row.get("agent") or "", row.get("topic") or "", row.get("text") or "")
 
 
 @dataclass(frozen=True)

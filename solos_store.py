@@ -149,8 +149,12 @@ class Tier:
 
     def embedding_text(self, row: Any) -> str:
         """What a row's vector is made of: its writer and label carry signal (LoCoMo vector hit@5 +0.19)."""
-        agent, label, text = (row[name] for name in self.embedded)
-        return f"{agent} ({label}): {text}" if label else f"{agent}: {text}"
+        return labelled_text(*(row[name] for name in self.embedded))
+
+
+def labelled_text(agent: str, label: str | None, text: str) -> str:
+    """A row as the embedder and the cross-encoder read it: `agent (label): text`, or `agent: text`."""
+    return f"{agent} ({label}): {text}" if label else f"{agent}: {text}"
 
 
 EPISODE_COLUMNS = "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts"
