@@ -713,7 +713,7 @@ class Fused:
     keyword: dict[Key, float]  # the keyword leg, normalised over its candidates
     vector: dict[Key, float]  # the vector leg, normalised over its candidates
     similar: dict[Key, float]  # the vector leg as it scored: cosine plus NEIGHBOUR_WEIGHT x the neighbours'
-    head: int = 0  # how many rows the reranker reorders: RERANK_DEPTH, plus the vector leg's seats (0: RERANK_DEPTH)
+    head: int  # how many rows the reranker reorders: RERANK_DEPTH, plus the vector leg's seats
 
 
 def keyword_strength(stems: frozenset[str], candidates: dict[Key, dict]) -> float:
@@ -1064,7 +1064,7 @@ def rerank(
     store retries or answers 503); any other failure leaves the first pass's
     order and scores, and no relevance, so the reranker cannot fail a recall.
     """
-    depth = fused.head or RERANK_DEPTH
+    depth = fused.head
     head = fused.rows[:depth]
     if not head:
         return fused.rows, None
@@ -1174,7 +1174,7 @@ def head_logits(
 ) -> list[float]:
     """The reranker's logit for each of the first RERANK_DEPTH fused rows (`rows`: any row by key; `similar`: the
     vector leg's score of the head rows with a vector, None for keyword-only weights)."""
-    depth = fused.head or RERANK_DEPTH
+    depth = fused.head
     keys, head = fused.keys[:depth], fused.rows[:depth]
     by_keyword = sorted(fused.keyword, key=fused.keyword.__getitem__, reverse=True)
     keyword_rank = {key: rank for rank, key in enumerate(by_keyword, 1)}
