@@ -98,7 +98,7 @@ class Capture:
                 logits = original(question, fused, rows, around, similar)
             finally:
                 solos_rank.ltr_features = feature_fn
-            self.heads.append(([r["text"] for r in fused.rows[: fused.head or solos_rank.RERANK_DEPTH]], seen))
+            self.heads.append(([r["text"] for r in fused.rows[: fused.head]], seen))
             return logits
 
         solos_rank.head_logits = head_logits
