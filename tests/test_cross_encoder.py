@@ -4,10 +4,13 @@ and in hybrid recall the receipt names it."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import functools
 import hashlib
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -167,19 +170,76 @@ def test_a_forked_process_loads_its_own(monkeypatch):
     assert child is not parent and child.session is None
 
 
-def test_a_run_past_its_time_leaves_the_features_judge_and_later_runs_do_not_queue(tmp_path):
+def test_a_recall_that_comes_while_the_model_loads_waits_for_it_at_most_its_time(tmp_path):
     needs_runtime()
     meta = copied(tmp_path, (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model).read_bytes())
     slow = solos_cross_encoder.load(meta)
     slow.timeout_s = 0.0  # the first run loads the model too: it cannot be done at once
     probabilities, reason = slow.combine(QUESTION, [ANSWER, NEAR], [0.4, 0.3])
     assert probabilities == [0.4, 0.3] and "took over 0 s (loading the model)" in reason
-    probabilities, reason = slow.combine(QUESTION, [ANSWER], [0.4])
-    assert probabilities == [0.4] and "still busy" in reason
-    runner = solos_cross_encoder.runner(meta.parent / SHIPPED.meta.model, SHIPPED.meta.sha256, SHIPPED.meta.max_len)
-    runner.stuck.result(timeout=60)
     slow.timeout_s = 60.0
-    assert slow.combine(QUESTION, [ANSWER], [0.4])[1] is None  # once it is done, the next recall uses it
+    assert slow.combine(QUESTION, [ANSWER], [0.4])[1] is None  # the load it started is the one the next run uses
+
+
+def test_concurrent_first_recalls_load_the_model_once_and_all_get_the_cross_encoder(tmp_path, monkeypatch):
+    needs_runtime()
+    loads = []
+
+    class Counted(solos_cross_encoder.Session):
+        def __init__(self, *args, **kwargs):
+            loads.append(threading.current_thread().name)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(solos_cross_encoder, "Session", Counted)
+    meta = copied(tmp_path, (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model).read_bytes())
+    encoders = [solos_cross_encoder.load(meta) for _ in range(8)]
+    for encoder in encoders:
+        encoder.timeout_s = 60.0
+    start = threading.Barrier(len(encoders))
+
+    def recall(encoder):
+        start.wait()
+        return encoder.combine(QUESTION, [ANSWER, NEAR], [0.4, 0.3])
+
+    with concurrent.futures.ThreadPoolExecutor(len(encoders)) as pool:
+        answers = list(pool.map(recall, encoders))
+    assert [reason for _, reason in answers] == [None] * len(encoders)
+    assert len({tuple(p) for p, _ in answers}) == 1 and answers[0][0] != [0.4, 0.3]
+    assert loads == ["cross-encoder-load"]
+
+
+def test_a_run_past_its_deadline_is_stopped_and_leaves_the_features_judge():
+    """A real onnxruntime run far longer than its deadline (512 rows, seconds of CPU): the watchdog sets its
+    RunOptions' terminate, onnxruntime fails it, and the features judge's probabilities stand, with the reason."""
+    needs_runtime()
+    assert SHIPPED.combine(QUESTION, [ANSWER], [0.4])[1] is None  # loaded: this run's time is the run's alone
+    many = dataclasses.replace(SHIPPED, meta=dataclasses.replace(SHIPPED.meta, rows=512), timeout_s=0.05)
+    rows = [dict(NEAR, text=f"{NEAR['text']} {n} " + "words " * 30) for n in range(512)]
+    features = [0.3] * len(rows)
+    probabilities, reason = many.combine(QUESTION, rows, features)
+    assert reason == "cross-encoder took over 0.05 s (stopped)"
+    assert probabilities == features
+    assert SHIPPED.combine(QUESTION, [ANSWER], [0.4])[1] is None  # nothing is left stuck: the next run runs
+
+
+def test_the_watchdog_stops_only_what_is_overdue_and_never_what_was_withdrawn():
+    from types import SimpleNamespace
+
+    watchdog = solos_cross_encoder.Watchdog()
+    later, sooner, returned = (SimpleNamespace(terminate=False) for _ in range(3))
+    now = time.monotonic()
+    late = watchdog.watch(later, now + 30)
+    watchdog.watch(sooner, now + 0.05)  # sooner than the thread's wait: it is woken for it
+    done = watchdog.watch(returned, now + 0.05)
+    watchdog.withdraw(done)
+    deadline = time.monotonic() + 10
+    while not sooner.terminate:
+        assert time.monotonic() < deadline, "the overdue run was not stopped"
+        time.sleep(0.01)
+    watchdog.withdraw(late)
+    time.sleep(0.1)
+    assert (later.terminate, returned.terminate) == (False, False)
+    assert watchdog.heap == []
 
 
 # ==== Through the service ====
@@ -233,3 +293,53 @@ def test_hybrid_recall_without_its_model_answers_with_the_features_judge_and_why
     assert [(r["text"], r["relevance"]) for r in body["results"]] == [
         (r["text"], r["relevance"]) for r in features["results"]
     ]
+
+
+def test_concurrent_hybrid_recalls_all_get_the_cross_encoder(embedded_server, monkeypatch):
+    """Each run is its recall's own, in the request's thread: eight at once share the session, none degrades."""
+    needs_runtime()
+    server = served_with(embedded_server, monkeypatch)
+    first = hybrid_recall(server)  # the model loaded (its first recall may wait for the load)
+    start = threading.Barrier(8)
+
+    def recall(_):
+        start.wait()
+        return server.recall("sol", QUESTION, tiers="long", k=5)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(recall, range(8)))
+    assert [r.status for r in replies] == [200] * 8
+    assert {(r.body["receipt"]["judge"], r.body["receipt"]["judge_reason"]) for r in replies} == {
+        (first["receipt"]["judge"], None)
+    }
+    assert first["receipt"]["judge"].startswith("cross-encoder@")
+    assert all(r.body["results"] == first["results"] for r in replies)
+
+
+def test_a_stopped_run_is_still_a_200_with_the_features_judge_and_why(embedded_server, monkeypatch):
+    """A run past its deadline through the service (the judge's 20 rows, a 1 ms deadline): stopped, and the
+    recall answers with the features judge's relevance and `judge_reason`, as without the model."""
+    needs_runtime()
+
+    def hurried(*args, **kwargs):
+        judge = LOAD(*args, **kwargs)
+        judge.cross = dataclasses.replace(
+            judge.cross, meta=dataclasses.replace(judge.cross.meta, rows=20), timeout_s=0.001
+        )
+        return judge
+
+    assert SHIPPED.combine(QUESTION, [ANSWER], [0.4])[1] is None  # loaded: the deadline is the run's alone
+    monkeypatch.setattr(solos_judge, "load", hurried)
+    server = embedded_server(WordHashEmbedder(), "hurried.db")
+    for n in range(20):
+        text = f"{NEAR['text']} Replica {n} of search-api keeps its port, " + "with more words " * 6
+        assert server.post("/v1/long", {"agent": "atlas", "topic": f"search-{n}", "fact": text}).status == 201
+    deadline = time.monotonic() + 10
+    while (reply := server.recall("sol", QUESTION, tiers="long", k=20)).body.get("ranking") != "hybrid":
+        assert time.monotonic() < deadline, reply.body
+        time.sleep(0.05)
+    assert reply.status == 200 and len(reply.body["results"]) == 20
+    receipt = reply.body["receipt"]
+    assert receipt["judge"].startswith("features-hybrid@")
+    assert receipt["judge_reason"] == "cross-encoder took over 0.001 s (stopped)"
+    assert all(0.0 < r["relevance"] <= 1.0 for r in reply.body["results"])
