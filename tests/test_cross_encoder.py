@@ -133,19 +133,40 @@ def test_it_reads_only_the_first_rows_and_any_question():
         assert reason is None and len(probabilities) == 2
 
 
-def test_a_long_row_is_cut_before_tokenizing_and_reads_the_same():
+def test_a_pair_is_assembled_as_the_training_tokenizer_encodes_it():
+    """The question read once, each row alone and cut to the room (at a space first when long): the same ids and
+    token types as one `encode(question, row)` of the tokenizer the model was trained with (truncation
+    only_second, the question cut to half the room first)."""
     needs_runtime()
-    session = solos_cross_encoder.Session(str(solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model), 20)
-    room, text = 20 * solos_cross_encoder.CHARS_PER_TOKEN, solos_cross_encoder.pair_text(ANSWER)
-    rows = [
-        text,
-        text + " more words" * 100,  # cut at a space, the room full before the cut
-        "x" * (room - 3) + " tail" + " end" * 50,  # one long word: cut, but the cut row fits, so read whole
-        "8443" * 200,  # no space to cut at
-        "port " + "漢字é " * 200,
-    ]
-    for row in rows:
-        assert session.pair(QUESTION, row).ids == session.tokenizer.encode(QUESTION, row).ids, row[:40]
+    from tokenizers import Tokenizer
+
+    for max_len in (20, SHIPPED.meta.max_len):
+        session = solos_cross_encoder.Session(str(solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model), max_len)
+        reference, plain = (Tokenizer.from_file(str(solos_cross_encoder.TOKENIZER_PATH)) for _ in range(2))
+        reference.no_padding()
+        reference.enable_truncation(max_len, strategy="only_second")
+        plain.no_padding()
+        plain.no_truncation()
+        room, text = max_len * solos_cross_encoder.CHARS_PER_TOKEN, solos_cross_encoder.pair_text(ANSWER)
+        rows = [
+            text,
+            "",
+            "port",
+            text + " more words" * 100,  # cut at a space, the room full before the cut
+            "x" * (room - 3) + " tail" + " end" * 50,  # one long word: cut, but the cut row fits, so read whole
+            "8443" * 200,  # no space to cut at
+            "port " + "漢字é " * 200,
+            "a " * (room // 2 - 1) + "abcdefghijklmnopqrstuvw " * 10,  # the cut ends inside words of many tokens
+        ]
+        questions = [QUESTION, "", "?", "port " * 2000, "INC-2207's commander, and who paged them at 03:14?" * 3]
+        for question in questions:
+            asked = session.question(question)
+            offsets = plain.encode(question, add_special_tokens=False).offsets  # over half the room: cut after it
+            kept = question if len(offsets) <= max_len // 2 else question[: offsets[max_len // 2 - 1][1]]
+            for row in rows:
+                expected = reference.encode(kept, row)
+                pair = session.pair(asked, row)
+                assert (pair.ids, pair.type_ids) == (expected.ids, expected.type_ids), (max_len, question, row)
 
 
 def test_the_model_loads_once_per_process(tmp_path):
