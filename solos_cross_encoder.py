@@ -192,7 +192,7 @@ class Session:
     def pair(self, question: Sequence[int], row: str) -> Pair:
         """The pair as `encode(question, row)` with truncation only_second gives it: the question read once for
         all rows, the row's tokens cut to the room left. The truncating tokenizer also builds every overflowing
-        window of the row (24 for a 30-word row at 28 tokens: 0.27 ms a pair, against 0.09 so). A row longer than
+        window of the row (24 for a 30-word row at 28 tokens: 0.27 ms a pair, against 0.09 here). A row longer than
         the room can use is cut at a space first (its words before the cut tokenize the same), and read whole if
         the cut does not fill the room."""
         room = self.max_len - len(question) - 3
