@@ -15,27 +15,32 @@ META_SHA256; the model's sha256 is MODEL_SHA256 and is checked on the very bytes
 another hash is never loaded. A retrained model is swapped in by bench/cross_encoder_swap.py (two files, two
 hashes).
 
-Lazy and once per process: `load()` reads only the meta (no onnxruntime); the first hybrid recall reads,
-checks and loads the model in this module's one worker thread, one onnxruntime thread as the embedder runs,
-and every later recall reuses that session. Nothing here raises into a recall: a missing, changed or
-malformed file, a package that does not import, a run that fails or takes over RUN_TIMEOUT_S, each gives the
-features judge's probabilities back with the reason, which the receipt's `judge_reason` shows.
+Lazy and once per process: `load()` reads only the meta (no onnxruntime); the first hybrid recall starts the
+model's load (read, checked, loaded) in a thread of its own, once however many recalls ask at the same time, and
+waits for it up to its deadline; every later recall reuses that session. A run is the recall's own, in the
+request's thread (one onnxruntime thread as the embedder runs, so concurrent recalls do not share a pool), with
+RunOptions of its own: the process's one watchdog thread sets its `terminate` at the deadline and the run
+fails before its next node. Nothing here raises into a recall: a missing, changed or malformed file, a package
+that does not import, a run that fails or takes over RUN_TIMEOUT_S (the load included), each gives the features
+judge's probabilities back with the reason, which the receipt's `judge_reason` shows.
 
 Stdlib at import (the .pyz starts on a bare python3); imports solos_embed lazily, for its session settings.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
+import heapq
+import itertools
 import json
 import math
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import solos_store
 
@@ -48,9 +53,8 @@ MODEL_SHA256 = "44e88373f545c527bf8d0fd1633ea31d9a364e8bcb01efcf2406eae40960ab02
 META_FORMAT = 1
 TOKENIZER_PATH = HERE / "models" / "all-MiniLM-L6-v2" / "tokenizer.json"
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
-# Four rows of 28 tokens take about 5-7 ms of one core; past this the recall keeps the features judge and says so
-# (a loaded host, or the first recall's load of the model on a very slow disk), and later recalls do not queue
-# behind it.
+# Four rows of 28 tokens take about 5-7 ms of one core; past this the run is stopped and the recall keeps the
+# features judge and says so (a loaded host, or the first recalls waiting for the model's load, ~0.5 s).
 RUN_TIMEOUT_S = 1.0
 # A row's characters tokenized at most per token of room (then the whole row if that was not enough): the
 # tokenizer reads a row whole before it truncates, and at 20-28 tokens a pair that was a fifth of the judge's time.
@@ -130,6 +134,13 @@ class Meta:
         return meta
 
 
+class Pair(NamedTuple):
+    """One pair's token ids and token types, as a tokenizer's Encoding has them (padded reads either)."""
+
+    ids: list[int]
+    type_ids: list[int]
+
+
 def padded(encoded: Sequence[Any]) -> tuple[Any, Any, Any]:
     """Encoded pairs as the model's inputs (numpy int64 ids, token types, mask), zero-padded to the longest."""
     import numpy as np
@@ -153,87 +164,165 @@ class Session:
 
         import solos_embed  # the embedder's session settings: one thread, no arena kept past a run
 
-        # The pair truncated as in training: the row only (a question over half the room is cut first, below).
-        spec = read_shipped(TOKENIZER_PATH).decode("utf-8")
-        self.tokenizer, self.words = Tokenizer.from_str(spec), Tokenizer.from_str(spec)
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_len, strategy="only_second")
-        self.words.no_padding()  # the question alone, uncut: where to cut it
+        # Each text tokenized alone, untruncated: a pair is assembled as the training's tokenizer (truncation
+        # only_second) encodes it, [CLS] question [SEP] row [SEP] with the row cut to the room left (`pair`).
+        self.words = Tokenizer.from_str(read_shipped(TOKENIZER_PATH).decode("utf-8"))
+        self.words.no_padding()
         self.words.no_truncation()
+        cls, sep = self.words.token_to_id("[CLS]"), self.words.token_to_id("[SEP]")
+        if cls is None or sep is None:
+            raise ValueError("the tokenizer has no [CLS] or [SEP]")
+        self.cls: int = cls
+        self.sep: int = sep
         self.max_len = max_len
         options = solos_embed.session_options(1)
         self.session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+        # A run's own options: the watchdog sets its `terminate` at the run's deadline. One per run, never reused:
+        # a set flag fails every later run at its start until cleared, and a flip that lands as a run returns
+        # must not stop the next one (0.4 us to make).
+        self.run_options = ort.RunOptions
 
-    def pair(self, question: str, row: str) -> Any:
-        """One pair encoded as `encode(question, row)` would, truncated: a row longer than the room can use is
-        cut at a space first (its words before the cut tokenize the same), and read whole if the cut fits.
-        One pair at a time: encode_batch hands five short pairs to other threads for nothing."""
-        cut = row.rfind(" ", 0, self.max_len * CHARS_PER_TOKEN) if len(row) > self.max_len * CHARS_PER_TOKEN else -1
-        if cut > 0:
-            encoded = self.tokenizer.encode(question, row[:cut])
-            if encoded.overflowing:  # the room is full before the cut: the kept tokens are the row's
-                return encoded
-        return self.tokenizer.encode(question, row)
+    def question(self, question: str) -> list[int]:
+        """The question's tokens, at most half the room: only_second cannot fit a pair whose question fills it."""
+        encoded = self.words.encode(question, add_special_tokens=False)
+        if len(encoded.ids) > self.max_len // 2:  # cut where its last kept token ends, and read again
+            encoded = self.words.encode(question[: encoded.offsets[self.max_len // 2 - 1][1]], add_special_tokens=False)
+        return encoded.ids
 
-    def logits(self, question: str, rows: Sequence[str]) -> list[float]:
-        """One logit per row: the pairs padded to the longest, in one run."""
+    def pair(self, question: Sequence[int], row: str) -> Pair:
+        """The pair as `encode(question, row)` with truncation only_second gives it: the question read once for
+        all rows, the row's tokens cut to the room left. The truncating tokenizer also builds every overflowing
+        window of the row (24 for a 30-word row at 28 tokens: 0.27 ms a pair, against 0.09 here). A row longer than
+        the room can use is cut at a space first (its words before the cut tokenize the same), and read whole if
+        the cut does not fill the room."""
+        room = self.max_len - len(question) - 3
+        limit = self.max_len * CHARS_PER_TOKEN
+        cut = row.rfind(" ", 0, limit) if len(row) > limit else -1
+        tokens = self.words.encode(row[:cut], add_special_tokens=False).ids if cut > 0 else []
+        if cut <= 0 or len(tokens) < room:
+            tokens = self.words.encode(row, add_special_tokens=False).ids
+        first = len(question) + 2
+        ids = [self.cls, *question, self.sep, *tokens[:room], self.sep]
+        return Pair(ids, [0] * first + [1] * (len(ids) - first))
+
+    def logits(self, question: str, rows: Sequence[str], options: Any = None) -> list[float]:
+        """One logit per row: the pairs padded to the longest, in one run (with `options`: onnxruntime's
+        RunOptions, whose `terminate` stops it)."""
         import numpy as np
 
-        offsets = self.words.encode(question, add_special_tokens=False).offsets
-        if len(offsets) > self.max_len // 2:  # only_second cannot fit a pair whose question fills the room
-            question = question[: offsets[self.max_len // 2 - 1][1]]
-        ids, types, mask = padded([self.pair(question, row) for row in rows])
-        out = self.session.run(None, {"input_ids": ids, "token_type_ids": types, "attention_mask": mask})[0]
+        asked = self.question(question)
+        ids, types, mask = padded([self.pair(asked, row) for row in rows])
+        feeds = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+        out = self.session.run(None, feeds, options)[0]
         return [float(x) for x in np.asarray(out, dtype=np.float64).reshape(-1)]
 
 
+class Watchdog:
+    """The process's one thread that stops runs past their deadline. A run registers its onnxruntime RunOptions
+    with its deadline (a heap, the earliest first) and withdraws it when it returns; at a deadline the thread sets
+    that RunOptions' `terminate`, and onnxruntime fails the run before its next node (within ~10 ms of the flip on
+    this model). Withdrawn under the same lock the flip takes, so a run that has returned is never flipped."""
+
+    def __init__(self) -> None:
+        self.due = threading.Condition()
+        self.heap: list[list[Any]] = []  # [deadline, number, RunOptions or None once withdrawn]
+        self.numbers = itertools.count()
+        self.thread: threading.Thread | None = None
+
+    def watch(self, options: Any, deadline: float) -> list[Any]:
+        """Stop the run that uses `options` at `deadline` (time.monotonic()) unless it is withdrawn first."""
+        entry = [deadline, next(self.numbers), options]
+        with self.due:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.stop_overdue, name="cross-encoder-watchdog", daemon=True)
+                self.thread.start()
+            heapq.heappush(self.heap, entry)
+            if self.heap[0] is entry:  # sooner than the thread's wait: wake it
+                self.due.notify()
+        return entry
+
+    def withdraw(self, entry: list[Any]) -> None:
+        with self.due:
+            entry[2] = None
+            self.drop_withdrawn()
+
+    def drop_withdrawn(self) -> None:
+        while self.heap and self.heap[0][2] is None:
+            heapq.heappop(self.heap)
+
+    def stop_overdue(self) -> None:
+        with self.due:
+            while True:
+                self.drop_withdrawn()
+                wait = self.heap[0][0] - time.monotonic() if self.heap else None
+                if wait is None or wait > 0:
+                    self.due.wait(wait)
+                    continue
+                heapq.heappop(self.heap)[2].terminate = True
+
+
 class Runner:
-    """One model file's session, loaded at its first run in the runner's one thread; a run past RUN_TIMEOUT_S
-    is waited for by nobody, and the runs asked for while it lasts are refused at once."""
+    """One model file's session, loaded once in a thread of its own at the first run (the first recalls wait for
+    it up to their deadline); then each run is the request's own, in its thread, stopped by the watchdog at its
+    deadline."""
 
     def __init__(self, path: Path, sha256: str, max_len: int) -> None:
         self.path, self.sha256, self.max_len = path, sha256, max_len
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, "cross-encoder")
         self.session: Session | None = None
         self.failure: str | None = None  # why the model did not load: kept, so it is not re-read every recall
-        self.stuck: concurrent.futures.Future | None = None
+        self.loaded = threading.Event()
+        self.loader: threading.Thread | None = None
+        self.loader_lock = threading.Lock()
 
-    def load(self) -> Session:
-        if self.session is None and self.failure is None:
+    def load(self) -> None:
+        """Read, check and load the model (in the loader thread); `session` or `failure` is set, then `loaded`."""
+        try:
             raw, _, self.failure = read_pinned(self.path, self.sha256, "cross-encoder file")
             if raw is None:
-                raise RuntimeError(self.failure)
+                return
             # A file onnxruntime reads itself, once its hash is checked (as solos_embed loads its built model):
             # from bytes it kept about 20 MiB more resident. Bytes only from inside the .pyz.
             model: bytes | str = str(self.path) if self.path.is_file() else raw
             del raw
-            try:
-                self.session = Session(model, self.max_len)
-            except ImportError as error:
-                self.failure = f"cross-encoder needs onnxruntime, tokenizers and numpy: {error}"
-            except Exception as error:  # onnxruntime and tokenizers raise their own types
-                self.failure = f"cross-encoder failed to load: {type(error).__name__}: {error}"
-        if self.session is None:
-            raise RuntimeError(self.failure)
-        return self.session
+            self.session = Session(model, self.max_len)
+        except ImportError as error:
+            self.failure = f"cross-encoder needs onnxruntime, tokenizers and numpy: {error}"
+        except Exception as error:  # onnxruntime and tokenizers raise their own types
+            self.failure = f"cross-encoder failed to load: {type(error).__name__}: {error}"
+        finally:
+            self.loaded.set()
+
+    def ready(self, timeout_s: float) -> bool:
+        """Whether the load is done, waiting up to `timeout_s` for it; the first caller starts it, once."""
+        if not self.loaded.is_set():
+            with self.loader_lock:
+                if self.loader is None:
+                    self.loader = threading.Thread(target=self.load, name="cross-encoder-load", daemon=True)
+                    self.loader.start()
+        return self.loaded.wait(max(timeout_s, 0.0))
 
     def logits(self, question: str, rows: Sequence[str], timeout_s: float) -> tuple[list[float] | None, str | None]:
-        """The rows' logits, or None and why not. Never raises."""
-        if self.failure is not None:
+        """The rows' logits, or None and why not, within `timeout_s` (the model's load included). Never raises."""
+        deadline = time.monotonic() + timeout_s
+        if not self.ready(timeout_s):
+            return None, f"cross-encoder took over {timeout_s:g} s (loading the model)"
+        session = self.session
+        if session is None:
             return None, self.failure
-        if self.stuck is not None and not self.stuck.done():
-            return None, "cross-encoder still busy with a run that timed out"
-        future = self.pool.submit(lambda: self.load().logits(question, rows))
         try:
-            return future.result(timeout=timeout_s), None
-        except concurrent.futures.TimeoutError:
-            self.stuck = future
-            loading = "" if self.session is not None else " (loading the model)"
-            return None, f"cross-encoder took over {timeout_s:g} s{loading}"
-        except RuntimeError as error:
-            return None, str(error)
+            options = session.run_options()
         except Exception as error:
             return None, f"cross-encoder failed: {type(error).__name__}: {error}"
+        guard = watchdog()
+        stop = guard.watch(options, deadline)
+        try:
+            return session.logits(question, rows, options), None
+        except Exception as error:
+            if options.terminate:
+                return None, f"cross-encoder took over {timeout_s:g} s (stopped)"
+            return None, f"cross-encoder failed: {type(error).__name__}: {error}"
+        finally:
+            guard.withdraw(stop)
 
 
 _RUNNERS: dict[tuple[int, Path, str], Runner] = {}
@@ -248,6 +337,18 @@ def runner(path: Path, sha256: str, max_len: int) -> Runner:
         if key not in _RUNNERS:
             _RUNNERS[key] = Runner(path, sha256, max_len)
         return _RUNNERS[key]
+
+
+_WATCHDOGS: dict[int, Watchdog] = {}
+
+
+def watchdog() -> Watchdog:
+    """The process's watchdog (by process id: a forked worker's inherited one has no thread)."""
+    pid = os.getpid()
+    with _RUNNERS_LOCK:
+        if pid not in _WATCHDOGS:
+            _WATCHDOGS[pid] = Watchdog()
+        return _WATCHDOGS[pid]
 
 
 @dataclass

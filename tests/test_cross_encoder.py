@@ -4,10 +4,13 @@ and in hybrid recall the receipt names it."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import functools
 import hashlib
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -130,19 +133,40 @@ def test_it_reads_only_the_first_rows_and_any_question():
         assert reason is None and len(probabilities) == 2
 
 
-def test_a_long_row_is_cut_before_tokenizing_and_reads_the_same():
+def test_a_pair_is_assembled_as_the_training_tokenizer_encodes_it():
+    """The question read once, each row alone and cut to the room (at a space first when long): the same ids and
+    token types as one `encode(question, row)` of the tokenizer the model was trained with (truncation
+    only_second, the question cut to half the room first)."""
     needs_runtime()
-    session = solos_cross_encoder.Session(str(solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model), 20)
-    room, text = 20 * solos_cross_encoder.CHARS_PER_TOKEN, solos_cross_encoder.pair_text(ANSWER)
-    rows = [
-        text,
-        text + " more words" * 100,  # cut at a space, the room full before the cut
-        "x" * (room - 3) + " tail" + " end" * 50,  # one long word: cut, but the cut row fits, so read whole
-        "8443" * 200,  # no space to cut at
-        "port " + "漢字é " * 200,
-    ]
-    for row in rows:
-        assert session.pair(QUESTION, row).ids == session.tokenizer.encode(QUESTION, row).ids, row[:40]
+    from tokenizers import Tokenizer
+
+    for max_len in (20, SHIPPED.meta.max_len):
+        session = solos_cross_encoder.Session(str(solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model), max_len)
+        reference, plain = (Tokenizer.from_file(str(solos_cross_encoder.TOKENIZER_PATH)) for _ in range(2))
+        reference.no_padding()
+        reference.enable_truncation(max_len, strategy="only_second")
+        plain.no_padding()
+        plain.no_truncation()
+        room, text = max_len * solos_cross_encoder.CHARS_PER_TOKEN, solos_cross_encoder.pair_text(ANSWER)
+        rows = [
+            text,
+            "",
+            "port",
+            text + " more words" * 100,  # cut at a space, the room full before the cut
+            "x" * (room - 3) + " tail" + " end" * 50,  # one long word: cut, but the cut row fits, so read whole
+            "8443" * 200,  # no space to cut at
+            "port " + "漢字é " * 200,
+            "a " * (room // 2 - 1) + "abcdefghijklmnopqrstuvw " * 10,  # the cut ends inside words of many tokens
+        ]
+        questions = [QUESTION, "", "?", "port " * 2000, "INC-2207's commander, and who paged them at 03:14?" * 3]
+        for question in questions:
+            asked = session.question(question)
+            offsets = plain.encode(question, add_special_tokens=False).offsets  # over half the room: cut after it
+            kept = question if len(offsets) <= max_len // 2 else question[: offsets[max_len // 2 - 1][1]]
+            for row in rows:
+                expected = reference.encode(kept, row)
+                pair = session.pair(asked, row)
+                assert (pair.ids, pair.type_ids) == (expected.ids, expected.type_ids), (max_len, question, row)
 
 
 def test_the_model_loads_once_per_process(tmp_path):
@@ -167,19 +191,76 @@ def test_a_forked_process_loads_its_own(monkeypatch):
     assert child is not parent and child.session is None
 
 
-def test_a_run_past_its_time_leaves_the_features_judge_and_later_runs_do_not_queue(tmp_path):
+def test_a_recall_that_comes_while_the_model_loads_waits_for_it_at_most_its_time(tmp_path):
     needs_runtime()
     meta = copied(tmp_path, (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model).read_bytes())
     slow = solos_cross_encoder.load(meta)
     slow.timeout_s = 0.0  # the first run loads the model too: it cannot be done at once
     probabilities, reason = slow.combine(QUESTION, [ANSWER, NEAR], [0.4, 0.3])
     assert probabilities == [0.4, 0.3] and "took over 0 s (loading the model)" in reason
-    probabilities, reason = slow.combine(QUESTION, [ANSWER], [0.4])
-    assert probabilities == [0.4] and "still busy" in reason
-    runner = solos_cross_encoder.runner(meta.parent / SHIPPED.meta.model, SHIPPED.meta.sha256, SHIPPED.meta.max_len)
-    runner.stuck.result(timeout=60)
     slow.timeout_s = 60.0
-    assert slow.combine(QUESTION, [ANSWER], [0.4])[1] is None  # once it is done, the next recall uses it
+    assert slow.combine(QUESTION, [ANSWER], [0.4])[1] is None  # the load it started is the one the next run uses
+
+
+def test_concurrent_first_recalls_load_the_model_once_and_all_get_the_cross_encoder(tmp_path, monkeypatch):
+    needs_runtime()
+    loads = []
+
+    class Counted(solos_cross_encoder.Session):
+        def __init__(self, *args, **kwargs):
+            loads.append(threading.current_thread().name)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(solos_cross_encoder, "Session", Counted)
+    meta = copied(tmp_path, (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model).read_bytes())
+    encoders = [solos_cross_encoder.load(meta) for _ in range(8)]
+    for encoder in encoders:
+        encoder.timeout_s = 60.0
+    start = threading.Barrier(len(encoders))
+
+    def recall(encoder):
+        start.wait()
+        return encoder.combine(QUESTION, [ANSWER, NEAR], [0.4, 0.3])
+
+    with concurrent.futures.ThreadPoolExecutor(len(encoders)) as pool:
+        answers = list(pool.map(recall, encoders))
+    assert [reason for _, reason in answers] == [None] * len(encoders)
+    assert len({tuple(p) for p, _ in answers}) == 1 and answers[0][0] != [0.4, 0.3]
+    assert loads == ["cross-encoder-load"]
+
+
+def test_a_run_past_its_deadline_is_stopped_and_leaves_the_features_judge():
+    """A real onnxruntime run far longer than its deadline (512 rows, seconds of CPU): the watchdog sets its
+    RunOptions' terminate, onnxruntime fails it, and the features judge's probabilities stand, with the reason."""
+    needs_runtime()
+    assert SHIPPED.combine(QUESTION, [ANSWER], [0.4])[1] is None  # loaded: this run's time is the run's alone
+    many = dataclasses.replace(SHIPPED, meta=dataclasses.replace(SHIPPED.meta, rows=512), timeout_s=0.05)
+    rows = [dict(NEAR, text=f"{NEAR['text']} {n} " + "words " * 30) for n in range(512)]
+    features = [0.3] * len(rows)
+    probabilities, reason = many.combine(QUESTION, rows, features)
+    assert reason == "cross-encoder took over 0.05 s (stopped)"
+    assert probabilities == features
+    assert SHIPPED.combine(QUESTION, [ANSWER], [0.4])[1] is None  # nothing is left stuck: the next run runs
+
+
+def test_the_watchdog_stops_only_what_is_overdue_and_never_what_was_withdrawn():
+    from types import SimpleNamespace
+
+    watchdog = solos_cross_encoder.Watchdog()
+    later, sooner, returned = (SimpleNamespace(terminate=False) for _ in range(3))
+    now = time.monotonic()
+    late = watchdog.watch(later, now + 30)
+    watchdog.watch(sooner, now + 0.05)  # sooner than the thread's wait: it is woken for it
+    done = watchdog.watch(returned, now + 0.05)
+    watchdog.withdraw(done)
+    deadline = time.monotonic() + 10
+    while not sooner.terminate:
+        assert time.monotonic() < deadline, "the overdue run was not stopped"
+        time.sleep(0.01)
+    watchdog.withdraw(late)
+    time.sleep(0.1)
+    assert (later.terminate, returned.terminate) == (False, False)
+    assert watchdog.heap == []
 
 
 # ==== Through the service ====
@@ -233,3 +314,53 @@ def test_hybrid_recall_without_its_model_answers_with_the_features_judge_and_why
     assert [(r["text"], r["relevance"]) for r in body["results"]] == [
         (r["text"], r["relevance"]) for r in features["results"]
     ]
+
+
+def test_concurrent_hybrid_recalls_all_get_the_cross_encoder(embedded_server, monkeypatch):
+    """Each run is its recall's own, in the request's thread: eight at once share the session, none degrades."""
+    needs_runtime()
+    server = served_with(embedded_server, monkeypatch)
+    first = hybrid_recall(server)  # the model loaded (its first recall may wait for the load)
+    start = threading.Barrier(8)
+
+    def recall(_):
+        start.wait()
+        return server.recall("sol", QUESTION, tiers="long", k=5)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(recall, range(8)))
+    assert [r.status for r in replies] == [200] * 8
+    assert {(r.body["receipt"]["judge"], r.body["receipt"]["judge_reason"]) for r in replies} == {
+        (first["receipt"]["judge"], None)
+    }
+    assert first["receipt"]["judge"].startswith("cross-encoder@")
+    assert all(r.body["results"] == first["results"] for r in replies)
+
+
+def test_a_stopped_run_is_still_a_200_with_the_features_judge_and_why(embedded_server, monkeypatch):
+    """A run past its deadline through the service (the judge's 20 rows, a 1 ms deadline): stopped, and the
+    recall answers with the features judge's relevance and `judge_reason`, as without the model."""
+    needs_runtime()
+
+    def hurried(*args, **kwargs):
+        judge = LOAD(*args, **kwargs)
+        judge.cross = dataclasses.replace(
+            judge.cross, meta=dataclasses.replace(judge.cross.meta, rows=20), timeout_s=0.001
+        )
+        return judge
+
+    assert SHIPPED.combine(QUESTION, [ANSWER], [0.4])[1] is None  # loaded: the deadline is the run's alone
+    monkeypatch.setattr(solos_judge, "load", hurried)
+    server = embedded_server(WordHashEmbedder(), "hurried.db")
+    for n in range(20):
+        text = f"{NEAR['text']} Replica {n} of search-api keeps its port, " + "with more words " * 6
+        assert server.post("/v1/long", {"agent": "atlas", "topic": f"search-{n}", "fact": text}).status == 201
+    deadline = time.monotonic() + 10
+    while (reply := server.recall("sol", QUESTION, tiers="long", k=20)).body.get("ranking") != "hybrid":
+        assert time.monotonic() < deadline, reply.body
+        time.sleep(0.05)
+    assert reply.status == 200 and len(reply.body["results"]) == 20
+    receipt = reply.body["receipt"]
+    assert receipt["judge"].startswith("features-hybrid@")
+    assert receipt["judge_reason"] == "cross-encoder took over 0.001 s (stopped)"
+    assert all(0.0 < r["relevance"] <= 1.0 for r in reply.body["results"])
