@@ -48,8 +48,8 @@ HERE = Path(__file__).resolve().parent
 META_PATH = HERE / "models" / "judge" / "cross-encoder.json"
 # The sha256 of META_PATH and of the model file it names, as bench/cross_encoder_swap.py wrote them (it rewrites
 # these two lines).
-META_SHA256 = "d21ac2663bcbeaddf3eb2eb087a78c2049454d865e1845bee3c297d593c05008"
-MODEL_SHA256 = "44e88373f545c527bf8d0fd1633ea31d9a364e8bcb01efcf2406eae40960ab02"
+META_SHA256 = "aae72925fe48ff6365949a57fa1135c90c0ccd4c161781aeb49b392fdf5b4e81"
+MODEL_SHA256 = "c5d7a4e41c59c407507d98583a6e1ed50a7003a50b7e15843c6be33f4aa70df4"
 META_FORMAT = 1
 TOKENIZER_PATH = HERE / "models" / "all-MiniLM-L6-v2" / "tokenizer.json"
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")

@@ -225,8 +225,27 @@ def load_tokenizer(max_len: int):
     return tokenizer
 
 
-def batch_of(torch, tokenizer, pairs: list[tuple[str, str]]):
-    """Padded ids, token types and mask for (question, row text) pairs."""
+@functools.cache
+def question_words():
+    """The tokenizer without truncation: where a question too long for the room is cut."""
+    words = load_tokenizer(512)
+    words.no_truncation()
+    return words
+
+
+def served(tokenizer, question: str) -> str:
+    """The question as solos_cross_encoder.Session reads it: cut to half the room if longer (only the row can
+    be truncated, and a question that fills the room leaves it none)."""
+    room = tokenizer.truncation["max_length"]
+    offsets = question_words().encode(question, add_special_tokens=False).offsets
+    return question[: offsets[room // 2 - 1][1]] if len(offsets) > room // 2 else question
+
+
+def batch_of(torch, tokenizer, pairs: list[tuple[str, str]], cut: bool = False):
+    """Padded ids, token types and mask for (question, row text) pairs; `cut`: each question as the service
+    cuts it (scoring; training reads them whole, as the shipped files were trained)."""
+    if cut:
+        pairs = [(served(tokenizer, q), t) for q, t in pairs]
     return tuple(torch.from_numpy(x) for x in solos_cross_encoder.padded(tokenizer.encode_batch(pairs)))
 
 
@@ -347,7 +366,7 @@ def train(
 def logits_of(run, tokenizer, torch, records: list[dict]) -> list[list[float]]:
     """The model's logit for every candidate row of every record (`run`: torch or onnxruntime)."""
     return [
-        np.asarray(run(*batch_of(torch, tokenizer, [(r["question"], row_input(x)) for x in r["rows"]]))).tolist()
+        np.asarray(run(*batch_of(torch, tokenizer, [(r["question"], row_input(x)) for x in r["rows"]], True))).tolist()
         if r["rows"]
         else []
         for r in records
@@ -390,26 +409,152 @@ def combined(beta: np.ndarray, xenc: list[list[float]], feats: list[list[float]]
     ]
 
 
-def export(torch, model, tokenizer, out: Path) -> str:
-    """The model as int8 ONNX (dynamic, per channel, as the embedder): its sha256."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
+def export(torch, model, tokenizer, out: Path, keep_fp32: Path | None = None, how: str = "int8", calibration=()) -> str:
+    """The model as ONNX quantized `how` (`quantize`): its sha256. `keep_fp32` keeps the fp32 ONNX there too, so
+    that bench/cross_encoder_quant.py can quantize it again without training."""
     ids, types, mask = batch_of(torch, tokenizer, [("what port?", "atlas (api): serves on 8443")] * 2)
     with tempfile.TemporaryDirectory(prefix="xenc-export-") as tmp:
-        fp32 = os.path.join(tmp, "fp32.onnx")
+        fp32 = keep_fp32 or Path(tmp) / "fp32.onnx"
+        fp32.parent.mkdir(parents=True, exist_ok=True)
         torch.onnx.export(
             model,
             (ids, types, mask),
-            fp32,
+            str(fp32),
             input_names=["input_ids", "token_type_ids", "attention_mask"],
             output_names=["logit"],
             dynamic_axes={n: {0: "rows", 1: "tokens"} for n in ("input_ids", "token_type_ids", "attention_mask")},
             opset_version=17,
             dynamo=False,
         )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        quantize_dynamic(fp32, str(out), weight_type=QuantType.QInt8, per_channel=True)
+        return quantize(fp32, out, how, tokenizer, calibration)
+
+
+# How the fp32 export becomes the shipped file, each measured by bench/cross_encoder_quant.py: onnxruntime's
+# dynamic int8, "int8" (weights per channel, as the embedder's) with any of "-tensor" (weights per tensor),
+# "-reduce" (7-bit weights: reduce_range) and one "-keep-…" (those MatMuls left fp32: each layer's FFN output,
+# its attention output, its FFN, the last layer, the head; or the embedding tables, 47 MB of them); static QDQ
+# int8 (activations too, their ranges calibrated on training pairs); or no quantization at all.
+KEPT_FP32 = {
+    "ffn-out": lambda name: name.endswith("/out/MatMul"),
+    "attn-out": lambda name: name.endswith("/attention_out/MatMul"),
+    "ffn": lambda name: name.endswith(("/out/MatMul", "/intermediate/MatMul")),
+    "last": None,  # the last layer's every MatMul: the names depend on the layer count (`fp32_matmuls`)
+    "head": lambda name: name.startswith("/head/"),
+    "embeddings": None,  # Gather: only MatMul and Gemm are quantized
+}
+QUANTIZATIONS = (
+    "int8",
+    "int8-tensor",
+    "int8-reduce",
+    *(f"int8-keep-{k}" for k in KEPT_FP32),
+    "int8-tensor-reduce",
+    *(f"int8-tensor-keep-{k}" for k in ("ffn-out", "ffn", "last", "head")),
+    "qdq",
+    "fp32",
+)
+
+
+def dynamic_options(how: str) -> tuple[bool, bool, str | None]:
+    """(per channel, reduce_range, what is kept fp32) of a dynamic int8 quantization's name."""
+    rest = how.removeprefix("int8")
+    rest, keep = rest.split("-keep-") if "-keep-" in rest else (rest, None)
+    flags = [f for f in rest.split("-") if f]
+    if (
+        not how.startswith("int8")
+        or any(f not in ("tensor", "reduce") for f in flags)
+        or keep not in (None, *KEPT_FP32)
+    ):
+        raise SystemExit(f"unknown quantization {how!r}: int8[-tensor][-reduce][-keep-{'|'.join(KEPT_FP32)}]")
+    return "tensor" not in flags, "reduce" in flags, keep
+
+
+def fp32_matmuls(model, keep: str) -> list[str]:
+    """The MatMul (and Gemm) nodes a `-keep-…` quantization leaves fp32."""
+    names = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm")]
+    if keep == "last":
+        last = max(int(n.split("/layers.")[1].split("/")[0]) for n in names if "/layers." in n)
+        return [n for n in names if n.startswith(f"/layers.{last}/")]
+    # A Gemm is quantized as the MatMul onnxruntime first turns it into, named after it.
+    chosen = [x for n in names if KEPT_FP32[keep](n) for x in ((n, f"{n}_MatMul") if n.endswith("Gemm") else (n,))]
+    if not chosen:
+        raise SystemExit(f"keep-{keep}: no MatMul of the export matches (names: {names[:4]}…)")
+    return chosen
+
+
+def quantize(fp32: Path, out: Path, how: str, tokenizer=None, calibration=()) -> str:
+    """The fp32 ONNX file quantized `how` (QUANTIZATIONS, or another int8 name they spell) into `out`: its
+    sha256. "qdq" reads the `calibration` (question, row text) pairs through `tokenizer` for its activations'
+    ranges."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if how == "fp32":
+        out.write_bytes(fp32.read_bytes())
+    elif how == "qdq":
+        pairs = list(calibration)
+        if not pairs or tokenizer is None:
+            raise SystemExit("qdq needs calibration pairs and the tokenizer")
+
+        class Pairs(CalibrationDataReader):
+            def __init__(self) -> None:
+                batches = (pairs[i : i + 4] for i in range(0, len(pairs), 4))
+                self.feeds = iter(
+                    [
+                        dict(
+                            zip(
+                                solos_cross_encoder.INPUT_NAMES,
+                                solos_cross_encoder.padded(
+                                    tokenizer.encode_batch([(served(tokenizer, q), t) for q, t in b])
+                                ),
+                            )
+                        )
+                        for b in batches
+                    ]
+                )
+
+            def get_next(self):
+                return next(self.feeds, None)
+
+        with tempfile.TemporaryDirectory(prefix="xenc-qdq-") as tmp:
+            quantize_static(
+                str(fp32),
+                str(out),
+                Pairs(),
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=["MatMul", "Gemm", "Gather"],
+                extra_options={"CalibTensorRangeSymmetric": False},
+                calibration_cache_path=Path(tmp) / "ranges",
+            )
+    else:
+        per_channel, reduce_range, keep = dynamic_options(how)
+        quantize_dynamic(
+            str(fp32),
+            str(out),
+            weight_type=QuantType.QInt8,
+            per_channel=per_channel,
+            reduce_range=reduce_range,
+            nodes_to_exclude=fp32_matmuls(onnx.load(str(fp32)), keep) if keep not in (None, "embeddings") else None,
+            op_types_to_quantize=["MatMul", "Gemm"] if keep == "embeddings" else None,
+        )
     return hashlib.sha256(out.read_bytes()).hexdigest()
+
+
+def calibration_pairs(records: list[dict], count: int = 512) -> list[tuple[str, str]]:
+    """(question, row text) pairs of training records for a static quantization's ranges: each question's first
+    rows, as the service reads them, in a seeded order."""
+    pairs = [(r["question"], row_input(x)) for r in records for x in r["rows"][:4]]
+    random.Random(SEED).shuffle(pairs)
+    return pairs[:count]
 
 
 def session_of(path: Path):
@@ -425,7 +570,8 @@ def cost_per_row(run, tokenizer, torch, records: list[dict], rows: int = 10) -> 
     """Milliseconds per row, each question's first `rows` candidates in one call: the thread's CPU time (what a
     turn pays on an idle core) and the wall time (what it paid on this machine as loaded)."""
     batches = [
-        batch_of(torch, tokenizer, [(r["question"], row_input(x)) for x in r["rows"][:rows]]) for r in records[:100]
+        batch_of(torch, tokenizer, [(r["question"], row_input(x)) for x in r["rows"][:rows]], True)
+        for r in records[:100]
     ]
     run(*batches[0])
     wall, cpu = time.perf_counter(), time.thread_time()
@@ -449,6 +595,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", type=int, default=4, help="the LoCoMo conversation scored (default: 4)")
     parser.add_argument("--calibrate", type=int, default=3, help="the conversation the combination fits on (3)")
     parser.add_argument("--export", type=Path, help="keep the int8 ONNX here (default: a temporary file)")
+    parser.add_argument("--export-fp32", type=Path, help="keep the fp32 ONNX here too (to quantize it again)")
+    parser.add_argument(
+        "--quantize", default="int8", help=f"how --export's file is quantized: {', '.join(QUANTIZATIONS)} (int8)"
+    )
     parser.add_argument(
         "--rows", type=int, default=0, help="the cross-encoder reads recall's first N candidates (default: all)"
     )
@@ -483,10 +633,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="xenc-") as tmp:
         out = args.export or Path(tmp) / "cross-encoder.onnx"
-        sha = export(torch, model, tokenizer, out)
+        sha = export(torch, model, tokenizer, out, args.export_fp32, args.quantize, calibration_pairs(roles["train"]))
         report(torch, model, session_of(out), tokenizer, records, roles, args)
         if args.export:
             print(f"exported {out}: sha256 {sha}")
+        if args.export_fp32:
+            print(f"kept {args.export_fp32}: sha256 {hashlib.sha256(args.export_fp32.read_bytes()).hexdigest()}")
     return 0
 
 
@@ -595,9 +747,22 @@ def report(torch, model, session, tokenizer, records: list[dict], roles: dict[st
         cells = [table[d][s].get(name, "") for d, s in sides]
         print(f"{name:18} " + " ".join(f"{c:>15.3f}" if isinstance(c, float) else f"{c:>15}" for c in cells))
     if model is not None:
-        fp32 = {d: logits_of(torch_run, tokenizer, torch, roles[d]) for d in ("fleet", "locomo")}
+        # The same rows as the int8 column: the first --rows, the rest 0 (all candidates read, it scored fleet
+        # 0.817 where the int8 file's first 5 scored 0.738, which was read as quantization's cost).
+        fp32 = {
+            d: [
+                sigmoid(np.array(s)).tolist() + [0.0] * (len(r["rows"]) - len(s))
+                for s, r in zip(
+                    logits_of(
+                        torch_run, tokenizer, torch, [dict(r, rows=r["rows"][: args.rows or None]) for r in recs]
+                    ),
+                    recs,
+                )
+            ]
+            for d, recs in ((d, roles[d]) for d in ("fleet", "locomo"))
+        }
         print(
-            "AUROC of the fp32 model (torch): "
+            "AUROC of the fp32 model (torch), the same rows: "
             + ", ".join(f"{d} {separation(list(zip(roles[d], fp32[d]))):.3f}" for d in ("fleet", "locomo"))
         )
     print(

@@ -29,6 +29,7 @@ import json
 import re
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -60,6 +61,80 @@ def kept(scored: list[tuple[dict, list[float]]], floor: float) -> dict[str, floa
     return {d: floor_figures([s for s in scored if s[0]["domain"] == d], floor)[1] for d in ("fleet", "locomo")}
 
 
+def judged(session, features, records: list[dict], rows: int | None) -> tuple[list[list[float]], list[list[float]]]:
+    """The features judge's probabilities and the cross-encoder's logits (first `rows` rows; None: all) per
+    record."""
+    return [features.judge(r["question"], r["rows"], "hybrid").probabilities for r in records], [
+        session.logits(r["question"], [solos_cross_encoder.pair_text(x) for x in r["rows"][:rows]]) for r in records
+    ]
+
+
+@dataclass(frozen=True)
+class Combination:
+    """The combination fitted on the calibration records: a, b, its intercept as raised and as fitted, and the
+    share of answers it and the features judge keep there at `floor`, by domain."""
+
+    a: float
+    b: float
+    c: float
+    fitted_c: float
+    floor: float
+    kept: dict[str, float]
+    wanted: dict[str, float]
+
+    @property
+    def beta(self) -> tuple[float, float, float]:
+        return self.a, self.b, self.c
+
+
+def calibrated(session, features, roles: dict[str, list[dict]], rows: int) -> Combination:
+    """The logistic over (logit, features logit, 1) on the calibration records, its intercept raised by the least
+    CALIBRATION_STEP under which it keeps, at the one floor, the features judge's share of answers per domain."""
+    calibration = [r for r in roles["calibrate"] if r["rows"]]
+    feats, logits = judged(session, features, calibration, rows)
+    heads = [dict(r, rows=r["rows"][:rows]) for r in calibration]
+    a, b, c = (float(x) for x in fit_combination(logits, [f[:rows] for f in feats], heads))
+    floor = solos_rank.RELEVANCE_FLOOR
+    wanted = kept(list(zip(calibration, feats)), floor)
+    for step in range(MAX_STEPS + 1):
+        raised = c + step * CALIBRATION_STEP
+        got = kept([(r, combine((a, b, raised), x, f)) for r, x, f in zip(calibration, logits, feats)], floor)
+        if all(got[d] >= wanted[d] for d in wanted):
+            return Combination(a, b, raised, c, floor, got, wanted)
+    raise SystemExit(f"no intercept up to +{MAX_STEPS * CALIBRATION_STEP} keeps {wanted} at {floor}")
+
+
+def held_out(
+    session, features, roles: dict[str, list[dict]], rows: int, combination: Combination
+) -> dict[str, dict[str, dict[str, float]]]:
+    """By domain (the fleet's score half on its own rows, the held-out conversation) and by judge (the features
+    judge; the cross-encoder alone, reading every candidate in one batch, where its quantization shows most; the
+    combination, the first `rows` in one batch as served: a dynamically quantized model's logit for a row
+    depends a little on the rows beside it, as the activations' range is the batch's): AUROC, the shares
+    rejected and kept at the floor, ECE."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for domain in ("fleet", "locomo"):
+        held = [r for r in roles[domain] if r["rows"]]
+        feats, logits = judged(session, features, held, rows)
+        every = judged(session, features, held, None)[1] if rows else logits
+        out[domain] = {}
+        for name, scores in (
+            ("features judge", feats),
+            ("cross-encoder", [[solos_cross_encoder.logistic(x) for x in xs] for xs in every]),
+            ("combination", [combine(combination.beta, x, f) for x, f in zip(logits, feats)]),
+        ):
+            scored = list(zip(held, scores))
+            rejected, keeping = floor_figures(scored, combination.floor)
+            out[domain][name] = {
+                "questions": len(held),
+                "auroc": separation(scored),
+                "rejected": rejected,
+                "kept": keeping,
+                "ece": ece(scored),
+            }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, help="the int8 ONNX file bench/cross_encoder.py --export wrote")
@@ -84,46 +159,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the features judge did not load: {features.reason}")
 
     roles = split(load(args.data), args.held_out, args.calibrate)
-    calibration = [r for r in roles["calibrate"] if r["rows"]]
-
-    def judged(records: list[dict]) -> tuple[list[list[float]], list[list[float]]]:
-        """The features judge's probabilities and the cross-encoder's logits (first `rows` rows) per record."""
-        return [features.judge(r["question"], r["rows"], "hybrid").probabilities for r in records], [
-            session.logits(r["question"], [solos_cross_encoder.pair_text(x) for x in r["rows"][: args.rows]])
-            for r in records
-        ]
-
-    feats, logits = judged(calibration)
-    heads = [dict(r, rows=r["rows"][: args.rows]) for r in calibration]
-    a, b, c = (float(x) for x in fit_combination(logits, [f[: args.rows] for f in feats], heads))
-    floor = solos_rank.RELEVANCE_FLOOR
-    wanted = kept(list(zip(calibration, feats)), floor)
-    raised = c
-    for step in range(MAX_STEPS + 1):
-        raised = c + step * CALIBRATION_STEP
-        scored = [(r, combine((a, b, raised), x, f)) for r, x, f in zip(calibration, logits, feats)]
-        got = kept(scored, floor)
-        if all(got[d] >= wanted[d] for d in wanted):
-            break
-    else:
-        raise SystemExit(f"no intercept up to +{MAX_STEPS * CALIBRATION_STEP} keeps {wanted} at {floor}")
+    fitted = calibrated(session, features, roles, args.rows)
     print(
-        f"combination on {len(calibration)} calibration questions: {a:.4f} x logit + {b:.4f} x features logit + "
-        f"{c:.4f}, intercept raised {raised - c:+.2f} so that at the floor {floor} it keeps "
-        + ", ".join(f"{d} {got[d]:.3f} (features judge {wanted[d]:.3f})" for d in wanted)
+        f"combination on {sum(bool(r['rows']) for r in roles['calibrate'])} calibration questions: {fitted.a:.4f} x "
+        f"logit + {fitted.b:.4f} x features logit + {fitted.fitted_c:.4f}, intercept raised "
+        f"{fitted.c - fitted.fitted_c:+.2f} so that at the floor {fitted.floor} it keeps "
+        + ", ".join(f"{d} {fitted.kept[d]:.3f} (features judge {fitted.wanted[d]:.3f})" for d in fitted.wanted)
     )
-    for domain in ("fleet", "locomo"):
-        held = [r for r in roles[domain] if r["rows"]]
-        held_feats, held_logits = judged(held)
-        for name, scores in (
-            ("features judge", held_feats),
-            ("combination", [combine((a, b, raised), x, f) for x, f in zip(held_logits, held_feats)]),
-        ):
-            scored = list(zip(held, scores))
-            rejected, keeping = floor_figures(scored, floor)
+    for domain, judges in held_out(session, features, roles, args.rows, fitted).items():
+        for name, x in judges.items():
             print(
-                f"held out, {domain} ({len(held)} questions), {name:14}: AUROC {separation(scored):.3f}, at {floor} "
-                f"rejected {rejected:.3f} kept {keeping:.3f}, ECE {ece(scored):.3f}"
+                f"held out, {domain} ({x['questions']} questions), {name:14}: AUROC {x['auroc']:.3f}, at "
+                f"{fitted.floor} rejected {x['rejected']:.3f} kept {x['kept']:.3f}, ECE {x['ece']:.3f}"
             )
     meta = {
         "format": solos_cross_encoder.META_FORMAT,
@@ -141,11 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         "rows": args.rows,
         "combination": {
             "p": "sigmoid(a * cross-encoder logit + b * logit(features judge probability) + c)",
-            "a": round(a, 6),
-            "b": round(b, 6),
-            "c": round(raised, 6),
-            "fitted_c": round(c, 6),
-            "floor": floor,
+            "a": round(fitted.a, 6),
+            "b": round(fitted.b, 6),
+            "c": round(fitted.c, 6),
+            "fitted_c": round(fitted.fitted_c, 6),
+            "floor": fitted.floor,
             "features_judge": features.sha256,
         },
     }
