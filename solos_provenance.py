@@ -667,13 +667,15 @@ def shown_to(
     gone: set[tuple[str, int]] = set()
     for tier in tiers:
         mine = [d for d in delivered if d["tier"] == tier]
-        versions = conn.queries.versions_of(conn, tier, sorted({d["row_id"] for d in mine}))
+        versions: dict[int, list[dict]] = {}
+        for version in conn.queries.versions_of(conn, tier, sorted({d["row_id"] for d in mine})):
+            versions.setdefault(version["id"], []).append(version)
         for delivery in mine:
             then = delivery["delivered_at"]
             match = [
                 v
-                for v in versions
-                if v["id"] == delivery["row_id"] and v["valid_from"] <= then and (v["valid_to"] or "~") > then
+                for v in versions.get(delivery["row_id"], ())
+                if v["valid_from"] <= then and (v["valid_to"] or "~") > then
             ]
             for version in match[:1]:
                 if seen.allows_version(
