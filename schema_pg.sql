@@ -398,8 +398,8 @@ BEGIN
 END $$;
 
 -- A row's token count (BM25's document length). PL/pgSQL, not SQL: an SQL function that cannot be inlined (this
--- one reads a set) is parsed and planned again in every transaction that calls it, and that took a third of a
--- serial write's time in the server; PL/pgSQL keeps its plan for the session.
+-- one reads a set) is parsed and planned again in every transaction that calls it: about a quarter of a write's
+-- CPU in the server (docs/benchmarks.md). PL/pgSQL keeps its plan for the session.
 CREATE OR REPLACE FUNCTION solos_tokens(doc tsvector) RETURNS integer LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     RETURN (SELECT coalesce(sum(coalesce(array_length(positions, 1), 1)), 0)::integer FROM unnest(doc));
