@@ -397,8 +397,13 @@ BEGIN
     RETURN new;
 END $$;
 
-CREATE OR REPLACE FUNCTION solos_tokens(doc tsvector) RETURNS integer LANGUAGE sql IMMUTABLE AS
-$$ SELECT coalesce(sum(coalesce(array_length(positions, 1), 1)), 0)::integer FROM unnest(doc) $$;
+-- A row's token count (BM25's document length). PL/pgSQL, not SQL: an SQL function that cannot be inlined (this
+-- one reads a set) is parsed and planned again in every transaction that calls it: about a quarter of a write's
+-- CPU in the server (docs/benchmarks.md). PL/pgSQL keeps its plan for the session.
+CREATE OR REPLACE FUNCTION solos_tokens(doc tsvector) RETURNS integer LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN (SELECT coalesce(sum(coalesce(array_length(positions, 1), 1)), 0)::integer FROM unnest(doc));
+END $$;
 
 CREATE OR REPLACE FUNCTION solos_fts_episodic() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -592,9 +597,10 @@ END $$;
 CREATE OR REPLACE FUNCTION solos_keep_vector(v_tier text, v_row bigint, v_model text, v_vector bytea)
 RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
-    IF v_model IS NULL
-        OR v_model IS NOT DISTINCT FROM (SELECT v.model FROM memory_vector v WHERE v.tier = v_tier AND v.row_id = v_row)
-    THEN
+    IF v_model IS NULL THEN  -- apart, so a write without a vector runs no query here
+        RETURN NULL;
+    END IF;
+    IF v_model IS NOT DISTINCT FROM (SELECT v.model FROM memory_vector v WHERE v.tier = v_tier AND v.row_id = v_row) THEN
         RETURN NULL;
     END IF;
     INSERT INTO memory_vector (tier, row_id, model, vector)

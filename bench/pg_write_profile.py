@@ -10,7 +10,9 @@ each with the service's schema and one registered agent:
 
   server    one long fact's INSERT in a loop inside the server (a DO block, rolled back): with its triggers,
             without the keyword index's (the tsvector), without any; and the one-statement write
-            (solos_write_long) the service calls, per row in microseconds
+            (solos_write_long) the service calls, per row in microseconds. Then the same calls each in a
+            transaction of its own, as the service makes them: the server process's CPU per call
+            (/proc/<pid>/schedstat), which counts what PostgreSQL does once per transaction and the loop hides
   writes    serial long-fact writes through the stores, taking turns: SQLite's Store.upsert_long; PgStore's
             one statement (one round trip, its COMMIT the statement's own); Store's steps on PostgreSQL (the
             statements one by one, BEGIN to COMMIT: 7 round trips); p50 and mean wall ms and the client's CPU
@@ -85,6 +87,42 @@ def server_side(conn) -> dict[str, float]:
     finally:
         conn.execute("ROLLBACK")
     return figures
+
+
+def one_transaction_each(url: str, count: int) -> dict[str, float]:
+    """Microseconds of the server process's CPU per call, each call its own transaction as the service's writes are
+    (/proc/<pid>/schedstat: nanoseconds, on this run's own server): what the loop above hides, since PostgreSQL
+    keeps some work for a transaction (a non-inlined SQL function's plan, a PL/pgSQL expression's state)."""
+    import psycopg
+
+    fact = FACT.replace("{n}", "{n} each").replace("{stamp}", str(time.time()))
+    calls = {
+        "solos_write_long (the service's write)": (
+            "SELECT * FROM solos_write_long(%s, %s, md5(%s), %s, %s, NULL, NULL, '[]', NULL, NULL)",
+            lambda n: (AGENT, n, str(n), TOPIC, fact.format(n=n)),
+        ),
+        "INSERT, its triggers": (
+            "INSERT INTO memory_longterm (agent, topic, fact, tags) VALUES (%s, %s, %s, '[]')",
+            lambda n: (AGENT, TOPIC, fact.format(n=f"insert {n}")),
+        ),
+        "SELECT 1 (a round trip's floor)": ("SELECT 1", lambda n: ()),
+    }
+    figures = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        pid = conn.info.backend_pid
+        for label, (sql, params) in calls.items():
+            for n in range(20):  # the session's first calls compile and plan
+                conn.execute(sql, params(-1 - n - 100 * len(figures)))
+            before = backend_ns(pid)
+            for n in range(count):
+                conn.execute(sql, params(n + 1_000_000 * len(figures)))
+            figures[label] = (backend_ns(pid) - before) / count / 1000
+    return figures
+
+
+def backend_ns(pid: int) -> int:
+    """A process's CPU time so far in nanoseconds (/proc/<pid>/schedstat)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 def serial(writers: dict[str, Callable[[str], object]], count: int) -> dict[str, dict]:
@@ -249,6 +287,9 @@ def main() -> int:
                     print(f"  {label:<40} {us:7.1f} us")
             finally:
                 admin.checkin(conn)
+            print(f"\nserver side: the server process's CPU per call, {args.writes} calls, a transaction each")
+            for label, us in one_transaction_each(url, args.writes).items():
+                print(f"  {label:<40} {us:7.1f} us", flush=True)
             writers = {
                 "SQLite": lambda fact: lite.upsert_long(AGENT, TOPIC, fact, None, None, []),
                 "PostgreSQL, one statement": lambda fact: pg.upsert_long(AGENT, TOPIC, fact, None, None, []),
