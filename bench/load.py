@@ -65,7 +65,11 @@ from locomo_data import DEFAULT_DATA
 
 K = 5  # as the acceptance criteria measure it
 QUESTIONS = 200  # real LoCoMo questions, cycled by every client from its own offset
-WARMUP = 40  # recalls per service before its first level: caches, the embedder's first runs
+# Recalls per worker before the first level: every question once, so each worker has logged the deliveries of
+# its answers (once per reader, row and clock hour: solos_provenance.WINDOW_S) before any level is timed. With
+# 40, a worker's first levels wrote what later levels skip: 0.2-0.4 delivery writes a recall, and with 2 workers
+# across processes (SQLite's busy handler sleeps) up to 11 ms of a hybrid recall's wall at 64 clients.
+WARMUP = QUESTIONS
 WARM_WAIT_S = 120  # how long warm() tries to reach every worker
 CLIENT_GRACE_S = 30  # past --seconds, when a client process that has not reported is killed
 
