@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where concurrent recalls lose their time: each phase's wall and CPU per recall, at several client counts.
 
-    python3 bench/load_profile.py [--levels 4,16] [--seconds 5] [--rows 5k]
+    python3 bench/load_profile.py [--levels 4,16] [--seconds 5] [--rows 5k] [--workers 2]
     HF_HUB_OFFLINE=1 .venv/bin/python bench/load_profile.py --hybrid
 
 The service runs in this process (solos_memory.build_server, as the tests
@@ -12,6 +12,11 @@ wall minus CPU is time spent waiting (for the GIL, a lock, SQLite, the
 socket). Also counted: new SQLite connections opened (Store.connect) per
 recall, and how many requests were in a Store.read at once.
 
+With --workers N the service is `serve --workers N` forked from this
+process (the supervisor and its workers inherit the wrapped phases); after
+each level every worker writes its phases and samples to a file when told
+(SIGUSR1), and the report sums them over the workers.
+
 The instrumented service runs a little slower than the real one; compare
 levels with each other, not with load.py's figures.
 """
@@ -19,8 +24,11 @@ levels with each other, not with load.py's figures.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -55,11 +63,25 @@ class Phases:
         self.in_read = 0
         self.in_read_hist: dict[int, int] = defaultdict(int)
 
-    def add(self, name: str, wall: float, cpu: float) -> None:
+    def add(self, name: str, wall: float, cpu: float, calls: int = 1) -> None:
         with self.lock:
             self.wall[name] += wall
             self.cpu[name] += cpu
-            self.calls[name] += 1
+            self.calls[name] += calls
+
+    def taken(self) -> dict:
+        """What was recorded since the last reset, as JSON for the bench (a worker's share); then reset."""
+        with self.lock:
+            found = {"wall": self.wall, "cpu": self.cpu, "calls": self.calls, "in_read_hist": self.in_read_hist}
+            self.reset()
+        return found
+
+    def merge(self, found: dict) -> None:
+        """Add a worker's share (taken())."""
+        for name, wall in found["wall"].items():
+            self.add(name, wall, found["cpu"][name], found["calls"][name])
+        for depth, count in found["in_read_hist"].items():
+            self.in_read_hist[int(depth)] += count
 
 
 PHASES = Phases()
@@ -137,12 +159,14 @@ class Sampler:
 
     SAMPLE_S = 0.002
 
-    def __init__(self) -> None:
+    def __init__(self, sampling: bool = True) -> None:
+        """sampling False: only a sum of the workers' samples (merge)."""
         self.lines: dict[str, int] = defaultdict(int)
         self.samples = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
+        if sampling:
+            self.thread.start()
 
     def run(self) -> None:
         handlers = {t.ident for t in threading.enumerate() if t.name.startswith("Thread-")}
@@ -161,10 +185,21 @@ class Sampler:
 
     def report(self, top: int = 12) -> None:
         self.stop.set()
-        self.thread.join()
+        if self.thread.is_alive():
+            self.thread.join()
         print(f"  where handler threads were, {self.samples} samples:")
         for where, count in sorted(self.lines.items(), key=lambda item: -item[1])[:top]:
             print(f"    {count / max(self.samples, 1):5.1%}  {where}")
+
+    def taken(self) -> dict:
+        """The samples since the last look, as JSON for the bench (a worker's share); then start afresh."""
+        found, self.lines, self.samples = {"lines": self.lines, "samples": self.samples}, defaultdict(int), 0
+        return found
+
+    def merge(self, found: dict) -> None:
+        for where, count in found["lines"].items():
+            self.lines[where] += count
+        self.samples += found["samples"]
 
 
 def time_admission() -> None:
@@ -179,6 +214,52 @@ def time_admission() -> None:
             PHASES.add("  waiting for admission", time.perf_counter() - wall_0, 0.0)
 
     solos_connections.Admission.enter = timed  # type: ignore[method-assign]
+
+
+def report_on_signal(folder: str, sample: bool) -> None:
+    """In each worker (wrapping open_server): on SIGUSR1, write this worker's phases and samples since the last
+    signal to folder/<pid>.json, for the bench to sum."""
+    open_server = solos_memory.open_server
+
+    def opened(*args, **kwargs):
+        server = open_server(*args, **kwargs)
+        sampler = Sampler() if sample else None
+
+        def dump(*_) -> None:
+            found = {"phases": PHASES.taken(), "samples": sampler.taken() if sampler else None}
+            path = Path(folder) / f"{os.getpid()}.json"
+            path.with_suffix(".tmp").write_text(json.dumps(found))
+            path.with_suffix(".tmp").rename(path)
+
+        signal.signal(signal.SIGUSR1, dump)
+        return server
+
+    solos_memory.open_server = opened
+
+
+def collect(folder: Path, supervisor: int, sampler: Sampler | None) -> int:
+    """Tell every worker to write its share, wait for them, sum them into PHASES (and sampler); the count."""
+    workers = [int(pid) for pid in Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()]
+    for stale in folder.glob("*.json"):
+        stale.unlink()
+    PHASES.reset()
+    for pid in workers:
+        os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    while len(list(folder.glob("*.json"))) < len(workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for path in folder.glob("*.json"):
+        found = json.loads(path.read_text())
+        PHASES.merge(found["phases"])
+        if sampler is not None and found["samples"]:
+            sampler.merge(found["samples"])
+    return len(workers)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def report(clients: int, figures: dict) -> None:
@@ -203,6 +284,44 @@ def report(clients: int, figures: dict) -> None:
     )
 
 
+def profile_workers(config, folder: Path, paths: list[str], mode: str, args: argparse.Namespace) -> int:
+    """serve --workers N forked from this process, its workers' phases summed after each level."""
+    reports = folder / "reports"
+    reports.mkdir()
+    report_on_signal(str(reports), args.sample)
+    supervisor = os.fork()
+    if supervisor == 0:  # the supervisor: serve() forks the workers, which inherit the wrapped phases
+        status = 1
+        try:
+            status = solos_memory.serve(config, [])
+        finally:
+            os._exit(status)
+    try:
+        deadline = time.monotonic() + load.WARM_WAIT_S
+        while True:  # the supervisor binds after opening the database once
+            try:
+                socket.create_connection(("127.0.0.1", config.port)).close()
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() > deadline or os.waitpid(supervisor, os.WNOHANG)[0]:
+                    raise
+                time.sleep(0.05)
+        load.warm(config.port, paths, mode, args.workers)
+        for clients in (int(n) for n in args.levels.split(",")):
+            collect(reports, supervisor, None)  # the warm-up's or the last level's share: dropped
+            figures = load.level(config.port, supervisor, paths, clients, args)
+            sampler = Sampler(sampling=False) if args.sample else None
+            workers = collect(reports, supervisor, sampler)
+            report(clients, figures)
+            print(f"  summed over {workers} workers; by worker {figures['by_worker']}")
+            if sampler is not None:
+                sampler.report()
+    finally:
+        os.kill(supervisor, signal.SIGTERM)
+        os.waitpid(supervisor, 0)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default="4,16", help="concurrent clients (default: %(default)s)")
@@ -217,6 +336,7 @@ def main() -> int:
     )
     parser.add_argument("--pool-size", type=int, default=0, help="trial: solos_store.POOL_SIZE (default: as is)")
     parser.add_argument("--sample", action="store_true", help="also sample where threads wait (default: no)")
+    parser.add_argument("--workers", type=int, default=1, help="serve --workers N, summed over them (default: 1)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo file (default: %(default)s)")
     args = parser.parse_args()
     args.max_requests = 50_000
@@ -239,11 +359,15 @@ def main() -> int:
         shutil.copy(source, db)
         config = solos_memory.Config(
             db=str(db),
-            port=0,
+            port=free_port() if args.workers > 1 else 0,
             log_requests=False,
             model_dir=None if args.hybrid else "off",
             admit=args.admit,
+            workers=args.workers,
         )
+        if args.workers > 1:
+            print(f"{args.workers} workers (serve --workers), each with its own --admit {args.admit}")
+            return profile_workers(config, Path(folder), paths, mode, args)
         server = solos_memory.build_server(config, [])
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         thread.start()
