@@ -399,15 +399,19 @@ class CrossEncoder:
         head = [pair_text(row) for row in rows[: meta.rows]]
         if not head:
             return list(features), None
+        model = runner(self.folder / meta.model, meta.sha256, meta.max_len)
         best = meta.sure(features)
         if best is not None:
+            # The model's load starts anyway (not waited for): the next recall that needs it does not wait for
+            # it, and a model that cannot load is named here too, once its load has failed.
+            model.ready(0.0)
+            failed = model.loaded.is_set() and model.session is None
             return list(features), (
                 f"cross-encoder skipped: the features judge's best of the first {len(head)} rows is {best:.3f}, "
                 f"outside {meta.skip_below:g}-{meta.skip_above:g}"
+                + (f"; it cannot run: {model.failure}" if failed else "")
             )
-        logits, reason = runner(self.folder / meta.model, meta.sha256, meta.max_len).logits(
-            question, head, self.timeout_s
-        )
+        logits, reason = model.logits(question, head, self.timeout_s)
         if logits is None or len(logits) != len(head):
             return list(features), reason or f"cross-encoder gave {len(logits or ())} logits for {len(head)} rows"
         combined = [logistic(meta.a * x + meta.b * logit(p) + meta.c) for x, p in zip(logits, features)]

@@ -143,7 +143,10 @@ def test_the_model_runs_only_when_the_features_judge_is_unsure(tmp_path):
         assert reason.startswith("cross-encoder skipped: the features judge's best of the first 2 rows is ")
         assert expected in reason
     probabilities, reason = judge.cross.combine(QUESTION, rows, [0.2, meta.skip_above])  # the band is closed
-    assert "unreadable" in reason
+    assert reason.startswith("cross-encoder file unreadable")
+    probabilities, reason = judge.cross.combine(QUESTION, rows, features)  # skipped, and the failure named
+    assert probabilities == features and reason.startswith("cross-encoder skipped: ")
+    assert "it cannot run: cross-encoder file unreadable" in reason
     assert meta.sure([0.2] * meta.rows + [0.99]) is None  # rows past the ones the model reads never gate
 
 
