@@ -9,11 +9,15 @@ rows becomes a logistic over its logit and the features judge's:
 
     p = sigmoid(a * cross-encoder logit + b * logit(features judge probability) + c)
 
+A cascade: the model runs only when the features judge is unsure, its best probability over those rows inside
+the meta's band (`cascade`: skip_below, skip_above; bench/cross_encoder_cascade.py chose it on calibration
+records); outside it the features judge's probabilities stand, and the reason says the model was skipped.
+
 Everything model-specific (the model file's name and sha256, the input format, `rows`, a/b/c, the floor the
-combination was set to) is in a small meta file, models/judge/cross-encoder.json, whose own sha256 is
-META_SHA256; the model's sha256 is MODEL_SHA256 and is checked on the very bytes onnxruntime loads. A file with
-another hash is never loaded. A retrained model is swapped in by bench/cross_encoder_swap.py (two files, two
-hashes).
+combination was set to, the cascade's band) is in a small meta file, models/judge/cross-encoder.json, whose own
+sha256 is META_SHA256; the model's sha256 is MODEL_SHA256 and is checked on the very bytes onnxruntime loads. A
+file with another hash is never loaded. A retrained model is swapped in by bench/cross_encoder_swap.py (two
+files, two hashes).
 
 Lazy and once per process: `load()` reads only the meta (no onnxruntime); the first hybrid recall starts the
 model's load (read, checked, loaded) in a thread of its own, once however many recalls ask at the same time, and
@@ -38,7 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 META_PATH = HERE / "models" / "judge" / "cross-encoder.json"
 # The sha256 of META_PATH and of the model file it names, as bench/cross_encoder_swap.py wrote them (it rewrites
 # these two lines).
-META_SHA256 = "aae72925fe48ff6365949a57fa1135c90c0ccd4c161781aeb49b392fdf5b4e81"
+META_SHA256 = "c87027057c0711639aeab0f51252f6d547e38b03266039773f1f8ccd47228982"
 MODEL_SHA256 = "c5d7a4e41c59c407507d98583a6e1ed50a7003a50b7e15843c6be33f4aa70df4"
 META_FORMAT = 1
 TOKENIZER_PATH = HERE / "models" / "all-MiniLM-L6-v2" / "tokenizer.json"
@@ -108,6 +112,17 @@ class Meta:
     b: float
     c: float
     floor: float
+    # The cascade: the model runs only when the features judge's best probability over the first `rows` rows
+    # lies in [skip_below, skip_above]; outside it the features judge is sure and its probabilities stand.
+    # (0, 1): always run (a meta without a cascade).
+    skip_below: float = 0.0
+    skip_above: float = 1.0
+
+    def sure(self, features: Sequence[float]) -> float | None:
+        """The features judge's best probability over the head when it lies outside the cascade's band (the
+        model need not run), else None."""
+        best = max(features[: self.rows], default=0.0)
+        return best if best < self.skip_below or best > self.skip_above else None
 
     @staticmethod
     def parse(raw: bytes) -> Meta:
@@ -125,6 +140,11 @@ class Meta:
             int(doc["rows"]),
             *(float(combination[key]) for key in ("a", "b", "c", "floor")),
         )
+        cascade = doc.get("cascade")
+        if cascade is not None:
+            meta = replace(meta, skip_below=float(cascade["skip_below"]), skip_above=float(cascade["skip_above"]))
+            if not 0.0 <= meta.skip_below <= meta.skip_above <= 1.0:
+                raise ValueError(f"cascade band {meta.skip_below}-{meta.skip_above} is not within 0-1")
         if "/" in meta.model or meta.model.startswith("."):
             raise ValueError(f"model {meta.model!r} is not a file name beside the meta")
         if not 8 <= meta.max_len <= 512 or not 1 <= meta.rows <= 100:
@@ -242,9 +262,12 @@ class Watchdog:
         return entry
 
     def withdraw(self, entry: list[Any]) -> None:
+        """The run returned: never flip it. Its entry stays in the heap until the thread next wakes, so the thread
+        keeps sleeping towards it and the next run's later deadline need not wake it: a wake a run, which then
+        wants the GIL (the runner's time outside the session's: 0.45 ms a recall at load 7, 0.07 at load 2; 0.03
+        this way at load 2, bench/recall_phases.py)."""
         with self.due:
             entry[2] = None
-            self.drop_withdrawn()
 
     def drop_withdrawn(self) -> None:
         while self.heap and self.heap[0][2] is None:
@@ -376,9 +399,19 @@ class CrossEncoder:
         head = [pair_text(row) for row in rows[: meta.rows]]
         if not head:
             return list(features), None
-        logits, reason = runner(self.folder / meta.model, meta.sha256, meta.max_len).logits(
-            question, head, self.timeout_s
-        )
+        model = runner(self.folder / meta.model, meta.sha256, meta.max_len)
+        best = meta.sure(features)
+        if best is not None:
+            # The model's load starts anyway (not waited for): the next recall that needs it does not wait for
+            # it, and a model that cannot load is named here too, once its load has failed.
+            model.ready(0.0)
+            failed = model.loaded.is_set() and model.session is None
+            return list(features), (
+                f"cross-encoder skipped: the features judge's best of the first {len(head)} rows is {best:.3f}, "
+                f"outside {meta.skip_below:g}-{meta.skip_above:g}"
+                + (f"; it cannot run: {model.failure}" if failed else "")
+            )
+        logits, reason = model.logits(question, head, self.timeout_s)
         if logits is None or len(logits) != len(head):
             return list(features), reason or f"cross-encoder gave {len(logits or ())} logits for {len(head)} rows"
         combined = [logistic(meta.a * x + meta.b * logit(p) + meta.c) for x, p in zip(logits, features)]

@@ -23,8 +23,9 @@ the rows' own relevance through, named `relevance`, with the reason. Figures: be
 
 In hybrid mode the features judge's probabilities of the first rows are combined with a cross-encoder's
 (solos_cross_encoder: it reads the question and each row together), named `cross-encoder@…+features-hybrid@…`;
-when the cross-encoder cannot run (its files missing or changed, onnxruntime missing, a run failing or too
-slow) the features judge's stand, with the reason. SOLOS_MEMORY_JUDGE=features turns the cross-encoder off.
+when the cross-encoder is skipped (the features judge sure: its meta's cascade) or cannot run (its files
+missing or changed, onnxruntime missing, a run failing or too slow) the features judge's stand, with the reason.
+SOLOS_MEMORY_JUDGE=features turns the cross-encoder off.
 
     judge = solos_judge.load()                       # once; never raises
     verdict = judge.judge(question, rows, "hybrid")  # rows: dicts with text, topic, agent, relevance, cosine

@@ -57,6 +57,19 @@ def combine(beta: tuple[float, float, float], logits: list[float], features: lis
     return combined + features[len(logits) :]
 
 
+def cascaded(
+    beta: tuple[float, float, float], logits: list[float], features: list[float], band: tuple[float, float] | None
+) -> tuple[list[float], bool]:
+    """The combination as served with a cascade band (skip_below, skip_above), and whether the model was skipped:
+    the features judge's probabilities stand when its best over the rows the model reads lies outside the band
+    (solos_cross_encoder.Meta.sure)."""
+    if band is not None:
+        best = max(features[: len(logits)], default=0.0)
+        if best < band[0] or best > band[1]:
+            return list(features), True
+    return combine(beta, logits, features), False
+
+
 def kept(scored: list[tuple[dict, list[float]]], floor: float) -> dict[str, float]:
     return {d: floor_figures([s for s in scored if s[0]["domain"] == d], floor)[1] for d in ("fleet", "locomo")}
 
@@ -105,7 +118,12 @@ def calibrated(session, features, roles: dict[str, list[dict]], rows: int) -> Co
 
 
 def held_out(
-    session, features, roles: dict[str, list[dict]], rows: int, combination: Combination
+    session,
+    features,
+    roles: dict[str, list[dict]],
+    rows: int,
+    combination: Combination,
+    band: tuple[float, float] | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """By domain (the fleet's score half on its own rows, the held-out conversation) and by judge (the features
     judge; the cross-encoder alone, reading every candidate in one batch, where its quantization shows most; the
@@ -118,10 +136,11 @@ def held_out(
         feats, logits = judged(session, features, held, rows)
         every = judged(session, features, held, None)[1] if rows else logits
         out[domain] = {}
+        served = [cascaded(combination.beta, x, f, band) for x, f in zip(logits, feats)]
         for name, scores in (
             ("features judge", feats),
             ("cross-encoder", [[solos_cross_encoder.logistic(x) for x in xs] for xs in every]),
-            ("combination", [combine(combination.beta, x, f) for x, f in zip(logits, feats)]),
+            ("combination", [s for s, _ in served]),
         ):
             scored = list(zip(held, scores))
             rejected, keeping = floor_figures(scored, combination.floor)
@@ -131,6 +150,7 @@ def held_out(
                 "rejected": rejected,
                 "kept": keeping,
                 "ece": ece(scored),
+                "skipped": sum(skip for _, skip in served) / max(len(served), 1) if name == "combination" else 0.0,
             }
     return out
 
@@ -144,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", type=int, default=4, help="the LoCoMo conversation no fit sees (default: 4)")
     parser.add_argument("--calibrate", type=int, default=3, help="the conversation the combination fits on (3)")
     parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
+    parser.add_argument(
+        "--cascade",
+        help="LO,HI: run the model only when the features judge's best head probability is within [LO, HI] "
+        "(bench/cross_encoder_cascade.py chooses it on the calibration records; default: always run)",
+    )
     parser.add_argument("--no-hash-update", action="store_true", help="leave solos_cross_encoder's pins as they are")
     args = parser.parse_args(argv)
     trial = json.loads(args.trial_meta.read_text()) if args.trial_meta else {}
@@ -166,11 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{fitted.c - fitted.fitted_c:+.2f} so that at the floor {fitted.floor} it keeps "
         + ", ".join(f"{d} {fitted.kept[d]:.3f} (features judge {fitted.wanted[d]:.3f})" for d in fitted.wanted)
     )
-    for domain, judges in held_out(session, features, roles, args.rows, fitted).items():
+    band = tuple(float(x) for x in args.cascade.split(",")) if args.cascade else None
+    if band is not None and (len(band) != 2 or not 0.0 <= band[0] <= band[1] <= 1.0):
+        raise SystemExit(f"--cascade {args.cascade}: want LO,HI with 0 <= LO <= HI <= 1")
+    for domain, judges in held_out(session, features, roles, args.rows, fitted, band).items():  # type: ignore[arg-type]
         for name, x in judges.items():
             print(
                 f"held out, {domain} ({x['questions']} questions), {name:14}: AUROC {x['auroc']:.3f}, at "
                 f"{fitted.floor} rejected {x['rejected']:.3f} kept {x['kept']:.3f}, ECE {x['ece']:.3f}"
+                + (f", model skipped {x['skipped']:.3f}" if band and name == "combination" else "")
             )
     meta = {
         "format": solos_cross_encoder.META_FORMAT,
@@ -196,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
             "features_judge": features.sha256,
         },
     }
+    if band is not None:
+        meta["cascade"] = {
+            "run": "the model, only when the features judge's best probability over the first rows is within "
+            "[skip_below, skip_above]; else the features judge's probabilities stand",
+            "skip_below": band[0],
+            "skip_above": band[1],
+        }
     meta_raw = (json.dumps(meta, indent=1) + "\n").encode()
     solos_cross_encoder.META_PATH.write_bytes(meta_raw)
     meta_sha = hashlib.sha256(meta_raw).hexdigest()

@@ -24,6 +24,8 @@ SHIPPED = solos_cross_encoder.load()
 QUESTION = "What port does payments-api listen on?"
 ANSWER = {"agent": "atlas", "topic": "payments-api", "text": "payments-api serves on port 8443; TLS ends on the pod."}
 NEAR = {"agent": "atlas", "topic": "search-api", "text": "search-api listens on 8088 behind haproxy."}
+# Rows the features judge is unsure of (its best probability inside the cascade's band), so the model must run.
+UNSURE = [dict(ANSWER, relevance=0.2, cosine=0.5), dict(NEAR, relevance=0.2, cosine=0.5)]
 
 
 def needs_runtime() -> None:
@@ -87,11 +89,13 @@ def test_a_missing_or_corrupt_model_is_never_loaded(tmp_path, model):
     """Refused by its hash before onnxruntime sees a byte: the features judge's probabilities, and why."""
     judge = solos_judge.load(cross=copied(tmp_path, model))
     assert judge.cross.reason is None  # the meta is the shipped one; the model is read at its first run
-    verdict = judge.judge(QUESTION, [ANSWER, NEAR], "hybrid")
+    features = solos_judge.load(cross=None).judge(QUESTION, UNSURE, "hybrid").probabilities
+    assert judge.cross.meta.sure(features) is None  # rows the model must read
+    verdict = judge.judge(QUESTION, UNSURE, "hybrid")
     assert verdict.name.startswith("features-hybrid@")
-    assert verdict.probabilities == solos_judge.load(cross=None).judge(QUESTION, [ANSWER, NEAR], "hybrid").probabilities
+    assert verdict.probabilities == features
     assert ("unreadable" if model is None else "sha256") in verdict.reason
-    again = judge.judge(QUESTION, [ANSWER], "hybrid")  # the failure is kept, not re-read every recall
+    again = judge.judge(QUESTION, UNSURE[:1], "hybrid")  # the failure is kept, not re-read every recall
     assert again.reason == verdict.reason
 
 
@@ -118,6 +122,42 @@ def test_the_cross_encoder_tells_the_answer_from_a_near_miss():
     assert verdict.probabilities != features  # the combination, not the features judge's alone
     assert verdict.probabilities[1] > verdict.probabilities[0]
     assert all(0.0 <= p <= 1.0 for p in verdict.probabilities)
+
+
+def test_the_model_runs_only_when_the_features_judge_is_unsure(tmp_path):
+    """The cascade: outside the meta's band (the features judge's best head probability clearly under the floor,
+    or clearly an answer) the features judge's probabilities stand, the model is not read (here it is missing),
+    and the reason says so; inside it the model runs (here: fails, and says why)."""
+    meta = SHIPPED.meta
+    assert 0.0 < meta.skip_below < solos_cross_encoder.logistic(0) < meta.skip_above < 1.0
+    judge = solos_judge.load(cross=copied(tmp_path, None))
+    rows = [ANSWER, NEAR]  # no relevance, no cosine: the features judge is sure nothing answers
+    features = solos_judge.load(cross=None).judge(QUESTION, rows, "hybrid").probabilities
+    assert max(features) < meta.skip_below
+    for head, expected in (
+        (features, f"is {max(features):.3f},"),
+        ([0.2, meta.skip_above + 0.01], f"is {meta.skip_above + 0.01:.3f},"),
+    ):
+        probabilities, reason = judge.cross.combine(QUESTION, rows, head)
+        assert probabilities == head
+        assert reason.startswith("cross-encoder skipped: the features judge's best of the first 2 rows is ")
+        assert expected in reason
+    probabilities, reason = judge.cross.combine(QUESTION, rows, [0.2, meta.skip_above])  # the band is closed
+    assert reason.startswith("cross-encoder file unreadable")
+    probabilities, reason = judge.cross.combine(QUESTION, rows, features)  # skipped, and the failure named
+    assert probabilities == features and reason.startswith("cross-encoder skipped: ")
+    assert "it cannot run: cross-encoder file unreadable" in reason
+    assert meta.sure([0.2] * meta.rows + [0.99]) is None  # rows past the ones the model reads never gate
+
+
+@pytest.mark.parametrize("band", [{"skip_below": 0.5, "skip_above": 0.1}, {"skip_below": -0.1, "skip_above": 0.7}])
+def test_a_cascade_band_out_of_order_or_range_is_refused(tmp_path, band):
+    doc = json.loads(solos_cross_encoder.META_PATH.read_bytes())
+    doc["cascade"] = dict(doc["cascade"], **band)
+    meta = tmp_path / "cross-encoder.json"
+    meta.write_text(json.dumps(doc))
+    encoder = solos_cross_encoder.load(meta, sha256=None)
+    assert encoder.meta is None and "cascade band" in encoder.reason
 
 
 def test_it_reads_only_the_first_rows_and_any_question():
@@ -260,7 +300,7 @@ def test_the_watchdog_stops_only_what_is_overdue_and_never_what_was_withdrawn():
     watchdog.withdraw(late)
     time.sleep(0.1)
     assert (later.terminate, returned.terminate) == (False, False)
-    assert watchdog.heap == []
+    assert all(entry[2] is None for entry in watchdog.heap)  # withdrawn, dropped when the thread next wakes
 
 
 # ==== Through the service ====
