@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import solos_store
+from solos_rank import logistic
 
 HERE = Path(__file__).resolve().parent
 META_PATH = HERE / "models" / "judge" / "cross-encoder.json"
@@ -88,10 +89,6 @@ def read_pinned(path: Path, sha256: str | None, what: str) -> tuple[bytes | None
 def logit(p: float) -> float:
     p = min(max(float(p), 1e-6), 1 - 1e-6)
     return math.log(p / (1 - p))
-
-
-def logistic(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
 def pair_text(row: Mapping) -> str:

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import solos_cross_encoder
-from solos_cross_encoder import logistic, logit, read_pinned
-from solos_rank import STOP_WORDS
+from solos_cross_encoder import logit, read_pinned
+from solos_rank import STOP_WORDS, logistic
 
 JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
 # The sha256 of JUDGE_PATH as bench/judge_fit.py wrote it (the script rewrites this line).

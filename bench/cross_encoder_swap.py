@@ -51,9 +51,7 @@ MAX_STEPS = 60
 
 def combine(beta: tuple[float, float, float], logits: list[float], features: list[float]) -> list[float]:
     a, b, c = beta
-    combined = [
-        solos_cross_encoder.logistic(a * x + b * solos_cross_encoder.logit(p) + c) for x, p in zip(logits, features)
-    ]
+    combined = [solos_rank.logistic(a * x + b * solos_cross_encoder.logit(p) + c) for x, p in zip(logits, features)]
     return combined + features[len(logits) :]
 
 
@@ -139,7 +137,7 @@ def held_out(
         served = [cascaded(combination.beta, x, f, band) for x, f in zip(logits, feats)]
         for name, scores in (
             ("features judge", feats),
-            ("cross-encoder", [[solos_cross_encoder.logistic(x) for x in xs] for xs in every]),
+            ("cross-encoder", [[solos_rank.logistic(x) for x in xs] for xs in every]),
             ("combination", [s for s, _ in served]),
         ):
             scored = list(zip(held, scores))

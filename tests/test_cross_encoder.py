@@ -19,6 +19,7 @@ from conftest import WordHashEmbedder
 
 import solos_cross_encoder
 import solos_judge
+import solos_rank
 
 SHIPPED = solos_cross_encoder.load()
 QUESTION = "What port does payments-api listen on?"
@@ -129,7 +130,7 @@ def test_the_model_runs_only_when_the_features_judge_is_unsure(tmp_path):
     or clearly an answer) the features judge's probabilities stand, the model is not read (here it is missing),
     and the reason says so; inside it the model runs (here: fails, and says why)."""
     meta = SHIPPED.meta
-    assert 0.0 < meta.skip_below < solos_cross_encoder.logistic(0) < meta.skip_above < 1.0
+    assert 0.0 < meta.skip_below < solos_rank.logistic(0) < meta.skip_above < 1.0
     judge = solos_judge.load(cross=copied(tmp_path, None))
     rows = [ANSWER, NEAR]  # no relevance, no cosine: the features judge is sure nothing answers
     features = solos_judge.load(cross=None).judge(QUESTION, rows, "hybrid").probabilities
