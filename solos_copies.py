@@ -205,12 +205,20 @@ class Notifier(threading.Thread):
         self.halted = threading.Event()  # set by stop(): no more waiting for a database that is away
         self.sent = 0  # NOTIFYs sent
         self.pid: int | None = None  # its server process, while connected
+        self.launch = threading.Lock()  # two writers' first pokes at once must not both start the thread
+        self.launched = False
 
     def poke(self) -> None:
-        """A write committed: notify soon (and start the thread on the first poke)."""
+        """A write committed: notify soon (and start the thread on the first poke).
+
+        Thread.start is not safe against two callers at once: both pass its started check, two OS threads run
+        this one loop, and one of them dies in threading's bookkeeping (a KeyError in _limbo)."""
         self.poked.set()
-        if not self.is_alive() and not self.stopped:
-            with contextlib.suppress(RuntimeError):  # another poke started it a moment ago
+        if self.launched or self.stopped:
+            return
+        with self.launch:
+            if not self.launched and not self.stopped:
+                self.launched = True
                 self.start()
 
     def stop(self) -> None:

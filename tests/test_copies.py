@@ -526,3 +526,31 @@ def test_the_services_writes_notify_after_their_commit_and_every_other_writer_as
             assert notified_by() == {store.notifier.pid}
     finally:
         store.close()
+
+
+def test_first_pokes_from_many_writers_at_once_start_the_notifier_once():
+    """Without a lock, every writer whose poke finds the thread not yet alive calls Thread.start: two OS threads
+    then run one notify loop, and one dies in threading's bookkeeping."""
+    import solos_copies
+
+    notifier = solos_copies.Notifier("postgresql://127.0.0.1:1/none")
+    starts = []
+
+    def slow_start() -> None:  # the window in which another writer's poke also finds it not alive
+        starts.append(threading.get_ident())
+        time.sleep(0.05)
+
+    notifier.start = slow_start  # type: ignore[method-assign]
+    gate = threading.Barrier(8)
+
+    def writer() -> None:
+        gate.wait()
+        notifier.poke()
+
+    writers = [threading.Thread(target=writer) for _ in range(8)]
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    assert len(starts) == 1
+    assert notifier.poked.is_set()
