@@ -10,7 +10,7 @@ import os
 import threading
 
 import pytest
-from conftest import AGENTS, RunningServer, start_server, stop_server
+from conftest import AGENTS, RunningServer, start_server, stop_server, wait_until
 
 import solos_memory
 
@@ -97,3 +97,30 @@ def test_a_service_logged_in_as_a_member_of_the_role_serves_and_cannot_mint_even
     assert minted(pg_url) == []
     with pytest.raises(SystemExit):  # the token command needs the owner's URL: the member may not write tokens
         solos_memory.main(["token", "atlas", "--db", member_login])
+
+
+def forget_and_vacuum(running: RunningServer, capfd) -> list[str]:
+    """Write a fact, forget it, wait for the VACUUM after it; the log's vacuum lines."""
+    try:
+        row = running.post("/v1/long", {"agent": "atlas", "fact": "a secret to forget"}).body["id"]
+        reply = running.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": row})
+        assert reply.status == 200, reply.body
+        store = running.server.memory.store
+        wait_until(lambda: store.clear_forgotten(0), "the forget's VACUUM", timeout_s=30)
+    finally:
+        stop_server(running)
+    return [line for line in capfd.readouterr().err.splitlines() if "vacuum" in line]
+
+
+def test_a_forget_served_by_a_member_says_its_vacuum_was_skipped_not_done(pg_url, member_login, capfd):
+    """PostgreSQL 15 lets only a table's owner VACUUM it: a member's VACUUM after a forget is skipped with a
+    warning, and the service's log says so instead of claiming the dead tuples are gone."""
+    events = forget_and_vacuum(serve_as(member_login), capfd)
+    assert any('"event": "vacuum_skipped"' in line and "autovacuum" in line for line in events), events
+    assert not any('"event": "forgotten_vacuumed"' in line for line in events), events
+
+
+def test_a_forget_served_by_the_owner_says_its_tables_were_vacuumed(pg_url, capfd):
+    events = forget_and_vacuum(start_server(pg_url), capfd)
+    assert any('"event": "forgotten_vacuumed"' in line for line in events), events
+    assert not any('"event": "vacuum_skipped"' in line for line in events), events
