@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the judge's AUROC is lost, held out, both domains, and what reading more rows would buy.
 
-    .venv/bin/python bench/judge_loss.py [--held-out 4] [--calibrate 3] [--rows 4,6,8] [--data F]
+    .venv/bin/python bench/judge_loss.py [--held-out 4] [--calibrate 3] [--rows 4,6,8] [--data F] [--combination-grid]
 
 On the sets cross_encoder_swap.py scores the shipped combination on (bench/cross_encoder.py's `split`: the
 fleet's `score` half on its own half's rows, LoCoMo's held-out conversation with foreign questions as the
@@ -26,6 +26,9 @@ included):
    (cross_encoder_swap.calibrated); hit@1, hit@5 and MRR in recall's order and with the judge reordering the
    rows it read (the rest below them, in recall's order); and the model's CPU (thread time) a recall that
    runs it.
+4. With --combination-grid: the combination's weights (a on the cross-encoder's logit, b on the features
+   judge's) over a grid, the intercept and the cascade as shipped: AUROC on the calibration records by domain
+   (where a choice would be made) and held out.
 
 Asserts nothing. Needs the service's .venv and bench/judge_data.py's cache; about 2 minutes on a loaded host.
 """
@@ -55,6 +58,8 @@ import solos_rank  # noqa: E402
 
 Scored = list[tuple[dict, list[float]]]
 BUCKETS = ("first rows", "rows 5-20", "not in 20")
+GRID_A = (0.2, 0.39, 0.6, 0.8, 1.0, 1.5)  # --combination-grid: the cross-encoder logit's weight (shipped 0.39)
+GRID_B = (0.4, 0.81, 1.2)  # and the features judge logit's (shipped 0.81)
 
 
 def first_answer(rec: dict) -> int | None:
@@ -181,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate", type=int, default=3, help="the conversation the combination fits on (3)")
     parser.add_argument("--rows", default="4,6,8", help="rows the model reads when it runs (default: 4,6,8)")
     parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
+    parser.add_argument(
+        "--combination-grid", action="store_true", help="also AUROC over a grid of the combination's a and b"
+    )
     args = parser.parse_args(argv)
     meta = solos_cross_encoder.Meta.parse(solos_cross_encoder.META_PATH.read_bytes())
     session = solos_cross_encoder.Session(str(solos_cross_encoder.META_PATH.parent / meta.model), meta.max_len)
@@ -288,6 +296,29 @@ def main(argv: list[str] | None = None) -> int:
         "model CPU a run (thread time, median over every set's questions): "
         + ", ".join(f"{n} rows {sorted(v)[len(v) // 2] * 1e3:.2f} ms" for n, v in cpu.items())
     )
+    if args.combination_grid:
+        print(f"\n== the combination's weights over the shipped {head} rows, cascade and intercept as shipped ==")
+        print("   a     b | calibration fleet, LoCoMo | held out fleet, LoCoMo")
+        for a in GRID_A:
+            for b in GRID_B:
+                cells = []
+                for role, domains in (
+                    ("calibrate", ("fleet", "locomo")),
+                    ("fleet", ("fleet",)),
+                    ("locomo", ("locomo",)),
+                ):
+                    for d in domains:
+                        cells.append(
+                            separation(
+                                [
+                                    (r, served(meta, (a, b, meta.c), f, x)[0])
+                                    for r, f, x in zip(sets[role], feats[role], logits[role, head])
+                                    if r["domain"] == d
+                                ]
+                            )
+                        )
+                mark = " (shipped)" if (a, b) == (round(meta.a, 2), round(meta.b, 2)) else ""
+                print(f"{a:5.2f} {b:5.2f} | {cells[0]:.3f} {cells[1]:.3f} | {cells[2]:.3f} {cells[3]:.3f}{mark}")
     return 0
 
 
