@@ -20,7 +20,10 @@ patches solos_rank's constants in this process (and bench/locomo_simulate.FUSION
   is today's 0.827 / 0.832 (bench/locomo.py through REST).
 
 Variants: `seats=N` (HEAD_VECTOR_ROWS), `weak=X` (WEAK_KEYWORD_COVERAGE), `vector=W` (the hybrid weights
-1-W / W); joined by `+` to combine. Asserts nothing. About a minute a variant.
+1-W / W), `refit` (the reranker's hybrid weights fitted again, as bench/ltr_fit.py fits them, on LoCoMo and the
+fleet's fit half of the memory asked: with --every-fact both batches'; the fleet's hit@5 then reranks each
+captured head with them, the stage shares stay the service's); joined by `+` to combine. Asserts nothing.
+About a minute a variant.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def patched(variant: str) -> dict[str, object]:
     """The solos_rank constants a variant sets, by name."""
     out: dict[str, object] = {}
     for part in variant.split("+"):
-        if part == "shipped":
+        if part in ("shipped", "refit"):
             continue
         name, _, value = part.partition("=")
         if name == "seats":
@@ -79,6 +82,13 @@ class Patch:
         for name, value in self.saved.items():
             setattr(solos_rank, name, value)
         locomo_simulate.FUSION[:] = self.fusion
+
+
+def raw_weights(model) -> tuple[float, ...]:
+    """A fitted reranker (bench/ltr_fit.fit_data's) as the raw weights solos_rank carries, bias first, rounded as
+    ltr_fit.py prints them."""
+    w, mu, sd = model
+    return tuple(round(float(x), 4) for x in (w[-1] - (w[:-1] * mu / sd).sum(), *(w[:-1] / sd)))
 
 
 def paraphrase_places(records: list[dict], split: str) -> str:
@@ -123,25 +133,29 @@ def main(argv: list[str] | None = None) -> int:
         "service weights (in sample), LOCO (held out)"
     )
     for variant in args.variants.split(","):
+        refit = "refit" in variant.split("+")
+        if refit and vec is None:
+            raise SystemExit(f"{variant}: a refit needs LoCoMo (drop --no-locomo)")
         with Patch(patched(variant)):
             records = fleet_rank.capture("hybrid", cosine=True, every=args.every_fact)
-            figures = fleet_rank.hits(records, "score", None)
-            fitting = fleet_rank.hits(records, "fit", None)
-            locomo = ""
+            weights, locomo = solos_rank.LTR_HYBRID_WEIGHTS, ""
             if vec is not None:
                 fused = locomo_simulate.recipe_hybrid(kw, vec)
                 data = ltr_fit.build(convs, kw, vec, fused)
                 extra = [fleet_rank.as_data(records, "fit")]
+                if refit:
+                    weights = raw_weights(ltr_fit.fit_data(data + extra, 1.0))
                 first = locomo_simulate.summarise(
                     [r for c, m in zip(convs, fused) for r in locomo_simulate.query_rows(c, m)]
                 )
-                served = locomo_simulate.summarise(
-                    ltr_fit.with_weights(convs, fused, data, solos_rank.LTR_HYBRID_WEIGHTS)
-                )
+                served = locomo_simulate.summarise(ltr_fit.with_weights(convs, fused, data, weights))
                 held = locomo_simulate.summarise(ltr_fit.held_out(convs, fused, data, extra=extra))
                 locomo = " | " + ", ".join(
                     f"{s['overall']['hit@5']:.3f} / {s['overall']['frac@10']:.3f}" for s in (first, served, held)
                 )
+            score = fleet_rank.weights_score(weights) if refit else None
+            figures = fleet_rank.hits(records, "score", score)
+            fitting = fleet_rank.hits(records, "fit", score)
         print(
             f"{variant:24} | {fitting['all']:.3f}, {fitting.get('paraphrase', 0.0):.3f} | "
             f"{figures['all']:.3f}, {figures.get('paraphrase', 0.0):.3f} | "
