@@ -49,12 +49,12 @@ RANK_CLUSTERS = frozenset(
 )  # the first batch: every `score` cluster and the `fit` clusters the ranking weights were fitted on
 
 
-def load_fleet() -> tuple[list[dict], list[dict]]:
-    """The fleet's facts and questions of RANK_CLUSTERS."""
+def load_fleet(every: bool = False) -> tuple[list[dict], list[dict]]:
+    """The fleet's facts and questions of RANK_CLUSTERS (every: of both batches, as bench/judge_data.py asks)."""
     read = lambda name: [json.loads(x) for x in (FLEET / name).read_text().splitlines() if x.strip()]  # noqa: E731
     facts, questions = read("facts.jsonl"), read("questions.jsonl")
-    return [f for f in facts if f["domain_topic"] in RANK_CLUSTERS], [
-        q for q in questions if q["domain_topic"] in RANK_CLUSTERS
+    return [f for f in facts if every or f["domain_topic"] in RANK_CLUSTERS], [
+        q for q in questions if every or q["domain_topic"] in RANK_CLUSTERS
     ]
 
 
@@ -120,11 +120,14 @@ def request(port: int, method: str, path: str, body: dict | None = None) -> tupl
         conn.close()
 
 
-def capture(mode: str, weights: tuple[float, float] | None = None, cosine: bool = False) -> list[dict]:
+def capture(
+    mode: str, weights: tuple[float, float] | None = None, cosine: bool = False, every: bool = False
+) -> list[dict]:
     """Per fleet question (in file order): its record and, when the reranker ran, the head's texts, features,
     labels (1 for an answer row) and the fact ids of the rows the service returned (k 20, min_relevance 0);
-    `stages`: each leg's, fusion's and the head's fact ids, and with `cosine` (hybrid) every fact by cosine."""
-    facts, questions = load_fleet()
+    `stages`: each leg's, fusion's and the head's fact ids, and with `cosine` (hybrid) every fact by cosine.
+    `every`: both batches' facts and questions (load_fleet), not the ranking's first batch."""
+    facts, questions = load_fleet(every)
     by_text = {f["fact"]: f["id"] for f in facts}
     agents = sorted({f["agent"] for f in facts} | {q["asker"] for q in questions})
     saved = solos_rank.LEG_WEIGHTS["hybrid"]

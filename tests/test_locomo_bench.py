@@ -24,6 +24,7 @@ LOCOMO_BENCHES = {
     "store_compare.py": [],
     "judge_data.py": ["--refresh"],
     "judge_ab.py": ["--base", "."],
+    "fusion_levers.py": [],
 }
 
 
