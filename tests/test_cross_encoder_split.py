@@ -93,3 +93,94 @@ def test_other_answers_of_the_same_memory_are_its_near_misses():
     assert ("question c0/1?", "atlas: text of c0:3") not in as_negative
     assert all(t.startswith("atlas: text of c0:") for _, t, _ in pairs)
     assert sum(y for _, _, y in pairs) == 3
+
+
+# Counterfactual near misses (bench/cross_encoder.py --counterfactual): a specific the question and its answer row
+# share, swapped for another value of its kind. Made from the training role alone: a value that only the
+# calibration records or the held-out sets hold must never reach a training pair.
+
+
+def named_row(row_id: str, label: int, agent: str, text: str, topic: str = "") -> dict:
+    return {"row_id": row_id, "label": label, "agent": agent, "topic": topic, "text": text}
+
+
+def test_a_counterfactual_swaps_the_anchor_the_question_and_its_answer_share():
+    answer = named_row("c0:1", 1, "atlas", "payments-api serves on port 8443 behind lb-int-1.", "payments-api")
+    other = named_row("c0:2", 0, "atlas", "search-api listens on 8088; owner Hana Sato.", "search-api")
+    rec = dict(record("locomo", 0, "c0/0", [answer, other]), question="What port does payments-api listen on?")
+    pairs = cross_encoder.counterfactual_pairs([rec], random.Random(0), 1, 1)
+    assert pairs == [
+        (
+            "What port does payments-api listen on?",
+            "atlas (search-api): search-api serves on port 8443 behind lb-int-1.",
+            0.0,
+        ),
+        (
+            "What port does search-api listen on?",
+            "atlas (payments-api): payments-api serves on port 8443 behind lb-int-1.",
+            0.0,
+        ),
+    ]
+    # The value asked for (the port) is never the one swapped, and a pair with no shared specific gives none.
+    plain = dict(rec, question="what port does it listen on?")
+    assert cross_encoder.counterfactual_pairs([plain], random.Random(0), 2, 2) == []
+
+
+def test_kinds_keep_a_swap_within_its_kind():
+    kind = cross_encoder.specific_kind
+    assert kind("Q3") == kind("q2") == "quarter" and kind("2026") == "year" and kind("8443") == "9999"
+    assert kind("INC-2207") == kind("INC-2311") != kind("pay-app-01")
+    assert kind("payments-api") == kind("search-api") == "a-a"
+    assert kind("Priya") == "Aa" and kind("March") == "month" and kind("Friday") == "weekday"
+    assert kind("serves") is None and kind("the") is None
+    # A capitalised word opening a sentence is no name to swap in.
+    assert cross_encoder.named("Thanks, Melanie! Wow. Caroline went.") == ["Melanie"]
+
+
+def test_counterfactuals_read_only_the_training_role():
+    speakers = {
+        0: ("Alma", "Bruno"),
+        1: ("Carmen", "Dario"),
+        2: ("Elena", "Fabio"),
+        3: ("Greta", "Hugo"),
+        4: ("Ines", "Jonas"),
+    }
+    records = []
+    for group, (one, two) in speakers.items():
+        rows = [
+            named_row(f"c{group}:1", 1, one, "I painted a lake at dawn."),
+            named_row(f"c{group}:2", 0, two, "Nice one!"),
+        ]
+        records.append(dict(record("locomo", group, f"c{group}/0", rows), question=f"What did {one} paint?"))
+    # A question of conversation 0 asked in the held-out one: held out everywhere, its rows too.
+    foreign = [named_row("c4:3", 0, "Ines", "Jonas and Alma met Karl.")]
+    records.append(dict(record("locomo", 4, "c0/0", foreign, "foreign"), question="What did Alma paint?"))
+    roles = cross_encoder.split(records, held=4, calibrate=3)
+    pools = cross_encoder.training_pools(roles["train"], random.Random(0), (1, 0, 0), (2, 2))
+    made = [(q, t) for pool in pools for q, t, y in pool if not y and "paint" in q and "lake" in t]
+    assert made  # there are counterfactuals, each a swap of a training speaker for another training speaker
+    # Conversation 0's question is asked in the held-out one, so conversation 0 is in no fit either.
+    unseen = {"Alma", "Bruno", "Greta", "Hugo", "Ines", "Jonas", "Karl"}
+    for question, text in made:
+        assert not any(name in question or name in text for name in unseen), (question, text)
+
+
+def test_a_dropped_counterfactual_keeps_the_topic_and_loses_what_is_asked():
+    answer = named_row(
+        "c0:1", 1, "kepler", "INC-2207 (2026-03-11): payments double charged. IC: Priya Raman.", "INC-2207"
+    )
+    rec = dict(record("locomo", 0, "c0/0", [answer]), question="Who was incident commander for INC-2207?")
+    (pair,) = cross_encoder.counterfactual_pairs([rec], random.Random(0), 0, 0, drop=1)
+    assert pair == (
+        "Who was incident commander for INC-2207?",
+        "kepler (INC-2207): INC-2207 (2026-03-11): payments double charged.",
+        0.0,
+    )
+    # Nothing is made when the question asks for no kind, or every clause holds the kind asked.
+    assert cross_encoder.dropped("What happened in INC-2207?", answer, ["INC-2207"]) is None
+    one = dict(answer, text="INC-2207 (2026-03-11): payments double charged for 47 minutes")
+    assert cross_encoder.dropped("When did INC-2207 happen?", one, ["INC-2207"]) is None
+    assert (
+        cross_encoder.dropped("When did INC-2207 happen?", answer, ["INC-2207"])
+        == "kepler (INC-2207): IC: Priya Raman."
+    )
