@@ -18,8 +18,9 @@ under an open connection would break it, so nothing is done unless SQLite
 holds no memory at all (an open connection always holds some), and only
 once per process; `serve` calls it while its process has one thread and no
 connection. Wherever the library or a symbol is missing, or the check
-fails, it does nothing and says why: recall is the same, only dearer when
-threads run it at once.
+fails, it does nothing and says why in the `listening` line
+(`sqlite_memory_statistics`, from `state`): recall is the same, only dearer
+when threads run it at once.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from __future__ import annotations
 import ctypes
 import sqlite3
 import threading
-
-from solos_errors import log_event
 
 CONFIG_MEMSTATUS = 9  # SQLITE_CONFIG_MEMSTATUS, sqlite3.h
 STATUS_MEMORY_USED = 0  # SQLITE_STATUS_MEMORY_USED
@@ -58,8 +57,14 @@ def statistics_off(path: str | None = None) -> tuple[bool, str]:
     with lock:
         if outcome is None:
             outcome = switch_off(path or library_path())
-            log_event("sqlite_memory_statistics", off=outcome[0], reason=outcome[1])
         return outcome
+
+
+def state() -> str:
+    """What the `listening` line says: `off`, or `on` and why."""
+    if outcome is None:
+        return "on: not asked (only serve turns them off)"
+    return "off" if outcome[0] else f"on: {outcome[1]}"
 
 
 def switch_off(path: str) -> tuple[bool, str]:
@@ -91,4 +96,4 @@ def switch_off(path: str) -> tuple[bool, str]:
         probe.close()
     if counted:
         return False, f"an open connection still counts {counted} bytes: the setting did not take"
-    return True, "off: no process-wide mutex per SQLite allocation"
+    return True, "no process-wide mutex per SQLite allocation"

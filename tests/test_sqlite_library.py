@@ -101,15 +101,28 @@ def test_a_missing_library_or_symbol_is_a_no_op_with_its_reason():
 
 
 def test_serve_turns_them_off_before_its_first_connection_and_still_answers(tmp_path):
-    """`off: true` is only logged where no connection existed yet (the check above), and before listening."""
+    """`off` is only possible where no connection existed yet (the checks above); the listening line says it."""
     argv = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "s.db"), "--port", "0",
             "--register", "atlas", "--model-dir", "off", "--no-request-log"]  # fmt: skip
     with service(argv) as (port, lines):
-        events = [json.loads(line).get("event") for line in lines if line.startswith("{")]
-        assert events.index("sqlite_memory_statistics") < events.index("listening"), events
-        logged = next(json.loads(line) for line in lines if '"sqlite_memory_statistics"' in line)
-        assert logged["off"] is True, logged
+        listening = next(json.loads(line) for line in lines if '"listening"' in line)
+        assert listening["sqlite_memory_statistics"] == "off", listening
         status, _ = call(port, "POST", "/v1/long", {"agent": "atlas", "fact": "the shelter opens at nine"})
         assert status == 201
         status, answer = call(port, "GET", "/v1/recall?agent=atlas&q=shelter")
         assert status == 200 and answer["results"][0]["fact"] == "the shelter opens at nine", answer
+
+
+def test_the_listening_line_says_why_they_stayed_on():
+    found = child(
+        """
+    import json, sqlite3
+    import solos_sqlite
+    first = solos_sqlite.state()
+    conn = sqlite3.connect(":memory:")
+    solos_sqlite.statistics_off()
+    print(json.dumps({"first": first, "then": solos_sqlite.state()}))
+    """
+    )
+    assert found["first"].startswith("on: not asked"), found
+    assert found["then"].startswith("on: SQLite already holds") and "a connection is open" in found["then"], found
