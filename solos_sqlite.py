@@ -68,6 +68,7 @@ def state() -> str:
 
 
 def switch_off(path: str) -> tuple[bool, str]:
+    """The switch itself: the library at `path` shut down, configured and initialised again, unless it says no."""
     if sqlite3.threadsafety == 0:
         return False, "this SQLite is built without mutexes: its statistics take no lock"
     try:
@@ -77,6 +78,9 @@ def switch_off(path: str) -> tuple[bool, str]:
         version = lib.sqlite3_libversion().decode()
         if version != sqlite3.sqlite_version:
             return False, f"{path} reaches SQLite {version}, sqlite3 runs {sqlite3.sqlite_version}: left on"
+        lib.sqlite3_compileoption_used.argtypes = [ctypes.c_char_p]
+        if lib.sqlite3_compileoption_used(b"DEFAULT_MEMSTATUS=0"):  # then nothing counts, and nothing is to do
+            return True, "built off (SQLITE_DEFAULT_MEMSTATUS=0)"
         held = memory_used(lib)
     except (OSError, AttributeError, RuntimeError) as error:
         return False, f"SQLite's library is not reachable through {path} ({error}): statistics left on"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes.util
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -98,6 +99,24 @@ def test_a_missing_library_or_symbol_is_a_no_op_with_its_reason():
     done, reason = solos_sqlite.switch_off(libc)
     assert done is False and "sqlite3_" in reason and "statistics left on" in reason, reason
     assert solos_sqlite.outcome is None or solos_sqlite.outcome[1] != reason
+
+
+class BuiltOff:
+    """A library as a build with SQLITE_DEFAULT_MEMSTATUS=0 answers; any other call fails the test."""
+
+    def __init__(self, _path: str) -> None:
+        self.sqlite3_libversion = lambda: sqlite3.sqlite_version.encode()
+        self.sqlite3_compileoption_used = lambda option: option == b"DEFAULT_MEMSTATUS=0"
+        self.sqlite3_shutdown = self.sqlite3_config = self.sqlite3_initialize = self.forbidden
+
+    def forbidden(self, *_: object) -> int:
+        raise AssertionError("a build whose statistics are off needs no shutdown")
+
+
+def test_a_build_with_the_statistics_off_is_left_alone_and_said_off(monkeypatch):
+    """Such a build counts nothing, so the held-memory check could not see a connection: nothing is shut down."""
+    monkeypatch.setattr(solos_sqlite.ctypes, "CDLL", BuiltOff)
+    assert solos_sqlite.switch_off("libsqlite3-built-off.so") == (True, "built off (SQLITE_DEFAULT_MEMSTATUS=0)")
 
 
 def test_serve_turns_them_off_before_its_first_connection_and_still_answers(tmp_path):
