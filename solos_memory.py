@@ -1344,9 +1344,9 @@ def main(argv: list[str] | None = None) -> int:
 def serve(config: Config, register: list[str]) -> int:
     """This process serves; or, with --workers N, it binds, forks N workers and keeps them (solos_workers)."""
     logging.basicConfig(level=logging.INFO, handlers=[JsonLogHandler()], force=True)
-    solos_sqlite.statistics_off()  # one thread, no connection yet; workers inherit it through the fork
     if config.workers < 1:
         raise SystemExit(f"--workers must be 1 or more, got {config.workers}")
+    solos_sqlite.statistics_off()  # one thread, no connection yet; workers inherit it through the fork
     if config.workers == 1:
         return solos_workers.run(build_server(config, register), config)
     hold = hold_database(config)  # the supervisor's, for the workers' whole life; they register nothing again
