@@ -5,8 +5,7 @@ episodic events) and recall each other's, every row labelled with who wrote it
 and whether it is foreign to the caller. A fourth tier, durable (the fleet's
 `persona/<agent>` records), is read-only and private to its agent.
 
-Run:   python3 solos_memory.py serve --register atlas,sol
-Test:  make test
+Run: `python3 solos_memory.py serve --register atlas,sol`; test: `make test`.
 
 Data lives in one SQLite file (`--db`, default ./solos.db) shared with the
 fleet's other writers, or a PostgreSQL database (`--db postgresql://…`); it is
@@ -18,10 +17,9 @@ Settings: a flag beats the environment (SOLOS_MEMORY_*), which beats the
 default; every one is in the Configuration table of docs/operations.md,
 which tests/test_docs.py checks against this module's options.
 
-This module is the spine: config, Memory and the operations that are no
-module's, the table's assembly, the REST transport and the CLI. Recall is
-solos_recall's, the embedding worker solos_embed_worker's; no module imports
-this one (tests/test_shape.py).
+This module is the spine: config, Memory and the operations that are no module's, the table's assembly, the
+REST transport and the CLI. Recall is solos_recall's, the embedding worker solos_embed_worker's; no module
+imports this one (tests/test_shape.py).
 """
 
 from __future__ import annotations
@@ -62,6 +60,7 @@ import solos_qdrant
 import solos_rank
 import solos_recall
 import solos_snapshot
+import solos_sqlite
 import solos_status
 import solos_store
 import solos_telemetry
@@ -1347,6 +1346,7 @@ def serve(config: Config, register: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[JsonLogHandler()], force=True)
     if config.workers < 1:
         raise SystemExit(f"--workers must be 1 or more, got {config.workers}")
+    solos_sqlite.statistics_off()  # one thread, no connection yet; workers inherit it through the fork
     if config.workers == 1:
         return solos_workers.run(build_server(config, register), config)
     hold = hold_database(config)  # the supervisor's, for the workers' whole life; they register nothing again

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import solos_sqlite
 import solos_store
 from solos_store import log_event
 
@@ -87,6 +88,7 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
         "version": solos_store.__version__,
         "auth": "tokens" if server.tokens else "loopback-trust",
         **server.memory.embedder_state(paths=True),
+        "sqlite_memory_statistics": solos_sqlite.state(),
     }
     if worker is None:
         log_event("listening", **fields)

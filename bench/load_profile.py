@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 import solos_connections  # noqa: E402
 import solos_memory  # noqa: E402
 import solos_recall  # noqa: E402
+import solos_sqlite  # noqa: E402
 import solos_store  # noqa: E402
 
 
@@ -337,6 +338,12 @@ def main() -> int:
     parser.add_argument("--pool-size", type=int, default=0, help="trial: solos_store.POOL_SIZE (default: as is)")
     parser.add_argument("--sample", action="store_true", help="also sample where threads wait (default: no)")
     parser.add_argument("--workers", type=int, default=1, help="serve --workers N, summed over them (default: 1)")
+    parser.add_argument(
+        "--memory-statistics",
+        choices=("off", "on"),
+        default="off",
+        help="SQLite's memory statistics: off as serve sets them (solos_sqlite), or on, as before (default: off)",
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo file (default: %(default)s)")
     args = parser.parse_args()
     args.max_requests = 50_000
@@ -348,6 +355,14 @@ def main() -> int:
     paths = load.recall_paths(locomo_shape.questions(args.data, load.QUESTIONS, 7))
     mode = "hybrid" if args.hybrid else "keyword"
     print(machine_note())
+    if args.memory_statistics == "off":  # as serve does, before the service's first connection
+        done, reason = solos_sqlite.statistics_off()
+        print(f"SQLite memory statistics: {reason}")
+        if not done:
+            return 1
+    else:  # and serve's own call (--workers) finds it made
+        solos_sqlite.outcome = (False, "left on: bench/load_profile.py --memory-statistics on")
+        print("SQLite memory statistics: left on (--memory-statistics on)")
     instrument()
     time_admission()
     print(f"--admit {args.admit}: " + (f"at most {args.admit} requests run at once" if args.admit else "no cap"))

@@ -111,6 +111,8 @@ def test_workers_share_the_port_and_health_and_stats_say_which_answered(keyword_
     port, lines = keyword_service
     listening = next(json.loads(line) for line in lines if '"listening"' in line)
     assert listening["workers"] == WORKERS
+    # set by the supervisor before its first connection, inherited by every worker through the fork
+    assert listening["sqlite_memory_statistics"] == "off", listening
     for worker in range(1, WORKERS + 1):
         status, health = on(port, worker, "GET", "/health")
         assert status == 200 and health["workers"] == WORKERS and health["worker"] == worker
