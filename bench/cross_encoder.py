@@ -497,11 +497,12 @@ def training_pools(
     pick: random.Random,
     negatives: tuple[int, int, int],
     counterfactual: tuple[int, int, int] = (0, 0, 0),
+    seed: int = SEED,
 ) -> list[list[tuple[str, str, float]]]:
     """The fleet's and LoCoMo's training pairs (`training_pairs`), each with its `counterfactual` (row side,
     question side, dropped) near misses made from these records alone (`counterfactual_pairs`, drawn by a generator of
     their own, so that with none the pools are as before)."""
-    swaps = random.Random(SEED + 1)
+    swaps = random.Random(seed + 1)
     pools = []
     for domain in ("fleet", "locomo"):
         mine = [r for r in records if r["domain"] == domain]
@@ -526,10 +527,13 @@ def train(
     lr: float,
     negatives: tuple[int, int, int],
     counterfactual: tuple[int, int, int] = (0, 0, 0),
+    seed: int = SEED,
 ) -> float:
-    """Seeded AdamW steps, each batch half fleet, half LoCoMo; returns the seconds taken."""
-    pick = random.Random(SEED)
-    pools = training_pools(records, pick, negatives, counterfactual)
+    """Seeded AdamW steps, each batch half fleet, half LoCoMo; returns the seconds taken. `seed` draws the deeper
+    negatives and the batches (and, set by main, dropout); the head's initialisation does not move with it, so
+    that every seed starts from the same weights (what a weight average, bench/cross_encoder_soup.py, needs)."""
+    pick = random.Random(seed)
+    pools = training_pools(records, pick, negatives, counterfactual, seed)
     model.word.weight.requires_grad_(False)  # the vocabulary's 11.7M weights: frozen, cheap steps
     params = [p for p in model.parameters() if p.requires_grad]
     head = [p for n, p in model.named_parameters() if n.startswith("head.")]
@@ -804,6 +808,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a near miss per training answer with the clauses holding what is asked dropped (see dropped)",
     )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=SEED,
+        help=f"the training's draws, batch order and dropout; not the head's start (default: {SEED})",
+    )
     parser.add_argument("--held-out", type=int, default=4, help="the LoCoMo conversation scored (default: 4)")
     parser.add_argument("--calibrate", type=int, default=3, help="the conversation the combination fits on (3)")
     parser.add_argument("--export", type=Path, help="keep the int8 ONNX here (default: a temporary file)")
@@ -822,9 +832,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch = import_torch()
     torch.set_num_threads(1)
-    torch.manual_seed(SEED)
-    random.seed(SEED)
-    np.random.seed(SEED)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
     torch.use_deterministic_algorithms(True)
 
     records = load(args.data)
@@ -839,13 +849,15 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(torch, args.layers, weights, args.pooling)
     negatives = (args.hard, args.deep, args.others)
     counterfactual = (args.counterfactual, args.counterfactual_question, int(args.counterfactual_drop))
-    seconds = train(torch, model, tokenizer, roles["train"], args.steps, args.batch, args.lr, negatives, counterfactual)
+    seconds = train(
+        torch, model, tokenizer, roles["train"], args.steps, args.batch, args.lr, negatives, counterfactual, args.seed
+    )
     print(
         f"trained {args.layers} layers ({args.pooling} pooling), {args.steps} steps of {args.batch}, negatives "
         f"{args.hard} hard + {args.deep} deep + {args.others} other answers + {args.counterfactual} row-side "
         f"and {args.counterfactual_question} question-side counterfactuals"
         + (", the asked-for clauses dropped" if args.counterfactual_drop else "")
-        + f": {seconds / 60:.1f} min, one thread"
+        + f", seed {args.seed}: {seconds / 60:.1f} min, one thread"
     )
     with tempfile.TemporaryDirectory(prefix="xenc-") as tmp:
         out = args.export or Path(tmp) / "cross-encoder.onnx"
