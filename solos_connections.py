@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -173,6 +173,8 @@ class SlotHandoff:
 class BoundedConnections:
     """The ThreadingHTTPServer mixin: call bound_connections() in __init__, implement refusal()."""
 
+    on_connection_thread: Callable[[], None] | None = None  # run first in each connection's thread (--pin-threads)
+
     def bound_connections(self, admit: int = 0) -> None:
         """`admit`: at most this many requests run at once (Admission; 0: no cap)."""
         self.admission, self.write_admission = Admission(admit), Admission(admit * ADMIT_WRITES_PER_PLACE)
@@ -290,6 +292,8 @@ class BoundedConnections:
         thread.start()
 
     def serve_connection(self, request: Any, client_address: Any, handoff: SlotHandoff | None) -> None:
+        if self.on_connection_thread is not None:
+            self.on_connection_thread()
         if handoff is not None:
             self.count("waiting_for_slot", 1)
             took = handoff.take(SLOT_WAIT_S)

@@ -131,6 +131,7 @@ class Config:
     admit: int = solos_connections.default_admit()  # requests running at once, the rest queued in turn; 0: no cap
     workers: int = 1  # processes answering on the port (solos_workers); 1: this process alone
     worker_socket: str = "shared"  # how workers share the port: one inherited socket, or SO_REUSEPORT
+    pin_threads: bool = False  # each worker's connection threads on its own cores (solos_workers)
 
 
 def env_default(name: str, default: str | None) -> str | None:
@@ -1227,14 +1228,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument(
         "--admit", type=int, default=env_int("ADMIT", solos_connections.default_admit()), help=admit_help
     )
-    workers_help = "processes on the port, one database; 1: this process alone; auto: one a core (default: %(default)s)"
-    serve.add_argument("--workers", type=solos_workers.count, default=env_default("WORKERS", "1"), help=workers_help)
-    serve.add_argument(
-        "--worker-socket",
-        choices=solos_workers.SOCKET_MODES,
-        default=env_default("WORKER_SOCKET", "shared"),
-        help="how workers share the port: one inherited socket, or SO_REUSEPORT (default: %(default)s)",
-    )
+    solos_workers.add_arguments(serve, env_default)
     solos_qdrant.add_arguments(serve, env_default)
 
     agents = commands.add_parser("agents", help="register or list agents (admin; never over HTTP)")
@@ -1312,6 +1306,7 @@ def config_from(args: argparse.Namespace) -> Config:
         admit=getattr(args, "admit", Config.admit),
         workers=getattr(args, "workers", Config.workers),
         worker_socket=getattr(args, "worker_socket", Config.worker_socket),
+        pin_threads=getattr(args, "pin_threads", Config.pin_threads),
     )
 
 
@@ -1346,6 +1341,8 @@ def serve(config: Config, register: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[JsonLogHandler()], force=True)
     if config.workers < 1:
         raise SystemExit(f"--workers must be 1 or more, got {config.workers}")
+    if config.pin_threads and config.workers < 2:
+        raise SystemExit("--pin-threads needs --workers 2 or more (one process's threads keep every core)")
     solos_sqlite.statistics_off()  # one thread, no connection yet; workers inherit it through the fork
     if config.workers == 1:
         return solos_workers.run(build_server(config, register), config)

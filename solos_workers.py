@@ -78,6 +78,24 @@ def count(raw: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a number of workers or auto, got {raw!r}") from None
 
 
+def add_arguments(parser: Any, env_default: Callable[[str, str | None], str | None]) -> None:
+    """serve's --workers, --worker-socket and --pin-threads."""
+    workers_help = "processes on the port, one database; 1: this process alone; auto: one a core (default: %(default)s)"
+    parser.add_argument("--workers", type=count, default=env_default("WORKERS", "1"), help=workers_help)
+    parser.add_argument(
+        "--worker-socket",
+        choices=SOCKET_MODES,
+        default=env_default("WORKER_SOCKET", "shared"),
+        help="how workers share the port: one inherited socket, or SO_REUSEPORT (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--pin-threads",
+        action="store_true",
+        default=env_default("PIN_THREADS", "") not in ("", "0"),
+        help="with --workers, run each worker's connection threads on its own share of the cores",
+    )
+
+
 def run(server: Any, config: Any, worker: Worker | None = None) -> int:
     """Serve until SIGTERM (systemd's stop) or Ctrl-C, then close the database; say so in the log."""
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
@@ -93,7 +111,11 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
     if worker is None:
         log_event("listening", **fields)
     else:
-        log_event("worker_listening", worker=worker.index, workers=worker.count, pid=os.getpid())
+        pinned: dict[str, Any] = {}
+        if config.pin_threads:
+            pinned = {"connection_threads_on_cores": sorted(pin_connection_threads(server, worker))}
+            fields.update(pinned)
+        log_event("worker_listening", worker=worker.index, workers=worker.count, pid=os.getpid(), **pinned)
         worker.ready(fields)
     try:
         server.serve_forever()
@@ -107,6 +129,32 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
         if worker is not None and os.getppid() != worker.supervisor:
             worker.orphaned()
     return 0
+
+
+def worker_cores(index: int, count: int, cores: list[int]) -> set[int]:
+    """The cores worker `index` (1..count) runs its connections on: every count-th of the process's, or one
+    core, shared round the workers, where there are more workers than cores."""
+    if count > len(cores):
+        return {cores[(index - 1) % len(cores)]}
+    return set(cores[index - 1 :: count])
+
+
+def pin_connection_threads(server: Any, worker: Worker) -> set[int]:
+    """--pin-threads: each connection's thread runs on this worker's cores only, so one worker's handler threads
+    hand the GIL to each other on one core, not across two (docs/load.md). The process keeps every core: the
+    question's embedding thread is started here, before any connection, so it keeps them too, and the
+    embedder's own threads were started with the model."""
+    cores = worker_cores(worker.index, worker.count, sorted(os.sched_getaffinity(0)))
+    pool = getattr(server.memory, "query_pool", None)
+    if pool is not None:
+        pool.submit(int).result()  # its one thread, started now with the process's cores
+
+    def pin() -> None:
+        with contextlib.suppress(OSError):  # a core taken from the process since: the thread keeps the process's
+            os.sched_setaffinity(0, cores)
+
+    server.on_connection_thread = pin
+    return cores
 
 
 # ==== A worker's view of the supervisor ====

@@ -510,3 +510,94 @@ def test_a_tokens_file_the_service_cannot_use_stops_the_supervisor_before_any_wo
     )  # fmt: skip
     assert run.returncode != 0 and "chmod 600" in run.stderr, run.stderr
     assert '"worker_started"' not in run.stderr
+
+
+def cores_of(pid: int, tid: int) -> set[int]:
+    return os.sched_getaffinity(tid) if tid else os.sched_getaffinity(pid)
+
+
+def test_worker_cores_split_the_process_cores_and_share_them_round_when_fewer():
+    assert [solos_workers.worker_cores(i, 2, [0, 1]) for i in (1, 2)] == [{0}, {1}]
+    assert [solos_workers.worker_cores(i, 2, [0, 1, 2, 3]) for i in (1, 2)] == [{0, 2}, {1, 3}]
+    assert [solos_workers.worker_cores(i, 3, [4, 7]) for i in (1, 2, 3)] == [{4}, {7}, {4}]
+
+
+def test_pinned_connection_threads_leave_the_question_embedding_thread_every_core():
+    """--pin-threads: a connection's thread runs on its worker's core, and the embedding thread it hands the
+    question to still has the process's cores (it would inherit the connection thread's, started from it)."""
+    import concurrent.futures
+    import types
+
+    everything = os.sched_getaffinity(0)
+    if len(everything) < 2:
+        pytest.skip("pinning needs two cores")
+    pool = concurrent.futures.ThreadPoolExecutor(1, "embed-query")
+    server = types.SimpleNamespace(memory=types.SimpleNamespace(query_pool=pool), on_connection_thread=None)
+    worker = solos_workers.Worker(2, 2, 0, None, "", -1)
+    cores = solos_workers.pin_connection_threads(server, worker)
+    assert cores == solos_workers.worker_cores(2, 2, sorted(everything))
+    seen: dict[str, set[int]] = {}
+
+    def connection() -> None:
+        server.on_connection_thread()
+        seen["connection"] = os.sched_getaffinity(0)
+        seen["embedding"] = pool.submit(os.sched_getaffinity, 0).result()
+
+    thread = threading.Thread(target=connection)
+    thread.start()
+    thread.join()
+    pool.shutdown()
+    assert seen == {"connection": cores, "embedding": everything}
+    assert os.sched_getaffinity(0) == everything  # the caller's thread is left as it was
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_pin_threads_puts_each_workers_connection_threads_on_its_own_core(tmp_path, pin):
+    everything = os.sched_getaffinity(0)
+    if len(everything) < 2:
+        pytest.skip("pinning needs two cores")
+    extra = ["--model-dir", "off", *(["--pin-threads"] if pin else [])]
+    with service(serve_argv(tmp_path / "pin.db", *extra)) as (port, lines):
+        kept = [connect_to(port, worker) for worker in range(1, WORKERS + 1)]  # each thread alive while held
+        try:
+            pinned: dict[int, set[int]] = {}
+            for worker, conn in enumerate(kept, start=1):
+                pid = ask(conn, "GET", "/health")[1]["worker_pid"]
+                threads = {int(tid): cores_of(pid, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+                assert threads[pid] == everything  # the worker's main thread keeps every core
+                narrowed = [cores for cores in threads.values() if cores != everything]
+                if pin:
+                    assert narrowed and all(cores == narrowed[0] for cores in narrowed), threads
+                    pinned[worker] = narrowed[0]
+                else:
+                    assert narrowed == [], threads
+        finally:
+            for conn in kept:
+                conn.close()
+    if pin:
+        assert pinned == {w: solos_workers.worker_cores(w, WORKERS, sorted(everything)) for w in pinned}
+        assert pinned[1] != pinned[2]
+        said = [json.loads(line) for line in lines if '"worker_listening"' in line]
+        assert {w["worker"]: set(w["connection_threads_on_cores"]) for w in said} == pinned
+
+
+def test_pin_threads_without_workers_is_refused(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "solos_memory.py"),
+            "serve",
+            "--db",
+            str(tmp_path / "one.db"),
+            "--port",
+            "0",
+            "--model-dir",
+            "off",
+            "--pin-threads",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,  # fmt: skip
+    )
+    assert done.returncode != 0 and "--pin-threads needs --workers 2 or more" in done.stderr
