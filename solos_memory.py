@@ -101,6 +101,7 @@ from solos_validation import (
     coerce_query,
     describe,
     fully_matches,
+    on_off,
     parse_json_body,
 )
 
@@ -1282,12 +1283,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def on_off(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
-    return text == "on"
-
-
 def config_from(args: argparse.Namespace) -> Config:
     """The one Config for this run: the flags a command has, defaults for the rest."""
     return Config(
@@ -1342,7 +1337,7 @@ def serve(config: Config, register: list[str]) -> int:
     if config.workers < 1:
         raise SystemExit(f"--workers must be 1 or more, got {config.workers}")
     if config.pin_threads and config.workers < 2:
-        raise SystemExit("--pin-threads needs --workers 2 or more (one process's threads keep every core)")
+        raise SystemExit("--pin-threads on needs --workers 2 or more (one process's threads keep every core)")
     solos_sqlite.statistics_off()  # one thread, no connection yet; workers inherit it through the fork
     if config.workers == 1:
         return solos_workers.run(build_server(config, register), config)

@@ -7,6 +7,7 @@ and what arrived. Imports only the store (for the errors) and the bounds.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -194,3 +195,11 @@ def parse_json_body(body: bytes) -> Any:
         ) from None
     except ValueError:  # an integer past Python's 4,300-digit conversion limit
         raise BadRequest("body holds a number too long to read", "body") from None
+
+
+def on_off(text: str) -> bool:
+    """A command-line switch (`--rerank on|off`); argparse converts a string default too, so a bad environment
+    value stops startup."""
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"

@@ -42,6 +42,7 @@ from typing import Any
 import solos_sqlite
 import solos_store
 from solos_store import log_event
+from solos_validation import on_off
 
 # ==== Configuration ====
 
@@ -90,9 +91,10 @@ def add_arguments(parser: Any, env_default: Callable[[str, str | None], str | No
     )
     parser.add_argument(
         "--pin-threads",
-        action="store_true",
-        default=env_default("PIN_THREADS", "") not in ("", "0"),
-        help="with --workers, run each worker's connection threads on its own share of the cores",
+        type=on_off,
+        metavar="on|off",
+        default=env_default("PIN_THREADS", "off"),
+        help="with --workers, each worker's connection threads on its own share of the cores (default: %(default)s)",
     )
 
 
@@ -145,7 +147,7 @@ def pin_connection_threads(server: Any, worker: Worker) -> set[int]:
     question's embedding thread is started here, before any connection, so it keeps them too, and the
     embedder's own threads were started with the model."""
     cores = worker_cores(worker.index, worker.count, sorted(os.sched_getaffinity(0)))
-    pool = getattr(server.memory, "query_pool", None)
+    pool = server.memory.query_pool
     if pool is not None:
         pool.submit(int).result()  # its one thread, started now with the process's cores
 

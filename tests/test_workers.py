@@ -556,7 +556,7 @@ def test_pin_threads_puts_each_workers_connection_threads_on_its_own_core(tmp_pa
     everything = os.sched_getaffinity(0)
     if len(everything) < 2:
         pytest.skip("pinning needs two cores")
-    extra = ["--model-dir", "off", *(["--pin-threads"] if pin else [])]
+    extra = ["--model-dir", "off", "--pin-threads", "on" if pin else "off"]
     with service(serve_argv(tmp_path / "pin.db", *extra)) as (port, lines):
         kept = [connect_to(port, worker) for worker in range(1, WORKERS + 1)]  # each thread alive while held
         try:
@@ -594,10 +594,11 @@ def test_pin_threads_without_workers_is_refused(tmp_path):
             "--model-dir",
             "off",
             "--pin-threads",
+            "on",
         ],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=60,
         check=False,  # fmt: skip
     )
-    assert done.returncode != 0 and "--pin-threads needs --workers 2 or more" in done.stderr
+    assert done.returncode != 0 and "--pin-threads on needs --workers 2 or more" in done.stderr
