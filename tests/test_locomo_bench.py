@@ -17,6 +17,7 @@ LOCOMO_BENCHES = {
     "locomo.py": [],
     "locomo_shape.py": [],
     "embed.py": [],
+    "embed_batch.py": [],
     "ltr_fit.py": [],
     "service_rss.py": ["--base", "."],
     "relevance_fit.py": [],
