@@ -9,7 +9,8 @@ lacks:
 - the IDF-weighted share of the question's content words the row lacks, the IDF taken over the candidates
   themselves (a word every candidate holds says nothing; one no candidate holds is a specific memory lacks);
 - the share of the question's identifiers (ids like INC-2207, numbers, dates, quarters like Q3, hosts,
-  hyphenated names, capitalised names) the row lacks, and the share no candidate holds at all;
+  hyphenated names, capitalised names) the row lacks, and the share no candidate holds at all, a row holding
+  what its text or its agent holds (on LoCoMo the agent is the speaker a question names);
 - whether the row holds the kind of thing asked for: a number for "how many / what port", a date for "when",
   a person for "who", a host or place for "where";
 - the cosine (hybrid only) and its gap to the best candidate's; today's relevance, as a logit;
@@ -50,7 +51,7 @@ from solos_rank import STOP_WORDS, logistic
 
 JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
 # The sha256 of JUDGE_PATH as bench/judge_fit.py wrote it (the script rewrites this line).
-JUDGE_SHA256 = "561ad67f7c1d84c353f9c379b644eaeb83c3475e90c85780d54db23a69e9d9e9"
+JUDGE_SHA256 = "0d884328e3da268fbb467a28fb48afd01d4f5512ba3350641c688b6ee267a56d"
 JUDGE_FORMAT = 1
 OFF_VARIABLE = "SOLOS_MEMORY_JUDGE"
 CROSS_META_PATH = solos_cross_encoder.META_PATH
@@ -203,6 +204,14 @@ def row_tokens(text: str) -> set[str]:
     return tokens
 
 
+def agent_tokens(agent: str) -> set[str]:
+    """A row's agent as identifier tokens: who wrote it is part of what it holds. On LoCoMo the agent is the
+    speaker, a name the question asks by ("What did Caroline research?") that the turn's own text seldom holds;
+    the ranking reads it the same way (solos_rank.NAME_BOOST, covered_stems). An agent name's "_" joins words
+    (bench/locomo_data.agent_name: "Anouk de Vries" is Anouk_de_Vries)."""
+    return row_tokens(agent.replace("_", " "))
+
+
 def has_identifier(tokens: set[str], identifier: str) -> bool:
     """An identifier is in a row when the row holds it whole, or every part of it (INC-2207 in "INC 2207")."""
     if identifier in tokens:
@@ -250,7 +259,9 @@ def features(question: str, rows: Sequence[Mapping], mode: str) -> list[dict[str
     texts = [row_text(r) for r in rows]
     wanted = content_stems(question)
     stems = [row_stems(t, wanted) for t in texts]
-    tokens = [row_tokens(t) for t in texts]
+    agents = {str(r.get("agent") or "") for r in rows}  # a recall's rows come from a few agents: each read once
+    by_agent = {agent: agent_tokens(agent) for agent in agents}
+    tokens = [row_tokens(t) | by_agent[str(r.get("agent") or "")] for t, r in zip(texts, rows)]
     ids = identifiers(question)
     n = len(rows)
     # IDF over the candidates (smoothed so a word none holds weighs most, one all hold little).

@@ -1,7 +1,7 @@
 """Ship a cross-encoder: copy bench/cross_encoder.py's int8 file into models/judge/, write its meta, pin both.
 
     .venv/bin/python bench/cross_encoder_swap.py MODEL.onnx [--trial-meta M.json] [--held-out 4] [--calibrate 3]
-        [--dry-run] [--against SHIPPED.onnx]
+        [--dry-run] [--against SHIPPED.onnx] [--save-scores F.json] [--against-scores F.json]
 
 One command for a retrained model (same input format): it copies MODEL into models/judge/ (by its own name),
 then sets the combination with the features judge as shipped (models/judge/judge.json, solos_judge.load) on
@@ -22,7 +22,10 @@ that judge.
 `--dry-run` scores only (nothing copied, written or pinned). `--against OTHER.onnx` combines another file the
 same way and prints, per domain, this file's gain over it held out (AUROC, rejected and kept at the floor, as
 served with the band if given) with a paired bootstrap: the same questions drawn with replacement 1,000 times
-(seeded), both files scored on each draw, the 5th and 95th percentiles of the gain.
+(seeded), both files scored on each draw, the 5th and 95th percentiles of the gain. A change of the features
+judge (solos_judge's code, judge.json, the floor) is another tree's, not another file: `--save-scores F.json`
+keeps the combination's held-out probabilities as served, and a run in the tree after it with
+`--against-scores F.json` prints the same paired bootstrap over that tree (each at its own floor).
 
 Needs the service's .venv (numpy, onnxruntime, tokenizers) and bench/judge_data.py's cache; not torch.
 """
@@ -171,23 +174,30 @@ def served_scores(
 
 
 def paired_bootstrap(
-    held: list[dict], before: list[list[float]], after: list[list[float]], floor: float, draws: int = BOOTSTRAP_DRAWS
+    held: list[dict],
+    before: list[list[float]],
+    after: list[list[float]],
+    floor: float,
+    draws: int = BOOTSTRAP_DRAWS,
+    before_floor: float | None = None,
 ) -> dict[str, tuple[float, float, float, float]]:
     """The gain of `after` over `before` on the same questions, and how sure: questions drawn with replacement
-    `draws` times (seeded), both scorers on each draw. By figure (AUROC, rejected and kept at the floor):
-    (the gain on all questions, its 5th and 95th percentiles over the draws, the share of draws above 0)."""
+    `draws` times (seeded), both scorers on each draw. By figure (AUROC, rejected and kept at the floor, `before`
+    at `before_floor` when given): (the gain on all questions, its 5th and 95th percentiles over the draws, the
+    share of draws above 0)."""
     pick = np.random.default_rng(BOOTSTRAP_SEED)
 
-    def figures(scores: list[list[float]], which) -> np.ndarray:
+    def figures(scores: list[list[float]], which, at: float) -> np.ndarray:
         scored = [(held[i], scores[i]) for i in which]
-        return np.array([separation(scored), *floor_figures(scored, floor)])
+        return np.array([separation(scored), *floor_figures(scored, at)])
 
     everyone = range(len(held))
-    gain = figures(after, everyone) - figures(before, everyone)
+    was = floor if before_floor is None else before_floor
+    gain = figures(after, everyone, floor) - figures(before, everyone, was)
     drawn = []
     for _ in range(draws):
         which = pick.integers(0, len(held), len(held))
-        drawn.append(figures(after, which) - figures(before, which))
+        drawn.append(figures(after, which, floor) - figures(before, which, was))
     spread = np.array(drawn)
     return {
         name: (
@@ -213,17 +223,49 @@ def compare(
     the same held-out questions, the same band) with its paired bootstrap."""
     before_session = solos_cross_encoder.Session(other.read_bytes(), max_len)
     before = calibrated(before_session, features, roles, rows)
+    was = served_held_out(before_session, features, roles, rows, before, band)
+    for domain, (held, after) in served_held_out(session, features, roles, rows, combination, band).items():
+        print_gain(other.name, domain, paired_bootstrap(held, was[domain][1], after, combination.floor))
+
+
+def print_gain(other: str, domain: str, gains: dict[str, tuple[float, float, float, float]]) -> None:
+    for name, (gain, lo, hi, above) in gains.items():
+        print(
+            f"against {other}, {domain}, {name:8}: {gain:+.3f} (90% of {BOOTSTRAP_DRAWS} paired draws "
+            f"{lo:+.3f} .. {hi:+.3f}; above 0 in {above:.2f})"
+        )
+
+
+def served_held_out(
+    session, features, roles: dict[str, list[dict]], rows: int, combination: Combination, band
+) -> dict[str, tuple[list[dict], list[list[float]]]]:
+    """By domain: the held-out records and the combination's probabilities as served."""
+    out = {}
     for domain in ("fleet", "locomo"):
         held = [r for r in roles[domain] if r["rows"]]
-        scores = []
-        for which, fitted in ((before_session, before), (session, combination)):
-            feats, logits = judged(which, features, held, rows)
-            scores.append([s for s, _ in served_scores(fitted, logits, feats, band)])
-        for name, (gain, lo, hi, above) in paired_bootstrap(held, *scores, combination.floor).items():
-            print(
-                f"against {other.name}, {domain}, {name:8}: {gain:+.3f} (90% of {BOOTSTRAP_DRAWS} paired draws "
-                f"{lo:+.3f} .. {hi:+.3f}; above 0 in {above:.2f})"
-            )
+        feats, logits = judged(session, features, held, rows)
+        out[domain] = (held, [s for s, _ in served_scores(combination, logits, feats, band)])
+    return out
+
+
+def save_scores(path: Path, served: dict[str, tuple[list[dict], list[list[float]]]], floor: float) -> None:
+    doc = {
+        "floor": floor,
+        "domains": {d: [[r["qid"], r["question"], p] for r, p in zip(*pair)] for d, pair in served.items()},
+    }
+    path.write_text(json.dumps(doc) + "\n")
+
+
+def against_scores(path: Path, served: dict[str, tuple[list[dict], list[list[float]]]], floor: float) -> None:
+    """The gain of this tree's served combination over the one `--save-scores` kept (another tree's), paired
+    over the same held-out questions, each at its own floor."""
+    doc = json.loads(path.read_text())
+    for domain, (held, after) in served.items():
+        saved = doc["domains"][domain]
+        if [(q, text) for q, text, _ in saved] != [(r["qid"], r["question"]) for r in held]:
+            raise SystemExit(f"{path}: its {domain} questions are not this run's (another cache or split?)")
+        before = [p for _, _, p in saved]
+        print_gain(path.name, domain, paired_bootstrap(held, before, after, floor, before_floor=doc["floor"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         "--against",
         type=Path,
         help="another model file (the shipped one), combined the same way: the paired bootstrap of the gain over it",
+    )
+    parser.add_argument("--save-scores", type=Path, help="keep the held-out served probabilities (JSON)")
+    parser.add_argument(
+        "--against-scores",
+        type=Path,
+        help="another tree's --save-scores file: the paired bootstrap of this tree's gain over it",
     )
     args = parser.parse_args(argv)
     trial = json.loads(args.trial_meta.read_text()) if args.trial_meta else {}
@@ -282,6 +330,12 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.against:
         compare(args.against, max_len, session, features, roles, args.rows, fitted, band)
+    if args.save_scores or args.against_scores:
+        served = served_held_out(session, features, roles, args.rows, fitted, band)
+        if args.save_scores:
+            save_scores(args.save_scores, served, fitted.floor)
+        if args.against_scores:
+            against_scores(args.against_scores, served, fitted.floor)
     if args.dry_run:
         return 0
     meta = {

@@ -132,7 +132,8 @@ def test_the_model_runs_only_when_the_features_judge_is_unsure(tmp_path):
     meta = SHIPPED.meta
     assert 0.0 < meta.skip_below < solos_rank.logistic(0) < meta.skip_above < 1.0
     judge = solos_judge.load(cross=copied(tmp_path, None))
-    rows = [ANSWER, NEAR]  # no relevance, no cosine: the features judge is sure nothing answers
+    # another service's port twice, no relevance, no cosine: the features judge is sure nothing answers
+    rows = [NEAR, dict(NEAR, topic="notify-api", text="notify-api listens on 8710 behind haproxy.")]
     features = solos_judge.load(cross=None).judge(QUESTION, rows, "hybrid").probabilities
     assert max(features) < meta.skip_below
     for head, expected in (

@@ -79,15 +79,43 @@ def test_an_identifier_the_row_lacks_lowers_the_probability():
         assert p[0] > p[1], mode
 
 
+def test_a_speaker_named_only_by_the_rows_agent_is_not_missing():
+    """LoCoMo's rows are a speaker's turns: the speaker is the row's agent, and the turn's text seldom names them.
+    A question naming the speaker is about rows memory holds; one naming a person no row's text or agent holds
+    is not."""
+    turns = [
+        {"text": "I researched adoption agencies last week.", "topic": "8 May 2023", "agent": "Caroline"},
+        {"text": "That's great, I'm proud of you!", "topic": "8 May 2023", "agent": "Melanie"},
+        {"text": "Pottery class was fun.", "topic": "9 May 2023", "agent": "Anouk_de_Vries"},
+    ]
+    rows = [dict(t, relevance=0.3, cosine=0.5) for t in turns]
+    for mode in solos_judge.MODES:
+        asked = solos_judge.features("What did Caroline research?", rows, mode)
+        assert asked[0]["ids_nowhere"] == 0.0 and asked[0]["missing_ids"] == 0.0
+        assert asked[1]["missing_ids"] == 1.0  # Melanie's turn does not hold Caroline
+        assert solos_judge.features("What did Anouk de Vries make?", rows, mode)[2]["missing_ids"] == 0.0
+        nobody = solos_judge.features("What did Gina research?", rows, mode)
+        assert all(f["ids_nowhere"] == 1.0 and f["missing_ids"] == 1.0 for f in nobody)
+        own = SHIPPED.judge("What did Caroline research?", rows, mode).probabilities[0]
+        foreign = SHIPPED.judge("What did Gina research?", rows, mode).probabilities[0]
+        assert own > foreign, mode
+
+
 def test_a_when_question_prefers_a_row_with_a_date():
     question = "When does the payments holiday code freeze start?"
     dated = row("The payments holiday code freeze starts on 2026-12-15 and ends after new year.")
     undated = row("The payments holiday code freeze starts after the last release train and ends after new year.")
+    features = solos_judge.load(cross=None)
     for mode in solos_judge.MODES:
-        # each row judged alone, so neither is read against the other
-        with_date = SHIPPED.judge(question, [dated], mode).probabilities[0]
-        without = SHIPPED.judge(question, [undated], mode).probabilities[0]
+        # each row judged alone, so neither is read against the other: the features judge's reading of the kind
+        # asked (served alone, the cascade skips the model for one row and not the other, so the two
+        # probabilities come from different judges)
+        with_date = features.judge(question, [dated], mode).probabilities[0]
+        without = features.judge(question, [undated], mode).probabilities[0]
         assert with_date > without, mode
+        # as served, the two in one recall
+        both = SHIPPED.judge(question, [dated, undated], mode).probabilities
+        assert both[0] > both[1], mode
 
 
 def test_what_a_question_asks_for():
