@@ -111,7 +111,7 @@ A2A_RECALL_K = 3  # the fleet spec's turn-start recall: top 3, shared scope
 # Rows less likely than this to answer stay out of a turn's prompt (turn_context, and so the Hermes prefetch):
 # solos_rank.RELEVANCE_FLOOR, the judge's floor (bench/judge_fit.py: the highest that keeps 0.8 of the answers on
 # both the fleet's facts and LoCoMo's chats); the service's API keeps every match unless asked.
-TURN_MIN_RELEVANCE = 0.07
+TURN_MIN_RELEVANCE = 0.08
 A2A_EVENT_TYPE = "a2a_turn"
 SUMMARY_CHARS = 4_096  # write_episodic's summary maxLength
 DETAILS_CHARS = 16_384  # write_episodic's details maxLength

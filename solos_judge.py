@@ -15,7 +15,10 @@ lacks:
   a person for "who", a host or place for "where";
 - the cosine (hybrid only) and its gap to the best candidate's; today's relevance, as a logit;
 - whether the row holds the attribute the question asks about (its head noun: port, cap, commander, owner,
-  approver, version, ...), and whether any candidate does.
+  approver, version, ...), and whether any candidate does;
+- whether the row holds a rival of a specific the question names, and not the question's own, by family
+  (conflicts(): another period, incident id, service name, person or scope: Q2 for Q3, search-api's port for
+  payments-api's). A row that only lacks the specific is weak evidence (an answer may too); a rival is strong.
 
 A logistic regression over those, per mode: `hybrid` reads the cosine, `keyword` (no embedder) does not. Its
 weights live in models/judge/judge.json, fitted by bench/judge_fit.py; the file's sha256 is JUDGE_SHA256 and
@@ -32,7 +35,7 @@ SOLOS_MEMORY_JUDGE=features turns the cross-encoder off.
     verdict = judge.judge(question, rows, "hybrid")  # rows: dicts with text, topic, agent, relevance, cosine
     verdict.probabilities, verdict.name, verdict.reason
 
-Stdlib only (no numpy): about 10-20 microseconds per row.
+Stdlib only (no numpy): about 40-50 microseconds of CPU per row, the conflicts about 10 of them.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +54,7 @@ from solos_rank import STOP_WORDS, logistic
 
 JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
 # The sha256 of JUDGE_PATH as bench/judge_fit.py wrote it (the script rewrites this line).
-JUDGE_SHA256 = "0d884328e3da268fbb467a28fb48afd01d4f5512ba3350641c688b6ee267a56d"
+JUDGE_SHA256 = "8277df0a836d5475e9ed15fbaa218346604e9c4013579608bbe4d30c6dd262af"
 JUDGE_FORMAT = 1
 OFF_VARIABLE = "SOLOS_MEMORY_JUDGE"
 CROSS_META_PATH = solos_cross_encoder.META_PATH
@@ -235,6 +238,177 @@ def probability(value: object) -> float:
     return min(max(p, 0.0), 1.0) if math.isfinite(p) else 0.0
 
 
+# ==== Conflicts: the row holds another value of a specific the question names ====
+#
+# A near miss differs from the answer by one specific: the row holds Q2 where the question asks Q3, search-api's
+# port for payments-api's, Ilse Vermeer's day off for Rafael Quint's, the standard plan for the basic one. That
+# a row lacks the question's identifier is weak evidence (an answer may name it by another word); that it holds
+# a RIVAL of the same kind, and not the question's own, is strong. Each specific goes into a slot (its kind);
+# a row conflicts in a slot when it holds a value there and none of the question's values there.
+
+CONFLICT_FAMILIES = ("period", "id", "name", "person", "scope")
+_MONTH_NAMES = "jan feb mar apr may jun jul aug sep oct nov dec".split()
+# Capitalised only: "may" is a verb, "march" one too.
+_MONTH = re.compile(
+    r"\b(Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sept?(?:ember)?|Oct(?:ober)?|"
+    r"Nov(?:ember)?|Dec(?:ember)?)\b"
+)
+_WEEKDAY = re.compile(r"\b(Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)days?\b")
+_ISO_MONTH = re.compile(r"^((?:19|20)\d\d)-(0[1-9]|1[0-2])(?:-\d\d)?$")
+_PERIOD_TOKENS = {"q1": "quarter", "q2": "quarter", "q3": "quarter", "q4": "quarter", "h1": "half", "h2": "half"}
+_LETTER = re.compile(r"[a-z]")
+_PER = re.compile(
+    r"\bper[- ](user|tenant|team|key|account|org|organi[sz]ation|project|customer|ip|host|region|device|client)s?\b"
+)
+# Scope words that exclude each other (a question's "staging" against a row's "prod"), normalised; short and
+# general on purpose.
+_SCOPES = {
+    word: (slot, value)
+    for slot, groups in (
+        ("env", (("prod", "production"), ("staging", "stage"), ("dev", "development"), ("sandbox",))),
+        ("reach", (("internal",), ("external",))),
+        ("tier", (("gold",), ("silver",), ("bronze",), ("platinum",))),
+        ("plan", (("free",), ("basic",), ("standard",), ("premium",), ("enterprise",))),
+        ("platform", (("ios",), ("android",), ("web",))),
+    )
+    for group in groups
+    for word in group
+    for value in (group[0],)
+}
+_PERSON = re.compile(r"\b[A-Z][a-z]+ (?:(?:de|van|von|da|del) )?[A-Z][a-z]+\b")  # a row's person: two names
+
+
+def _shape(token: str) -> str:
+    """An id's shape: its letters as they are, each run of digits as 9 (INC-2207 and INC-2205: inc-9)."""
+    return re.sub(r"\d+", "9", token)
+
+
+def specifics(
+    text: str, tokens: set[str] | None = None, question: bool = False, families: Collection[str] = CONFLICT_FAMILIES
+) -> dict[str, set[str]]:
+    """The text's specifics of `families` by slot ("period:quarter", "id:inc-9", "name:suffix:api", "scope:env",
+    ...), values lower-cased; `tokens` the text's (row_tokens), else read here. A question's scope words count
+    only as whole words (dev-portal is a name, not the dev stage); its person slot holds its capitalised words
+    past the first (a name, or a thing named), as runs. A row's persons are read by conflicts(), when needed."""
+    found: dict[str, set[str]] = {}
+
+    def add(slot: str, value: str) -> None:
+        found.setdefault(slot, set()).add(value)
+
+    period, ids, names, scope = (f in families for f in ("period", "id", "name", "scope"))
+    words: Collection[str] = (
+        [m.group().rstrip(".:/").lower() for m in _TOKEN.finditer(text)] if tokens is None or question else tokens
+    )
+    for token in words:  # most are plain words: only a scope word is one of those
+        if token.isalpha():
+            if scope and token in _SCOPES:
+                slot, value = _SCOPES[token]
+                add(f"scope:{slot}", value)
+            continue
+        if period:
+            if token in _PERIOD_TOKENS:
+                add(f"period:{_PERIOD_TOKENS[token]}", token)
+                continue
+            if token.isdigit():
+                if len(token) == 4 and token[:2] in ("19", "20"):
+                    add("period:year", token)
+                continue
+            if token[:2] == "fy" and len(token) == 6 and token[2:].isdigit():
+                add("period:year", token[2:])
+                continue
+            iso = _ISO_MONTH.match(token) if len(token) > 6 and token[4:5] == "-" else None
+            if iso:
+                add("period:year", iso.group(1))
+                add("period:month", _MONTH_NAMES[int(iso.group(2)) - 1])
+                continue
+        if ids and _DIGIT.search(token) and _LETTER.search(token):
+            add(f"id:{_shape(token)}", token)
+        elif names and ("-" in token or "." in token) and token not in STOP_WORDS:
+            parts = [p for p in _PARTS.split(token) if p]
+            if len(parts) > 1 and all(len(p) > 1 and p.isalpha() for p in parts):  # not 15:00, not 1.4
+                add(f"name:suffix:{parts[-1]}", token)
+                add(f"name:prefix:{parts[0]}", token)
+    if period:
+        # A question's first word is no month: "May a build job ...?"
+        for m in _MONTH.finditer(text.split(None, 1)[-1] if question else text):
+            add("period:month", m.group(1)[:3].lower())
+        for m in _WEEKDAY.finditer(text):
+            add("period:weekday", m.group(1).lower())
+    if scope and "per" in text:
+        for m in _PER.finditer(text.lower()):
+            add("scope:per", m.group(1)[:4])
+    if question and "person" in families:
+        run: list[str] = []
+        for i, m in enumerate(_TOKEN.finditer(text + " .")):
+            word = m.group()
+            if (
+                i > 0
+                and word.isalpha()
+                and word[:1].isupper()
+                and not word.isupper()
+                and word.lower() not in STOP_WORDS
+            ):
+                if not _MONTH.fullmatch(word) and not _WEEKDAY.fullmatch(word):
+                    run.append(word.lower())
+                    continue
+            if run:
+                add("person", " ".join(run))
+                run = []
+    return found
+
+
+def _rival_person(names: set[str], text: str, tokens: set[str], agent_words: set[str]) -> bool:
+    """Whether a row lacks a name the question asks by and holds another person: like against like, a full name
+    (Rafael Quint) against the full names the row's text holds (Ilse Vermeer), any name against a speaker
+    (Melanie); a short name matches its long form (Mel, Melanie)."""
+    named = {w for name in names for w in name.split()}
+
+    def speaks(word: str) -> bool:
+        return any(a.startswith(word) or word.startswith(a) for a in agent_words)
+
+    lacking = [name for name in names if not any(w in tokens or speaks(w) for w in name.split())]
+    if not lacking:
+        return False
+    if agent_words and not any(speaks(w) for w in named):
+        return True
+    return any(" " in name for name in lacking) and any(
+        not set(m.group().lower().split()) & named for m in _PERSON.finditer(text)
+    )
+
+
+def conflicts(asked: Mapping[str, set[str]], text: str, tokens: set[str], agent: str = "") -> set[str]:
+    """The families (CONFLICT_FAMILIES) in which a row holds a rival of a specific the question names (`asked`:
+    specifics(question, question=True)) and not the question's own. A row that only lacks the question's
+    identifier, holding nothing else of its kind, is no conflict. A capitalised `agent` (a speaker: "Melanie")
+    is a person the row holds; a lower-case one is a writer (a bot's name), not a person."""
+    if not asked:
+        return set()
+    families = {slot.split(":", 1)[0] for slot in asked}
+    held = specifics(text, tokens, families=families)
+    found = set()
+    for slot, values in asked.items():
+        family = slot.split(":", 1)[0]
+        if family in found:
+            continue
+        if family == "person":
+            agent_words = set(agent.replace("_", " ").lower().split()) if agent[:1].isupper() else set()
+            if _rival_person(values, text, tokens, agent_words):
+                found.add(family)
+        elif slot in held and not any(has_identifier(tokens, v) or v in held[slot] for v in values):
+            found.add(family)
+    return found
+
+
+# The conflict features (see conflicts()): whether the row holds a rival of the question's specific, by family.
+CONFLICT_FEATURES = tuple(f"conflict_{family}" for family in CONFLICT_FAMILIES)
+
+
+def conflict_features(asked: Mapping[str, set[str]], text: str, tokens: set[str], agent: str) -> dict[str, float]:
+    """A row's conflict features by name (CONFLICT_FEATURES): 1.0 where it holds a rival of that family."""
+    found = conflicts(asked, text, tokens, agent)
+    return {f"conflict_{family}": float(family in found) for family in CONFLICT_FAMILIES}
+
+
 HYBRID_FEATURES = (
     "relevance_logit",
     "cosine",
@@ -249,6 +423,7 @@ HYBRID_FEATURES = (
     "top",
     "attribute_missing",
     "attribute_nowhere",
+    *CONFLICT_FEATURES,
 )
 # Keyword mode (no embedder): the same but the cosine's.
 FEATURES = {"hybrid": HYBRID_FEATURES, "keyword": tuple(n for n in HYBRID_FEATURES if not n.startswith("cosine"))}
@@ -275,6 +450,7 @@ def features(question: str, rows: Sequence[Mapping], mode: str) -> list[dict[str
     )
     cosines = [float(r.get("cosine") or 0.0) for r in rows]
     best_cosine = max(cosines, default=0.0)
+    asked = specifics(question, question=True)
     out = []
     for rank, (row, st, tk, text) in enumerate(zip(rows, stems, tokens, texts)):
         missing_ids = sum(not has_identifier(tk, i) for i in ids) / len(ids) if ids else 0.0
@@ -294,6 +470,7 @@ def features(question: str, rows: Sequence[Mapping], mode: str) -> list[dict[str
             "top": 1.0 / (rank + 1),
             "attribute_missing": sum(a not in st for a in attributes) / len(attributes) if attributes else 0.0,
             "attribute_nowhere": attribute_nowhere,
+            **conflict_features(asked, text, tk, str(row.get("agent") or "")),
         }
         out.append({name: f[name] for name in FEATURES[mode]})
     return out

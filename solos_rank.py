@@ -827,11 +827,13 @@ ALONE_FEATURES = ("keyword", "fused", "coverage", "cosine", "vector")  # hybrid:
 # it (solos_client.TURN_MIN_RELEVANCE, the same number). `relevance` is the judge's probability (solos_judge);
 # the floor is judge.json's, chosen by bench/judge_fit.py on the fitting data as the highest under which both
 # domains keep 0.8 of their answers. Held out (bench/judge_eval.py, hybrid): the fleet's scoring half keeps 0.82
-# and rejects 0.08 of its near misses; LoCoMo keeps 0.83 and rejects 0.81 of foreign questions. Short of the 0.9
-# rejected wanted: near misses are not told from answers by these features. The API's own default is 0 (every
-# match, each labelled with its relevance). Hybrid recall's cross-encoder combination is set to this same floor
-# (bench/cross_encoder_swap.py: at it, it keeps the share of answers the features judge keeps on calibration data).
-RELEVANCE_FLOOR = 0.07
+# and rejects 0.15 of its near misses; LoCoMo keeps 0.80 and rejects 0.87 of foreign questions. Short of the 0.9
+# rejected wanted: a near miss that differs from the answer by a rival period, id, service, person or scope is
+# told (solos_judge.conflicts); one that lacks the attribute asked, or names the thing by another word, is not.
+# The API's own default is 0 (every match, each labelled with its relevance). Hybrid recall's cross-encoder
+# combination is set to this same floor (bench/cross_encoder_swap.py: at it, it keeps the share of answers the
+# features judge keeps on calibration data).
+RELEVANCE_FLOOR = 0.08
 RELEVANCE_WEIGHTS = {
     "keyword": (-4.7487, 0.9448, 1.0038, 4.1019, 0.0),
     "hybrid": (-4.8917, 0.9193, 0.565, 2.6924, 2.4352),

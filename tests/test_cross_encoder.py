@@ -25,8 +25,11 @@ SHIPPED = solos_cross_encoder.load()
 QUESTION = "What port does payments-api listen on?"
 ANSWER = {"agent": "atlas", "topic": "payments-api", "text": "payments-api serves on port 8443; TLS ends on the pod."}
 NEAR = {"agent": "atlas", "topic": "search-api", "text": "search-api listens on 8088 behind haproxy."}
+# A row that lacks the service asked about but names no rival one: the features judge is unsure of it (NEAR's
+# rival service name makes it sure), so the cascade runs the model.
+OTHER = {"agent": "atlas", "topic": "", "text": "The gateway listens on 8088 behind haproxy."}
 # Rows the features judge is unsure of (its best probability inside the cascade's band), so the model must run.
-UNSURE = [dict(ANSWER, relevance=0.2, cosine=0.5), dict(NEAR, relevance=0.2, cosine=0.5)]
+UNSURE = [dict(ANSWER, relevance=0.02, cosine=0.5), dict(NEAR, relevance=0.02, cosine=0.5)]
 
 
 def needs_runtime() -> None:
@@ -53,7 +56,6 @@ def test_the_shipped_files_are_the_pinned_ones():
 def test_one_floor_everywhere():
     """The combination was set to the floor the features judge, the turn helpers and the API's text use."""
     import solos_client
-    import solos_rank
 
     assert SHIPPED.meta.floor == solos_rank.RELEVANCE_FLOOR == solos_client.TURN_MIN_RELEVANCE
 
@@ -115,7 +117,7 @@ def test_the_switch_keeps_only_the_features(monkeypatch):
 def test_the_cross_encoder_tells_the_answer_from_a_near_miss():
     needs_runtime()
     judge = solos_judge.load()
-    rows = [dict(NEAR, relevance=0.5, cosine=0.6), dict(ANSWER, relevance=0.5, cosine=0.6)]
+    rows = [dict(NEAR, relevance=0.1, cosine=0.6), dict(ANSWER, relevance=0.1, cosine=0.6)]  # inside the band
     verdict = judge.judge(QUESTION, rows, "hybrid")
     assert verdict.reason is None, verdict.reason
     assert verdict.name == f"cross-encoder@{solos_cross_encoder.MODEL_SHA256[:8]}+{judge.name('hybrid')}"
@@ -130,7 +132,7 @@ def test_the_model_runs_only_when_the_features_judge_is_unsure(tmp_path):
     or clearly an answer) the features judge's probabilities stand, the model is not read (here it is missing),
     and the reason says so; inside it the model runs (here: fails, and says why)."""
     meta = SHIPPED.meta
-    assert 0.0 < meta.skip_below < solos_rank.logistic(0) < meta.skip_above < 1.0
+    assert 0.0 < meta.skip_below < meta.floor < meta.skip_above < 1.0  # a band around the floor
     judge = solos_judge.load(cross=copied(tmp_path, None))
     # another service's port twice, no relevance, no cosine: the features judge is sure nothing answers
     rows = [NEAR, dict(NEAR, topic="notify-api", text="notify-api listens on 8710 behind haproxy.")]
@@ -164,7 +166,7 @@ def test_a_cascade_band_out_of_order_or_range_is_refused(tmp_path, band):
 
 def test_it_reads_only_the_first_rows_and_any_question():
     needs_runtime()
-    rows = [dict(NEAR, text=f"{NEAR['text']} {n}", relevance=0.3) for n in range(SHIPPED.meta.rows + 3)]
+    rows = [dict(OTHER, text=f"{OTHER['text']} {n}", relevance=0.3) for n in range(SHIPPED.meta.rows + 3)]
     features = solos_judge.load(cross=None).judge(QUESTION, rows, "hybrid").probabilities
     probabilities, reason = SHIPPED.combine(QUESTION, rows, features)
     assert reason is None
@@ -395,7 +397,7 @@ def test_a_stopped_run_is_still_a_200_with_the_features_judge_and_why(embedded_s
     monkeypatch.setattr(solos_judge, "load", hurried)
     server = embedded_server(WordHashEmbedder(), "hurried.db")
     for n in range(20):
-        text = f"{NEAR['text']} Replica {n} of search-api keeps its port, " + "with more words " * 6
+        text = f"{OTHER['text']} Replica {n} of the gateway keeps its port, " + "with more words " * 6
         assert server.post("/v1/long", {"agent": "atlas", "topic": f"search-{n}", "fact": text}).status == 201
     deadline = time.monotonic() + 10
     while (reply := server.recall("sol", QUESTION, tiers="long", k=20)).body.get("ranking") != "hybrid":
