@@ -72,6 +72,7 @@ REQUIRED_FILES = (
     "solos_provenance.py",
     "solos_tokens.py",
     "solos_sqlite.py",  # serve's SQLite library settings (memory statistics off), before its first connection
+    "solos_malloc.py",  # serve's C library settings (malloc arenas one per core), before its first thread
     "solos_workers.py",  # serve --workers N: the supervisor and what workers share on one host
     "solos_store_pg.py",  # imported only for a postgresql:// URL, where psycopg must be installed
     "solos_copies.py",  # solos_store_pg's: copies of the service sharing one PostgreSQL database

@@ -53,6 +53,7 @@ import solos_forget
 import solos_jobs
 import solos_judge
 import solos_lifecycle
+import solos_malloc
 import solos_migrate
 import solos_operations
 import solos_provenance
@@ -1339,6 +1340,7 @@ def serve(config: Config, register: list[str]) -> int:
     if config.pin_threads and config.workers < 2:
         raise SystemExit("--pin-threads on needs --workers 2 or more (one process's threads keep every core)")
     solos_sqlite.statistics_off()  # one thread, no connection yet; workers inherit it through the fork
+    solos_malloc.arenas_capped()  # one thread yet, so no arena past the cap; workers inherit it too
     if config.workers == 1:
         return solos_workers.run(build_server(config, register), config)
     hold = hold_database(config)  # the supervisor's, for the workers' whole life; they register nothing again

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import solos_malloc
 import solos_sqlite
 import solos_store
 from solos_store import log_event
@@ -109,6 +110,7 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
         "auth": "tokens" if server.tokens else "loopback-trust",
         **server.memory.embedder_state(paths=True),
         "sqlite_memory_statistics": solos_sqlite.state(),
+        "malloc_arenas": solos_malloc.state(),
     }
     if worker is None:
         log_event("listening", **fields)

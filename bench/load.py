@@ -40,6 +40,9 @@ supervisor's and its workers'.
 `--variant NAME=ARGS` (repeatable) serves this tree once more with those
 serve arguments added, e.g. `--variant a2="--admit 2"` or
 `--variant w2="--workers 2"`: settings measured side by side, in turn.
+`--serve-args ARGS` gives every service, the base too, those arguments
+first: one setting, e.g. `--serve-args "--workers 2 --pin-threads on
+--admit 1"`, measured on this tree beside the tree before.
 
 `/health` at each level, on this tree, is the transport's ceiling: the most
 requests per second this server answers when the operation costs nothing.
@@ -243,18 +246,20 @@ def start(tree: Path, db: Path, hybrid: bool, extra: list[str]) -> Process:
 
 def serving(args: argparse.Namespace, base: Path | None) -> list[tuple[str, Path, list[str]]]:
     """(name, tree, extra serve arguments) of each service to measure: the base, then this tree once per
-    --workers count (and --worker-socket mode, when several are given), then once per --variant."""
-    found: list[tuple[str, Path, list[str]]] = [("base", base, [])] if base else []
+    --workers count (and --worker-socket mode, when several are given), then once per --variant; every one with
+    --serve-args first."""
+    common = shlex.split(args.serve_args)
+    found: list[tuple[str, Path, list[str]]] = [("base", base, common)] if base else []
     for count in args.workers:
         if count == 1:
-            found.append(("this", ROOT, []))
+            found.append(("this", ROOT, common))
             continue
         for mode in args.worker_socket:
             name = f"w{count}" + (f"-{mode[:5]}" if len(args.worker_socket) > 1 else "")
-            found.append((name, ROOT, ["--workers", str(count), "--worker-socket", mode]))
+            found.append((name, ROOT, [*common, "--workers", str(count), "--worker-socket", mode]))
     for variant in args.variant:
         name, _, extra = variant.partition("=")
-        found.append((name, ROOT, shlex.split(extra)))
+        found.append((name, ROOT, [*common, *shlex.split(extra)]))
     return found
 
 
@@ -262,7 +267,7 @@ def worker_count(extra: list[str]) -> int:
     """How many workers these serve arguments start (auto: this host's cores)."""
     if "--workers" not in extra:
         return 1
-    given = extra[extra.index("--workers") + 1]
+    given = extra[len(extra) - 1 - extra[::-1].index("--workers") + 1]  # the last one given, as argparse takes it
     return os.cpu_count() or 1 if given == "auto" else int(given)
 
 
@@ -390,6 +395,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--variant", action="append", default=[], help='this tree again with more serve arguments: NAME="ARGS"'
+    )
+    parser.add_argument(
+        "--serve-args",
+        default="",
+        help="serve arguments for every service, the base's too, e.g. '--workers 2 --admit 1' (default: none)",
     )
     parser.add_argument("--client", help=argparse.SUPPRESS)  # the client process's job (JSON)
     args = parser.parse_args()

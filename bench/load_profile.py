@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -44,6 +45,8 @@ from locomo_data import DEFAULT_DATA
 
 sys.path.insert(0, str(ROOT))
 import solos_connections  # noqa: E402
+import solos_cross_encoder  # noqa: E402
+import solos_malloc  # noqa: E402
 import solos_memory  # noqa: E402
 import solos_recall  # noqa: E402
 import solos_sqlite  # noqa: E402
@@ -87,6 +90,7 @@ class Phases:
 
 PHASES = Phases()
 ORDER = [
+    "handle_one_request (head, route)",
     "request (route)",
     "read body",
     "waiting for admission",
@@ -98,6 +102,7 @@ ORDER = [
     "Store.connect (new connection)",
     "wait for the question's vector",
     "embedder.embed (its own thread)",
+    "cross-encoder run",
     "present",
     "Store.write",
     "respond (JSON, write)",
@@ -120,16 +125,20 @@ def timed(name: str, function):
 def instrument() -> None:
     """Wrap the request's phases; count connections and concurrent reads."""
     handler = solos_memory.MemoryHandler
-    handler.route = timed("request (route)", handler.route)
-    handler.read_body = timed("  read body", handler.read_body)
-    handler.respond = timed("  respond (JSON, write)", handler.respond)
-    solos_memory.invoke = timed("  invoke", solos_memory.invoke)
+    # the request line and headers' parsing too (http.server), and the wait for the next request on the socket
+    handler.handle_one_request = timed("handle_one_request (head, route)", handler.handle_one_request)
+    handler.route = timed("  request (route)", handler.route)
+    handler.read_body = timed("    read body", handler.read_body)
+    handler.respond = timed("    respond (JSON, write)", handler.respond)
+    solos_memory.invoke = timed("    invoke", solos_memory.invoke)
     for name in ("plan_recall", "rank", "present"):
-        setattr(solos_recall, name, timed(f"    {name}", getattr(solos_recall, name)))
+        setattr(solos_recall, name, timed(f"      {name}", getattr(solos_recall, name)))
+    session = solos_cross_encoder.Session
+    session.logits = timed("        cross-encoder run", session.logits)
     store = solos_store.Store
-    store.connect = timed("      Store.connect (new connection)", store.connect)
-    store.checkout = timed("      Store.checkout", store.checkout)
-    store.write = timed("      Store.write", store.write)
+    store.connect = timed("        Store.connect (new connection)", store.connect)
+    store.checkout = timed("        Store.checkout", store.checkout)
+    store.write = timed("        Store.write", store.write)
     original_read = store.read
 
     def read(self, work):
@@ -142,15 +151,15 @@ def instrument() -> None:
             with PHASES.lock:
                 PHASES.in_read -= 1
 
-    store.read = timed("      Store.read", read)
+    store.read = timed("        Store.read", read)
     start_embedding = solos_memory.Memory.start_embedding
 
     def embedding(self, text):
         vector = start_embedding(self, text)
         if self.embedder is not None and not getattr(self.embedder.embed, "timed", False):
-            self.embedder.embed = timed("      embedder.embed (its own thread)", self.embedder.embed)
+            self.embedder.embed = timed("        embedder.embed (its own thread)", self.embedder.embed)
             self.embedder.embed.timed = True
-        return timed("      wait for the question's vector", vector)
+        return timed("        wait for the question's vector", vector)
 
     solos_memory.Memory.start_embedding = embedding
 
@@ -203,6 +212,53 @@ class Sampler:
         self.samples += found["samples"]
 
 
+class ThreadCpu:
+    """CPU by thread of this process since the last look (/proc/self/task), named as Python names them; what
+    threads that ended in between used (a level's connection threads) is the process's total less the rest."""
+
+    def __init__(self) -> None:
+        self.last, self.last_total = self.now()
+
+    @staticmethod
+    def now() -> tuple[dict[int, tuple[str, float]], float]:
+        tick = os.sysconf("SC_CLK_TCK")
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        found = {}
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue
+            comm, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+            tid = int(task.name)
+            name = names.get(tid, f"native {comm}")
+            found[tid] = (group(name), (int(fields[11]) + int(fields[12])) / tick)
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        return found, (int(fields[11]) + int(fields[12])) / tick
+
+    def taken(self) -> dict[str, float]:
+        """CPU seconds by thread group since the last look."""
+        found, total = self.now()
+        used: dict[str, float] = defaultdict(float)
+        for tid, (name, cpu) in found.items():
+            used[name] += cpu - (self.last[tid][1] if tid in self.last else 0.0)
+        used["threads that ended (connections)"] = (total - self.last_total) - sum(used.values())
+        self.last, self.last_total = found, total
+        return dict(used)
+
+
+def group(name: str) -> str:
+    """A thread's name without its number: connection threads are one group."""
+    if "process_request_thread" in name or "serve_connection" in name:
+        return "connection threads"
+    return name.rstrip("0123456789_-") or name
+
+
+def report_threads(used: dict[str, float], recalls: int) -> None:
+    shown = sorted(((cpu, name) for name, cpu in used.items() if abs(cpu) * 1000 / recalls >= 0.01), reverse=True)
+    print("  CPU by thread (ms per recall): " + ", ".join(f"{name} {cpu * 1000 / recalls:.2f}" for cpu, name in shown))
+
+
 def time_admission() -> None:
     """The service's own admission queue (--admit): each request's wait for a place, as a phase."""
     enter = solos_connections.Admission.enter
@@ -212,7 +268,7 @@ def time_admission() -> None:
         try:
             return enter(self, *args, **kwargs)
         finally:
-            PHASES.add("  waiting for admission", time.perf_counter() - wall_0, 0.0)
+            PHASES.add("    waiting for admission", time.perf_counter() - wall_0, 0.0)
 
     solos_connections.Admission.enter = timed  # type: ignore[method-assign]
 
@@ -225,9 +281,11 @@ def report_on_signal(folder: str, sample: bool) -> None:
     def opened(*args, **kwargs):
         server = open_server(*args, **kwargs)
         sampler = Sampler() if sample else None
+        threads = ThreadCpu()
 
         def dump(*_) -> None:
             found = {"phases": PHASES.taken(), "samples": sampler.taken() if sampler else None}
+            found["threads"] = threads.taken()
             path = Path(folder) / f"{os.getpid()}.json"
             path.with_suffix(".tmp").write_text(json.dumps(found))
             path.with_suffix(".tmp").rename(path)
@@ -238,8 +296,9 @@ def report_on_signal(folder: str, sample: bool) -> None:
     solos_memory.open_server = opened
 
 
-def collect(folder: Path, supervisor: int, sampler: Sampler | None) -> int:
-    """Tell every worker to write its share, wait for them, sum them into PHASES (and sampler); the count."""
+def collect(folder: Path, supervisor: int, sampler: Sampler | None, threads: dict[str, float] | None = None) -> int:
+    """Tell every worker to write its share, wait for them, sum them into PHASES (and sampler, and CPU by thread
+    into threads); the count."""
     workers = [int(pid) for pid in Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()]
     for stale in folder.glob("*.json"):
         stale.unlink()
@@ -254,7 +313,33 @@ def collect(folder: Path, supervisor: int, sampler: Sampler | None) -> int:
         PHASES.merge(found["phases"])
         if sampler is not None and found["samples"]:
             sampler.merge(found["samples"])
+        for name, cpu in found["threads"].items() if threads is not None else ():
+            threads[name] = threads.get(name, 0.0) + cpu
     return len(workers)
+
+
+PERF_EVENTS = "context-switches,cpu-migrations,page-faults"
+
+
+def perf_stat(supervisor: int) -> subprocess.Popen | None:
+    """`perf stat` over the workers (every thread), until perf_counts stops it; None without perf."""
+    workers = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    if shutil.which("perf") is None:
+        return None
+    argv = ["perf", "stat", "-x", ",", "-e", PERF_EVENTS, "-p", ",".join(workers)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def perf_counts(counting: subprocess.Popen) -> dict[str, float]:
+    """What perf stat counted, by event, once it is stopped (SIGINT)."""
+    counting.send_signal(signal.SIGINT)
+    _, err = counting.communicate(timeout=10)
+    found = {}
+    for line in err.splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].replace(".", "").isdigit():
+            found[fields[2]] = float(fields[0])
+    return found
 
 
 def free_port() -> int:
@@ -310,10 +395,17 @@ def profile_workers(config, folder: Path, paths: list[str], mode: str, args: arg
         load.warm(config.port, paths, mode, args.workers)
         for clients in (int(n) for n in args.levels.split(",")):
             collect(reports, supervisor, None)  # the warm-up's or the last level's share: dropped
+            counting = perf_stat(supervisor) if args.perf else None
             figures = load.level(config.port, supervisor, paths, clients, args)
+            counted = perf_counts(counting) if counting else {}
             sampler = Sampler(sampling=False) if args.sample else None
-            workers = collect(reports, supervisor, sampler)
+            threads: dict[str, float] = {}
+            workers = collect(reports, supervisor, sampler, threads)
             report(clients, figures)
+            report_threads(threads, max(figures["n"], 1))
+            if counted:
+                each = ", ".join(f"{name} {count / max(figures['n'], 1):.2f}" for name, count in counted.items())
+                print(f"  the workers' scheduling, per recall (perf stat): {each}")
             print(f"  summed over {workers} workers; by worker {figures['by_worker']}")
             if sampler is not None:
                 sampler.report()
@@ -337,7 +429,16 @@ def main() -> int:
     )
     parser.add_argument("--pool-size", type=int, default=0, help="trial: solos_store.POOL_SIZE (default: as is)")
     parser.add_argument("--sample", action="store_true", help="also sample where threads wait (default: no)")
+    parser.add_argument(
+        "--perf", action="store_true", help=f"with --workers, perf stat's {PERF_EVENTS} per recall (default: no)"
+    )
     parser.add_argument("--workers", type=int, default=1, help="serve --workers N, summed over them (default: 1)")
+    parser.add_argument(
+        "--pin-threads",
+        choices=("off", "on"),
+        default="off",
+        help="serve's --pin-threads, with --workers: each worker's connection threads on its own core (default: off)",
+    )
     parser.add_argument(
         "--memory-statistics",
         choices=("off", "on"),
@@ -363,6 +464,7 @@ def main() -> int:
     else:  # and serve's own call (--workers) finds it made
         solos_sqlite.outcome = (False, "left on: bench/load_profile.py --memory-statistics on")
         print("SQLite memory statistics: left on (--memory-statistics on)")
+    print(f"malloc arenas: {solos_malloc.arenas_capped()[1]}")  # as serve caps them, before the service's threads
     instrument()
     time_admission()
     print(f"--admit {args.admit}: " + (f"at most {args.admit} requests run at once" if args.admit else "no cap"))
@@ -379,9 +481,11 @@ def main() -> int:
             model_dir=None if args.hybrid else "off",
             admit=args.admit,
             workers=args.workers,
+            pin_threads=args.pin_threads == "on",
         )
         if args.workers > 1:
-            print(f"{args.workers} workers (serve --workers), each with its own --admit {args.admit}")
+            pinned = ", connection threads pinned (--pin-threads on)" if config.pin_threads else ""
+            print(f"{args.workers} workers (serve --workers), each with its own --admit {args.admit}{pinned}")
             return profile_workers(config, Path(folder), paths, mode, args)
         server = solos_memory.build_server(config, [])
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -391,8 +495,10 @@ def main() -> int:
             for clients in (int(n) for n in args.levels.split(",")):
                 PHASES.reset()
                 sampler = Sampler() if args.sample else None
+                threads = ThreadCpu()
                 figures = load.level(server.port, os.getpid(), paths, clients, args)
                 report(clients, figures)
+                report_threads(threads.taken(), max(figures["n"], 1))
                 if sampler is not None:
                     sampler.report()
         finally:
