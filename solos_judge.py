@@ -330,7 +330,7 @@ def specifics(
                 add(f"name:prefix:{parts[0]}", token)
     if period:
         # A question's first word is no month: "May a build job ...?"
-        for m in _MONTH.finditer(text.split(None, 1)[-1] if question else text):
+        for m in _MONTH.finditer((text.split(None, 1) or [""])[-1] if question else text):
             add("period:month", m.group(1)[:3].lower())
         for m in _WEEKDAY.finditer(text):
             add("period:weekday", m.group(1).lower())
@@ -500,13 +500,18 @@ class Model:
     scales: tuple[float, ...]
 
     def probabilities(self, question: str, rows: Sequence[Mapping]) -> list[float]:
-        found = []
-        for f in features(question, rows, self.mode):
+        return self.judged(question, rows)[0]
+
+    def judged(self, question: str, rows: Sequence[Mapping]) -> tuple[list[float], list[dict[str, float]]]:
+        """Each row's probability and the features it was read from (the cross-encoder's combination may read
+        some of them as evidence)."""
+        found, read = [], features(question, rows, self.mode)
+        for f in read:
             z = self.weights[0]
             for name, w, m, s in zip(self.names, self.weights[1:], self.means, self.scales):
                 z += w * (f[name] - m) / s
             found.append(logistic(z))
-        return found
+        return found, read
 
 
 @dataclass
@@ -528,13 +533,13 @@ class Judge:
         model = self.models.get(mode)
         if model is not None:
             try:
-                found = model.probabilities(question, rows)
+                found, read = model.judged(question, rows)
             except Exception as error:  # a judge that fails must not fail the recall: keep relevance, say why
                 reason = f"judge failed: {type(error).__name__}: {error}"
             else:
                 if mode != "hybrid" or self.cross is None:
                     return Verdict(found, self.name(mode))
-                combined, why = self.cross.combine(question, rows, found)
+                combined, why = self.cross.combine(question, rows, found, read)
                 if why is not None:
                     return Verdict(found, self.name(mode), why)
                 return Verdict(combined, f"{self.cross.name}+{self.name(mode)}")
