@@ -318,6 +318,42 @@ def against_scores(path: Path, served: dict[str, tuple[list[dict], list[list[flo
         print_gain(path.name, domain, paired_bootstrap(held, before, after, floor, before_floor=doc["floor"]))
 
 
+CV_SEEDS = 5
+
+
+def compare_evidence(session, features, roles: dict[str, list[dict]], rows: int, variants: list[tuple[str, ...]]):
+    """Evidence variants compared on the calibration records alone, where a choice may be made: each fitted on
+    half the calibration questions and scored (AUROC, the model always run) on the other half, both ways, for
+    CV_SEEDS seeded halvings; prints the mean AUROC per domain and each halving's."""
+    calibration = [r for r in roles["calibrate"] if r["rows"]]
+    feats, logits = judged(session, features, calibration, rows)
+    read = evidence_of(calibration, rows)
+    for names in variants:
+        found: dict[str, list[float]] = {"fleet": [], "locomo": []}
+        for seed in range(CV_SEEDS):
+            half = [hashlib.sha256(f"{r['qid']}/{seed}".encode()).digest()[0] % 2 for r in calibration]
+            scores: list[list[float]] = [[] for _ in calibration]
+            for k in (0, 1):
+                fit = [i for i in range(len(calibration)) if half[i] != k]
+                extra = [[solos_cross_encoder.evidence(names, x, f) for x, f in zip(logits[i], read[i])] for i in fit]
+                a, b, *weights, c = fit_combination(
+                    [logits[i] for i in fit],
+                    [feats[i][:rows] for i in fit],
+                    [dict(calibration[i], rows=calibration[i]["rows"][:rows]) for i in fit],
+                    extra if names else None,
+                )
+                beta = (a, b, c, names, tuple(weights)) if names else (a, b, c)
+                for i in range(len(calibration)):
+                    if half[i] == k:
+                        scores[i] = combine(beta, logits[i], feats[i], read[i])
+            for d in found:
+                found[d].append(separation([(r, p) for r, p in zip(calibration, scores) if r["domain"] == d]))
+        print(
+            f"calibration, half fitted half scored x {CV_SEEDS}: {','.join(names) or 'no evidence':60} "
+            + ", ".join(f"{d} {np.mean(v):.3f} ({' '.join(f'{x:.3f}' for x in v)})" for d, v in found.items())
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, help="the int8 ONNX file bench/cross_encoder.py --export wrote")
@@ -337,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the features judge's features the combination reads beside the two logits, comma-separated "
         f"({', '.join(sorted(solos_cross_encoder.EVIDENCE))}; 'conflict' is any conflict_*; NAME*logit: times the "
         "cross-encoder's logit, NAME*yes: times its positive part); default none",
+    )
+    parser.add_argument(
+        "--compare-evidence",
+        help="VARIANT;VARIANT;...: compare --evidence variants on the calibration records only (half fitted, half "
+        "scored, seeded) and exit; an empty variant is none",
     )
     parser.add_argument("--no-hash-update", action="store_true", help="leave solos_cross_encoder's pins as they are")
     parser.add_argument(
@@ -367,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the features judge did not load: {features.reason}")
 
     roles = split(load(args.data), args.held_out, args.calibrate)
+    if args.compare_evidence is not None:
+        variants = [parse_evidence(v) for v in args.compare_evidence.split(";")]
+        compare_evidence(session, features, roles, args.rows, variants)
+        return 0
     fitted = calibrated(session, features, roles, args.rows, parse_evidence(args.evidence))
     print(
         f"combination on {sum(bool(r['rows']) for r in roles['calibrate'])} calibration questions: {fitted.a:.4f} x "
