@@ -7,17 +7,22 @@ logit per row. In hybrid recall (the embedder is up, so onnxruntime, tokenizers 
 recall's first `rows` rows after fusion and rerank, in one batched run, and the judge's probability for those
 rows becomes a logistic over its logit and the features judge's:
 
-    p = sigmoid(a * cross-encoder logit + b * logit(features judge probability) + c)
+    p = sigmoid(a * cross-encoder logit + b * logit(features judge probability) + c + evidence)
+
+where `evidence` (a format-2 meta's, EVIDENCE) reads the features judge's own explicit features of the row,
+each times its weight: the shipped one reads conflict*yes, whether the row holds a rival of the question's
+specific (solos_judge.conflicts) times the model's logit where positive, so a model sure of a near miss
+cannot outvote the rival the features judge sees (bench/README.md, "e. The combination reads the evidence").
 
 A cascade: the model runs only when the features judge is unsure, its best probability over those rows inside
 the meta's band (`cascade`: skip_below, skip_above; bench/cross_encoder_cascade.py chose it on calibration
 records); outside it the features judge's probabilities stand, and the reason says the model was skipped.
 
-Everything model-specific (the model file's name and sha256, the input format, `rows`, a/b/c, the floor the
-combination was set to, the cascade's band) is in a small meta file, models/judge/cross-encoder.json, whose own
-sha256 is META_SHA256; the model's sha256 is MODEL_SHA256 and is checked on the very bytes onnxruntime loads. A
-file with another hash is never loaded. A retrained model is swapped in by bench/cross_encoder_swap.py (two
-files, two hashes).
+Everything model-specific (the model file's name and sha256, the input format, `rows`, a/b/c and the evidence,
+the floor the combination was set to, the cascade's band) is in a small meta file, models/judge/cross-encoder.json,
+whose own sha256 is META_SHA256; the model's sha256 is MODEL_SHA256 and is checked on the very bytes
+onnxruntime loads. A file with another hash is never loaded. A retrained model is swapped in by
+bench/cross_encoder_swap.py (two files, two hashes).
 
 Lazy and once per process: `load()` reads only the meta (no onnxruntime); the first hybrid recall starts the
 model's load (read, checked, loaded) in a thread of its own, once however many recalls ask at the same time, and

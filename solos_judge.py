@@ -26,7 +26,8 @@ is checked at load. A missing, changed or unreadable file never raises: `load()`
 the rows' own relevance through, named `relevance`, with the reason. Figures: bench/judge_eval.py.
 
 In hybrid mode the features judge's probabilities of the first rows are combined with a cross-encoder's
-(solos_cross_encoder: it reads the question and each row together), named `cross-encoder@…+features-hybrid@…`;
+(solos_cross_encoder: it reads the question and each row together; the combination also reads some of the
+features judge's features, a conflict above all), named `cross-encoder@…+features-hybrid@…`;
 when the cross-encoder is skipped (the features judge sure: its meta's cascade) or cannot run (its files
 missing or changed, onnxruntime missing, a run failing or too slow) the features judge's stand, with the reason.
 SOLOS_MEMORY_JUDGE=features turns the cross-encoder off.
