@@ -7,17 +7,22 @@ logit per row. In hybrid recall (the embedder is up, so onnxruntime, tokenizers 
 recall's first `rows` rows after fusion and rerank, in one batched run, and the judge's probability for those
 rows becomes a logistic over its logit and the features judge's:
 
-    p = sigmoid(a * cross-encoder logit + b * logit(features judge probability) + c)
+    p = sigmoid(a * cross-encoder logit + b * logit(features judge probability) + c + evidence)
+
+where `evidence` (a format-2 meta's, EVIDENCE) reads the features judge's own explicit features of the row,
+each times its weight: the shipped one reads conflict*yes, whether the row holds a rival of the question's
+specific (solos_judge.conflicts) times the model's logit where positive, so a model sure of a near miss
+cannot outvote the rival the features judge sees (bench/README.md, "e. The combination reads the evidence").
 
 A cascade: the model runs only when the features judge is unsure, its best probability over those rows inside
 the meta's band (`cascade`: skip_below, skip_above; bench/cross_encoder_cascade.py chose it on calibration
 records); outside it the features judge's probabilities stand, and the reason says the model was skipped.
 
-Everything model-specific (the model file's name and sha256, the input format, `rows`, a/b/c, the floor the
-combination was set to, the cascade's band) is in a small meta file, models/judge/cross-encoder.json, whose own
-sha256 is META_SHA256; the model's sha256 is MODEL_SHA256 and is checked on the very bytes onnxruntime loads. A
-file with another hash is never loaded. A retrained model is swapped in by bench/cross_encoder_swap.py (two
-files, two hashes).
+Everything model-specific (the model file's name and sha256, the input format, `rows`, a/b/c and the evidence,
+the floor the combination was set to, the cascade's band) is in a small meta file, models/judge/cross-encoder.json,
+whose own sha256 is META_SHA256; the model's sha256 is MODEL_SHA256 and is checked on the very bytes
+onnxruntime loads. A file with another hash is never loaded. A retrained model is swapped in by
+bench/cross_encoder_swap.py (two files, two hashes).
 
 Lazy and once per process: `load()` reads only the meta (no onnxruntime); the first hybrid recall starts the
 model's load (read, checked, loaded) in a thread of its own, once however many recalls ask at the same time, and
@@ -53,9 +58,11 @@ HERE = Path(__file__).resolve().parent
 META_PATH = HERE / "models" / "judge" / "cross-encoder.json"
 # The sha256 of META_PATH and of the model file it names, as bench/cross_encoder_swap.py wrote them (it rewrites
 # these two lines).
-META_SHA256 = "416e681bafd8ec5d8945333b4e6e6b95da772a2eb3571fcfda0ae7eea84d29a4"
+META_SHA256 = "35feac8be67f35deb9982158d1b829b68fbed926eed9fa73e616c9a75b2b6530"
 MODEL_SHA256 = "c5d7a4e41c59c407507d98583a6e1ed50a7003a50b7e15843c6be33f4aa70df4"
-META_FORMAT = 1
+# Format 2 adds the combination's evidence (format 1: none, still read).
+META_FORMAT = 2
+META_FORMATS = (1, 2)
 TOKENIZER_PATH = HERE / "models" / "all-MiniLM-L6-v2" / "tokenizer.json"
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 # Four rows of 28 tokens take about 5-7 ms of one core; past this the run is stopped and the recall keeps the
@@ -91,6 +98,55 @@ def logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
+# The explicit evidence the combination may read beside the two logits (a format-2 meta's `evidence`): a features
+# judge's feature by name (solos_judge.FEATURES), "conflict" (any of its conflict_* features), each alone or
+# "*logit", times the cross-encoder's logit, or "*yes", times its logit where positive (so that a model sure of
+# an answer weighs less where the evidence says no).
+EVIDENCE = frozenset(
+    ("kind_missing", "attribute_missing", "attribute_nowhere", "ids_nowhere", "missing_ids", "missing_idf", "conflict")
+)
+TIMES = {"*logit": lambda x: x, "*yes": lambda x: max(x, 0.0)}
+
+
+def evidence_parts(name: str) -> tuple[str, Any]:
+    """An evidence name's feature and what its value is multiplied by (None: nothing)."""
+    for suffix, times in TIMES.items():
+        if name.endswith(suffix):
+            return name.removesuffix(suffix), times
+    return name, None
+
+
+def evidence_known(name: str) -> bool:
+    return evidence_parts(name)[0] in EVIDENCE
+
+
+def evidence(names: Sequence[str], x: float, row: Mapping[str, float]) -> list[float]:
+    """The evidence inputs `names` for a row whose cross-encoder logit is `x` and whose features judge's features
+    are `row` (KeyError when it lacks one)."""
+    out = []
+    for name in names:
+        base, times = evidence_parts(name)
+        if base == "conflict":
+            found = [float(v) for k, v in row.items() if k.startswith("conflict_")]
+            if not found:
+                raise KeyError("conflict_*")
+            value = max(found)
+        else:
+            value = float(row[base])
+        out.append(value * times(x) if times else value)
+    return out
+
+
+def combined(beta: Sequence[Any], x: float, p: float, row: Mapping[str, float] | None = None) -> float:
+    """The combination's probability for a row: beta (a, b, c) or (a, b, c, evidence names, their weights), the
+    row's cross-encoder logit `x`, its features judge probability `p` and (with evidence) features `row`."""
+    a, b, c, *terms = beta
+    z = a * x + b * logit(p) + c
+    if terms and terms[0]:
+        z += sum(w * v for w, v in zip(terms[1], evidence(terms[0], x, row or {})))
+    return logistic(z)
+
+
 def pair_text(row: Mapping) -> str:
     """The row as the model was trained to read it: as the service embeds it, `agent (topic): text`."""
     return solos_store.labelled_text(row.get("agent") or "", row.get("topic") or "", row.get("text") or "")
@@ -114,6 +170,14 @@ class Meta:
     # (0, 1): always run (a meta without a cascade).
     skip_below: float = 0.0
     skip_above: float = 1.0
+    # The explicit evidence the combination reads beside the two logits (EVIDENCE names), one weight each.
+    evidence: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
+
+    @property
+    def beta(self) -> tuple[Any, ...]:
+        """The combination's coefficients as combined() reads them."""
+        return (self.a, self.b, self.c, self.evidence, self.weights) if self.evidence else (self.a, self.b, self.c)
 
     def sure(self, features: Sequence[float]) -> float | None:
         """The features judge's best probability over the head when it lies outside the cascade's band (the
@@ -124,29 +188,33 @@ class Meta:
     @staticmethod
     def parse(raw: bytes) -> Meta:
         doc = json.loads(raw)
-        if doc.get("format") != META_FORMAT:
-            raise ValueError(f"format {doc.get('format')!r}, expected {META_FORMAT}")
+        if doc.get("format") not in META_FORMATS:
+            raise ValueError(f"format {doc.get('format')!r}, expected one of {list(META_FORMATS)}")
         names = tuple(doc["input"]["names"])
         if names != INPUT_NAMES:
             raise ValueError(f"inputs {list(names)} are not this code's {list(INPUT_NAMES)}")
         combination = doc["combination"]
+        a, b, c, floor = (float(combination[key]) for key in ("a", "b", "c", "floor"))
         meta = Meta(
-            str(doc["model"]),
-            str(doc["sha256"]),
-            int(doc["input"]["max_len"]),
-            int(doc["rows"]),
-            *(float(combination[key]) for key in ("a", "b", "c", "floor")),
+            str(doc["model"]), str(doc["sha256"]), int(doc["input"]["max_len"]), int(doc["rows"]), a, b, c, floor
         )
         cascade = doc.get("cascade")
         if cascade is not None:
             meta = replace(meta, skip_below=float(cascade["skip_below"]), skip_above=float(cascade["skip_above"]))
             if not 0.0 <= meta.skip_below <= meta.skip_above <= 1.0:
                 raise ValueError(f"cascade band {meta.skip_below}-{meta.skip_above} is not within 0-1")
+        terms = combination.get("evidence") if doc["format"] >= 2 else None
+        if terms is not None:
+            names, weights = tuple(str(n) for n in terms["names"]), tuple(float(w) for w in terms["weights"])
+            unknown = [n for n in names if not evidence_known(n)]
+            if unknown or len(names) != len(weights):
+                raise ValueError(f"evidence {list(names)} ({len(weights)} weights): {unknown or 'one weight each'}")
+            meta = replace(meta, evidence=names, weights=weights)
         if "/" in meta.model or meta.model.startswith("."):
             raise ValueError(f"model {meta.model!r} is not a file name beside the meta")
         if not 8 <= meta.max_len <= 512 or not 1 <= meta.rows <= 100:
             raise ValueError(f"max_len {meta.max_len} or rows {meta.rows} out of range")
-        if not all(math.isfinite(x) for x in (meta.a, meta.b, meta.c, meta.floor)):
+        if not all(math.isfinite(x) for x in (meta.a, meta.b, meta.c, meta.floor, *meta.weights)):
             raise ValueError("combination not finite")
         return meta
 
@@ -386,10 +454,15 @@ class CrossEncoder:
         return f"cross-encoder@{self.meta.sha256[:8]}" if self.meta else "cross-encoder"
 
     def combine(
-        self, question: str, rows: Sequence[Mapping], features: Sequence[float]
+        self,
+        question: str,
+        rows: Sequence[Mapping],
+        features: Sequence[float],
+        evidence: Sequence[Mapping[str, float]] | None = None,
     ) -> tuple[list[float], str | None]:
         """The first `rows` rows' probability from the combination, the others' the features judge's; or the
-        features judge's alone and why. Never raises."""
+        features judge's alone and why. `evidence`: the features judge's features per row, which a meta with
+        evidence reads. Never raises."""
         if self.meta is None:
             return list(features), self.reason
         meta = self.meta
@@ -408,11 +481,19 @@ class CrossEncoder:
                 f"outside {meta.skip_below:g}-{meta.skip_above:g}"
                 + (f"; it cannot run: {model.failure}" if failed else "")
             )
+        if meta.evidence and (evidence is None or len(evidence) < len(head)):
+            return list(features), "the cross-encoder's combination reads evidence the features judge did not give"
         logits, reason = model.logits(question, head, self.timeout_s)
         if logits is None or len(logits) != len(head):
             return list(features), reason or f"cross-encoder gave {len(logits or ())} logits for {len(head)} rows"
-        combined = [logistic(meta.a * x + meta.b * logit(p) + meta.c) for x, p in zip(logits, features)]
-        return combined + list(features[len(head) :]), None
+        try:
+            head_probabilities = [
+                combined(meta.beta, x, p, evidence[i] if evidence else None)
+                for i, (x, p) in enumerate(zip(logits, features))
+            ]
+        except KeyError as error:
+            return list(features), f"the cross-encoder's combination reads {error}, which the features judge lacks"
+        return head_probabilities + list(features[len(head) :]), None
 
 
 def load(

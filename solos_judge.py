@@ -26,7 +26,8 @@ is checked at load. A missing, changed or unreadable file never raises: `load()`
 the rows' own relevance through, named `relevance`, with the reason. Figures: bench/judge_eval.py.
 
 In hybrid mode the features judge's probabilities of the first rows are combined with a cross-encoder's
-(solos_cross_encoder: it reads the question and each row together), named `cross-encoder@…+features-hybrid@…`;
+(solos_cross_encoder: it reads the question and each row together; the combination also reads some of the
+features judge's features, a conflict above all), named `cross-encoder@…+features-hybrid@…`;
 when the cross-encoder is skipped (the features judge sure: its meta's cascade) or cannot run (its files
 missing or changed, onnxruntime missing, a run failing or too slow) the features judge's stand, with the reason.
 SOLOS_MEMORY_JUDGE=features turns the cross-encoder off.
@@ -330,7 +331,7 @@ def specifics(
                 add(f"name:prefix:{parts[0]}", token)
     if period:
         # A question's first word is no month: "May a build job ...?"
-        for m in _MONTH.finditer(text.split(None, 1)[-1] if question else text):
+        for m in _MONTH.finditer((text.split(None, 1) or [""])[-1] if question else text):
             add("period:month", m.group(1)[:3].lower())
         for m in _WEEKDAY.finditer(text):
             add("period:weekday", m.group(1).lower())
@@ -500,13 +501,18 @@ class Model:
     scales: tuple[float, ...]
 
     def probabilities(self, question: str, rows: Sequence[Mapping]) -> list[float]:
-        found = []
-        for f in features(question, rows, self.mode):
+        return self.judged(question, rows)[0]
+
+    def judged(self, question: str, rows: Sequence[Mapping]) -> tuple[list[float], list[dict[str, float]]]:
+        """Each row's probability and the features it was read from (the cross-encoder's combination may read
+        some of them as evidence)."""
+        found, read = [], features(question, rows, self.mode)
+        for f in read:
             z = self.weights[0]
             for name, w, m, s in zip(self.names, self.weights[1:], self.means, self.scales):
                 z += w * (f[name] - m) / s
             found.append(logistic(z))
-        return found
+        return found, read
 
 
 @dataclass
@@ -528,13 +534,13 @@ class Judge:
         model = self.models.get(mode)
         if model is not None:
             try:
-                found = model.probabilities(question, rows)
+                found, read = model.judged(question, rows)
             except Exception as error:  # a judge that fails must not fail the recall: keep relevance, say why
                 reason = f"judge failed: {type(error).__name__}: {error}"
             else:
                 if mode != "hybrid" or self.cross is None:
                     return Verdict(found, self.name(mode))
-                combined, why = self.cross.combine(question, rows, found)
+                combined, why = self.cross.combine(question, rows, found, read)
                 if why is not None:
                     return Verdict(found, self.name(mode), why)
                 return Verdict(combined, f"{self.cross.name}+{self.name(mode)}")

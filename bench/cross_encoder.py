@@ -581,21 +581,28 @@ def logit(p: np.ndarray) -> np.ndarray:
     return np.log(p / (1 - p))
 
 
-def fit_combination(xenc: list[list[float]], feats: list[list[float]], records: list[dict]) -> np.ndarray:
-    """A logistic over (cross-encoder logit, features judge logit, 1), domains weighing the same; Newton steps."""
+def fit_combination(
+    xenc: list[list[float]],
+    feats: list[list[float]],
+    records: list[dict],
+    extra: list[list[list[float]]] | None = None,
+) -> np.ndarray:
+    """A logistic over (cross-encoder logit, features judge logit, 1), domains weighing the same; Newton steps.
+    `extra`: more inputs per record and row (the combination's evidence), fitted after the logits, before the
+    intercept: the coefficients come back as (a, b, *evidence weights, c)."""
     X, y, w = [], [], []
     counts = {d: sum(len(a) for a, r in zip(xenc, records) if r["domain"] == d) for d in ("fleet", "locomo")}
-    for a, b, rec in zip(xenc, feats, records):
-        for la, pb, row in zip(a, b, rec["rows"]):
-            X.append([la, float(logit(np.array(pb))), 1.0])
+    for i, (a, b, rec) in enumerate(zip(xenc, feats, records)):
+        for j, (la, pb, row) in enumerate(zip(a, b, rec["rows"])):
+            X.append([la, float(logit(np.array(pb))), *(extra[i][j] if extra else ()), 1.0])
             y.append(row["label"])
             w.append(1.0 / counts[rec["domain"]])
     X_, y_, w_ = np.array(X), np.array(y, dtype=float), np.array(w) * len(w) / 2
-    beta = np.zeros(3)
+    beta = np.zeros(X_.shape[1])
     for _ in range(50):
         p = sigmoid(X_ @ beta)
         grad = X_.T @ (w_ * (p - y_)) + 1e-3 * beta
-        hess = (X_ * (w_ * p * (1 - p))[:, None]).T @ X_ + 1e-3 * np.eye(3)
+        hess = (X_ * (w_ * p * (1 - p))[:, None]).T @ X_ + 1e-3 * np.eye(X_.shape[1])
         beta -= np.linalg.solve(hess, grad)
     return beta
 

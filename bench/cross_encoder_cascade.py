@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cross_encoder import split  # noqa: E402
-from cross_encoder_swap import cascaded, judged  # noqa: E402
+from cross_encoder_swap import cascaded, evidence_of, judged  # noqa: E402
 from judge_data import CACHE, load  # noqa: E402
 from judge_eval import ece, separation  # noqa: E402
 from judge_fit import floor_figures  # noqa: E402
@@ -43,12 +43,18 @@ HIGHS = (1.01, 0.99, 0.98, 0.95, 0.9, 0.8, 0.7, 0.5)
 
 
 def served(
-    records: list[dict], feats: list[list[float]], logits: list[list[float]], beta: tuple, band: tuple
+    records: list[dict],
+    feats: list[list[float]],
+    logits: list[list[float]],
+    beta: tuple,
+    band: tuple,
+    evidence: list[list[dict]] | None = None,
 ) -> tuple[list[tuple[dict, list[float]]], float]:
-    """Each record's probabilities under the cascade with `band` (lo, hi), and the share that skipped the model."""
+    """Each record's probabilities under the cascade with `band` (lo, hi), and the share that skipped the model
+    (`evidence`: the rows' features, for a combination that reads them)."""
     scored, skipped = [], 0
-    for r, f, x in zip(records, feats, logits):
-        probabilities, skip = cascaded(beta, x, f, band)
+    for i, (r, f, x) in enumerate(zip(records, feats, logits)):
+        probabilities, skip = cascaded(beta, x, f, band, evidence[i] if evidence else None)
         scored.append((r, probabilities))
         skipped += skip
     return scored, skipped / max(len(records), 1)
@@ -70,23 +76,28 @@ def main(argv: list[str] | None = None) -> int:
     meta = solos_cross_encoder.Meta.parse(solos_cross_encoder.META_PATH.read_bytes())
     session = solos_cross_encoder.Session(str(solos_cross_encoder.META_PATH.parent / meta.model), meta.max_len)
     features = solos_judge.load(cross=None)
-    beta, rows, floor = (meta.a, meta.b, meta.c), meta.rows, solos_rank.RELEVANCE_FLOOR
+    beta, rows, floor = meta.beta, meta.rows, solos_rank.RELEVANCE_FLOOR
     print(f"shipped {meta_doc['model']} at {rows} x {meta.max_len}, combination {beta}, floor {floor}")
     roles = split(load(args.data), args.held_out, args.calibrate)
     sets = {}
     for role in ("calibrate", "fleet", "locomo"):
         records = [r for r in roles[role] if r["rows"]]
         feats, logits = judged(session, features, records, rows)
-        sets[role] = (records, feats, logits)
+        sets[role] = (records, feats, logits, evidence_of(records, rows) if meta.evidence else None)
 
     def by_domain(role: str, band: tuple) -> dict[str, tuple[dict, float]]:
-        records, feats, logits = sets[role]
+        records, feats, logits, read = sets[role]
         out = {}
         domains = ("fleet", "locomo") if role == "calibrate" else (role,)
         for d in domains:
             picked = [i for i, r in enumerate(records) if r["domain"] == d]
             scored, skip = served(
-                [records[i] for i in picked], [feats[i] for i in picked], [logits[i] for i in picked], beta, band
+                [records[i] for i in picked],
+                [feats[i] for i in picked],
+                [logits[i] for i in picked],
+                beta,
+                band,
+                [read[i] for i in picked] if read else None,
             )
             out[d] = (figures(scored, floor), skip)
         return out

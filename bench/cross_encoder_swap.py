@@ -38,7 +38,7 @@ import json
 import re
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,14 +61,22 @@ MAX_STEPS = 60
 BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 1000, 33
 
 
-def combine(beta: tuple[float, float, float], logits: list[float], features: list[float]) -> list[float]:
-    a, b, c = beta
-    combined = [solos_rank.logistic(a * x + b * solos_cross_encoder.logit(p) + c) for x, p in zip(logits, features)]
+def combine(beta: tuple, logits: list[float], features: list[float], evidence: list[dict] | None = None) -> list[float]:
+    """The combination (solos_cross_encoder.combined: beta (a, b, c), or with the evidence names and weights)
+    over the rows the model read, the features judge's for the rest; `evidence` the rows' features."""
+    combined = [
+        solos_cross_encoder.combined(beta, x, p, evidence[i] if evidence else None)
+        for i, (x, p) in enumerate(zip(logits, features))
+    ]
     return combined + features[len(logits) :]
 
 
 def cascaded(
-    beta: tuple[float, float, float], logits: list[float], features: list[float], band: tuple[float, float] | None
+    beta: tuple,
+    logits: list[float],
+    features: list[float],
+    band: tuple[float, float] | None,
+    evidence: list[dict] | None = None,
 ) -> tuple[list[float], bool]:
     """The combination as served with a cascade band (skip_below, skip_above), and whether the model was skipped:
     the features judge's probabilities stand when its best over the rows the model reads lies outside the band
@@ -77,7 +85,7 @@ def cascaded(
         best = max(features[: len(logits)], default=0.0)
         if best < band[0] or best > band[1]:
             return list(features), True
-    return combine(beta, logits, features), False
+    return combine(beta, logits, features, evidence), False
 
 
 def kept(scored: list[tuple[dict, list[float]]], floor: float) -> dict[str, float]:
@@ -92,6 +100,22 @@ def judged(session, features, records: list[dict], rows: int | None) -> tuple[li
     ]
 
 
+def evidence_of(records: list[dict], rows: int | None) -> list[list[dict[str, float]]]:
+    """The features judge's features (read against every candidate, as served) of each record's first `rows`
+    rows: what a combination with evidence reads."""
+    return [solos_judge.features(r["question"], r["rows"], "hybrid")[:rows] for r in records]
+
+
+def parse_evidence(text: str | None) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
+    unknown = [n for n in names if not solos_cross_encoder.evidence_known(n)]
+    if unknown:
+        raise SystemExit(
+            f"--evidence {unknown}: not in {sorted(solos_cross_encoder.EVIDENCE)} (each may end *logit or *yes)"
+        )
+    return names
+
+
 @dataclass(frozen=True)
 class Combination:
     """The combination fitted on the calibration records: a, b, its intercept as raised and as fitted, and the
@@ -104,26 +128,44 @@ class Combination:
     floor: float
     kept: dict[str, float]
     wanted: dict[str, float]
+    evidence: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
 
     @property
-    def beta(self) -> tuple[float, float, float]:
-        return self.a, self.b, self.c
+    def beta(self) -> tuple:
+        return (self.a, self.b, self.c, self.evidence, self.weights) if self.evidence else (self.a, self.b, self.c)
 
 
-def calibrated(session, features, roles: dict[str, list[dict]], rows: int) -> Combination:
-    """The logistic over (logit, features logit, 1) on the calibration records, its intercept raised by the least
-    CALIBRATION_STEP under which it keeps, at the one floor, the features judge's share of answers per domain."""
+def calibrated(
+    session, features, roles: dict[str, list[dict]], rows: int, evidence: tuple[str, ...] = ()
+) -> Combination:
+    """The logistic over (logit, features logit, the `evidence` inputs, 1) on the calibration records, its
+    intercept raised by the least CALIBRATION_STEP under which it keeps, at the one floor, the features judge's
+    share of answers per domain."""
     calibration = [r for r in roles["calibrate"] if r["rows"]]
     feats, logits = judged(session, features, calibration, rows)
+    read = evidence_of(calibration, rows) if evidence else None
+    extra = (
+        [[solos_cross_encoder.evidence(evidence, x, f) for x, f in zip(xs, fs)] for xs, fs in zip(logits, read)]
+        if read
+        else None
+    )
     heads = [dict(r, rows=r["rows"][:rows]) for r in calibration]
-    a, b, c = (float(x) for x in fit_combination(logits, [f[:rows] for f in feats], heads))
+    a, b, *weights, c = (float(x) for x in fit_combination(logits, [f[:rows] for f in feats], heads, extra))
     floor = solos_rank.RELEVANCE_FLOOR
     wanted = kept(list(zip(calibration, feats)), floor)
     for step in range(MAX_STEPS + 1):
         raised = c + step * CALIBRATION_STEP
-        got = kept([(r, combine((a, b, raised), x, f)) for r, x, f in zip(calibration, logits, feats)], floor)
+        found = Combination(a, b, raised, c, floor, {}, wanted, evidence, tuple(weights))
+        got = kept(
+            [
+                (r, combine(found.beta, x, f, read[i] if read else None))
+                for i, (r, x, f) in enumerate(zip(calibration, logits, feats))
+            ],
+            floor,
+        )
         if all(got[d] >= wanted[d] for d in wanted):
-            return Combination(a, b, raised, c, floor, got, wanted)
+            return replace(found, kept=got)
     raise SystemExit(f"no intercept up to +{MAX_STEPS * CALIBRATION_STEP} keeps {wanted} at {floor}")
 
 
@@ -146,7 +188,7 @@ def held_out(
         feats, logits = judged(session, features, held, rows)
         every = judged(session, features, held, None)[1] if rows else logits
         out[domain] = {}
-        served = served_scores(combination, logits, feats, band)
+        served = served_scores(combination, logits, feats, band, evidence_of(held, rows))
         for name, scores in (
             ("features judge", feats),
             ("cross-encoder", [[solos_rank.logistic(x) for x in xs] for xs in every]),
@@ -166,11 +208,18 @@ def held_out(
 
 
 def served_scores(
-    combination: Combination, logits: list[list[float]], feats: list[list[float]], band: tuple[float, float] | None
+    combination: Combination,
+    logits: list[list[float]],
+    feats: list[list[float]],
+    band: tuple[float, float] | None,
+    evidence: list[list[dict]] | None = None,
 ) -> list[tuple[list[float], bool]]:
     """Each question's probabilities as served (the combination, the cascade's band if any) and whether the
     model was skipped."""
-    return [cascaded(combination.beta, x, f, band) for x, f in zip(logits, feats)]
+    return [
+        cascaded(combination.beta, x, f, band, evidence[i] if evidence else None)
+        for i, (x, f) in enumerate(zip(logits, feats))
+    ]
 
 
 def paired_bootstrap(
@@ -222,7 +271,7 @@ def compare(
     """Prints, by domain, the gain of this file's served combination over `other`'s (calibrated the same way, on
     the same held-out questions, the same band) with its paired bootstrap."""
     before_session = solos_cross_encoder.Session(other.read_bytes(), max_len)
-    before = calibrated(before_session, features, roles, rows)
+    before = calibrated(before_session, features, roles, rows, combination.evidence)
     was = served_held_out(before_session, features, roles, rows, before, band)
     for domain, (held, after) in served_held_out(session, features, roles, rows, combination, band).items():
         print_gain(other.name, domain, paired_bootstrap(held, was[domain][1], after, combination.floor))
@@ -244,7 +293,8 @@ def served_held_out(
     for domain in ("fleet", "locomo"):
         held = [r for r in roles[domain] if r["rows"]]
         feats, logits = judged(session, features, held, rows)
-        out[domain] = (held, [s for s, _ in served_scores(combination, logits, feats, band)])
+        read = evidence_of(held, rows) if combination.evidence else None
+        out[domain] = (held, [s for s, _ in served_scores(combination, logits, feats, band, read)])
     return out
 
 
@@ -268,6 +318,42 @@ def against_scores(path: Path, served: dict[str, tuple[list[dict], list[list[flo
         print_gain(path.name, domain, paired_bootstrap(held, before, after, floor, before_floor=doc["floor"]))
 
 
+CV_SEEDS = 5
+
+
+def compare_evidence(session, features, roles: dict[str, list[dict]], rows: int, variants: list[tuple[str, ...]]):
+    """Evidence variants compared on the calibration records alone, where a choice may be made: each fitted on
+    half the calibration questions and scored (AUROC, the model always run) on the other half, both ways, for
+    CV_SEEDS seeded halvings; prints the mean AUROC per domain and each halving's."""
+    calibration = [r for r in roles["calibrate"] if r["rows"]]
+    feats, logits = judged(session, features, calibration, rows)
+    read = evidence_of(calibration, rows)
+    for names in variants:
+        found: dict[str, list[float]] = {"fleet": [], "locomo": []}
+        for seed in range(CV_SEEDS):
+            half = [hashlib.sha256(f"{r['qid']}/{seed}".encode()).digest()[0] % 2 for r in calibration]
+            scores: list[list[float]] = [[] for _ in calibration]
+            for k in (0, 1):
+                fit = [i for i in range(len(calibration)) if half[i] != k]
+                extra = [[solos_cross_encoder.evidence(names, x, f) for x, f in zip(logits[i], read[i])] for i in fit]
+                a, b, *weights, c = fit_combination(
+                    [logits[i] for i in fit],
+                    [feats[i][:rows] for i in fit],
+                    [dict(calibration[i], rows=calibration[i]["rows"][:rows]) for i in fit],
+                    extra if names else None,
+                )
+                beta = (a, b, c, names, tuple(weights)) if names else (a, b, c)
+                for i in range(len(calibration)):
+                    if half[i] == k:
+                        scores[i] = combine(beta, logits[i], feats[i], read[i])
+            for d in found:
+                found[d].append(separation([(r, p) for r, p in zip(calibration, scores) if r["domain"] == d]))
+        print(
+            f"calibration, half fitted half scored x {CV_SEEDS}: {','.join(names) or 'no evidence':60} "
+            + ", ".join(f"{d} {np.mean(v):.3f} ({' '.join(f'{x:.3f}' for x in v)})" for d, v in found.items())
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, help="the int8 ONNX file bench/cross_encoder.py --export wrote")
@@ -281,6 +367,17 @@ def main(argv: list[str] | None = None) -> int:
         "--cascade",
         help="LO,HI: run the model only when the features judge's best head probability is within [LO, HI] "
         "(bench/cross_encoder_cascade.py chooses it on the calibration records; default: always run)",
+    )
+    parser.add_argument(
+        "--evidence",
+        help="the features judge's features the combination reads beside the two logits, comma-separated "
+        f"({', '.join(sorted(solos_cross_encoder.EVIDENCE))}; 'conflict' is any conflict_*; NAME*logit: times the "
+        "cross-encoder's logit, NAME*yes: times its positive part); default none",
+    )
+    parser.add_argument(
+        "--compare-evidence",
+        help="VARIANT;VARIANT;...: compare --evidence variants on the calibration records only (half fitted, half "
+        "scored, seeded) and exit; an empty variant is none",
     )
     parser.add_argument("--no-hash-update", action="store_true", help="leave solos_cross_encoder's pins as they are")
     parser.add_argument(
@@ -311,10 +408,16 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the features judge did not load: {features.reason}")
 
     roles = split(load(args.data), args.held_out, args.calibrate)
-    fitted = calibrated(session, features, roles, args.rows)
+    if args.compare_evidence is not None:
+        variants = [parse_evidence(v) for v in args.compare_evidence.split(";")]
+        compare_evidence(session, features, roles, args.rows, variants)
+        return 0
+    fitted = calibrated(session, features, roles, args.rows, parse_evidence(args.evidence))
     print(
         f"combination on {sum(bool(r['rows']) for r in roles['calibrate'])} calibration questions: {fitted.a:.4f} x "
-        f"logit + {fitted.b:.4f} x features logit + {fitted.fitted_c:.4f}, intercept raised "
+        f"logit + {fitted.b:.4f} x features logit + "
+        + "".join(f"{w:.4f} x {n} + " for n, w in zip(fitted.evidence, fitted.weights))
+        + f"{fitted.fitted_c:.4f}, intercept raised "
         f"{fitted.c - fitted.fitted_c:+.2f} so that at the floor {fitted.floor} it keeps "
         + ", ".join(f"{d} {fitted.kept[d]:.3f} (features judge {fitted.wanted[d]:.3f})" for d in fitted.wanted)
     )
@@ -362,6 +465,14 @@ def main(argv: list[str] | None = None) -> int:
             "features_judge": features.sha256,
         },
     }
+    if fitted.evidence:
+        meta["combination"]["evidence"] = {
+            "read": "the features judge's features of the row (solos_judge.FEATURES; 'conflict': any conflict_*), "
+            "NAME*logit times the cross-encoder's logit, NAME*yes times its positive part, each times its weight, "
+            "added to the logit above",
+            "names": list(fitted.evidence),
+            "weights": [round(w, 6) for w in fitted.weights],
+        }
     if band is not None:
         meta["cascade"] = {
             "run": "the model, only when the features judge's best probability over the first rows is within "

@@ -9,9 +9,11 @@ stays calibrated to each domain's mix. Deterministic: no sampling, no random sta
 
 The floor it writes (`floor`, the value for solos_client.TURN_MIN_RELEVANCE) is chosen on the fitting data: the
 highest one under which both domains keep at least KEEP of their answerable questions' answers (KEEP:
-0.8), so it rejects as many unanswerable questions as that allows. It then rewrites solos_judge.JUDGE_SHA256.
+0.8; `--floor-without paraphrase`: not counting the fleet's paraphrases), so it rejects as many unanswerable
+questions as that allows. It then rewrites solos_judge.JUDGE_SHA256.
 
-    .venv/bin/python bench/judge_fit.py [--out models/judge/judge.json] [--no-hash-update]
+    .venv/bin/python bench/judge_fit.py [--out models/judge/judge.json] [--data F] [--floor-without paraphrase]
+        [--no-hash-update]
 
 bench/judge_eval.py scores it on what this never saw (the fleet's `score` half, LoCoMo leave-one-out).
 """
@@ -138,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=solos_judge.JUDGE_PATH, help="the weights file (default: %(default)s)"
     )
     parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
+    parser.add_argument(
+        "--floor-without",
+        default="",
+        help="question kinds (comma-separated, e.g. paraphrase) whose answers the floor rule does not count: a "
+        "paraphrase's answer that no row shares a word with is retrieval's to find (default: every kind counts)",
+    )
     parser.add_argument("--no-hash-update", action="store_true", help="leave solos_judge.JUDGE_SHA256 as it is")
     args = parser.parse_args(argv)
     records = fitting_records(load(args.data))
@@ -151,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for d in ("fleet", "locomo")
     ]
-    floor = choose_floor(domains)
+    without = {k.strip() for k in args.floor_without.split(",") if k.strip()}
+    floor = choose_floor([[(r, p) for r, p in scored if r["kind"] not in without] for scored in domains])
     doc = {
         "format": solos_judge.JUDGE_FORMAT,
         "fitted_by": "bench/judge_fit.py",

@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cross_encoder import FLEET as FLEET_DATA, split  # noqa: E402
-from cross_encoder_swap import calibrated, combine  # noqa: E402
+from cross_encoder_swap import calibrated, combine, evidence_of  # noqa: E402
 from judge_data import CACHE, load  # noqa: E402
 from judge_eval import ece, separation  # noqa: E402
 from judge_fit import floor_figures  # noqa: E402
@@ -93,12 +93,15 @@ def lost_pairs(scored: Scored, rows: int) -> dict[str, float]:
     return {k: v / max(total, 1) for k, v in out.items()}
 
 
-def served(meta, beta: tuple, feats: list[float], logits: list[float]) -> tuple[list[float], bool]:
+def served(
+    meta, beta: tuple, feats: list[float], logits: list[float], evidence: list[dict] | None = None
+) -> tuple[list[float], bool]:
     """The judge as served with the model reading len(logits) rows: the cascade decided on the features judge's
-    best of the first meta.rows (solos_cross_encoder.Meta.sure), as today."""
+    best of the first meta.rows (solos_cross_encoder.Meta.sure), as today (`evidence`: the rows' features, for a
+    combination that reads them)."""
     if meta.sure(feats) is not None:
         return list(feats), True
-    return combine(beta, logits, feats), False
+    return combine(beta, logits, feats, evidence), False
 
 
 def reordered(rec: dict, probs: list[float], n: int) -> list[int]:
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = solos_cross_encoder.Meta.parse(solos_cross_encoder.META_PATH.read_bytes())
     session = solos_cross_encoder.Session(str(solos_cross_encoder.META_PATH.parent / meta.model), meta.max_len)
     features = solos_judge.load(cross=None)
-    shipped, floor, head = (meta.a, meta.b, meta.c), solos_rank.RELEVANCE_FLOOR, meta.rows
+    shipped, floor, head = meta.beta, solos_rank.RELEVANCE_FLOOR, meta.rows
     records = load(args.data)
     roles = split(records, args.held_out, args.calibrate)
     own_kind = {r["qid"]: r["kind"] for r in records if r["domain"] == "locomo" and r["kind"] != "foreign"}
@@ -206,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         role: [features.judge(r["question"], r["rows"], "hybrid").probabilities for r in recs]
         for role, recs in sets.items()
     }
+    read = {role: evidence_of(recs, None) if meta.evidence else [None] * len(recs) for role, recs in sets.items()}
     logits: dict[tuple[str, int], list[list[float]]] = {}
     cpu: dict[int, list[float]] = {n: [] for n in widths}
     for n in widths:
@@ -223,13 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     for n in widths:
         variants[f"model reads {n}" + (" (shipped)" if n == head else ", shipped a/b/c")] = (shipped, n)
         if n != head:
-            fitted = calibrated(session, features, roles, n)
+            fitted = calibrated(session, features, roles, n, meta.evidence)
             variants[f"model reads {n}, a/b/c refitted"] = (fitted.beta, n)
     for name, (beta, n) in variants.items():
         for role in ("fleet", "locomo"):
             out, skips = [], 0
-            for r, f, x in zip(sets[role], feats[role], logits[role, n] if n else [[]] * len(sets[role])):
-                probs, skip = (list(f), True) if beta is None else served(meta, beta, f, x)
+            for r, f, x, e in zip(
+                sets[role], feats[role], logits[role, n] if n else [[]] * len(sets[role]), read[role]
+            ):
+                probs, skip = (list(f), True) if beta is None else served(meta, beta, f, x, e)
                 out.append((r, probs))
                 skips += skip
             judged[name, role] = out
@@ -311,8 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                         cells.append(
                             separation(
                                 [
-                                    (r, served(meta, (a, b, meta.c), f, x)[0])
-                                    for r, f, x in zip(sets[role], feats[role], logits[role, head])
+                                    (r, served(meta, (a, b, *shipped[2:]), f, x, e)[0])
+                                    for r, f, x, e in zip(sets[role], feats[role], logits[role, head], read[role])
                                     if r["domain"] == d
                                 ]
                             )

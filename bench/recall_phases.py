@@ -52,7 +52,7 @@ STEPS = (
     ("reranker", ("solos_rank",), "rerank", 4),
     ("its features and logits", ("solos_rank",), "head_logits", 5),
     ("judge", ("solos_recall",), "judge_head", 4),
-    ("features judge", ("solos_judge",), "Model.probabilities", 5),
+    ("features judge (its features)", ("solos_judge",), "features", 5),
     ("cross-encoder (combine)", ("solos_cross_encoder",), "CrossEncoder.combine", 5),
     ("runner (load wait, watchdog)", ("solos_cross_encoder",), "Runner.logits", 6),
     ("session: tokenize, pad, run", ("solos_cross_encoder",), "Session.logits", 7),
@@ -155,15 +155,19 @@ def worker(tree: Path, db: Path, queries: list[str], caller: str, k: int) -> dic
     heads: list[float] = []  # the features judge's highest probability over the cross-encoder's rows, a recall
     judge_module = sys.modules.get("solos_judge")
     if judge_module is not None:
-        probabilities = judge_module.Model.probabilities
+        # What the judge calls: Model.judged (probabilities and features) since the combination reads evidence,
+        # Model.probabilities in a tree before it.
+        method = "judged" if hasattr(judge_module.Model, "judged") else "probabilities"
+        judged = getattr(judge_module.Model, method)
 
-        def kept_heads(self: Any, question: str, rows: Any) -> list[float]:
-            found = probabilities(self, question, rows)
+        def kept_heads(self: Any, question: str, rows: Any) -> Any:
+            out = judged(self, question, rows)
+            found = out[0] if method == "judged" else out
             if timings.on:
                 heads.append(max(found[:GATE_ROWS], default=0.0))
-            return found
+            return out
 
-        judge_module.Model.probabilities = kept_heads
+        setattr(judge_module.Model, method, kept_heads)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)

@@ -32,6 +32,11 @@ OTHER = {"agent": "atlas", "topic": "", "text": "The gateway listens on 8088 beh
 UNSURE = [dict(ANSWER, relevance=0.02, cosine=0.5), dict(NEAR, relevance=0.02, cosine=0.5)]
 
 
+def read(question: str, rows: list[dict]) -> list[dict[str, float]]:
+    """The features judge's features of the rows: the evidence the combination reads."""
+    return solos_judge.features(question, rows, "hybrid")
+
+
 def needs_runtime() -> None:
     for module in ("numpy", "onnxruntime", "tokenizers"):
         pytest.importorskip(module)
@@ -142,13 +147,17 @@ def test_the_model_runs_only_when_the_features_judge_is_unsure(tmp_path):
         (features, f"is {max(features):.3f},"),
         ([0.2, meta.skip_above + 0.01], f"is {meta.skip_above + 0.01:.3f},"),
     ):
-        probabilities, reason = judge.cross.combine(QUESTION, rows, head)
+        probabilities, reason = judge.cross.combine(QUESTION, rows, head, read(QUESTION, rows))
         assert probabilities == head
         assert reason.startswith("cross-encoder skipped: the features judge's best of the first 2 rows is ")
         assert expected in reason
-    probabilities, reason = judge.cross.combine(QUESTION, rows, [0.2, meta.skip_above])  # the band is closed
+    probabilities, reason = judge.cross.combine(
+        QUESTION, rows, [0.2, meta.skip_above], read(QUESTION, rows)
+    )  # the band is closed
     assert reason.startswith("cross-encoder file unreadable")
-    probabilities, reason = judge.cross.combine(QUESTION, rows, features)  # skipped, and the failure named
+    probabilities, reason = judge.cross.combine(
+        QUESTION, rows, features, read(QUESTION, rows)
+    )  # skipped, and the failure named
     assert probabilities == features and reason.startswith("cross-encoder skipped: ")
     assert "it cannot run: cross-encoder file unreadable" in reason
     assert meta.sure([0.2] * meta.rows + [0.99]) is None  # rows past the ones the model reads never gate
@@ -164,16 +173,70 @@ def test_a_cascade_band_out_of_order_or_range_is_refused(tmp_path, band):
     assert encoder.meta is None and "cascade band" in encoder.reason
 
 
+def test_the_combination_reads_a_rival_as_evidence_against_a_sure_model():
+    """The shipped combination reads the features judge's conflict features beside the two logits: a row holding
+    a rival of the question's specific (search-api's port for payments-api's) weighs the model's belief that it
+    answers less; the model's doubt, and a row with no rival, are read as before."""
+    meta = SHIPPED.meta
+    assert "conflict*yes" in meta.evidence
+    rival, none = read(QUESTION, [NEAR])[0], read(QUESTION, [ANSWER])[0]
+    assert rival["conflict_name"] == 1.0 and not any(v for k, v in none.items() if k.startswith("conflict_"))
+    plain = meta.a * 3.0 + meta.b * solos_cross_encoder.logit(0.2) + meta.c
+    assert solos_cross_encoder.combined(meta.beta, 3.0, 0.2, none) == pytest.approx(solos_rank.logistic(plain))
+    assert solos_cross_encoder.combined(meta.beta, 3.0, 0.2, rival) < solos_cross_encoder.combined(
+        meta.beta, 3.0, 0.2, none
+    )
+    assert solos_cross_encoder.combined(meta.beta, -3.0, 0.2, rival) == pytest.approx(
+        solos_cross_encoder.combined(meta.beta, -3.0, 0.2, none)
+    )
+
+
+def test_a_combination_without_its_evidence_leaves_the_features_judge_and_why(tmp_path):
+    """A caller that gives no features, or features that lack what the meta reads, gets the features judge's
+    probabilities and the reason; the model is not run for nothing (here it is missing: no load failure named)."""
+    judge = solos_judge.load(cross=copied(tmp_path, None))
+    features = solos_judge.load(cross=None).judge(QUESTION, UNSURE, "hybrid").probabilities
+    assert judge.cross.meta.sure(features) is None
+    probabilities, reason = judge.cross.combine(QUESTION, UNSURE, features)
+    assert probabilities == features and reason.startswith("the cross-encoder's combination reads evidence")
+    needs_runtime()
+    lacking = [{k: v for k, v in f.items() if not k.startswith("conflict_")} for f in read(QUESTION, UNSURE)]
+    probabilities, reason = SHIPPED.combine(QUESTION, UNSURE, features, lacking)
+    assert probabilities == features and "conflict_*" in reason and "lacks" in reason
+
+
+def test_an_old_meta_combines_without_evidence_and_an_unknown_one_is_refused(tmp_path):
+    """A format-1 meta (no evidence) still reads as the two logits' combination; evidence this code does not
+    know, or a weight short, leaves the features judge with the reason."""
+    doc = json.loads(solos_cross_encoder.META_PATH.read_bytes())
+    old = dict(doc, format=1, combination={k: v for k, v in doc["combination"].items() if k != "evidence"})
+    path = tmp_path / "cross-encoder.json"
+    path.write_text(json.dumps(old))
+    encoder = solos_cross_encoder.load(path, sha256=None)
+    assert encoder.reason is None and encoder.meta.evidence == () and len(encoder.meta.beta) == 3
+    assert encoder.combine(QUESTION, [], [])[1] is None
+    for evidence, expected in (
+        ({"names": ["cosine"], "weights": [1.0]}, "cosine"),
+        ({"names": ["conflict*yes", "kind_missing"], "weights": [1.0]}, "one weight each"),
+        ({"names": ["conflict*yes"], "weights": [float("nan")]}, "not finite"),
+    ):
+        path.write_text(json.dumps(dict(doc, combination=dict(doc["combination"], evidence=evidence))))
+        encoder = solos_cross_encoder.load(path, sha256=None)
+        assert encoder.meta is None and expected in encoder.reason and "malformed" in encoder.reason
+    path.write_text(json.dumps(dict(doc, format=3)))
+    assert "format 3" in solos_cross_encoder.load(path, sha256=None).reason
+
+
 def test_it_reads_only_the_first_rows_and_any_question():
     needs_runtime()
     rows = [dict(OTHER, text=f"{OTHER['text']} {n}", relevance=0.3) for n in range(SHIPPED.meta.rows + 3)]
     features = solos_judge.load(cross=None).judge(QUESTION, rows, "hybrid").probabilities
-    probabilities, reason = SHIPPED.combine(QUESTION, rows, features)
+    probabilities, reason = SHIPPED.combine(QUESTION, rows, features, read(QUESTION, rows))
     assert reason is None
     assert probabilities[SHIPPED.meta.rows :] == features[SHIPPED.meta.rows :]
     assert probabilities[: SHIPPED.meta.rows] != features[: SHIPPED.meta.rows]
     for question in ("", "port " * 2000, "?"):  # a question longer than the model's room is cut, not refused
-        probabilities, reason = SHIPPED.combine(question, rows[:2], features[:2])
+        probabilities, reason = SHIPPED.combine(question, rows[:2], features[:2], read(question, rows[:2]))
         assert reason is None and len(probabilities) == 2
 
 
@@ -217,12 +280,12 @@ def test_the_model_loads_once_per_process(tmp_path):
     needs_runtime()
     meta = copied(tmp_path, (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model).read_bytes())
     first, second = solos_cross_encoder.load(meta), solos_cross_encoder.load(meta)
-    assert first.combine(QUESTION, [ANSWER], [0.5])[1] is None
-    assert second.combine(QUESTION, [ANSWER], [0.5])[1] is None
+    assert first.combine(QUESTION, [ANSWER], [0.5], read(QUESTION, [ANSWER]))[1] is None
+    assert second.combine(QUESTION, [ANSWER], [0.5], read(QUESTION, [ANSWER]))[1] is None
     runner = solos_cross_encoder.runner(meta.parent / SHIPPED.meta.model, SHIPPED.meta.sha256, SHIPPED.meta.max_len)
     session = runner.session
     assert session is not None
-    assert first.combine(QUESTION, [NEAR], [0.5])[1] is None and runner.session is session
+    assert first.combine(QUESTION, [NEAR], [0.5], read(QUESTION, [NEAR]))[1] is None and runner.session is session
 
 
 def test_a_forked_process_loads_its_own(monkeypatch):
@@ -240,10 +303,12 @@ def test_a_recall_that_comes_while_the_model_loads_waits_for_it_at_most_its_time
     meta = copied(tmp_path, (solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model).read_bytes())
     slow = solos_cross_encoder.load(meta)
     slow.timeout_s = 0.0  # the first run loads the model too: it cannot be done at once
-    probabilities, reason = slow.combine(QUESTION, [ANSWER, NEAR], [0.4, 0.3])
+    probabilities, reason = slow.combine(QUESTION, [ANSWER, NEAR], [0.4, 0.3], read(QUESTION, [ANSWER, NEAR]))
     assert probabilities == [0.4, 0.3] and "took over 0 s (loading the model)" in reason
     slow.timeout_s = 60.0
-    assert slow.combine(QUESTION, [ANSWER], [0.4])[1] is None  # the load it started is the one the next run uses
+    assert (
+        slow.combine(QUESTION, [ANSWER], [0.4], read(QUESTION, [ANSWER]))[1] is None
+    )  # the load it started is the one the next run uses
 
 
 def test_concurrent_first_recalls_load_the_model_once_and_all_get_the_cross_encoder(tmp_path, monkeypatch):
@@ -264,7 +329,7 @@ def test_concurrent_first_recalls_load_the_model_once_and_all_get_the_cross_enco
 
     def recall(encoder):
         start.wait()
-        return encoder.combine(QUESTION, [ANSWER, NEAR], [0.4, 0.3])
+        return encoder.combine(QUESTION, [ANSWER, NEAR], [0.4, 0.3], read(QUESTION, [ANSWER, NEAR]))
 
     with concurrent.futures.ThreadPoolExecutor(len(encoders)) as pool:
         answers = list(pool.map(recall, encoders))
@@ -277,14 +342,18 @@ def test_a_run_past_its_deadline_is_stopped_and_leaves_the_features_judge():
     """A real onnxruntime run far longer than its deadline (512 rows, seconds of CPU): the watchdog sets its
     RunOptions' terminate, onnxruntime fails it, and the features judge's probabilities stand, with the reason."""
     needs_runtime()
-    assert SHIPPED.combine(QUESTION, [ANSWER], [0.4])[1] is None  # loaded: this run's time is the run's alone
+    assert (
+        SHIPPED.combine(QUESTION, [ANSWER], [0.4], read(QUESTION, [ANSWER]))[1] is None
+    )  # loaded: this run's time is the run's alone
     many = dataclasses.replace(SHIPPED, meta=dataclasses.replace(SHIPPED.meta, rows=512), timeout_s=0.05)
     rows = [dict(NEAR, text=f"{NEAR['text']} {n} " + "words " * 30) for n in range(512)]
     features = [0.3] * len(rows)
-    probabilities, reason = many.combine(QUESTION, rows, features)
+    probabilities, reason = many.combine(QUESTION, rows, features, read(QUESTION, rows))
     assert reason == "cross-encoder took over 0.05 s (stopped)"
     assert probabilities == features
-    assert SHIPPED.combine(QUESTION, [ANSWER], [0.4])[1] is None  # nothing is left stuck: the next run runs
+    assert (
+        SHIPPED.combine(QUESTION, [ANSWER], [0.4], read(QUESTION, [ANSWER]))[1] is None
+    )  # nothing is left stuck: the next run runs
 
 
 def test_the_watchdog_stops_only_what_is_overdue_and_never_what_was_withdrawn():
@@ -393,7 +462,9 @@ def test_a_stopped_run_is_still_a_200_with_the_features_judge_and_why(embedded_s
         )
         return judge
 
-    assert SHIPPED.combine(QUESTION, [ANSWER], [0.4])[1] is None  # loaded: the deadline is the run's alone
+    assert (
+        SHIPPED.combine(QUESTION, [ANSWER], [0.4], read(QUESTION, [ANSWER]))[1] is None
+    )  # loaded: the deadline is the run's alone
     monkeypatch.setattr(solos_judge, "load", hurried)
     server = embedded_server(WordHashEmbedder(), "hurried.db")
     for n in range(20):

@@ -188,3 +188,12 @@ def test_the_conflict_features_are_the_judges():
         "conflict_scope": 0.0,
     }
     assert set(solos_judge.CONFLICT_FEATURES) <= set(solos_judge.FEATURES["keyword"])
+
+
+def test_an_empty_question_has_no_specifics_and_its_rows_still_get_features():
+    """An empty or blank question (the cross-encoder reads any question) names nothing: no slot, no conflict."""
+    for question in ("", "   "):
+        assert solos_judge.specifics(question, question=True) == {}
+        rows = [{"agent": "atlas", "topic": "search-api", "text": "search-api listens on 8088."}]
+        found = solos_judge.features(question, rows, "hybrid")[0]
+        assert not any(found[name] for name in solos_judge.CONFLICT_FEATURES)
