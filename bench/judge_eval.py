@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from judge_data import CACHE, load  # noqa: E402
-from judge_fit import FLOORS, choose_floor, fit, fitting_records, floor_figures, judge_of  # noqa: E402
+from judge_fit import (  # noqa: E402
+    FLOORS,
+    choose_floor,
+    fit,
+    fitted_floor,
+    fitting_records,
+    floor_figures,
+    judge_of,
+)
 
 import solos_judge  # noqa: E402
 import solos_rank  # noqa: E402
@@ -118,23 +126,22 @@ def folds(mode_records: list[dict]) -> Iterator[tuple[str, list[dict], list[dict
         )
 
 
-def fitted(train: list[dict], mode: str) -> tuple[solos_judge.Judge, float]:
-    """The judge fitted on `train` and the floor chosen on it, as judge_fit.py chooses."""
+def fitted(train: list[dict], mode: str, without: Collection[str] = ()) -> tuple[solos_judge.Judge, float]:
+    """The judge fitted on `train` and the floor chosen on it, as judge_fit.py chooses (`without`: its
+    --floor-without)."""
     judge = judge_of({mode: fit(train, mode)})
-    by_domain = [
-        [(r, judge.judge(r["question"], r["rows"], mode).probabilities) for r in train if r["domain"] == d]
-        for d in ("fleet", "locomo")
-    ]
-    return judge, choose_floor(by_domain)
+    return judge, fitted_floor(judge, train, without, mode)
 
 
-def held_out(records: list[dict], mode: str) -> tuple[dict[str, Scored], dict[str, list[float]], float]:
+def held_out(
+    records: list[dict], mode: str, without: Collection[str] = ()
+) -> tuple[dict[str, Scored], dict[str, list[float]], float]:
     """The judge's probabilities on held-out data per domain, the fitted floors, and the cost per row (s)."""
     scored: dict[str, Scored] = {"fleet": [], "locomo": []}
     floors: dict[str, list[float]] = {"fleet": [], "locomo": []}
     elapsed = rows = 0.0
     for domain, train, held in folds([r for r in records if r["mode"] == mode]):
-        judge, floor = fitted(train, mode)
+        judge, floor = fitted(train, mode, without)
         started = time.perf_counter()
         scored[domain] += [(r, judge.judge(r["question"], r["rows"], mode).probabilities) for r in held]
         elapsed += time.perf_counter() - started
@@ -175,10 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default="hybrid,keyword", help="modes to score (default: hybrid,keyword)")
     parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
+    parser.add_argument(
+        "--floor-without", default="", help="judge_fit.py's --floor-without for each fold's floor (default: none)"
+    )
     args = parser.parse_args(argv)
     records = load(args.data)
+    without = {k.strip() for k in args.floor_without.split(",") if k.strip()}
     for mode in args.modes.split(","):
-        scored, floors, per_row = held_out(records, mode)
+        scored, floors, per_row = held_out(records, mode, without)
         table: dict[str, dict[str, dict]] = {}
         for domain in ("fleet", "locomo"):
             judged = scored[domain]

@@ -25,7 +25,7 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +130,23 @@ def choose_floor(
     return max(keeping, default=min(floors))
 
 
+def fitted_floor(
+    judge: solos_judge.Judge, records: Sequence[dict], without: Collection[str] = (), mode: str = "hybrid"
+) -> float:
+    """The floor the rule chooses for `judge` on its fitting records of `mode`, not counting the answers of the
+    question kinds in `without`."""
+    return choose_floor(
+        [
+            [
+                (r, judge.judge(r["question"], r["rows"], mode).probabilities)
+                for r in records
+                if r["mode"] == mode and r["domain"] == d and r["kind"] not in without
+            ]
+            for d in ("fleet", "locomo")
+        ]
+    )
+
+
 def fitting_records(records: Sequence[dict]) -> list[dict]:
     return [r for r in records if r["domain"] == "locomo" or r["group"] == "fit"]
 
@@ -151,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     records = fitting_records(load(args.data))
     models = {mode: fit(records, mode) for mode in solos_judge.MODES}
     judge = judge_of(models)
+    floor = fitted_floor(judge, records, {k.strip() for k in args.floor_without.split(",") if k.strip()})
     domains = [
         [
             (r, judge.judge(r["question"], r["rows"], "hybrid").probabilities)
@@ -159,8 +177,6 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for d in ("fleet", "locomo")
     ]
-    without = {k.strip() for k in args.floor_without.split(",") if k.strip()}
-    floor = choose_floor([[(r, p) for r, p in scored if r["kind"] not in without] for scored in domains])
     doc = {
         "format": solos_judge.JUDGE_FORMAT,
         "fitted_by": "bench/judge_fit.py",
