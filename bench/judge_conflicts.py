@@ -28,6 +28,10 @@ held-out questions (90% of 1,000 draws). The rule for shipping `both-np`, writte
 first printed: against `first`, the fit half's near misses rejected at the folds' floors rise (the change is
 above 0), and none of the fit half's AUROC, its answers kept, LoCoMo's AUROC and LoCoMo's answers kept falls
 beyond noise (a 90% interval wholly below 0). Also each fold's AUROC change (the folds' spread).
+
+With --kind, the same counts for the kind and attribute detectors (solos_judge.features' `kind_missing`, by the
+kind asked, and `attribute_missing` above 0): how often each fires on answer rows (a false alarm) against
+unanswerable questions' top rows, per domain; with --examples N, N answer rows each fires on.
 """
 
 from __future__ import annotations
@@ -256,6 +260,42 @@ def fits_compared(records: list[dict], draws: int = 1000) -> None:
                 )
 
 
+def kind_counts(records: list[dict], examples: int = 0) -> None:
+    """Print how often kind_missing (by the kind asked) and attribute_missing fire on answer rows and on
+    unanswerable questions' top rows, per domain (see the docstring's --kind)."""
+    for domain in ("fleet", "locomo"):
+        fired: dict[str, Counter] = {role: Counter() for role in ROLES[:2]}
+        seen: dict[str, Counter] = {role: Counter() for role in ROLES[:2]}
+        shown: dict[str, list[str]] = {}
+        for rec in (r for r in records if r["domain"] == domain):
+            kind = solos_judge.asked_kind(rec["question"]) or "none"
+            read = solos_judge.features(rec["question"], rec["rows"], "hybrid")
+            for rank, (row, f) in enumerate(zip(rec["rows"], read)):
+                role = ROLES[0] if row["label"] else ROLES[1] if not rec["answerable"] and rank == 0 else ""
+                if not role:
+                    continue
+                read_by = ((f"kind:{kind}", f["kind_missing"] > 0), ("attribute", f["attribute_missing"] > 0))
+                for detector, fires in read_by:
+                    if detector == "kind:none":
+                        continue
+                    seen[role][detector] += 1
+                    if fires:
+                        fired[role][detector] += 1
+                        lines = shown.setdefault(detector, [])
+                        if role == ROLES[0] and len(lines) < examples:
+                            text = solos_judge.row_text(row)[:110]
+                            lines.append(f"{rec['question']}  <-  {row.get('agent')}: {text}")
+        print(f"\n{domain}: share of rows the detector fires on (of rows whose question it reads)")
+        print(f"{'detector':14} " + " ".join(f"{role:>26}" for role in ROLES[:2]))
+        for detector in sorted(set(seen[ROLES[0]]) | set(seen[ROLES[1]])):
+            counts = [(fired[role][detector], seen[role][detector]) for role in ROLES[:2]]
+            cells = [f"{hit / max(n, 1):.3f} ({hit}/{n})" for hit, n in counts]
+            print(f"{detector:14} " + " ".join(f"{c:>26}" for c in cells))
+        for detector, lines in shown.items():
+            for line in lines:
+                print(f"  [{detector}, answer row] {line}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=CACHE, help=f"judge_data.py's cache (default: {CACHE})")
@@ -264,12 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         "--cv", nargs="?", const=",".join(VARIANTS), help=f"variants to cross-validate ({', '.join(VARIANTS)})"
     )
     parser.add_argument("--cv-fits", action="store_true", help="first batch / both / both with --floor-without")
+    parser.add_argument("--kind", action="store_true", help="count the kind and attribute detectors instead")
     args = parser.parse_args(argv)
     records = [
         r
         for r in load(args.data)
         if r["mode"] == "hybrid" and r["rows"] and (r["domain"] == "locomo" or r["group"] == "fit")
     ]
+    if args.kind:
+        kind_counts(records, args.examples)
+        return 0
     for domain in ("fleet", "locomo"):
         fired: dict[str, Counter] = {role: Counter() for role in ROLES}
         seen: Counter = Counter()

@@ -4,6 +4,9 @@ question's specific, holding nothing else of its kind, is no conflict."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 import solos_judge
@@ -197,3 +200,28 @@ def test_an_empty_question_has_no_specifics_and_its_rows_still_get_features():
         rows = [{"agent": "atlas", "topic": "search-api", "text": "search-api listens on 8088."}]
         found = solos_judge.features(question, rows, "hybrid")[0]
         assert not any(found[name] for name in solos_judge.CONFLICT_FEATURES)
+
+
+def test_the_kind_count_reads_answer_rows_and_unanswerable_top_rows(capsys):
+    pytest.importorskip("numpy")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import judge_conflicts
+
+    def record(domain: str, question: str, answerable: bool, rows: list[tuple[str, bool]]) -> dict:
+        return {
+            "domain": domain,
+            "question": question,
+            "answerable": answerable,
+            "rows": [{"text": text, "agent": "atlas", "relevance": 0.2, "label": label} for text, label in rows],
+        }
+
+    judge_conflicts.kind_counts(
+        [
+            # an answer holding the port, a near miss's top row holding none
+            record("fleet", "What port does notify-api listen on?", True, [("notify-api listens on 8710", True)]),
+            record("fleet", "What port does ledger-writer listen on?", False, [("runs on pay-01", False)]),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "0.000 (0/1)" in out.split("kind:port", 1)[1].splitlines()[0]
+    assert "1.000 (1/1)" in out.split("kind:port", 1)[1].splitlines()[0]
