@@ -5,8 +5,8 @@ service runs a thread per connection. Hybrid recall's model runs allocate
 their activations with malloc in the request's thread (onnxruntime's arena is
 off, solos_embed.session_options), so every connection thread that ever ran a
 recall grows an arena of its own to that size and keeps it: a worker serving
-64 clients held 273-281 MiB against 187 after its warm-up, where one arena per
-core kept it at 187-188, and each new connection's first recalls paid the
+64 clients held 275-281 MiB against 186-188 after its warm-up, where one arena
+per core kept it at 184-187, and each new connection's first recalls paid the
 page faults of growing its arena (docs/load.md, "Memory a connection thread
 keeps"). Recalls running at once are few (`--admit`, two per core), so one
 arena per core costs them no waiting worth measuring.

@@ -197,7 +197,7 @@ def rank(memory: Any, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Recal
 
 
 # The judge reads the reranked head: the rows it was fitted on (bench/judge_data.py asks k=20, the reranker's
-# depth), so its IDF over the candidates means what it meant in the fit. About 15 µs a row (bench/judge_eval.py).
+# depth), so its IDF over the candidates means what it meant in the fit. About 40-50 µs a row (bench/judge_eval.py).
 JUDGE_DEPTH = solos_rank.RERANK_DEPTH
 
 
