@@ -82,7 +82,8 @@ _DATE = re.compile(
 _NUMBER = re.compile(r"\d")
 # A person: two capitalised words (Priya Raman, Anouk de Vries), or a role naming one ("IC Elif", "Owner: Tom").
 _ROLE = r"(?i:commander|commanded by|ic|owner|owned by|approver|approved by|lead|led by|signed by|scribe)"
-_NAME = re.compile(rf"\b[A-Z][a-z]+ (?:(?:de|van|von|da|del) )?[A-Z][a-z]+\b|\b{_ROLE}\b:? (?:is |was )?[A-Z][a-z]+")
+_FULL_NAME = r"\b[A-Z][a-z]+ (?:(?:de|van|von|da|del) )?[A-Z][a-z]+\b"
+_NAME = re.compile(rf"{_FULL_NAME}|\b{_ROLE}\b:? (?:is |was )?[A-Z][a-z]+")
 # A port: "port 8443", "tp.hx.internal:3080", "listens on 8088", "gRPC 8001", "(443)".
 _PORT = re.compile(
     r"\bports? (?:is |are |of )?\d{2,5}\b|:\d{2,5}\b|\b(?:listens?|listening|serves?|answers?|runs?) (?:on|at) "
@@ -248,7 +249,7 @@ def probability(value: object) -> float:
 # a row conflicts in a slot when it holds a value there and none of the question's values there.
 
 CONFLICT_FAMILIES = ("period", "id", "name", "person", "scope")
-_MONTH_NAMES = "jan feb mar apr may jun jul aug sep oct nov dec".split()
+_MONTH_NAMES = [month[:3] for month in _MONTHS[:12]]  # jan ... dec, an ISO month's number - 1
 # Capitalised only: "may" is a verb, "march" one too.
 _MONTH = re.compile(
     r"\b(Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sept?(?:ember)?|Oct(?:ober)?|"
@@ -276,7 +277,7 @@ _SCOPES = {
     for word in group
     for value in (group[0],)
 }
-_PERSON = re.compile(r"\b[A-Z][a-z]+ (?:(?:de|van|von|da|del) )?[A-Z][a-z]+\b")  # a row's person: two names
+_PERSON = re.compile(_FULL_NAME)  # a row's person: two names
 
 
 def _shape(token: str) -> str:
@@ -499,9 +500,6 @@ class Model:
     weights: tuple[float, ...]  # bias first, then one per name
     means: tuple[float, ...]
     scales: tuple[float, ...]
-
-    def probabilities(self, question: str, rows: Sequence[Mapping]) -> list[float]:
-        return self.judged(question, rows)[0]
 
     def judged(self, question: str, rows: Sequence[Mapping]) -> tuple[list[float], list[dict[str, float]]]:
         """Each row's probability and the features it was read from (the cross-encoder's combination may read
