@@ -141,33 +141,10 @@ def test_what_a_question_asks_for():
         ("likes standups at 09:30", "date", True),
         ("INC-2174: emails delayed. IC Elif Kaya.", "person", True),
         ("INC-2324: DNS records pointed at a decommissioned IP", "person", False),
-        ("he's in the office Mon/Tue/Thu", "date", True),
-        # a chat answer names one person by one word, or a kin word
-        ("Yesterday I met Melanie at the park", "person", True),
-        ("Thanks, Gina! I'm expanding my dance studio", "person", True),
-        ("My mom and I made some dinner", "person", True),
-        # a capitalised word that opens a sentence or a label, an acronym, a month: no person
-        ("Offboarding: accounts disabled within 1 hour of the HR termination event", "person", False),
-        ("Great news. Yesterday went well", "person", False),
-        ("the rota changes in May", "person", False),
     ],
 )
 def test_what_a_row_holds(text, kind, held):
     assert solos_judge.holds_kind(text, kind) is held
-
-
-def test_a_speaker_is_a_person_a_writer_is_not():
-    # LoCoMo's agent is the turn's speaker (capitalised); a fleet writer is a lower-case bot name
-    assert solos_judge.holds_kind("I went there with the kids", "person", agent="Melanie")
-    assert not solos_judge.holds_kind("accounts disabled within 1 hour", "person", agent="orion")
-    question = "Who did Maria have dinner with?"
-    answer = {"text": "we made some dinner together", "agent": "Maria", "relevance": 0.3}
-    assert solos_judge.features(question, [answer], "keyword")[0]["kind_missing"] == 0.0
-    assert solos_judge.features(question, [{**answer, "agent": "orion"}], "keyword")[0]["kind_missing"] == 1.0
-
-
-def test_how_soon_asks_for_a_number():
-    assert solos_judge.asked_kind("How soon does someone who leaves the company lose access?") == "number"
 
 
 def test_a_row_holds_the_attributes_it_implies():
