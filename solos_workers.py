@@ -18,7 +18,8 @@ see docs/load.md for the measurement) or `reuseport` (SO_REUSEPORT: each worker 
 spreads connections by a hash of their addresses).
 
 Unless the operator says otherwise (`settled`, `places`), SQLite workers with a core each run pinned, one place a
-core: measured best on 2 cores in both modes at every level (docs/load.md, "Pinned by default").
+core: on 2 cores, more recalls a second from 4 clients on in both modes, one client level (docs/load.md, "Pinned by
+default").
 
 Imports only the store (its log lines and the database's shown name), and solos_connections' default --admit.
 """
