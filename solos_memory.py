@@ -130,10 +130,10 @@ class Config:
     qdrant: solos_qdrant.Target | None = None  # the mirror's target; None: no mirror
     rerank: bool = True  # the learned reranker reorders keyword and hybrid recall's best rows
     copy_name: str | None = None  # None: hostname:port
-    admit: int = solos_connections.default_admit()  # requests running at once, the rest queued in turn; 0: no cap
+    admit: int | None = None  # requests running at once, the rest queued; 0: no cap; None: solos_workers.places
     workers: int = 1  # processes answering on the port (solos_workers); 1: this process alone
     worker_socket: str = "shared"  # how workers share the port: one inherited socket, or SO_REUSEPORT
-    pin_threads: bool = False  # each worker's connection threads on its own cores (solos_workers)
+    pin_threads: bool | None = None  # each worker's connection threads on its own cores; None: solos_workers.settled
 
 
 def env_default(name: str, default: str | None) -> str | None:
@@ -141,7 +141,7 @@ def env_default(name: str, default: str | None) -> str | None:
     return os.environ.get("SOLOS_MEMORY_" + name, default)
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int | None) -> int | None:
     """An integer setting from SOLOS_MEMORY_<NAME>, else the default; a bad value stops startup."""
     raw = os.environ.get("SOLOS_MEMORY_" + name)
     try:
@@ -952,7 +952,7 @@ class MemoryServer(solos_connections.BoundedConnections, solos_workers.WorkerSoc
         self.port = self.server_address[1]
         memory.copy = config.copy_name or f"{socket.gethostname()}:{self.port}"
         self.worker_header = {"X-Memory-Worker": str(worker.index)} if worker else {}
-        self.bound_connections(config.admit)
+        self.bound_connections(solos_workers.places(config, worker))
         memory.stats.load = self.load  # in-flight requests and queueing, for /v1/stats and the page
         names = [
             f"{name}:{self.port}" if ":" not in name else f"[{name}]:{self.port}"
@@ -1226,10 +1226,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=env_default("COPY_NAME", None),
         help="which copy of the service this is, in /health, /v1/stats, /metrics and the page (default: hostname:port)",
     )
-    admit_help = "requests running at once, the rest queued in turn (2 per core; 0: no cap) (default: %(default)s)"
-    serve.add_argument(
-        "--admit", type=int, default=env_int("ADMIT", solos_connections.default_admit()), help=admit_help
-    )
+    admit_help = "requests running at once, the rest queued in turn; 0: no cap (default: 2 per core; a pinned SQLite "
+    admit_help += "worker: one per core it runs on)"
+    serve.add_argument("--admit", type=int, default=env_int("ADMIT", None), help=admit_help)
     solos_workers.add_arguments(serve, env_default)
     solos_qdrant.add_arguments(serve, env_default)
 
@@ -1337,6 +1336,7 @@ def serve(config: Config, register: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[JsonLogHandler()], force=True)
     if config.workers < 1:
         raise SystemExit(f"--workers must be 1 or more, got {config.workers}")
+    config = solos_workers.settled(config)  # --pin-threads unsaid: on for SQLite workers with a core each
     if config.pin_threads and config.workers < 2:
         raise SystemExit("--pin-threads on needs --workers 2 or more (one process's threads keep every core)")
     solos_sqlite.statistics_off()  # one thread, no connection yet; workers inherit it through the fork

@@ -17,7 +17,11 @@ the fewest connections takes the next, counted in memory the supervisor shares w
 see docs/load.md for the measurement) or `reuseport` (SO_REUSEPORT: each worker binds its own, the kernel
 spreads connections by a hash of their addresses).
 
-Imports only the store (its log lines and the database's shown name).
+Unless the operator says otherwise (`settled`, `places`), SQLite workers with a core each run pinned, one place a
+core: on 2 cores, more recalls a second from 4 clients on in both modes, one client level (docs/load.md, "Pinned by
+default").
+
+Imports only the store (its log lines and the database's shown name), and solos_connections' default --admit.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import json
 import mmap
@@ -39,6 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import solos_connections
 import solos_malloc
 import solos_sqlite
 import solos_store
@@ -70,10 +76,17 @@ TURN_GAP_S = 0.05  # declines further apart than this were for different newcome
 # ==== One process: the serve loop (single, or a worker) ====
 
 
+def process_cores() -> list[int]:
+    """The cores this process may run on (its affinity, not the host's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def count(raw: str) -> int:
-    """--workers: a number, or `auto`, one worker per core this process may run on (its affinity, not the host's)."""
+    """--workers: a number, or `auto`, one worker per core this process may run on."""
     if raw.strip().lower() == "auto":
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return len(process_cores())
     try:
         return int(raw)
     except ValueError:
@@ -94,9 +107,42 @@ def add_arguments(parser: Any, env_default: Callable[[str, str | None], str | No
         "--pin-threads",
         type=on_off,
         metavar="on|off",
-        default=env_default("PIN_THREADS", "off"),
-        help="with --workers, each worker's connection threads on its own share of the cores (default: %(default)s)",
+        default=env_default("PIN_THREADS", None),  # None: not said, so settled() decides
+        help="with --workers, each worker's connection threads on its own share of the cores (default: on for "
+        "SQLite workers, at most one a core; else off)",
     )
+
+
+# ==== Pinned, one place a core: the default for SQLite workers ====
+
+
+def pinned_by_default(workers: int, db: str, cores: int) -> bool:
+    """--pin-threads where the operator said nothing: on for 2 or more workers over SQLite with a core each.
+
+    Pinned, each of 2 SQLite workers answered more at every level in both modes, and one client's hybrid recall
+    lost nothing (docs/load.md). Over PostgreSQL a recall waits on the network with its place held, which one
+    place a core would serialise; more workers than cores would share a core pinned, which nobody measured."""
+    return hasattr(os, "sched_setaffinity") and 2 <= workers <= cores and not solos_store.is_postgres(db)
+
+
+def settled(config: Any) -> Any:
+    """The service's Config with --pin-threads decided: the operator's (flag or SOLOS_MEMORY_PIN_THREADS), else
+    pinned_by_default's. --admit is each process's, decided where it is built (places)."""
+    if config.pin_threads is not None:
+        return config
+    pinned = pinned_by_default(config.workers, config.db, len(process_cores()))
+    return dataclasses.replace(config, pin_threads=pinned)
+
+
+def places(config: Any, worker: Worker | None = None) -> int:
+    """This process's --admit: the operator's (flag or SOLOS_MEMORY_ADMIT); else, for a SQLite worker with its
+    connection threads pinned, one place per core they run on (with a core each, 1: no two recalls of one worker
+    take Python's lock in turns); else solos_connections' 2 per core."""
+    if config.admit is not None:
+        return int(config.admit)
+    if worker is not None and config.pin_threads and not solos_store.is_postgres(config.db):
+        return len(worker_cores(worker.index, worker.count, process_cores()))
+    return solos_connections.default_admit()
 
 
 def run(server: Any, config: Any, worker: Worker | None = None) -> int:
@@ -111,14 +157,17 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
         **server.memory.embedder_state(paths=True),
         "sqlite_memory_statistics": solos_sqlite.state(),
         "malloc_arenas": solos_malloc.state(),
+        "pin_threads": "on" if config.pin_threads else "off",
+        "admit": server.admission.most,  # this process's places (a worker's own: places())
     }
     if worker is None:
         log_event("listening", **fields)
     else:
-        pinned: dict[str, Any] = {}
+        pinned: dict[str, Any] = {"pin_threads": fields["pin_threads"], "admit": fields["admit"]}
         if config.pin_threads:
-            pinned = {"connection_threads_on_cores": sorted(pin_connection_threads(server, worker))}
+            pinned["connection_threads_on_cores"] = sorted(pin_connection_threads(server, worker))
             fields.update(pinned)
+        server.memory.serving.update(pinned)  # /health and /v1/stats say them too
         log_event("worker_listening", worker=worker.index, workers=worker.count, pid=os.getpid(), **pinned)
         worker.ready(fields)
     try:
@@ -148,7 +197,7 @@ def pin_connection_threads(server: Any, worker: Worker) -> set[int]:
     hand the GIL to each other on one core, not across two (docs/load.md). The process keeps every core: the
     question's embedding thread is started here, before any connection, so it keeps them too, and the
     embedder's own threads were started with the model."""
-    cores = worker_cores(worker.index, worker.count, sorted(os.sched_getaffinity(0)))
+    cores = worker_cores(worker.index, worker.count, process_cores())
     pool = server.memory.query_pool
     if pool is not None:
         pool.submit(int).result()  # its one thread, started now with the process's cores

@@ -51,6 +51,7 @@ import solos_memory  # noqa: E402
 import solos_recall  # noqa: E402
 import solos_sqlite  # noqa: E402
 import solos_store  # noqa: E402
+import solos_workers  # noqa: E402
 
 
 class Phases:
@@ -424,8 +425,8 @@ def main() -> int:
     parser.add_argument(
         "--admit",
         type=int,
-        default=solos_connections.default_admit(),
-        help="the service's --admit: requests running at once, the rest queued; 0 no cap (default: %(default)s)",
+        help="the service's --admit: requests running at once, the rest queued; 0 no cap (default: serve's, 2 per "
+        "core; a pinned SQLite worker's one per core it runs on)",
     )
     parser.add_argument("--pool-size", type=int, default=0, help="trial: solos_store.POOL_SIZE (default: as is)")
     parser.add_argument("--sample", action="store_true", help="also sample where threads wait (default: no)")
@@ -436,8 +437,8 @@ def main() -> int:
     parser.add_argument(
         "--pin-threads",
         choices=("off", "on"),
-        default="off",
-        help="serve's --pin-threads, with --workers: each worker's connection threads on its own core (default: off)",
+        help="serve's --pin-threads, with --workers: each worker's connection threads on its own core (default: "
+        "serve's, on for SQLite workers with a core each)",
     )
     parser.add_argument(
         "--memory-statistics",
@@ -467,7 +468,8 @@ def main() -> int:
     print(f"malloc arenas: {solos_malloc.arenas_capped()[1]}")  # as serve caps them, before the service's threads
     instrument()
     time_admission()
-    print(f"--admit {args.admit}: " + (f"at most {args.admit} requests run at once" if args.admit else "no cap"))
+    admit = args.admit if args.admit is not None else solos_connections.default_admit()  # one process's, as serve's
+    print(f"--admit {admit}: " + (f"at most {admit} requests run at once" if admit else "no cap"))
     if args.pool_size:
         solos_store.POOL_SIZE = args.pool_size
         print(f"trial: POOL_SIZE {args.pool_size}")
@@ -481,11 +483,14 @@ def main() -> int:
             model_dir=None if args.hybrid else "off",
             admit=args.admit,
             workers=args.workers,
-            pin_threads=args.pin_threads == "on",
+            pin_threads=None if args.pin_threads is None else args.pin_threads == "on",
         )
         if args.workers > 1:
-            pinned = ", connection threads pinned (--pin-threads on)" if config.pin_threads else ""
-            print(f"{args.workers} workers (serve --workers), each with its own --admit {args.admit}{pinned}")
+            settled = solos_workers.settled(config)  # as serve() will settle it in the supervisor
+            pinned = ", connection threads pinned (--pin-threads on)" if settled.pin_threads else ""
+            each = [solos_workers.places(settled, solos_workers.Worker(n, args.workers, 0, None, "", -1)) for n in
+                    range(1, args.workers + 1)]  # fmt: skip
+            print(f"{args.workers} workers (serve --workers), each with its own --admit {each}{pinned}")
             return profile_workers(config, Path(folder), paths, mode, args)
         server = solos_memory.build_server(config, [])
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

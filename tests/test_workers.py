@@ -21,6 +21,7 @@ from urllib.parse import urlencode
 import pytest
 from conftest import ROOT, Stream, fleet_writer, require_embedder, service, subscribed, wait_until, write_tokens
 
+import solos_connections
 import solos_events
 import solos_workers
 
@@ -120,6 +121,14 @@ def test_workers_share_the_port_and_health_and_stats_say_which_answered(keyword_
         assert status == 200 and (stats["workers"], stats["worker"]) == (WORKERS, worker)
     pids = {on(port, worker, "GET", "/health")[1]["worker_pid"] for worker in range(1, WORKERS + 1)}
     assert len(pids) == WORKERS
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= WORKERS:  # SQLite workers with a core each: pinned, one place a core they run on, by default
+        share = [sorted(solos_workers.worker_cores(worker, WORKERS, cores)) for worker in range(1, WORKERS + 1)]
+        assert (listening["pin_threads"], listening["admit"]) == ("on", len(share[0])), listening
+        for worker in range(1, WORKERS + 1):
+            stats = on(port, worker, "GET", "/v1/stats")[1]
+            assert (stats["pin_threads"], stats["load"]["running_most"]) == ("on", len(share[worker - 1])), stats
+            assert stats["connection_threads_on_cores"] == share[worker - 1]
 
 
 def test_a_burst_of_connections_is_spread_evenly_over_the_workers(tmp_path):
@@ -574,11 +583,14 @@ def test_pin_threads_puts_each_workers_connection_threads_on_its_own_core(tmp_pa
         finally:
             for conn in kept:
                 conn.close()
+    said = [json.loads(line) for line in lines if '"worker_listening"' in line]
     if pin:
         assert pinned == {w: solos_workers.worker_cores(w, WORKERS, sorted(everything)) for w in pinned}
         assert pinned[1] != pinned[2]
-        said = [json.loads(line) for line in lines if '"worker_listening"' in line]
         assert {w["worker"]: set(w["connection_threads_on_cores"]) for w in said} == pinned
+        assert {w["admit"] for w in said} == {len(pinned[1])}  # one place a core it runs on
+    else:  # said off: each worker keeps the process default's places
+        assert {(w["pin_threads"], w["admit"]) for w in said} == {("off", solos_connections.default_admit())}
 
 
 def test_pin_threads_without_workers_is_refused(tmp_path):
