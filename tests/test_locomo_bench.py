@@ -26,6 +26,7 @@ LOCOMO_BENCHES = {
     "judge_data.py": ["--refresh"],
     "judge_ab.py": ["--base", "."],
     "fusion_levers.py": [],
+    "embed_tune.py": [],
 }
 
 
