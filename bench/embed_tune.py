@@ -53,7 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from judge_data import CALIBRATE, embedding_text, fleet_data  # noqa: E402
+from judge_data import CALIBRATE, embedding_text, fleet_data, memories  # noqa: E402
 from locomo_data import BM25, DEFAULT_DATA, REPO, agent_names, load_conversations, tokens  # noqa: E402
 
 import solos_embed  # noqa: E402
@@ -101,9 +101,9 @@ def turn_texts(conv) -> dict[str, str]:
 def fleet_memory(name: str, facts: list[dict], questions: list[dict], split: str) -> Memory:
     """The split's answerable questions asked of the memory judge_data asks them of (judge_data.memories): every
     fact for the calibrate split, every fact but the calibrate split's for the others."""
-    held = [f for f in facts if split == CALIBRATE or f["split"] != CALIBRATE]
+    [(held, questions)] = memories(facts, questions, {split})
     index = {f["id"]: i for i, f in enumerate(held)}
-    asked = [(q["question"], [index[a] for a in q["answers"]], q["kind"]) for q in questions if q["split"] == split]
+    asked = [(q["question"], [index[a] for a in q["answers"]], q["kind"]) for q in questions]
     return Memory(name, [fleet_text(f) for f in held], [x for x in asked if x[1]])
 
 

@@ -37,13 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import http.client  # noqa: E402
 
-from judge_data import CALIBRATE  # noqa: E402
+from judge_data import CALIBRATE, fleet_data  # noqa: E402
 
 import solos_memory  # noqa: E402
 import solos_rank  # noqa: E402
 import solos_store  # noqa: E402
 
-FLEET = Path(__file__).resolve().parent / "data" / "fleet"
 K = 20
 RANK_CLUSTERS = frozenset(
     ("payments", "search", "identity", "observability", "data-platform", "mobile", "ci-build", "office-it")
@@ -54,8 +53,7 @@ RANK_CLUSTERS = frozenset(
 def load_fleet(every: bool = False) -> tuple[list[dict], list[dict]]:
     """The fleet's facts and questions of RANK_CLUSTERS (every: of both batches of the `fit` and `score` halves,
     as bench/judge_data.py asks them; never the `calibrate` split, which no fit reads)."""
-    read = lambda name: [json.loads(x) for x in (FLEET / name).read_text().splitlines() if x.strip()]  # noqa: E731
-    facts, questions = read("facts.jsonl"), read("questions.jsonl")
+    facts, questions = fleet_data()
     ranked = lambda x: x["split"] != CALIBRATE and (every or x["domain_topic"] in RANK_CLUSTERS)  # noqa: E731
     return [f for f in facts if ranked(f)], [q for q in questions if ranked(q)]
 

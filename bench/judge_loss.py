@@ -36,7 +36,6 @@ Asserts nothing. Needs the service's .venv and bench/judge_data.py's cache; abou
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import sys
@@ -46,9 +45,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from cross_encoder import FLEET as FLEET_DATA, split  # noqa: E402
+from cross_encoder import split  # noqa: E402
 from cross_encoder_swap import calibrated, combine, evidence_of  # noqa: E402
-from judge_data import CACHE, load  # noqa: E402
+from judge_data import CACHE, fleet_data, load  # noqa: E402
 from judge_eval import ece, separation  # noqa: E402
 from judge_fit import floor_figures  # noqa: E402
 
@@ -156,7 +155,7 @@ def paired_interval(a: Scored, b: Scored, draws: int = 1000, seed: int = 41) -> 
 
 
 def fleet_questions() -> dict[str, dict]:
-    return {q["id"]: q for q in map(json.loads, (FLEET_DATA / "questions.jsonl").read_text().splitlines()) if q}
+    return {q["id"]: q for q in fleet_data()[1]}
 
 
 def high_kinds(scored: Scored, rows: int, floor: float, own_kind: dict[str, str]) -> tuple[Counter, Counter, int]:
