@@ -7,7 +7,7 @@
 
 Why: a fleet's turns come in bursts, and recall throughput fell from 4 to
 16 clients instead of levelling off. The data: LoCoMo's turns
-as long facts (locomo_shape.py; 5k rows, `--rows 100k` for the larger one),
+as long facts (locomo_shape.py; 5k rows, `--rows 100k` for the larger one, `--rows 5k,100k` both),
 its real questions, k=5, tiers long. Hybrid runs on a copy whose every row has
 a vector (harness.with_vectors, cached) with the service's default model dir;
 it needs the embedder's packages, so run it with .venv/bin/python.
@@ -393,10 +393,46 @@ def hog() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", spin])
 
 
+def measure(
+    args: argparse.Namespace,
+    base: Path | None,
+    folder: Path,
+    source: Path,
+    mode: str,
+    rows: str,
+    paths: list[str],
+    health: bool,
+) -> None:
+    """One mode on one database: every tree served from its own copy, warmed, swept, then stopped."""
+    db = source if mode == "keyword" else with_vectors(source, budget_s=1800)
+    if db is None:
+        return
+    trees: dict[str, Process] = {}
+    hogs: list[subprocess.Popen] = []
+    try:
+        for name, tree, extra in serving(args, base):
+            copy = folder / f"{name}-{mode}-{rows}.db"
+            shutil.copy(db, copy)
+            trees[name] = start(tree, copy, mode == "hybrid", extra)
+            warm(trees[name].port, paths, mode, worker_count(extra))
+        hogs = [hog() for _ in range(args.hog)]
+        sweep(f"{mode} recall, {rows} rows", trees, paths, args, f'"ranking": "{mode}"')
+        if health and not args.no_health:
+            sweep("/health (the transport's ceiling)", trees, ["/health"], args, "")
+    finally:
+        for process in hogs:
+            process.kill()
+            process.wait()
+        for service in trees.values():
+            service.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="main", help="git revision, checkout folder or none (default: %(default)s)")
-    parser.add_argument("--rows", default="5k", help="LoCoMo turns as long facts: 5k or 100k (default: %(default)s)")
+    parser.add_argument(
+        "--rows", default="5k", help="LoCoMo turns as long facts: 5k, 100k or both, 5k,100k (default: %(default)s)"
+    )
     parser.add_argument("--levels", default="1,4,16,64", help="concurrent clients (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=5.0, help="per level and tree (default: %(default)s)")
     parser.add_argument(
@@ -430,35 +466,18 @@ def main() -> int:
     args.workers = [int(n) for n in args.workers.split(",")]
     args.worker_socket = [m.strip() for m in args.worker_socket.split(",") if m.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    source = locomo_shape.ensure_db(gen_db.parse_size(args.rows), args.data)
+    sizes = [r.strip() for r in args.rows.split(",") if r.strip()]
+    sources = {rows: locomo_shape.ensure_db(gen_db.parse_size(rows), args.data) for rows in sizes}
     paths = recall_paths(locomo_shape.questions(args.data, QUESTIONS, args.seed))
-    print(f"{machine_note()}\ndata: {source.name}, {len(paths)} LoCoMo questions, k={K}, tiers long")
+    print(machine_note())
     with tempfile.TemporaryDirectory(prefix="solos-load-") as scratch:
         folder = Path(scratch)
         base = base_tree(args.base, folder)
         print(f"this: {ROOT}  base: {args.base}" + (f" ({base})" if base else ""))
-        for mode in modes:
-            db = source if mode == "keyword" else with_vectors(source, budget_s=1800)
-            if db is None:
-                continue
-            trees: dict[str, Process] = {}
-            hogs: list[subprocess.Popen] = []
-            try:
-                for name, tree, extra in serving(args, base):
-                    copy = folder / f"{name}-{mode}.db"
-                    shutil.copy(db, copy)
-                    trees[name] = start(tree, copy, mode == "hybrid", extra)
-                    warm(trees[name].port, paths, mode, worker_count(extra))
-                hogs = [hog() for _ in range(args.hog)]
-                sweep(f"{mode} recall, {args.rows} rows", trees, paths, args, f'"ranking": "{mode}"')
-                if not args.no_health and mode == modes[0]:
-                    sweep("/health (the transport's ceiling)", trees, ["/health"], args, "")
-            finally:
-                for process in hogs:
-                    process.kill()
-                    process.wait()
-                for service in trees.values():
-                    service.stop()
+        for rows, source in sources.items():
+            print(f"data: {source.name}, {len(paths)} LoCoMo questions, k={K}, tiers long")
+            for mode in modes:
+                measure(args, base, folder, source, mode, rows, paths, health=mode == modes[0] and rows == sizes[0])
     print(machine_note())
     return 0
 
