@@ -108,8 +108,12 @@ def check_one(name: str, schema: dict, value: Any) -> Any:
         if len(value) > schema.get("maxItems", 1 << 30):
             raise BadRequest(f"{name} must have at most {schema['maxItems']} items, got {len(value)}", name)
         value = [check_one(f"{name}[{i}]", schema["items"], item) for i, item in enumerate(value)]
-        if schema.get("uniqueItems"):
-            value = list(dict.fromkeys(value))
+        if schema.get("uniqueItems"):  # as advertised: a repeat is refused, not dropped (items are scalars)
+            seen: set = set()
+            for item in value:
+                if item in seen:
+                    raise BadRequest(f"{name} must not repeat an item, got {describe(item)} more than once", name)
+                seen.add(item)
     return value
 
 
