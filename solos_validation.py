@@ -8,6 +8,7 @@ and what arrived. Imports only the store (for the errors) and the bounds.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import re
@@ -104,6 +105,8 @@ def check_one(name: str, schema: dict, value: Any) -> Any:
             if schema["pattern"] == NO_NUL:
                 raise BadRequest(f"{name} must not contain NUL characters", name)
             raise BadRequest(f"{name} must match {schema['pattern']}, got {describe(value)}", name)
+        if schema.get("format") == "date-time" and not is_date_time(value):
+            raise BadRequest(f"{name} must be a date and time that exists, got {describe(value)}", name)
     if kind == "array":
         if len(value) > schema.get("maxItems", 1 << 30):
             raise BadRequest(f"{name} must have at most {schema['maxItems']} items, got {len(value)}", name)
@@ -115,6 +118,15 @@ def check_one(name: str, schema: dict, value: Any) -> Any:
                     raise BadRequest(f"{name} must not repeat an item, got {describe(item)} more than once", name)
                 seen.add(item)
     return value
+
+
+def is_date_time(text: str) -> bool:
+    """An RFC 3339 time that exists (no month 13, no 24:00); the schema's pattern holds its shape."""
+    try:
+        datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
 
 
 def article(kind: str) -> str:
