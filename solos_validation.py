@@ -13,6 +13,7 @@ import json
 import math
 import re
 from typing import Any
+from urllib.parse import parse_qsl
 
 import solos_bounds
 from solos_store import BadRequest
@@ -166,6 +167,20 @@ REST_INTEGER = re.compile(r"-?[0-9]{1,40}")
 # A query-string number as a program prints one: Python's repr of a float has up to 17 significant digits
 # (0.42358799999999996) and small ones take an exponent (1e-05). Bounded like the integer.
 REST_NUMBER = re.compile(r"-?[0-9]{1,20}(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?")
+
+
+UNDECODED = re.compile("[\udc80-\udcff]")  # surrogateescape's stand-ins for bytes that are not UTF-8
+
+
+def query_pairs(query: str) -> list[tuple[str, str]]:
+    """A query string's pairs, percent-decoded as strict UTF-8; bytes that are not UTF-8 are refused naming their
+    field (a lone surrogate's bytes among them), never replaced with U+FFFD."""
+    pairs = parse_qsl(query, keep_blank_values=True, errors="surrogateescape")
+    for name, value in pairs:
+        if UNDECODED.search(name + value):
+            field = "query" if UNDECODED.search(name) else name
+            raise BadRequest(f"{field} must be UTF-8 text, percent-encoded: it holds bytes that are not", field)
+    return pairs
 
 
 def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:

@@ -139,8 +139,12 @@ def test_duplicate_query_parameter_is_400(server):
     assert_error(server.request("GET", "/v1/recall?agent=sol&agent=atlas"), 400, "bad_request", "agent")
 
 
-def test_invalid_percent_encoding_is_400(server):
-    assert_error(server.request("GET", "/v1/recall?agent=sol&q=%ff%fe"), 400, "bad_request", "query")
+def test_invalid_percent_encoding_is_400_naming_its_field(server):
+    assert_error(server.request("GET", "/v1/recall?agent=sol&q=%ff%fe"), 400, "bad_request", "q")
+    assert_error(server.request("GET", "/v1/recall?agent=sol&q%ff=x"), 400, "bad_request", "query")
+    assert_error(server.request("GET", "/v1/recall?agent=sol&q=%ed%a0%80"), 400, "bad_request", "q")  # a surrogate
+    stream = server.request("GET", "/v1/events?agent=sol&q=%ff", headers={"Accept": "text/event-stream"})
+    assert_error(stream, 400, "bad_request", "q")  # the stream's door too: not read as U+FFFD
 
 
 def test_unknown_query_parameter_is_400(server):
