@@ -148,7 +148,8 @@ def check_args(schema: dict, args: Any) -> dict:
     properties = schema["properties"]
     unknown = sorted(set(args) - set(properties))
     if unknown:
-        raise BadRequest(f"{unknown[0]} is not a known field (known: {', '.join(properties)})", unknown[0])
+        # describe: a name is the caller's text, up to the body's 320 KB; the message and the log keep 60 characters
+        raise BadRequest(f"{describe(unknown[0])} is not a known field (known: {', '.join(properties)})", unknown[0])
     checked = {}
     for name, spec in properties.items():
         if name in args and args[name] is not None:
@@ -192,7 +193,7 @@ def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
     args: dict[str, Any] = {}
     for name, raw in pairs:
         if name in args:
-            raise BadRequest(f"{name} is given more than once", name)
+            raise BadRequest(f"{describe(name)} is given more than once", name)
         kind = schema["properties"].get(name, {}).get("type")
         if kind == "integer":
             args[name] = int(raw) if re.fullmatch(REST_INTEGER, raw) else raw
