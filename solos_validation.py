@@ -213,10 +213,24 @@ def reject_constant(name: str) -> None:
     raise BadRequest(f"body must be valid JSON: {name} is not a JSON number", "body")
 
 
+def one_value_per_name(pairs: list[tuple[str, Any]]) -> dict:
+    """json.loads hook: a name given twice in one object is refused. Parsers disagree on which value counts
+    (RFC 8259 section 4), so a proxy reading the first and the service the last would see two calls; the
+    query string refuses a repeated field too."""
+    result = dict(pairs)
+    if len(result) < len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise BadRequest(f"{describe(name)} is given more than once in one object", name)
+            seen.add(name)
+    return result
+
+
 def parse_json_body(body: bytes) -> Any:
-    """Decode a request body as strict UTF-8 JSON."""
+    """Decode a request body as strict UTF-8 JSON, each name once per object."""
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=reject_constant)
+        return json.loads(body.decode("utf-8"), parse_constant=reject_constant, object_pairs_hook=one_value_per_name)
     except UnicodeDecodeError:
         raise BadRequest("body must be UTF-8 encoded JSON", "body") from None
     except RecursionError:

@@ -139,6 +139,14 @@ def test_duplicate_query_parameter_is_400(server):
     assert_error(server.request("GET", "/v1/recall?agent=sol&agent=atlas"), 400, "bad_request", "agent")
 
 
+def test_a_name_given_twice_in_a_json_body_is_400(server):
+    raw = b'{"agent": "atlas", "fact": "first", "fact": "second"}'
+    reply = server.request("POST", "/v1/long", raw=raw, headers={"Content-Type": "application/json"})
+    assert_error(reply, 400, "bad_request", "fact")
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
 def test_invalid_percent_encoding_is_400_naming_its_field(server):
     assert_error(server.request("GET", "/v1/recall?agent=sol&q=%ff%fe"), 400, "bad_request", "q")
     assert_error(server.request("GET", "/v1/recall?agent=sol&q%ff=x"), 400, "bad_request", "query")
