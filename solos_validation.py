@@ -175,7 +175,13 @@ UNDECODED = re.compile("[\udc80-\udcff]")  # surrogateescape's stand-ins for byt
 
 def query_pairs(query: str) -> list[tuple[str, str]]:
     """A query string's pairs, percent-decoded as strict UTF-8; bytes that are not UTF-8 are refused naming their
-    field (a lone surrogate's bytes among them), never replaced with U+FFFD."""
+    field (a lone surrogate's bytes among them), never replaced with U+FFFD.
+
+    http.server reads the request line as Latin-1, so UTF-8 sent unencoded (curl sends `q=café` as typed) came
+    as 'cafÃ©' and matched nothing: such bytes are read as the UTF-8 they are, or refused like escaped ones.
+    """
+    if not query.isascii():
+        query = query.encode("latin-1").decode("utf-8", "surrogateescape")
     pairs = parse_qsl(query, keep_blank_values=True, errors="surrogateescape")
     for name, value in pairs:
         if UNDECODED.search(name + value):

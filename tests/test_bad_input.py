@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from conftest import Reply, start_server, stop_server
+from conftest import Reply, raw_exchange, start_server, stop_server
 from jsonschema import Draft202012Validator, ValidationError, validators
 
 import solos_bounds
@@ -98,6 +98,7 @@ class Case:
     raw: dict[str, str] = field(default_factory=dict)  # placeholders -> JSON text
     schema_checked: bool = True  # jsonschema must call it invalid (False: JSON text Python's json cannot make)
     twice: tuple[str, Any] | None = None  # the field given once more, first, in the same JSON object
+    unencoded: bool = False  # the query's bytes sent as they are, not percent-encoded (curl sends what is typed)
 
     def body(self) -> bytes:
         text = json.dumps(self.args)
@@ -364,6 +365,9 @@ def query_cases_for(op_name: str) -> list[Case]:
         given = base.get(name, query_text(example(spec)) or "")
         twice = (*base.items(), (name, given)) if name in base else ((name, given), *base.items(), (name, given))
         cases.append(Case(op_name, name, "given twice", pairs=tuple(twice), schema_checked=False))
+        # Bytes that are not UTF-8, sent without percent-encoding (\udcff: surrogateescape's byte 0xff).
+        pairs = tuple({**base, name: "ok\udcff"}.items())
+        cases.append(Case(op_name, name, "unencoded byte 0xff", pairs=pairs, schema_checked=False, unencoded=True))
     for unknown in ("nope", "Agent", "x" * 20_000):
         cases.append(Case(op_name, unknown, f"unknown field {unknown[:12]!r}", pairs=(*base.items(), (unknown, "1"))))
     return cases
@@ -419,14 +423,32 @@ def settle(running) -> None:
 
 def send_rest(running, case: Case):
     op = OPERATIONS[case.op]
+    if case.unencoded:  # http.client sends only ASCII targets
+        return send_raw(running, op.method, op.path, case.pairs or ())
     if case.pairs is not None:
         return running.request(op.method, op.path + "?" + query_string(case.pairs))
     return running.request(op.method, op.path, raw=case.body(), headers={"Content-Type": "application/json"})
 
 
+def send_raw(running, method: str, path: str, pairs: tuple[tuple[str, str], ...], headers: str = "") -> Reply:
+    """A request whose target carries the pairs' bytes as they are (a surrogate escape as its byte)."""
+    target = path.encode() + b"?" + b"&".join(f"{k}={v}".encode("utf-8", "surrogateescape") for k, v in pairs)
+    head = f" HTTP/1.1\r\nHost: 127.0.0.1:{running.port}\r\n{headers}Connection: close\r\n\r\n".encode()
+    answer = raw_exchange(running.port, method.encode() + b" " + target + head)
+    status_line, _, rest = answer.partition(b"\r\n")
+    data = rest.partition(b"\r\n\r\n")[2]
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        parsed = None
+    return Reply(int(status_line.split()[1]), {}, parsed, data)
+
+
 def send_stream(running, case: Case) -> Reply:
     """The stream's door: a refusal is JSON before any event; a 200 is the stream opening (then hung up)."""
     op = OPERATIONS[case.op]
+    if case.unencoded:
+        return send_raw(running, "GET", op.path, case.pairs or (), "Accept: text/event-stream\r\n")
     conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
     try:
         conn.request("GET", op.path + "?" + query_string(case.pairs or ()), headers={"Accept": "text/event-stream"})
