@@ -708,11 +708,7 @@ def server_fault(reply, transport: str) -> str | None:
     return f"{reply.status} {reply.raw[:300]!r}" if reply.status >= 500 else None
 
 
-@pytest.mark.parametrize("name", list(OPERATIONS))
-def test_values_at_the_schemas_edges_never_fault(running, name):
-    """The same fields at the edges of what they take (bounds, full lengths, odd text, every enum value) may be
-    refused for what they mean (a row that is not there), never with a 500; on both transports. Last: these
-    calls forget and promote the rows the valid calls need."""
+def edge_faults(running, name: str) -> list[str]:
     op, failures = OPERATIONS[name], []
     for case in edge_cases_for(name):
         seed(running)
@@ -727,5 +723,24 @@ def test_values_at_the_schemas_edges_never_fault(running, name):
             failures.append(f"rest {case}: {fault}")
         if fault := server_fault(send_mcp(running, case), "mcp"):
             failures.append(f"mcp {case}: {fault}")
+    return failures
+
+
+def test_values_at_the_schemas_edges_never_fault_on_postgresql(pg_url):
+    """The same edges on the PostgreSQL store, where each reaches other SQL (bigint ids, text without NUL)."""
+    running = start_server(pg_url)
+    try:
+        failures = [failure for name in OPERATIONS for failure in edge_faults(running, name)]
+    finally:
+        stop_server(running)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", list(OPERATIONS))
+def test_values_at_the_schemas_edges_never_fault(running, name):
+    """The same fields at the edges of what they take (bounds, full lengths, odd text, every enum value) may be
+    refused for what they mean (a row that is not there), never with a 500; on both transports. Last: these
+    calls forget and promote the rows the valid calls need."""
+    failures = edge_faults(running, name)
     settle(running)
     assert not failures, "\n".join(failures)
