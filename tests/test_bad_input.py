@@ -708,21 +708,36 @@ def server_fault(reply, transport: str) -> str | None:
     return f"{reply.status} {reply.raw[:300]!r}" if reply.status >= 500 else None
 
 
-def edge_faults(running, name: str) -> list[str]:
+def refused(reply, transport: str) -> bool:
+    if transport == "rest":
+        return 400 <= reply.status < 500
+    result = reply.body.get("result") if isinstance(reply.body, dict) else None
+    return result is None or result.get("isError") is True
+
+
+def edge_faults(running, name: str, sqlite: bool = True) -> list[str]:
+    """Faults of the edge calls; on SQLite also any refusal (a row not there, another's row) that changed rows."""
     op, failures = OPERATIONS[name], []
     for case in edge_cases_for(name):
-        seed(running)
-        if op.method in ("GET", "DELETE"):
-            pairs = tuple((k, query_text(v) or "") for k, v in case.args.items())
-            rest = send_rest(running, Case(name, case.field, case.what, pairs=pairs))
-            long_line = rest.status == 414 and len(query_string(pairs)) > MAX_REQUEST_LINE
-            fault = None if long_line else server_fault(rest, "rest")
-        else:
-            fault = server_fault(send_rest(running, case), "rest")
-        if fault:
-            failures.append(f"rest {case}: {fault}")
-        if fault := server_fault(send_mcp(running, case), "mcp"):
-            failures.append(f"mcp {case}: {fault}")
+        for transport in ("rest", "mcp"):
+            seed(running)
+            settle(running)
+            before = snapshot(running.db_path) if sqlite else {}
+            if transport == "mcp":
+                reply, long_line = send_mcp(running, case), False
+            elif op.method in ("GET", "DELETE"):
+                pairs = tuple((k, query_text(v) or "") for k, v in case.args.items())
+                reply = send_rest(running, Case(name, case.field, case.what, pairs=pairs))
+                long_line = reply.status == 414 and len(query_string(pairs)) > MAX_REQUEST_LINE
+            else:
+                reply, long_line = send_rest(running, case), False
+            if not long_line and (fault := server_fault(reply, transport)):
+                failures.append(f"{transport} {case}: {fault}")
+            if sqlite and refused(reply, transport):
+                settle(running)
+                changed = sorted(table for table, rows in snapshot(running.db_path).items() if before[table] != rows)
+                if changed:
+                    failures.append(f"{transport} {case}: refused, and changed rows of {changed}")
     return failures
 
 
@@ -730,7 +745,7 @@ def test_values_at_the_schemas_edges_never_fault_on_postgresql(pg_url):
     """The same edges on the PostgreSQL store, where each reaches other SQL (bigint ids, text without NUL)."""
     running = start_server(pg_url)
     try:
-        failures = [failure for name in OPERATIONS for failure in edge_faults(running, name)]
+        failures = [failure for name in OPERATIONS for failure in edge_faults(running, name, sqlite=False)]
     finally:
         stop_server(running)
     assert not failures, "\n".join(failures)
