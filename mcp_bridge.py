@@ -161,7 +161,9 @@ class McpBridge:
         try:
             # Strict: UTF-8 only (json.loads would sniff UTF-16/32 from bytes) and no NaN or Infinity, which
             # are not JSON; so a body means the same here as on the service's REST routes.
-            message = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+            message = json.loads(body.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_one_value)
+        except RepeatedName as error:
+            return _respond(400, RpcError(PARSE_ERROR, f"Parse error: {error}").reply())
         except (ValueError, RecursionError):  # bad UTF-8 and huge integers raise ValueError too
             return _respond(400, RpcError(PARSE_ERROR, "Parse error: the body is not JSON").reply())
         requested = headers.get("MCP-Protocol-Version")
@@ -347,6 +349,24 @@ def foreign_caller(
 
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
+
+
+class RepeatedName(ValueError):
+    """A name given twice in one JSON object."""
+
+
+def _one_value(pairs: list[tuple[str, Any]]) -> dict:
+    """json.loads hook: each name once per object, as the service's REST bodies. Parsers disagree on which of two
+    values counts (RFC 8259 section 4), so a gateway reading the first and this bridge the last would see two
+    different calls."""
+    result = dict(pairs)
+    if len(result) < len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise RepeatedName(f"the name {name[:60]!r} is given more than once in one object")
+            seen.add(name)
+    return result
 
 
 def describe_tool(tool: Tool) -> dict:

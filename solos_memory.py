@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
-from urllib.parse import SplitResult, parse_qsl, urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import mcp_bridge
 import solos_bounds
@@ -104,6 +104,7 @@ from solos_validation import (
     fully_matches,
     on_off,
     parse_json_body,
+    query_pairs,
 )
 
 __version__ = solos_store.__version__
@@ -758,7 +759,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
         if resume is not None and not resume.strip().isdigit():
             raise BadRequest(f"Last-Event-ID must be an event id (an integer), got {describe(resume)}", "Last-Event-ID")
         op = OPERATIONS["read_events"]
-        pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if resume is None or k != "since"]
+        pairs = [(k, v) for k, v in query_pairs(query) if resume is None or k != "since"]
         args = coerce_query(op.input_schema, pairs + ([("since", resume.strip())] if resume else []))
         server = self.server
         subscribe = dataclasses.replace(
@@ -817,11 +818,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 raise MethodNotAllowed(f"{self.command} is not allowed on {path}", allowed)
             raise NotFound(f"no route {path}; see README.md for the API")
         if op.method in ("GET", "DELETE"):
-            try:
-                pairs = parse_qsl(query, keep_blank_values=True, errors="strict")
-            except UnicodeDecodeError:
-                raise BadRequest("query string must be UTF-8 percent-encoded", "query") from None
-            args: Any = coerce_query(op.input_schema, pairs)
+            args: Any = coerce_query(op.input_schema, query_pairs(query))
         else:
             content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
             if content_type != "application/json":

@@ -80,7 +80,9 @@ NUMBER = re.compile(r"\d+(?:[.:,]\d+)*")
 AS_OF_CALLS = 4
 AS_OF_WAIT_S = 2.0
 AS_OF_SLOTS = threading.BoundedSemaphore(AS_OF_CALLS)
-TIMESTAMP = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,3})?Z$"
+# [0-9], not \d: JSON Schema reads patterns as ECMA-262, where \d is ASCII, and Python's \d admits '٢٠٢٦', which
+# then compares past every stamp; "format" refuses the impossible (month 13, 24:00) the pattern cannot.
+TIMESTAMP = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,3})?Z$"
 
 
 # ==== The delivery log ====
@@ -758,6 +760,7 @@ OPERATION_ROWS = (
                 "as_of": {
                     "type": "string",
                     "pattern": TIMESTAMP,
+                    "format": "date-time",
                     "description": "The time, UTC: 2026-11-30T06:00:00.000Z.",
                 },
                 "reader": {**AGENT_SCHEMA, "description": "Answer what this agent had been shown by as_of."},

@@ -8,10 +8,12 @@ and what arrived. Imports only the store (for the errors) and the bounds.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import re
 from typing import Any
+from urllib.parse import parse_qsl
 
 import solos_bounds
 from solos_store import BadRequest
@@ -104,13 +106,28 @@ def check_one(name: str, schema: dict, value: Any) -> Any:
             if schema["pattern"] == NO_NUL:
                 raise BadRequest(f"{name} must not contain NUL characters", name)
             raise BadRequest(f"{name} must match {schema['pattern']}, got {describe(value)}", name)
+        if schema.get("format") == "date-time" and not is_date_time(value):
+            raise BadRequest(f"{name} must be a date and time that exists, got {describe(value)}", name)
     if kind == "array":
         if len(value) > schema.get("maxItems", 1 << 30):
             raise BadRequest(f"{name} must have at most {schema['maxItems']} items, got {len(value)}", name)
         value = [check_one(f"{name}[{i}]", schema["items"], item) for i, item in enumerate(value)]
-        if schema.get("uniqueItems"):
-            value = list(dict.fromkeys(value))
+        if schema.get("uniqueItems"):  # as advertised: a repeat is refused, not dropped (items are scalars)
+            seen: set = set()
+            for item in value:
+                if item in seen:
+                    raise BadRequest(f"{name} must not repeat an item, got {describe(item)} more than once", name)
+                seen.add(item)
     return value
+
+
+def is_date_time(text: str) -> bool:
+    """An RFC 3339 time that exists (no month 13, no 24:00); the schema's pattern holds its shape."""
+    try:
+        datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
 
 
 def article(kind: str) -> str:
@@ -131,7 +148,8 @@ def check_args(schema: dict, args: Any) -> dict:
     properties = schema["properties"]
     unknown = sorted(set(args) - set(properties))
     if unknown:
-        raise BadRequest(f"{unknown[0]} is not a known field (known: {', '.join(properties)})", unknown[0])
+        # describe: a name is the caller's text, up to the body's 320 KB; the message and the log keep 60 characters
+        raise BadRequest(f"{describe(unknown[0])} is not a known field (known: {', '.join(properties)})", unknown[0])
     checked = {}
     for name, spec in properties.items():
         if name in args and args[name] is not None:
@@ -152,6 +170,26 @@ REST_INTEGER = re.compile(r"-?[0-9]{1,40}")
 REST_NUMBER = re.compile(r"-?[0-9]{1,20}(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?")
 
 
+UNDECODED = re.compile("[\udc80-\udcff]")  # surrogateescape's stand-ins for bytes that are not UTF-8
+
+
+def query_pairs(query: str) -> list[tuple[str, str]]:
+    """A query string's pairs, percent-decoded as strict UTF-8; bytes that are not UTF-8 are refused naming their
+    field (a lone surrogate's bytes among them), never replaced with U+FFFD.
+
+    http.server reads the request line as Latin-1, so UTF-8 sent unencoded (curl sends `q=café` as typed) came
+    as 'cafÃ©' and matched nothing: such bytes are read as the UTF-8 they are, or refused like escaped ones.
+    """
+    if not query.isascii():
+        query = query.encode("latin-1").decode("utf-8", "surrogateescape")
+    pairs = parse_qsl(query, keep_blank_values=True, errors="surrogateescape")
+    for name, value in pairs:
+        if UNDECODED.search(name + value):
+            field = "query" if UNDECODED.search(name) else name
+            raise BadRequest(f"{field} must be UTF-8 text, percent-encoded: it holds bytes that are not", field)
+    return pairs
+
+
 def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
     """Turn query-string pairs into typed arguments, per the operation's schema.
 
@@ -161,7 +199,7 @@ def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
     args: dict[str, Any] = {}
     for name, raw in pairs:
         if name in args:
-            raise BadRequest(f"{name} is given more than once", name)
+            raise BadRequest(f"{describe(name)} is given more than once", name)
         kind = schema["properties"].get(name, {}).get("type")
         if kind == "integer":
             args[name] = int(raw) if re.fullmatch(REST_INTEGER, raw) else raw
@@ -181,10 +219,24 @@ def reject_constant(name: str) -> None:
     raise BadRequest(f"body must be valid JSON: {name} is not a JSON number", "body")
 
 
+def one_value_per_name(pairs: list[tuple[str, Any]]) -> dict:
+    """json.loads hook: a name given twice in one object is refused. Parsers disagree on which value counts
+    (RFC 8259 section 4), so a proxy reading the first and the service the last would see two calls; the
+    query string refuses a repeated field too."""
+    result = dict(pairs)
+    if len(result) < len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise BadRequest(f"{describe(name)} is given more than once in one object", name)
+            seen.add(name)
+    return result
+
+
 def parse_json_body(body: bytes) -> Any:
-    """Decode a request body as strict UTF-8 JSON."""
+    """Decode a request body as strict UTF-8 JSON, each name once per object."""
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=reject_constant)
+        return json.loads(body.decode("utf-8"), parse_constant=reject_constant, object_pairs_hook=one_value_per_name)
     except UnicodeDecodeError:
         raise BadRequest("body must be UTF-8 encoded JSON", "body") from None
     except RecursionError:

@@ -139,8 +139,32 @@ def test_duplicate_query_parameter_is_400(server):
     assert_error(server.request("GET", "/v1/recall?agent=sol&agent=atlas"), 400, "bad_request", "agent")
 
 
-def test_invalid_percent_encoding_is_400(server):
-    assert_error(server.request("GET", "/v1/recall?agent=sol&q=%ff%fe"), 400, "bad_request", "query")
+def test_a_name_given_twice_in_a_json_body_is_400(server):
+    raw = b'{"agent": "atlas", "fact": "first", "fact": "second"}'
+    reply = server.request("POST", "/v1/long", raw=raw, headers={"Content-Type": "application/json"})
+    assert_error(reply, 400, "bad_request", "fact")
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+def test_invalid_percent_encoding_is_400_naming_its_field(server):
+    assert_error(server.request("GET", "/v1/recall?agent=sol&q=%ff%fe"), 400, "bad_request", "q")
+    assert_error(server.request("GET", "/v1/recall?agent=sol&q%ff=x"), 400, "bad_request", "query")
+    assert_error(server.request("GET", "/v1/recall?agent=sol&q=%ed%a0%80"), 400, "bad_request", "q")  # a surrogate
+    stream = server.request("GET", "/v1/events?agent=sol&q=%ff", headers={"Accept": "text/event-stream"})
+    assert_error(stream, 400, "bad_request", "q")  # the stream's door too: not read as U+FFFD
+
+
+def test_a_query_sent_unencoded_is_read_as_utf8_or_refused_naming_its_field(server):
+    """curl sends `q=café` as typed: UTF-8 bytes in the request line, which http.server reads as Latin-1."""
+    assert server.post("/v1/long", {"agent": "atlas", "fact": "café au lait daily"}).status == 201
+    head = b" HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n" % server.port
+    found = raw_exchange(server.port, "GET /v1/recall?agent=atlas&q=café".encode() + head)
+    assert found.startswith(b"HTTP/1.1 200 ") and json.loads(found.split(b"\r\n\r\n", 1)[1])["count"] == 1
+    refused = raw_exchange(server.port, b"GET /v1/recall?agent=atlas&q=caf\xff" + head)
+    assert (
+        refused.startswith(b"HTTP/1.1 400 ") and json.loads(refused.split(b"\r\n\r\n", 1)[1])["error"]["field"] == "q"
+    )
 
 
 def test_unknown_query_parameter_is_400(server):

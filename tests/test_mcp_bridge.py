@@ -292,6 +292,20 @@ def test_unparseable_body_is_parse_error(host, raw):
     }
 
 
+CALL_WITH = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo", "arguments": %s}}'
+
+
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [(b'{"jsonrpc": "2.0", "id": 1, "id": 2, "method": "ping"}', "id"), (CALL_WITH % b'{"a": 1, "a": 2}', "a")],
+)
+def test_a_name_given_twice_in_one_object_is_a_parse_error_naming_it(host, raw, name):
+    """Parsers disagree on which value counts: refused, never read as the last one."""
+    status, _, reply, _ = host.request("POST", raw=raw)
+    assert status == 400 and reply["error"]["code"] == -32700 and reply["id"] is None, reply
+    assert f"{name!r} is given more than once" in reply["error"]["message"], reply
+
+
 @pytest.mark.parametrize(
     "message",
     [

@@ -123,7 +123,7 @@ def test_a_lone_surrogate_is_400_naming_the_field_on_rest_and_mcp(server, tool, 
         rest = server.request("GET", f"{op.path}?agent=atlas&q=%ED%A0%80")
     else:
         rest = server.request(op.method, op.path, raw=raw, headers={"Content-Type": "application/json"})
-    assert rest.status == 400 and rest.body["error"]["field"] == ("query" if op.method == "GET" else field)
+    assert rest.status == 400 and rest.body["error"]["field"] == field
     reply = server.mcp_tool(tool, args)
     result = reply.body["result"]
     assert reply.status == 200 and result["isError"] is True, reply.raw
