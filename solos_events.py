@@ -149,9 +149,11 @@ def logged_for(event: Any, row: Any) -> bool:
     Row ids are never reused (schema.sql), so this is the second lock: an id
     that named another row when the event was logged (a database from before
     the marks, or a fleet writer choosing ids) is never shown in its place.
+    A persona's id is the fleet's (no marks): it must still be persona/<the event's agent>, not the persona
+    the fleet renamed it to or gave its id next.
     """
     if event["tier"] == "durable":
-        return True
+        return bool(row["key"] == "persona/" + event["agent"])
     born = {"long": "created_at", "episodic": "ts"}.get(event["tier"])  # short rows restart created_at on update
     return row["agent"] == event["agent"] and (born is None or row[born] <= event["ts"])
 

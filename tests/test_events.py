@@ -421,3 +421,28 @@ def test_the_hub_looks_for_other_copies_forgets_every_poll_only_while_it_streams
     assert hub.forget_check_s() == solos_events.SWEEP_S and hub.wire == {}
     subscribed(streams(server, {"agent": "sol", "tiers": "long"}))
     assert hub.forget_check_s() == hub.poll_s
+
+
+def test_a_durable_event_never_renders_another_agents_persona_in_its_row(server):
+    """An event names persona/<agent> by row id: if that id now holds another agent's persona (the fleet renamed
+    the key, or deleted it and its id went to the next persona), the event's agent must not be shown it."""
+    with server.db() as conn:
+        renamed = conn.execute(
+            "INSERT INTO memory_durable (key, value) VALUES ('persona/atlas', 'atlas is bold') RETURNING id"
+        ).fetchone()[0]
+        conn.execute("UPDATE memory_durable SET key = 'persona/sol', value = 'sol is careful' WHERE id = ?", (renamed,))
+        reused = conn.execute(
+            "INSERT INTO memory_durable (key, value) VALUES ('persona/atlas', 'atlas again') RETURNING id"
+        ).fetchone()[0]
+        conn.execute("DELETE FROM memory_durable WHERE id = ?", (reused,))
+        nova = conn.execute(
+            "INSERT INTO memory_durable (key, value) VALUES ('persona/nova', 'nova keeps secrets') RETURNING id"
+        ).fetchone()[0]
+    assert nova == reused  # the fleet's table keeps no id marks: SQLite handed the deleted id on
+    for transport in ("rest", "mcp"):
+        answer = read_events(server, transport, agent="atlas", tiers=["durable"], since=0)
+        shown = json.dumps(answer["events"])
+        assert "sol is careful" not in shown and "nova keeps secrets" not in shown, answer["events"]
+        assert [(e["kind"], e["row"]) for e in answer["events"]] == [("delete", None)]
+    sol = read_events(server, agent="sol", tiers=["durable"], since=0)["events"]
+    assert [e["row"]["text"] for e in sol] == ["sol is careful"]
