@@ -224,6 +224,7 @@ class Subscriber:
     dropped: str | None = None
     opened: float = field(default_factory=time.monotonic)
     seat: int | None = None  # workers: its seat in solos_workers.Seats
+    confirm: Callable[[str], None] | None = None  # with tokens: raises once the token no longer names the caller
 
     def gone(self) -> bool:
         """The client hung up: its socket reads end-of-file (an SSE client sends nothing after its request)."""
@@ -724,8 +725,11 @@ class EventHub:
 
     # -- streams --
 
-    def subscribe(self, pattern: Pattern, connection: socket.socket | None) -> Subscriber | None:
-        """Register a stream, or None when the cap is reached and no agent holds more than its share.
+    def subscribe(
+        self, pattern: Pattern, connection: socket.socket | None, confirm: Callable[[str], None] | None = None
+    ) -> Subscriber | None:
+        """Register a stream, or None when the cap is reached and no agent holds more than its share. `confirm`
+        (tokens on): asked before every delivery and heartbeat, so a revoked token's stream ends.
 
         An agent at STREAMS_PER_AGENT gives up its own oldest stream for its newest. At the cap, the agent
         holding the most streams gives up its oldest if it holds more than the newcomer's agent would.
@@ -752,7 +756,7 @@ class EventHub:
                 victim.drop(f"replaced by a newer stream ({victim.pattern.caller} holds its share)")
             if not self.subscribers:  # nobody was listening: start from the head, not from a backlog
                 self.cursor = self.store.read(self.store.queries.head_event)
-            subscriber = Subscriber(pattern, connection, seat=seat)
+            subscriber = Subscriber(pattern, connection, seat=seat, confirm=confirm)
             self.subscribers.add(subscriber)
         self.wakeup.set()
         return subscriber
@@ -803,6 +807,7 @@ class EventHub:
                     if time.monotonic() < next_heartbeat:
                         continue
                     next_heartbeat = time.monotonic() + self.heartbeat_s
+                    self.still_allowed(subscriber)
                     with self.lock:  # nothing queued under the lock: everything up to the cursor was examined
                         cursor = self.cursor if subscriber.queue.empty() else last
                     last = max(last, cursor)
@@ -839,6 +844,7 @@ class EventHub:
 
     def deliver(self, subscriber: Subscriber, events: list[dict], examined: int, write: Callable[[bytes], Any]) -> int:
         """Audit, then write the events in sends of at most solos_bounds.ANSWER_BYTES; returns the new last id."""
+        self.still_allowed(subscriber)
         self.audit(subscriber.pattern.caller, events)
         self.logged(subscriber.pattern.caller, events)
         pending: list[bytes] = []
@@ -854,6 +860,12 @@ class EventHub:
         with self.lock:
             self.counters["delivered"] += len(events)
         return examined
+
+    @staticmethod
+    def still_allowed(subscriber: Subscriber) -> None:
+        """The stream's token still names its caller (tokens on); raises (the stream ends with an `error`) if not."""
+        if subscriber.confirm is not None:
+            subscriber.confirm(subscriber.pattern.caller)
 
     def encode(self, event: dict) -> bytes:
         """The event as an SSE message, encoded once for all the streams it goes to.

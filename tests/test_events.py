@@ -297,6 +297,34 @@ def test_with_tokens_the_token_decides_who_subscribes(make_server, tmp_path, str
     assert (event["agent"], event["foreign"], event["row"]["value"]) == ("sol", False, "by token")
 
 
+def test_a_stream_ends_when_its_token_is_revoked(token_server, streams):
+    """The token decides the caller for as long as a stream lasts, not only when it opens: once the operator
+    removes the line, the stream hands out nothing more and ends saying why."""
+    server, sol = token_server, {"Authorization": "Bearer sol-token"}
+    stream = subscribed(streams(server, {"scope": "shared"}, sol))
+    atlas = {"Authorization": "Bearer atlas-token"}
+    assert server.post("/v1/long", {"fact": "written while sol may read"}, headers=atlas).status == 201
+    assert [e["row"]["text"] for e in stream.events(1)] == ["written while sol may read"]
+    tokens = server.server.config.tokens_file
+    kept = [line for line in open(tokens).read().splitlines() if not line.endswith(" sol")]
+    with open(tokens, "w") as handle:  # sol's token revoked (the file keeps its mode 600)
+        handle.write("\n".join(kept) + "\n")
+    assert server.request("GET", "/v1/audit", query={"limit": 1}, headers=sol).status == 401
+    assert server.post("/v1/long", {"fact": "written after the revocation"}, headers=atlas).status == 201
+    message = stream.next(timeout=WAIT_S)
+    assert message is not None and message.get("event") == "error", message
+    assert "written after the revocation" not in json.dumps(message)
+    assert stream.closed.wait(WAIT_S)
+    assert stream.quiet(0.2) == []
+    server.server.memory.events.heartbeat_s = 0.2  # an idle stream ends at its next heartbeat
+    idle = subscribed(streams(server, {"scope": "shared"}, atlas))
+    with open(tokens, "w") as handle:
+        handle.write("# every token revoked\n")
+    message = idle.next(timeout=WAIT_S)
+    assert message is not None and message.get("event") == "error", message
+    assert idle.closed.wait(WAIT_S)
+
+
 # ---- each agent's share of streams ----
 
 
