@@ -1409,6 +1409,18 @@ VERSIONED = {
 VERSION_FIELDS = "id, agent, label, text, tags, expires_at, valid_from, valid_to"
 
 
+def short_gaps(lives: Sequence[tuple[str, str, str | None]]) -> list[tuple[str, str]]:
+    """The times between a short row's versions (valid_from, valid_to, expires_at) when it counted for none:
+    expired, until written again. A version counts from valid_from until the earlier of valid_to and its expiry."""
+    gaps, counted_until = [], None
+    for start, end, expires in sorted(lives):
+        if counted_until is not None and counted_until < start:
+            gaps.append((counted_until, start))
+        until = min(end, expires or end)
+        counted_until = until if counted_until is None else max(counted_until, until)
+    return gaps
+
+
 def lives_sql(tier: str, greatest: str) -> str:
     """Every version of the tier's rows as one relation: the current ones (valid_to NULL) and the replaced."""
     tables, label, text, tags, expires, born = VERSIONED[tier]
@@ -1949,6 +1961,8 @@ class Queries:
             "DELETE FROM memory_notice WHERE id IN "
             "(SELECT id FROM memory_notice WHERE coalesce(acked_at, at) < ? LIMIT ?)",
             "DELETE FROM memory_version WHERE id IN (SELECT id FROM memory_version WHERE valid_to < ? LIMIT ?)",
+            "DELETE FROM memory_forgotten_gap WHERE retraction_id IN "
+            "(SELECT retraction_id FROM memory_forgotten_span WHERE forgotten_at < ? LIMIT ?)",
             "DELETE FROM memory_forgotten_span WHERE retraction_id IN "
             "(SELECT retraction_id FROM memory_forgotten_span WHERE forgotten_at < ? LIMIT ?)",
         ):
@@ -1994,6 +2008,16 @@ class Queries:
             "forgotten_at = excluded.forgotten_at, lived_until = excluded.lived_until",
             (min(born, earliest or born), row["expires_at"] if tier == "short" else None, retraction_id),
         )
+        if tier == "short":  # expired, then written again: not there to be shown in between
+            lives = conn.execute(
+                "SELECT valid_from, valid_to, expires_at FROM memory_version WHERE tier = 'short' AND row_id = ?",
+                (row["id"],),
+            ).fetchall()
+            conn.executemany(
+                "INSERT INTO memory_forgotten_gap (retraction_id, gap_from, gap_until) VALUES (?, ?, ?) "
+                "ON CONFLICT (retraction_id, gap_from) DO UPDATE SET gap_until = excluded.gap_until",
+                [(retraction_id, *gap) for gap in short_gaps([tuple(life) for life in lives])],
+            )
         conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
         if tier == "short":  # the key names the row: earlier rows of it (deleted, then written again) go too
             conn.execute(
@@ -2066,12 +2090,14 @@ class Queries:
         return [dict(row) for row in conn.execute(sql, (self.id_list(ids),))]
 
     def retracted_as_of(self, conn: sqlite3.Connection, at: str) -> list[dict]:
-        """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text)."""
+        """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text); a short
+        row not while it was expired (memory_forgotten_gap)."""
         rows = conn.execute(
-            "SELECT tier, row_id, agent, forgotten_at FROM memory_forgotten_span "
-            "WHERE born_at <= ? AND lived_until > ? "
+            "SELECT tier, row_id, agent, forgotten_at FROM memory_forgotten_span s "
+            "WHERE born_at <= ? AND lived_until > ? AND NOT EXISTS (SELECT 1 FROM memory_forgotten_gap g "
+            "WHERE g.retraction_id = s.retraction_id AND g.gap_from <= ? AND g.gap_until > ?) "
             "ORDER BY forgotten_at",
-            (at, at),
+            (at, at, at, at),
         )
         return [dict(row) for row in rows]
 

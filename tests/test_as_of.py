@@ -119,6 +119,27 @@ def test_a_deleted_short_value_is_shown_to_no_one_else_and_its_author_can_forget
     assert left == 0
 
 
+def test_a_forgotten_short_row_is_no_retraction_as_of_a_time_it_had_expired_before_its_key_was_rewritten(fleet):
+    """A short row lives, expires, and its key is written again (the same row, in place), then forgotten: as of a
+    time it counted it is a retraction, as of the time between expiry and rewrite it was not there at all."""
+    atlas, nova = fleet["atlas"], fleet["nova"]
+    row = atlas.call("POST", "/v1/short", body={"key": "blink", "value": "first life", "ttl_s": 0.2}).body["id"]
+    step()
+    first = solos_store.utc_now()
+    time.sleep(0.3)
+    between = solos_store.utc_now()
+    step()
+    again = atlas.call("POST", "/v1/short", body={"key": "blink", "value": "second life"}).body
+    assert again["id"] == row, again
+    step()
+    second = solos_store.utc_now()
+    step()
+    assert atlas.call("DELETE", "/v1/memory", query={"tier": "short", "id": row}).status == 200
+    for caller in (atlas, nova):
+        retracted = {at: [r["row_id"] for r in caller.as_of(as_of=at)["retracted"]] for at in (first, between, second)}
+        assert retracted == {first: [row], between: [], second: [row]}, retracted
+
+
 def test_forgetting_a_short_row_erases_the_versions_of_earlier_rows_of_its_key(server):
     word = marker()
     first = server.post("/v1/short", {"agent": "atlas", "key": "door", "value": f"{word} one"}).body["id"]
