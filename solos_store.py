@@ -1641,16 +1641,18 @@ class Queries:
         return busy == 0
 
     def retractions_after(self, conn: sqlite3.Connection, after_id: int) -> list[dict]:
+        """The retractions after `after_id`, each with when its row was born (`born_at`, None if not recorded)."""
         if not self.table_exists(conn, "memory_retraction"):
             return []
+        born = "s.born_at" if self.table_exists(conn, "memory_forgotten_span") else "NULL"
+        joined = "LEFT JOIN memory_forgotten_span s ON s.retraction_id = r.id" if born != "NULL" else ""
         rows = conn.execute(
-            "SELECT id, agent, tier, row_id, content_hash, key_hash, forgotten_at FROM memory_retraction "
-            "WHERE id > ? ORDER BY id",
+            f"SELECT r.id, r.agent, r.tier, r.row_id, r.content_hash, r.key_hash, r.forgotten_at, {born} "
+            f"FROM memory_retraction r {joined} WHERE r.id > ? ORDER BY r.id",
             (after_id,),
         )
-        return [
-            dict(zip(("id", "agent", "tier", "row_id", "content_hash", "key_hash", "forgotten_at"), r)) for r in rows
-        ]
+        fields = ("id", "agent", "tier", "row_id", "content_hash", "key_hash", "forgotten_at", "born_at")
+        return [dict(zip(fields, r)) for r in rows]
 
     def last_retraction(self, conn: sqlite3.Connection) -> int:
         """The newest retraction's id: another copy's forget shows here (solos_events.EventHub.watch_forgets)."""
@@ -1660,8 +1662,10 @@ class Queries:
         """Forget the row a retraction names if this database still has it, and record the retraction. True if erased.
 
         The row must be the same one: tier, id and writer, and the same content
-        hash (a short row: or the same key, since its value changes on upsert).
-        An id reused later by another row is left alone.
+        hash (a short row: or the same key, since its value changes on upsert),
+        or born no earlier than the forgotten row (`born_at`, when the retraction
+        carries it): the fleet may have rewritten its text in place after the
+        snapshot. An id an earlier row held, reused later by another, is left alone.
         """
         tier, row_id, agent = retraction["tier"], retraction["row_id"], retraction["agent"]
         fields = (tier, row_id, agent, retraction["content_hash"], retraction["forgotten_at"])
@@ -1674,9 +1678,11 @@ class Queries:
             return False
         found = self.find_row(conn, tier, row_id)
         row = found[1] if found is not None and found[1]["agent"] == agent else None
+        born_at = retraction.get("born_at")  # manifests before it was recorded lack it
         if row is not None and (
             content_hash(tier, row) == retraction["content_hash"]
             or (tier == "short" and sha256_text(row["key"]) == retraction["key_hash"])
+            or (born_at is not None and row[VERSIONED[tier][5]] >= born_at)
         ):
             self.erase(conn, tier, row_id, retraction["forgotten_at"])
             return True
