@@ -140,6 +140,14 @@ def test_a_forgotten_short_row_is_no_retraction_as_of_a_time_it_had_expired_befo
         assert retracted == {first: [row], between: [], second: [row]}, retracted
 
 
+def test_a_short_rows_gaps_are_the_times_no_version_counted():
+    t = [f"2026-01-01T00:00:0{n}.000Z" for n in range(10)]
+    # (valid_from, valid_to, expires_at), in any order: lived 0-2, expired until 4, lived 4-6 (a refresh at 5)
+    assert solos_store.short_gaps([(t[5], t[8], t[6]), (t[0], t[4], t[2]), (t[4], t[5], t[7])]) == [(t[2], t[4])]
+    assert solos_store.short_gaps([(t[0], t[3], t[9]), (t[3], t[5], None)]) == []  # never expired in between
+    assert solos_store.short_gaps([]) == []
+
+
 def test_forgetting_a_short_row_erases_the_versions_of_earlier_rows_of_its_key(server):
     word = marker()
     first = server.post("/v1/short", {"agent": "atlas", "key": "door", "value": f"{word} one"}).body["id"]
