@@ -2096,10 +2096,11 @@ class Queries:
         return [dict(row) for row in conn.execute(sql, (self.id_list(ids),))]
 
     def retracted_as_of(self, conn: sqlite3.Connection, at: str) -> list[dict]:
-        """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text); a short
-        row not while it was expired (memory_forgotten_gap)."""
+        """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text), and
+        born_at and lived_until (for Visibility.allows_version); a short row not while it was expired
+        (memory_forgotten_gap)."""
         rows = conn.execute(
-            "SELECT tier, row_id, agent, forgotten_at FROM memory_forgotten_span s "
+            "SELECT tier, row_id, agent, forgotten_at, born_at, lived_until FROM memory_forgotten_span s "
             "WHERE born_at <= ? AND lived_until > ? AND NOT EXISTS (SELECT 1 FROM memory_forgotten_gap g "
             "WHERE g.retraction_id = s.retraction_id AND g.gap_from <= ? AND g.gap_until > ?) "
             "ORDER BY forgotten_at",

@@ -140,6 +140,28 @@ def test_a_forgotten_short_row_is_no_retraction_as_of_a_time_it_had_expired_befo
         assert retracted == {first: [row], between: [], second: [row]}, retracted
 
 
+def test_a_forgotten_episode_its_author_never_shared_is_no_retraction_for_anyone_else(fleet):
+    """As of a past time another agent's episode shows only if it was current while its author shared; the same
+    holds for its retraction: an episode that lived and was forgotten while private is nobody else's business,
+    even once its author shares."""
+    atlas, nova = fleet["atlas"], fleet["nova"]
+    private = atlas.call("POST", "/v1/episodic", body={"event_type": "task", "summary": "kept to myself"}).body["id"]
+    step()
+    lived = solos_store.utc_now()
+    step()
+    assert atlas.call("DELETE", "/v1/memory", query={"tier": "episodic", "id": private}).status == 200
+    assert atlas.call("PUT", "/v1/sharing", body={"episodic": True}).status == 201
+    shared = atlas.call("POST", "/v1/episodic", body={"event_type": "task", "summary": "told to all"}).body["id"]
+    step()
+    later = solos_store.utc_now()
+    step()
+    assert atlas.call("DELETE", "/v1/memory", query={"tier": "episodic", "id": shared}).status == 200
+    gone = {at: [r["row_id"] for r in nova.as_of(as_of=at, tiers="episodic")["retracted"]] for at in (lived, later)}
+    assert gone == {lived: [], later: [shared]}, gone
+    own = {at: [r["row_id"] for r in atlas.as_of(as_of=at, tiers="episodic")["retracted"]] for at in (lived, later)}
+    assert own == {lived: [private], later: [shared]}, own  # its author's own view keeps both
+
+
 def test_a_short_rows_gaps_are_the_times_no_version_counted():
     t = [f"2026-01-01T00:00:0{n}.000Z" for n in range(10)]
     # (valid_from, valid_to, expires_at), in any order: lived 0-2, expired until 4, lived 4-6 (a refresh at 5)
