@@ -473,7 +473,8 @@ class EventHub:
         shared: dict[tuple, dict] = {}
         skipped = self.skipped_gap(conn, after, events[-1]["id"])
         marks = [{"id": 0, "gap": skipped}] if skipped else []  # the stream writes it as a `gap` event (stream)
-        shares = {s: marks + self.visible(conn, s.pattern, events, rows, sharing, shared) for s in subscribers}
+        spans = self.spans_for(conn, events)
+        shares = {s: marks + self.visible(conn, s.pattern, events, rows, sharing, shared, spans) for s in subscribers}
         return shares, events[-1]["id"]
 
     # -- filtering: what a subscriber may see is what it could recall --
@@ -486,17 +487,19 @@ class EventHub:
         rows: dict,
         sharing: set,
         shared: dict | None = None,
+        spans: Sequence[tuple[str, str, str | None]] = (),
     ) -> list:
         """The events this pattern lets its caller see, rendered for it, in order.
 
         `shared` carries renderings across the subscribers of one batch: an event looks the same to every
-        caller it is foreign to (or not), so it is rendered (and later encoded) once, not per stream.
+        caller it is foreign to (or not), so it is rendered (and later encoded) once, not per stream. `spans`
+        (spans_for): when authors shared their episodes, for removals, which carry no row to judge now.
         """
         caller = pattern.caller
         kept: list[tuple[Any, Any]] = []
         notices: list[tuple[Any, Any]] = []
         shared = {} if shared is None else shared
-        seen = solos_store.Visibility(caller, pattern.scope, sharing)  # recall's rule, for one row at a time
+        seen = solos_store.Visibility(caller, pattern.scope, sharing, spans=spans)  # recall's rule, row by row
         content = self.content_filter(pattern)
         for event in events:
             tier, agent = event["tier"], event["agent"]
@@ -511,6 +514,8 @@ class EventHub:
                 continue
             shown = None
             if event["kind"] in solos_store.REMOVALS:
+                if not seen.shared_at(tier, agent, event["ts"]):  # removed while its author did not share
+                    continue
                 if content is not None and not self.had_matched(content, (tier, event["row_id"])):
                     continue
             else:
@@ -545,6 +550,14 @@ class EventHub:
                 }
             found.append(shared[message])
         return found
+
+    def spans_for(self, conn: sqlite3.Connection, events: Sequence[Any]) -> list[tuple[str, str, str | None]]:
+        """When each author shared its episodes, if these events remove an opt-in row (else none: not read)."""
+        removes_opt_in = any(
+            e["kind"] in solos_store.REMOVALS and e["tier"] in self.tiers and self.tiers[e["tier"]].opt_in
+            for e in events
+        )
+        return self.store.queries.sharing_spans(conn) if removes_opt_in else []
 
     # -- removals follow the filters: decided while the row's text exists, remembered as row ids --
 
@@ -673,6 +686,7 @@ class EventHub:
                     events,
                     self.store.queries.current_rows(conn, self.tiers, events),
                     self.store.queries.sharing_agents(conn),
+                    spans=self.spans_for(conn, events),
                 )
             }
             for event in events:

@@ -458,6 +458,16 @@ class Visibility:
             return False
         return not TIER_TABLE[tier].opt_in or self.own(agent) or agent in self.sharing
 
+    def shared_at(self, tier: str, agent: str, at: str) -> bool:
+        """Whether another agent's opt-in row was shared at `at` (`spans`): a removal event carries no row to judge
+        now, so it reaches others only if its author shared when it was made (and, by `allows`, shares now)."""
+        return (
+            tier not in TIER_TABLE  # durable: its own agent's alone (allows)
+            or not TIER_TABLE[tier].opt_in
+            or self.own(agent)
+            or any(a == agent and start <= at < (end or "~") for a, start, end in self.spans)
+        )
+
     def allows_version(self, tier: str, agent: str, valid_from: str, valid_to: str | None, deleted: bool) -> bool:
         """One version as of a past time (valid_to None: the current one); `deleted`: its row was deleted."""
         if not self.allows(tier, agent) or (deleted and not self.own(agent)):

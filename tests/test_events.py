@@ -451,6 +451,25 @@ def test_the_hub_looks_for_other_copies_forgets_every_poll_only_while_it_streams
     assert hub.forget_check_s() == hub.poll_s
 
 
+def test_a_removal_of_an_episode_made_while_its_author_did_not_share_reaches_no_one_else(server):
+    """Events are filtered at read time; an episode forgotten while private must not turn up, as a bare removal
+    naming it, for readers who catch up after its author opted in to sharing."""
+    private = server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "kept to myself"}).body
+    forget = {"agent": "atlas", "tier": "episodic", "id": private["id"]}
+    assert server.request("DELETE", "/v1/memory", query=forget).status == 200
+    assert server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}).status == 201
+    shared = server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "told to all"}).body
+    assert server.request("DELETE", "/v1/memory", query={**forget, "id": shared["id"]}).status == 200
+    for transport in ("rest", "mcp"):
+        answer = read_events(server, transport, agent="sol", tiers=["episodic"], since=0)
+        assert [(e["kind"], e["row_id"]) for e in answer["events"]] == [("forget", shared["id"])], answer["events"]
+    own = read_events(server, agent="atlas", tiers=["episodic"], since=0)["events"]
+    assert [(e["kind"], e["row_id"]) for e in own if e["kind"] == "forget"] == [
+        ("forget", private["id"]),
+        ("forget", shared["id"]),
+    ]
+
+
 def test_a_durable_event_never_renders_another_agents_persona_in_its_row(server):
     """An event names persona/<agent> by row id: if that id now holds another agent's persona (the fleet renamed
     the key, or deleted it and its id went to the next persona), the event's agent must not be shown it."""
