@@ -44,6 +44,9 @@ MAX_SUBSCRIBERS = 32  # streams each hold a thread; past this, 503 (MAX_CONNECTI
 STREAMS_PER_AGENT = 4
 GONE_CHECK_S = 1.0  # how often a quiet stream looks for a client that hung up
 SUBSCRIBER_BUFFER = 1024  # events queued for one stream; a consumer that far behind is dropped, not waited for
+# A queued write older than this is read again before it is sent (the row gone: skipped), so a stream held up by
+# a slow socket never hands out a row forgotten while it waited; a fresher one went out as a recall's would.
+RECHECK_AFTER_S = 0.25
 HEARTBEAT_S = 15.0  # under common proxy idle timeouts (30-60 s) and the handler's 30 s socket timeout
 POLL_S = 0.05  # how often the fleet's own direct writes are looked for while anyone subscribes
 SWEEP_S = 1.0  # expiry events are at most this late
@@ -237,10 +240,12 @@ class Subscriber:
             return True
 
     def offer(self, events: list[dict]) -> bool:
-        """Queue events without ever waiting; False (and dropped) when the queue is full."""
+        """Queue events (with when they were queued) without ever waiting; False (and dropped) when the queue is
+        full."""
+        now = time.monotonic()
         for event in events:
             try:
-                self.queue.put_nowait(event)
+                self.queue.put_nowait((now, event))
             except queue.Full:
                 self.drop(f"slow consumer: {self.queue.qsize()} events undelivered")
                 return False
@@ -814,7 +819,7 @@ class EventHub:
             next_heartbeat = time.monotonic() + self.heartbeat_s
             while not self.stopped and not subscriber.dropped:
                 try:
-                    events = [subscriber.queue.get(timeout=min(GONE_CHECK_S, self.heartbeat_s))]
+                    queued = [subscriber.queue.get(timeout=min(GONE_CHECK_S, self.heartbeat_s))]
                 except queue.Empty:
                     if subscriber.gone():  # found within a second, not at the next failed heartbeat's write
                         return
@@ -828,12 +833,12 @@ class EventHub:
                     write(sse(comment="heartbeat", event_id=last))
                     continue
                 while not subscriber.queue.empty():
-                    events.append(subscriber.queue.get_nowait())
-                for event in events:
+                    queued.append(subscriber.queue.get_nowait())
+                for _, event in queued:
                     self.tell_gap(event.get("gap"), told, write)
-                fresh = [event for event in events if "gap" not in event and event["id"] > last]
+                fresh = [(at, event) for at, event in queued if "gap" not in event and event["id"] > last]
                 if fresh:
-                    last = self.deliver(subscriber, fresh, fresh[-1]["id"], write)
+                    last = self.deliver(subscriber, self.still_there(fresh), fresh[-1][1]["id"], write)
         except OSError:  # the client went away, or drop() cut the socket
             pass
         except Exception as error:  # e.g. the audit could not be written: say so, hand out nothing more
@@ -842,6 +847,17 @@ class EventHub:
                 write(sse({"message": f"stream ended: {type(error).__name__}: {error}"}, "error"))
         finally:
             self.unsubscribe(subscriber)
+
+    def still_there(self, queued: list[tuple[float, dict]]) -> list[dict]:
+        """The queued events to send: a write or update queued over RECHECK_AFTER_S ago only if its row is still
+        there (a stream held up by a slow socket; the removal's own event follows)."""
+        due = time.monotonic() - RECHECK_AFTER_S
+        stale = [event for at, event in queued if at < due and event.get("row") is not None]
+        if not stale:
+            return [event for _, event in queued]
+        there = self.store.read(lambda conn: self.store.queries.current_rows(conn, self.tiers, stale))
+        gone = {event["id"] for event in stale if (event["tier"], event["row_id"]) not in there}
+        return [event for _, event in queued if event["id"] not in gone]
 
     def catch_up(self, pattern: Pattern, since: int, conn: sqlite3.Connection) -> tuple[list[dict], int, dict | None]:
         """A stream's catch-up step: collect's events after `since`, and the transactions it went past."""
