@@ -838,7 +838,7 @@ class EventHub:
                     self.tell_gap(event.get("gap"), told, write)
                 fresh = [(at, event) for at, event in queued if "gap" not in event and event["id"] > last]
                 if fresh:
-                    last = self.deliver(subscriber, self.still_there(fresh), fresh[-1][1]["id"], write)
+                    last = self.deliver(subscriber, self.still_there(pattern, fresh), fresh[-1][1]["id"], write)
         except OSError:  # the client went away, or drop() cut the socket
             pass
         except Exception as error:  # e.g. the audit could not be written: say so, hand out nothing more
@@ -848,15 +848,24 @@ class EventHub:
         finally:
             self.unsubscribe(subscriber)
 
-    def still_there(self, queued: list[tuple[float, dict]]) -> list[dict]:
+    def still_there(self, pattern: Pattern, queued: list[tuple[float, dict]]) -> list[dict]:
         """The queued events to send: a write or update queued over RECHECK_AFTER_S ago only if its row is still
-        there (a stream held up by a slow socket; the removal's own event follows)."""
+        there and the caller may still see it (its author still shares it: a stream held up by a slow socket)."""
         due = time.monotonic() - RECHECK_AFTER_S
         stale = [event for at, event in queued if at < due and event.get("row") is not None]
         if not stale:
             return [event for _, event in queued]
-        there = self.store.read(lambda conn: self.store.queries.current_rows(conn, self.tiers, stale))
-        gone = {event["id"] for event in stale if (event["tier"], event["row_id"]) not in there}
+
+        def read(conn: sqlite3.Connection) -> tuple[dict, set]:
+            return self.store.queries.current_rows(conn, self.tiers, stale), self.store.queries.sharing_agents(conn)
+
+        there, sharing = self.store.read(read)
+        seen = solos_store.Visibility(pattern.caller, pattern.scope, sharing)
+        gone = {
+            event["id"]
+            for event in stale
+            if (event["tier"], event["row_id"]) not in there or not seen.allows(event["tier"], event["agent"])
+        }
         return [event for _, event in queued if event["id"] not in gone]
 
     def catch_up(self, pattern: Pattern, since: int, conn: sqlite3.Connection) -> tuple[list[dict], int, dict | None]:

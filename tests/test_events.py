@@ -451,35 +451,45 @@ def test_the_hub_looks_for_other_copies_forgets_every_poll_only_while_it_streams
     assert hub.forget_check_s() == hub.poll_s
 
 
-def test_a_stream_behind_its_queue_never_hands_out_a_row_forgotten_meanwhile(server):
+@pytest.mark.parametrize("meanwhile", ["forget", "unshare"])
+def test_a_stream_behind_its_queue_never_hands_out_a_row_it_may_no_longer_see(server, meanwhile):
     """A write is shown "as the row is when delivered, skipped if the row is gone by then": a stream stuck on a
-    slow socket while its queue fills must not hand out, later, a row forgotten in the meantime."""
+    slow socket while its queue fills must not hand out, later, a row forgotten (or an episode its author stopped
+    sharing) in the meantime."""
     hub = server.server.memory.events
-    pattern = solos_events.Pattern("sol", "shared", ("long",))
-    subscriber = hub.subscribe(pattern, None)
+    subscriber = hub.subscribe(solos_events.Pattern("sol", "shared", ("long", "episodic")), None)
     written: list[bytes] = []
     stuck, release = threading.Event(), threading.Event()
 
     def write(data: bytes) -> None:
         written.append(data)
-        if b"first fact" in data:  # the socket fills on this send: the stream waits here
+        if b"first one" in data:  # the socket fills on this send: the stream waits here
             stuck.set()
             release.wait(WAIT_S)
 
-    streaming = threading.Thread(target=hub.stream, args=(subscriber, None, write, b""), daemon=True)
-    streaming.start()
+    threading.Thread(target=hub.stream, args=(subscriber, None, write, b""), daemon=True).start()
     wait_until(lambda: written, "the stream's head")
-    server.post("/v1/long", {"agent": "atlas", "fact": "first fact"})
+    assert server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}).status == 201
+    tier, path = ("long", "/v1/long") if meanwhile == "forget" else ("episodic", "/v1/episodic")
+    text = {"long": "fact", "episodic": "summary"}[tier]
+    body = {"agent": "atlas", "event_type": "t"} if tier == "episodic" else {"agent": "atlas"}
+    server.post(path, {**body, text: "the first one"})
     assert stuck.wait(WAIT_S)
-    doomed = server.post("/v1/long", {"agent": "atlas", "fact": "doomed fact"}).body["id"]
-    wait_until(lambda: subscriber.queue.qsize() >= 1, "the doomed fact queued")
-    assert server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": doomed}).status == 200
+    doomed = server.post(path, {**body, text: "the doomed one"}).body["id"]
+    wait_until(lambda: subscriber.queue.qsize() >= 1, "the doomed row queued")
+    if meanwhile == "forget":
+        query = {"agent": "atlas", "tier": tier, "id": doomed}
+        assert server.request("DELETE", "/v1/memory", query=query).status == 200
+    else:
+        assert server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": False}).status == 200
     time.sleep(solos_events.RECHECK_AFTER_S + 0.1)
     release.set()
-    wait_until(lambda: b'"kind": "forget"' in b"".join(written), "the forget delivered")
+    with server.db() as conn:
+        head = conn.execute("SELECT max(id) FROM memory_event").fetchone()[0]
+    wait_until(lambda: f"id: {head}\n".encode() in b"".join(written), "the stream past the doomed row")
     subscriber.drop("test over")
     hub.unsubscribe(subscriber)
-    assert b"doomed fact" not in b"".join(written)
+    assert b"doomed one" not in b"".join(written)
 
 
 def test_a_removal_of_an_episode_made_while_its_author_did_not_share_reaches_no_one_else(server):
