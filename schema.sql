@@ -629,6 +629,15 @@ CREATE TABLE IF NOT EXISTS memory_forgotten_span (
 );
 CREATE INDEX IF NOT EXISTS memory_forgotten_span_time ON memory_forgotten_span (forgotten_at);
 
+-- Within a forgotten short row's span, the times it did not count: expired, until its key was written again.
+-- As-of recall lists no retraction then (the row was not there to be shown). Written with the span.
+CREATE TABLE IF NOT EXISTS memory_forgotten_gap (
+    retraction_id  INTEGER NOT NULL,
+    gap_from       TEXT NOT NULL,
+    gap_until      TEXT NOT NULL,
+    PRIMARY KEY (retraction_id, gap_from)
+);
+
 -- When each author was sharing its episodes (episodic_sharing's opt-in, from when until when), kept by the
 -- triggers below whoever writes: as-of recall shows another agent only an episode's versions that were current
 -- while their author was sharing. A database from before this table starts each sharing author's

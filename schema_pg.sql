@@ -336,6 +336,14 @@ CREATE TABLE IF NOT EXISTS memory_forgotten_span (
 );
 CREATE INDEX IF NOT EXISTS memory_forgotten_span_time ON memory_forgotten_span (forgotten_at);
 
+-- Within a forgotten short row's span, the times it did not count (schema.sql says why).
+CREATE TABLE IF NOT EXISTS memory_forgotten_gap (
+    retraction_id  BIGINT NOT NULL,
+    gap_from       TEXT NOT NULL,
+    gap_until      TEXT NOT NULL,
+    PRIMARY KEY (retraction_id, gap_from)
+);
+
 -- When each author was sharing its episodes (schema.sql says why); the trigger keeps it whoever writes.
 CREATE TABLE IF NOT EXISTS episodic_sharing_span (
     agent         TEXT NOT NULL,

@@ -44,6 +44,9 @@ MAX_SUBSCRIBERS = 32  # streams each hold a thread; past this, 503 (MAX_CONNECTI
 STREAMS_PER_AGENT = 4
 GONE_CHECK_S = 1.0  # how often a quiet stream looks for a client that hung up
 SUBSCRIBER_BUFFER = 1024  # events queued for one stream; a consumer that far behind is dropped, not waited for
+# A queued write older than this is read again before it is sent (the row gone: skipped), so a stream held up by
+# a slow socket never hands out a row forgotten while it waited; a fresher one went out as a recall's would.
+RECHECK_AFTER_S = 0.25
 HEARTBEAT_S = 15.0  # under common proxy idle timeouts (30-60 s) and the handler's 30 s socket timeout
 POLL_S = 0.05  # how often the fleet's own direct writes are looked for while anyone subscribes
 SWEEP_S = 1.0  # expiry events are at most this late
@@ -149,9 +152,11 @@ def logged_for(event: Any, row: Any) -> bool:
     Row ids are never reused (schema.sql), so this is the second lock: an id
     that named another row when the event was logged (a database from before
     the marks, or a fleet writer choosing ids) is never shown in its place.
+    A persona's id is the fleet's (no marks): it must still be persona/<the event's agent>, not the persona
+    the fleet renamed it to or gave its id next.
     """
     if event["tier"] == "durable":
-        return True
+        return bool(row["key"] == "persona/" + event["agent"])
     born = {"long": "created_at", "episodic": "ts"}.get(event["tier"])  # short rows restart created_at on update
     return row["agent"] == event["agent"] and (born is None or row[born] <= event["ts"])
 
@@ -222,6 +227,7 @@ class Subscriber:
     dropped: str | None = None
     opened: float = field(default_factory=time.monotonic)
     seat: int | None = None  # workers: its seat in solos_workers.Seats
+    confirm: Callable[[str], None] | None = None  # with tokens: raises once the token no longer names the caller
 
     def gone(self) -> bool:
         """The client hung up: its socket reads end-of-file (an SSE client sends nothing after its request)."""
@@ -234,10 +240,12 @@ class Subscriber:
             return True
 
     def offer(self, events: list[dict]) -> bool:
-        """Queue events without ever waiting; False (and dropped) when the queue is full."""
+        """Queue events (with when they were queued) without ever waiting; False (and dropped) when the queue is
+        full."""
+        now = time.monotonic()
         for event in events:
             try:
-                self.queue.put_nowait(event)
+                self.queue.put_nowait((now, event))
             except queue.Full:
                 self.drop(f"slow consumer: {self.queue.qsize()} events undelivered")
                 return False
@@ -470,7 +478,8 @@ class EventHub:
         shared: dict[tuple, dict] = {}
         skipped = self.skipped_gap(conn, after, events[-1]["id"])
         marks = [{"id": 0, "gap": skipped}] if skipped else []  # the stream writes it as a `gap` event (stream)
-        shares = {s: marks + self.visible(conn, s.pattern, events, rows, sharing, shared) for s in subscribers}
+        spans = self.spans_for(conn, events)
+        shares = {s: marks + self.visible(conn, s.pattern, events, rows, sharing, shared, spans) for s in subscribers}
         return shares, events[-1]["id"]
 
     # -- filtering: what a subscriber may see is what it could recall --
@@ -483,17 +492,19 @@ class EventHub:
         rows: dict,
         sharing: set,
         shared: dict | None = None,
+        spans: Sequence[tuple[str, str, str | None]] = (),
     ) -> list:
         """The events this pattern lets its caller see, rendered for it, in order.
 
         `shared` carries renderings across the subscribers of one batch: an event looks the same to every
-        caller it is foreign to (or not), so it is rendered (and later encoded) once, not per stream.
+        caller it is foreign to (or not), so it is rendered (and later encoded) once, not per stream. `spans`
+        (spans_for): when authors shared their episodes, for removals, which carry no row to judge now.
         """
         caller = pattern.caller
         kept: list[tuple[Any, Any]] = []
         notices: list[tuple[Any, Any]] = []
         shared = {} if shared is None else shared
-        seen = solos_store.Visibility(caller, pattern.scope, sharing)  # recall's rule, for one row at a time
+        seen = solos_store.Visibility(caller, pattern.scope, sharing, spans=spans)  # recall's rule, row by row
         content = self.content_filter(pattern)
         for event in events:
             tier, agent = event["tier"], event["agent"]
@@ -508,6 +519,8 @@ class EventHub:
                 continue
             shown = None
             if event["kind"] in solos_store.REMOVALS:
+                if not seen.shared_at(tier, agent, event["ts"]):  # removed while its author did not share
+                    continue
                 if content is not None and not self.had_matched(content, (tier, event["row_id"])):
                     continue
             else:
@@ -542,6 +555,14 @@ class EventHub:
                 }
             found.append(shared[message])
         return found
+
+    def spans_for(self, conn: sqlite3.Connection, events: Sequence[Any]) -> list[tuple[str, str, str | None]]:
+        """When each author shared its episodes, if these events remove an opt-in row (else none: not read)."""
+        removes_opt_in = any(
+            e["kind"] in solos_store.REMOVALS and e["tier"] in self.tiers and self.tiers[e["tier"]].opt_in
+            for e in events
+        )
+        return self.store.queries.sharing_spans(conn) if removes_opt_in else []
 
     # -- removals follow the filters: decided while the row's text exists, remembered as row ids --
 
@@ -670,6 +691,7 @@ class EventHub:
                     events,
                     self.store.queries.current_rows(conn, self.tiers, events),
                     self.store.queries.sharing_agents(conn),
+                    spans=self.spans_for(conn, events),
                 )
             }
             for event in events:
@@ -722,8 +744,11 @@ class EventHub:
 
     # -- streams --
 
-    def subscribe(self, pattern: Pattern, connection: socket.socket | None) -> Subscriber | None:
-        """Register a stream, or None when the cap is reached and no agent holds more than its share.
+    def subscribe(
+        self, pattern: Pattern, connection: socket.socket | None, confirm: Callable[[str], None] | None = None
+    ) -> Subscriber | None:
+        """Register a stream, or None when the cap is reached and no agent holds more than its share. `confirm`
+        (tokens on): asked before every delivery and heartbeat, so a revoked token's stream ends.
 
         An agent at STREAMS_PER_AGENT gives up its own oldest stream for its newest. At the cap, the agent
         holding the most streams gives up its oldest if it holds more than the newcomer's agent would.
@@ -750,7 +775,7 @@ class EventHub:
                 victim.drop(f"replaced by a newer stream ({victim.pattern.caller} holds its share)")
             if not self.subscribers:  # nobody was listening: start from the head, not from a backlog
                 self.cursor = self.store.read(self.store.queries.head_event)
-            subscriber = Subscriber(pattern, connection, seat=seat)
+            subscriber = Subscriber(pattern, connection, seat=seat, confirm=confirm)
             self.subscribers.add(subscriber)
         self.wakeup.set()
         return subscriber
@@ -794,25 +819,26 @@ class EventHub:
             next_heartbeat = time.monotonic() + self.heartbeat_s
             while not self.stopped and not subscriber.dropped:
                 try:
-                    events = [subscriber.queue.get(timeout=min(GONE_CHECK_S, self.heartbeat_s))]
+                    queued = [subscriber.queue.get(timeout=min(GONE_CHECK_S, self.heartbeat_s))]
                 except queue.Empty:
                     if subscriber.gone():  # found within a second, not at the next failed heartbeat's write
                         return
                     if time.monotonic() < next_heartbeat:
                         continue
                     next_heartbeat = time.monotonic() + self.heartbeat_s
+                    self.still_allowed(subscriber)
                     with self.lock:  # nothing queued under the lock: everything up to the cursor was examined
                         cursor = self.cursor if subscriber.queue.empty() else last
                     last = max(last, cursor)
                     write(sse(comment="heartbeat", event_id=last))
                     continue
                 while not subscriber.queue.empty():
-                    events.append(subscriber.queue.get_nowait())
-                for event in events:
+                    queued.append(subscriber.queue.get_nowait())
+                for _, event in queued:
                     self.tell_gap(event.get("gap"), told, write)
-                fresh = [event for event in events if "gap" not in event and event["id"] > last]
+                fresh = [(at, event) for at, event in queued if "gap" not in event and event["id"] > last]
                 if fresh:
-                    last = self.deliver(subscriber, fresh, fresh[-1]["id"], write)
+                    last = self.deliver(subscriber, self.still_there(pattern, fresh), fresh[-1][1]["id"], write)
         except OSError:  # the client went away, or drop() cut the socket
             pass
         except Exception as error:  # e.g. the audit could not be written: say so, hand out nothing more
@@ -821,6 +847,26 @@ class EventHub:
                 write(sse({"message": f"stream ended: {type(error).__name__}: {error}"}, "error"))
         finally:
             self.unsubscribe(subscriber)
+
+    def still_there(self, pattern: Pattern, queued: list[tuple[float, dict]]) -> list[dict]:
+        """The queued events to send: a write or update queued over RECHECK_AFTER_S ago only if its row is still
+        there and the caller may still see it (its author still shares it: a stream held up by a slow socket)."""
+        due = time.monotonic() - RECHECK_AFTER_S
+        stale = [event for at, event in queued if at < due and event.get("row") is not None]
+        if not stale:
+            return [event for _, event in queued]
+
+        def read(conn: sqlite3.Connection) -> tuple[dict, set]:
+            return self.store.queries.current_rows(conn, self.tiers, stale), self.store.queries.sharing_agents(conn)
+
+        there, sharing = self.store.read(read)
+        seen = solos_store.Visibility(pattern.caller, pattern.scope, sharing)
+        gone = {
+            event["id"]
+            for event in stale
+            if (event["tier"], event["row_id"]) not in there or not seen.allows(event["tier"], event["agent"])
+        }
+        return [event for _, event in queued if event["id"] not in gone]
 
     def catch_up(self, pattern: Pattern, since: int, conn: sqlite3.Connection) -> tuple[list[dict], int, dict | None]:
         """A stream's catch-up step: collect's events after `since`, and the transactions it went past."""
@@ -837,6 +883,7 @@ class EventHub:
 
     def deliver(self, subscriber: Subscriber, events: list[dict], examined: int, write: Callable[[bytes], Any]) -> int:
         """Audit, then write the events in sends of at most solos_bounds.ANSWER_BYTES; returns the new last id."""
+        self.still_allowed(subscriber)
         self.audit(subscriber.pattern.caller, events)
         self.logged(subscriber.pattern.caller, events)
         pending: list[bytes] = []
@@ -852,6 +899,12 @@ class EventHub:
         with self.lock:
             self.counters["delivered"] += len(events)
         return examined
+
+    @staticmethod
+    def still_allowed(subscriber: Subscriber) -> None:
+        """The stream's token still names its caller (tokens on); raises (the stream ends with an `error`) if not."""
+        if subscriber.confirm is not None:
+            subscriber.confirm(subscriber.pattern.caller)
 
     def encode(self, event: dict) -> bytes:
         """The event as an SSE message, encoded once for all the streams it goes to.

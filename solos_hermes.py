@@ -376,10 +376,13 @@ class SolosMemoryProvider(MemoryProvider):
     def spool(self, content: str) -> Path:
         """Keep a transcript the service did not take, on disk (fsynced), for drain_spool to send later."""
         folder = self.hermes_home / SPOOL_DIR
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)  # the agent's own memory: its user's alone (a folder an older version made was 755)
         target = folder / f"{salted_digest(self.agent, content)}.json"
         temporary = target.with_suffix(".tmp")
-        with open(temporary, "w", encoding="utf-8") as handle:
+        temporary.unlink(missing_ok=True)  # a leftover keeps its mode through O_CREAT: made anew, 600
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(descriptor, "w", encoding="utf-8") as handle:
             json.dump({"agent": self.agent, "session_id": self.session_id, "content": content}, handle)
             handle.flush()
             os.fsync(handle.fileno())

@@ -32,6 +32,9 @@ SOURCE = "store_memory"
 TIMEOUT_S = 10.0
 # urlopen's default opener follows http_proxy even to 127.0.0.1; this one has no proxy at all.
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# The node's scope for its agent's own memory. The service keeps no private long facts (every agent reads them);
+# import-qdrant leaves such points out for the same reason.
+PRIVATE_SCOPE = "private"
 
 
 class StoreMemoryError(Exception):
@@ -70,7 +73,15 @@ def store_memory(
     the fact's confidence, memory_scope a `scope:<value>` tag. Nothing is
     truncated: a fact over the service's limit is refused (StoreMemoryError,
     status 400), never cut. Writing the same fact again updates one row.
+    memory_scope "private" is refused (StoreMemoryError, field memory_scope),
+    nothing sent: a long fact is read by every agent.
     """
+    if memory_scope == PRIVATE_SCOPE:
+        raise StoreMemoryError(
+            "memory_scope 'private' cannot be kept as a long fact: every agent reads long facts; "
+            "write the agent's own memory as an episode (POST /v1/episodic), private unless it shares episodes",
+            field="memory_scope",
+        )
     body = {
         "agent": agent_id,
         "topic": topic,

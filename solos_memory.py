@@ -770,7 +770,8 @@ class MemoryHandler(BaseHTTPRequestHandler):
             },
         )
         checked = invoke(server.memory, server.tokens, subscribe, args, cast(Mapping[str, str], self.headers))
-        subscriber = server.memory.events.subscribe(checked["pattern"], self.connection)
+        confirm = server.tokens and functools.partial(server.tokens.confirm, self.headers.get("Authorization"))
+        subscriber = server.memory.events.subscribe(checked["pattern"], self.connection, confirm or None)
         if subscriber is None:
             raise Busy(f"{server.memory.events.max_subscribers} event streams are open; that is the cap")
         self.close_connection = True

@@ -93,6 +93,7 @@ TABLES = (
     Table("memory_delivery", ("id",)),
     Table("memory_version", ("id",)),
     Table("memory_forgotten_span", ("retraction_id",)),
+    Table("memory_forgotten_gap", ("retraction_id", "gap_from")),
     Table("memory_notice", ("id",)),
     Table("memory_job_run", ("id",)),
     Table("memory_activity", ("minute", "kind", "agent", "detail")),

@@ -567,7 +567,7 @@ def op_recall_as_of(memory: Any, args: dict) -> dict:
         else:
             rows, gone = shown_to(conn, reader, at, tiers, seen)
         best = best_of(rows, forms, k)  # streamed: at most k rows held, whatever the tier's size
-        return best, [g for g in gone if g["tier"] in tiers and seen.allows(g["tier"], g["agent"])], seen
+        return best, [retraction(g) for g in gone if g["tier"] in tiers and retraction_shown(seen, g)], seen
 
     with as_of_slot():
         ranked, retracted, seen = memory.store.read(work)
@@ -587,6 +587,17 @@ def op_recall_as_of(memory: Any, args: dict) -> dict:
         "ranking": "word_overlap" if forms is not None else "recency",
         "truncated": truncated,
     }
+
+
+def retraction_shown(seen: solos_store.Visibility, gone: dict) -> bool:
+    """A forgotten row's retraction follows its versions' rule over its whole life: another agent's episode only
+    if it lived while its author shared (and that author shares now)."""
+    return seen.allows_version(gone["tier"], gone["agent"], gone["born_at"], gone["lived_until"], False)
+
+
+def retraction(gone: dict) -> dict:
+    """A retraction as the answer gives it: which row, whose, when it was forgotten; no text, no life span."""
+    return {name: gone[name] for name in ("tier", "row_id", "agent", "forgotten_at")}
 
 
 @contextlib.contextmanager

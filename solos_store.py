@@ -458,6 +458,16 @@ class Visibility:
             return False
         return not TIER_TABLE[tier].opt_in or self.own(agent) or agent in self.sharing
 
+    def shared_at(self, tier: str, agent: str, at: str) -> bool:
+        """Whether another agent's opt-in row was shared at `at` (`spans`): a removal event carries no row to judge
+        now, so it reaches others only if its author shared when it was made (and, by `allows`, shares now)."""
+        return (
+            tier not in TIER_TABLE  # durable: its own agent's alone (allows)
+            or not TIER_TABLE[tier].opt_in
+            or self.own(agent)
+            or any(a == agent and start <= at < (end or "~") for a, start, end in self.spans)
+        )
+
     def allows_version(self, tier: str, agent: str, valid_from: str, valid_to: str | None, deleted: bool) -> bool:
         """One version as of a past time (valid_to None: the current one); `deleted`: its row was deleted."""
         if not self.allows(tier, agent) or (deleted and not self.own(agent)):
@@ -1409,6 +1419,18 @@ VERSIONED = {
 VERSION_FIELDS = "id, agent, label, text, tags, expires_at, valid_from, valid_to"
 
 
+def short_gaps(lives: Sequence[tuple[str, str, str | None]]) -> list[tuple[str, str]]:
+    """The times between a short row's versions (valid_from, valid_to, expires_at) when it counted for none:
+    expired, until written again. A version counts from valid_from until the earlier of valid_to and its expiry."""
+    gaps, counted_until = [], None
+    for start, end, expires in sorted(lives):
+        if counted_until is not None and counted_until < start:
+            gaps.append((counted_until, start))
+        until = min(end, expires or end)
+        counted_until = until if counted_until is None else max(counted_until, until)
+    return gaps
+
+
 def lives_sql(tier: str, greatest: str) -> str:
     """Every version of the tier's rows as one relation: the current ones (valid_to NULL) and the replaced."""
     tables, label, text, tags, expires, born = VERSIONED[tier]
@@ -1629,16 +1651,18 @@ class Queries:
         return busy == 0
 
     def retractions_after(self, conn: sqlite3.Connection, after_id: int) -> list[dict]:
+        """The retractions after `after_id`, each with when its row was born (`born_at`, None if not recorded)."""
         if not self.table_exists(conn, "memory_retraction"):
             return []
+        born = "s.born_at" if self.table_exists(conn, "memory_forgotten_span") else "NULL"
+        joined = "LEFT JOIN memory_forgotten_span s ON s.retraction_id = r.id" if born != "NULL" else ""
         rows = conn.execute(
-            "SELECT id, agent, tier, row_id, content_hash, key_hash, forgotten_at FROM memory_retraction "
-            "WHERE id > ? ORDER BY id",
+            f"SELECT r.id, r.agent, r.tier, r.row_id, r.content_hash, r.key_hash, r.forgotten_at, {born} "
+            f"FROM memory_retraction r {joined} WHERE r.id > ? ORDER BY r.id",
             (after_id,),
         )
-        return [
-            dict(zip(("id", "agent", "tier", "row_id", "content_hash", "key_hash", "forgotten_at"), r)) for r in rows
-        ]
+        fields = ("id", "agent", "tier", "row_id", "content_hash", "key_hash", "forgotten_at", "born_at")
+        return [dict(zip(fields, r)) for r in rows]
 
     def last_retraction(self, conn: sqlite3.Connection) -> int:
         """The newest retraction's id: another copy's forget shows here (solos_events.EventHub.watch_forgets)."""
@@ -1648,8 +1672,10 @@ class Queries:
         """Forget the row a retraction names if this database still has it, and record the retraction. True if erased.
 
         The row must be the same one: tier, id and writer, and the same content
-        hash (a short row: or the same key, since its value changes on upsert).
-        An id reused later by another row is left alone.
+        hash (a short row: or the same key, since its value changes on upsert),
+        or born no earlier than the forgotten row (`born_at`, when the retraction
+        carries it): the fleet may have rewritten its text in place after the
+        snapshot. An id an earlier row held, reused later by another, is left alone.
         """
         tier, row_id, agent = retraction["tier"], retraction["row_id"], retraction["agent"]
         fields = (tier, row_id, agent, retraction["content_hash"], retraction["forgotten_at"])
@@ -1662,9 +1688,11 @@ class Queries:
             return False
         found = self.find_row(conn, tier, row_id)
         row = found[1] if found is not None and found[1]["agent"] == agent else None
+        born_at = retraction.get("born_at")  # manifests before it was recorded lack it
         if row is not None and (
             content_hash(tier, row) == retraction["content_hash"]
             or (tier == "short" and sha256_text(row["key"]) == retraction["key_hash"])
+            or (born_at is not None and row[VERSIONED[tier][5]] >= born_at)
         ):
             self.erase(conn, tier, row_id, retraction["forgotten_at"])
             return True
@@ -1949,6 +1977,8 @@ class Queries:
             "DELETE FROM memory_notice WHERE id IN "
             "(SELECT id FROM memory_notice WHERE coalesce(acked_at, at) < ? LIMIT ?)",
             "DELETE FROM memory_version WHERE id IN (SELECT id FROM memory_version WHERE valid_to < ? LIMIT ?)",
+            "DELETE FROM memory_forgotten_gap WHERE retraction_id IN "
+            "(SELECT retraction_id FROM memory_forgotten_span WHERE forgotten_at < ? LIMIT ?)",
             "DELETE FROM memory_forgotten_span WHERE retraction_id IN "
             "(SELECT retraction_id FROM memory_forgotten_span WHERE forgotten_at < ? LIMIT ?)",
         ):
@@ -1994,6 +2024,16 @@ class Queries:
             "forgotten_at = excluded.forgotten_at, lived_until = excluded.lived_until",
             (min(born, earliest or born), row["expires_at"] if tier == "short" else None, retraction_id),
         )
+        if tier == "short":  # expired, then written again: not there to be shown in between
+            lives = conn.execute(
+                "SELECT valid_from, valid_to, expires_at FROM memory_version WHERE tier = 'short' AND row_id = ?",
+                (row["id"],),
+            ).fetchall()
+            conn.executemany(
+                "INSERT INTO memory_forgotten_gap (retraction_id, gap_from, gap_until) VALUES (?, ?, ?) "
+                "ON CONFLICT (retraction_id, gap_from) DO UPDATE SET gap_until = excluded.gap_until",
+                [(retraction_id, *gap) for gap in short_gaps([tuple(life) for life in lives])],
+            )
         conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
         if tier == "short":  # the key names the row: earlier rows of it (deleted, then written again) go too
             conn.execute(
@@ -2066,12 +2106,15 @@ class Queries:
         return [dict(row) for row in conn.execute(sql, (self.id_list(ids),))]
 
     def retracted_as_of(self, conn: sqlite3.Connection, at: str) -> list[dict]:
-        """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text)."""
+        """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text), and
+        born_at and lived_until (for Visibility.allows_version); a short row not while it was expired
+        (memory_forgotten_gap)."""
         rows = conn.execute(
-            "SELECT tier, row_id, agent, forgotten_at FROM memory_forgotten_span "
-            "WHERE born_at <= ? AND lived_until > ? "
+            "SELECT tier, row_id, agent, forgotten_at, born_at, lived_until FROM memory_forgotten_span s "
+            "WHERE born_at <= ? AND lived_until > ? AND NOT EXISTS (SELECT 1 FROM memory_forgotten_gap g "
+            "WHERE g.retraction_id = s.retraction_id AND g.gap_from <= ? AND g.gap_until > ?) "
             "ORDER BY forgotten_at",
-            (at, at),
+            (at, at, at, at),
         )
         return [dict(row) for row in rows]
 

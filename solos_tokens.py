@@ -78,6 +78,12 @@ class Tokens:
             raise Unauthorized("the bearer token is not known")
         return found
 
+    def confirm(self, authorization: str | None, agent: str) -> None:
+        """For a call that lasts (an event stream): the token still names `agent`; else Unauthorized, so a token
+        revoked (or given to another agent) stops what it opened at its next delivery, not only its next request."""
+        if self.agent_for(authorization) != agent:
+            raise Unauthorized("the bearer token no longer names this stream's agent")
+
 
 def file_state(path: str) -> tuple | None:
     """What changes when a file is written or replaced (None: it is gone)."""

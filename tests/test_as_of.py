@@ -119,6 +119,57 @@ def test_a_deleted_short_value_is_shown_to_no_one_else_and_its_author_can_forget
     assert left == 0
 
 
+def test_a_forgotten_short_row_is_no_retraction_as_of_a_time_it_had_expired_before_its_key_was_rewritten(fleet):
+    """A short row lives, expires, and its key is written again (the same row, in place), then forgotten: as of a
+    time it counted it is a retraction, as of the time between expiry and rewrite it was not there at all."""
+    atlas, nova = fleet["atlas"], fleet["nova"]
+    row = atlas.call("POST", "/v1/short", body={"key": "blink", "value": "first life", "ttl_s": 0.2}).body["id"]
+    step()
+    first = solos_store.utc_now()
+    time.sleep(0.3)
+    between = solos_store.utc_now()
+    step()
+    again = atlas.call("POST", "/v1/short", body={"key": "blink", "value": "second life"}).body
+    assert again["id"] == row, again
+    step()
+    second = solos_store.utc_now()
+    step()
+    assert atlas.call("DELETE", "/v1/memory", query={"tier": "short", "id": row}).status == 200
+    for caller in (atlas, nova):
+        retracted = {at: [r["row_id"] for r in caller.as_of(as_of=at)["retracted"]] for at in (first, between, second)}
+        assert retracted == {first: [row], between: [], second: [row]}, retracted
+
+
+def test_a_forgotten_episode_its_author_never_shared_is_no_retraction_for_anyone_else(fleet):
+    """As of a past time another agent's episode shows only if it was current while its author shared; the same
+    holds for its retraction: an episode that lived and was forgotten while private is nobody else's business,
+    even once its author shares."""
+    atlas, nova = fleet["atlas"], fleet["nova"]
+    private = atlas.call("POST", "/v1/episodic", body={"event_type": "task", "summary": "kept to myself"}).body["id"]
+    step()
+    lived = solos_store.utc_now()
+    step()
+    assert atlas.call("DELETE", "/v1/memory", query={"tier": "episodic", "id": private}).status == 200
+    assert atlas.call("PUT", "/v1/sharing", body={"episodic": True}).status == 201
+    shared = atlas.call("POST", "/v1/episodic", body={"event_type": "task", "summary": "told to all"}).body["id"]
+    step()
+    later = solos_store.utc_now()
+    step()
+    assert atlas.call("DELETE", "/v1/memory", query={"tier": "episodic", "id": shared}).status == 200
+    gone = {at: [r["row_id"] for r in nova.as_of(as_of=at, tiers="episodic")["retracted"]] for at in (lived, later)}
+    assert gone == {lived: [], later: [shared]}, gone
+    own = {at: [r["row_id"] for r in atlas.as_of(as_of=at, tiers="episodic")["retracted"]] for at in (lived, later)}
+    assert own == {lived: [private], later: [shared]}, own  # its author's own view keeps both
+
+
+def test_a_short_rows_gaps_are_the_times_no_version_counted():
+    t = [f"2026-01-01T00:00:0{n}.000Z" for n in range(10)]
+    # (valid_from, valid_to, expires_at), in any order: lived 0-2, expired until 4, lived 4-6 (a refresh at 5)
+    assert solos_store.short_gaps([(t[5], t[8], t[6]), (t[0], t[4], t[2]), (t[4], t[5], t[7])]) == [(t[2], t[4])]
+    assert solos_store.short_gaps([(t[0], t[3], t[9]), (t[3], t[5], None)]) == []  # never expired in between
+    assert solos_store.short_gaps([]) == []
+
+
 def test_forgetting_a_short_row_erases_the_versions_of_earlier_rows_of_its_key(server):
     word = marker()
     first = server.post("/v1/short", {"agent": "atlas", "key": "door", "value": f"{word} one"}).body["id"]

@@ -297,6 +297,34 @@ def test_with_tokens_the_token_decides_who_subscribes(make_server, tmp_path, str
     assert (event["agent"], event["foreign"], event["row"]["value"]) == ("sol", False, "by token")
 
 
+def test_a_stream_ends_when_its_token_is_revoked(token_server, streams):
+    """The token decides the caller for as long as a stream lasts, not only when it opens: once the operator
+    removes the line, the stream hands out nothing more and ends saying why."""
+    server, sol = token_server, {"Authorization": "Bearer sol-token"}
+    stream = subscribed(streams(server, {"scope": "shared"}, sol))
+    atlas = {"Authorization": "Bearer atlas-token"}
+    assert server.post("/v1/long", {"fact": "written while sol may read"}, headers=atlas).status == 201
+    assert [e["row"]["text"] for e in stream.events(1)] == ["written while sol may read"]
+    tokens = server.server.config.tokens_file
+    kept = [line for line in open(tokens).read().splitlines() if not line.endswith(" sol")]
+    with open(tokens, "w") as handle:  # sol's token revoked (the file keeps its mode 600)
+        handle.write("\n".join(kept) + "\n")
+    assert server.request("GET", "/v1/audit", query={"limit": 1}, headers=sol).status == 401
+    assert server.post("/v1/long", {"fact": "written after the revocation"}, headers=atlas).status == 201
+    message = stream.next(timeout=WAIT_S)
+    assert message is not None and message.get("event") == "error", message
+    assert "written after the revocation" not in json.dumps(message)
+    assert stream.closed.wait(WAIT_S)
+    assert stream.quiet(0.2) == []
+    server.server.memory.events.heartbeat_s = 0.2  # an idle stream ends at its next heartbeat
+    idle = subscribed(streams(server, {"scope": "shared"}, atlas))
+    with open(tokens, "w") as handle:
+        handle.write("# every token revoked\n")
+    message = idle.next(timeout=WAIT_S)
+    assert message is not None and message.get("event") == "error", message
+    assert idle.closed.wait(WAIT_S)
+
+
 # ---- each agent's share of streams ----
 
 
@@ -421,3 +449,88 @@ def test_the_hub_looks_for_other_copies_forgets_every_poll_only_while_it_streams
     assert hub.forget_check_s() == solos_events.SWEEP_S and hub.wire == {}
     subscribed(streams(server, {"agent": "sol", "tiers": "long"}))
     assert hub.forget_check_s() == hub.poll_s
+
+
+@pytest.mark.parametrize("meanwhile", ["forget", "unshare"])
+def test_a_stream_behind_its_queue_never_hands_out_a_row_it_may_no_longer_see(server, meanwhile):
+    """A write is shown "as the row is when delivered, skipped if the row is gone by then": a stream stuck on a
+    slow socket while its queue fills must not hand out, later, a row forgotten (or an episode its author stopped
+    sharing) in the meantime."""
+    hub = server.server.memory.events
+    subscriber = hub.subscribe(solos_events.Pattern("sol", "shared", ("long", "episodic")), None)
+    written: list[bytes] = []
+    stuck, release = threading.Event(), threading.Event()
+
+    def write(data: bytes) -> None:
+        written.append(data)
+        if b"first one" in data:  # the socket fills on this send: the stream waits here
+            stuck.set()
+            release.wait(WAIT_S)
+
+    threading.Thread(target=hub.stream, args=(subscriber, None, write, b""), daemon=True).start()
+    wait_until(lambda: written, "the stream's head")
+    assert server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}).status == 201
+    tier, path = ("long", "/v1/long") if meanwhile == "forget" else ("episodic", "/v1/episodic")
+    text = {"long": "fact", "episodic": "summary"}[tier]
+    body = {"agent": "atlas", "event_type": "t"} if tier == "episodic" else {"agent": "atlas"}
+    server.post(path, {**body, text: "the first one"})
+    assert stuck.wait(WAIT_S)
+    doomed = server.post(path, {**body, text: "the doomed one"}).body["id"]
+    wait_until(lambda: subscriber.queue.qsize() >= 1, "the doomed row queued")
+    if meanwhile == "forget":
+        query = {"agent": "atlas", "tier": tier, "id": doomed}
+        assert server.request("DELETE", "/v1/memory", query=query).status == 200
+    else:
+        assert server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": False}).status == 200
+    time.sleep(solos_events.RECHECK_AFTER_S + 0.1)
+    release.set()
+    with server.db() as conn:
+        head = conn.execute("SELECT max(id) FROM memory_event").fetchone()[0]
+    wait_until(lambda: f"id: {head}\n".encode() in b"".join(written), "the stream past the doomed row")
+    subscriber.drop("test over")
+    hub.unsubscribe(subscriber)
+    assert b"doomed one" not in b"".join(written)
+
+
+def test_a_removal_of_an_episode_made_while_its_author_did_not_share_reaches_no_one_else(server):
+    """Events are filtered at read time; an episode forgotten while private must not turn up, as a bare removal
+    naming it, for readers who catch up after its author opted in to sharing."""
+    private = server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "kept to myself"}).body
+    forget = {"agent": "atlas", "tier": "episodic", "id": private["id"]}
+    assert server.request("DELETE", "/v1/memory", query=forget).status == 200
+    assert server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}).status == 201
+    shared = server.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "told to all"}).body
+    assert server.request("DELETE", "/v1/memory", query={**forget, "id": shared["id"]}).status == 200
+    for transport in ("rest", "mcp"):
+        answer = read_events(server, transport, agent="sol", tiers=["episodic"], since=0)
+        assert [(e["kind"], e["row_id"]) for e in answer["events"]] == [("forget", shared["id"])], answer["events"]
+    own = read_events(server, agent="atlas", tiers=["episodic"], since=0)["events"]
+    assert [(e["kind"], e["row_id"]) for e in own if e["kind"] == "forget"] == [
+        ("forget", private["id"]),
+        ("forget", shared["id"]),
+    ]
+
+
+def test_a_durable_event_never_renders_another_agents_persona_in_its_row(server):
+    """An event names persona/<agent> by row id: if that id now holds another agent's persona (the fleet renamed
+    the key, or deleted it and its id went to the next persona), the event's agent must not be shown it."""
+    with server.db() as conn:
+        renamed = conn.execute(
+            "INSERT INTO memory_durable (key, value) VALUES ('persona/atlas', 'atlas is bold') RETURNING id"
+        ).fetchone()[0]
+        conn.execute("UPDATE memory_durable SET key = 'persona/sol', value = 'sol is careful' WHERE id = ?", (renamed,))
+        reused = conn.execute(
+            "INSERT INTO memory_durable (key, value) VALUES ('persona/atlas', 'atlas again') RETURNING id"
+        ).fetchone()[0]
+        conn.execute("DELETE FROM memory_durable WHERE id = ?", (reused,))
+        nova = conn.execute(
+            "INSERT INTO memory_durable (key, value) VALUES ('persona/nova', 'nova keeps secrets') RETURNING id"
+        ).fetchone()[0]
+    assert nova == reused  # the fleet's table keeps no id marks: SQLite handed the deleted id on
+    for transport in ("rest", "mcp"):
+        answer = read_events(server, transport, agent="atlas", tiers=["durable"], since=0)
+        shown = json.dumps(answer["events"])
+        assert "sol is careful" not in shown and "nova keeps secrets" not in shown, answer["events"]
+        assert [(e["kind"], e["row"]) for e in answer["events"]] == [("delete", None)]
+    sol = read_events(server, agent="sol", tiers=["durable"], since=0)["events"]
+    assert [e["row"]["text"] for e in sol] == ["sol is careful"]

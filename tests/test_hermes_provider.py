@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -504,6 +505,10 @@ def test_the_archive_spools_on_any_failure(hermes_home):
     assert step(nested, "pre_compress_direct")["raised"] == "ArchiveFailed"
     assert "too deep" in json.dumps(step(nested, "tool")["result"])
     assert len(step(nested, "spooled")["result"]) == 2
+    # A transcript is the agent's own memory: its spool is its user's alone, whatever the umask (022 here).
+    spool = hermes_home / "solos-spool"
+    assert stat.S_IMODE(spool.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(path.stat().st_mode) for path in spool.iterdir()} == {0o600}
 
 
 @pytest.mark.parametrize("answer", [b'{"status": "ok"}', b'{"status": "created"}'], ids=["ok", "no id"])

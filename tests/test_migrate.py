@@ -10,6 +10,7 @@ import io
 import json
 import sqlite3
 import struct
+import time
 import uuid
 from pathlib import Path
 
@@ -125,6 +126,11 @@ def fill(db: Path) -> dict:
         post("/v1/short", {"agent": "sol", "key": "current-task", "value": "renewing certificates"})  # superseded
         forgot = server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": doomed["id"]})
         assert forgot.status == 200 and forgot.body["notified"] == 1
+        blink = post("/v1/short", {"agent": "nova", "key": "blink", "value": "brief", "ttl_s": 0.05})
+        time.sleep(0.1)  # expired, then written again: a gap in its life, kept when it is forgotten
+        post("/v1/short", {"agent": "nova", "key": "blink", "value": "back again"})
+        query = {"agent": "nova", "tier": "short", "id": blink["id"]}
+        assert server.request("DELETE", "/v1/memory", query=query).status == 200
         with server.db() as conn:  # the fleet's direct writers
             conn.execute("INSERT INTO memory_durable (key, value) VALUES ('persona/atlas', ?)", (AWKWARD,))
             conn.execute("UPDATE memory_longterm SET embedding = ? WHERE id = ?", (VECTOR, backup["id"]))

@@ -75,6 +75,17 @@ def test_store_memory_never_truncates_and_reports_the_service_refusal(server):
         assert conn.execute("SELECT fact FROM memory_longterm").fetchone()[0] == whole
 
 
+def test_store_memory_refuses_a_private_memory_rather_than_share_it(server):
+    """The node's memory_scope="private" meant its agent's own: a long fact is read by every agent (the import
+    leaves such points out for that reason), so the writer refuses it, saying so, and stores nothing."""
+    with pytest.raises(StoreMemoryError) as refused:
+        store_memory("atlas", "infra", "The vault passphrase is kept in row 7", "private", url=server.url)
+    assert refused.value.field == "memory_scope" and "every agent" in str(refused.value)
+    assert server.recall("sol", "vault passphrase", k=5).body["results"] == []
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
 def test_store_memory_names_an_unreachable_service():
     with pytest.raises(StoreMemoryError, match="unreachable"):
         store_memory("atlas", "infra", "a fact", url="http://127.0.0.1:9", timeout=2)

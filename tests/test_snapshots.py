@@ -215,6 +215,30 @@ def test_a_restore_from_before_a_forget_does_not_bring_the_row_back(server, make
         assert conn.execute("SELECT max(id) FROM memory_event").fetchone()[0] > last_before
 
 
+def test_a_row_the_fleet_rewrote_after_the_snapshot_stays_forgotten_after_a_restore(server, make_server, tmp_path):
+    """The retraction's content hash is of the text the row held when it was forgotten; the snapshot holds the
+    same row (tier, id, writer, birth) with the text before the fleet rewrote it in place. It is still the row."""
+    folder = tmp_path / "snapshots"
+    word = marker()
+    fact = server.post("/v1/long", {"agent": "atlas", "topic": "t", "fact": f"first plan {word}"}).body["id"]
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
+    body = {"agent": "atlas", "event_type": "task", "summary": f"first try {word}"}
+    episode = server.post("/v1/episodic", body).body["id"]
+    old = snapshot(server, folder)
+    with server.db() as conn:  # one of the fleet's writers rewrites both rows in place
+        conn.execute("UPDATE memory_longterm SET fact = ? WHERE id = ?", (f"second plan {word}", fact))
+        conn.execute("UPDATE memory_episodic SET summary = ? WHERE id = ?", (f"second try {word}", episode))
+    for tier, row_id in (("long", fact), ("episodic", episode)):
+        reply = server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": tier, "id": row_id})
+        assert reply.status == 200, reply.body
+    snapshot(server, folder)
+    fresh = tmp_path / "fresh.db"
+    assert restore(old["path"], fresh)[0] == 0
+    restored = make_server("fresh.db")
+    assert restored.recall("sol", word, tiers="long,episodic").body["results"] == []
+    assert files_holding(restored, word[-16:]) == {"db": 0, "-wal": 0}
+
+
 # ---- a stale WAL, a running service, file modes, old schemas, killed runs, manifests' names and removals ----
 
 # The release before schema version 2 (memory_scrub_pending): snapshots it took must stay restorable.

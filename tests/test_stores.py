@@ -291,6 +291,16 @@ def test_a_persona_is_recalled_only_by_its_own_agent(served, store_url):
     assert (refused.status, refused.body["error"]["field"]) == (403, "tiers")
 
 
+def test_a_persona_renamed_by_the_fleet_is_no_event_of_its_former_agent(served, store_url):
+    (row,) = direct(store_url, "INSERT INTO memory_durable (key, value) VALUES ('persona/atlas', 'bold') RETURNING id")
+    renamed = "UPDATE memory_durable SET key = 'persona/sol', value = 'Sol keeps this' WHERE id = ?"
+    direct(store_url, renamed, (row["id"],))
+    atlas = ok(served.get("/v1/events", agent="atlas", tiers="durable", since=0))["events"]
+    assert "Sol keeps this" not in json.dumps(atlas) and [e["row"] for e in atlas] == [None] * len(atlas)
+    sol = ok(served.get("/v1/events", agent="sol", tiers="durable", since=0))["events"]
+    assert [(e["kind"], e["row"]["text"]) for e in sol] == [("update", "Sol keeps this")]
+
+
 # A small designed corpus, written in this order as (agent, topic, fact, tags): ids 1..n. Rows without a topic
 # have no neighbours, so BM25 alone orders them; lengths differ, so no two scores tie.
 RANKED_LONG = [
