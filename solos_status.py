@@ -355,7 +355,8 @@ def verdict(health: dict) -> str:
 
 
 def problem_list(health: dict, stats: dict) -> list[str]:
-    """What needs the operator: a job that failed or is overdue, an embedder that fails or hangs."""
+    """What needs the operator: a job that failed or is overdue, an embedder that fails or hangs, a judge or
+    cross-encoder whose files recall cannot use."""
     problems = [
         f"{job} {state['state']}: {without_paths(state['detail'])}"
         for job, state in (stats.get("jobs") or {}).items()
@@ -363,6 +364,13 @@ def problem_list(health: dict, stats: dict) -> list[str]:
     ]
     if health.get("embedder_state") in ("failing", "busy"):
         problems.append(without_paths(str(health["degraded_reason"])))
+    judge = health.get("judge") or {}
+    for state, reason in (
+        (judge.get("state"), judge.get("reason")),
+        (judge.get("cross_encoder"), judge.get("cross_encoder_reason")),
+    ):
+        if state == "unavailable":
+            problems.append(without_paths(str(reason)))
     return problems
 
 

@@ -417,10 +417,15 @@ def test_hybrid_recall_names_the_cross_encoder(embedded_server, monkeypatch):
 def test_hybrid_recall_without_its_model_answers_with_the_features_judge_and_why(
     embedded_server, monkeypatch, tmp_path, model
 ):
-    body = hybrid_recall(served_with(embedded_server, monkeypatch, copied(tmp_path, model)))
+    server = served_with(embedded_server, monkeypatch, copied(tmp_path, model))
+    body = hybrid_recall(server)
     receipt = body["receipt"]
     assert receipt["judge"].startswith("features-hybrid@")
     assert ("unreadable" if model is None else "sha256") in receipt["judge_reason"]
+    for surface in (server.get("/health"), server.get("/v1/stats")):  # the operator is told too, not only receipts
+        judge = surface.body["judge"]
+        assert (judge["state"], judge["cross_encoder"]) == ("ready", "unavailable"), judge
+        assert judge["cross_encoder_reason"] in receipt["judge_reason"]
     assert len(body["results"]) == 2 and all(0.0 < r["relevance"] <= 1.0 for r in body["results"])
     features = hybrid_recall(served_with(embedded_server, monkeypatch, None, "features.db"))  # the same, no model
     assert (features["receipt"]["judge"], features["receipt"]["judge_reason"]) == (receipt["judge"], None)

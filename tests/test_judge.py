@@ -9,6 +9,7 @@ import json
 import pytest
 
 import solos_judge
+import solos_status
 
 SHIPPED = solos_judge.load()
 
@@ -181,3 +182,12 @@ def test_probabilities_stay_in_0_1(mode):
         assert len(verdict.probabilities) == len(rows)
         assert all(0.0 <= p <= 1.0 for p in verdict.probabilities)
     assert SHIPPED.judge("anything", [], mode).probabilities == []
+
+
+@pytest.mark.parametrize(("switch", "judge", "cross"), [("off", "off", None), ("features", "ready", "off")])
+def test_the_off_switches_show_as_off_not_as_faults(monkeypatch, switch, judge, cross):
+    """/health shows the judge's state: turned off by choice is `off`, which the status page lists no problem for."""
+    monkeypatch.setenv(solos_judge.OFF_VARIABLE, switch)
+    state = solos_judge.load().state()
+    assert (state["state"], state["cross_encoder"]) == (judge, cross)
+    assert solos_status.problem_list({"judge": state}, {}) == []

@@ -510,6 +510,26 @@ def test_a_missing_or_corrupt_judge_file_degrades_to_relevance_with_its_reason(
     assert 0.0 < reply.body["results"][0]["relevance"] <= 1.0
 
 
+def test_health_and_stats_say_when_recall_cannot_use_the_judge(make_server, monkeypatch, tmp_path):
+    """A missing judge file turned every recall's relevance into the reranker's calibration while /health,
+    /v1/stats and the status page said nothing of it: only a reader of each receipt could tell."""
+    monkeypatch.setattr(solos_judge, "JUDGE_PATH", tmp_path / "judge.json")  # missing
+    served = make_server()
+    write_long(served, "atlas", "payments-api serves on port 8443.")
+    receipt = served.recall("sol", "What port does payments-api listen on?", tiers="long").body["receipt"]
+    for surface in (served.get("/health"), served.get("/v1/stats"), served.get("/v1/stats", agent="sol")):
+        judge = surface.body["judge"]
+        assert judge["state"] == "unavailable" and judge["reason"] == receipt["judge_reason"], judge
+    assert "judge file unreadable" in served.get("/status").raw.decode()
+
+
+def test_health_and_stats_say_the_judge_is_ready(server):
+    for surface in (server.get("/health"), server.get("/v1/stats")):
+        judge = surface.body["judge"]
+        assert (judge["state"], judge["reason"]) == ("ready", None), judge
+        assert judge["name"] == f"features@{solos_judge.JUDGE_SHA256[:8]}"
+
+
 def test_a_floor_is_read_as_a_program_prints_it(server):
     """A client sends str(float): 17 significant digits, or an exponent for a small value."""
     server.post("/v1/long", {"agent": "atlas", "fact": "The kubernetes cluster is owned by the platform team"})
