@@ -251,7 +251,9 @@ def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) 
     found.seen.audit(memory.store, [(r["tier"], r["agent"], r["id"]) for r in results + collapsed])
     corroboration = solos_provenance.witnessed(memory, plan.caller, results, collapsed)  # and the delivery log
     memory.stats.record_recall(results, len(collapsed))
-    reason = "; ".join(why for why in (plan.reason, found.rerank_failure) if why) or None
+    unjudged = found.rerank_failure and plan.floor > 0  # no row has a relevance: every one passed the floor
+    void = f"min_relevance {plan.floor:g} not applied (no relevance without the reranker)" if unjudged else None
+    reason = "; ".join(why for why in (plan.reason, found.rerank_failure, void) if why) or None
     return {
         "agent": plan.caller,
         "q": plan.query,
