@@ -234,8 +234,7 @@ def judge_head(memory: Any, plan: RecallPlan, found: Gathered, fused: solos_rank
 
 def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:
     """Collapse duplicates, cut to k after the relevance floor, audit foreign episodes, count; the response."""
-    for result in found.persona:
-        result["relevance"] = 1.0  # the caller's own persona, shown only when it shares a word with the question
+    # The caller's own persona (shown when it shares a word with the question) has no relevance: no judge read it.
     results, collapsed = solos_rank.collapse_duplicates(found.persona + ranked, plan.k)
     below = [r for r in results if r.get("relevance") is not None and r["relevance"] < plan.floor]
     if below:  # the top k as it would be with no floor, less the rows under it, refilled from those above it
@@ -297,7 +296,8 @@ RECALLED_ROW = result_schema(
         "relevance": {
             "type": ["number", "null"],
             "description": "The probability (0-1) that the row is relevant to q, calibrated on a dev set; null "
-            "without words to judge by (empty q) or with ranking=vector.",
+            "without words to judge by (empty q), with ranking=vector, when the reranker failed (degraded_reason "
+            "says so), and for the caller's own persona (durable, never judged).",
         },
     }
 )

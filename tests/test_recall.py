@@ -120,6 +120,16 @@ def test_durable_is_never_default_and_only_the_callers_own_persona(server):
     assert reply.body["results"][0]["foreign"] is False
 
 
+def test_the_persona_is_never_given_a_relevance_no_judge_set(server):
+    """The caller's persona came back with relevance 1.0: a certainty no judge gave, under a receipt naming the
+    judge (or none, for an empty q, whose relevance is documented null)."""
+    add_persona(server, "sol", "Sol is the fleet's careful planner")
+    for q in ("planner", ""):
+        reply = server.recall("sol", q, tiers="durable", min_relevance=0.9)
+        assert [(r["tier"], r["relevance"]) for r in reply.body["results"]] == [("durable", None)], reply.body
+        assert reply.body["below_floor"] == 0  # listed first, whatever the floor, as before
+
+
 def test_asking_for_other_agents_durable_rows_is_403(server):
     add_persona(server, "atlas", "Atlas persona")
     reply = server.recall("sol", "persona", tiers="durable", scope="shared_except_self")
