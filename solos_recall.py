@@ -235,10 +235,12 @@ def judge_head(memory: Any, plan: RecallPlan, found: Gathered, fused: solos_rank
 def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:
     """Collapse duplicates, cut to k after the relevance floor, audit foreign episodes, count; the response."""
     # The caller's own persona (shown when it shares a word with the question) has no relevance: no judge read it.
+    # The floor applies where rows were judged: not to recency or vector ranking, nor after the reranker failed.
+    floor = plan.floor if found.ranking in ("keyword", "hybrid") and found.rerank_failure is None else 0.0
     results, collapsed = solos_rank.collapse_duplicates(found.persona + ranked, plan.k)
-    below = [r for r in results if r.get("relevance") is not None and r["relevance"] < plan.floor]
+    below = [r for r in results if r.get("relevance") is not None and r["relevance"] < floor]
     if below:  # the top k as it would be with no floor, less the rows under it, refilled from those above it
-        passing = [r for r in found.persona + ranked if r.get("relevance") is None or r["relevance"] >= plan.floor]
+        passing = [r for r in found.persona + ranked if r.get("relevance") is None or r["relevance"] >= floor]
         results, collapsed = solos_rank.collapse_duplicates(passing, plan.k)
     results, truncated = solos_bounds.cut(results)  # left out, not handed over: neither audited nor counted as read
     for result in results:  # presentation work, only for the rows returned
@@ -262,7 +264,7 @@ def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) 
         "count": len(results),
         "results": results,
         "suppressed_duplicates": len(collapsed),
-        "min_relevance": plan.floor,
+        "min_relevance": floor,
         "below_floor": len(below),
         "degraded": reason is not None,
         "degraded_reason": reason,
@@ -307,7 +309,11 @@ RECALL_OUTPUT = result_schema(
         "count": {"type": "integer"},
         "results": {"type": "array", "items": RECALLED_ROW},
         "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
-        "min_relevance": {"type": "number", "description": "The floor this recall applied."},
+        "min_relevance": {
+            "type": "number",
+            "description": "The floor this recall applied: 0 where no row was judged (empty q, ranking=vector, a "
+            "failed reranker), whatever was asked.",
+        },
         "below_floor": {
             "type": "integer",
             "description": "Rows of the top k left out for a relevance under the floor: with count 0, an honest "
@@ -408,7 +414,7 @@ OPERATION_ROWS = (
                     "default": 0.0,
                     "description": "Leave out rows less likely than this to be relevant (see relevance); default 0: "
                     f"every match. The client's turn helpers use {solos_rank.RELEVANCE_FLOOR}. Not applied to an "
-                    "empty q.",
+                    "empty q or ranking=vector (the answer's min_relevance is then 0).",
                 },
             }
         ),

@@ -189,6 +189,18 @@ def test_backfill_command_counts_and_fails_without_an_embedder(server, monkeypat
     assert [line["rows"] for line in lines if line["event"] == "backfilled"] == [0]
 
 
+def test_vector_ranking_says_it_applied_no_floor(embedded_server):
+    """ranking=vector gives no relevance, so min_relevance let every row through, while the answer said it
+    applied the floor asked for (the field is "the floor this recall applied")."""
+    server = embedded_server(WordHashEmbedder())
+    server.post("/v1/long", {"agent": "atlas", "fact": "zebra stripes pattern"})
+    wait_for_vectors(server, 1)
+    reply = server.recall("sol", "zebra stripes", ranking="vector", min_relevance=0.9).body
+    assert (reply["ranking"], reply["count"], reply["results"][0]["relevance"]) == ("vector", 1, None), reply
+    assert reply["min_relevance"] == 0 and reply["below_floor"] == 0
+    assert server.recall("sol", "zebra stripes", min_relevance=0.9).body["min_relevance"] == 0.9  # hybrid: judged
+
+
 @pytest.mark.slow
 def test_filters_apply_before_the_vector_top_k(embedded_server):
     server = embedded_server(WordHashEmbedder())
