@@ -224,12 +224,16 @@ def judge_head(memory: Any, plan: RecallPlan, found: Gathered, fused: solos_rank
     found.judge, found.judge_reason = verdict.name, verdict.reason
     if verdict.name == "relevance":  # no judge: the reranker's relevance stands (a cross-encoder's failure is not)
         return
-    lowest, cut = min(verdict.probabilities), min(r["relevance"] for r in head)
+    # Rows below keep their ratios, under the lowest the judge gave: the reranker's relevance of the vector leg's
+    # seats past the judge's depth (solos_rank.with_vector_seats) may pass the head's lowest, so the scale is
+    # the larger of the two.
+    below = [r for r in ranked[JUDGE_DEPTH:] if r.get("relevance") is not None]
+    lowest = min(verdict.probabilities)
+    cut = max([r["relevance"] for r in below] + [min(r["relevance"] for r in head)])
     for row, p in zip(head, verdict.probabilities):
         row["relevance"] = p
-    for row in ranked[JUDGE_DEPTH:]:
-        if row.get("relevance") is not None:
-            row["relevance"] = lowest * row["relevance"] / cut if cut > 0 else 0.0
+    for row in below:
+        row["relevance"] = lowest * row["relevance"] / cut if cut > 0 else 0.0
 
 
 def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:
