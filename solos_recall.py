@@ -159,8 +159,14 @@ def gather(memory: Any, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Rec
     ranking = plan.ranking
     if plan.vector is not None and vectors is not None:
         vectors.refresh(store, conn, names)
-        if not vectors.count(names) and (candidates or not keyword_ran):  # rows, none embedded yet: keyword
-            ranking = "keyword"  # (an empty database stays hybrid: both legs ran and found nothing)
+        # Rows, none embedded yet: keyword. Only tiers holding no row the caller may read stay hybrid (both legs
+        # ran and found nothing); rows the keyword leg missed were out of the vector leg's reach, not absent.
+        if not vectors.count(names) and (
+            candidates
+            or not keyword_ran
+            or any(store.recent_rows(conn, tier, seen, 1, plan.tags) for tier in plan.searched)
+        ):
+            ranking = "keyword"
     if ranking == "keyword" and not keyword_ran:
         candidates = keyword_leg()
     if ranking == "hybrid" and vectors is not None:  # other copies' rows, embedded since the snapshot

@@ -298,6 +298,18 @@ def test_an_embedder_with_no_vectors_yet_says_keyword_only(embedded_server, monk
     assert server.get("/health").body["degraded_reason"] == reply.body["degraded_reason"]
 
 
+def test_rows_with_no_vector_and_no_keyword_match_are_not_called_hybrid(embedded_server):
+    """With rows but none embedded, a question the keyword leg missed was answered `hybrid` (both legs ran,
+    found nothing): the vector leg had nothing to search, so nothing was said of the rows it could not read."""
+    server = embedded_server(QueriesOnly())
+    server.post("/v1/long", {"agent": "atlas", "fact": "giraffe necks are long"})
+    wait_for_embed_error(server)
+    reply = server.recall("sol", "tall animals").body
+    assert (reply["count"], reply["ranking"], reply["receipt"]["legs"]) == (0, "keyword", ["keyword"]), reply
+    empty = embedded_server(QueriesOnly(), "empty.db").recall("sol", "tall animals").body  # nothing to search
+    assert (empty["count"], empty["ranking"]) == (0, "hybrid"), empty
+
+
 @pytest.mark.slow
 def test_a_stopped_service_embeds_nothing_more(embedded_server):
     """A stopped service's worker used to run one more sweep, writing another model's vectors into a shared db."""
