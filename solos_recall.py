@@ -332,8 +332,8 @@ RECALL_OUTPUT = result_schema(
         "receipt": {
             "type": "object",
             "description": "What this recall did, without content: legs run, visible rows considered, rows below "
-            "the floor, and matches with no vector yet (null without an embedder). Counts only rows the caller "
-            "may read.",
+            "the floor, and matches with no vector yet (null without an embedder or without words in q). Counts "
+            "only rows the caller may read.",
             "properties": {
                 "legs": {"type": "array", "items": {"type": "string", "enum": ["keyword", "vector"]}},
                 "considered": {"type": "integer"},

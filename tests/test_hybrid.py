@@ -199,6 +199,7 @@ def test_vector_ranking_says_it_applied_no_floor(embedded_server):
     assert (reply["ranking"], reply["count"], reply["results"][0]["relevance"]) == ("vector", 1, None), reply
     assert reply["min_relevance"] == 0 and reply["below_floor"] == 0
     assert server.recall("sol", "zebra stripes", min_relevance=0.9).body["min_relevance"] == 0.9  # hybrid: judged
+    assert server.recall("sol", "").body["receipt"]["without_vector"] is None  # no question: no match to count
 
 
 @pytest.mark.slow
