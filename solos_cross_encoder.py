@@ -376,7 +376,9 @@ class Runner:
         except ImportError as error:
             self.failure = f"cross-encoder needs onnxruntime, tokenizers and numpy: {error}"
         except Exception as error:  # onnxruntime and tokenizers raise their own types
-            self.failure = f"cross-encoder failed to load: {type(error).__name__}: {error}"
+            # onnxruntime names the file by its full path: every recall's receipt carries this, to any agent.
+            said = str(error).replace(str(self.path.parent) + os.sep, "…/")
+            self.failure = f"cross-encoder failed to load: {type(error).__name__}: {said}"
         finally:
             self.loaded.set()
 

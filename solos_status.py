@@ -295,6 +295,14 @@ def without_paths(text: str) -> str:
     return ABSOLUTE_PATH.sub("…/", text.replace(os.path.dirname(sys.executable) + "/", "…/"))
 
 
+def without_paths_in(state: dict, paths: bool = False) -> dict:
+    """A state's `…reason` fields without machine paths (what anyone reaching /health may read); all of it
+    with `paths` (the operator's view)."""
+    if paths:
+        return state
+    return {k: without_paths(v) if k.endswith("reason") and isinstance(v, str) else v for k, v in state.items()}
+
+
 def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
     """The whole page as UTF-8 HTML."""
     mode, mode_class = MODES.get(str(health.get("embedder_state")), ("degraded", "bad"))
