@@ -213,12 +213,25 @@ def check_loopback_only(port: int) -> str:
 
 
 def check_health(client: Client) -> str:
-    """/health answers 200 and says which auth mode and ranking the service runs with."""
+    """/health answers 200 and says which auth mode and ranking the service runs with; a warning when recall
+    cannot use its judge or cross-encoder (relevance then means less than the docs say)."""
     health = client.expect((200,), "GET", "/health").body
     degraded = f"degraded {str(health['degraded']).lower()}"
     if health["degraded"]:
         degraded += f" ({health['degraded_reason']})"
-    return f"200 {health['status']}, version {health['version']}, auth {health['auth']}, {degraded}"
+    seen = f"200 {health['status']}, version {health['version']}, auth {health['auth']}, {degraded}"
+    judge = health.get("judge") or {}  # an older service does not say
+    unusable = [
+        f"{name} unavailable ({judge.get(reason)})"
+        for name, state, reason in (
+            ("judge", "state", "reason"),
+            ("cross-encoder", "cross_encoder", "cross_encoder_reason"),
+        )
+        if judge.get(state) == "unavailable"
+    ]
+    if unusable:
+        raise CheckWarning(f"{seen}; {'; '.join(unusable)}")
+    return seen
 
 
 def check_cross_agent_echo(client: Client, writer: str, reader: str, run_id: str) -> str:

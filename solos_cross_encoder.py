@@ -376,7 +376,9 @@ class Runner:
         except ImportError as error:
             self.failure = f"cross-encoder needs onnxruntime, tokenizers and numpy: {error}"
         except Exception as error:  # onnxruntime and tokenizers raise their own types
-            self.failure = f"cross-encoder failed to load: {type(error).__name__}: {error}"
+            # onnxruntime names the file by its full path: every recall's receipt carries this, to any agent.
+            said = str(error).replace(str(self.path.parent) + os.sep, "…/")
+            self.failure = f"cross-encoder failed to load: {type(error).__name__}: {said}"
         finally:
             self.loaded.set()
 
@@ -448,10 +450,21 @@ class CrossEncoder:
     folder: Path = META_PATH.parent
     reason: str | None = None
     timeout_s: float = RUN_TIMEOUT_S
+    turned_off: bool = False  # by SOLOS_MEMORY_JUDGE=features, not for a fault
 
     @property
     def name(self) -> str:
         return f"cross-encoder@{self.meta.sha256[:8]}" if self.meta else "cross-encoder"
+
+    def state(self) -> tuple[str, str | None]:
+        """`ready` (its model loaded), `not_loaded` (it loads at the first hybrid recall that needs it), `off`
+        (turned off) or `unavailable` (its meta refused, or its model failed to load), and why. Loads nothing."""
+        if self.meta is None:
+            return "off" if self.turned_off else "unavailable", self.reason
+        model = runner(self.folder / self.meta.model, self.meta.sha256, self.meta.max_len)
+        if not model.loaded.is_set():
+            return "not_loaded", None
+        return ("ready", None) if model.session is not None else ("unavailable", model.failure)
 
     def combine(
         self,

@@ -408,7 +408,8 @@ class SolosMemoryProvider(MemoryProvider):
         return [RECALL_TOOL, REMEMBER_TOOL]
 
     def handle_tool_call(self, tool_name: str, args: dict[str, Any], **kwargs: Any) -> str:
-        """Run solos_recall (empty on failure, with the reason) or solos_remember (an error the model can read)."""
+        """Run solos_recall (its rows, whether the service says it is degraded and why, how many rows were left
+        out by size; empty on failure, with the reason) or solos_remember (an error the model can read)."""
         from tools.registry import tool_error
 
         if self.soft is None or self.strict is None:
@@ -417,7 +418,8 @@ class SolosMemoryProvider(MemoryProvider):
             answer = self.soft.recall(
                 str(args.get("query") or ""), k=args.get("k") or 5, scope=args.get("scope") or "shared"
             )
-            return json.dumps({key: answer[key] for key in ("results", "count", "error") if key in answer})
+            told = ("results", "count", "degraded", "degraded_reason", "truncated", "error")  # what the answer means
+            return json.dumps({key: answer[key] for key in told if key in answer})
         if tool_name == REMEMBER_TOOL["name"]:
             try:
                 return json.dumps(self.strict.remember(str(args.get("fact") or ""), topic=args.get("topic")))
@@ -522,7 +524,9 @@ RECALL_TOOL = {
     "name": "solos_recall",
     "description": (
         "Recall from the fleet's shared memory. Each row names the agent that wrote it; foreign=true means "
-        "another agent wrote it. Returns an empty list (with an error) when the memory service is unreachable."
+        "another agent wrote it. degraded=true (degraded_reason says why) means it ranked without part of its "
+        "models; truncated says how many rows were left out by size. Returns an empty list (with an error) when "
+        "the memory service is unreachable."
     ),
     "parameters": {
         "type": "object",

@@ -522,9 +522,25 @@ class Judge:
     reason: str | None = None
     floor: float | None = None  # the floor bench/judge_fit.py chose on the fitting data
     cross: solos_cross_encoder.CrossEncoder | None = None  # read with the features in hybrid mode; None: never
+    turned_off: bool = False  # by SOLOS_MEMORY_JUDGE=off, not for a fault
 
     def name(self, mode: str) -> str:
         return f"features-{mode}@{self.sha256[:8]}" if mode in self.models else "relevance"
+
+    def state(self) -> dict:
+        """What /health and /v1/stats say of the judge, as recall's receipts would: `ready`, `off` (turned off) or
+        `unavailable` (its file missing, changed or malformed: relevance is then the reranker's calibration), and
+        why; and the state of hybrid recall's cross-encoder (solos_cross_encoder.CrossEncoder.state; None: features
+        only, by choice), and why."""
+        state = "ready" if self.models else ("off" if self.turned_off else "unavailable")
+        cross, why = (None, None) if self.cross is None else self.cross.state()
+        return {
+            "state": state,
+            "name": f"features@{self.sha256[:8]}" if self.models else "relevance",
+            "reason": self.reason,
+            "cross_encoder": cross,
+            "cross_encoder_reason": why,
+        }
 
     def judge(self, question: str, rows: Sequence[Mapping], mode: str) -> Verdict:
         """P(row answers the question) for each row; the rows' own relevance, named `relevance`, when the
@@ -557,11 +573,13 @@ def load(
     records, since the judge reads that calibration, never its own output; =features keeps only the features."""
     switch = os.environ.get(OFF_VARIABLE, "").strip().lower()
     if switch == "off":
-        return Judge(reason=f"judge turned off ({OFF_VARIABLE}=off)")
+        return Judge(reason=f"judge turned off ({OFF_VARIABLE}=off)", turned_off=True)
     if cross is None:
         cross_encoder = None
     elif switch == "features":
-        cross_encoder = solos_cross_encoder.CrossEncoder(reason=f"cross-encoder turned off ({OFF_VARIABLE}=features)")
+        cross_encoder = solos_cross_encoder.CrossEncoder(
+            reason=f"cross-encoder turned off ({OFF_VARIABLE}=features)", turned_off=True
+        )
     else:
         cross_encoder = solos_cross_encoder.load(cross)
     path = Path(path)

@@ -354,6 +354,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "vectors": memory.store.count_vectors(embedder.model_id) if embedder else {},
         "embed_error": memory.worker.last_error if memory.worker else None,
         **memory.embedder_state(paths=args["agent"] is None),
+        "judge": solos_status.without_paths_in(memory.judge.state(), paths=args["agent"] is None),
         "activity": memory.activity.snapshot(memory.store.writes_by_hour(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
         **memory.store.read(memory.store.queries.lifecycle_counts),
@@ -992,6 +993,7 @@ class MemoryServer(solos_connections.BoundedConnections, solos_workers.WorkerSoc
             **self.memory.serving,
             "auth": "tokens" if self.tokens else "loopback-trust",
             **self.memory.embedder_state(),
+            "judge": solos_status.without_paths_in(self.memory.judge.state()),  # as recall's receipts say it
             "event_cursor": self.memory.store.event_cursor()["state"],  # PostgreSQL: stalled, skipping (stats)
             "keyword_index": self.memory.store.keyword_index_state(),  # PostgreSQL: filling, ready, failing
         }

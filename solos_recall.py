@@ -159,8 +159,14 @@ def gather(memory: Any, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Rec
     ranking = plan.ranking
     if plan.vector is not None and vectors is not None:
         vectors.refresh(store, conn, names)
-        if not vectors.count(names) and (candidates or not keyword_ran):  # rows, none embedded yet: keyword
-            ranking = "keyword"  # (an empty database stays hybrid: both legs ran and found nothing)
+        # Rows, none embedded yet: keyword. Only tiers holding no row the caller may read stay hybrid (both legs
+        # ran and found nothing); rows the keyword leg missed were out of the vector leg's reach, not absent.
+        if not vectors.count(names) and (
+            candidates
+            or not keyword_ran
+            or any(store.recent_rows(conn, tier, seen, 1, plan.tags) for tier in plan.searched)
+        ):
+            ranking = "keyword"
     if ranking == "keyword" and not keyword_ran:
         candidates = keyword_leg()
     if ranking == "hybrid" and vectors is not None:  # other copies' rows, embedded since the snapshot
@@ -224,22 +230,27 @@ def judge_head(memory: Any, plan: RecallPlan, found: Gathered, fused: solos_rank
     found.judge, found.judge_reason = verdict.name, verdict.reason
     if verdict.name == "relevance":  # no judge: the reranker's relevance stands (a cross-encoder's failure is not)
         return
-    lowest, cut = min(verdict.probabilities), min(r["relevance"] for r in head)
+    # Rows below keep their ratios, under the lowest the judge gave: the reranker's relevance of the vector leg's
+    # seats past the judge's depth (solos_rank.with_vector_seats) may pass the head's lowest, so the scale is
+    # the larger of the two.
+    below = [r for r in ranked[JUDGE_DEPTH:] if r.get("relevance") is not None]
+    lowest = min(verdict.probabilities)
+    cut = max([r["relevance"] for r in below] + [min(r["relevance"] for r in head)])
     for row, p in zip(head, verdict.probabilities):
         row["relevance"] = p
-    for row in ranked[JUDGE_DEPTH:]:
-        if row.get("relevance") is not None:
-            row["relevance"] = lowest * row["relevance"] / cut if cut > 0 else 0.0
+    for row in below:
+        row["relevance"] = lowest * row["relevance"] / cut if cut > 0 else 0.0
 
 
 def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) -> dict:
     """Collapse duplicates, cut to k after the relevance floor, audit foreign episodes, count; the response."""
-    for result in found.persona:
-        result["relevance"] = 1.0  # the caller's own persona, shown only when it shares a word with the question
+    # The caller's own persona (shown when it shares a word with the question) has no relevance: no judge read it.
+    # The floor applies where rows were judged: not to recency or vector ranking, nor after the reranker failed.
+    floor = plan.floor if found.ranking in ("keyword", "hybrid") and found.rerank_failure is None else 0.0
     results, collapsed = solos_rank.collapse_duplicates(found.persona + ranked, plan.k)
-    below = [r for r in results if r.get("relevance") is not None and r["relevance"] < plan.floor]
+    below = [r for r in results if r.get("relevance") is not None and r["relevance"] < floor]
     if below:  # the top k as it would be with no floor, less the rows under it, refilled from those above it
-        passing = [r for r in found.persona + ranked if r.get("relevance") is None or r["relevance"] >= plan.floor]
+        passing = [r for r in found.persona + ranked if r.get("relevance") is None or r["relevance"] >= floor]
         results, collapsed = solos_rank.collapse_duplicates(passing, plan.k)
     results, truncated = solos_bounds.cut(results)  # left out, not handed over: neither audited nor counted as read
     for result in results:  # presentation work, only for the rows returned
@@ -251,7 +262,9 @@ def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) 
     found.seen.audit(memory.store, [(r["tier"], r["agent"], r["id"]) for r in results + collapsed])
     corroboration = solos_provenance.witnessed(memory, plan.caller, results, collapsed)  # and the delivery log
     memory.stats.record_recall(results, len(collapsed))
-    reason = "; ".join(why for why in (plan.reason, found.rerank_failure) if why) or None
+    unjudged = found.rerank_failure and plan.floor > 0  # no row has a relevance: every one passed the floor
+    void = f"min_relevance {plan.floor:g} not applied (no relevance without the reranker)" if unjudged else None
+    reason = "; ".join(why for why in (plan.reason, found.rerank_failure, void) if why) or None
     return {
         "agent": plan.caller,
         "q": plan.query,
@@ -261,7 +274,7 @@ def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) 
         "count": len(results),
         "results": results,
         "suppressed_duplicates": len(collapsed),
-        "min_relevance": plan.floor,
+        "min_relevance": floor,
         "below_floor": len(below),
         "degraded": reason is not None,
         "degraded_reason": reason,
@@ -295,7 +308,8 @@ RECALLED_ROW = result_schema(
         "relevance": {
             "type": ["number", "null"],
             "description": "The probability (0-1) that the row is relevant to q, calibrated on a dev set; null "
-            "without words to judge by (empty q) or with ranking=vector.",
+            "without words to judge by (empty q), with ranking=vector, when the reranker failed (degraded_reason "
+            "says so), and for the caller's own persona (durable, never judged).",
         },
     }
 )
@@ -305,7 +319,11 @@ RECALL_OUTPUT = result_schema(
         "count": {"type": "integer"},
         "results": {"type": "array", "items": RECALLED_ROW},
         "suppressed_duplicates": {"type": "integer", "description": "Identical texts collapsed out of the results."},
-        "min_relevance": {"type": "number", "description": "The floor this recall applied."},
+        "min_relevance": {
+            "type": "number",
+            "description": "The floor this recall applied: 0 where no row was judged (empty q, ranking=vector, a "
+            "failed reranker), whatever was asked.",
+        },
         "below_floor": {
             "type": "integer",
             "description": "Rows of the top k left out for a relevance under the floor: with count 0, an honest "
@@ -314,8 +332,8 @@ RECALL_OUTPUT = result_schema(
         "receipt": {
             "type": "object",
             "description": "What this recall did, without content: legs run, visible rows considered, rows below "
-            "the floor, and matches with no vector yet (null without an embedder). Counts only rows the caller "
-            "may read.",
+            "the floor, and matches with no vector yet (null without an embedder or without words in q). Counts "
+            "only rows the caller may read.",
             "properties": {
                 "legs": {"type": "array", "items": {"type": "string", "enum": ["keyword", "vector"]}},
                 "considered": {"type": "integer"},
@@ -406,7 +424,7 @@ OPERATION_ROWS = (
                     "default": 0.0,
                     "description": "Leave out rows less likely than this to be relevant (see relevance); default 0: "
                     f"every match. The client's turn helpers use {solos_rank.RELEVANCE_FLOOR}. Not applied to an "
-                    "empty q.",
+                    "empty q or ranking=vector (the answer's min_relevance is then 0).",
                 },
             }
         ),

@@ -295,6 +295,14 @@ def without_paths(text: str) -> str:
     return ABSOLUTE_PATH.sub("…/", text.replace(os.path.dirname(sys.executable) + "/", "…/"))
 
 
+def without_paths_in(state: dict, paths: bool = False) -> dict:
+    """A state's `…reason` fields without machine paths (what anyone reaching /health may read); all of it
+    with `paths` (the operator's view)."""
+    if paths:
+        return state
+    return {k: without_paths(v) if k.endswith("reason") and isinstance(v, str) else v for k, v in state.items()}
+
+
 def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
     """The whole page as UTF-8 HTML."""
     mode, mode_class = MODES.get(str(health.get("embedder_state")), ("degraded", "bad"))
@@ -355,7 +363,8 @@ def verdict(health: dict) -> str:
 
 
 def problem_list(health: dict, stats: dict) -> list[str]:
-    """What needs the operator: a job that failed or is overdue, an embedder that fails or hangs."""
+    """What needs the operator: a job that failed or is overdue, an embedder that fails or hangs, a judge or
+    cross-encoder whose files recall cannot use."""
     problems = [
         f"{job} {state['state']}: {without_paths(state['detail'])}"
         for job, state in (stats.get("jobs") or {}).items()
@@ -363,6 +372,13 @@ def problem_list(health: dict, stats: dict) -> list[str]:
     ]
     if health.get("embedder_state") in ("failing", "busy"):
         problems.append(without_paths(str(health["degraded_reason"])))
+    judge = health.get("judge") or {}
+    for state, reason in (
+        (judge.get("state"), judge.get("reason")),
+        (judge.get("cross_encoder"), judge.get("cross_encoder_reason")),
+    ):
+        if state == "unavailable":
+            problems.append(without_paths(str(reason)))
     return problems
 
 

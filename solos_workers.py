@@ -155,6 +155,7 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
         "version": solos_store.__version__,
         "auth": "tokens" if server.tokens else "loopback-trust",
         **server.memory.embedder_state(paths=True),
+        "judge": server.memory.judge.state(),  # as /health says it
         "sqlite_memory_statistics": solos_sqlite.state(),
         "malloc_arenas": solos_malloc.state(),
         "pin_threads": "on" if config.pin_threads else "off",

@@ -205,6 +205,17 @@ def test_missing_degraded_header_fails(server, monkeypatch):
     assert by_name(results)["degraded mode"].detail == "body says degraded true but X-Memory-Degraded is None"
 
 
+def test_a_judge_recall_cannot_use_is_a_warning(make_server, monkeypatch, tmp_path):
+    """A missing judge file changes what every recall's relevance means; the health check said 200 ok."""
+    import solos_judge
+
+    monkeypatch.setattr(solos_judge, "JUDGE_PATH", tmp_path / "judge.json")  # missing
+    results = solos_check.run_checks(make_server().url, "atlas", "sol")
+    health = by_name(results)["health"]
+    assert health.ok and health.warning, health
+    assert "judge unavailable (judge file unreadable: judge.json" in health.detail
+
+
 @pytest.mark.slow
 def test_with_an_embedder_the_check_says_so(make_server):
     try:

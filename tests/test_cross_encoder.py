@@ -107,6 +107,22 @@ def test_a_missing_or_corrupt_model_is_never_loaded(tmp_path, model):
     assert again.reason == verdict.reason
 
 
+def test_a_model_that_fails_to_load_is_named_without_its_folder(tmp_path, monkeypatch):
+    """onnxruntime names the model's full path when it cannot load it; every recall's receipt carries the reason
+    to whichever agent asked, and /health to anyone: machine paths stay out of both (as the embedder's do)."""
+    folder = tmp_path / "deep" / "models"
+    folder.mkdir(parents=True)
+    model = solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model
+    judge = solos_judge.load(cross=copied(folder, model.read_bytes()))
+
+    def failing(path, max_len):
+        raise RuntimeError(f"Load model from {path} failed: protobuf parsing failed")
+
+    monkeypatch.setattr(solos_cross_encoder, "Session", failing)
+    verdict = judge.judge(QUESTION, UNSURE, "hybrid")
+    assert "Load model from …/" in verdict.reason and str(tmp_path) not in verdict.reason, verdict.reason
+
+
 def test_keyword_recall_keeps_the_features_judge_and_says_nothing_of_the_cross_encoder(tmp_path):
     judge = solos_judge.load(cross=copied(tmp_path, None))
     verdict = judge.judge(QUESTION, [ANSWER, NEAR], "keyword")
@@ -417,16 +433,34 @@ def test_hybrid_recall_names_the_cross_encoder(embedded_server, monkeypatch):
 def test_hybrid_recall_without_its_model_answers_with_the_features_judge_and_why(
     embedded_server, monkeypatch, tmp_path, model
 ):
-    body = hybrid_recall(served_with(embedded_server, monkeypatch, copied(tmp_path, model)))
+    server = served_with(embedded_server, monkeypatch, copied(tmp_path, model))
+    body = hybrid_recall(server)
     receipt = body["receipt"]
     assert receipt["judge"].startswith("features-hybrid@")
     assert ("unreadable" if model is None else "sha256") in receipt["judge_reason"]
+    for surface in (server.get("/health"), server.get("/v1/stats")):  # the operator is told too, not only receipts
+        judge = surface.body["judge"]
+        assert (judge["state"], judge["cross_encoder"]) == ("ready", "unavailable"), judge
+        assert judge["cross_encoder_reason"] in receipt["judge_reason"]
     assert len(body["results"]) == 2 and all(0.0 < r["relevance"] <= 1.0 for r in body["results"])
     features = hybrid_recall(served_with(embedded_server, monkeypatch, None, "features.db"))  # the same, no model
     assert (features["receipt"]["judge"], features["receipt"]["judge_reason"]) == (receipt["judge"], None)
     assert [(r["text"], r["relevance"]) for r in body["results"]] == [
         (r["text"], r["relevance"]) for r in features["results"]
     ]
+
+
+def test_health_shows_a_load_failure_without_machine_paths(embedded_server, monkeypatch, tmp_path):
+    """onnxruntime names the model's full path when it cannot load it; /health answers anyone who can reach it."""
+    meta = copied(tmp_path, b"corrupt")
+    server = served_with(embedded_server, monkeypatch, meta)
+    model = solos_cross_encoder.runner(tmp_path / SHIPPED.meta.model, SHIPPED.meta.sha256, SHIPPED.meta.max_len)
+    model.failure = f"cross-encoder failed to load: RuntimeError: Load model from {tmp_path}/model.onnx failed"
+    model.loaded.set()
+    shown = server.get("/health").body["judge"]["cross_encoder_reason"]
+    assert shown.endswith("Load model from …/model.onnx failed") and str(tmp_path) not in shown, shown
+    operator = server.get("/v1/stats").body["judge"]["cross_encoder_reason"]  # the operator's view keeps paths
+    assert str(tmp_path) in operator and str(tmp_path) not in server.get("/v1/stats", agent="sol").raw.decode()
 
 
 def test_concurrent_hybrid_recalls_all_get_the_cross_encoder(embedded_server, monkeypatch):

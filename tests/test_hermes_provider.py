@@ -233,6 +233,9 @@ def test_tools_for_the_model(server, hermes_home):
 
     recall, remember, empty, too_many = (s["result"] for s in report["steps"])
     assert [(r["agent"], r["foreign"], r["text"]) for r in recall["results"]] == [("atlas", True, FACT)]
+    # The model is told what the service said of its answer: this one ranks without embeddings (keyword-only).
+    assert recall["degraded"] is True and "keyword-only" in recall["degraded_reason"], recall
+    assert recall["truncated"] is None
     assert remember["status"] == "created" and remember["agent"] == "hermes"
     assert empty["field"] == "fact" and "fact must be" in empty["error"]
     assert too_many["results"] == [] and too_many["error"]["field"] == "k"

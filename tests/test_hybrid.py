@@ -189,6 +189,19 @@ def test_backfill_command_counts_and_fails_without_an_embedder(server, monkeypat
     assert [line["rows"] for line in lines if line["event"] == "backfilled"] == [0]
 
 
+def test_vector_ranking_says_it_applied_no_floor(embedded_server):
+    """ranking=vector gives no relevance, so min_relevance let every row through, while the answer said it
+    applied the floor asked for (the field is "the floor this recall applied")."""
+    server = embedded_server(WordHashEmbedder())
+    server.post("/v1/long", {"agent": "atlas", "fact": "zebra stripes pattern"})
+    wait_for_vectors(server, 1)
+    reply = server.recall("sol", "zebra stripes", ranking="vector", min_relevance=0.9).body
+    assert (reply["ranking"], reply["count"], reply["results"][0]["relevance"]) == ("vector", 1, None), reply
+    assert reply["min_relevance"] == 0 and reply["below_floor"] == 0
+    assert server.recall("sol", "zebra stripes", min_relevance=0.9).body["min_relevance"] == 0.9  # hybrid: judged
+    assert server.recall("sol", "").body["receipt"]["without_vector"] is None  # no question: no match to count
+
+
 @pytest.mark.slow
 def test_filters_apply_before_the_vector_top_k(embedded_server):
     server = embedded_server(WordHashEmbedder())
@@ -284,6 +297,18 @@ def test_an_embedder_with_no_vectors_yet_says_keyword_only(embedded_server, monk
     assert reply.body["degraded"] is True and "embedding failed" in reply.body["degraded_reason"]
     assert reply.headers["x-memory-degraded"] == "true"
     assert server.get("/health").body["degraded_reason"] == reply.body["degraded_reason"]
+
+
+def test_rows_with_no_vector_and_no_keyword_match_are_not_called_hybrid(embedded_server):
+    """With rows but none embedded, a question the keyword leg missed was answered `hybrid` (both legs ran,
+    found nothing): the vector leg had nothing to search, so nothing was said of the rows it could not read."""
+    server = embedded_server(QueriesOnly())
+    server.post("/v1/long", {"agent": "atlas", "fact": "giraffe necks are long"})
+    wait_for_embed_error(server)
+    reply = server.recall("sol", "tall animals").body
+    assert (reply["count"], reply["ranking"], reply["receipt"]["legs"]) == (0, "keyword", ["keyword"]), reply
+    empty = embedded_server(QueriesOnly(), "empty.db").recall("sol", "tall animals").body  # nothing to search
+    assert (empty["count"], empty["ranking"]) == (0, "hybrid"), empty
 
 
 @pytest.mark.slow

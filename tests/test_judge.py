@@ -9,6 +9,7 @@ import json
 import pytest
 
 import solos_judge
+import solos_status
 
 SHIPPED = solos_judge.load()
 
@@ -181,3 +182,34 @@ def test_probabilities_stay_in_0_1(mode):
         assert len(verdict.probabilities) == len(rows)
         assert all(0.0 <= p <= 1.0 for p in verdict.probabilities)
     assert SHIPPED.judge("anything", [], mode).probabilities == []
+
+
+@pytest.mark.parametrize(("switch", "judge", "cross"), [("off", "off", None), ("features", "ready", "off")])
+def test_the_off_switches_show_as_off_not_as_faults(monkeypatch, switch, judge, cross):
+    """/health shows the judge's state: turned off by choice is `off`, which the status page lists no problem for."""
+    monkeypatch.setenv(solos_judge.OFF_VARIABLE, switch)
+    state = solos_judge.load().state()
+    assert (state["state"], state["cross_encoder"]) == (judge, cross)
+    assert solos_status.problem_list({"judge": state}, {}) == []
+
+
+def test_rows_the_judge_did_not_read_stay_under_the_lowest_it_gave():
+    """A weak question's head seats the vector leg's best rows: the reranker reads 25 rows, the judge the first
+    20. Rows 21-25 kept the reranker's relevance, which is not monotone in its order (coverage and cosine weigh
+    in), and were scaled by the judge's lowest over the lowest of the 20: above the judged rows, and past 1."""
+    import types
+
+    import solos_rank
+    import solos_recall
+
+    ranked = [{"text": f"row {n}", "relevance": 0.02, "score": 0.5} for n in range(solos_recall.JUDGE_DEPTH)]
+    ranked += [{"text": f"seat {n}", "relevance": 0.6, "score": 0.4} for n in range(3)]
+    keys = [("long", n) for n in range(len(ranked))]
+    fused = solos_rank.Fused(ranked, keys, {}, {}, {}, len(ranked))
+    verdict = solos_judge.Verdict([0.5] * solos_recall.JUDGE_DEPTH, "features-hybrid@test")
+    memory = types.SimpleNamespace(judge=types.SimpleNamespace(judge=lambda question, rows, mode: verdict))
+    found = types.SimpleNamespace(ranking="hybrid", judge=None, judge_reason=None)
+    solos_recall.judge_head(memory, types.SimpleNamespace(query="what port"), found, fused, ranked)
+    below = [row["relevance"] for row in ranked[solos_recall.JUDGE_DEPTH :]]
+    assert all(0.0 <= p <= 0.5 for p in below), below  # under the judge's lowest: a probability, in order
+    assert below == sorted(below, reverse=True) and found.judge == "features-hybrid@test"

@@ -120,6 +120,16 @@ def test_durable_is_never_default_and_only_the_callers_own_persona(server):
     assert reply.body["results"][0]["foreign"] is False
 
 
+def test_the_persona_is_never_given_a_relevance_no_judge_set(server):
+    """The caller's persona came back with relevance 1.0: a certainty no judge gave, under a receipt naming the
+    judge (or none, for an empty q, whose relevance is documented null)."""
+    add_persona(server, "sol", "Sol is the fleet's careful planner")
+    for q in ("planner", ""):
+        reply = server.recall("sol", q, tiers="durable", min_relevance=0.9)
+        assert [(r["tier"], r["relevance"]) for r in reply.body["results"]] == [("durable", None)], reply.body
+        assert reply.body["below_floor"] == 0  # listed first, whatever the floor, as before
+
+
 def test_asking_for_other_agents_durable_rows_is_403(server):
     add_persona(server, "atlas", "Atlas persona")
     reply = server.recall("sol", "persona", tiers="durable", scope="shared_except_self")
@@ -345,7 +355,8 @@ def test_relevance_is_a_probability_and_the_floor_is_a_choice(server):
     cut = (relevance[0] + relevance[1]) / 2
     kept = server.recall("nova", "who owns the kubernetes cluster", k=20, min_relevance=cut).body
     assert kept["count"] == 1 and kept["below_floor"] == 12 and kept["receipt"]["below_floor"] == 12
-    assert server.recall("nova", "", min_relevance=0.99).body["count"] == 5  # no question, nothing to judge by
+    unjudged = server.recall("nova", "", min_relevance=0.99).body  # no question, nothing to judge by
+    assert unjudged["count"] == 5 and unjudged["min_relevance"] == 0  # the floor it applied, not the one asked
     assert server.recall("nova", "cluster", min_relevance=1.5).status == 400
 
 
@@ -508,6 +519,26 @@ def test_a_missing_or_corrupt_judge_file_degrades_to_relevance_with_its_reason(
     assert receipt["judge"] == "relevance" and receipt["judge_reason"]
     assert ("unreadable" if content is None else "sha256") in receipt["judge_reason"]
     assert 0.0 < reply.body["results"][0]["relevance"] <= 1.0
+
+
+def test_health_and_stats_say_when_recall_cannot_use_the_judge(make_server, monkeypatch, tmp_path):
+    """A missing judge file turned every recall's relevance into the reranker's calibration while /health,
+    /v1/stats and the status page said nothing of it: only a reader of each receipt could tell."""
+    monkeypatch.setattr(solos_judge, "JUDGE_PATH", tmp_path / "judge.json")  # missing
+    served = make_server()
+    write_long(served, "atlas", "payments-api serves on port 8443.")
+    receipt = served.recall("sol", "What port does payments-api listen on?", tiers="long").body["receipt"]
+    for surface in (served.get("/health"), served.get("/v1/stats"), served.get("/v1/stats", agent="sol")):
+        judge = surface.body["judge"]
+        assert judge["state"] == "unavailable" and judge["reason"] == receipt["judge_reason"], judge
+    assert "judge file unreadable" in served.get("/status").raw.decode()
+
+
+def test_health_and_stats_say_the_judge_is_ready(server):
+    for surface in (server.get("/health"), server.get("/v1/stats")):
+        judge = surface.body["judge"]
+        assert (judge["state"], judge["reason"]) == ("ready", None), judge
+        assert judge["name"] == f"features@{solos_judge.JUDGE_SHA256[:8]}"
 
 
 def test_a_floor_is_read_as_a_program_prints_it(server):

@@ -168,6 +168,25 @@ def test_a_failing_reranker_keeps_the_first_pass_and_says_why(pair, monkeypatch)
     assert reply.body["results"] == first_pass
 
 
+def test_a_failing_reranker_says_its_rows_passed_the_floor_unjudged(pair, monkeypatch):
+    """Its rows have no relevance, so min_relevance let every one through, while the answer said the floor was
+    applied with none below it and only that the order was the first pass's: a turn helper's floor was void."""
+    on, _ = pair
+    for n in range(3):
+        write_long(on, "atlas", f"incident {n} on the payment gateway", topic=f"incident {n}")
+
+    def broken(*args, **kwargs):
+        raise ValueError("a row the reranker cannot read")
+
+    monkeypatch.setattr(solos_rank, "head_logits", broken)
+    reply = on.recall("sol", "payment gateway incident", k=5, min_relevance=0.9)
+    assert reply.status == 200 and reply.body["count"] == 3  # the reranker cannot fail a recall
+    assert all(r["relevance"] is None for r in reply.body["results"])
+    assert "min_relevance 0.9 not applied" in reply.body["degraded_reason"] and reply.body["min_relevance"] == 0
+    unfloored = on.recall("sol", "payment gateway incident", k=5).body["degraded_reason"]
+    assert "reranker failed" in unfloored and "min_relevance" not in unfloored  # nothing to say without a floor
+
+
 def test_reranking_never_reaches_the_network(pair, monkeypatch):
     on, _ = pair
     write_long(on, "sol", "Where is the offsite this year?", topic="offsite")

@@ -267,7 +267,9 @@ def test_sigterm_stops_the_service_cleanly(tmp_path):
         text=True,
     )
     try:
-        assert json.loads(process.stderr.readline())["event"] == "listening"
+        listening = json.loads(process.stderr.readline())
+        assert listening["event"] == "listening"
+        assert listening["judge"]["state"] == "ready"  # the startup line says what recall's relevance is
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
         assert json.loads(process.stderr.readline())["event"] == "stopped"
