@@ -112,6 +112,7 @@ A2A_RECALL_K = 3  # the fleet spec's turn-start recall: top 3, shared scope
 # solos_rank.RELEVANCE_FLOOR, the judge's floor (bench/judge_fit.py: the highest that keeps 0.8 of the answers on
 # both the fleet's facts and LoCoMo's chats); the service's API keeps every match unless asked.
 TURN_MIN_RELEVANCE = 0.08
+TURN_REASON_CHARS = 160  # of a degraded recall's reason, in a turn's prompt
 A2A_EVENT_TYPE = "a2a_turn"
 SUMMARY_CHARS = 4_096  # write_episodic's summary maxLength
 DETAILS_CHARS = 16_384  # write_episodic's details maxLength
@@ -685,8 +686,27 @@ def turn_context(
     the top-k shared rows at or above the relevance floor for the incoming message, formatted for the prompt
     ("" if neither: nothing relevant is an honest empty context). notices=False leaves the notices open."""
     retracted = retraction_context(client, agent=agent) if notices else ""
-    recalled = format_recall(client.recall(message, agent=agent, k=k, scope="shared", min_relevance=min_relevance))
+    answer = client.recall(message, agent=agent, k=k, scope="shared", min_relevance=min_relevance)
+    recalled = format_recall(floor_cleared(answer, min_relevance), heading=turn_heading(answer))
     return "\n\n".join(part for part in (retracted, recalled) if part)
+
+
+def floor_cleared(answer: dict, min_relevance: float) -> dict:
+    """The answer with only the rows known to clear the floor. A row without a relevance (the reranker failed,
+    or the question had no words to rank by) was never judged, and the service says it could not apply the
+    floor: such a row is not known to answer, so it stays out of the prompt."""
+    if min_relevance <= 0:
+        return answer
+    return {**answer, "results": [row for row in answer.get("results") or [] if row.get("relevance") is not None]}
+
+
+def turn_heading(answer: dict) -> str:
+    """The prompt's heading for recalled rows; it says when recall ran degraded, and why, so that the model
+    weighs the rows knowing it (e.g. keyword-only: a paraphrase of the question may have been missed)."""
+    if not answer.get("degraded"):
+        return "Shared memory"
+    reason = prompt_text(str(answer.get("degraded_reason") or "no reason given"))
+    return f"Shared memory, recalled degraded ({reason[:TURN_REASON_CHARS]})"
 
 
 def record_turn(client: Client, message: str, reply: str, *, turn_id: str, **fields: Any) -> dict:

@@ -178,6 +178,46 @@ def test_turn_context_is_the_top_three_shared_rows_with_writer_and_foreign_label
     assert turn_context(sol, "zebra quasar nothing matches this") == ""
 
 
+class CannedRecall:
+    """A client whose recall answers as given: the service's own degraded answers are tested in test_rerank."""
+
+    def __init__(self, answer: dict) -> None:
+        self.answer, self.asked = answer, []
+
+    def recall(self, message, **kwargs):
+        self.asked.append(kwargs)
+        return self.answer
+
+
+def row(text: str, relevance: float | None) -> dict:
+    return {"agent": "atlas", "foreign": True, "tier": "long", "text": text, "relevance": relevance}
+
+
+def test_turn_context_keeps_unjudged_rows_out_and_says_recall_was_degraded():
+    unjudged = CannedRecall(
+        {
+            "results": [row("kestrel keeps 7 copies", None), row("kestrel runs at 02:00", None)],
+            "degraded": True,
+            "degraded_reason": "reranker failed; min_relevance 0.08 not applied (no relevance without the reranker)",
+        }
+    )
+    keyword_only = CannedRecall(
+        {
+            "results": [row("kestrel keeps 7 copies", 0.4)],
+            "degraded": True,
+            "degraded_reason": "keyword-only recall: the embedder is not installed\nsecond line",
+        }
+    )
+
+    assert turn_context(unjudged, "kestrel backups?", notices=False) == ""
+    assert unjudged.asked[0]["min_relevance"] == solos_client.TURN_MIN_RELEVANCE
+    heading, *lines = turn_context(keyword_only, "kestrel backups?", notices=False).splitlines()
+    assert heading.startswith("Shared memory, recalled degraded (keyword-only recall: the embedder is not installed")
+    assert len(lines) == 1 and lines[0].endswith("kestrel keeps 7 copies")
+    everything = turn_context(unjudged, "kestrel backups?", min_relevance=0, notices=False)
+    assert len(everything.splitlines()) == 3  # no floor asked: every row, unjudged or not
+
+
 def test_write_turn_writes_one_row_per_turn_even_when_retried(server):
     client = Client(server.url, "sol")
 
