@@ -97,6 +97,12 @@ log = logging.getLogger("solos_store")
 
 BUSY_RETRIES = 3
 BUSY_SLACK_MS = 100  # a call that has used less than this of its busy budget waits with the full timeout
+# Between two chunks of a bulk write (Store.in_chunks) the write lock stays free as long as the chunk held it,
+# within these bounds. A writer waiting in SQLite's busy handler looks again after sleeps that grow with its wait
+# (1, 2, 5, 10, 15, 20, 25 ... 100 ms), so back-to-back chunks of 10-80 ms starved an agent for 1.5 s at 100k
+# rows; a pause as long as the chunk, never under 10 ms nor over the handler's longest sleep, lets it in
+# (bench/write_lock.py).
+CHUNK_PAUSE_S = (0.01, 0.1)
 OVERFETCH = 4  # ranked keyword matches read per wanted row when scope, sharing or expiry filters apply
 POOL_SIZE = 8
 SCHEMA_VERSION = "2"
@@ -772,6 +778,24 @@ class Store:
     def write(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         return self.run(work, write=True)
 
+    def in_chunks(self, chunk: Callable[[], int], more: Callable[[int], bool]) -> int:
+        """A bulk write as short transactions: `chunk()` writes one (its own BEGIN IMMEDIATE) and returns its
+        rows, `more(rows)` says whether another follows; between two the lock is left free (between_chunks), so
+        the fleet's writers get in. Returns the rows of all. Each chunk commits whole, so a crash between two
+        leaves what the job did so far, and the next run carries on from there."""
+        total = 0
+        while True:
+            started = time.monotonic()
+            rows = chunk()
+            total += rows
+            if not more(rows):
+                return total
+            self.between_chunks(time.monotonic() - started)
+
+    def between_chunks(self, held_s: float) -> None:
+        """Leave SQLite's write lock free for as long as the last chunk held it (CHUNK_PAUSE_S bounds)."""
+        time.sleep(min(max(held_s, CHUNK_PAUSE_S[0]), CHUNK_PAUSE_S[1]))
+
     # -- schema --
 
     def migrate(self) -> None:
@@ -1041,9 +1065,8 @@ class Store:
 
     def purge_expired(self, batch: int = 1000) -> int:
         """Delete expired short rows in short batches, so no write lock is held long."""
-        total = 0
-        while True:
-            removed = self.write(
+        return self.in_chunks(
+            lambda: self.write(
                 lambda conn: (
                     conn.execute(
                         "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
@@ -1051,10 +1074,9 @@ class Store:
                         (batch,),
                     ).rowcount
                 )
-            )
-            total += removed
-            if removed < batch:
-                return total
+            ),
+            lambda removed: removed >= batch,
+        )
 
     def record_audit(self, reader: str, rows: list[tuple[str, int]]) -> None:
         """Log foreign episodic rows handed to reader; they are not returned unlogged."""
