@@ -862,13 +862,18 @@ class Store:
         )
 
     def reindex(self) -> None:
-        """Rebuild the keyword indexes from their tables (one write transaction)."""
+        """Rebuild the keyword indexes from their tables, each in a write transaction of its own with the lock left
+        free between two (in_chunks). One index's rebuild is one FTS5 statement that cannot be cut: the largest
+        holds the lock longest (1.5 s per 100k episodes, bench/write_lock.py). Stopped between two, each index is
+        either its old self or rebuilt, and a second run rebuilds them all."""
+        left = list(FTS_TABLES)
 
-        def work(conn: sqlite3.Connection) -> None:
-            for fts in FTS_TABLES:
-                self.rebuild_index(conn, fts)
+        def one() -> int:
+            fts = left.pop(0)
+            self.write(lambda conn: self.rebuild_index(conn, fts))
+            return len(left)
 
-        self.write(work)
+        self.in_chunks(one, bool)
 
     # -- agents (admin CLI only; the HTTP service never writes agent_registry) --
 

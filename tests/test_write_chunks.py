@@ -126,3 +126,16 @@ def test_the_pause_between_chunks_is_as_long_as_the_chunk_held_the_lock_within_b
     for held in (0.001, 0.04, 3.0):
         store.between_chunks(held)
     assert agent_writes == [solos_store.CHUNK_PAUSE_S[0], 0.04, solos_store.CHUNK_PAUSE_S[1]]
+
+
+def test_reindex_rebuilds_each_keyword_index_in_its_own_transaction_and_lets_an_agent_write_between(
+    store, agent_writes
+):
+    rows = [("atlas", "deploy", f"episode {i} of the failover drill", OLD) for i in range(25)]
+    insert(store, "INSERT INTO memory_episodic (agent, event_type, summary, timestamp) VALUES (?, ?, ?, ?)", rows)
+    emptied = "INSERT INTO memory_episodic_fts (memory_episodic_fts) VALUES ('delete-all')"  # what reindex repairs
+    store.write(lambda conn: conn.execute(emptied))
+    store.reindex()
+    assert len(agent_writes) == len(solos_store.FTS_TABLES) - 1  # one index after the other, the agent between
+    matching = "SELECT count(*) FROM memory_episodic_fts WHERE memory_episodic_fts MATCH 'drill'"
+    assert store.read(lambda conn: conn.execute(matching).fetchone()[0]) == 25
