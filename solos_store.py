@@ -815,8 +815,9 @@ class Store:
                     if column not in have:
                         raise SchemaMismatch(f"table {table} has no column {column}; solos-memory needs it")
             schema = read_resource("schema.sql").decode("utf-8")
-            conn.executescript("BEGIN IMMEDIATE;\n" + schema + "\nCOMMIT;")
-            conn.execute("BEGIN IMMEDIATE")
+            # One transaction with the new indexes' fill: a new index committed empty would never be filled, the
+            # next start finding it there.
+            conn.executescript("BEGIN IMMEDIATE;\n" + schema)
             for fts in FTS_TABLES:
                 if fts not in existing:  # new index over rows the fleet already has
                     self.rebuild_index(conn, fts)

@@ -139,3 +139,27 @@ def test_reindex_rebuilds_each_keyword_index_in_its_own_transaction_and_lets_an_
     assert len(agent_writes) == len(solos_store.FTS_TABLES) - 1  # one index after the other, the agent between
     matching = "SELECT count(*) FROM memory_episodic_fts WHERE memory_episodic_fts MATCH 'drill'"
     assert store.read(lambda conn: conn.execute(matching).fetchone()[0]) == 25
+
+
+def test_a_migration_stopped_before_a_new_keyword_index_is_filled_fills_it_on_the_next_start(tmp_path, monkeypatch):
+    path = str(tmp_path / "solos.db")
+    first = solos_store.Store(path, admin=True)
+    first.migrate()
+    first.register_agents(["atlas"])
+    rows = [("atlas", "deploy", f"episode {i} of the failover drill", OLD) for i in range(5)]
+    insert(first, "INSERT INTO memory_episodic (agent, event_type, summary, timestamp) VALUES (?, ?, ?, ?)", rows)
+    first.write(lambda conn: conn.execute("DROP TABLE memory_episodic_fts"))  # a database from before that index
+    first.close()
+
+    def stopped(conn: sqlite3.Connection, fts: str) -> None:
+        raise KeyboardInterrupt  # the process stops while the new index fills
+
+    monkeypatch.setattr(solos_store.Store, "rebuild_index", staticmethod(stopped))
+    with pytest.raises(KeyboardInterrupt):
+        solos_store.Store(path, admin=True).migrate()
+    monkeypatch.undo()
+    again = solos_store.Store(path, admin=True)
+    again.migrate()
+    matching = "SELECT count(*) FROM memory_episodic_fts WHERE memory_episodic_fts MATCH 'drill'"
+    assert again.read(lambda conn: conn.execute(matching).fetchone()[0]) == 5
+    again.close()
