@@ -19,6 +19,7 @@ import solos_events
 import solos_forget
 import solos_lifecycle
 import solos_provenance
+import solos_qdrant
 import solos_store
 
 OLD = "2020-01-01T00:00:00.000Z"
@@ -163,3 +164,14 @@ def test_a_migration_stopped_before_a_new_keyword_index_is_filled_fills_it_on_th
     matching = "SELECT count(*) FROM memory_episodic_fts WHERE memory_episodic_fts MATCH 'drill'"
     assert again.read(lambda conn: conn.execute(matching).fetchone()[0]) == 5
     again.close()
+
+
+def test_a_first_qdrant_mirror_queues_the_stored_facts_in_chunks_with_an_agent_write_between(
+    store, agent_writes, monkeypatch
+):
+    monkeypatch.setattr(solos_qdrant, "ENQUEUE_CHUNK", 10)
+    for i in range(25):
+        store.write(lambda conn, i=i: store.insert_long(conn, "atlas", "", f"fact {i}", None, None, []))
+    assert solos_qdrant.Mirror(store, solos_qdrant.Target()).enable() == 25
+    assert len(agent_writes) == 3  # 10, 10, 5, then the chunk that finds nothing left
+    assert count(store, "qdrant_outbox") == 25
