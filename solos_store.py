@@ -19,6 +19,7 @@ differently, as solos_store_pg's PgStore and PgQueries do, so mypy checks every
 override):
 
     Store(path, busy_timeout_ms, admin)      connect, read(work), read_alone(work), write(work), migrate(), close()
+      bulk          in_chunks(chunk, more): a job's short transactions, the write lock free between two
       writes        upsert_short, upsert_long, put_long, known_long, insert_long, append_episodic,
                     delete_short, set_sharing, purge_expired, record_audit, register_agents
       reads         read_audit, counts, writes_by_hour, list_agents, require_agent, persona
@@ -782,7 +783,8 @@ class Store:
         """A bulk write as short transactions: `chunk()` writes one (its own BEGIN IMMEDIATE) and returns its
         rows, `more(rows)` says whether another follows; between two the lock is left free (between_chunks), so
         the fleet's writers get in. Returns the rows of all. Each chunk commits whole, so a crash between two
-        leaves what the job did so far, and the next run carries on from there."""
+        leaves what the job did so far committed; a job that picks its rows afresh each time (purge, archive, event
+        prune, merge, reindex) carries on from there at its next run."""
         total = 0
         while True:
             started = time.monotonic()
