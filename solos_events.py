@@ -928,9 +928,7 @@ class EventHub:
     def prune(self) -> int:
         """Drop events older than the retention window, in short batches."""
         cutoff = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() - EVENT_RETENTION_S))
-        total = 0
-        while True:
-            pruned = self.own_read(lambda conn: self.store.queries.prune_step(conn, cutoff, BATCH * 10), write=True)
-            total += pruned
-            if pruned < BATCH * 10:
-                return total
+        return self.store.in_chunks(
+            lambda: self.own_read(lambda conn: self.store.queries.prune_step(conn, cutoff, BATCH * 10), write=True),
+            lambda pruned: pruned >= BATCH * 10,
+        )

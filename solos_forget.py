@@ -196,10 +196,17 @@ class Scrubber:
         self.due = False
 
     def merge(self, fts: str) -> None:
-        """Merge one keyword index down to a single segment, a short write transaction per step."""
-        for _ in range(MAX_MERGE_STEPS):
-            if self.store.write(lambda conn: self.store.queries.merge_step(conn, fts)) < 2:
-                return
+        """Merge one keyword index down to a single segment, a short write transaction per step (the lock left
+        free between two: Store.in_chunks)."""
+        steps = []
+
+        def step() -> int:
+            steps.append(self.store.write(lambda conn: self.store.queries.merge_step(conn, fts)))
+            return steps[-1]
+
+        self.store.in_chunks(step, lambda changed: changed >= 2 and len(steps) < MAX_MERGE_STEPS)
+        if steps[-1] < 2:
+            return
         log.warning("keyword index %s still merging after %d steps; retried on the next forget", fts, MAX_MERGE_STEPS)
 
     def checkpoint(self) -> bool:

@@ -130,9 +130,4 @@ def archive_episodic(store: solos_store.Store, older_than_days: float) -> int:
     def move(conn: Any) -> int:
         return store.queries.archive_batch(conn, cutoff, ARCHIVE_BATCH)
 
-    total = 0
-    while True:
-        moved = store.write(move)
-        total += moved
-        if moved < ARCHIVE_BATCH:
-            return total
+    return store.in_chunks(lambda: store.write(move), lambda moved: moved >= ARCHIVE_BATCH)

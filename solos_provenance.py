@@ -281,12 +281,9 @@ class DeliveryLog:
 def purge(store: solos_store.Store, now: float | None = None) -> int:
     """The daily purge: deliveries, acknowledged notices, replaced versions and spans older than RETENTION_S."""
     cutoff = solos_jobs.stamp((time.time() if now is None else now) - RETENTION_S)
-    total = 0
-    while True:
-        removed = store.write(lambda conn: store.queries.purge_deliveries(conn, cutoff, PURGE_BATCH))
-        total += removed
-        if removed == 0:
-            return total
+    return store.in_chunks(
+        lambda: store.write(lambda conn: store.queries.purge_deliveries(conn, cutoff, PURGE_BATCH)), bool
+    )
 
 
 # ==== Corroboration ====

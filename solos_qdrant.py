@@ -360,19 +360,20 @@ class Mirror(threading.Thread):
 
         if not self.store.write(switch):
             return 0
-        queued, last = 0, 0
-        while True:  # in chunks, so no write lock is held long; rows written meanwhile are queued by the triggers
-            chunk = self.store.write(
-                lambda conn, last=last: conn.execute(
+        last = [0]
+
+        def chunk() -> int:  # rows written meanwhile are queued by the triggers
+            rows = self.store.write(
+                lambda conn: conn.execute(
                     "INSERT INTO qdrant_outbox (action, row_id) SELECT 'upsert', id FROM memory_longterm "
                     "WHERE id > ? ORDER BY id LIMIT ? RETURNING row_id",
-                    (last, ENQUEUE_CHUNK),
+                    (last[0], ENQUEUE_CHUNK),
                 ).fetchall()
             )
-            if not chunk:
-                return queued
-            queued += len(chunk)
-            last = max(row[0] for row in chunk)
+            last[0] = max([last[0], *(row[0] for row in rows)])
+            return len(rows)
+
+        return self.store.in_chunks(chunk, bool)  # in chunks, the write lock free between two
 
     def run(self) -> None:
         delay = DRAIN_INTERVAL_S

@@ -19,6 +19,7 @@ differently, as solos_store_pg's PgStore and PgQueries do, so mypy checks every
 override):
 
     Store(path, busy_timeout_ms, admin)      connect, read(work), read_alone(work), write(work), migrate(), close()
+      bulk          in_chunks(chunk, more): a job's short transactions, the write lock free between two
       writes        upsert_short, upsert_long, put_long, known_long, insert_long, append_episodic,
                     delete_short, set_sharing, purge_expired, record_audit, register_agents
       reads         read_audit, counts, writes_by_hour, list_agents, require_agent, persona
@@ -97,6 +98,12 @@ log = logging.getLogger("solos_store")
 
 BUSY_RETRIES = 3
 BUSY_SLACK_MS = 100  # a call that has used less than this of its busy budget waits with the full timeout
+# Between two chunks of a bulk write (Store.in_chunks) the write lock stays free as long as the chunk held it,
+# within these bounds. A writer waiting in SQLite's busy handler looks again after sleeps that grow with its wait
+# (1, 2, 5, 10, 15, 20, 25 ... 100 ms), so back-to-back chunks of 10-80 ms starved an agent for 1.5 s at 100k
+# rows; a pause as long as the chunk, never under 10 ms nor over the handler's longest sleep, lets it in
+# (bench/write_lock.py).
+CHUNK_PAUSE_S = (0.01, 0.1)
 OVERFETCH = 4  # ranked keyword matches read per wanted row when scope, sharing or expiry filters apply
 POOL_SIZE = 8
 SCHEMA_VERSION = "2"
@@ -772,6 +779,25 @@ class Store:
     def write(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         return self.run(work, write=True)
 
+    def in_chunks(self, chunk: Callable[[], int], more: Callable[[int], bool]) -> int:
+        """A bulk write as short transactions: `chunk()` writes one (its own BEGIN IMMEDIATE) and returns its
+        rows, `more(rows)` says whether another follows; between two the lock is left free (between_chunks), so
+        the fleet's writers get in. Returns the rows of all. Each chunk commits whole, so a crash between two
+        leaves what the job did so far committed; a job that picks its rows afresh each time (purge, archive, event
+        prune, merge, reindex) carries on from there at its next run."""
+        total = 0
+        while True:
+            started = time.monotonic()
+            rows = chunk()
+            total += rows
+            if not more(rows):
+                return total
+            self.between_chunks(time.monotonic() - started)
+
+    def between_chunks(self, held_s: float) -> None:
+        """Leave SQLite's write lock free for as long as the last chunk held it (CHUNK_PAUSE_S bounds)."""
+        time.sleep(min(max(held_s, CHUNK_PAUSE_S[0]), CHUNK_PAUSE_S[1]))
+
     # -- schema --
 
     def migrate(self) -> None:
@@ -791,8 +817,9 @@ class Store:
                     if column not in have:
                         raise SchemaMismatch(f"table {table} has no column {column}; solos-memory needs it")
             schema = read_resource("schema.sql").decode("utf-8")
-            conn.executescript("BEGIN IMMEDIATE;\n" + schema + "\nCOMMIT;")
-            conn.execute("BEGIN IMMEDIATE")
+            # One transaction with the new indexes' fill: a new index committed empty would never be filled, the
+            # next start finding it there.
+            conn.executescript("BEGIN IMMEDIATE;\n" + schema)
             for fts in FTS_TABLES:
                 if fts not in existing:  # new index over rows the fleet already has
                     self.rebuild_index(conn, fts)
@@ -838,13 +865,18 @@ class Store:
         )
 
     def reindex(self) -> None:
-        """Rebuild the keyword indexes from their tables (one write transaction)."""
+        """Rebuild the keyword indexes from their tables, each in a write transaction of its own with the lock left
+        free between two (in_chunks). One index's rebuild is one FTS5 statement that cannot be cut: the largest
+        holds the lock longest (1.5 s per 100k episodes, bench/write_lock.py). Stopped between two, each index is
+        either its old self or rebuilt, and a second run rebuilds them all."""
+        left = list(FTS_TABLES)
 
-        def work(conn: sqlite3.Connection) -> None:
-            for fts in FTS_TABLES:
-                self.rebuild_index(conn, fts)
+        def one() -> int:
+            fts = left.pop(0)
+            self.write(lambda conn: self.rebuild_index(conn, fts))
+            return len(left)
 
-        self.write(work)
+        self.in_chunks(one, bool)
 
     # -- agents (admin CLI only; the HTTP service never writes agent_registry) --
 
@@ -1041,9 +1073,8 @@ class Store:
 
     def purge_expired(self, batch: int = 1000) -> int:
         """Delete expired short rows in short batches, so no write lock is held long."""
-        total = 0
-        while True:
-            removed = self.write(
+        return self.in_chunks(
+            lambda: self.write(
                 lambda conn: (
                     conn.execute(
                         "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
@@ -1051,10 +1082,9 @@ class Store:
                         (batch,),
                     ).rowcount
                 )
-            )
-            total += removed
-            if removed < batch:
-                return total
+            ),
+            lambda removed: removed >= batch,
+        )
 
     def record_audit(self, reader: str, rows: list[tuple[str, int]]) -> None:
         """Log foreign episodic rows handed to reader; they are not returned unlogged."""

@@ -264,6 +264,9 @@ class PgStore(solos_store.Store):
         else:
             conn.close()
 
+    def between_chunks(self, held_s: float) -> None:
+        """No pause: PostgreSQL has no single write lock, a chunk holds only the rows it touches."""
+
     def run(self, work: Callable[[Any], Any], write: bool, one_statement: bool = False) -> Any:
         """Run work in one transaction (reads: one REPEATABLE READ snapshot), retrying serialization failures and
         deadlocks within busy_timeout; a lock wait past it is Busy, an unreachable server StorageUnavailable.
