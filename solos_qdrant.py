@@ -56,6 +56,7 @@ DRAIN_INTERVAL_S = 0.5  # how often an idle mirror looks at the outbox (one inde
 MAX_BACKOFF_S = 30.0  # Qdrant down: retry after 1, 2, 4 ... 30 s
 ROW_RETRY_S = 60.0  # a row that cannot be sent (no vector for it yet) waits this long
 ENQUEUE_CHUNK = 5_000  # rows per transaction when a first mirror queues the existing facts
+QUEUED_THROUGH = "qdrant_mirror_queued_through"  # meta: the last fact a first mirror queued, "done" at its end
 SERVICE_MARK = "solos-memory"  # payload.written_by on points the service wrote
 TEXT_FIELDS = ("content", "fact", "text", "memory")  # where each payload shape keeps the text
 LEGACY_TEXT_LIMIT = 2_000  # the old node cut text here; such points are tagged maybe-truncated
@@ -348,28 +349,44 @@ class Mirror(threading.Thread):
         self.refused_ids = 0  # point ids Qdrant would refuse, never sent
 
     def enable(self) -> int:
-        """Turn the outbox triggers on; the first time, queue every existing fact. Return how many were queued."""
+        """Turn the outbox triggers on; the first time, queue every existing fact. Return how many were queued.
 
-        def switch(conn: Any) -> bool:
+        The first queueing runs in chunks and notes the last fact queued in each chunk's own transaction
+        (QUEUED_THROUGH), so a service stopped half way carries on from there at its next start, where the mirror
+        already reads `on` and nothing else would queue the rest."""
+
+        def switch(conn: Any) -> int | None:
             row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'qdrant_mirror'").fetchone()
+            queued = conn.execute("SELECT value FROM solos_memory_meta WHERE key = ?", (QUEUED_THROUGH,)).fetchone()
             conn.execute(
                 "INSERT INTO solos_memory_meta (key, value) VALUES ('qdrant_mirror', 'on') "
                 "ON CONFLICT (key) DO UPDATE SET value = 'on'"
             )
-            return row is None or row[0] != "on"
+            if row is None or row[0] != "on":
+                return 0  # the first time: every fact
+            return None if queued is None or queued[0] == "done" else int(queued[0])
 
-        if not self.store.write(switch):
+        start = self.store.write(switch)
+        if start is None:
             return 0
-        last = [0]
+        last = [start]
 
         def chunk() -> int:  # rows written meanwhile are queued by the triggers
-            rows = self.store.write(
-                lambda conn: conn.execute(
+            def queue(conn: Any) -> list:
+                rows = conn.execute(
                     "INSERT INTO qdrant_outbox (action, row_id) SELECT 'upsert', id FROM memory_longterm "
                     "WHERE id > ? ORDER BY id LIMIT ? RETURNING row_id",
                     (last[0], ENQUEUE_CHUNK),
                 ).fetchall()
-            )
+                through = str(max([last[0], *(row[0] for row in rows)])) if rows else "done"
+                conn.execute(
+                    "INSERT INTO solos_memory_meta (key, value) VALUES (?, ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (QUEUED_THROUGH, through),
+                )
+                return rows
+
+            rows = self.store.write(queue)
             last[0] = max([last[0], *(row[0] for row in rows)])
             return len(rows)
 

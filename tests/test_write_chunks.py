@@ -175,3 +175,23 @@ def test_a_first_qdrant_mirror_queues_the_stored_facts_in_chunks_with_an_agent_w
     assert solos_qdrant.Mirror(store, solos_qdrant.Target()).enable() == 25
     assert len(agent_writes) == 3  # 10, 10, 5, then the chunk that finds nothing left
     assert count(store, "qdrant_outbox") == 25
+
+
+def test_a_first_qdrant_mirror_stopped_half_way_queues_the_rest_at_the_next_start(store, monkeypatch):
+    monkeypatch.setattr(solos_qdrant, "ENQUEUE_CHUNK", 10)
+    for i in range(25):
+        store.write(lambda conn, i=i: store.insert_long(conn, "atlas", "", f"fact {i}", None, None, []))
+
+    def stopped(held_s: float) -> None:  # the service stops after the first chunk has committed
+        raise SystemExit("stopped")
+
+    monkeypatch.setattr(store, "between_chunks", stopped)
+    with pytest.raises(SystemExit):
+        solos_qdrant.Mirror(store, solos_qdrant.Target()).enable()
+    monkeypatch.undo()
+    assert count(store, "qdrant_outbox") == 10
+
+    assert solos_qdrant.Mirror(store, solos_qdrant.Target()).enable() == 15
+    queued = store.read(lambda conn: [row[0] for row in conn.execute("SELECT row_id FROM qdrant_outbox")])
+    assert sorted(queued) == sorted(set(queued)) and len(queued) == 25  # every fact once
+    assert solos_qdrant.Mirror(store, solos_qdrant.Target()).enable() == 0  # done: nothing queued twice
