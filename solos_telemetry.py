@@ -208,6 +208,11 @@ def metrics_text(memory: Any) -> bytes:
     lines.append(f"solos_memory_duplicates_suppressed_total {suppressed}")
     family("degraded", "gauge", "1 while recall is not full hybrid (no embedder, or rows without vectors).")
     lines.append(f"solos_memory_degraded {int(memory.embedder_state()['degraded'])}")
+    judge = memory.judge.state()
+    family("judge_unavailable", "gauge", "1 while the judge's file cannot be used: relevance is the reranker's.")
+    lines.append(f"solos_memory_judge_unavailable {int(judge['state'] == 'unavailable')}")
+    family("cross_encoder_unavailable", "gauge", "1 while hybrid recall's cross-encoder cannot load: features only.")
+    lines.append(f"solos_memory_cross_encoder_unavailable {int(judge['cross_encoder'] == 'unavailable')}")
     family("rows", "gauge", "Rows per tier (short: live only).")
     for tier, count in rows.items():
         lines.append(f'solos_memory_rows{{tier="{label(tier)}"}} {count}')

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import WordHashEmbedder
+from conftest import WordHashEmbedder, metric_samples
 
 import solos_cross_encoder
 import solos_judge
@@ -442,6 +442,7 @@ def test_hybrid_recall_without_its_model_answers_with_the_features_judge_and_why
         judge = surface.body["judge"]
         assert (judge["state"], judge["cross_encoder"]) == ("ready", "unavailable"), judge
         assert judge["cross_encoder_reason"] in receipt["judge_reason"]
+    assert metric_samples(server, "solos_memory_cross_encoder_unavailable") == {"": 1.0}
     assert len(body["results"]) == 2 and all(0.0 < r["relevance"] <= 1.0 for r in body["results"])
     features = hybrid_recall(served_with(embedded_server, monkeypatch, None, "features.db"))  # the same, no model
     assert (features["receipt"]["judge"], features["receipt"]["judge_reason"]) == (receipt["judge"], None)

@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from conftest import require_embedder, start_server, stop_server
+from conftest import metric_samples, require_embedder, start_server, stop_server
 
 import solos_judge
 import solos_memory
@@ -532,6 +532,7 @@ def test_health_and_stats_say_when_recall_cannot_use_the_judge(make_server, monk
         judge = surface.body["judge"]
         assert judge["state"] == "unavailable" and judge["reason"] == receipt["judge_reason"], judge
     assert "judge file unreadable" in served.get("/status").raw.decode()
+    assert metric_samples(served, "solos_memory_judge_unavailable") == {"": 1.0}
 
 
 def test_health_and_stats_say_the_judge_is_ready(server):
@@ -539,6 +540,7 @@ def test_health_and_stats_say_the_judge_is_ready(server):
         judge = surface.body["judge"]
         assert (judge["state"], judge["reason"]) == ("ready", None), judge
         assert judge["name"] == f"features@{solos_judge.JUDGE_SHA256[:8]}"
+    assert metric_samples(server, "solos_memory_judge_unavailable") == {"": 0.0}
 
 
 def test_a_floor_is_read_as_a_program_prints_it(server):
