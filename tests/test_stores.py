@@ -242,6 +242,57 @@ def test_the_same_write_sent_at_once_creates_one_row_and_says_so_once(served, st
 AGENTS_BY_ROUND = ("sol", "nova", "hermes")
 
 
+def write_long_uncommitted(conn, url: str, agent: str, fact: str) -> None:
+    """The service's write of a long fact, on this connection, left uncommitted (its write key held)."""
+    if solos_store.is_postgres(url):
+        key = solos_store.sha256_text(fact)
+        import solos_store_pg
+
+        lock = solos_store_pg.key_lock(agent, "long", key)
+        conn.execute("BEGIN")
+        conn.execute(
+            "SELECT * FROM solos_write_long(?, ?, ?, NULL, ?, NULL, NULL, '[]', NULL, NULL)", (agent, lock, key, fact)
+        )
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    row_id = conn.execute(
+        "INSERT INTO memory_longterm (agent, fact, tags) VALUES (?, ?, '[]') RETURNING id", (agent, fact)
+    ).fetchone()[0]
+    conn.execute(
+        "INSERT INTO memory_write_key (agent, tier, key, row_id) VALUES (?, 'long', ?, ?)",
+        (agent, solos_store.sha256_text(fact), row_id),
+    )
+
+
+def test_a_promotion_racing_a_write_of_the_same_fact_makes_one_row(served, store_url):
+    # On PostgreSQL, promote took no write-key lock: it missed the write in flight, inserted its own row, and
+    # the write key moved to it. The writer held two rows of one fact; its later updates reached only one.
+    fact = "The cache warms up in 90 seconds after a deploy."
+    episode_id = episode(served, "atlas", "cache warmed slowly")
+    with fleet_writer(store_url) as conn:
+        write_long_uncommitted(conn, store_url, "atlas", fact)
+        answers: list = []
+        promoting = threading.Thread(
+            target=lambda: answers.append(
+                served.post("/v1/promote", {"agent": "atlas", "ids": [episode_id], "fact": fact})
+            )
+        )
+        promoting.start()
+        time.sleep(0.5)  # the promotion is under way, waiting for the write (or, without the lock, past it)
+        conn.execute("COMMIT")
+        promoting.join(10)
+    rows = direct(store_url, "SELECT id FROM memory_longterm WHERE fact = ?", (fact,))
+    assert len(rows) == 1, rows
+    (reply,) = answers
+    assert ok(reply) == {
+        "tier": "long",
+        "agent": "atlas",
+        "id": rows[0]["id"],
+        "status": "linked",
+        "sources": [episode_id],
+    }
+
+
 # ==== 2. Recall: scopes, labels, tiers, tags, expiry, personas, and BM25 ranking ====
 
 
