@@ -662,9 +662,11 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    -- The writer's row holding exactly this fact (w_key: the full text's sha256), if there is one.
+    -- The writer's row holding exactly this fact (w_key: the full text's sha256), if there is one; locked, so a
+    -- forget deleting it now is waited for (then the fact is written anew) and none starts before this commits.
     SELECT l.id INTO written_id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id
-    WHERE k.agent = w_agent AND k.tier = 'long' AND k.key = w_key AND l.agent = k.agent AND l.fact = w_fact;
+    WHERE k.agent = w_agent AND k.tier = 'long' AND k.key = w_key AND l.agent = k.agent AND l.fact = w_fact
+    FOR NO KEY UPDATE OF l;
     IF written_id IS NULL THEN
         INSERT INTO memory_longterm AS l (agent, topic, fact, source, confidence, tags)
         VALUES (w_agent, w_topic, w_fact, w_source, w_confidence, w_tags) RETURNING l.id INTO written_id;

@@ -293,6 +293,38 @@ def test_a_promotion_racing_a_write_of_the_same_fact_makes_one_row(served, store
     }
 
 
+def in_flight(url: str, conn: Any, sql: str, params: tuple) -> None:
+    """One statement in a write transaction left open on this connection (its locks held until COMMIT)."""
+    conn.execute("BEGIN" if is_postgres(url) else "BEGIN IMMEDIATE")
+    conn.execute(sql, params)
+
+
+def in_a_thread(call: Any) -> tuple[threading.Thread, list]:
+    answers: list = []
+    thread = threading.Thread(target=lambda: answers.append(call()))
+    thread.start()
+    return thread, answers
+
+
+def test_an_update_racing_the_forget_of_its_row_is_stored_as_answered(hybrid, store_url):
+    # On PostgreSQL a write of a fact found its row, then waited for a forget deleting it: its update met no row,
+    # it answered `unchanged` with the forgotten id (its topic stored nowhere), and saved a vector for that id, a
+    # row of memory_vector naming nothing. Now it waits for the forget first and stores the fact anew.
+    body = {"agent": "atlas", "fact": "The docs site is rebuilt hourly.", "topic": "docs"}
+    first = ok(hybrid.post("/v1/long", body), 201)["id"]
+    with fleet_writer(store_url) as conn:
+        in_flight(store_url, conn, "DELETE FROM memory_longterm WHERE id = ?", (first,))  # a forget, under way
+        writing, answers = in_a_thread(lambda: hybrid.post("/v1/long", {**body, "topic": "publishing"}))
+        time.sleep(0.5)
+        conn.execute("COMMIT")
+        writing.join(10)
+    (reply,) = answers
+    written = ok(reply, 201)
+    assert written["status"] == "created" and written["id"] != first
+    assert direct(store_url, "SELECT id, topic FROM memory_longterm") == [{"id": written["id"], "topic": "publishing"}]
+    assert direct(store_url, "SELECT row_id FROM memory_vector") == [{"row_id": written["id"]}]
+
+
 # ==== 2. Recall: scopes, labels, tiers, tags, expiry, personas, and BM25 ranking ====
 
 
