@@ -276,11 +276,13 @@ class PgStore(solos_store.Store):
         deadline = time.monotonic() + self.busy_timeout_ms / 1000
         for attempt in range(solos_store.BUSY_RETRIES + 1):
             conn = self.checkout()
+            committing = write and one_statement  # a connection lost from here on leaves the write in doubt
             try:
                 if not one_statement:
                     conn.execute(self.BEGIN_WRITE if write else self.BEGIN_READ)
                 result = work(conn)
                 if not one_statement:
+                    committing = write
                     conn.execute("COMMIT")
                 return result
             except psycopg.errors.QueryCanceled as error:  # before OperationalError, its parent class
@@ -293,7 +295,7 @@ class PgStore(solos_store.Store):
                     conn.reusable = False
                     super().close()  # its pool-mates lost the same server
                     log_event("storage_failure", db=solos_store.shown(self.path), error=str(error))
-                    raise StorageUnavailable(unreachable(self.path, error)) from None
+                    raise StorageUnavailable((in_doubt if committing else unreachable)(self.path, error)) from None
                 last_error = error
             except psycopg.errors.ReadOnlySqlTransaction as error:
                 # A standby: during a failover HAProxy sends connections to the node Patroni is promoting a
@@ -816,6 +818,16 @@ def unreachable(url: str, error: BaseException) -> str:
     return (
         f"the PostgreSQL database at {solos_store.shown(url)} cannot be reached ({first_line(error)}); "
         "nothing was changed, retry later"
+    )
+
+
+def in_doubt(url: str, error: BaseException) -> str:
+    """A write whose connection was lost once its commit was sent: PostgreSQL may have committed it (the answer is
+    what was lost) or not (the server was gone already); the service cannot tell which."""
+    return (
+        f"the PostgreSQL database at {solos_store.shown(url)} cannot be reached ({first_line(error)}); the "
+        "connection was lost after the write was sent, so it may have been stored: recall before writing it "
+        "again (a write with a key, a short key, a long fact or an idempotency_key, may simply be sent again)"
     )
 
 
