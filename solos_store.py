@@ -929,11 +929,13 @@ class Store:
         """Serialize writes of one write key until commit: SQLite's single writer already does."""
 
     @staticmethod
-    def known_long(conn: sqlite3.Connection, agent: str, fact: str) -> int | None:
-        """The writer's row holding exactly this fact (keyed by the full text's sha256), if there is one."""
+    def known_long(conn: Any, agent: str, fact: str) -> int | None:
+        """The writer's row holding exactly this fact (keyed by the full text's sha256), if there is one; locked until
+        commit (a forget deleting it now is waited for, and then it is not found)."""
         row = conn.execute(
             "SELECT l.id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id "
-            "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ?",
+            "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ? "
+            + conn.queries.LOCKED,
             (agent, hashlib.sha256(fact.encode("utf-8")).hexdigest(), fact),
         ).fetchone()
         return None if row is None else row[0]
@@ -1443,6 +1445,7 @@ class Queries:
     SHIFTED = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)"  # now moved by '+3.000 seconds', '-30 days'
     IDS_IN = "IN (SELECT value FROM json_each(?))"  # with id_list(ids), or text_list(names), as its parameter
     SAME = "IS"  # equal, NULL equal to NULL
+    LOCKED = ""  # a row read to be written (alias l): SQLite's one writer holds every row already
     LEAST, GREATEST = "min", "max"  # of two values
     # A row carries one of the wanted tags (a JSON array of them is the parameter, twice): tags as this service
     # stores them (a JSON array) or as a comma list, which other writers of the fleet use.

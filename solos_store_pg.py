@@ -862,6 +862,7 @@ class PgQueries(solos_store.Queries):
     SHIFTED = "solos_at(?::interval)"
     IDS_IN = "= ANY(?)"
     SAME = "IS NOT DISTINCT FROM"
+    LOCKED = "FOR NO KEY UPDATE OF l"
     LEAST, GREATEST = "least", "greatest"
     TAGGED = "solos_tags(t.tags) && ?::text[]"
 

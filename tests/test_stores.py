@@ -8,6 +8,7 @@ test states what the SQLite store does, and the PostgreSQL store must do the sam
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import random
@@ -242,6 +243,31 @@ def test_the_same_write_sent_at_once_creates_one_row_and_says_so_once(served, st
 AGENTS_BY_ROUND = ("sol", "nova", "hermes")
 
 
+def while_held(url: str, hold: Any, call: Any) -> Any:
+    """call()'s reply, made in a thread while a transaction of the fleet's (`hold(conn)` began it) holds its locks,
+    committed half a second in: the call meets the transaction under way."""
+    answers: list = []
+    with fleet_writer(url) as conn:
+        hold(conn)
+        calling = threading.Thread(target=lambda: answers.append(call()))
+        calling.start()
+        time.sleep(0.5)
+        conn.execute("COMMIT")
+        calling.join(10)
+    (reply,) = answers
+    return reply
+
+
+def forget_under_way(url: str, table: str, row_id: int) -> Any:
+    """A hold for while_held: the row deleted, as a forget deletes it, not yet committed."""
+
+    def hold(conn: Any) -> None:
+        conn.execute("BEGIN" if is_postgres(url) else "BEGIN IMMEDIATE")
+        conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
+
+    return hold
+
+
 def write_long_uncommitted(conn, url: str, agent: str, fact: str) -> None:
     """The service's write of a long fact, on this connection, left uncommitted (its write key held)."""
     if solos_store.is_postgres(url):
@@ -269,21 +295,11 @@ def test_a_promotion_racing_a_write_of_the_same_fact_makes_one_row(served, store
     # the write key moved to it. The writer held two rows of one fact; its later updates reached only one.
     fact = "The cache warms up in 90 seconds after a deploy."
     episode_id = episode(served, "atlas", "cache warmed slowly")
-    with fleet_writer(store_url) as conn:
-        write_long_uncommitted(conn, store_url, "atlas", fact)
-        answers: list = []
-        promoting = threading.Thread(
-            target=lambda: answers.append(
-                served.post("/v1/promote", {"agent": "atlas", "ids": [episode_id], "fact": fact})
-            )
-        )
-        promoting.start()
-        time.sleep(0.5)  # the promotion is under way, waiting for the write (or, without the lock, past it)
-        conn.execute("COMMIT")
-        promoting.join(10)
+    promote = {"agent": "atlas", "ids": [episode_id], "fact": fact}
+    writing = functools.partial(write_long_uncommitted, url=store_url, agent="atlas", fact=fact)
+    reply = while_held(store_url, writing, lambda: served.post("/v1/promote", promote))
     rows = direct(store_url, "SELECT id FROM memory_longterm WHERE fact = ?", (fact,))
     assert len(rows) == 1, rows
-    (reply,) = answers
     assert ok(reply) == {
         "tier": "long",
         "agent": "atlas",
@@ -293,36 +309,34 @@ def test_a_promotion_racing_a_write_of_the_same_fact_makes_one_row(served, store
     }
 
 
-def in_flight(url: str, conn: Any, sql: str, params: tuple) -> None:
-    """One statement in a write transaction left open on this connection (its locks held until COMMIT)."""
-    conn.execute("BEGIN" if is_postgres(url) else "BEGIN IMMEDIATE")
-    conn.execute(sql, params)
-
-
-def in_a_thread(call: Any) -> tuple[threading.Thread, list]:
-    answers: list = []
-    thread = threading.Thread(target=lambda: answers.append(call()))
-    thread.start()
-    return thread, answers
-
-
 def test_an_update_racing_the_forget_of_its_row_is_stored_as_answered(hybrid, store_url):
     # On PostgreSQL a write of a fact found its row, then waited for a forget deleting it: its update met no row,
     # it answered `unchanged` with the forgotten id (its topic stored nowhere), and saved a vector for that id, a
     # row of memory_vector naming nothing. Now it waits for the forget first and stores the fact anew.
     body = {"agent": "atlas", "fact": "The docs site is rebuilt hourly.", "topic": "docs"}
     first = ok(hybrid.post("/v1/long", body), 201)["id"]
-    with fleet_writer(store_url) as conn:
-        in_flight(store_url, conn, "DELETE FROM memory_longterm WHERE id = ?", (first,))  # a forget, under way
-        writing, answers = in_a_thread(lambda: hybrid.post("/v1/long", {**body, "topic": "publishing"}))
-        time.sleep(0.5)
-        conn.execute("COMMIT")
-        writing.join(10)
-    (reply,) = answers
-    written = ok(reply, 201)
+    forgetting = forget_under_way(store_url, "memory_longterm", first)
+    written = ok(
+        while_held(store_url, forgetting, lambda: hybrid.post("/v1/long", {**body, "topic": "publishing"})), 201
+    )
     assert written["status"] == "created" and written["id"] != first
     assert direct(store_url, "SELECT id, topic FROM memory_longterm") == [{"id": written["id"], "topic": "publishing"}]
     assert direct(store_url, "SELECT row_id FROM memory_vector") == [{"row_id": written["id"]}]
+
+
+def test_a_promotion_racing_the_forget_of_its_fact_links_only_a_stored_fact(served, store_url):
+    # On PostgreSQL a promotion found the caller's fact while a forget was deleting it: it answered `linked` to
+    # the forgotten id and kept a memory_promotion row naming it, which the forget (committed first) could not
+    # take away. Now it waits for the forget and stores the fact anew.
+    fact = "The VPN certificate renews on the first of the month."
+    forgotten = long_fact(served, "atlas", fact)
+    episode_id = episode(served, "atlas", "renewed the VPN certificate")
+    promote = {"agent": "atlas", "ids": [episode_id], "fact": fact}
+    forgetting = forget_under_way(store_url, "memory_longterm", forgotten)
+    promoted = ok(while_held(store_url, forgetting, lambda: served.post("/v1/promote", promote)), 201)
+    assert promoted["status"] == "created" and promoted["id"] != forgotten
+    assert direct(store_url, "SELECT id FROM memory_longterm") == [{"id": promoted["id"]}]
+    assert direct(store_url, "SELECT long_id FROM memory_promotion") == [{"long_id": promoted["id"]}]
 
 
 # ==== 2. Recall: scopes, labels, tiers, tags, expiry, personas, and BM25 ranking ====
