@@ -632,20 +632,21 @@ CREATE OR REPLACE FUNCTION solos_write_short(w_agent text, w_lock bigint, w_key 
 RETURNS TABLE (written_id bigint, written_status text, written_expires_at text, written_generation bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    existed boolean;
+    existing bigint;
 BEGIN
     IF NOT solos_write_begins(w_agent, w_lock) THEN
         written_status := 'unknown_agent';
         RETURN NEXT;
         RETURN;
     END IF;
-    existed := EXISTS (SELECT 1 FROM memory_short s WHERE s.agent = w_agent AND s.key = w_key);
+    SELECT s.id INTO existing FROM memory_short s WHERE s.agent = w_agent AND s.key = w_key;
     INSERT INTO memory_short AS s (agent, key, value, tags, created_at, expires_at)
     VALUES (w_agent, w_key, w_value, w_tags, solos_now(), solos_at(w_ttl::interval))
     ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags,
         created_at = excluded.created_at, expires_at = excluded.expires_at
     RETURNING s.id, s.expires_at INTO written_id, written_expires_at;
-    written_status := CASE WHEN existed THEN 'updated' ELSE 'created' END;
+    -- The row seen may be gone by the insert (a forget committed between): then this one is new.
+    written_status := CASE WHEN existing = written_id THEN 'updated' ELSE 'created' END;
     written_generation := solos_keep_vector('short', written_id, w_model, w_vector);
     RETURN NEXT;
 END $$;

@@ -339,6 +339,17 @@ def test_a_promotion_racing_the_forget_of_its_fact_links_only_a_stored_fact(serv
     assert direct(store_url, "SELECT long_id FROM memory_promotion") == [{"long_id": promoted["id"]}]
 
 
+def test_a_short_write_racing_the_forget_of_its_key_says_it_created_a_row(served, store_url):
+    # On PostgreSQL the write saw the key's row before the forget committed, then made a new row once it had:
+    # it answered `updated` (200) with an id the caller never had, as if its earlier row had been rewritten.
+    body = {"agent": "atlas", "key": "deploy-lock", "value": "held by atlas"}
+    first = ok(served.post("/v1/short", body), 201)["id"]
+    forgetting = forget_under_way(store_url, "memory_short", first)
+    written = ok(while_held(store_url, forgetting, lambda: served.post("/v1/short", {**body, "value": "again"})), 201)
+    assert written["status"] == "created" and written["id"] != first
+    assert direct(store_url, "SELECT id, value FROM memory_short") == [{"id": written["id"], "value": "again"}]
+
+
 # ==== 2. Recall: scopes, labels, tiers, tags, expiry, personas, and BM25 ranking ====
 
 
