@@ -1207,10 +1207,10 @@ class Store:
         return conn.execute(TIER_TABLE[tier].vector_sql, (tier, model))
 
     def rows_missing_vectors(
-        self, tier: str, model: str, limit: int, ids: list[int] | None = None
+        self, tier: str, model: str, limit: int, ids: list[int] | None = None, after: int = 0
     ) -> list[sqlite3.Row]:
         """Rows with no vector from `model` (new, changed, or embedded by another model), of `ids` if given; without
-        ids, only this process's share of them (`embed_share`)."""
+        ids, only this process's share of them (`embed_share`); past id `after` (a pass pages through them)."""
         table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
         only, params = ("", []) if ids is None else (" AND t.id " + self.queries.IDS_IN, [self.queries.id_list(ids)])
         if ids is None and self.embed_share is not None:
@@ -1218,8 +1218,8 @@ class Store:
         return self.read(
             lambda conn: conn.execute(
                 f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v ON v.tier = ? AND v.row_id = t.id "
-                f"AND v.model = ? WHERE v.row_id IS NULL{only} ORDER BY t.id LIMIT ?",
-                (tier, model, *params, limit),
+                f"AND v.model = ? WHERE v.row_id IS NULL AND t.id > ?{only} ORDER BY t.id LIMIT ?",
+                (tier, model, after, *params, limit),
             ).fetchall()
         )
 

@@ -575,13 +575,16 @@ class PgStore(solos_store.Store):
 
     # -- vectors --
 
-    def rows_missing_vectors(self, tier: str, model: str, limit: int, ids: list[int] | None = None) -> list:
-        """Rows with no vector from `model` (of `ids` if given), claimed for this copy (solos_copies.claim): no
-        other copy embeds them until save_vectors releases them, or the claim lapses with a copy that died."""
+    def rows_missing_vectors(
+        self, tier: str, model: str, limit: int, ids: list[int] | None = None, after: int = 0
+    ) -> list:
+        """Rows with no vector from `model` (of `ids` if given, past id `after`), claimed for this copy
+        (solos_copies.claim): no other copy embeds them until save_vectors releases them, or the claim lapses with
+        a copy that died."""
         table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
 
         def work(conn: Any) -> list:
-            claimed = solos_copies.claim(conn, table, tier, model, limit, ids)
+            claimed = solos_copies.claim(conn, table, tier, model, limit, ids, after)
             if not claimed:
                 return []
             return conn.execute(
