@@ -700,8 +700,10 @@ BEGIN
         RETURN;
     END IF;
     IF w_key IS NOT NULL THEN
+        -- Locked, as solos_write_long's row: a forget deleting it now is waited for (then it is written anew).
         SELECT e.* INTO earlier FROM memory_write_key k JOIN memory_episodic e ON e.id = k.row_id
-        WHERE k.agent = w_agent AND k.tier = 'episodic' AND k.key = w_key AND e.agent = k.agent;
+        WHERE k.agent = w_agent AND k.tier = 'episodic' AND k.key = w_key AND e.agent = k.agent
+        FOR SHARE OF e;
         IF FOUND THEN
             written_id := earlier.id;
             IF (earlier.event_type, earlier.summary, earlier.details, earlier.outcome, earlier.duration_s)

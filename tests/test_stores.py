@@ -350,6 +350,27 @@ def test_a_short_write_racing_the_forget_of_its_key_says_it_created_a_row(served
     assert direct(store_url, "SELECT id, value FROM memory_short") == [{"id": written["id"], "value": "again"}]
 
 
+def test_a_keyed_episode_retried_as_it_is_forgotten_leaves_no_vector_behind(hybrid, store_url):
+    # On PostgreSQL a retry found the episode by its idempotency key while a forget was deleting it, answered
+    # `unchanged` with its id and, the episode having no vector yet, saved one for it: a memory_vector row (the
+    # forgotten text's embedding) naming a row that was gone once the forget committed.
+    event = {"agent": "atlas", "event_type": "t", "summary": "paged the on-call", "idempotency_key": "page-7"}
+    (row,) = direct(
+        store_url,
+        "INSERT INTO memory_episodic (agent, event_type, summary) VALUES ('atlas', 't', ?) RETURNING id",
+        (event["summary"],),
+    )  # written without a vector (as by one of the fleet's writers), keyed as the service keys it
+    direct(
+        store_url,
+        "INSERT INTO memory_write_key (agent, tier, key, row_id) VALUES ('atlas', 'episodic', ?, ?)",
+        (event["idempotency_key"], row["id"]),
+    )
+    forgetting = forget_under_way(store_url, "memory_episodic", row["id"])
+    written = ok(while_held(store_url, forgetting, lambda: hybrid.post("/v1/episodic", event)), 201)
+    assert written["status"] == "created" and written["id"] != row["id"]
+    assert direct(store_url, "SELECT row_id FROM memory_vector WHERE tier = 'episodic'") == [{"row_id": written["id"]}]
+
+
 # ==== 2. Recall: scopes, labels, tiers, tags, expiry, personas, and BM25 ranking ====
 
 
