@@ -716,6 +716,20 @@ BEGIN
             RETURN NEXT;
             RETURN;
         END IF;
+        -- Once `purge` moved it to the archive, the key still names it (archived rows have no vector).
+        SELECT a.id, a.event_type, a.summary, a.details, a.outcome, a.duration_s
+        INTO earlier.id, earlier.event_type, earlier.summary, earlier.details, earlier.outcome, earlier.duration_s
+        FROM memory_write_key k JOIN memory_episodic_archive a ON a.id = k.row_id
+        WHERE k.agent = w_agent AND k.tier = 'episodic' AND k.key = w_key AND a.agent = k.agent
+        FOR SHARE OF a;
+        IF FOUND THEN
+            written_id := earlier.id;
+            written_status := CASE WHEN (earlier.event_type, earlier.summary, earlier.details, earlier.outcome,
+                earlier.duration_s) IS DISTINCT FROM (w_event_type, w_summary, w_details, w_outcome, w_duration_s)
+                THEN 'conflict' ELSE 'unchanged' END;
+            RETURN NEXT;
+            RETURN;
+        END IF;
     END IF;
     INSERT INTO memory_episodic AS e (agent, event_type, summary, details, outcome, duration_s)
     VALUES (w_agent, w_event_type, w_summary, w_details, w_outcome, w_duration_s) RETURNING e.id INTO written_id;

@@ -968,15 +968,21 @@ class Store:
             self.require_agent(conn, agent)
             if idempotency_key:
                 self.hold_key(conn, agent, "episodic", idempotency_key)
+                # The key's episode, in the hot table or, once `purge` moved it, in the archive (no vector there).
                 earlier = conn.execute(
-                    "SELECT e.* FROM memory_write_key k JOIN memory_episodic e ON e.id = k.row_id "
-                    "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND e.agent = k.agent",
-                    (agent, idempotency_key),
+                    f"SELECT e.id, {', '.join(columns)}, 0 AS archived FROM memory_write_key k "
+                    "JOIN memory_episodic e ON e.id = k.row_id "
+                    "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND e.agent = k.agent UNION ALL "
+                    f"SELECT a.id, {', '.join(columns)}, 1 FROM memory_write_key k "
+                    "JOIN memory_episodic_archive a ON a.id = k.row_id "
+                    "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND a.agent = k.agent",
+                    (agent, idempotency_key, agent, idempotency_key),
                 ).fetchone()
                 if earlier:
                     if any(earlier[c] != event[c] for c in columns):
                         raise reused_key(idempotency_key, earlier["id"])
-                    return self.keep_vector(conn, "episodic", {"id": earlier["id"], "status": "unchanged"}, vector)
+                    unchanged = {"id": earlier["id"], "status": "unchanged"}
+                    return unchanged if earlier["archived"] else self.keep_vector(conn, "episodic", unchanged, vector)
             row_id = conn.execute(
                 "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome, duration_s) "
                 "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",

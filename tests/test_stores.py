@@ -371,6 +371,31 @@ def test_a_keyed_episode_retried_as_it_is_forgotten_leaves_no_vector_behind(hybr
     assert direct(store_url, "SELECT row_id FROM memory_vector WHERE tier = 'episodic'") == [{"row_id": written["id"]}]
 
 
+def test_an_idempotency_key_still_holds_once_its_episode_is_archived(served, store_url):
+    # A retry looked for the key's episode in the hot table only: once `purge` had archived it, the same event
+    # was stored again (`created`, a duplicate) and a different event under the key was taken, not a conflict.
+    import solos_lifecycle
+
+    event = {
+        "agent": "atlas",
+        "event_type": "turn",
+        "summary": "asked about the backup window",
+        "idempotency_key": "t-1",
+    }
+    first = ok(served.post("/v1/episodic", event), 201)["id"]
+    direct(store_url, "UPDATE memory_episodic SET timestamp = '2020-01-01T00:00:00.000Z' WHERE id = ?", (first,))
+    assert solos_lifecycle.archive_episodic(served.server.memory.store, 30) == 1
+    assert ok(served.post("/v1/episodic", event)) == {
+        "tier": "episodic",
+        "agent": "atlas",
+        "id": first,
+        "status": "unchanged",
+    }
+    other = served.post("/v1/episodic", {**event, "summary": "asked about something else"})
+    assert other.status == 409 and other.body["error"]["field"] == "idempotency_key", other.body
+    assert direct(store_url, "SELECT count(*) AS n FROM memory_episodic") == [{"n": 0}]
+
+
 # ==== 2. Recall: scopes, labels, tiers, tags, expiry, personas, and BM25 ranking ====
 
 
