@@ -203,13 +203,23 @@ class McpBridge:
                 continue
             encoded = _encode(reply)
             size += len(encoded) + (1 if answered else 0)  # and the comma between replies
-            if size > MAX_BATCH_BYTES:  # answered, but not carried: the client asks again with the call alone
+            if size > MAX_BATCH_BYTES and self._reads_only(item):
+                # Answered, but not carried: the client asks again with the call alone. Only a read's: a write
+                # has happened, and its reply (a few hundred bytes) must say so, or a client resends it.
                 message = f"the batch's replies passed {MAX_BATCH_BYTES} bytes; send this call on its own"
                 encoded = _encode(RpcError(INVALID_REQUEST, message).reply(item))
             answered.append(encoded)
         if not answered:
             return 202, response_headers, b""
         return 200, {**response_headers, "Content-Type": "application/json"}, b"[" + b",".join(answered) + b"]"
+
+    def _reads_only(self, message: Any) -> bool:
+        """Whether asking for this message again is harmless: anything but a call of a tool that may write."""
+        if not isinstance(message, dict) or message.get("method") != "tools/call":
+            return True
+        name = message["params"].get("name") if isinstance(message.get("params"), dict) else None
+        tool = self._tools.get(name) if isinstance(name, str) else None
+        return tool is None or tool.annotations.get("readOnlyHint") is True
 
     def _answer_handshake_era(
         self, message: Any, headers: Mapping[str, str], response_headers: dict[str, str], *, in_batch: bool

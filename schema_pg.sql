@@ -640,20 +640,21 @@ CREATE OR REPLACE FUNCTION solos_write_short(w_agent text, w_lock bigint, w_key 
 RETURNS TABLE (written_id bigint, written_status text, written_expires_at text, written_generation bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    existed boolean;
+    existing bigint;
 BEGIN
     IF NOT solos_write_begins(w_agent, w_lock) THEN
         written_status := 'unknown_agent';
         RETURN NEXT;
         RETURN;
     END IF;
-    existed := EXISTS (SELECT 1 FROM memory_short s WHERE s.agent = w_agent AND s.key = w_key);
+    SELECT s.id INTO existing FROM memory_short s WHERE s.agent = w_agent AND s.key = w_key;
     INSERT INTO memory_short AS s (agent, key, value, tags, created_at, expires_at)
     VALUES (w_agent, w_key, w_value, w_tags, solos_now(), solos_at(w_ttl::interval))
     ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags,
         created_at = excluded.created_at, expires_at = excluded.expires_at
     RETURNING s.id, s.expires_at INTO written_id, written_expires_at;
-    written_status := CASE WHEN existed THEN 'updated' ELSE 'created' END;
+    -- The row seen may be gone by the insert (a forget committed between): then this one is new.
+    written_status := CASE WHEN existing = written_id THEN 'updated' ELSE 'created' END;
     written_generation := solos_keep_vector('short', written_id, w_model, w_vector);
     RETURN NEXT;
 END $$;
@@ -670,9 +671,11 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    -- The writer's row holding exactly this fact (w_key: the full text's sha256), if there is one.
+    -- The writer's row holding exactly this fact (w_key: the full text's sha256), if there is one; locked, so a
+    -- forget deleting it now is waited for (then the fact is written anew) and none starts before this commits.
     SELECT l.id INTO written_id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id
-    WHERE k.agent = w_agent AND k.tier = 'long' AND k.key = w_key AND l.agent = k.agent AND l.fact = w_fact;
+    WHERE k.agent = w_agent AND k.tier = 'long' AND k.key = w_key AND l.agent = k.agent AND l.fact = w_fact
+    FOR NO KEY UPDATE OF l;
     IF written_id IS NULL THEN
         INSERT INTO memory_longterm AS l (agent, topic, fact, source, confidence, tags)
         VALUES (w_agent, w_topic, w_fact, w_source, w_confidence, w_tags) RETURNING l.id INTO written_id;
@@ -705,8 +708,10 @@ BEGIN
         RETURN;
     END IF;
     IF w_key IS NOT NULL THEN
+        -- Locked, as solos_write_long's row: a forget deleting it now is waited for (then it is written anew).
         SELECT e.* INTO earlier FROM memory_write_key k JOIN memory_episodic e ON e.id = k.row_id
-        WHERE k.agent = w_agent AND k.tier = 'episodic' AND k.key = w_key AND e.agent = k.agent;
+        WHERE k.agent = w_agent AND k.tier = 'episodic' AND k.key = w_key AND e.agent = k.agent
+        FOR SHARE OF e;
         IF FOUND THEN
             written_id := earlier.id;
             IF (earlier.event_type, earlier.summary, earlier.details, earlier.outcome, earlier.duration_s)
@@ -716,6 +721,20 @@ BEGIN
                 written_status := 'unchanged';
                 written_generation := solos_keep_vector('episodic', written_id, w_model, w_vector);
             END IF;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        -- Once `purge` moved it to the archive, the key still names it (archived rows have no vector).
+        SELECT a.id, a.event_type, a.summary, a.details, a.outcome, a.duration_s
+        INTO earlier.id, earlier.event_type, earlier.summary, earlier.details, earlier.outcome, earlier.duration_s
+        FROM memory_write_key k JOIN memory_episodic_archive a ON a.id = k.row_id
+        WHERE k.agent = w_agent AND k.tier = 'episodic' AND k.key = w_key AND a.agent = k.agent
+        FOR SHARE OF a;
+        IF FOUND THEN
+            written_id := earlier.id;
+            written_status := CASE WHEN (earlier.event_type, earlier.summary, earlier.details, earlier.outcome,
+                earlier.duration_s) IS DISTINCT FROM (w_event_type, w_summary, w_details, w_outcome, w_duration_s)
+                THEN 'conflict' ELSE 'unchanged' END;
             RETURN NEXT;
             RETURN;
         END IF;

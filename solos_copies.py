@@ -91,7 +91,7 @@ CLAIM_SQL = (
     "WITH wanted AS (SELECT t.id FROM {table} t "
     "LEFT JOIN memory_vector v ON v.tier = ? AND v.row_id = t.id AND v.model = ? "
     "LEFT JOIN memory_embed_claim c ON c.tier = ? AND c.row_id = t.id "
-    "WHERE v.row_id IS NULL AND (c.row_id IS NULL OR c.until <= solos_now()){only} "
+    "WHERE v.row_id IS NULL AND t.id > ? AND (c.row_id IS NULL OR c.until <= solos_now()){only} "
     "ORDER BY t.id LIMIT ? FOR UPDATE OF t SKIP LOCKED) "
     "INSERT INTO memory_embed_claim (tier, row_id, claimed_by, until) "
     "SELECT ?, id, ?, solos_at(?::interval) FROM wanted "
@@ -101,10 +101,12 @@ CLAIM_SQL = (
 CLAIMANT = f"{socket.gethostname()}:{os.getpid()}"  # who holds a claim, for an operator reading the table
 
 
-def claim(conn: Any, table: str, tier: str, model: str, limit: int, ids: list[int] | None) -> list[int]:
-    """Claim up to `limit` rows of the tier that lack a vector from `model` (of `ids` if given); their ids."""
+def claim(conn: Any, table: str, tier: str, model: str, limit: int, ids: list[int] | None, after: int = 0) -> list[int]:
+    """Claim up to `limit` rows of the tier that lack a vector from `model` (of `ids` if given, past id `after`);
+    their ids."""
     only = "" if ids is None else " AND t.id = ANY(?)"
-    params = (tier, model, tier, *(() if ids is None else (list(ids),)), limit, tier, CLAIMANT, f"{CLAIM_S} seconds")
+    ranged = (tier, model, tier, after, *(() if ids is None else (list(ids),)))
+    params = (*ranged, limit, tier, CLAIMANT, f"{CLAIM_S} seconds")
     return sorted(row[0] for row in conn.execute(CLAIM_SQL.format(table=table, only=only), params))
 
 

@@ -28,20 +28,20 @@ def embed_missing(
     store: Store, embedder: Any, batch: int = EMBED_BATCH, progress: Callable[[int], None] | None = None
 ) -> int:
     """Embed every row that lacks a vector from this model, batch by batch (each its own short write transaction:
-    idempotent and resumable, it only ever picks rows without a vector); return how many."""
+    idempotent and resumable, it only ever picks rows without a vector); return how many.
+
+    A pass goes through them in id order, once: a row whose vector was not saved (it changed under us, or its text
+    cannot be read back as written) is left to the next pass, and never holds up the rows after it."""
     done = 0
     for tier in (tier.name for tier in EMBEDDED_TIERS):
-        while True:
-            rows = store.rows_missing_vectors(tier, embedder.model_id, batch)
-            if not rows:
-                break
+        after = 0
+        while rows := store.rows_missing_vectors(tier, embedder.model_id, batch, after=after):
             vectors = embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
             saved, _ = store.save_vectors(tier, embedder.model_id, list(zip(rows, vectors)))
             done += len(saved)
+            after = rows[-1]["id"]
             if progress:
                 progress(done)
-            if not saved:
-                break  # every row changed under us; the next sweep takes them
     return done
 
 

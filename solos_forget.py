@@ -56,7 +56,8 @@ FORGET_OUTPUT = {
         "type": "string",
         "enum": ["complete", "pending"],
         "description": "complete: the text has left the database file and its WAL; pending: a reader held "
-        "the WAL; the service finishes it within seconds.",
+        "the WAL, or the database was busy (the row is forgotten all the same); the service finishes it within "
+        "seconds.",
     },
     "mirror": {
         "type": "string",
@@ -169,15 +170,20 @@ class Scrubber:
         queued = {
             t: n for t, n in self.store.read(lambda conn: self.store.queries.queued_scrubs(conn)).items() if t == tier
         }
-        for fts in solos_store.KEYWORD_INDEX[tier]:
-            self.merge(fts)
         # The outbox's entry holds only the text's hash (keep_only_hash): nothing waits for the mirror.
         mirrored = tier == "long" and bool(
             self.store.read(lambda conn: self.store.queries.mirror_waiting(conn, [row_id]))
         )
-        done = self.checkpoint()
-        if done and queued:
-            self.store.write(lambda conn: self.store.queries.scrubs_done(conn, queued))
+        try:
+            for fts in solos_store.KEYWORD_INDEX[tier]:
+                self.merge(fts)
+            done = self.checkpoint()
+            if done and queued:
+                self.store.write(lambda conn: self.store.queries.scrubs_done(conn, queued))
+        except solos_store.ServiceError as error:  # busy, or storage trouble: the forget itself has committed
+            # Its answer must say so; the scrub stays queued and the hub finishes it (finish) on a later round.
+            log.warning("scrub after a forget postponed: %s", error)
+            self.checkpoint_pending, done = True, False
         return {"wal_checkpoint": "complete" if done else "pending", "mirror": "pending" if mirrored else "none"}
 
     def finish(self) -> None:

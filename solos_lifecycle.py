@@ -86,6 +86,7 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
         ordered = sorted(ids)
         fact = args["fact"] or "; ".join(found[i]["summary"] for i in ordered)
         source = "promoted:memory_episodic#" + ",".join(map(str, ordered))
+        store.hold_key(conn, caller, "long", solos_store.sha256_text(fact))  # a write of this fact in flight: after it
         known = store.known_long(conn, caller, fact)
         outcome: dict[str, Any]
         if known is None:

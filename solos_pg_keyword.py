@@ -359,8 +359,8 @@ class KeywordIndex:
         that quoted it as context with it: they are read again too (PostgreSQL indexed them again without it)."""
         rows = conn.execute(f"SELECT {pg_columns(table)} FROM {table} t WHERE t.id = ANY(?)", (ids,)).fetchall()
         gone = sorted(set(ids) - {row[0] for row in rows})
-        if table == "memory_longterm" and gone:
-            quoting = self.quoting(gone)
+        if table == "memory_longterm" and gone:  # those read already (touched themselves) only once: one rowid
+            quoting = sorted(set(self.quoting(gone)) - {row[0] for row in rows})
             if quoting:
                 rows += conn.execute(
                     f"SELECT {pg_columns(table)} FROM {table} t WHERE t.id = ANY(?)", (quoting,)

@@ -382,9 +382,12 @@ class VectorIndex:
         thread: Any = None,
     ) -> None:
         """A row the service just embedded and saved (at `generation`), of topic `thread` in a threaded tier: the
-        next search sees it."""
+        next search sees it. Unless it is older than what the index holds of that row: two writes of one row report
+        in whatever order their threads run, and a snapshot at `generation` or later holds this write or a newer."""
         with self.lock:
-            self.recent[tier][row_id] = (agent, expires_at or "", vector, generation, thread)
+            held = self.recent[tier].get(row_id)
+            if (held is None or held[3] <= generation) and (self.generation is None or generation > self.generation):
+                self.recent[tier][row_id] = (agent, expires_at or "", vector, generation, thread)
             crowded = sum(map(len, self.recent.values())) > RECENT_VECTORS_KEPT
         if crowded:  # writes with no recall between: fold them into a snapshot rather than grow this
             self.reload_soon(store)

@@ -971,11 +971,13 @@ class Store:
         """Serialize writes of one write key until commit: SQLite's single writer already does."""
 
     @staticmethod
-    def known_long(conn: sqlite3.Connection, agent: str, fact: str) -> int | None:
-        """The writer's row holding exactly this fact (keyed by the full text's sha256), if there is one."""
+    def known_long(conn: Any, agent: str, fact: str) -> int | None:
+        """The writer's row holding exactly this fact (keyed by the full text's sha256), if there is one; locked until
+        commit (a forget deleting it now is waited for, and then it is not found)."""
         row = conn.execute(
             "SELECT l.id FROM memory_write_key k JOIN memory_longterm l ON l.id = k.row_id "
-            "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ?",
+            "WHERE k.agent = ? AND k.tier = 'long' AND k.key = ? AND l.agent = k.agent AND l.fact = ? "
+            + conn.queries.LOCKED,
             (agent, hashlib.sha256(fact.encode("utf-8")).hexdigest(), fact),
         ).fetchone()
         return None if row is None else row[0]
@@ -1008,15 +1010,21 @@ class Store:
             self.require_agent(conn, agent)
             if idempotency_key:
                 self.hold_key(conn, agent, "episodic", idempotency_key)
+                # The key's episode, in the hot table or, once `purge` moved it, in the archive (no vector there).
                 earlier = conn.execute(
-                    "SELECT e.* FROM memory_write_key k JOIN memory_episodic e ON e.id = k.row_id "
-                    "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND e.agent = k.agent",
-                    (agent, idempotency_key),
+                    f"SELECT e.id, {', '.join(columns)}, 0 AS archived FROM memory_write_key k "
+                    "JOIN memory_episodic e ON e.id = k.row_id "
+                    "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND e.agent = k.agent UNION ALL "
+                    f"SELECT a.id, {', '.join(columns)}, 1 FROM memory_write_key k "
+                    "JOIN memory_episodic_archive a ON a.id = k.row_id "
+                    "WHERE k.agent = ? AND k.tier = 'episodic' AND k.key = ? AND a.agent = k.agent",
+                    (agent, idempotency_key, agent, idempotency_key),
                 ).fetchone()
                 if earlier:
                     if any(earlier[c] != event[c] for c in columns):
                         raise reused_key(idempotency_key, earlier["id"])
-                    return self.keep_vector(conn, "episodic", {"id": earlier["id"], "status": "unchanged"}, vector)
+                    unchanged = {"id": earlier["id"], "status": "unchanged"}
+                    return unchanged if earlier["archived"] else self.keep_vector(conn, "episodic", unchanged, vector)
             row_id = conn.execute(
                 "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome, duration_s) "
                 "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
@@ -1245,10 +1253,10 @@ class Store:
         return conn.execute(TIER_TABLE[tier].vector_sql, (tier, model))
 
     def rows_missing_vectors(
-        self, tier: str, model: str, limit: int, ids: list[int] | None = None
+        self, tier: str, model: str, limit: int, ids: list[int] | None = None, after: int = 0
     ) -> list[sqlite3.Row]:
         """Rows with no vector from `model` (new, changed, or embedded by another model), of `ids` if given; without
-        ids, only this process's share of them (`embed_share`)."""
+        ids, only this process's share of them (`embed_share`); past id `after` (a pass pages through them)."""
         table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
         only, params = ("", []) if ids is None else (" AND t.id " + self.queries.IDS_IN, [self.queries.id_list(ids)])
         if ids is None and self.embed_share is not None:
@@ -1256,8 +1264,8 @@ class Store:
         return self.read(
             lambda conn: conn.execute(
                 f"SELECT {select} FROM {table} t LEFT JOIN memory_vector v ON v.tier = ? AND v.row_id = t.id "
-                f"AND v.model = ? WHERE v.row_id IS NULL{only} ORDER BY t.id LIMIT ?",
-                (tier, model, *params, limit),
+                f"AND v.model = ? WHERE v.row_id IS NULL AND t.id > ?{only} ORDER BY t.id LIMIT ?",
+                (tier, model, after, *params, limit),
             ).fetchall()
         )
 
@@ -1495,6 +1503,7 @@ class Queries:
     SHIFTED = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)"  # now moved by '+3.000 seconds', '-30 days'
     IDS_IN = "IN (SELECT value FROM json_each(?))"  # with id_list(ids), or text_list(names), as its parameter
     SAME = "IS"  # equal, NULL equal to NULL
+    LOCKED = ""  # a row read to be written (alias l): SQLite's one writer holds every row already
     LEAST, GREATEST = "min", "max"  # of two values
     # A row carries one of the wanted tags (a JSON array of them is the parameter, twice): tags as this service
     # stores them (a JSON array) or as a comma list, which other writers of the fleet use.

@@ -279,11 +279,13 @@ class PgStore(solos_store.Store):
         deadline = time.monotonic() + self.busy_timeout_ms / 1000
         for attempt in range(solos_store.BUSY_RETRIES + 1):
             conn = self.checkout()
+            committing = write and one_statement  # a connection lost from here on leaves the write in doubt
             try:
                 if not one_statement:
                     conn.execute(self.BEGIN_WRITE if write else self.BEGIN_READ)
                 result = work(conn)
                 if not one_statement:
+                    committing = write
                     conn.execute("COMMIT")
                 return result
             except psycopg.errors.QueryCanceled as error:  # before OperationalError, its parent class
@@ -296,7 +298,7 @@ class PgStore(solos_store.Store):
                     conn.reusable = False
                     super().close()  # its pool-mates lost the same server
                     log_event("storage_failure", db=solos_store.shown(self.path), error=str(error))
-                    raise StorageUnavailable(unreachable(self.path, error)) from None
+                    raise StorageUnavailable((in_doubt if committing else unreachable)(self.path, error)) from None
                 last_error = error
             except psycopg.errors.ReadOnlySqlTransaction as error:
                 # A standby: during a failover HAProxy sends connections to the node Patroni is promoting a
@@ -576,13 +578,16 @@ class PgStore(solos_store.Store):
 
     # -- vectors --
 
-    def rows_missing_vectors(self, tier: str, model: str, limit: int, ids: list[int] | None = None) -> list:
-        """Rows with no vector from `model` (of `ids` if given), claimed for this copy (solos_copies.claim): no
-        other copy embeds them until save_vectors releases them, or the claim lapses with a copy that died."""
+    def rows_missing_vectors(
+        self, tier: str, model: str, limit: int, ids: list[int] | None = None, after: int = 0
+    ) -> list:
+        """Rows with no vector from `model` (of `ids` if given, past id `after`), claimed for this copy
+        (solos_copies.claim): no other copy embeds them until save_vectors releases them, or the claim lapses with
+        a copy that died."""
         table, select = TIER_TABLE[tier].table, TIER_TABLE[tier].columns
 
         def work(conn: Any) -> list:
-            claimed = solos_copies.claim(conn, table, tier, model, limit, ids)
+            claimed = solos_copies.claim(conn, table, tier, model, limit, ids, after)
             if not claimed:
                 return []
             return conn.execute(
@@ -822,6 +827,16 @@ def unreachable(url: str, error: BaseException) -> str:
     )
 
 
+def in_doubt(url: str, error: BaseException) -> str:
+    """A write whose connection was lost once its commit was sent: PostgreSQL may have committed it (the answer is
+    what was lost) or not (the server was gone already); the service cannot tell which."""
+    return (
+        f"the PostgreSQL database at {solos_store.shown(url)} cannot be reached ({first_line(error)}); the "
+        "connection was lost after the write was sent, so it may have been stored: recall before writing it "
+        "again (a write with a key, a short key, a long fact or an idempotency_key, may simply be sent again)"
+    )
+
+
 def bm25_idf(rows: int, df: int) -> float:
     """A word's weight in BM25 as FTS5 clamps it (and the SQL of PgStore.scored computes it)."""
     return max(math.log(max((rows - df + 0.5) / (df + 0.5), 1e-9)), 1e-6)
@@ -853,6 +868,7 @@ class PgQueries(solos_store.Queries):
     SHIFTED = "solos_at(?::interval)"
     IDS_IN = "= ANY(?)"
     SAME = "IS NOT DISTINCT FROM"
+    LOCKED = "FOR NO KEY UPDATE OF l"
     LEAST, GREATEST = "least", "greatest"
     TAGGED = "solos_tags(t.tags) && ?::text[]"
 

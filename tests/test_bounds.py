@@ -58,6 +58,29 @@ def test_an_mcp_batch_cap_counts_the_bytes_it_sends(server, char):
     assert all(r["result"]["structuredContent"]["count"] > 0 for r in carried)
 
 
+BATCH_HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-03-26"}
+
+
+def test_a_write_in_an_mcp_batch_past_its_byte_cap_is_answered_as_stored(server):
+    # Reads fill the batch's reply past its cap; the write after them is run all the same. Its reply was
+    # replaced by "send this call on its own", so a client resent it and stored the episode twice.
+    wide_episodes(server, "\U0001f600", 8)
+    reads = {"agent": "atlas", "since": 0, "limit": 1000, "tiers": ["episodic"]}
+    write = {"agent": "atlas", "event_type": "task", "summary": "written after the cap"}
+    batch = [batch_call(n, "read_events", reads) for n in range(mcp_bridge.MAX_BATCH_ITEMS - 1)]
+    batch.append(batch_call(99, "write_episodic", write))
+    reply = server.request("POST", "/mcp", body=batch, headers=BATCH_HEADERS)
+    assert reply.status == 200
+    replies = {r["id"]: r for r in json.loads(reply.raw)}
+    assert any("error" in r for r in replies.values())  # the cap was passed: some read was refused
+    with server.db() as conn:
+        found = conn.execute("SELECT id FROM memory_episodic WHERE summary = ?", (write["summary"],))
+        stored = [row[0] for row in found]
+    assert len(stored) == 1
+    assert "result" in replies[99], replies[99]  # the reply says what happened: stored, with its id
+    assert replies[99]["result"]["structuredContent"]["id"] == stored[0]
+
+
 @WIDE
 def test_an_answer_cut_by_bytes_is_cut_by_its_bytes(char):
     rows = [{"text": char * 20_000}] * 10

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from conftest import (
+    BUDGET_MS,
     ROOT,
     checkpoint,
     drained,
@@ -369,3 +370,37 @@ def test_forgetting_a_row_again_runs_its_scrub_again(server, monkeypatch):
     with server.db() as conn:
         assert conn.execute("SELECT count(*) FROM memory_retraction").fetchone()[0] == 1
         assert conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0] == 0
+
+
+def test_a_forget_whose_scrub_meets_a_busy_database_still_answers_forgotten(make_server, monkeypatch):
+    # The forget committed; then one of the fleet's writers held the lock past the busy timeout while the scrub
+    # merged the index. The forget answered 503 busy: the agent was told its row was not forgotten (and a client
+    # that did not retry went on believing it), although it was. The scrub stays queued and is finished later.
+    import solos_forget
+
+    server = make_server(busy_timeout_ms=BUDGET_MS)
+    scrubber = server.server.memory.scrubber
+    wait_until(lambda: not scrubber.due and not scrubber.checkpoint_pending, "the hub's first round")
+    word = marker()
+    row_id = write_row(server, "long", f"met {word} at noon")
+    locked = sqlite3.connect(server.db_path, isolation_level=None, check_same_thread=False)
+    real_scrub = solos_forget.Scrubber.scrub
+
+    def scrub_behind_a_writer(self, tier, forgotten):
+        locked.execute("BEGIN IMMEDIATE")  # a fleet writer takes the lock the moment the forget commits
+        return real_scrub(self, tier, forgotten)
+
+    monkeypatch.setattr(solos_forget.Scrubber, "scrub", scrub_behind_a_writer)
+    reply = server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": row_id})
+    if locked.in_transaction:
+        locked.execute("ROLLBACK")
+    locked.close()
+    assert reply.status == 200, reply.body
+    assert reply.body["status"] == "forgotten" and reply.body["wal_checkpoint"] == "pending"
+    assert row_id not in {r["id"] for r in server.recall("atlas", word).body["results"]}
+    monkeypatch.undo()
+    wait_until(lambda: files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}, "the queued scrub to finish")
+    with server.db() as conn:
+        wait_until(
+            lambda: conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0] == 0, "the scrub's entry"
+        )

@@ -171,6 +171,25 @@ def test_backfill_is_resumable_and_idempotent(make_server):
     store.close()
 
 
+def test_a_batch_of_rows_that_cannot_be_saved_does_not_stop_the_rows_after_it(make_server):
+    """Rows a fleet writer stored as invalid UTF-8 are read with U+FFFD, so their text never matches again and
+    their vectors are never saved. A whole batch of them first in id order ended every pass (and backfill) before
+    the rows after them: those ranked by keywords only, for good."""
+    server = make_server("stuck.db")
+    with server.db() as conn:
+        conn.executemany(
+            "INSERT INTO memory_longterm (agent, fact) VALUES ('sol', CAST(X'41ff42' AS TEXT) || ?)",
+            [(str(n),) for n in range(6)],
+        )
+        conn.execute("INSERT INTO memory_longterm (agent, fact) VALUES ('sol', 'a clean fact from the fleet')")
+    store = solos_memory.Store(str(server.db_path))
+    embedder = WordHashEmbedder()
+    assert solos_embed_worker.embed_missing(store, embedder, batch=4) == 1
+    assert store.count_vectors(embedder.model_id) == {"long": 1}
+    assert store.count_missing_vectors(embedder.model_id) == 6  # still counted: the backlog says they wait
+    store.close()
+
+
 def test_backfill_command_counts_and_fails_without_an_embedder(server, monkeypatch, capsys):
     for n in range(7):
         server.post("/v1/long", {"agent": "atlas", "fact": f"to be backfilled {n}"})

@@ -4,12 +4,15 @@ Retry-After, never an empty success, and the service recovers by itself when the
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
-from conftest import ROOT, start_server, stop_server, wait_until
+from conftest import ROOT, fleet_writer, start_server, stop_server, wait_until
 from pg_server import free_loopback_port
 
 pytestmark = pytest.mark.slow
@@ -215,3 +218,75 @@ def test_a_write_waiting_for_its_synchronous_standby_outlasts_the_statement_time
     finally:
         standby_named("")
         store.close()
+
+
+class CuttingProxy:
+    """A loopback TCP proxy in front of PostgreSQL that, once armed, lets the next statement naming `marker` run and
+    commit, then closes that connection before its answer (ReadyForQuery: committed) reaches the service."""
+
+    READY_IDLE = b"Z\x00\x00\x00\x05I"  # ReadyForQuery, idle: the statement's implicit transaction has committed
+
+    def __init__(self, port: int, marker: bytes):
+        self.port, self.marker, self.armed, self.cut = port, marker, False, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url_port = self.listener.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.port))
+            marked = threading.Event()
+            threading.Thread(target=self.pipe, args=(client, server, marked, True), daemon=True).start()
+            threading.Thread(target=self.pipe, args=(server, client, marked, False), daemon=True).start()
+
+    def pipe(self, source: socket.socket, sink: socket.socket, marked: threading.Event, upstream: bool) -> None:
+        held = b""
+        try:
+            while data := source.recv(65536):
+                if upstream and self.armed and self.marker in data:
+                    self.armed = False
+                    marked.set()
+                if not upstream and marked.is_set():
+                    held += data
+                    if held.endswith(self.READY_IDLE):  # committed: the answer never arrives
+                        self.cut.set()
+                        break
+                    continue
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_write_whose_commit_answer_is_lost_is_not_said_to_have_changed_nothing(pg_cluster, pg_url):
+    # The connection dropped after PostgreSQL committed the write and before its answer came back. The service
+    # answered 503 "nothing was changed, retry later", and the episode was stored: an agent that retried stored
+    # it twice. The answer must not claim what the service cannot know.
+    proxy = CuttingProxy(pg_cluster.port, b"solos_write_episodic")
+    url = pg_url.replace(f":{pg_cluster.port}/", f":{proxy.url_port}/")
+    running = start_server(url, busy_timeout_ms=1000)
+    try:
+        proxy.armed = True
+        reply = running.post("/v1/episodic", {"agent": "atlas", "event_type": "t", "summary": "cut after commit"})
+        assert proxy.cut.is_set()
+        with fleet_writer(pg_url) as conn:
+            stored = conn.execute("SELECT count(*) FROM memory_episodic WHERE summary = 'cut after commit'").fetchone()
+        assert stored[0] == 1  # PostgreSQL committed it
+        assert reply.status == 503, reply.body
+        assert reply.body["error"]["code"] == "storage_unavailable"
+        message = reply.body["error"]["message"]
+        assert "nothing was changed" not in message and "may have been stored" in message, message
+        assert running.post("/v1/long", {"agent": "atlas", "fact": "the pool recovers"}).status == 201
+    finally:
+        stop_server(running)
+        proxy.close()

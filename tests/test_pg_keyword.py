@@ -242,3 +242,22 @@ def test_a_write_that_commits_after_later_ones_is_not_skipped(copies, pg_url):
         slow.commit()
     assert sorted(ids_of(copy.recall("sol", "ferry leaves", tiers="long"))) == sorted([early, later.body["id"]])
     assert held(copy, "memory_longterm", early)
+
+
+@pytest.mark.slow
+def test_a_fact_updated_as_the_one_it_quotes_is_forgotten_is_applied_once(copies, pg_url):
+    """One pass meets a forgotten fact and an update of a later fact of its topic: the later fact was read both as
+    touched and as quoting the forgotten one, put twice into the index in one transaction, and the index failed
+    on its own rowid (`failing`, recall by SQL) on that pass and each one after it."""
+    copy = ready(copies(rerank=False))
+    ids = [
+        copy.post("/v1/long", {"agent": "atlas", "topic": "boats", "fact": f"the {word} ferry sails"}).body["id"]
+        for word in ("red", "blue", "green")
+    ]
+    assert ids_of(copy.recall("sol", "ferry sails", tiers="long"))  # the index holds them
+    with fleet_writer(pg_url) as conn, conn.transaction():  # one commit: one pass applies both
+        conn.execute("UPDATE memory_longterm SET confidence = 0.5 WHERE id = ?", (ids[1],))
+        conn.execute("DELETE FROM memory_longterm WHERE id = ?", (ids[0],))
+    assert sorted(ids_of(copy.recall("sol", "ferry sails", tiers="long"))) == ids[1:]
+    assert copy.get("/health").body["keyword_index"] == "ready"
+    assert not held(copy, "memory_longterm", ids[0]) and held(copy, "memory_longterm", ids[1])

@@ -8,6 +8,7 @@ test states what the SQLite store does, and the PostgreSQL store must do the sam
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import random
@@ -240,6 +241,159 @@ def test_the_same_write_sent_at_once_creates_one_row_and_says_so_once(served, st
 
 
 AGENTS_BY_ROUND = ("sol", "nova", "hermes")
+
+
+def while_held(url: str, hold: Any, call: Any) -> Any:
+    """call()'s reply, made in a thread while a transaction of the fleet's (`hold(conn)` began it) holds its locks,
+    committed half a second in: the call meets the transaction under way."""
+    answers: list = []
+    with fleet_writer(url) as conn:
+        hold(conn)
+        calling = threading.Thread(target=lambda: answers.append(call()))
+        calling.start()
+        time.sleep(0.5)
+        conn.execute("COMMIT")
+        calling.join(10)
+    (reply,) = answers
+    return reply
+
+
+def forget_under_way(url: str, table: str, row_id: int) -> Any:
+    """A hold for while_held: the row deleted, as a forget deletes it, not yet committed."""
+
+    def hold(conn: Any) -> None:
+        conn.execute("BEGIN" if is_postgres(url) else "BEGIN IMMEDIATE")
+        conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
+
+    return hold
+
+
+def write_long_uncommitted(conn, url: str, agent: str, fact: str) -> None:
+    """The service's write of a long fact, on this connection, left uncommitted (its write key held)."""
+    if solos_store.is_postgres(url):
+        key = solos_store.sha256_text(fact)
+        import solos_store_pg
+
+        lock = solos_store_pg.key_lock(agent, "long", key)
+        conn.execute("BEGIN")
+        conn.execute(
+            "SELECT * FROM solos_write_long(?, ?, ?, NULL, ?, NULL, NULL, '[]', NULL, NULL)", (agent, lock, key, fact)
+        )
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    row_id = conn.execute(
+        "INSERT INTO memory_longterm (agent, fact, tags) VALUES (?, ?, '[]') RETURNING id", (agent, fact)
+    ).fetchone()[0]
+    conn.execute(
+        "INSERT INTO memory_write_key (agent, tier, key, row_id) VALUES (?, 'long', ?, ?)",
+        (agent, solos_store.sha256_text(fact), row_id),
+    )
+
+
+def test_a_promotion_racing_a_write_of_the_same_fact_makes_one_row(served, store_url):
+    # On PostgreSQL, promote took no write-key lock: it missed the write in flight, inserted its own row, and
+    # the write key moved to it. The writer held two rows of one fact; its later updates reached only one.
+    fact = "The cache warms up in 90 seconds after a deploy."
+    episode_id = episode(served, "atlas", "cache warmed slowly")
+    promote = {"agent": "atlas", "ids": [episode_id], "fact": fact}
+    writing = functools.partial(write_long_uncommitted, url=store_url, agent="atlas", fact=fact)
+    reply = while_held(store_url, writing, lambda: served.post("/v1/promote", promote))
+    rows = direct(store_url, "SELECT id FROM memory_longterm WHERE fact = ?", (fact,))
+    assert len(rows) == 1, rows
+    assert ok(reply) == {
+        "tier": "long",
+        "agent": "atlas",
+        "id": rows[0]["id"],
+        "status": "linked",
+        "sources": [episode_id],
+    }
+
+
+def test_an_update_racing_the_forget_of_its_row_is_stored_as_answered(hybrid, store_url):
+    # On PostgreSQL a write of a fact found its row, then waited for a forget deleting it: its update met no row,
+    # it answered `unchanged` with the forgotten id (its topic stored nowhere), and saved a vector for that id, a
+    # row of memory_vector naming nothing. Now it waits for the forget first and stores the fact anew.
+    body = {"agent": "atlas", "fact": "The docs site is rebuilt hourly.", "topic": "docs"}
+    first = ok(hybrid.post("/v1/long", body), 201)["id"]
+    forgetting = forget_under_way(store_url, "memory_longterm", first)
+    written = ok(
+        while_held(store_url, forgetting, lambda: hybrid.post("/v1/long", {**body, "topic": "publishing"})), 201
+    )
+    assert written["status"] == "created" and written["id"] != first
+    assert direct(store_url, "SELECT id, topic FROM memory_longterm") == [{"id": written["id"], "topic": "publishing"}]
+    assert direct(store_url, "SELECT row_id FROM memory_vector") == [{"row_id": written["id"]}]
+
+
+def test_a_promotion_racing_the_forget_of_its_fact_links_only_a_stored_fact(served, store_url):
+    # On PostgreSQL a promotion found the caller's fact while a forget was deleting it: it answered `linked` to
+    # the forgotten id and kept a memory_promotion row naming it, which the forget (committed first) could not
+    # take away. Now it waits for the forget and stores the fact anew.
+    fact = "The VPN certificate renews on the first of the month."
+    forgotten = long_fact(served, "atlas", fact)
+    episode_id = episode(served, "atlas", "renewed the VPN certificate")
+    promote = {"agent": "atlas", "ids": [episode_id], "fact": fact}
+    forgetting = forget_under_way(store_url, "memory_longterm", forgotten)
+    promoted = ok(while_held(store_url, forgetting, lambda: served.post("/v1/promote", promote)), 201)
+    assert promoted["status"] == "created" and promoted["id"] != forgotten
+    assert direct(store_url, "SELECT id FROM memory_longterm") == [{"id": promoted["id"]}]
+    assert direct(store_url, "SELECT long_id FROM memory_promotion") == [{"long_id": promoted["id"]}]
+
+
+def test_a_short_write_racing_the_forget_of_its_key_says_it_created_a_row(served, store_url):
+    # On PostgreSQL the write saw the key's row before the forget committed, then made a new row once it had:
+    # it answered `updated` (200) with an id the caller never had, as if its earlier row had been rewritten.
+    body = {"agent": "atlas", "key": "deploy-lock", "value": "held by atlas"}
+    first = ok(served.post("/v1/short", body), 201)["id"]
+    forgetting = forget_under_way(store_url, "memory_short", first)
+    written = ok(while_held(store_url, forgetting, lambda: served.post("/v1/short", {**body, "value": "again"})), 201)
+    assert written["status"] == "created" and written["id"] != first
+    assert direct(store_url, "SELECT id, value FROM memory_short") == [{"id": written["id"], "value": "again"}]
+
+
+def test_a_keyed_episode_retried_as_it_is_forgotten_leaves_no_vector_behind(hybrid, store_url):
+    # On PostgreSQL a retry found the episode by its idempotency key while a forget was deleting it, answered
+    # `unchanged` with its id and, the episode having no vector yet, saved one for it: a memory_vector row (the
+    # forgotten text's embedding) naming a row that was gone once the forget committed.
+    event = {"agent": "atlas", "event_type": "t", "summary": "paged the on-call", "idempotency_key": "page-7"}
+    (row,) = direct(
+        store_url,
+        "INSERT INTO memory_episodic (agent, event_type, summary) VALUES ('atlas', 't', ?) RETURNING id",
+        (event["summary"],),
+    )  # written without a vector (as by one of the fleet's writers), keyed as the service keys it
+    direct(
+        store_url,
+        "INSERT INTO memory_write_key (agent, tier, key, row_id) VALUES ('atlas', 'episodic', ?, ?)",
+        (event["idempotency_key"], row["id"]),
+    )
+    forgetting = forget_under_way(store_url, "memory_episodic", row["id"])
+    written = ok(while_held(store_url, forgetting, lambda: hybrid.post("/v1/episodic", event)), 201)
+    assert written["status"] == "created" and written["id"] != row["id"]
+    assert direct(store_url, "SELECT row_id FROM memory_vector WHERE tier = 'episodic'") == [{"row_id": written["id"]}]
+
+
+def test_an_idempotency_key_still_holds_once_its_episode_is_archived(served, store_url):
+    # A retry looked for the key's episode in the hot table only: once `purge` had archived it, the same event
+    # was stored again (`created`, a duplicate) and a different event under the key was taken, not a conflict.
+    import solos_lifecycle
+
+    event = {
+        "agent": "atlas",
+        "event_type": "turn",
+        "summary": "asked about the backup window",
+        "idempotency_key": "t-1",
+    }
+    first = ok(served.post("/v1/episodic", event), 201)["id"]
+    direct(store_url, "UPDATE memory_episodic SET timestamp = '2020-01-01T00:00:00.000Z' WHERE id = ?", (first,))
+    assert solos_lifecycle.archive_episodic(served.server.memory.store, 30) == 1
+    assert ok(served.post("/v1/episodic", event)) == {
+        "tier": "episodic",
+        "agent": "atlas",
+        "id": first,
+        "status": "unchanged",
+    }
+    other = served.post("/v1/episodic", {**event, "summary": "asked about something else"})
+    assert other.status == 409 and other.body["error"]["field"] == "idempotency_key", other.body
+    assert direct(store_url, "SELECT count(*) AS n FROM memory_episodic") == [{"n": 0}]
 
 
 # ==== 2. Recall: scopes, labels, tiers, tags, expiry, personas, and BM25 ranking ====
