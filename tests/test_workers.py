@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow  # each starts a supervisor and its workers
 
 AGENTS = "atlas,sol,hermes,nova,vega,lyra,orion,rhea"
 WORKERS = 2
+REACH_PAUSE_S = 0.005  # after a connection another worker took (reach): 400 misses wait 2 s at most
 
 
 def serve_argv(db: Path, *extra: str) -> list[str]:
@@ -68,6 +69,9 @@ def connect_to(port: int, worker: int, attempts: int = 400) -> http.client.HTTPC
 
 
 def reach(port: int, worker: int, attempts: int) -> http.client.HTTPConnection | None:
+    """A connection the worker accepted. Workers race for each connection on the shared port, and a pinned
+    worker whose core is busy (a stream it just opened catching up, the test's own process) loses every race
+    asked back to back: a short pause after each miss leaves it the core to win one."""
     for _ in range(attempts):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         conn.request("GET", "/health")
@@ -77,6 +81,7 @@ def reach(port: int, worker: int, attempts: int) -> http.client.HTTPConnection |
         if health["worker"] == worker:
             return conn
         conn.close()
+        time.sleep(REACH_PAUSE_S)
     return None
 
 
