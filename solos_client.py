@@ -314,7 +314,8 @@ class Client:
         )
 
     def forget(self, tier: str, row_id: int, *, agent: str | None = None, timeout: float | None = None) -> dict:
-        """Forget one of the agent's own rows by id; a retry after a lost answer gets 404 (already forgotten)."""
+        """Forget one of the agent's own rows by id; a retry after a lost answer gets the same answer again
+        (`forgotten`, the same retraction), so a retry is safe."""
         query = {"agent": self.agent_for(agent), "tier": tier, "id": row_id}
         return self.call("forget", query=query, timeout=timeout or self.write_timeout, idempotent=True)
 
