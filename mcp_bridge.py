@@ -161,7 +161,9 @@ class McpBridge:
         try:
             # Strict: UTF-8 only (json.loads would sniff UTF-16/32 from bytes) and no NaN or Infinity, which
             # are not JSON; so a body means the same here as on the service's REST routes.
-            message = json.loads(body.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_one_value)
+            message = json.loads(
+                body.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=one_value_per_name
+            )
         except RepeatedName as error:
             return _respond(400, RpcError(PARSE_ERROR, f"Parse error: {error}").reply())
         except (ValueError, RecursionError):  # bad UTF-8 and huge integers raise ValueError too
@@ -362,19 +364,23 @@ def _reject_constant(name: str) -> None:
 
 
 class RepeatedName(ValueError):
-    """A name given twice in one JSON object."""
+    """A name given twice in one JSON object; `name` is the name, whole."""
+
+    def __init__(self, name: str):
+        super().__init__(f"the name {name[:60]!r} is given more than once in one object")
+        self.name = name
 
 
-def _one_value(pairs: list[tuple[str, Any]]) -> dict:
-    """json.loads hook: each name once per object, as the service's REST bodies. Parsers disagree on which of two
-    values counts (RFC 8259 section 4), so a gateway reading the first and this bridge the last would see two
-    different calls."""
+def one_value_per_name(pairs: list[tuple[str, Any]]) -> dict:
+    """json.loads hook: each name once per object, here and on the service's REST bodies (solos_validation uses
+    it). Parsers disagree on which of two values counts (RFC 8259 section 4), so a gateway reading the first and
+    this bridge the last would see two different calls."""
     result = dict(pairs)
     if len(result) < len(pairs):
         seen: set[str] = set()
         for name, _ in pairs:
             if name in seen:
-                raise RepeatedName(f"the name {name[:60]!r} is given more than once in one object")
+                raise RepeatedName(name)
             seen.add(name)
     return result
 

@@ -15,6 +15,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl
 
+import mcp_bridge
 import solos_bounds
 from solos_store import BadRequest
 
@@ -219,24 +220,15 @@ def reject_constant(name: str) -> None:
     raise BadRequest(f"body must be valid JSON: {name} is not a JSON number", "body")
 
 
-def one_value_per_name(pairs: list[tuple[str, Any]]) -> dict:
-    """json.loads hook: a name given twice in one object is refused. Parsers disagree on which value counts
-    (RFC 8259 section 4), so a proxy reading the first and the service the last would see two calls; the
-    query string refuses a repeated field too."""
-    result = dict(pairs)
-    if len(result) < len(pairs):
-        seen: set[str] = set()
-        for name, _ in pairs:
-            if name in seen:
-                raise BadRequest(f"{describe(name)} is given more than once in one object", name)
-            seen.add(name)
-    return result
-
-
 def parse_json_body(body: bytes) -> Any:
-    """Decode a request body as strict UTF-8 JSON, each name once per object."""
+    """Decode a request body as strict UTF-8 JSON, each name once per object (the query string refuses a
+    repeated field too), as the MCP bridge reads its messages."""
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=reject_constant, object_pairs_hook=one_value_per_name)
+        return json.loads(
+            body.decode("utf-8"), parse_constant=reject_constant, object_pairs_hook=mcp_bridge.one_value_per_name
+        )
+    except mcp_bridge.RepeatedName as error:
+        raise BadRequest(f"{describe(error.name)} is given more than once in one object", error.name) from None
     except UnicodeDecodeError:
         raise BadRequest("body must be UTF-8 encoded JSON", "body") from None
     except RecursionError:
