@@ -23,8 +23,9 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from http import HTTPStatus
 from typing import Any
 
 from solos_errors import Busy
@@ -168,6 +169,12 @@ class SlotHandoff:
         with self.lock:
             self.abandoned = not self.passed.is_set()
             return not self.abandoned
+
+
+def http_head(status: int, fields: Mapping[str, str]) -> bytes:
+    """A response's status line and header fields: every answer's head, sent in one write with its body."""
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", *(f"{name}: {value}" for name, value in fields.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class BoundedConnections:

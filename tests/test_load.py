@@ -215,3 +215,36 @@ def test_admit_zero_runs_every_request_at_once():
     admission = solos_connections.Admission(0)
     with admission.admitted(), admission.admitted():
         assert admission.load()["running"] == 0
+
+
+def unread_answers(port: int, request: bytes, most: int = 5000) -> socket.socket:
+    """A client that sends the same request over and over on one connection and reads none of the answers:
+    it stops once the service stops reading it, which it does only while its write of an answer is stuck."""
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window it offers
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    client.connect(("127.0.0.1", port))
+    client.setblocking(False)
+    for _ in range(most):
+        try:
+            client.sendall(request)
+        except BlockingIOError:
+            return client
+        threading.Event().wait(0.001)
+    client.close()
+    pytest.fail(f"the service read {most} requests without its answers being read")
+
+
+def test_a_client_that_reads_no_answer_holds_no_place_another_needs(make_server):
+    server = make_server(admit=1)
+    body = b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'  # about 29 KB of answer each, and not exempt
+    request = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n" % server.port
+    stuck = unread_answers(server.port, request + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    try:
+        recalled = server.recall("atlas", "anything")
+        load = server.get("/v1/stats").body["load"]
+    finally:
+        stuck.close()
+    # Before: the stuck write kept the one place for up to 30 s, and this recall was 503 busy after 2 s.
+    assert recalled.status == 200, recalled.body
+    assert load["running"] == 0 and load["busy_queue_wait"] == 0
