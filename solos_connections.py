@@ -1,10 +1,10 @@
 """solos_connections: a thread per connection, at most MAX_CONNECTIONS, and the slowest waiting ones make room.
 
 A mixin for ThreadingHTTPServer. A connection is evictable while it waits for
-its next request head or sends a body, and not while it works on a request.
-When every slot is taken, a newcomer evicts the slowest waiting connection and
-takes its slot; the accept loop never sleeps. The handler reports each phase
-(idle, receiving, received, forget); the server builds the 503 answer for a
+its next request head, sends a body or is sent its answer, and not while it
+works on a request. When every slot is taken, a newcomer evicts the slowest
+waiting connection and takes its slot; the accept loop never sleeps. The
+handler reports each phase (idle, receiving, received, sending, forget); the server builds the 503 answer for a
 newcomer nothing can be made room for (`refusal()`). `load()` says how busy
 it is: requests being handled now and the most at once, connections open,
 newcomers waiting for a slot, refused and evicted (/v1/stats and the
@@ -232,6 +232,12 @@ class BoundedConnections:
         with self.waiting_lock:
             served = connection in self.waiting and self.waiting[connection][2]
             self.waiting[connection] = [time.monotonic(), 0, served]
+
+    def sending(self, connection: socket.socket) -> None:
+        """The connection's answer is being written: evictable, as a kept-alive idle one, the oldest first. A
+        client that reads no answer (a flood of them, or one paused) holds its slot only until someone needs it."""
+        with self.waiting_lock:
+            self.waiting[connection] = [time.monotonic(), 0, True]
 
     def received(self, connection: socket.socket, count: int) -> None:
         with self.waiting_lock:

@@ -694,6 +694,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
     def send_unsent(self) -> None:
         """The answer in one write (headers and body apart meet Nagle + delayed ACK: ~40 ms), then forgotten."""
         answer, self.unsent = self.unsent, b""
+        self.server.sending(self.connection)
         try:
             self.wfile.write(answer)
         except OSError:  # the client went away (or was evicted as idle); nothing left to tell it

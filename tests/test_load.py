@@ -7,7 +7,7 @@ import socket
 import threading
 
 import pytest
-from conftest import wait_until
+from conftest import unread_answers, wait_until
 
 import solos_connections
 import solos_memory
@@ -215,24 +215,6 @@ def test_admit_zero_runs_every_request_at_once():
     admission = solos_connections.Admission(0)
     with admission.admitted(), admission.admitted():
         assert admission.load()["running"] == 0
-
-
-def unread_answers(port: int, request: bytes, most: int = 5000) -> socket.socket:
-    """A client that sends the same request over and over on one connection and reads none of the answers:
-    it stops once the service stops reading it, which it does only while its write of an answer is stuck."""
-    client = socket.socket()
-    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window it offers
-    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    client.connect(("127.0.0.1", port))
-    client.setblocking(False)
-    for _ in range(most):
-        try:
-            client.sendall(request)
-        except BlockingIOError:
-            return client
-        threading.Event().wait(0.001)
-    client.close()
-    pytest.fail(f"the service read {most} requests without its answers being read")
 
 
 def test_a_client_that_reads_no_answer_holds_no_place_another_needs(make_server):
