@@ -100,6 +100,7 @@ from solos_validation import (
     AGENT_SCHEMA,
     TAGS_SCHEMA,
     check_args,
+    check_head,
     coerce_query,
     describe,
     fully_matches,
@@ -718,6 +719,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         body: bytes | None = None  # until read, an error must close the connection: its body is unread
         try:
+            check_head(self.headers)
             if url.path != "/mcp":  # the bridge applies the same rule and answers in JSON-RPC
                 headers = cast(Mapping[str, str], self.headers)
                 refusal = mcp_bridge.foreign_caller(headers, self.server.allowed_hosts, self.server.origins)

@@ -204,6 +204,23 @@ def test_a_body_sent_to_a_route_that_ignores_it_is_drained_not_run(server):
         assert victim_present(server), f"a body sent to GET {route} ran as a request"
 
 
+@pytest.mark.parametrize("line", ["X-Note : hi", "X-Note\t: hi", "a line without a colon", ": no name", "X-\x01: b"])
+def test_a_header_line_that_is_not_name_colon_value_is_400_and_hides_no_header_after_it(server, line):
+    """Python's header parser ended the head at such a line: the Content-Length and Origin after it went unseen,
+    so a GET's body ran as the next request and a foreign page's write passed the Origin rule."""
+    assert server.post("/v1/short", {"agent": "atlas", "key": "victim", "value": "v"}).status == 201
+    smuggled = SMUGGLED % server.port
+    data = head(server, "GET /health HTTP/1.1", line, f"Content-Length: {len(smuggled)}") + smuggled
+    response = raw_exchange(server.port, data)
+    assert statuses_in(response) == [400] and b"Connection: close" in response, response[:300]
+    assert b'"field": "headers"' in response and victim_present(server), "the smuggled DELETE ran"
+    write = b'{"agent": "atlas", "fact": "from a foreign page"}'
+    fields = ["Content-Type: application/json", f"Content-Length: {len(write)}", line, "Origin: http://evil.example"]
+    assert statuses_in(raw_exchange(server.port, head(server, "POST /v1/long HTTP/1.1", *fields) + write)) == [400]
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
 # ---- 4xx, never 500: Content-Length digits, huge integers, deep nesting ----
 
 
