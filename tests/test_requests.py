@@ -221,6 +221,30 @@ def test_a_header_line_that_is_not_name_colon_value_is_400_and_hides_no_header_a
         assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
 
 
+@pytest.mark.parametrize(
+    "fields,named",
+    [
+        (["Host: evil.example"], "Host"),  # after head()'s own Host: 127.0.0.1
+        (["Origin: http://127.0.0.1:{port}", "Origin: http://evil.example"], "Origin"),
+        (["Authorization: Bearer a", "Authorization: Bearer b"], "Authorization"),
+        (["Content-Type: application/json", "Content-Type: text/plain"], "Content-Type"),
+        (["MCP-Protocol-Version: 2025-11-25", "MCP-Protocol-Version: 2025-03-26"], "MCP-Protocol-Version"),
+    ],
+)
+def test_a_header_the_service_reads_once_given_twice_is_400_naming_it(server, fields, named):
+    """The service read the first; a proxy in front that reads the last (HTTP/1.1 says a second Host is 400)
+    would pass one Host, Origin or token and the service act on another."""
+    write = b'{"agent": "atlas", "fact": "given twice"}'
+    typed = [] if named == "Content-Type" else ["Content-Type: application/json"]
+    fields = [field.format(port=server.port) for field in fields]
+    data = head(server, "POST /v1/long HTTP/1.1", *fields, *typed, f"Content-Length: {len(write)}")
+    response = raw_exchange(server.port, data + write)
+    assert statuses_in(response) == [400], response[:300]
+    assert f'"field": "{named}"'.encode() in response and b"Connection: close" in response
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
 # ---- 4xx, never 500: Content-Length digits, huge integers, deep nesting ----
 
 
