@@ -629,7 +629,7 @@ def degraded_header(result: dict) -> dict[str, str]:
     return {"X-Memory-Degraded": "true" if result["degraded"] else "false"} if "degraded" in result else {}
 
 
-class MemoryHandler(BaseHTTPRequestHandler):
+class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
     """Answers every request itself: JSON bodies, Content-Length, one write per response."""
 
     protocol_version = "HTTP/1.1"
@@ -667,7 +667,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
         if code == HTTPStatus.NOT_IMPLEMENTED:
             error = MethodNotAllowed(f"{self.command} is not a method this service answers", list(SERVED_METHODS))
         else:
-            error = ProtocolError(code, message)
+            error = ProtocolError(code, explain or message)  # http.server's explain says which bound (431)
         self.respond(error.status, error_body(error), error.headers())
         self.send_unsent()
 
