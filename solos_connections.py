@@ -37,6 +37,9 @@ from solos_errors import Busy
 MAX_HEAD_BYTES = 64 * 1024
 KEEPALIVE_IDLE_S = 30  # a connection idle (or dripping a request head) this long is closed, freeing its thread
 MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the slowest waiting connection
+# An answer's write is evictable once it has run this long: a written answer leaves at once (the kernel takes it),
+# so one still going is stuck behind a client that reads nothing; one just begun may be a write's acknowledgment.
+SENDING_GRACE_S = 1.0
 SLOT_WAIT_S = 1.0  # how long a newcomer waits for the slot of the connection it evicted
 # Requests running at once, by default: the service's Python holds one core (the GIL), and past a few running
 # threads each recall costs more CPU and waits at every SQLite call to take the GIL back (docs/load.md: at most 4
@@ -267,10 +270,11 @@ class BoundedConnections:
             self.waiting[connection] = [time.monotonic(), 0, served]
 
     def sending(self, connection: socket.socket) -> None:
-        """The connection's answer is being written: evictable, as a kept-alive idle one, the oldest first. A
-        client that reads no answer (a flood of them, or one paused) holds its slot only until someone needs it."""
+        """The connection's answer is being written: evictable after SENDING_GRACE_S, as a kept-alive idle one,
+        the oldest first. A client that reads no answer (a flood of them, or one paused) holds its slot only
+        until someone needs it."""
         with self.waiting_lock:
-            self.waiting[connection] = [time.monotonic(), 0, True]
+            self.waiting[connection] = [time.monotonic() + SENDING_GRACE_S, 0, True]  # counted from the grace's end
 
     def received(self, connection: socket.socket, count: int) -> None:
         with self.waiting_lock:
@@ -303,13 +307,14 @@ class BoundedConnections:
         now = time.monotonic()
         with self.waiting_lock:
             doomed = [conn for conn, (since, _, _) in self.waiting.items() if now - since > older_than_s]
-            if handoff is not None and not doomed and self.waiting:
+            ready = [conn for conn, (since, _, _) in self.waiting.items() if since <= now]  # past a write's grace
+            if handoff is not None and not doomed and ready:
 
                 def pace(conn: socket.socket) -> tuple[bool, float, float]:
                     since, got, served = self.waiting[conn]
                     return served, got / max(now - since, 1e-3), since
 
-                doomed = [min(self.waiting, key=pace)]
+                doomed = [min(ready, key=pace)]
             for conn in doomed:
                 del self.waiting[conn]
             self.counts["evicted"] += len(doomed)
