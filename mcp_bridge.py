@@ -401,6 +401,10 @@ def _parse_request(message: Any) -> tuple[Any, str, dict]:
     """(id, method, params) of a JSON-RPC request, or RpcError naming what is wrong."""
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         raise RpcError(INVALID_REQUEST, 'Invalid Request: expected a JSON-RPC 2.0 object with "jsonrpc": "2.0"')
+    if "id" not in message:
+        method = message.get("method")
+        named = repr(method[:60]) if isinstance(method, str) else "a request"
+        raise RpcError(INVALID_REQUEST, f"Invalid Request: {named} needs an id; only notifications/... go without")
     request_id = message.get("id")
     # MCP forbids null ids; bool is an int subclass in Python but not a JSON-RPC id.
     if isinstance(request_id, bool) or not isinstance(request_id, (str, int)):
@@ -417,8 +421,11 @@ def _parse_request(message: Any) -> tuple[Any, str, dict]:
 
 
 def _is_notification(message: Any) -> bool:
-    """A JSON-RPC notification: a method and no id member (JSON-RPC 2.0 section 4.1)."""
-    return isinstance(message, dict) and "id" not in message and isinstance(message.get("method"), str)
+    """A notification, accepted with 202 and dropped: no id member (JSON-RPC 2.0 section 4.1) and one of MCP's
+    `notifications/...` methods. A request sent without its id (a tools/call) is not one: 202 would tell its
+    client a write was accepted that never ran."""
+    method = message.get("method") if isinstance(message, dict) else None
+    return isinstance(method, str) and method.startswith("notifications/") and "id" not in message
 
 
 def _carries_modern_envelope(message: Any) -> bool:

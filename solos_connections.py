@@ -1,10 +1,10 @@
 """solos_connections: a thread per connection, at most MAX_CONNECTIONS, and the slowest waiting ones make room.
 
 A mixin for ThreadingHTTPServer. A connection is evictable while it waits for
-its next request head or sends a body, and not while it works on a request.
-When every slot is taken, a newcomer evicts the slowest waiting connection and
-takes its slot; the accept loop never sleeps. The handler reports each phase
-(idle, receiving, received, forget); the server builds the 503 answer for a
+its next request head, sends a body or is sent its answer, and not while it
+works on a request. When every slot is taken, a newcomer evicts the slowest
+waiting connection and takes its slot; the accept loop never sleeps. The
+handler reports each phase (idle, receiving, received, sending, forget); the server builds the 503 answer for a
 newcomer nothing can be made room for (`refusal()`). `load()` says how busy
 it is: requests being handled now and the most at once, connections open,
 newcomers waiting for a slot, refused and evicted (/v1/stats and the
@@ -18,19 +18,28 @@ Imports only solos_errors.
 
 from __future__ import annotations
 
+import http.client
 import os
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from http import HTTPStatus
 from typing import Any
 
 from solos_errors import Busy
 
+# A request's header lines in all: http.server caps each line (64 KiB) and their count (100), not their sum, so
+# one head held 6.4 MB in memory, and 128 connections 1.3 GB. nginx's default admits 32 KiB; our own clients
+# send under 1 KiB.
+MAX_HEAD_BYTES = 64 * 1024
 KEEPALIVE_IDLE_S = 30  # a connection idle (or dripping a request head) this long is closed, freeing its thread
 MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the slowest waiting connection
+# An answer's write is evictable once it has run this long: a written answer leaves at once (the kernel takes it),
+# so one still going is stuck behind a client that reads nothing; one just begun may be a write's acknowledgment.
+SENDING_GRACE_S = 1.0
 SLOT_WAIT_S = 1.0  # how long a newcomer waits for the slot of the connection it evicted
 # Requests running at once, by default: the service's Python holds one core (the GIL), and past a few running
 # threads each recall costs more CPU and waits at every SQLite call to take the GIL back (docs/load.md: at most 4
@@ -170,6 +179,40 @@ class SlotHandoff:
             return not self.abandoned
 
 
+class HeadReader:
+    """The request's reader while http.server parses its header lines: past MAX_HEAD_BYTES in all it raises the
+    HTTPException http.server answers with 431, and closes the connection."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader, self.left = reader, MAX_HEAD_BYTES
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self.reader.readline(limit)
+        self.left -= len(line)
+        if self.left < 0:
+            raise http.client.HTTPException(f"the request's header lines passed {MAX_HEAD_BYTES} bytes in all")
+        return line
+
+
+class BoundedHead:
+    """The handler mixin: its header lines are read through a HeadReader."""
+
+    rfile: Any
+
+    def parse_request(self) -> bool:
+        reader, self.rfile = self.rfile, HeadReader(self.rfile)
+        try:
+            return super().parse_request()  # type: ignore[misc]  # BaseHTTPRequestHandler's
+        finally:
+            self.rfile = reader
+
+
+def http_head(status: int, fields: Mapping[str, str]) -> bytes:
+    """A response's status line and header fields: every answer's head, sent in one write with its body."""
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", *(f"{name}: {value}" for name, value in fields.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
 class BoundedConnections:
     """The ThreadingHTTPServer mixin: call bound_connections() in __init__, implement refusal()."""
 
@@ -226,6 +269,13 @@ class BoundedConnections:
             served = connection in self.waiting and self.waiting[connection][2]
             self.waiting[connection] = [time.monotonic(), 0, served]
 
+    def sending(self, connection: socket.socket) -> None:
+        """The connection's answer is being written: evictable after SENDING_GRACE_S, as a kept-alive idle one,
+        the oldest first. A client that reads no answer (a flood of them, or one paused) holds its slot only
+        until someone needs it."""
+        with self.waiting_lock:
+            self.waiting[connection] = [time.monotonic() + SENDING_GRACE_S, 0, True]  # counted from the grace's end
+
     def received(self, connection: socket.socket, count: int) -> None:
         with self.waiting_lock:
             if connection in self.waiting:
@@ -257,13 +307,14 @@ class BoundedConnections:
         now = time.monotonic()
         with self.waiting_lock:
             doomed = [conn for conn, (since, _, _) in self.waiting.items() if now - since > older_than_s]
-            if handoff is not None and not doomed and self.waiting:
+            ready = [conn for conn, (since, _, _) in self.waiting.items() if since <= now]  # past a write's grace
+            if handoff is not None and not doomed and ready:
 
                 def pace(conn: socket.socket) -> tuple[bool, float, float]:
                     since, got, served = self.waiting[conn]
                     return served, got / max(now - since, 1e-3), since
 
-                doomed = [min(self.waiting, key=pace)]
+                doomed = [min(ready, key=pace)]
             for conn in doomed:
                 del self.waiting[conn]
             self.counts["evicted"] += len(doomed)

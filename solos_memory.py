@@ -67,6 +67,7 @@ import solos_store
 import solos_telemetry
 import solos_tokens
 import solos_workers
+from solos_connections import http_head
 from solos_operations import WRITE_OUTPUT, Operation, object_schema, result_schema, text_field
 from solos_store import (
     EMBEDDED_TIERS,
@@ -99,6 +100,7 @@ from solos_validation import (
     AGENT_SCHEMA,
     TAGS_SCHEMA,
     check_args,
+    check_head,
     coerce_query,
     describe,
     fully_matches,
@@ -627,13 +629,7 @@ def degraded_header(result: dict) -> dict[str, str]:
     return {"X-Memory-Degraded": "true" if result["degraded"] else "false"} if "degraded" in result else {}
 
 
-def http_head(status: int, fields: Mapping[str, str]) -> bytes:
-    """A response's status line and header fields: every answer's head, sent in one write with its body."""
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", *(f"{name}: {value}" for name, value in fields.items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-class MemoryHandler(BaseHTTPRequestHandler):
+class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
     """Answers every request itself: JSON bodies, Content-Length, one write per response."""
 
     protocol_version = "HTTP/1.1"
@@ -641,6 +637,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
     timeout = solos_connections.KEEPALIVE_IDLE_S
     server: MemoryServer
     started: float | None = None  # when the current request's route() began
+    unsent = b""  # the answer respond() made, written by send_unsent()
 
     def setup(self) -> None:
         super().setup()
@@ -670,8 +667,9 @@ class MemoryHandler(BaseHTTPRequestHandler):
         if code == HTTPStatus.NOT_IMPLEMENTED:
             error = MethodNotAllowed(f"{self.command} is not a method this service answers", list(SERVED_METHODS))
         else:
-            error = ProtocolError(code, message)
+            error = ProtocolError(code, explain or message)  # http.server's explain says which bound (431)
         self.respond(error.status, error_body(error), error.headers())
+        self.send_unsent()
 
     def respond(
         self,
@@ -692,9 +690,14 @@ class MemoryHandler(BaseHTTPRequestHandler):
         head = http_head(status, fields)
         self.status_sent = status
         self.count_request()  # before the write: a client that reads /metrics next must see this one
-        # One write: headers and body in separate segments meet Nagle + delayed ACK (~40 ms).
+        self.unsent = head if self.command == "HEAD" else head + body
+
+    def send_unsent(self) -> None:
+        """The answer in one write (headers and body apart meet Nagle + delayed ACK: ~40 ms), then forgotten."""
+        answer, self.unsent = self.unsent, b""
+        self.server.sending(self.connection)
         try:
-            self.wfile.write(head if self.command == "HEAD" else head + body)
+            self.wfile.write(answer)
         except OSError:  # the client went away (or was evicted as idle); nothing left to tell it
             self.close_connection = True
 
@@ -716,6 +719,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         body: bytes | None = None  # until read, an error must close the connection: its body is unread
         try:
+            check_head(self.headers)
             if url.path != "/mcp":  # the bridge applies the same rule and answers in JSON-RPC
                 headers = cast(Mapping[str, str], self.headers)
                 refusal = mcp_bridge.foreign_caller(headers, self.server.allowed_hosts, self.server.origins)
@@ -738,7 +742,8 @@ class MemoryHandler(BaseHTTPRequestHandler):
             logging.exception("unexpected error on %s %s", self.command, url.path)
             self.close_connection = True
             self.respond(500, error_body(ServiceError("internal error; see the service log")))
-        finally:
+        finally:  # the answer goes out once its admission place is given back: a client that reads none holds none
+            self.send_unsent()
             self.server.idle(self.connection, served=True)
             if self.server.config.log_requests:
                 log_event(

@@ -449,7 +449,7 @@ def load_table(load: dict) -> str:
         ("most connections at once", load["connections_max"]),
         ("waiting for a slot now", load["waiting_for_slot"]),
         ("refused: no slot (503)", load["refused"]),
-        ("idle connections evicted", load["evicted"]),
+        ("connections evicted (idle, or not reading)", load["evicted"]),
     ]
     if load.get("running_most"):  # the admission cap (--admit; 0: none), its two lanes: "reads / writes"
         lanes = (load, load["writes"]) if "writes" in load else (load,)

@@ -12,6 +12,7 @@ import datetime
 import json
 import math
 import re
+from email.message import Message
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -213,6 +214,30 @@ def coerce_query(schema: dict, pairs: list[tuple[str, str]]) -> dict:
         else:
             args[name] = raw
     return args
+
+
+# Headers the service acts on as one value (Content-Length has read_body's own rule, which names the values).
+SINGLE_VALUED_HEADERS = (
+    "Host Origin Authorization Content-Type MCP-Protocol-Version Mcp-Method Mcp-Name Last-Event-ID".split()
+)
+
+
+def check_head(headers: Message) -> None:
+    """Every header line is `name: value`, and a header the service reads as one value is given once.
+
+    Python's parser ends the head at a line that is not (a space before the colon, no colon, a control character
+    in the name) and drops the lines after it: a Content-Length or an Origin there went unseen, so a GET's body ran
+    as the next request and a foreign page's write passed the Origin rule. Of a header given twice the service read
+    the first, where a proxy in front may read the last (HTTP/1.1: a second Host is 400).
+    """
+    if headers.defects:
+        line = str(headers.get_payload()).split("\r\n")[0]
+        raise BadRequest(
+            f"every header line must be `name: value` (no space before the colon), got {describe(line)}", "headers"
+        )
+    for name in SINGLE_VALUED_HEADERS:
+        if len(headers.get_all(name, ())) > 1:
+            raise BadRequest(f"{name} must be given once, got {len(headers.get_all(name, ()))} lines", name)
 
 
 def reject_constant(name: str) -> None:

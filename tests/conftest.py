@@ -405,6 +405,24 @@ def wait_until(condition, what: str = "condition", timeout_s: float = 20.0):
     return result
 
 
+def unread_answers(port: int, request: bytes, most: int = 5000) -> socket.socket:
+    """A client that sends the same request over and over on one connection and reads none of the answers:
+    it stops once the service stops reading it, which it does only while its write of an answer is stuck."""
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window it offers
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    client.connect(("127.0.0.1", port))
+    client.setblocking(False)
+    for _ in range(0, most, 64):
+        try:
+            client.sendall(request * 64)
+        except BlockingIOError:
+            return client
+        time.sleep(0.001)
+    client.close()
+    pytest.fail(f"the service read {most} requests without its answers being read")
+
+
 def episode(server: RunningServer, agent: str, summary: str, headers: dict | None = None) -> int:
     """Write one episodic row over REST; its id."""
     body = {"agent": agent, "event_type": "task", "summary": summary}

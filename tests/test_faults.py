@@ -19,7 +19,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import BUDGET_MS, ROOT, raw_exchange, skip_or_fail, start_server, statuses_in, stop_server, wait_until
+from conftest import (
+    BUDGET_MS,
+    ROOT,
+    raw_exchange,
+    skip_or_fail,
+    start_server,
+    statuses_in,
+    stop_server,
+    unread_answers,
+    wait_until,
+)
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 import pyz_build
@@ -794,6 +804,41 @@ def test_past_the_cap_a_kept_alive_client_keeps_its_connection(make_server, monk
             conn.close()
         for sock in silent:
             sock.close()
+
+
+def test_past_the_cap_a_client_that_reads_no_answer_makes_room(make_server, monkeypatch):
+    monkeypatch.setattr(solos_connections, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(solos_connections, "SENDING_GRACE_S", 0.2)
+    server = make_server()
+    request = b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % server.port  # 80 KB each, no token
+    stuck = [unread_answers(server.port, request) for _ in range(4)]  # every slot, each writing an answer
+    try:
+        time.sleep(0.3)  # past the grace a write just begun gets (test_an_answer_just_begun_is_not_evicted)
+        newcomer = server.recall("atlas", "anything")
+    finally:
+        for sock in stuck:
+            sock.close()
+    # Before: a connection writing its answer was never evicted, so this was 503 "too many connections are
+    # working" for as long as the writes stayed stuck (30 s), and a flood of such clients starved every turn.
+    assert newcomer.status == 200, newcomer.body
+    assert server.get("/v1/stats").body["load"]["evicted"] >= 1
+
+
+def test_an_answer_just_begun_is_not_evicted_one_stuck_past_the_grace_is(server, monkeypatch):
+    """An answer leaves at once unless its client reads nothing; one just begun may acknowledge a write."""
+    connections = server.server
+    ours, theirs = socket.socketpair()
+    try:
+        connections.sending(theirs)
+        assert not connections.evict(solos_connections.KEEPALIVE_IDLE_S, solos_connections.SlotHandoff())
+        monkeypatch.setattr(solos_connections, "SENDING_GRACE_S", 0.0)
+        connections.sending(theirs)
+        assert connections.evict(solos_connections.KEEPALIVE_IDLE_S, solos_connections.SlotHandoff())
+        assert ours.recv(1) == b""  # shut down: the stuck write fails and its slot is handed on
+    finally:
+        connections.handoffs.pop(theirs, None)
+        ours.close()
+        theirs.close()
 
 
 # ---- storage errors are 503 with Retry-After, and a failed connection is not reused ----

@@ -7,7 +7,7 @@ import socket
 import threading
 
 import pytest
-from conftest import wait_until
+from conftest import unread_answers, wait_until
 
 import solos_connections
 import solos_memory
@@ -215,3 +215,18 @@ def test_admit_zero_runs_every_request_at_once():
     admission = solos_connections.Admission(0)
     with admission.admitted(), admission.admitted():
         assert admission.load()["running"] == 0
+
+
+def test_a_client_that_reads_no_answer_holds_no_place_another_needs(make_server):
+    server = make_server(admit=1)
+    body = b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'  # about 29 KB of answer each, and not exempt
+    request = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n" % server.port
+    stuck = unread_answers(server.port, request + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    try:
+        recalled = server.recall("atlas", "anything")
+        load = server.get("/v1/stats").body["load"]
+    finally:
+        stuck.close()
+    # Before: the stuck write kept the one place for up to 30 s, and this recall was 503 busy after 2 s.
+    assert recalled.status == 200, recalled.body
+    assert load["running"] == 0 and load["busy_queue_wait"] == 0

@@ -192,6 +192,18 @@ def test_notifications_and_responses_get_202_without_body(host, message):
     assert (status, raw) == (202, b"")
 
 
+@pytest.mark.parametrize("version", [None, "2025-03-26", "2025-11-25"])
+def test_a_request_sent_without_an_id_is_400_not_accepted_and_dropped(host, version):
+    """202 means accepted: a tools/call without its id was answered 202 and never run."""
+    call = {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "echo", "arguments": {"a": 1}}}
+    status, _, reply, _ = host.request("POST", call, {"MCP-Protocol-Version": version} if version else {})
+    assert status == 400 and reply["id"] is None and reply["error"]["code"] == -32600
+    assert "tools/call" in reply["error"]["message"] and "id" in reply["error"]["message"]
+    if version in (None, "2025-03-26"):  # in a batch: an error for it, and the rest answered
+        status, _, replies, _ = host.request("POST", [call, {"jsonrpc": "2.0", "id": 2, "method": "ping"}])
+        assert status == 200 and [(r["id"], "error" in r) for r in replies] == [(None, True), (2, False)]
+
+
 @pytest.mark.parametrize("method", ["GET", "HEAD", "DELETE"])
 def test_only_post_is_served(host, method):
     # Hermes probes HEAD/GET before connecting and gives up on a 2xx page.
@@ -466,6 +478,11 @@ def test_modern_notification_is_202_and_batch_is_400(host):
     headers = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "notifications/cancelled"}
     status, _, _, raw = host.request("POST", {"jsonrpc": "2.0", "method": "notifications/cancelled"}, headers)
     assert (status, raw) == (202, b"")
+    headers = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": "echo"}
+    meta = {META_VERSION: MODERN, META_CAPABILITIES: {}}
+    call = {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "echo", "_meta": meta}}
+    status, _, reply, _ = host.request("POST", call, headers)
+    assert status == 400 and reply["error"]["code"] == -32600  # a request without its id: not dropped with 202
     status, _, reply, _ = host.request(
         "POST", [{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}], {"MCP-Protocol-Version": MODERN}
     )
@@ -483,6 +500,15 @@ def call_recall(server, headers: dict | None = None):
         "params": {"name": "recall", "arguments": {"agent": "atlas", "q": "kettle"}},
     }
     return server.post("/mcp", message, headers=headers)
+
+
+def test_service_a_write_sent_without_an_id_is_400_and_stores_nothing(server):
+    call = {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "write_long", "arguments": {}}}
+    call["params"]["arguments"] = {"agent": "atlas", "fact": "sent as a notification"}
+    reply = server.post("/mcp", call, headers={"MCP-Protocol-Version": "2025-11-25"})
+    assert reply.status == 400 and reply.body["error"]["code"] == -32600  # was 202, and nothing stored
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
 
 
 def test_service_lists_one_tool_per_operation(server):

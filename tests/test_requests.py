@@ -204,6 +204,58 @@ def test_a_body_sent_to_a_route_that_ignores_it_is_drained_not_run(server):
         assert victim_present(server), f"a body sent to GET {route} ran as a request"
 
 
+@pytest.mark.parametrize("line", ["X-Note : hi", "X-Note\t: hi", "a line without a colon", ": no name", "X-\x01: b"])
+def test_a_header_line_that_is_not_name_colon_value_is_400_and_hides_no_header_after_it(server, line):
+    """Python's header parser ended the head at such a line: the Content-Length and Origin after it went unseen,
+    so a GET's body ran as the next request and a foreign page's write passed the Origin rule."""
+    assert server.post("/v1/short", {"agent": "atlas", "key": "victim", "value": "v"}).status == 201
+    smuggled = SMUGGLED % server.port
+    data = head(server, "GET /health HTTP/1.1", line, f"Content-Length: {len(smuggled)}") + smuggled
+    response = raw_exchange(server.port, data)
+    assert statuses_in(response) == [400] and b"Connection: close" in response, response[:300]
+    assert b'"field": "headers"' in response and victim_present(server), "the smuggled DELETE ran"
+    write = b'{"agent": "atlas", "fact": "from a foreign page"}'
+    fields = ["Content-Type: application/json", f"Content-Length: {len(write)}", line, "Origin: http://evil.example"]
+    assert statuses_in(raw_exchange(server.port, head(server, "POST /v1/long HTTP/1.1", *fields) + write)) == [400]
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    "fields,named",
+    [
+        (["Host: evil.example"], "Host"),  # after head()'s own Host: 127.0.0.1
+        (["Origin: http://127.0.0.1:{port}", "Origin: http://evil.example"], "Origin"),
+        (["Authorization: Bearer a", "Authorization: Bearer b"], "Authorization"),
+        (["Content-Type: application/json", "Content-Type: text/plain"], "Content-Type"),
+        (["MCP-Protocol-Version: 2025-11-25", "MCP-Protocol-Version: 2025-03-26"], "MCP-Protocol-Version"),
+    ],
+)
+def test_a_header_the_service_reads_once_given_twice_is_400_naming_it(server, fields, named):
+    """The service read the first; a proxy in front that reads the last (HTTP/1.1 says a second Host is 400)
+    would pass one Host, Origin or token and the service act on another."""
+    write = b'{"agent": "atlas", "fact": "given twice"}'
+    typed = [] if named == "Content-Type" else ["Content-Type: application/json"]
+    fields = [field.format(port=server.port) for field in fields]
+    data = head(server, "POST /v1/long HTTP/1.1", *fields, *typed, f"Content-Length: {len(write)}")
+    response = raw_exchange(server.port, data + write)
+    assert statuses_in(response) == [400], response[:300]
+    assert f'"field": "{named}"'.encode() in response and b"Connection: close" in response
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+def test_a_request_head_past_64_kib_is_431_and_closes(server):
+    """Each line under http.server's 64 KiB and fewer than its 100 lines, a head reached 6.4 MB, all kept in
+    memory: 20 such requests took the service from 34 to 247 MB, and 128 connections could hold 1.3 GB."""
+    lines = [f"X-Filler-{i}: {'a' * 4000}" for i in range(20)]  # 80 KB
+    response = raw_exchange(server.port, head(server, "GET /health HTTP/1.1", *lines))
+    assert statuses_in(response) == [431] and b"Connection: close" in response, response[:300]
+    assert b"65536 bytes" in response
+    fitting = [f"X-Filler-{i}: {'a' * 4000}" for i in range(15)]  # 60 KB: a large head, still served
+    assert statuses_in(raw_exchange(server.port, head(server, "GET /health HTTP/1.1", *fitting))) == [200]
+
+
 # ---- 4xx, never 500: Content-Length digits, huge integers, deep nesting ----
 
 
