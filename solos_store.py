@@ -24,7 +24,7 @@ override):
                     delete_short, set_sharing, purge_expired, record_audit, register_agents
       reads         read_audit, counts, writes_by_hour, list_agents, require_agent, persona
       recall        Visibility (one caller, one scope: where, mask, allows), refuse_foreign_persona,
-                    Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_at_least, topic_neighbours
+                    Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_up_to, topic_neighbours
       vectors       vector_generation, load_vectors, rows_missing_vectors, lacking_vectors, save_vectors,
                     keep_vector (a write's own, in its transaction), count_missing_vectors, count_vectors,
                     vectors_by_id
@@ -1229,8 +1229,12 @@ class Store:
 
     def matches_at_least(self, conn: sqlite3.Connection, tier: Tier, match: str, count: int) -> bool:
         """Whether `match` finds at least `count` rows of the tier's index; reads no more than that many."""
+        return self.matches_up_to(conn, tier, match, count) >= count
+
+    def matches_up_to(self, conn: sqlite3.Connection, tier: Tier, match: str, most: int) -> int:
+        """The rows of the tier's index `match` finds, counted up to `most` (no more are read)."""
         sql = f"SELECT count(*) FROM (SELECT 1 FROM {tier.fts} WHERE {tier.fts} MATCH ? LIMIT ?)"
-        return conn.execute(sql, (match, count)).fetchone()[0] >= count
+        return conn.execute(sql, (match, most)).fetchone()[0]
 
     def topic_neighbours(self, conn: sqlite3.Connection, ids: list[int]) -> dict[int, tuple[int | None, int | None]]:
         """For long facts, the previous and next fact of the same (non-empty) topic."""
