@@ -6,7 +6,8 @@
 Why: agents recall on every turn, and one valid call that costs a second of CPU stalls every other agent's turn
 on a 2-core host. Each call here is valid input at or near its documented bounds: the 64 words a question keeps
 (the most frequent words of the episodic index under half its rows), the longest q of ordinary words, every
-tier with k=100, the archive, tags at their count, events read from the start of a long log with a filter
+tier with k=100, the best rows 16k-character values full of ids and names (40 added to the copy, as a fleet
+writer's), the archive, tags at their count, events read from the start of a long log with a filter
 that matches nothing, an as-of recall, stats (the status page's source).
 
 Each tree serves its own copy of the cached fleet database (gen_db.py, keyword ranking: the embedder adds a
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sqlite3
 import statistics
 import sys
@@ -55,6 +55,21 @@ def heavy_words(db: Path, count: int = 64) -> str:
     return " ".join([t for t in terms if t.isalpha() and t not in solos_rank.STOP_WORDS][:count])
 
 
+LONG_VALUE = " ".join(f"INC-{n} Ilse Vermeer pay-app-{n % 97} Q{n % 4 + 1} staging" for n in range(500))[:16_000]
+LONG_ROWS_Q = "What did Ilse Vermeer say about INC-2207 on pay-app-01 in Q3 staging kestrel?"
+
+
+def add_long_rows(db: Path, count: int = 40) -> None:
+    """Short values of 16k characters full of ids and names, all matching LONG_ROWS_Q, as a fleet writer's."""
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.executemany(
+            "INSERT INTO memory_short (agent, key, value, expires_at) VALUES ('sol', ?, ?, '2031-01-01T00:00:00.000Z')",
+            [(f"heavy-{n}", f"kestrel {n} {LONG_VALUE}") for n in range(count)],
+        )
+    conn.close()
+
+
 def calls(db: Path) -> dict[str, tuple[str, str, dict]]:
     """name -> (method, path, query): each at or near a documented bound."""
     costly = heavy_words(db)
@@ -66,6 +81,7 @@ def calls(db: Path) -> dict[str, tuple[str, str, dict]]:
         "recall-64-words": ("GET", recall, {"q": costly, "k": 5, "tiers": "long,short,episodic"}),
         "recall-64-words-all": ("GET", recall, {"q": costly, "k": 100, "tiers": ALL_TIERS}),
         "recall-10k-q-all": ("GET", recall, {"q": long_q, "k": 100, "tiers": ALL_TIERS}),
+        "recall-long-rows": ("GET", recall, {"q": LONG_ROWS_Q, "k": 5, "tiers": "short"}),
         "recall-archive": ("GET", recall, {"q": costly, "k": 100, "tiers": "episodic", "archive": "true"}),
         "recall-tags-32": ("GET", recall, {"q": costly, "k": 100, "tags": ",".join(f"t{i}" for i in range(32))}),
         "events-nothing-from-0": ("GET", "/v1/events", {"since": 0, "limit": 1000, "q": "zzqqxx"}),
@@ -113,7 +129,12 @@ def measure(
     label: str, tree: Path, source: Path, names: list[str], reps: int, seconds: float, folder: Path
 ) -> dict[str, dict]:
     db = folder / f"{label}.db"
-    shutil.copyfile(source, db)
+    source_conn = sqlite3.connect(source)
+    target = sqlite3.connect(db)
+    source_conn.backup(target)  # a consistent copy, whatever WAL sits beside the cache
+    source_conn.close()
+    target.close()
+    add_long_rows(db)
     table = calls(db)
     out: dict[str, dict] = {}
     with start_service(db, model_dir="off", tree=tree) as service:
@@ -203,6 +224,7 @@ CALL_NAMES = [
     "recall-64-words",
     "recall-64-words-all",
     "recall-10k-q-all",
+    "recall-long-rows",
     "recall-archive",
     "recall-tags-32",
     "events-nothing-from-0",
