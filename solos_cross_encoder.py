@@ -68,9 +68,9 @@ INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 # Four rows of 28 tokens take about 5-7 ms of one core; past this the run is stopped and the recall keeps the
 # features judge and says so (a loaded host, or the first recalls waiting for the model's load, ~0.5 s).
 RUN_TIMEOUT_S = 1.0
-# A row's characters tokenized at most per token of room (then the whole row if that was not enough): the
-# tokenizer reads a row whole before it truncates, and at 20-28 tokens a pair that was a fifth of the judge's time.
-CHARS_PER_TOKEN = 8
+# A row is tokenized up to solos_embed.CHARS_PER_TOKEN characters per token of room (then whole if that was not
+# enough): the tokenizer reads a row whole before it truncates, and at 20-28 tokens a pair that was a fifth of the
+# judge's time.
 
 
 def read_shipped(path: Path) -> bytes:
@@ -280,11 +280,12 @@ class Session:
         window of the row (24 for a 30-word row at 28 tokens: 0.27 ms a pair, against 0.09 here). A row longer than
         the room can use is cut at a space first (its words before the cut tokenize the same), and read whole if
         the cut does not fill the room."""
+        import solos_embed  # loaded already (Session's settings)
+
         room = self.max_len - len(question) - 3
-        limit = self.max_len * CHARS_PER_TOKEN
-        cut = row.rfind(" ", 0, limit) if len(row) > limit else -1
-        tokens = self.words.encode(row[:cut], add_special_tokens=False).ids if cut > 0 else []
-        if cut <= 0 or len(tokens) < room:
+        head = solos_embed.text_head(row, self.max_len)
+        tokens = self.words.encode(head, add_special_tokens=False).ids if head is not None else []
+        if head is None or len(tokens) < room:
             tokens = self.words.encode(row, add_special_tokens=False).ids
         first = len(question) + 2
         ids = [self.cls, *question, self.sep, *tokens[:room], self.sep]

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import solos_cross_encoder
 from solos_cross_encoder import logit, read_pinned
-from solos_rank import STOP_WORDS, logistic
+from solos_rank import RANKED_TEXT_CHARS, STOP_WORDS, logistic
 
 JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
 # The sha256 of JUDGE_PATH as bench/judge_fit.py wrote it (the script rewrites this line).
@@ -226,9 +226,10 @@ def has_identifier(tokens: set[str], identifier: str) -> bool:
 
 
 def row_text(row: Mapping) -> str:
-    """What the judge reads of a row: its label (a long fact's topic; LoCoMo's turn date) and its text."""
-    topic = row.get("topic") or ""
-    return f"{topic}: {row.get('text') or ''}" if topic else str(row.get("text") or "")
+    """What the judge reads of a row: its label (a long fact's topic; LoCoMo's turn date) and its text, the first
+    RANKED_TEXT_CHARS characters (as the reranker reads it)."""
+    topic, text = row.get("topic") or "", str(row.get("text") or "")[:RANKED_TEXT_CHARS]
+    return f"{topic}: {text}" if topic else text
 
 
 def probability(value: object) -> float:

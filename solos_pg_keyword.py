@@ -497,8 +497,8 @@ class KeywordIndex:
     def indexed_rows(self, tier: Tier) -> int | None:
         return self.read(lambda lc: self.local.indexed_rows(lc, tier))
 
-    def matches_at_least(self, tier: Tier, match: str, count: int) -> bool | None:
-        return self.read(lambda lc: self.local.matches_at_least(lc, tier, match, count))
+    def matches_up_to(self, tier: Tier, match: str, most: int) -> int | None:
+        return self.read(lambda lc: self.local.matches_up_to(lc, tier, match, most))
 
 
 def scored(row: Any, score: float) -> Any:

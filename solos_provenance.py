@@ -556,9 +556,9 @@ def op_recall_as_of(memory: Any, args: dict) -> dict:
         solos_store.Store.require_agent(conn, view)
         seen = solos_store.Visibility.read_past(conn, view, args["scope"], operator)
         if reader is None:
-            fragments = [] if forms is None else forms.fragments
+            fragments = [] if forms is None else forms.narrowing
             rows: Iterable[dict] = itertools.chain.from_iterable(
-                store.queries.rows_as_of(conn, t, at, seen, fragments, 0 if fragments else k) for t in tiers
+                store.queries.rows_as_of(conn, t, at, seen, fragments, 0 if forms else k) for t in tiers
             )
             gone = store.queries.retracted_as_of(conn, at)
         else:
@@ -636,25 +636,44 @@ def stem_fragment(stem: str) -> str:
     return stem[:-1] if stem.endswith("i") and len(stem) > 2 else stem
 
 
+# Words one as-of call remembers the stems of (each stemmed once, not once a row); past this many, or longer than
+# STEMMED_WORD_CHARS, a word is stemmed where it is met.
+STEMS_KEPT = 50_000
+STEMMED_WORD_CHARS = 64
+# The store's SQL narrows an as-of by the question's fragments (LIKE) only for this many at most: each is a LIKE
+# over every version, and frequent words pass nearly every row anyway (64 of them over 11k rows: SQL 301 ms
+# against 38 ms unnarrowed, and 770 ms of CPU in all, 100x an ordinary recall; bench/heavy_calls.py).
+NARROWED_FRAGMENTS = 4
+WORD = re.compile(r"\w+")
+
+
 class WordForms:
     """The question's words as stems: which of them a text holds in any form, and the fragments the store's
     SQL narrows by (a row without one of them cannot match)."""
 
     def __init__(self, words: Sequence[str]):
-        self.stems = frozenset(word_stem(w) for w in words)
+        self.stemmed = {w: word_stem(w) for w in words}  # the words met so far, their stems
+        self.stems = frozenset(self.stemmed.values())
         self.fragments = sorted({stem_fragment(s) for s in self.stems}, key=len, reverse=True)
-        self.pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, self.fragments)) + r")\w*", re.IGNORECASE)
+        few = len(self.fragments) <= NARROWED_FRAGMENTS
+        self.narrowing = self.fragments if few else []
+        # The words a text holds that may hold a stem: those beginning like a fragment (a few alternatives); of
+        # many fragments, every word (a regex of 64 alternatives tries each at every word: 31 us a row).
+        alternatives = "|".join(map(re.escape, self.fragments))
+        self.words = re.compile(r"\b(?:" + alternatives + r")\w*", re.IGNORECASE) if few else WORD
+
+    def stem(self, word: str) -> str:
+        stem = self.stemmed.get(word)
+        if stem is None:
+            stem = word_stem(word)
+            if len(self.stemmed) < STEMS_KEPT and len(word) <= STEMMED_WORD_CHARS:
+                self.stemmed[word] = stem
+        return stem
 
     def shared(self, text: str) -> int:
-        """How many of the question's stems the text holds (read only until it holds them all)."""
-        found: set[str] = set()
-        for match in self.pattern.finditer(text):
-            stem = word_stem(match.group())
-            if stem in self.stems:
-                found.add(stem)
-                if len(found) == len(self.stems):
-                    break
-        return len(found)
+        """How many of the question's stems the text holds: its distinct words that may hold one (`words`), each
+        stemmed once a call."""
+        return len({self.stem(word) for word in set(self.words.findall(text))} & self.stems)
 
 
 def best_of(rows: Iterable[dict], forms: WordForms | None, k: int) -> list[tuple[int, dict]]:

@@ -56,7 +56,7 @@ class RankStore(Protocol):
 
     def indexed_rows(self, conn: Any, tier: Tier) -> int | None: ...
 
-    def matches_at_least(self, conn: Any, tier: Tier, match: str, count: int) -> bool: ...
+    def matches_up_to(self, conn: Any, tier: Tier, match: str, most: int) -> int: ...
 
     def vector_generation(self, conn: Any) -> int: ...
 
@@ -148,14 +148,20 @@ def quoted(word: str) -> str:
 COMMON_WORD_RECHECK_S = 300.0
 COMMON_WORDS_MIN_ROWS = 1000
 COMMON_WORDS_KEPT = 10_000  # words remembered at most; then forgotten all at once
+# Matches one tier's OR query may score: each word's rows are read and scored, so 64 words each in a tenth of 100k
+# episodes cost 336 ms (45x an ordinary recall's 7.5 ms) though none is common. Past this sum, the most frequent
+# words are left out (the rarest always stays), and the receipt names them (bench/heavy_calls.py).
+KEYWORD_READ_BUDGET = 100_000
 
 
 class CommonWords:
-    """Which query words match half of a tier's rows or more, learned in the background.
+    """Which query words match half of a tier's rows or more, and how many rows the others match, learned in the
+    background.
 
     A word not checked yet counts as rare: the query keeps it, as it always
     did, while one thread of its own checks it (and the tier's size); later
-    recalls leave it out. So no recall waits for a check, nor reads anything.
+    recalls leave it out, or leave out the most frequent words past
+    KEYWORD_READ_BUDGET (`costly`). So no recall waits for a check, nor reads anything.
     """
 
     SIZE = ""  # stands for the tier's size in `pending` (no query word is empty)
@@ -164,6 +170,7 @@ class CommonWords:
         self.store = store
         self.sizes: dict[str, tuple[float, int]] = {}  # fts table -> (checked at, rows in its index)
         self.known: dict[tuple[str, str], tuple[float, bool]] = {}  # (fts table, word) -> (checked at, common)
+        self.matched: dict[tuple[str, str], int] = {}  # (fts table, word) -> rows it matched, counted up to half
         self.pending: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
         self.checker = ThreadPoolExecutor(1, "common-words")
@@ -188,6 +195,18 @@ class CommonWords:
             self.check_later(tier, unknown)
         return common
 
+    def costly(self, tier: Tier, words: Sequence[str], common: set[str]) -> list[str]:
+        """The words (not common) left out so the rest match KEYWORD_READ_BUDGET rows at most, summed word by word:
+        the most frequent first, never the rarest; a word not counted yet counts none."""
+        counted = sorted((self.matched.get((tier.fts, word), 0), word) for word in words if word not in common)
+        spent, kept = 0, set[str]()
+        for count, word in counted:
+            spent += count
+            if spent > KEYWORD_READ_BUDGET and kept:
+                break
+            kept.add(word)
+        return [word for word in words if word not in common and word not in kept]
+
     def check_later(self, tier: Tier, words: list[str]) -> None:
         """Queue a check of the tier's size and of those words not queued already."""
         with self.lock:
@@ -196,6 +215,7 @@ class CommonWords:
                 return
             if len(self.known) > COMMON_WORDS_KEPT:
                 self.known.clear()
+                self.matched.clear()
             self.pending.update((tier.fts, word) for word in [self.SIZE, *new])
         try:
             self.checker.submit(self.check, tier, new)
@@ -205,19 +225,20 @@ class CommonWords:
     def check(self, tier: Tier, words: list[str]) -> None:
         """The tier's size, then (if it is large enough) which of the words match half its rows or more."""
 
-        def counts(conn: Any) -> tuple[int, dict[str, bool]]:
+        def counts(conn: Any) -> tuple[int, dict[str, int]]:
             rows = self.store.indexed_rows(conn, tier) or 0
             if rows < COMMON_WORDS_MIN_ROWS:
                 return rows, {}
             half = (rows + 1) // 2
-            return rows, {word: self.store.matches_at_least(conn, tier, quoted(word), half) for word in words}
+            return rows, {word: self.store.matches_up_to(conn, tier, quoted(word), half) for word in words}
 
         try:
             rows, found = self.store.read(counts)
             now = time.monotonic()
             self.sizes[tier.fts] = (now, rows)
-            for word, common in found.items():
-                self.known[(tier.fts, word)] = (now, common)
+            for word, matched in found.items():
+                self.known[(tier.fts, word)] = (now, matched >= (rows + 1) // 2)
+                self.matched[(tier.fts, word)] = matched
         except Exception:  # a busy or failing database: the words stay unknown, and are asked again later
             log.warning("checking common words failed; they stay in queries", exc_info=True)
         finally:
@@ -228,10 +249,10 @@ class CommonWords:
         self.checker.shutdown(wait=True, cancel_futures=True)
 
 
-def tier_match(match: str, content: list[str], common: set[str]) -> str:
-    """The FTS5 query without the words every row has, unless they are all it asks for (`content`: the query's
-    words but stop words)."""
-    if not common or not set(content) - common:
+def tier_match(match: str, content: list[str], common: set[str] | list[str]) -> str:
+    """The FTS5 query without the words every row has (or too costly to read), unless they are all it asks for
+    (`content`: the query's words but stop words)."""
+    if not common or not set(content) - set(common):
         return match
     return make_fts_query([word for word in content if word not in common]) or match
 
@@ -258,12 +279,19 @@ Around = dict[Key, tuple[Key | None, Key | None]]  # a long fact's previous and 
 
 
 def keyword_candidates(
-    store: RankStore, conn: Any, plan: RecallPlan, seen: Visibility, around: Around, common: CommonWords
+    store: RankStore,
+    conn: Any,
+    plan: RecallPlan,
+    seen: Visibility,
+    around: Around,
+    common: CommonWords,
+    left_out: list[str] | None = None,
 ) -> dict[Key, dict]:
     """BM25 per tier after the scope, sharing and expiry filters, x NAME_BOOST for a named writer, then neighbours.
 
     The plan gives the tiers searched, the FTS5 query and its words, the depth and the tags. Words in more than
-    half of a tier's rows are left out of its query (`common`). The topic neighbours read on the way are kept in
+    half of a tier's rows are left out of its query (`common`), and so are the most frequent words past
+    KEYWORD_READ_BUDGET matches (added to `left_out`, once each). The topic neighbours read on the way are kept in
     `around` (the reranker reads them too).
     """
     candidates: dict[Key, dict] = {}
@@ -271,7 +299,11 @@ def keyword_candidates(
         return candidates
     content = [word for word in plan.words if word not in STOP_WORDS]
     for tier in plan.searched:
-        searched = tier_match(plan.match, content, common.of(tier, content))
+        known_common = common.of(tier, content)
+        costly = common.costly(tier, content, known_common)
+        if left_out is not None:
+            left_out.extend(word for word in costly if word not in left_out)
+        searched = tier_match(plan.match, content, known_common.union(costly))
         for row in store.ranked_rows(conn, tier, seen, searched, plan.depth, plan.tags):
             result = tier_result(tier, row, seen.caller)
             result["keyword"] = result["score"] * (NAME_BOOST if row["agent"].lower() in plan.words else 1.0)
@@ -932,6 +964,11 @@ WORD_STEM = re.compile(rf"(\w{{1,{STEM_LENGTH}}})\w*")  # a word, captured up to
 # At most about 45 MiB in all, whatever agents write (2,048 texts of 512 characters, each word distinct).
 TEXT_SHAPES_KEPT = 2048
 SHAPED_TEXT_MAX_CHARS = 512
+# What the reranker and the judge (solos_judge.row_text) read of one row's text: their features are Python over
+# every token, and 20 short values of 16k characters full of ids took 150 ms of CPU, 40x an ordinary recall (4,096
+# characters: 54 ms). The first 2,048 characters, about 300 words: a LoCoMo turn or a fleet fact is far shorter,
+# and the cross-encoder reads 256 tokens.
+RANKED_TEXT_CHARS = 2048
 
 
 def stems(text: str) -> frozenset[str]:
@@ -948,8 +985,11 @@ class TextShape(NamedTuple):
 
 
 def text_shape(text: str) -> TextShape:
-    """A text's stems, length and question mark, worked out once per distinct short text."""
-    return kept_text_shape(text) if len(text) <= SHAPED_TEXT_MAX_CHARS else shape_of(text)
+    """A text's stems, length and question mark, worked out once per distinct short text; of a long one, its
+    first RANKED_TEXT_CHARS characters."""
+    if len(text) <= SHAPED_TEXT_MAX_CHARS:
+        return kept_text_shape(text)
+    return TextShape(stems(text[:RANKED_TEXT_CHARS]), len(text.split()), text.rstrip().endswith("?"))
 
 
 def shape_of(text: str) -> TextShape:

@@ -79,6 +79,7 @@ class Gathered:
     judge: str | None = None  # who set `relevance`: solos_judge's name, "relevance", or None (recency, vector)
     judge_reason: str | None = None  # why not the fitted judge (its file missing, changed, malformed, failing)
     without_vector: int | None = None  # candidates with no vector yet; None: no embedder, or no question
+    words_left_out: list[str] = field(default_factory=list)  # left out of the keyword leg for the rows they match
 
 
 def plan_recall(memory: Any, args: dict) -> RecallPlan:
@@ -149,9 +150,10 @@ def gather(memory: Any, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Rec
     names = [tier.name for tier in plan.searched]
     candidates: dict[tuple[str, int], dict] = {}
     around: solos_rank.Around = {}
+    left_out: list[str] = []
 
     def keyword_leg() -> dict[tuple[str, int], dict]:
-        return solos_rank.keyword_candidates(store, conn, plan, seen, around, memory.common_words)
+        return solos_rank.keyword_candidates(store, conn, plan, seen, around, memory.common_words, left_out)
 
     if ranking == "hybrid":  # while the question is embedded (plan_recall started it)
         candidates = keyword_leg()
@@ -178,11 +180,10 @@ def gather(memory: Any, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[Rec
             missing = [row_id for (name, row_id) in similar if name == tier.name and (name, row_id) not in candidates]
             for row in store.rows_by_id(conn, tier, seen, missing, plan.tags) if missing else ():
                 candidates[(tier.name, row["id"])] = {**solos_rank.tier_result(tier, row, caller), "keyword": None}
+    found = Gathered(seen, persona, candidates, similar, ranking, around, words_left_out=left_out)
     if vectors is not None:
-        found = Gathered(seen, persona, candidates, similar, ranking, around)
         found.without_vector = vectors.lacking(list(candidates))
-        return plan, found
-    return plan, Gathered(seen, persona, candidates, similar, ranking, around)
+    return plan, found
 
 
 def rank(memory: Any, plan: RecallPlan, conn: sqlite3.Connection) -> tuple[RecallPlan, Gathered, list[dict]]:
@@ -289,6 +290,7 @@ def present(memory: Any, plan: RecallPlan, found: Gathered, ranked: list[dict]) 
             "without_vector": found.without_vector,
             "judge": found.judge,
             "judge_reason": found.judge_reason,
+            "words_left_out": found.words_left_out,
         },
     }
 
@@ -347,6 +349,12 @@ RECALL_OUTPUT = result_schema(
                     "not the judge; null for recency.",
                 },
                 "judge_reason": {"type": ["string", "null"]},
+                "words_left_out": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Words of q the keyword leg left out: together they matched more rows than one "
+                    "recall scores (the most frequent go first, the rarest stays); [] when none was.",
+                },
             },
         },
         "degraded": {"type": "boolean", "description": "true: a leg or the reranker was unavailable (see the reason)."},

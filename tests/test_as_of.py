@@ -289,6 +289,27 @@ def test_as_of_matches_word_forms_as_recall_does(server):
         assert [r["text"] for r in answer["results"]] == [text], q
 
 
+def test_an_as_of_call_stems_each_distinct_word_once_not_once_a_row(server, monkeypatch):
+    """Words in q keep rows holding one in any form: every row holding a word that begins like one was read word by
+    word in Python, its words stemmed each time; 64 frequent words over 11k rows took 770 ms of CPU (100x an
+    ordinary recall). A call stems each distinct word it meets once."""
+    word = marker()
+    with server.db() as conn:
+        conn.executemany(
+            "INSERT INTO memory_short (agent, key, value, expires_at) "
+            "VALUES ('atlas', ?, ?, '2999-01-01T00:00:00.000Z')",
+            [(f"{word}-{n}", f"{word} backups gateway tickets rolled {n % 7} backed") for n in range(300)],
+        )
+    at = solos_store.utc_now()
+    stemmed: list[str] = []
+    real = solos_provenance.word_stem
+    monkeypatch.setattr(solos_provenance, "word_stem", lambda w: stemmed.append(w) or real(w))
+    reply = server.get("/v1/recall/as_of", agent="nova", as_of=at, q="backup tickets gateways rolling", tiers="short")
+    assert reply.status == 200 and reply.body["count"] == 10
+    assert {r["text"].split()[0] for r in reply.body["results"]} == {word}
+    assert len(stemmed) == len(set(stemmed)) < 4 + 7 + 310  # the question's words, the rows' and their keys', once
+
+
 def test_an_as_of_call_holds_k_rows_not_the_tier(server):
     word = marker()
     with server.db() as conn:  # 300 rows of 15 KB: 4.5 MB of text

@@ -18,6 +18,7 @@ import pytest
 from conftest import WordHashEmbedder, metric_samples
 
 import solos_cross_encoder
+import solos_embed
 import solos_judge
 import solos_rank
 
@@ -270,7 +271,7 @@ def test_a_pair_is_assembled_as_the_training_tokenizer_encodes_it():
         reference.enable_truncation(max_len, strategy="only_second")
         plain.no_padding()
         plain.no_truncation()
-        room, text = max_len * solos_cross_encoder.CHARS_PER_TOKEN, solos_cross_encoder.pair_text(ANSWER)
+        room, text = max_len * solos_embed.CHARS_PER_TOKEN, solos_cross_encoder.pair_text(ANSWER)
         rows = [
             text,
             "",

@@ -63,6 +63,31 @@ def test_embedding_is_deterministic_and_batch_independent(embedder):
     assert embedder.embed([]) == []
 
 
+def test_a_long_text_is_tokenized_up_to_what_the_model_reads_and_embeds_the_same(embedder, monkeypatch):
+    """The tokenizer read a text whole before it truncated to the model's 256 tokens: a 10,000-character question
+    took 175 ms on the one thread every recall's question waits for (an ordinary one 3 ms). A text is cut at a
+    space past what 256 tokens can use first, and read whole only if the cut gives fewer tokens; its vector is
+    the same."""
+    words = " ".join(f"backup{n} gateway-{n % 7}" for n in range(1200))  # 10k+ characters, 256 tokens long before
+    short = "responsibilities " * 600  # long one-token words: the cut holds fewer than 256 tokens
+    with monkeypatch.context() as before:
+        before.setattr(embedder, "max_tokens", None)  # every text tokenized whole, as before
+        whole = {text: embedder.embed([text])[0] for text in (words, short, "a short question")}
+    real, read = embedder._tokenizer, []
+
+    class Recording:
+        def encode(self, text, *args, **kwargs):
+            read.append(len(text))
+            return real.encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(embedder, "_tokenizer", Recording())
+    assert embedder.embed([words]) == [whole[words]]
+    assert max(read) <= 256 * solos_embed.CHARS_PER_TOKEN, read
+    read.clear()
+    assert embedder.embed([short, "a short question"]) == [whole[short], whole["a short question"]]
+    assert read[-2:] == [len(short), len("a short question")]  # the cut fell short of 256 tokens: read whole
+
+
 def test_model_id_names_model_and_weights(embedder):
     assert embedder.dim == 384
     assert "MiniLM" in embedder.model_id

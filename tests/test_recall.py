@@ -421,19 +421,8 @@ def test_the_fact_after_a_match_in_the_same_topic_is_recalled_too(server):
     assert texts(scoped) == ["Lemon risotto with peas."]  # entering through a neighbour still obeys scope
 
 
-@pytest.mark.slow
-def test_a_word_every_row_has_is_left_out_of_the_query_and_the_ranking_stands(make_server, monkeypatch):
-    """A word in half the rows or more has no BM25 weight (FTS5 clamps its IDF), but matching it scores every row:
-    the query leaves it out, and the rows the other words find come back in the same order."""
-    import solos_memory
-    import solos_rank
-
-    monkeypatch.setattr(solos_rank, "COMMON_WORDS_MIN_ROWS", 10)
-    pruned, full = make_server("a.db", rerank=False), make_server("b.db", rerank=False)
-    for server in (pruned, full):
-        for n in range(24):
-            extra = " the boiler" + " pilot light" * (n // 5) + " went out" if n % 5 == 0 else ""  # scores differ
-            write_long(server, "atlas", f"Melanie said turn {n} of the diary{extra}", topic=f"day {n}")
+def queries_asked(monkeypatch) -> list[str]:
+    """The FTS5 queries the keyword leg asks from now on, in order (Store.ranked_rows recorded)."""
     asked: list[str] = []
     real = solos_memory.Store.ranked_rows
 
@@ -442,6 +431,22 @@ def test_a_word_every_row_has_is_left_out_of_the_query_and_the_ranking_stands(ma
         return real(store, conn, tier, seen, match, limit, tags)
 
     monkeypatch.setattr(solos_memory.Store, "ranked_rows", recording)
+    return asked
+
+
+@pytest.mark.slow
+def test_a_word_every_row_has_is_left_out_of_the_query_and_the_ranking_stands(make_server, monkeypatch):
+    """A word in half the rows or more has no BM25 weight (FTS5 clamps its IDF), but matching it scores every row:
+    the query leaves it out, and the rows the other words find come back in the same order."""
+    import solos_rank
+
+    monkeypatch.setattr(solos_rank, "COMMON_WORDS_MIN_ROWS", 10)
+    pruned, full = make_server("a.db", rerank=False), make_server("b.db", rerank=False)
+    for server in (pruned, full):
+        for n in range(24):
+            extra = " the boiler" + " pilot light" * (n // 5) + " went out" if n % 5 == 0 else ""  # scores differ
+            write_long(server, "atlas", f"Melanie said turn {n} of the diary{extra}", topic=f"day {n}")
+    asked = queries_asked(monkeypatch)
     question = "what did Melanie say about the boiler"
     first = pruned.recall("sol", question, k=10, tiers="long")
     assert asked == ['"melanie" OR "say" OR "boiler"']  # not known yet: asked as always, checked in the background
@@ -457,6 +462,58 @@ def test_a_word_every_row_has_is_left_out_of_the_query_and_the_ranking_stands(ma
     boiler = [r["text"] for r in want.body["results"] if "boiler" in r["text"]]
     assert texts(got) == boiler
     assert len(boiler) == 5 and len({r["score"] for r in got.body["results"]}) == 5
+
+
+def test_a_question_whose_words_match_too_many_rows_reads_a_bounded_share_and_says_so(make_server, monkeypatch):
+    """The keyword leg reads every row each OR-ed word matches: 64 words each in a tenth of 100k episodes scored
+    over 600k matches (336 ms, 45x an ordinary recall) though none is common. Once the words' counts are known, a
+    tier's query keeps the rarest words within KEYWORD_READ_BUDGET matches (the rarest always), and the receipt
+    names the words left out."""
+    import solos_rank
+
+    monkeypatch.setattr(solos_rank, "COMMON_WORDS_MIN_ROWS", 10)
+    monkeypatch.setattr(solos_rank, "KEYWORD_READ_BUDGET", 12)
+    server = make_server(rerank=False)
+    for n in range(24):  # alpha in 10 rows, beta in 8, gamma in 2: none in half of them
+        words = ["alpha"] * (n < 10) + ["beta"] * (10 <= n < 18) + ["gamma"] * (n in (0, 10))
+        write_long(server, "atlas", f"entry {n} " + " ".join(words))
+    asked = queries_asked(monkeypatch)
+    first = server.recall("sol", "alpha beta gamma", k=30, tiers="long")
+    assert asked == ['"alpha" OR "beta" OR "gamma"']  # not known yet: asked whole, counted in the background
+    assert first.body["receipt"]["words_left_out"] == []
+    server.server.memory.common_words.checker.submit(lambda: None).result()
+    asked.clear()
+    cut = server.recall("sol", "alpha beta gamma", k=30, tiers="long")
+    assert asked == ['"beta" OR "gamma"']  # 8 + 2 matches fit the 12; alpha's 10 more would not
+    assert cut.body["receipt"]["words_left_out"] == ["alpha"]
+    assert cut.body["count"] == 9 and all("alpha" not in t or "gamma" in t for t in texts(cut))
+    monkeypatch.setattr(solos_rank, "KEYWORD_READ_BUDGET", 1)
+    asked.clear()
+    rarest = server.recall("sol", "alpha beta gamma", k=30, tiers="long")
+    assert asked == ['"gamma"']  # past the budget alone, the rarest word is still asked
+    assert rarest.body["receipt"]["words_left_out"] == ["alpha", "beta"]
+    assert rarest.body["count"] == 2
+
+
+def test_the_reranker_and_judge_read_a_bounded_share_of_each_long_row(server, monkeypatch):
+    """The reranker's and the judge's features are Python over every token of the rows they read: 20 short values
+    of 16k characters, full of ids and names, took 148 ms of CPU (40x an ordinary recall here). Each reads a row's
+    first RANKED_TEXT_CHARS characters; the answer still carries the whole row."""
+    import solos_judge
+    import solos_rank
+
+    read: list[int] = []
+    for module, name in ((solos_judge, "row_tokens"), (solos_rank, "stems")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda text, real=real: read.append(len(text)) or real(text))
+    value = " ".join(f"INC-{n} Ilse Vermeer pay-app-{n % 97} Q{n % 4 + 1} staging" for n in range(500))[:16_370]
+    for n in range(25):
+        reply = server.post("/v1/short", {"agent": "atlas", "key": f"k{n}", "value": f"kestrel {n} {value}"})
+        assert reply.status == 201, reply.body
+    got = server.recall("sol", "What did Ilse say about INC-2207 on pay-app-01 in Q3 staging kestrel?", k=5)
+    assert got.status == 200 and got.body["count"] == 5
+    assert all(len(r["text"]) > 16_000 for r in got.body["results"])  # the answer: whole rows
+    assert len(read) >= 40 and max(read) <= solos_rank.RANKED_TEXT_CHARS < 16_000
 
 
 def test_a_question_of_only_common_words_still_asks_for_them(make_server, monkeypatch):

@@ -434,3 +434,47 @@ def test_counts_a_busy_database_refused_are_kept_for_the_next_save(tmp_path, cap
     restarted = solos_status.Activity(store)
     restarted.close()
     assert restarted.snapshot({})["day"]["recalls"] == {"sol": 1}  # read back at a start
+
+
+def test_writes_by_hour_reads_only_the_events_logged_since_its_last_count(tmp_path):
+    """Stats (and the page) counted the day's writes by scanning the day's event log at each call: 111k events,
+    84 ms of CPU per call, for any agent and every page load. The counts are kept per minute, and a call reads
+    only the events logged since the last one."""
+    import sqlite3
+
+    store = solos_memory.Store(str(tmp_path / "s.db"))
+    store.migrate()
+    conn = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    conn.executemany(
+        "INSERT INTO memory_event (kind, tier, row_id, agent) VALUES (?, 'long', ?, 'atlas')",
+        [("write" if n % 4 else "delete", n) for n in range(20_000)],
+    )
+    steps: list[int] = []
+    read = store.read
+
+    def counted(work):
+        def run(c):
+            n = [0]
+            c.set_progress_handler(lambda: n.__setitem__(0, n[0] + 1), 100)
+            try:
+                return work(c)
+            finally:
+                c.set_progress_handler(None, 0)
+                steps.append(n[0])
+
+        return read(run)
+
+    store.read = counted
+    assert store.writes_by_hour() == {"atlas": [15_000] + [0] * 23}
+    conn.executemany(
+        "INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('update', 'short', 1, ?)", [("sol",)] * 5
+    )
+    assert store.writes_by_hour() == {"atlas": [15_000] + [0] * 23, "sol": [5] + [0] * 23}
+    assert steps[1] * 100 < steps[0]  # the 5 new events, not the day's 20,005 again
+    conn.execute(
+        "INSERT INTO memory_event (kind, tier, row_id, agent, ts) "
+        "VALUES ('write', 'long', 1, 'sol', strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-90 minutes'))"
+    )
+    assert store.writes_by_hour()["sol"][:3] == [5, 1, 0]
+    conn.close()
+    store.close()
