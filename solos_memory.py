@@ -687,7 +687,8 @@ class MemoryHandler(BaseHTTPRequestHandler):
         fields["Content-Length"] = str(len(body))
         fields.update(headers or {})
         fields.update(self.server.worker_header)
-        if self.close_connection:
+        if self.close_connection or self.server.stopping:  # stopping: no next request on this connection
+            self.close_connection = True
             fields["Connection"] = "close"
         head = http_head(status, fields)
         self.status_sent = status
@@ -723,6 +724,8 @@ class MemoryHandler(BaseHTTPRequestHandler):
                     raise Forbidden(refusal, "Host" if refusal.startswith("Host") else "Origin")
             body = self.read_body()
             self.server.working(self.connection)  # in flight: not to be evicted
+            if self.server.stopping:  # its connection was shut by drain() as it arrived: nothing of it runs
+                raise Busy("the service is stopping; retry shortly", reason="stopping")
             if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
                 self.serve_stream(url.query)  # long-lived, outside the admission cap, as are the documents and page
             else:

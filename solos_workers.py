@@ -178,8 +178,9 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
     finally:
         if worker is not None:
             worker.holding(-1)  # accepting no more: the others' turns no longer wait for this one
+        unanswered = server.drain()  # the requests in flight answered before the database closes
         server.server_close()
-        log_event("stopped", port=server.port, **({"worker": worker.index} if worker else {}))
+        log_event("stopped", port=server.port, unanswered=unanswered, **({"worker": worker.index} if worker else {}))
         if worker is not None and os.getppid() != worker.supervisor:
             worker.orphaned()
     return 0

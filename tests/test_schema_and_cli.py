@@ -290,3 +290,58 @@ def test_serve_refuses_fewer_than_one_worker(tmp_path):
     with pytest.raises(SystemExit, match="--workers must be 1 or more, got 0"):
         solos_memory.main(["serve", "--db", str(tmp_path / "w.db"), "--port", "0", "--workers", "0"])
     assert not (tmp_path / "w.db").exists()
+
+
+def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    """`serve` in a process of its own on a free port, keyword-only; its port from the listening line."""
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(db), "--port", "0"]
+    process = subprocess.Popen(
+        [*command, "--model-dir", "off", "--register", "atlas", *extra], stderr=subprocess.PIPE, text=True
+    )
+    listening = json.loads(process.stderr.readline())
+    assert listening["event"] == "listening", listening
+    return process, listening["port"]
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_stop_answers_the_write_in_flight_before_the_process_ends(tmp_path, signal_name):
+    """systemd's stop (or Ctrl-C) during a write: the write is finished and answered, never cut off unanswered
+    (the operator saw every in-flight write of a restart end in a connection reset, most of them committed)."""
+    import http.client
+    import signal
+    import threading
+
+    process, port = started_service(tmp_path / "s.db")
+    try:
+        locker = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")  # the fleet's writer holds the lock: the service's write waits for it
+        answer: dict = {}
+
+        def write() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            body = json.dumps({"agent": "atlas", "fact": "the boiler was serviced on tuesday"})
+            try:
+                conn.request("POST", "/v1/long", body, {"Content-Type": "application/json"})
+                reply = conn.getresponse()
+                answer.update(status=reply.status, headers=dict(reply.getheaders()), body=json.loads(reply.read()))
+            except (OSError, http.client.HTTPException) as error:
+                answer["error"] = repr(error)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        time.sleep(0.5)  # the write is in flight, waiting for the lock
+        process.send_signal(getattr(signal, signal_name))
+        time.sleep(0.5)
+        locker.execute("COMMIT")  # the lock comes free within the write's busy timeout
+        writer.join(30)
+        assert process.wait(timeout=20) == 0
+        assert answer.get("status") == 201, answer
+        assert answer["headers"].get("Connection") == "close"  # told not to send another on this connection
+        with sqlite3.connect(tmp_path / "s.db") as conn:
+            facts = [row[0] for row in conn.execute("SELECT fact FROM memory_longterm")]
+        assert facts == ["the boiler was serviced on tuesday"]
+        stopped = [json.loads(line) for line in process.stderr.read().splitlines() if line.startswith("{")]
+        assert stopped[-1]["event"] == "stopped" and stopped[-1]["unanswered"] == 0
+    finally:
+        process.kill()
+        process.wait()
