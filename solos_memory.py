@@ -102,6 +102,7 @@ from solos_validation import (
     coerce_query,
     describe,
     fully_matches,
+    number_in,
     on_off,
     parse_json_body,
     query_pairs,
@@ -140,15 +141,6 @@ class Config:
 def env_default(name: str, default: str | None) -> str | None:
     """The SOLOS_MEMORY_<NAME> environment value, else the default."""
     return os.environ.get("SOLOS_MEMORY_" + name, default)
-
-
-def env_int(name: str, default: int | None) -> int | None:
-    """An integer setting from SOLOS_MEMORY_<NAME>, else the default; a bad value stops startup."""
-    raw = os.environ.get("SOLOS_MEMORY_" + name)
-    try:
-        return default if raw is None else int(raw)
-    except ValueError:
-        raise SystemExit(f"SOLOS_MEMORY_{name} must be an integer, got {raw!r}") from None
 
 
 # ==== Embeddings (optional) ====
@@ -1162,8 +1154,8 @@ def add_database_options(parser: argparse.ArgumentParser, db_help: str, nested: 
     parser.add_argument("--db", default=argparse.SUPPRESS if nested else env_default("DB", "solos.db"), help=db_help)
     parser.add_argument(
         "--busy-timeout-ms",
-        type=int,
-        default=argparse.SUPPRESS if nested else env_int("BUSY_TIMEOUT_MS", 5000),
+        type=number_in(0, 2**31 - 1, "SOLOS_MEMORY_BUSY_TIMEOUT_MS"),  # SQLite's busy_timeout is a C int
+        default=argparse.SUPPRESS if nested else env_default("BUSY_TIMEOUT_MS", "5000"),
         help=wait_help,
     )
 
@@ -1181,8 +1173,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument(
         "--port",
-        type=int,
-        default=env_int("PORT", DEFAULT_PORT),
+        type=number_in(0, 65535, "SOLOS_MEMORY_PORT"),
+        default=env_default("PORT", str(DEFAULT_PORT)),
         help="port to bind, 0 for any free one (default: %(default)s)",
     )
     serve.add_argument(
@@ -1231,7 +1223,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     admit_help = "requests running at once, the rest queued in turn; 0: no cap (default: 2 per core; a pinned SQLite "
     admit_help += "worker: one per core it runs on)"
-    serve.add_argument("--admit", type=int, default=env_int("ADMIT", None), help=admit_help)
+    admit = number_in(0, None, "SOLOS_MEMORY_ADMIT")
+    serve.add_argument("--admit", type=admit, default=env_default("ADMIT", None), help=admit_help)
     solos_workers.add_arguments(serve, env_default)
     solos_qdrant.add_arguments(serve, env_default)
 
@@ -1247,8 +1240,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_database_options(purge, creates)
     purge.add_argument(
         "--archive-after-days",
-        type=float,
-        default=float(env_default("ARCHIVE_AFTER_DAYS", "30") or 30),
+        type=number_in(0, None, "SOLOS_MEMORY_ARCHIVE_AFTER_DAYS", whole=False),
+        default=env_default("ARCHIVE_AFTER_DAYS", "30"),
         help="move episodic rows older than this to the archive, 0 never (default: %(default)s)",
     )
     add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
@@ -1273,7 +1266,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     backfill.add_argument(
         "--batch",
-        type=int,
+        type=number_in(1),
         default=solos_embed_worker.EMBED_BATCH,
         help="rows per embedding batch and write transaction (default: %(default)s)",
     )

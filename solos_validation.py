@@ -247,3 +247,27 @@ def on_off(text: str) -> bool:
     if text not in ("on", "off"):
         raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
     return text == "on"
+
+
+def number_in(low: float, high: float | None = None, variable: str | None = None, whole: bool = True) -> Any:
+    """An argparse type for a number from `low` to `high` (None: no top); a string default (the environment's
+    SOLOS_MEMORY_*, named by `variable`) is checked alike. A port past 65535 was a traceback at bind, a negative
+    --admit a silent "no cap": each stops startup naming the option and the range instead."""
+
+    def shown(bound: float) -> str:
+        return str(int(bound)) if whole else f"{bound:g}"
+
+    span = f"{shown(low)}-{shown(high)}" if high is not None else f"{shown(low)} or more"
+    said = f" (flag or {variable})" if variable else ""
+
+    def convert(text: str) -> float:
+        try:
+            value = int(text) if whole else float(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < low or (high is not None and value > high):
+            kind = "a whole number" if whole else "a number"
+            raise argparse.ArgumentTypeError(f"must be {kind} {span}{said}, got {text!r}")
+        return value
+
+    return convert

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -290,6 +291,42 @@ def test_serve_refuses_fewer_than_one_worker(tmp_path):
     with pytest.raises(SystemExit, match="--workers must be 1 or more, got 0"):
         solos_memory.main(["serve", "--db", str(tmp_path / "w.db"), "--port", "0", "--workers", "0"])
     assert not (tmp_path / "w.db").exists()
+
+
+BAD_NUMBERS = [
+    (["serve", "--port", "70000"], {}, "--port", "0-65535"),
+    (["serve", "--port", "-1"], {}, "--port", "0-65535"),
+    (["serve"], {"SOLOS_MEMORY_PORT": "65536"}, "--port", "SOLOS_MEMORY_PORT"),
+    (["serve", "--port", "0", "--busy-timeout-ms", "-5"], {}, "--busy-timeout-ms", "0-2147483647"),
+    (["serve", "--port", "0", "--busy-timeout-ms", "3000000000"], {}, "--busy-timeout-ms", "0-2147483647"),
+    (["serve", "--port", "0"], {"SOLOS_MEMORY_BUSY_TIMEOUT_MS": "-1"}, "--busy-timeout-ms", "SOLOS_MEMORY_BUSY"),
+    (["serve", "--port", "0", "--admit", "-1"], {}, "--admit", "0 or more"),  # was: no cap, silently
+    (["serve", "--port", "0"], {"SOLOS_MEMORY_ADMIT": "-4"}, "--admit", "SOLOS_MEMORY_ADMIT"),
+    (["purge"], {"SOLOS_MEMORY_ARCHIVE_AFTER_DAYS": "thirty"}, "--archive-after-days", "SOLOS_MEMORY_ARCHIVE"),
+    (["purge", "--archive-after-days", "-3"], {}, "--archive-after-days", "0 or more"),  # was: never, silently
+    (["purge", "--archive-after-days", "nan"], {}, "--archive-after-days", "0 or more"),
+    (["backfill", "--batch", "0", "--model-dir", "off"], {}, "--batch", "1 or more"),  # was: nothing, exit 0
+    (["backfill", "--batch", "-1", "--model-dir", "off"], {}, "--batch", "1 or more"),
+]
+
+
+@pytest.mark.parametrize("argv, environment, option, reason", BAD_NUMBERS)
+def test_a_number_out_of_range_stops_the_command_naming_the_option(tmp_path, argv, environment, option, reason):
+    """A bad number (flag or environment) is one line naming the option, exit 2, nothing opened: never a
+    traceback (a port past 65535, a negative busy timeout) or a silent other meaning (--admit -1: no cap)."""
+    db = tmp_path / "n.db"
+    command = [sys.executable, str(ROOT / "solos_memory.py"), argv[0], "--db", str(db), *argv[1:], "--model-dir"]
+    command = command[:-1] if "--model-dir" in argv or argv[0] == "purge" else [*command, "off"]
+    environ = {**{k: v for k, v in os.environ.items() if not k.startswith("SOLOS_MEMORY_")}, **environment}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30, env=environ)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{argv} {environment} started instead of stopping")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert option in last and reason in last, last
+    assert not db.exists()
 
 
 def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
