@@ -106,6 +106,7 @@ from solos_validation import (
     on_off,
     parse_json_body,
     query_pairs,
+    web_origin,
 )
 
 __version__ = solos_store.__version__
@@ -1198,6 +1199,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument(
         "--allowed-origin",
+        type=web_origin,
         action="append",
         default=[],
         help="extra Origin (and its host name as Host) allowed on every route, repeatable, e.g. http://fleet.lan:8437 "

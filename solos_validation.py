@@ -13,7 +13,7 @@ import json
 import math
 import re
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 import mcp_bridge
 import solos_bounds
@@ -271,3 +271,25 @@ def number_in(low: float, high: float | None = None, variable: str | None = None
         return value
 
     return convert
+
+
+def web_origin(text: str) -> str:
+    """--allowed-origin: an Origin as browsers send it, http(s)://host[:port] and nothing after; anything else
+    never matched (a trailing slash, no scheme), and its empty host name let in a request whose Host was ""."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # a port that is no number raises here
+    except ValueError:
+        parts, port = None, None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or f"{parts.scheme}://{parts.netloc}".lower() != text.lower()  # the service compares them lower-case
+        or (port is None and parts.netloc.endswith(":"))
+    ):
+        raise argparse.ArgumentTypeError(
+            f"must be an origin as a browser sends it, scheme://host[:port] (http or https, no path), got {text!r}"
+        )
+    return text
