@@ -101,6 +101,7 @@ from solos_validation import (
     check_args,
     coerce_query,
     describe,
+    folder_or_off,
     fully_matches,
     number_in,
     on_off,
@@ -1194,6 +1195,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument(
         "--model-dir",
+        type=folder_or_off,
         default=env_default("MODEL_DIR", None),
         help="embedder tokenizer/config folder, or 'off' (default: the carried all-MiniLM-L6-v2)",
     )
@@ -1263,6 +1265,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_database_options(backfill, creates)
     backfill.add_argument(
         "--model-dir",
+        type=folder_or_off,
         default=env_default("MODEL_DIR", None),
         help="embedder tokenizer/config folder (default: the carried all-MiniLM-L6-v2)",
     )

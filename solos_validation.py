@@ -11,6 +11,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import re
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -292,4 +293,13 @@ def web_origin(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"must be an origin as a browser sends it, scheme://host[:port] (http or https, no path), got {text!r}"
         )
+    return text
+
+
+def folder_or_off(text: str) -> str:
+    """--model-dir: `off`, or a folder that exists (whether it holds the model's files is the embedder's to say,
+    degrading honestly). A mistyped path served keyword-only as if the embedder were not installed."""
+    if text != "off" and not os.path.isdir(text):
+        state = "is no folder" if os.path.exists(text) else "does not exist"
+        raise argparse.ArgumentTypeError(f"must be a folder or off, got {text!r}, which {state}")
     return text

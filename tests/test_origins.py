@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import refused_at_start
 
 EVERY_ROUTE = [
     ("GET", "/health", None),
@@ -72,19 +73,7 @@ def test_an_allowed_origin_that_no_browser_sends_stops_startup(tmp_path, given):
     """An Origin header is scheme://host[:port], nothing more: the operator who wrote `fleet.example:9999` or a
     trailing slash got a service that started and then answered their page 403 on every call, and an empty
     host name ("" as Host) was let in."""
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "o.db"), "--port", "0"]
-    try:
-        run = subprocess.run(
-            [*command, "--model-dir", "off", "--allowed-origin", given], capture_output=True, text=True, timeout=20
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"--allowed-origin {given!r} started the service")
-    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
-    last = run.stderr.strip().splitlines()[-1]
+    argv = ["serve", "--db", str(tmp_path / "o.db"), "--port", "0", "--model-dir", "off", "--allowed-origin", given]
+    last = refused_at_start(argv)
     assert "--allowed-origin" in last and "scheme://host[:port]" in last and repr(given) in last, last
     assert not (tmp_path / "o.db").exists()

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, refused_at_start
 
 import solos_memory
 import solos_store
@@ -315,18 +315,33 @@ def test_a_number_out_of_range_stops_the_command_naming_the_option(tmp_path, arg
     """A bad number (flag or environment) is one line naming the option, exit 2, nothing opened: never a
     traceback (a port past 65535, a negative busy timeout) or a silent other meaning (--admit -1: no cap)."""
     db = tmp_path / "n.db"
-    command = [sys.executable, str(ROOT / "solos_memory.py"), argv[0], "--db", str(db), *argv[1:], "--model-dir"]
-    command = command[:-1] if "--model-dir" in argv or argv[0] == "purge" else [*command, "off"]
-    environ = {**{k: v for k, v in os.environ.items() if not k.startswith("SOLOS_MEMORY_")}, **environment}
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30, env=environ)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{argv} {environment} started instead of stopping")
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    last = done.stderr.strip().splitlines()[-1]
+    argv = [argv[0], "--db", str(db), *argv[1:], *(["--model-dir", "off"] * (argv[0] == "serve"))]
+    last = refused_at_start(
+        argv, {**{k: v for k, v in os.environ.items() if not k.startswith("SOLOS_MEMORY_")}, **environment}
+    )
     assert option in last and reason in last, last
     assert not db.exists()
+
+
+@pytest.mark.parametrize("command", ["serve", "backfill"])
+@pytest.mark.parametrize("given", ["missing", "file"])
+def test_a_model_dir_that_is_no_folder_stops_the_command(tmp_path, command, given):
+    """A mistyped --model-dir (or SOLOS_MEMORY_MODEL_DIR) served keyword-only, degraded, as if the embedder were
+    not installed: the operator asked for a model and got none. A folder that lacks the files still degrades."""
+    folder = tmp_path / "model"
+    if given == "file":
+        folder.write_text("not a folder")
+    argv = [
+        command,
+        "--db",
+        str(tmp_path / "m.db"),
+        "--model-dir",
+        str(folder),
+        *(["--port", "0"] * (command == "serve")),
+    ]
+    last = refused_at_start(argv)
+    assert "--model-dir" in last and "a folder or off" in last and str(folder) in last, last
+    assert not (tmp_path / "m.db").exists()
 
 
 def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
