@@ -344,6 +344,20 @@ def test_a_model_dir_that_is_no_folder_stops_the_command(tmp_path, command, give
     assert not (tmp_path / "m.db").exists()
 
 
+@pytest.mark.parametrize("switch", ["0", "false", "of", "features-only"])
+def test_a_judge_switch_the_service_does_not_know_stops_serve(tmp_path, switch):
+    """SOLOS_MEMORY_JUDGE takes off, features or on: `0` or `false` (meant as off) ran the judge as if unset."""
+    environ = {**os.environ, "SOLOS_MEMORY_JUDGE": switch}
+    argv = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "j.db"), "--port", "0"]
+    try:
+        run = subprocess.run([*argv, "--model-dir", "off"], capture_output=True, text=True, timeout=30, env=environ)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"SOLOS_MEMORY_JUDGE={switch} started the service")
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.strip().splitlines()[-1] == f"SOLOS_MEMORY_JUDGE must be off, features or on, got {switch!r}"
+    assert not (tmp_path / "j.db").exists()
+
+
 def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     """`serve` in a process of its own on a free port, keyword-only; its port from the listening line."""
     command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(db), "--port", "0"]
