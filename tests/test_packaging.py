@@ -222,6 +222,7 @@ def test_systemd_analyze_verify_reports_a_misspelt_setting(fleet_home, tmp_path)
 def test_units_say_what_the_fleet_expects():
     service_unit = read_unit("lab-memory.service")
     assert service_unit["Restart"] == ["always"] and service_unit["RestartSec"] == ["5"]
+    assert service_unit["Type"] == ["notify"]  # serve sends READY=1 once it answers (solos_workers.notify)
     assert service_unit["WorkingDirectory"] == ["%h/SolOS/runtime"]
     assert service_unit["ExecStart"][0].startswith("%h/SolOS/runtime/venv/bin/python ")
     environment = dict(kv.split("=", 1) for kv in shlex.split(" ".join(service_unit["Environment"])))

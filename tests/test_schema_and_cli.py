@@ -278,6 +278,44 @@ def test_sigterm_stops_the_service_cleanly(tmp_path):
         process.kill()
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_tells_systemd_it_is_ready_once_it_answers_and_that_it_stops(tmp_path, workers):
+    """The unit is Type=notify: `systemctl start` returns at READY=1, sent once the port answers, so the install
+    steps' `check` right after it finds the service (a first start builds the model for 4-10 s), and a start that
+    fails is reported failed, not `active`. With Type=simple it was `active` from the fork on."""
+    import signal
+    import socket
+    import urllib.request
+
+    notify_path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(notify_path))
+        notify.settimeout(30)
+        command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "r.db")]
+        process = subprocess.Popen(
+            [*command, "--port", "0", "--model-dir", "off", "--workers", workers],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "NOTIFY_SOCKET": str(notify_path)},
+        )
+        try:
+            ready = notify.recv(4096).decode()
+            assert ready.splitlines()[0] == "READY=1", ready
+            lines = iter(process.stderr)  # type: ignore[arg-type]
+            listening = next(line for line in map(json.loads, lines) if line["event"] == "listening")
+            health = urllib.request.urlopen(f"http://127.0.0.1:{listening['port']}/health", timeout=10)
+            assert health.status == 200 and f"STATUS=listening on 127.0.0.1:{listening['port']}" in ready
+            process.send_signal(signal.SIGTERM)
+            assert notify.recv(4096).decode().splitlines()[0] == "STOPPING=1"
+            assert process.wait(timeout=30) == 0
+            notify.settimeout(0.5)
+            with pytest.raises(TimeoutError):  # the main process alone speaks: no worker's READY or STOPPING
+                print(notify.recv(4096))
+        finally:
+            process.kill()
+            process.wait()
+
+
 @pytest.mark.parametrize("command", [["agents", "add"], ["agents", "list"], ["serve"], ["purge"], ["backfill"]])
 def test_every_database_command_prints_its_help(command, capsys):
     """`agents add --help` failed with KeyError: its options have no default for %(default)s to show."""
