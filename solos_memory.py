@@ -100,6 +100,7 @@ from solos_validation import (
     TAGS_SCHEMA,
     check_args,
     coerce_query,
+    database_name,
     describe,
     folder_or_off,
     fully_matches,
@@ -1153,7 +1154,8 @@ def add_database_options(parser: argparse.ArgumentParser, db_help: str, nested: 
     wait_help = "how long a call waits for a locked database before 503 (default: %(default)s)"
     if nested:  # no default to show: %(default)s would fail --help
         db_help, wait_help = db_help.replace("%(default)s", "as given before"), wait_help.replace("%(default)s", "5000")
-    parser.add_argument("--db", default=argparse.SUPPRESS if nested else env_default("DB", "solos.db"), help=db_help)
+    db_default = argparse.SUPPRESS if nested else env_default("DB", "solos.db")
+    parser.add_argument("--db", type=database_name, default=db_default, help=db_help)
     parser.add_argument(
         "--busy-timeout-ms",
         type=number_in(0, 2**31 - 1, "SOLOS_MEMORY_BUSY_TIMEOUT_MS"),  # SQLite's busy_timeout is a C int

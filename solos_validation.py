@@ -303,3 +303,11 @@ def folder_or_off(text: str) -> str:
         state = "is no folder" if os.path.exists(text) else "does not exist"
         raise argparse.ArgumentTypeError(f"must be a folder or off, got {text!r}, which {state}")
     return text
+
+
+def database_name(text: str) -> str:
+    """--db: a file path or a postgresql:// URL. "" (an empty SOLOS_MEMORY_DB= line) was a traceback in serve,
+    and it and :memory: were told "WAL could not be enabled (is the folder writable?)" by the admin commands."""
+    if not text.strip() or text == ":memory:":
+        raise argparse.ArgumentTypeError(f"must name a database file or a postgresql:// URL, got {text!r}")
+    return text

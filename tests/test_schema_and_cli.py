@@ -396,6 +396,19 @@ def test_a_judge_switch_the_service_does_not_know_stops_serve(tmp_path, switch):
     assert not (tmp_path / "j.db").exists()
 
 
+@pytest.mark.parametrize("command", ["serve", "purge", "agents list"])
+@pytest.mark.parametrize("given", ["", ":memory:"])
+def test_a_database_that_is_no_file_stops_the_command_naming_db(tmp_path, monkeypatch, command, given):
+    """An empty SOLOS_MEMORY_DB= line (or --db "") was a ValueError traceback in serve and "WAL could not be
+    enabled (is the folder writable?)" in the admin commands; :memory: was told the same."""
+    monkeypatch.chdir(tmp_path)
+    environ = {**os.environ, "SOLOS_MEMORY_DB": given}
+    for argv in ([*command.split(), "--db", given], command.split()):  # the flag, then the environment
+        last = refused_at_start([*argv, *(["--port", "0", "--model-dir", "off"] * (command == "serve"))], environ)
+        assert "--db" in last and "a database file or a postgresql:// URL" in last and repr(given) in last, last
+    assert list(tmp_path.iterdir()) == []
+
+
 def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     """`serve` in a process of its own on a free port, keyword-only; its port from the listening line."""
     command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(db), "--port", "0"]
