@@ -564,13 +564,12 @@ class Judge:
         return Verdict([probability(r.get("relevance")) for r in rows], "relevance", reason)
 
 
-def switch_problem() -> str | None:
+def check_switch() -> None:
     """serve's check before it starts (load() never raises): OFF_VARIABLE unset, empty or one of SWITCHES, else
-    why not; `0` or `false`, meant as off, ran the judge as if unset."""
+    SystemExit saying so; `0` or `false`, meant as off, ran the judge as if unset."""
     raw = os.environ.get(OFF_VARIABLE, "")
-    if raw.strip().lower() in ("", *SWITCHES):
-        return None
-    return f"{OFF_VARIABLE} must be off, features or on, got {raw!r}"
+    if raw.strip().lower() not in ("", *SWITCHES):
+        raise SystemExit(f"{OFF_VARIABLE} must be off, features or on, got {raw!r}")
 
 
 def load(

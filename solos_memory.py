@@ -1337,8 +1337,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(config: Config, register: list[str]) -> int:
     """This process serves; or, with --workers N, it binds, forks N workers and keeps them (solos_workers)."""
     logging.basicConfig(level=logging.INFO, handlers=[JsonLogHandler()], force=True)
-    if problem := solos_judge.switch_problem():  # before the database: SOLOS_MEMORY_JUDGE=0 is no silent "on"
-        raise SystemExit(problem)
+    solos_judge.check_switch()  # before the database: SOLOS_MEMORY_JUDGE=0 is no silent "on"
     if config.workers < 1:
         raise SystemExit(f"--workers must be 1 or more, got {config.workers}")
     config = solos_workers.settled(config)  # --pin-threads unsaid: on for SQLite workers with a core each
