@@ -237,6 +237,16 @@ def test_units_say_what_the_fleet_expects():
     assert timer["OnCalendar"] == ["daily"] and timer["Persistent"] == ["true"]
 
 
+def test_the_purge_unit_reaches_the_database_wherever_the_service_does():
+    """lab-memory.env may name a postgresql:// database (docs/operations.md), and purge reads the same file: with
+    AF_UNIX alone its TCP connection to PostgreSQL was refused by the sandbox, so the daily purge failed."""
+    families = {
+        name: set(" ".join(read_unit(name)["RestrictAddressFamilies"]).split())
+        for name in ("lab-memory.service", "lab-memory-purge.service")
+    }
+    assert {"AF_INET", "AF_INET6"} <= families["lab-memory.service"] <= families["lab-memory-purge.service"]
+
+
 def unit_command(name: str, home: Path) -> tuple[list[str], dict[str, str], Path]:
     """The unit's ExecStart argv, environment and working directory, with %h = home.
 
