@@ -160,8 +160,11 @@ def issue_token(agent: str, tokens_file: str | None, db: str, open_store: Callab
         finally:
             store.close()
     else:
-        descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
-            handle.write(f"{digest} {agent}\n")
+        try:
+            descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
+                handle.write(f"{digest} {agent}\n")
+        except OSError as error:  # no folder, a folder, read-only: one line, and no token printed as if kept
+            raise SystemExit(f"--tokens-file {tokens_file}: cannot be written: {error.strerror or error}") from None
     print(token)
     return 0

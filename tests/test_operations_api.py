@@ -196,6 +196,17 @@ def test_a_tokens_file_that_cannot_be_read_stops_startup_in_one_line(tmp_path, m
     assert not (tmp_path / "x.db").exists()  # checked before the database is opened
 
 
+@pytest.mark.parametrize("where", ["no-such-folder/tokens", "."])
+def test_a_tokens_file_the_token_command_cannot_write_is_one_line_and_no_token(tmp_path, where):
+    """`token atlas --tokens-file` in a folder that does not exist (or naming a folder) was an OSError traceback;
+    no token is printed, since none was kept."""
+    tokens = tmp_path / where
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "token", "atlas", "--tokens-file", str(tokens)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "Traceback" not in run.stderr and run.stdout == "", run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith(f"--tokens-file {tokens}: cannot be written: ")
+
+
 def test_token_command_prints_a_token_and_stores_only_its_hash(tmp_path):
     tokens = tmp_path / "tokens"
     run = subprocess.run(
