@@ -211,11 +211,14 @@ class BoundedConnections:
         return (self.write_admission if writes else self.admission).admitted(exempt)
 
     def working(self, connection: socket.socket) -> None:
-        """The connection has a whole request and is being answered: in flight, never evicted."""
+        """The connection has a whole request and is being answered: in flight, never evicted. Once drain() began,
+        Busy (`stopping`) instead: its connection was shut as it arrived, and nothing of it may run."""
         with self.waiting_lock:
             self.waiting.pop(connection, None)
             self.handling.add(connection)
             self.counts["in_flight_max"] = max(self.counts["in_flight_max"], len(self.handling))
+        if self.stopping:
+            raise Busy("the service is stopping; retry shortly", reason="stopping")
 
     def idle(self, connection: socket.socket, served: bool = False) -> None:
         """The connection waits for (or is still receiving) its next request head: evictable.
@@ -289,8 +292,10 @@ class BoundedConnections:
         Without it the process ended under them: a write committed, and its client saw the connection reset.
         """
         self.stopping = True
-        with self.waiting_lock:
-            waiting, self.waiting = list(self.waiting), {}
+        with self.waiting_lock:  # a connection in flight too (its answer being written) is left to finish
+            waiting = [conn for conn in self.waiting if conn not in self.handling]
+            for conn in waiting:
+                del self.waiting[conn]
         for conn in waiting:
             try:
                 conn.shutdown(socket.SHUT_RDWR)

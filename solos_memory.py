@@ -66,6 +66,7 @@ import solos_status
 import solos_store
 import solos_telemetry
 import solos_tokens
+import solos_validation
 import solos_workers
 from solos_operations import WRITE_OUTPUT, Operation, object_schema, result_schema, text_field
 from solos_store import (
@@ -100,15 +101,11 @@ from solos_validation import (
     TAGS_SCHEMA,
     check_args,
     coerce_query,
-    database_name,
     describe,
-    folder_or_off,
     fully_matches,
-    number_in,
     on_off,
     parse_json_body,
     query_pairs,
-    web_origin,
 )
 
 __version__ = solos_store.__version__
@@ -682,8 +679,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
         fields["Content-Length"] = str(len(body))
         fields.update(headers or {})
         fields.update(self.server.worker_header)
-        if self.close_connection or self.server.stopping:  # stopping: no next request on this connection
-            self.close_connection = True
+        if self.close_connection or self.server.stopping:  # stopping: the client sends no next request on it
             fields["Connection"] = "close"
         head = http_head(status, fields)
         self.status_sent = status
@@ -718,9 +714,7 @@ class MemoryHandler(BaseHTTPRequestHandler):
                 if refusal is not None:
                     raise Forbidden(refusal, "Host" if refusal.startswith("Host") else "Origin")
             body = self.read_body()
-            self.server.working(self.connection)  # in flight: not to be evicted
-            if self.server.stopping:  # its connection was shut by drain() as it arrived: nothing of it runs
-                raise Busy("the service is stopping; retry shortly", reason="stopping")
+            self.server.working(self.connection)  # in flight: not to be evicted (Busy once a stop has begun)
             if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
                 self.serve_stream(url.query)  # long-lived, outside the admission cap, as are the documents and page
             else:
@@ -1155,10 +1149,10 @@ def add_database_options(parser: argparse.ArgumentParser, db_help: str, nested: 
     if nested:  # no default to show: %(default)s would fail --help
         db_help, wait_help = db_help.replace("%(default)s", "as given before"), wait_help.replace("%(default)s", "5000")
     db_default = argparse.SUPPRESS if nested else env_default("DB", "solos.db")
-    parser.add_argument("--db", type=database_name, default=db_default, help=db_help)
+    parser.add_argument("--db", type=solos_validation.database_name, default=db_default, help=db_help)
     parser.add_argument(
         "--busy-timeout-ms",
-        type=number_in(0, 2**31 - 1, "SOLOS_MEMORY_BUSY_TIMEOUT_MS"),  # SQLite's busy_timeout is a C int
+        type=solos_validation.number_in(0, 2**31 - 1, "SOLOS_MEMORY_BUSY_TIMEOUT_MS"),  # a C int in SQLite
         default=argparse.SUPPRESS if nested else env_default("BUSY_TIMEOUT_MS", "5000"),
         help=wait_help,
     )
@@ -1177,7 +1171,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument(
         "--port",
-        type=number_in(0, 65535, "SOLOS_MEMORY_PORT"),
+        type=solos_validation.number_in(0, 65535, "SOLOS_MEMORY_PORT"),
         default=env_default("PORT", str(DEFAULT_PORT)),
         help="port to bind, 0 for any free one (default: %(default)s)",
     )
@@ -1197,13 +1191,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument(
         "--model-dir",
-        type=folder_or_off,
+        type=solos_validation.folder_or_off,
         default=env_default("MODEL_DIR", None),
         help="embedder tokenizer/config folder, or 'off' (default: the carried all-MiniLM-L6-v2)",
     )
     serve.add_argument(
         "--allowed-origin",
-        type=web_origin,
+        type=solos_validation.web_origin,
         action="append",
         default=[],
         help="extra Origin (and its host name as Host) allowed on every route, repeatable, e.g. http://fleet.lan:8437 "
@@ -1229,7 +1223,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     admit_help = "requests running at once, the rest queued in turn; 0: no cap (default: 2 per core; a pinned SQLite "
     admit_help += "worker: one per core it runs on)"
-    admit = number_in(0, None, "SOLOS_MEMORY_ADMIT")
+    admit = solos_validation.number_in(0, None, "SOLOS_MEMORY_ADMIT")
     serve.add_argument("--admit", type=admit, default=env_default("ADMIT", None), help=admit_help)
     solos_workers.add_arguments(serve, env_default)
     solos_qdrant.add_arguments(serve, env_default)
@@ -1246,7 +1240,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_database_options(purge, creates)
     purge.add_argument(
         "--archive-after-days",
-        type=number_in(0, None, "SOLOS_MEMORY_ARCHIVE_AFTER_DAYS", whole=False),
+        type=solos_validation.number_in(0, None, "SOLOS_MEMORY_ARCHIVE_AFTER_DAYS", whole=False),
         default=env_default("ARCHIVE_AFTER_DAYS", "30"),
         help="move episodic rows older than this to the archive, 0 never (default: %(default)s)",
     )
@@ -1267,13 +1261,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_database_options(backfill, creates)
     backfill.add_argument(
         "--model-dir",
-        type=folder_or_off,
+        type=solos_validation.folder_or_off,
         default=env_default("MODEL_DIR", None),
         help="embedder tokenizer/config folder (default: the carried all-MiniLM-L6-v2)",
     )
     backfill.add_argument(
         "--batch",
-        type=number_in(1),
+        type=solos_validation.number_in(1),
         default=solos_embed_worker.EMBED_BATCH,
         help="rows per embedding batch and write transaction (default: %(default)s)",
     )
