@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import solos_store
+from solos_validation import number_in
 
 EMBED_WAIT_S = 10.0  # how long the degraded check waits for the background embedder to reach the run's facts
 DEFAULT_URL = "http://127.0.0.1:8437"
@@ -559,7 +560,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("SOLOS_CHECK_READER_TOKEN"),
         help="the reader's bearer token (default: $SOLOS_CHECK_READER_TOKEN, else none)",
     )
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request (default: %(default)s)")
+    seconds = number_in(0.001, None, whole=False)  # 0 or less: the socket's "Timeout value out of range", unnamed
+    parser.add_argument("--timeout", type=seconds, default=5.0, help="seconds per HTTP request (default: %(default)s)")
     parser.add_argument(
         "--expect",
         choices=EXPECTATIONS,

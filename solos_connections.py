@@ -8,7 +8,9 @@ handler reports each phase (idle, receiving, received, sending, forget); the ser
 newcomer nothing can be made room for (`refusal()`). `load()` says how busy
 it is: requests being handled now and the most at once, connections open,
 newcomers waiting for a slot, refused and evicted (/v1/stats and the
-status page show it), and the admission queue's.
+status page show it), and the admission queue's. At a stop, `drain()` shuts
+the waiting connections and answers the requests in flight before the
+database closes.
 
 `Admission` caps the requests that run at once (`--admit`, about two per core):
 the rest wait their turn in a bounded FIFO queue, and a request the queue
@@ -41,6 +43,9 @@ MAX_CONNECTIONS = 128  # one thread each; a newcomer past this evicts the slowes
 # so one still going is stuck behind a client that reads nothing; one just begun may be a write's acknowledgment.
 SENDING_GRACE_S = 1.0
 SLOT_WAIT_S = 1.0  # how long a newcomer waits for the slot of the connection it evicted
+# A stop (SIGTERM, Ctrl-C) waits this long for the requests in flight to be answered: past a write's busy timeout
+# (5 s) and its 1 s embedding, under the supervisor's STOP_WAIT_S (20 s) and systemd's TimeoutStopSec (90 s).
+DRAIN_S = 10.0
 # Requests running at once, by default: the service's Python holds one core (the GIL), and past a few running
 # threads each recall costs more CPU and waits at every SQLite call to take the GIL back (docs/load.md: at most 4
 # at once kept 16 and 64 clients at 98% and 93% of 4 clients' throughput, against 88% and 72% without).
@@ -232,6 +237,7 @@ class BoundedConnections:
         self.handling: set[socket.socket] = set()
         self.counts = {"in_flight_max": 0, "connections": 0, "connections_max": 0, "waiting_for_slot": 0}
         self.counts.update(refused=0, evicted=0)
+        self.stopping = False  # drain() began: answers close their connection, a request not yet begun is refused
 
     def refusal(self) -> bytes:
         raise NotImplementedError
@@ -248,11 +254,14 @@ class BoundedConnections:
         return (self.write_admission if writes else self.admission).admitted(exempt)
 
     def working(self, connection: socket.socket) -> None:
-        """The connection has a whole request and is being answered: in flight, never evicted."""
+        """The connection has a whole request and is being answered: in flight, never evicted. Once drain() began,
+        Busy (`stopping`) instead: its connection was shut as it arrived, and nothing of it may run."""
         with self.waiting_lock:
             self.waiting.pop(connection, None)
             self.handling.add(connection)
             self.counts["in_flight_max"] = max(self.counts["in_flight_max"], len(self.handling))
+        if self.stopping:
+            raise Busy("the service is stopping; retry shortly", reason="stopping")
 
     def idle(self, connection: socket.socket, served: bool = False) -> None:
         """The connection waits for (or is still receiving) its next request head: evictable.
@@ -326,6 +335,30 @@ class BoundedConnections:
             except OSError:
                 pass
         return bool(doomed)
+
+    def drain(self, within_s: float = DRAIN_S) -> int:
+        """Stopping, once the accept loop has ended: shut the waiting connections (nothing of theirs has run) and
+        wait up to `within_s` for the requests in flight to be answered; return how many were not.
+
+        Without it the process ended under them: a write committed, and its client saw the connection reset.
+        """
+        self.stopping = True
+        with self.waiting_lock:  # a connection in flight too (its answer being written) is left to finish
+            waiting = [conn for conn in self.waiting if conn not in self.handling]
+            for conn in waiting:
+                del self.waiting[conn]
+        for conn in waiting:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + within_s
+        while True:
+            with self.waiting_lock:
+                left = len(self.handling)
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.01)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Start the connection's thread; when every slot is taken, evict the slowest waiting one for it.

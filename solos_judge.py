@@ -58,6 +58,7 @@ JUDGE_PATH = Path(__file__).resolve().parent / "models" / "judge" / "judge.json"
 JUDGE_SHA256 = "8277df0a836d5475e9ed15fbaa218346604e9c4013579608bbe4d30c6dd262af"
 JUDGE_FORMAT = 1
 OFF_VARIABLE = "SOLOS_MEMORY_JUDGE"
+SWITCHES = ("off", "features", "on")  # OFF_VARIABLE's values; unset or empty is on
 CROSS_META_PATH = solos_cross_encoder.META_PATH
 MODES = ("hybrid", "keyword")
 STEM_LENGTH = 5  # solos_rank's coverage stems: a stemmer's poor cousin (approve/approved/approval)
@@ -562,6 +563,14 @@ class Judge:
         else:
             reason = self.reason or f"judge has no {mode} model"
         return Verdict([probability(r.get("relevance")) for r in rows], "relevance", reason)
+
+
+def check_switch() -> None:
+    """serve's check before it starts (load() never raises): OFF_VARIABLE unset, empty or one of SWITCHES, else
+    SystemExit saying so; `0` or `false`, meant as off, ran the judge as if unset."""
+    raw = os.environ.get(OFF_VARIABLE, "")
+    if raw.strip().lower() not in ("", *SWITCHES):
+        raise SystemExit(f"{OFF_VARIABLE} must be off, features or on, got {raw!r}")
 
 
 def load(

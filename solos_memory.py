@@ -66,6 +66,7 @@ import solos_status
 import solos_store
 import solos_telemetry
 import solos_tokens
+import solos_validation
 import solos_workers
 from solos_connections import http_head
 from solos_operations import WRITE_OUTPUT, Operation, object_schema, result_schema, text_field
@@ -142,15 +143,6 @@ class Config:
 def env_default(name: str, default: str | None) -> str | None:
     """The SOLOS_MEMORY_<NAME> environment value, else the default."""
     return os.environ.get("SOLOS_MEMORY_" + name, default)
-
-
-def env_int(name: str, default: int | None) -> int | None:
-    """An integer setting from SOLOS_MEMORY_<NAME>, else the default; a bad value stops startup."""
-    raw = os.environ.get("SOLOS_MEMORY_" + name)
-    try:
-        return default if raw is None else int(raw)
-    except ValueError:
-        raise SystemExit(f"SOLOS_MEMORY_{name} must be an integer, got {raw!r}") from None
 
 
 # ==== Embeddings (optional) ====
@@ -685,7 +677,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
         fields["Content-Length"] = str(len(body))
         fields.update(headers or {})
         fields.update(self.server.worker_header)
-        if self.close_connection:
+        if self.close_connection or self.server.stopping:  # stopping: the client sends no next request on it
             fields["Connection"] = "close"
         head = http_head(status, fields)
         self.status_sent = status
@@ -726,7 +718,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
                 if refusal is not None:
                     raise Forbidden(refusal, "Host" if refusal.startswith("Host") else "Origin")
             body = self.read_body()
-            self.server.working(self.connection)  # in flight: not to be evicted
+            self.server.working(self.connection)  # in flight: not to be evicted (Busy once a stop has begun)
             if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
                 self.serve_stream(url.query)  # long-lived, outside the admission cap, as are the documents and page
             else:
@@ -1101,8 +1093,8 @@ def hold_database(config: Config) -> solos_snapshot.Hold | None:
 
 def open_server(config: Config, register: Sequence[str], worker: solos_workers.Worker | None = None) -> MemoryServer:
     """Open (or create) the database, register agents, load extras, bind the socket (a worker: take it)."""
+    tokens: Tokens | None = Tokens.load(config.tokens_file) if config.tokens_file else None  # before the database
     store = open_database(config, register)
-    tokens: Tokens | None = Tokens.load(config.tokens_file) if config.tokens_file else None
     if tokens is None and store.keeps_tokens:  # PostgreSQL: in the database, so every copy agrees
         tokens = solos_tokens.StoredTokens(store.token_hashes)
     embedder, reason = load_embedder(config)
@@ -1161,11 +1153,12 @@ def add_database_options(parser: argparse.ArgumentParser, db_help: str, nested: 
     wait_help = "how long a call waits for a locked database before 503 (default: %(default)s)"
     if nested:  # no default to show: %(default)s would fail --help
         db_help, wait_help = db_help.replace("%(default)s", "as given before"), wait_help.replace("%(default)s", "5000")
-    parser.add_argument("--db", default=argparse.SUPPRESS if nested else env_default("DB", "solos.db"), help=db_help)
+    db_default = argparse.SUPPRESS if nested else env_default("DB", "solos.db")
+    parser.add_argument("--db", type=solos_validation.database_name, default=db_default, help=db_help)
     parser.add_argument(
         "--busy-timeout-ms",
-        type=int,
-        default=argparse.SUPPRESS if nested else env_int("BUSY_TIMEOUT_MS", 5000),
+        type=solos_validation.number_in(0, 2**31 - 1, "SOLOS_MEMORY_BUSY_TIMEOUT_MS"),  # a C int in SQLite
+        default=argparse.SUPPRESS if nested else env_default("BUSY_TIMEOUT_MS", "5000"),
         help=wait_help,
     )
 
@@ -1183,8 +1176,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument(
         "--port",
-        type=int,
-        default=env_int("PORT", DEFAULT_PORT),
+        type=solos_validation.number_in(0, 65535, "SOLOS_MEMORY_PORT"),
+        default=env_default("PORT", str(DEFAULT_PORT)),
         help="port to bind, 0 for any free one (default: %(default)s)",
     )
     serve.add_argument(
@@ -1203,11 +1196,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument(
         "--model-dir",
+        type=solos_validation.folder_or_off,
         default=env_default("MODEL_DIR", None),
         help="embedder tokenizer/config folder, or 'off' (default: the carried all-MiniLM-L6-v2)",
     )
     serve.add_argument(
         "--allowed-origin",
+        type=solos_validation.web_origin,
         action="append",
         default=[],
         help="extra Origin (and its host name as Host) allowed on every route, repeatable, e.g. http://fleet.lan:8437 "
@@ -1233,7 +1228,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     admit_help = "requests running at once, the rest queued in turn; 0: no cap (default: 2 per core; a pinned SQLite "
     admit_help += "worker: one per core it runs on)"
-    serve.add_argument("--admit", type=int, default=env_int("ADMIT", None), help=admit_help)
+    admit = solos_validation.number_in(0, None, "SOLOS_MEMORY_ADMIT")
+    serve.add_argument("--admit", type=admit, default=env_default("ADMIT", None), help=admit_help)
     solos_workers.add_arguments(serve, env_default)
     solos_qdrant.add_arguments(serve, env_default)
 
@@ -1249,8 +1245,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_database_options(purge, creates)
     purge.add_argument(
         "--archive-after-days",
-        type=float,
-        default=float(env_default("ARCHIVE_AFTER_DAYS", "30") or 30),
+        type=solos_validation.number_in(0, None, "SOLOS_MEMORY_ARCHIVE_AFTER_DAYS", whole=False),
+        default=env_default("ARCHIVE_AFTER_DAYS", "30"),
         help="move episodic rows older than this to the archive, 0 never (default: %(default)s)",
     )
     add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
@@ -1270,12 +1266,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_database_options(backfill, creates)
     backfill.add_argument(
         "--model-dir",
+        type=solos_validation.folder_or_off,
         default=env_default("MODEL_DIR", None),
         help="embedder tokenizer/config folder (default: the carried all-MiniLM-L6-v2)",
     )
     backfill.add_argument(
         "--batch",
-        type=int,
+        type=solos_validation.number_in(1),
         default=solos_embed_worker.EMBED_BATCH,
         help="rows per embedding batch and write transaction (default: %(default)s)",
     )
@@ -1339,6 +1336,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(config: Config, register: list[str]) -> int:
     """This process serves; or, with --workers N, it binds, forks N workers and keeps them (solos_workers)."""
     logging.basicConfig(level=logging.INFO, handlers=[JsonLogHandler()], force=True)
+    solos_judge.check_switch()  # before the database: SOLOS_MEMORY_JUDGE=0 is no silent "on"
     if config.workers < 1:
         raise SystemExit(f"--workers must be 1 or more, got {config.workers}")
     config = solos_workers.settled(config)  # --pin-threads unsaid: on for SQLite workers with a core each
@@ -1349,8 +1347,8 @@ def serve(config: Config, register: list[str]) -> int:
     if config.workers == 1:
         return solos_workers.run(build_server(config, register), config)
     hold = hold_database(config)  # the supervisor's, for the workers' whole life; they register nothing again
+    Tokens.load(config.tokens_file) if config.tokens_file else None  # a tokens file it cannot use stops here
     open_database(config, register).close()  # registered and migrated once, and a broken database stops here
-    Tokens.load(config.tokens_file) if config.tokens_file else None  # and a tokens file it cannot use
     start = lambda worker: solos_workers.run(open_server(config, (), worker), config, worker)  # noqa: E731
     try:
         return solos_workers.supervise(config.workers, config.host, config.port, config.worker_socket, start)

@@ -6,6 +6,7 @@ Imports only the store and the validation rules; the spine checks each request w
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
@@ -44,6 +45,8 @@ class Tokens:
     def load(cls, path: str) -> Tokens:
         try:
             return cls(read_tokens(path), path)
+        except OSError as error:  # missing, a folder, unreadable: one line, not a traceback
+            raise SystemExit(f"--tokens-file {path}: cannot be read: {error.strerror or error}") from None
         except ValueError as error:
             raise SystemExit(str(error)) from None
 
@@ -97,6 +100,8 @@ def file_state(path: str) -> tuple | None:
 def read_tokens(path: str) -> dict[str, str]:
     """The tokens file's hashes and holders; ValueError says what is wrong with it."""
     mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):  # before the mode check: a folder's 755 is no tokens file's mode to fix
+        raise IsADirectoryError(errno.EISDIR, "it is a folder", path)
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ValueError(f"{path}: tokens file must not be accessible by group or others (chmod 600)")
     by_hash = {}
@@ -155,8 +160,11 @@ def issue_token(agent: str, tokens_file: str | None, db: str, open_store: Callab
         finally:
             store.close()
     else:
-        descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
-            handle.write(f"{digest} {agent}\n")
+        try:
+            descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
+                handle.write(f"{digest} {agent}\n")
+        except OSError as error:  # no folder, a folder, read-only: one line, and no token printed as if kept
+            raise SystemExit(f"--tokens-file {tokens_file}: cannot be written: {error.strerror or error}") from None
     print(token)
     return 0

@@ -11,10 +11,11 @@ import argparse
 import datetime
 import json
 import math
+import os
 import re
 from email.message import Message
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 import mcp_bridge
 import solos_bounds
@@ -272,3 +273,66 @@ def on_off(text: str) -> bool:
     if text not in ("on", "off"):
         raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
     return text == "on"
+
+
+def number_in(low: float, high: float | None = None, variable: str | None = None, whole: bool = True) -> Any:
+    """An argparse type for a number from `low` to `high` (None: no top); a string default (the environment's
+    SOLOS_MEMORY_*, named by `variable`) is checked alike. A port past 65535 was a traceback at bind, a negative
+    --admit a silent "no cap": each stops startup naming the option and the range instead."""
+
+    def shown(bound: float) -> str:
+        return str(int(bound)) if whole else f"{bound:g}"
+
+    span = f"{shown(low)}-{shown(high)}" if high is not None else f"{shown(low)} or more"
+    said = f" (flag or {variable})" if variable else ""
+
+    def convert(text: str) -> float:
+        try:
+            value = int(text) if whole else float(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < low or (high is not None and value > high):
+            kind = "a whole number" if whole else "a number"
+            raise argparse.ArgumentTypeError(f"must be {kind} {span}{said}, got {text!r}")
+        return value
+
+    return convert
+
+
+def web_origin(text: str) -> str:
+    """--allowed-origin: an Origin as browsers send it, http(s)://host[:port] and nothing after; anything else
+    never matched (a trailing slash, no scheme), and its empty host name let in a request whose Host was ""."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # a port that is no number raises here
+    except ValueError:
+        parts, port = None, None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or f"{parts.scheme}://{parts.netloc}".lower() != text.lower()  # the service compares them lower-case
+        or (port is None and parts.netloc.endswith(":"))
+    ):
+        raise argparse.ArgumentTypeError(
+            f"must be an origin as a browser sends it, scheme://host[:port] (http or https, no path), got {text!r}"
+        )
+    return text
+
+
+def folder_or_off(text: str) -> str:
+    """--model-dir: `off`, or a folder that exists (whether it holds the model's files is the embedder's to say,
+    degrading honestly). A mistyped path served keyword-only as if the embedder were not installed."""
+    if text != "off" and not os.path.isdir(text):
+        state = "is no folder" if os.path.exists(text) else "does not exist"
+        raise argparse.ArgumentTypeError(f"must be a folder or off, got {text!r}, which {state}")
+    return text
+
+
+def database_name(text: str) -> str:
+    """--db: a file path or a postgresql:// URL. "" (an empty SOLOS_MEMORY_DB= line) was a traceback in serve,
+    and it and :memory: were told "WAL could not be enabled (is the folder writable?)" by the admin commands."""
+    if not text.strip() or text == ":memory:":
+        raise argparse.ArgumentTypeError(f"must name a database file or a postgresql:// URL, got {text!r}")
+    return text

@@ -163,6 +163,7 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
     }
     if worker is None:
         log_event("listening", **fields)
+        notify(f"READY=1\nSTATUS=listening on {config.host}:{server.port}")
     else:
         pinned: dict[str, Any] = {"pin_threads": fields["pin_threads"], "admit": fields["admit"]}
         if config.pin_threads:
@@ -176,13 +177,31 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        if worker is not None:
+        if worker is None:
+            notify("STOPPING=1")
+        else:
             worker.holding(-1)  # accepting no more: the others' turns no longer wait for this one
+        unanswered = server.drain()  # the requests in flight answered before the database closes
         server.server_close()
-        log_event("stopped", port=server.port, **({"worker": worker.index} if worker else {}))
+        log_event("stopped", port=server.port, unanswered=unanswered, **({"worker": worker.index} if worker else {}))
         if worker is not None and os.getppid() != worker.supervisor:
             worker.orphaned()
     return 0
+
+
+def notify(state: str) -> None:
+    """Tell systemd the service's state (the unit is Type=notify): READY=1 once the port answers, STOPPING=1 as a
+    stop begins; the main process only, a no-op without NOTIFY_SOCKET. `systemctl start` so returns when the
+    service answers (a first start builds the embedder's model, 4-10 s), and reports a start that fails."""
+    path = os.environ.get("NOTIFY_SOCKET", "")
+    if not path.startswith(("/", "@")):
+        return
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect("\0" + path[1:] if path.startswith("@") else path)  # @: an abstract socket
+            sock.sendall(state.encode())
+    except OSError as error:  # systemd then times the start out: say why in the journal
+        log_event("warning", message=f"could not tell systemd {state.splitlines()[0]}: {error}")
 
 
 def worker_cores(index: int, count: int, cores: list[int]) -> set[int]:
@@ -513,7 +532,9 @@ class Supervisor:
                         log_event(
                             "listening", **{"host": self.host, **fields, "port": self.port, "workers": self.count}
                         )
+                        notify(f"READY=1\nSTATUS=listening on {self.host}:{self.port}, {self.count} workers")
         finally:
+            notify("STOPPING=1")
             self.stop_all()
             self.sock.close()
             with contextlib.suppress(OSError):

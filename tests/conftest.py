@@ -248,6 +248,18 @@ def subscribed(stream: Stream) -> Stream:
     return stream
 
 
+def refused_at_start(argv: list[str], environ: dict[str, str] | None = None) -> str:
+    """Run the CLI expecting argparse to stop it (exit 2, no traceback) before it opens or binds anything; its
+    last line. A command that starts serving instead fails the test after 30 s."""
+    command = [sys.executable, str(ROOT / "solos_memory.py"), *argv]
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=30, env=environ)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{argv} {environ or ''} started instead of stopping")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    return run.stderr.strip().splitlines()[-1]
+
+
 def raw_exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
     """Send raw bytes, half-close, read until the server closes (or the timeout)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:

@@ -13,7 +13,7 @@ import threading
 from contextlib import contextmanager
 
 import pytest
-from conftest import ROOT, WordHashEmbedder, skip_or_fail
+from conftest import ROOT, WordHashEmbedder, refused_at_start, skip_or_fail
 
 import solos_check
 import solos_memory
@@ -458,3 +458,11 @@ def test_the_mesh_defaults_are_the_fleets():
     solos_check.add_arguments(parser)
     args = parser.parse_args([])
     assert args.a2a_ports == tuple(range(8300, 8308)) and args.a2a_skip == (8305,)
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "soon"])
+def test_a_timeout_check_cannot_use_stops_it_naming_timeout(timeout):
+    """`check --timeout -1` printed "Timeout value out of range" (the socket's words), naming no option."""
+    argv = ["check", "--url", "http://127.0.0.1:1", "--writer", "atlas", "--reader", "sol", "--timeout", timeout]
+    last = refused_at_start([*argv, "--a2a-ports", "none"])
+    assert "--timeout" in last and "0.001 or more" in last, last

@@ -194,7 +194,9 @@ def test_backfill_command_counts_and_fails_without_an_embedder(server, monkeypat
     for n in range(7):
         server.post("/v1/long", {"agent": "atlas", "fact": f"to be backfilled {n}"})
     server.post("/v1/episodic", {"agent": "sol", "event_type": "e", "summary": "an episode to embed"})
-    run = solos_memory.main(["backfill", "--db", str(server.db_path), "--model-dir", "/nonexistent"])
+    empty = server.db_path.parent / "no-model"  # a folder without the tokenizer files: no embedder
+    empty.mkdir(exist_ok=True)
+    run = solos_memory.main(["backfill", "--db", str(server.db_path), "--model-dir", str(empty)])
     assert run == 1
     assert '"event": "failed"' in capsys.readouterr().err
     monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=None: (WordHashEmbedder(), None))

@@ -179,6 +179,34 @@ def test_tokens_file_readable_by_others_is_refused(tmp_path):
     assert run.returncode != 0 and "chmod 600" in run.stderr
 
 
+@pytest.mark.parametrize("make", ["missing", "folder"])
+def test_a_tokens_file_that_cannot_be_read_stops_startup_in_one_line(tmp_path, make):
+    """The operator saw a FileNotFoundError traceback for a mistyped --tokens-file (and a folder was said to be
+    'accessible by group or others'), after the database had been created."""
+    tokens = tmp_path / "tokens"
+    if make == "folder":
+        tokens.mkdir(mode=0o700)
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "x.db"), "--port", "0"]
+    run = subprocess.run(
+        [*command, "--tokens-file", str(tokens), "--model-dir", "off"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"--tokens-file {tokens}: cannot be read"), line
+    assert not (tmp_path / "x.db").exists()  # checked before the database is opened
+
+
+@pytest.mark.parametrize("where", ["no-such-folder/tokens", "."])
+def test_a_tokens_file_the_token_command_cannot_write_is_one_line_and_no_token(tmp_path, where):
+    """`token atlas --tokens-file` in a folder that does not exist (or naming a folder) was an OSError traceback;
+    no token is printed, since none was kept."""
+    tokens = tmp_path / where
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "token", "atlas", "--tokens-file", str(tokens)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "Traceback" not in run.stderr and run.stdout == "", run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith(f"--tokens-file {tokens}: cannot be written: ")
+
+
 def test_token_command_prints_a_token_and_stores_only_its_hash(tmp_path):
     tokens = tmp_path / "tokens"
     run = subprocess.run(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import refused_at_start
 
 EVERY_ROUTE = [
     ("GET", "/health", None),
@@ -62,3 +63,17 @@ def test_loopback_names_and_an_allowed_origin_with_its_host_pass(make_server):
     page = {"Host": "fleet.example:9999", "Origin": "http://fleet.example:9999"}
     assert server.post("/v1/long", {"agent": "atlas", "fact": "from the trusted page"}, headers=page).status == 201
     assert server.request("GET", "/health", headers={"Host": "fleet.example:1234"}).status == 403
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["fleet.example:9999", "http://fleet.example:9999/", "http://fleet.example:9999/page", "ftp://fleet.example", "*"],
+)
+def test_an_allowed_origin_that_no_browser_sends_stops_startup(tmp_path, given):
+    """An Origin header is scheme://host[:port], nothing more: the operator who wrote `fleet.example:9999` or a
+    trailing slash got a service that started and then answered their page 403 on every call, and an empty
+    host name ("" as Host) was let in."""
+    argv = ["serve", "--db", str(tmp_path / "o.db"), "--port", "0", "--model-dir", "off", "--allowed-origin", given]
+    last = refused_at_start(argv)
+    assert "--allowed-origin" in last and "scheme://host[:port]" in last and repr(given) in last, last
+    assert not (tmp_path / "o.db").exists()

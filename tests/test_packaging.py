@@ -222,6 +222,7 @@ def test_systemd_analyze_verify_reports_a_misspelt_setting(fleet_home, tmp_path)
 def test_units_say_what_the_fleet_expects():
     service_unit = read_unit("lab-memory.service")
     assert service_unit["Restart"] == ["always"] and service_unit["RestartSec"] == ["5"]
+    assert service_unit["Type"] == ["notify"]  # serve sends READY=1 once it answers (solos_workers.notify)
     assert service_unit["WorkingDirectory"] == ["%h/SolOS/runtime"]
     assert service_unit["ExecStart"][0].startswith("%h/SolOS/runtime/venv/bin/python ")
     environment = dict(kv.split("=", 1) for kv in shlex.split(" ".join(service_unit["Environment"])))
@@ -234,6 +235,16 @@ def test_units_say_what_the_fleet_expects():
     assert snapshot["Type"] == ["oneshot"] and " snapshot " in snapshot["ExecStart"][0] + " "
     timer = read_unit("lab-memory-snapshot.timer")
     assert timer["OnCalendar"] == ["daily"] and timer["Persistent"] == ["true"]
+
+
+def test_the_purge_unit_reaches_the_database_wherever_the_service_does():
+    """lab-memory.env may name a postgresql:// database (docs/operations.md), and purge reads the same file: with
+    AF_UNIX alone its TCP connection to PostgreSQL was refused by the sandbox, so the daily purge failed."""
+    families = {
+        name: set(" ".join(read_unit(name)["RestrictAddressFamilies"]).split())
+        for name in ("lab-memory.service", "lab-memory-purge.service")
+    }
+    assert {"AF_INET", "AF_INET6"} <= families["lab-memory.service"] <= families["lab-memory-purge.service"]
 
 
 def unit_command(name: str, home: Path) -> tuple[list[str], dict[str, str], Path]:

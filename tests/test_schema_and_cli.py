@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, refused_at_start
 
 import solos_memory
 import solos_store
@@ -277,6 +278,44 @@ def test_sigterm_stops_the_service_cleanly(tmp_path):
         process.kill()
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_tells_systemd_it_is_ready_once_it_answers_and_that_it_stops(tmp_path, workers):
+    """The unit is Type=notify: `systemctl start` returns at READY=1, sent once the port answers, so the install
+    steps' `check` right after it finds the service (a first start builds the model for 4-10 s), and a start that
+    fails is reported failed, not `active`. With Type=simple it was `active` from the fork on."""
+    import signal
+    import socket
+    import urllib.request
+
+    notify_path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(notify_path))
+        notify.settimeout(30)
+        command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "r.db")]
+        process = subprocess.Popen(
+            [*command, "--port", "0", "--model-dir", "off", "--workers", workers],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "NOTIFY_SOCKET": str(notify_path)},
+        )
+        try:
+            ready = notify.recv(4096).decode()
+            assert ready.splitlines()[0] == "READY=1", ready
+            lines = iter(process.stderr)  # type: ignore[arg-type]
+            listening = next(line for line in map(json.loads, lines) if line["event"] == "listening")
+            health = urllib.request.urlopen(f"http://127.0.0.1:{listening['port']}/health", timeout=10)
+            assert health.status == 200 and f"STATUS=listening on 127.0.0.1:{listening['port']}" in ready
+            process.send_signal(signal.SIGTERM)
+            assert notify.recv(4096).decode().splitlines()[0] == "STOPPING=1"
+            assert process.wait(timeout=30) == 0
+            notify.settimeout(0.5)
+            with pytest.raises(TimeoutError):  # the main process alone speaks: no worker's READY or STOPPING
+                print(notify.recv(4096))
+        finally:
+            process.kill()
+            process.wait()
+
+
 @pytest.mark.parametrize("command", [["agents", "add"], ["agents", "list"], ["serve"], ["purge"], ["backfill"]])
 def test_every_database_command_prints_its_help(command, capsys):
     """`agents add --help` failed with KeyError: its options have no default for %(default)s to show."""
@@ -290,3 +329,136 @@ def test_serve_refuses_fewer_than_one_worker(tmp_path):
     with pytest.raises(SystemExit, match="--workers must be 1 or more, got 0"):
         solos_memory.main(["serve", "--db", str(tmp_path / "w.db"), "--port", "0", "--workers", "0"])
     assert not (tmp_path / "w.db").exists()
+
+
+BAD_NUMBERS = [
+    (["serve", "--port", "70000"], {}, "--port", "0-65535"),
+    (["serve", "--port", "-1"], {}, "--port", "0-65535"),
+    (["serve"], {"SOLOS_MEMORY_PORT": "65536"}, "--port", "SOLOS_MEMORY_PORT"),
+    (["serve", "--port", "0", "--busy-timeout-ms", "-5"], {}, "--busy-timeout-ms", "0-2147483647"),
+    (["serve", "--port", "0", "--busy-timeout-ms", "3000000000"], {}, "--busy-timeout-ms", "0-2147483647"),
+    (["serve", "--port", "0"], {"SOLOS_MEMORY_BUSY_TIMEOUT_MS": "-1"}, "--busy-timeout-ms", "SOLOS_MEMORY_BUSY"),
+    (["serve", "--port", "0", "--admit", "-1"], {}, "--admit", "0 or more"),  # was: no cap, silently
+    (["serve", "--port", "0"], {"SOLOS_MEMORY_ADMIT": "-4"}, "--admit", "SOLOS_MEMORY_ADMIT"),
+    (["purge"], {"SOLOS_MEMORY_ARCHIVE_AFTER_DAYS": "thirty"}, "--archive-after-days", "SOLOS_MEMORY_ARCHIVE"),
+    (["purge", "--archive-after-days", "-3"], {}, "--archive-after-days", "0 or more"),  # was: never, silently
+    (["purge", "--archive-after-days", "nan"], {}, "--archive-after-days", "0 or more"),
+    (["backfill", "--batch", "0", "--model-dir", "off"], {}, "--batch", "1 or more"),  # was: nothing, exit 0
+    (["backfill", "--batch", "-1", "--model-dir", "off"], {}, "--batch", "1 or more"),
+]
+
+
+@pytest.mark.parametrize("argv, environment, option, reason", BAD_NUMBERS)
+def test_a_number_out_of_range_stops_the_command_naming_the_option(tmp_path, argv, environment, option, reason):
+    """A bad number (flag or environment) is one line naming the option, exit 2, nothing opened: never a
+    traceback (a port past 65535, a negative busy timeout) or a silent other meaning (--admit -1: no cap)."""
+    db = tmp_path / "n.db"
+    argv = [argv[0], "--db", str(db), *argv[1:], *(["--model-dir", "off"] * (argv[0] == "serve"))]
+    last = refused_at_start(
+        argv, {**{k: v for k, v in os.environ.items() if not k.startswith("SOLOS_MEMORY_")}, **environment}
+    )
+    assert option in last and reason in last, last
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("command", ["serve", "backfill"])
+@pytest.mark.parametrize("given", ["missing", "file"])
+def test_a_model_dir_that_is_no_folder_stops_the_command(tmp_path, command, given):
+    """A mistyped --model-dir (or SOLOS_MEMORY_MODEL_DIR) served keyword-only, degraded, as if the embedder were
+    not installed: the operator asked for a model and got none. A folder that lacks the files still degrades."""
+    folder = tmp_path / "model"
+    if given == "file":
+        folder.write_text("not a folder")
+    argv = [
+        command,
+        "--db",
+        str(tmp_path / "m.db"),
+        "--model-dir",
+        str(folder),
+        *(["--port", "0"] * (command == "serve")),
+    ]
+    last = refused_at_start(argv)
+    assert "--model-dir" in last and "a folder or off" in last and str(folder) in last, last
+    assert not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.parametrize("switch", ["0", "false", "of", "features-only"])
+def test_a_judge_switch_the_service_does_not_know_stops_serve(tmp_path, switch):
+    """SOLOS_MEMORY_JUDGE takes off, features or on: `0` or `false` (meant as off) ran the judge as if unset."""
+    environ = {**os.environ, "SOLOS_MEMORY_JUDGE": switch}
+    argv = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "j.db"), "--port", "0"]
+    try:
+        run = subprocess.run([*argv, "--model-dir", "off"], capture_output=True, text=True, timeout=30, env=environ)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"SOLOS_MEMORY_JUDGE={switch} started the service")
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.strip().splitlines()[-1] == f"SOLOS_MEMORY_JUDGE must be off, features or on, got {switch!r}"
+    assert not (tmp_path / "j.db").exists()
+
+
+@pytest.mark.parametrize("command", ["serve", "purge", "agents list"])
+@pytest.mark.parametrize("given", ["", ":memory:"])
+def test_a_database_that_is_no_file_stops_the_command_naming_db(tmp_path, monkeypatch, command, given):
+    """An empty SOLOS_MEMORY_DB= line (or --db "") was a ValueError traceback in serve and "WAL could not be
+    enabled (is the folder writable?)" in the admin commands; :memory: was told the same."""
+    monkeypatch.chdir(tmp_path)
+    environ = {**os.environ, "SOLOS_MEMORY_DB": given}
+    for argv in ([*command.split(), "--db", given], command.split()):  # the flag, then the environment
+        last = refused_at_start([*argv, *(["--port", "0", "--model-dir", "off"] * (command == "serve"))], environ)
+        assert "--db" in last and "a database file or a postgresql:// URL" in last and repr(given) in last, last
+    assert list(tmp_path.iterdir()) == []
+
+
+def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    """`serve` in a process of its own on a free port, keyword-only; its port from the listening line."""
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(db), "--port", "0"]
+    process = subprocess.Popen(
+        [*command, "--model-dir", "off", "--register", "atlas", *extra], stderr=subprocess.PIPE, text=True
+    )
+    listening = json.loads(process.stderr.readline())
+    assert listening["event"] == "listening", listening
+    return process, listening["port"]
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_stop_answers_the_write_in_flight_before_the_process_ends(tmp_path, signal_name):
+    """systemd's stop (or Ctrl-C) during a write: the write is finished and answered, never cut off unanswered
+    (the operator saw every in-flight write of a restart end in a connection reset, most of them committed)."""
+    import http.client
+    import signal
+    import threading
+
+    process, port = started_service(tmp_path / "s.db")
+    try:
+        locker = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")  # the fleet's writer holds the lock: the service's write waits for it
+        answer: dict = {}
+
+        def write() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            body = json.dumps({"agent": "atlas", "fact": "the boiler was serviced on tuesday"})
+            try:
+                conn.request("POST", "/v1/long", body, {"Content-Type": "application/json"})
+                reply = conn.getresponse()
+                answer.update(status=reply.status, headers=dict(reply.getheaders()), body=json.loads(reply.read()))
+            except (OSError, http.client.HTTPException) as error:
+                answer["error"] = repr(error)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        time.sleep(0.5)  # the write is in flight, waiting for the lock
+        process.send_signal(getattr(signal, signal_name))
+        time.sleep(0.5)
+        locker.execute("COMMIT")  # the lock comes free within the write's busy timeout
+        writer.join(30)
+        assert process.wait(timeout=20) == 0
+        assert answer.get("status") == 201, answer
+        assert answer["headers"].get("Connection") == "close"  # told not to send another on this connection
+        with sqlite3.connect(tmp_path / "s.db") as conn:
+            facts = [row[0] for row in conn.execute("SELECT fact FROM memory_longterm")]
+        assert facts == ["the boiler was serviced on tuesday"]
+        stopped = [json.loads(line) for line in process.stderr.read().splitlines() if line.startswith("{")]
+        assert stopped[-1]["event"] == "stopped" and stopped[-1]["unanswered"] == 0
+    finally:
+        process.kill()
+        process.wait()
