@@ -245,12 +245,14 @@ def test_unexpected_errors_are_logged_as_one_json_line_with_the_traceback(capfd)
 
     logger = logging.getLogger("solos-test")
     logger.addHandler(solos_memory.JsonLogHandler())
+    logger.propagate = False  # a CLI test run before may have given the root logger a handler of its own
     try:
         raise RuntimeError("boom")
     except RuntimeError:
         logger.exception("unexpected error on GET /v1/stats")
     finally:
         logger.handlers.clear()
+        logger.propagate = True
     lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1
     record = json.loads(lines[0])
