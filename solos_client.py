@@ -228,9 +228,13 @@ class Client:
             "agent": env.get(ENV_PREFIX + "AGENT") or None,
             "token": env.get(ENV_PREFIX + "TOKEN") or None,
         }
-        token_file = overrides.pop("token_file", None) or env.get(ENV_PREFIX + "TOKEN_FILE")
-        if token_file and not overrides.get("token") and not settings["token"]:
+        # A token_file argument (the --token-file flag) beats the environment's token, as every flag does:
+        # otherwise a shell exporting another agent's token would make the call as that agent.
+        token_file = overrides.pop("token_file", None)
+        if token_file and not overrides.get("token"):
             settings["token"] = read_token_file(token_file)
+        elif not settings["token"] and env.get(ENV_PREFIX + "TOKEN_FILE"):
+            settings["token"] = read_token_file(env[ENV_PREFIX + "TOKEN_FILE"])
         settings.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**settings)
 

@@ -153,6 +153,32 @@ def test_tokens_bind_the_caller(make_server, tmp_path):
     assert impersonation.value.status == 403
 
 
+def test_a_token_file_flag_beats_the_environments_token(make_server, tmp_path):
+    """A script run as atlas (--token-file) in a shell that exports sol's token must write as atlas, as the
+    docs say a flag beats the environment: it once wrote silently as sol, the environment's token winning."""
+    atlas, sol = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    write_tokens(tmp_path / "tokens", {atlas: "atlas", sol: "sol"})
+    server = make_server(tokens_file=str(tmp_path / "tokens"))
+    (tmp_path / "atlas.token").write_text(atlas + "\n")
+    environment = {"SOLOS_MEMORY_URL": server.url, "SOLOS_MEMORY_TOKEN": sol}
+
+    client = Client.from_env(environment, token_file=str(tmp_path / "atlas.token"))
+    written = subprocess.run(
+        [sys.executable, "-I", "-S", str(ROOT / "solos_client.py"), "--token-file", str(tmp_path / "atlas.token")]
+        + ["remember", FACT],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", **environment},
+    )
+
+    assert client.remember(FACT + " again")["agent"] == "atlas"
+    assert written.returncode == 0, written.stderr
+    assert json.loads(written.stdout)["agent"] == "atlas"
+    assert Client.from_env(environment).token == sol  # without the flag, the environment's token stands
+
+
 def test_token_file_must_hold_a_token(tmp_path):
     empty = tmp_path / "token"
     empty.write_text("\n")
