@@ -79,6 +79,8 @@ RECALL_TIMEOUT_S = 0.8
 # Writes happen off the turn (Hermes's worker, an A2A agent after replying);
 # a busy database answers 503 after --busy-timeout-ms (5 s), so 2 s gives up first.
 WRITE_TIMEOUT_S = 2.0
+# The most a caller may give one call: past it, no bound at all (inf once crashed the socket's timeout).
+MAX_TIMEOUT_S = 3600.0
 RETRY_PAUSE_S = 0.05  # a refused connect retried at once meets the same restart
 # After a call finds the service unavailable, calls fail at once for this long; then one tries.
 # A restart takes a few seconds; a hung service should cost a turn once, not every turn.
@@ -342,7 +344,11 @@ class Client:
     def call(
         self, operation: str, *, query: dict | None = None, body: dict | None = None, timeout: float, idempotent: bool
     ) -> dict:
-        """Run one operation within `timeout` seconds; in best-effort mode, failures return empty_result."""
+        """Run one operation within `timeout` seconds; in best-effort mode, failures return empty_result.
+
+        A timeout that bounds nothing (not above 0, past MAX_TIMEOUT_S, nan) is the caller's ValueError, raised
+        even in best-effort mode: like record_turn's TypeError, it is a mistake in the code, not an outage."""
+        check_timeout(timeout)
         try:
             return self.call_or_raise(operation, query=query, body=body, timeout=timeout, idempotent=idempotent)
         except SolosError as error:
@@ -551,6 +557,13 @@ def abort(conn: http.client.HTTPConnection) -> None:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass  # already closed: the call finished as the deadline came
+
+
+def check_timeout(timeout: float) -> float:
+    """A call's total seconds, checked: above 0 and at most MAX_TIMEOUT_S (nan fails both)."""
+    if not 0 < timeout <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout must be seconds above 0 and at most {MAX_TIMEOUT_S:g}, got {timeout!r}")
+    return timeout
 
 
 def describe(error: BaseException) -> str:
@@ -873,6 +886,14 @@ def check_agent_known(client: Client, agent: str) -> str | None:
 EXIT_OK, EXIT_USAGE, EXIT_REJECTED, EXIT_UNAVAILABLE = 0, 2, 3, 4
 
 
+def seconds(text: str) -> float:
+    """--timeout's value: argparse names the flag in its error."""
+    try:
+        return check_timeout(float(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error) if "timeout" in str(error) else f"not a number: {text!r}") from None
+
+
 def split_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
@@ -899,9 +920,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=None,
-        help=f"total seconds for the call (default: {RECALL_TIMEOUT_S} recall, {WRITE_TIMEOUT_S} writes)",
+        help=f"total seconds for the call, above 0 and at most {MAX_TIMEOUT_S:g} "
+        f"(default: {RECALL_TIMEOUT_S} recall, {WRITE_TIMEOUT_S} writes)",
     )
     parser.add_argument(
         "--best-effort",

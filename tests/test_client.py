@@ -700,6 +700,22 @@ def test_command_recall_passes_tags_and_the_relevance_floor(server):
     assert (wrong.returncode, json.loads(wrong.stderr)["error"]["field"]) == (3, "min_relevance")
 
 
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "0", "-1"])
+def test_command_refuses_a_timeout_that_is_not_a_usable_bound(fault_server, value):
+    """--timeout inf once crashed with a traceback, nan and -1 exited 4 (unavailable, as if the service were
+    down) and 0 silently took the default: each is the caller's mistake, exit 2 naming the flag."""
+    answering = fault_server(("http", 200, b'{"results": [], "count": 0}'))
+    run = client_command("--agent", "sol", "--timeout", value, "recall", "x", url=answering.url)
+    assert run.returncode == 2, (run.returncode, run.stderr)
+    assert "--timeout" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0])
+def test_a_timeout_that_is_not_a_usable_bound_is_a_value_error(value):
+    with pytest.raises(ValueError, match="timeout"):
+        Client(dead_url(), "sol", best_effort=True).recall("x", timeout=value)
+
+
 # ---- wrong arguments fail at the call; a write is done only on the service's own answer ----
 
 
