@@ -895,7 +895,12 @@ def seconds(text: str) -> float:
 
 
 def split_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
+    """A comma list flag's items; none is an error (argparse names the flag), never "no filter": a script's
+    `--tags "$TAG"` with TAG unset must not get every row as if filtered."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"needs at least one item, comma-separated, got {text!r}")
+    return items
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -716,6 +716,22 @@ def test_a_timeout_that_is_not_a_usable_bound_is_a_value_error(value):
         Client(dead_url(), "sol", best_effort=True).recall("x", timeout=value)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["recall", "--tags", "", "x"], ["recall", "--tags", ",", "x"], ["recall", "--tiers", "", "x"]]
+    + [["remember", "A fact", "--tags", " , "]],
+    ids=["empty tags", "comma tags", "empty tiers", "remember empty tags"],
+)
+def test_command_refuses_an_empty_list_flag(fault_server, argv):
+    """`--tags "$TAG"` with TAG unset once recalled every row (and `--tiers ""` every default tier), exit 0:
+    the script took it for the filtered answer. An empty list is a usage error naming the flag."""
+    answering = fault_server(("http", 200, b'{"results": [], "count": 0}'))
+    run = client_command("--agent", "sol", *argv, url=answering.url)
+    flag = argv[argv.index("--tags") if "--tags" in argv else argv.index("--tiers")]
+    assert run.returncode == 2, (run.returncode, run.stdout, run.stderr)
+    assert f"argument {flag}" in run.stderr and "Traceback" not in run.stderr
+
+
 # ---- wrong arguments fail at the call; a write is done only on the service's own answer ----
 
 
