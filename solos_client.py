@@ -27,10 +27,12 @@ whole call (retry included), enforced by a watchdog that shuts the socket, so
 a server that accepts and never answers, or trickles bytes, costs at most the
 deadline. Idempotent calls (recall, remember, an event with an
 idempotency_key) are retried at most once, only for a failure that is not
-the service's refusal, and only inside the same deadline. A call that finds
-the service unavailable opens a circuit breaker: for the next 15 s
-(`breaker_cooldown`) every call fails at once, then one call tries again. So
-a hung service costs one deadline per cooldown, not one per call.
+the service's refusal, and only inside the same deadline, never before the
+answer's Retry-After. A call that finds the service unavailable opens a
+circuit breaker: for the next 15 s (`breaker_cooldown`) every call fails at
+once, then one call tries again. So a hung service costs one deadline per
+cooldown, not one per call. A 503 with a Retry-After (busy: 1 s) opens it for
+that long instead, and a call whose deadline outlasts the wait waits it out.
 
 record_turn does not wait: it queues the write for one background thread
 (64 queued at most; a full queue drops the turn and counts it in
@@ -151,9 +153,10 @@ class Unavailable(SolosError):
 
     code = "unavailable"
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None):
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after  # the service's Retry-After, seconds: it said when to come back
 
 
 class UsageError(SolosError):
@@ -374,7 +377,8 @@ class Client:
         """One attempt, and for an idempotent call one retry if the first was Unavailable and time remains."""
         if not (query or body or {}).get("agent") and not self.token:
             raise UsageError(NO_AGENT)
-        self.breaker.check()
+        deadline = time.monotonic() + timeout
+        self.breaker.check(timeout)
         method, path = ROUTES[operation]
         target = (
             self.base_path
@@ -382,19 +386,20 @@ class Client:
             + ("?" + urlencode({k: v for k, v in query.items() if v is not None}) if query else "")
         )
         payload = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
-        deadline = time.monotonic() + timeout
         try:
             answer = self.attempt(operation, method, target, payload, deadline)
         except Unavailable as first:
-            if not idempotent or deadline - time.monotonic() <= RETRY_PAUSE_S + 0.01:
+            pause = max(RETRY_PAUSE_S, first.retry_after or 0.0)  # never back before the service said to come
+            if not idempotent or deadline - time.monotonic() <= pause + 0.01:
                 self.breaker.failed(first)
                 raise
-            time.sleep(RETRY_PAUSE_S)
+            time.sleep(pause)
             try:
                 answer = self.attempt(operation, method, target, payload, deadline)
             except Unavailable as second:
                 self.breaker.failed(second)
-                raise Unavailable(f"{second} (after one retry; first: {first})", second.status) from second
+                retried = f"{second} (after one retry; first: {first})"
+                raise Unavailable(retried, second.status, second.retry_after) from second
         except Rejected:
             self.breaker.succeeded()  # the service answered
             raise
@@ -407,8 +412,12 @@ class Client:
 
     def attempt(self, operation: str, method: str, target: str, payload: bytes | None, deadline: float) -> dict:
         """One request and its checked answer."""
-        status, data = self.exchange(method, target, payload, deadline)
-        answer = parse_answer(status, data)
+        status, data, retry_after = self.exchange(method, target, payload, deadline)
+        try:
+            answer = parse_answer(status, data)
+        except Unavailable as error:
+            error.retry_after = retry_after
+            raise
         if operation == "recall":
             check_recall(answer)
         elif operation == "read_notices":
@@ -421,8 +430,11 @@ class Client:
             check_write(operation, answer, data, status)
         return answer
 
-    def exchange(self, method: str, target: str, payload: bytes | None, deadline: float) -> tuple[int, bytes]:
-        """Send one request and read the answer, all before `deadline` (a monotonic time)."""
+    def exchange(
+        self, method: str, target: str, payload: bytes | None, deadline: float
+    ) -> tuple[int, bytes, float | None]:
+        """Send one request and read the answer, all before `deadline` (a monotonic time): (status, body, the
+        answer's Retry-After in seconds or None)."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise Unavailable("no time left for the call")
@@ -454,37 +466,57 @@ class Client:
             raise Unavailable(f"{self.url}: timed out")
         if len(data) > MAX_ANSWER_BYTES:
             raise Unavailable(f"answer is over {MAX_ANSWER_BYTES} bytes", response.status)
-        return response.status, data
+        return response.status, data, retry_after_s(response.getheader("Retry-After"))
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A Retry-After of delay-seconds (what the service sends); None for none, or an HTTP date."""
+    return float(value) if value and value.strip().isdigit() else None
 
 
 class Breaker:
-    """Stops calling a service that just failed: for `cooldown` seconds calls fail at once, then one call tries."""
+    """Stops calling a service that just failed: for `cooldown` seconds calls fail at once, then one call tries.
+
+    A failure that came with the service's Retry-After (503 busy: 1 s) opens it for that long instead (at most
+    the cooldown): the service said when to come back, and a turn's write queued behind a busy recall must not
+    be lost for 15 s. A call whose deadline outlasts that wait waits it out."""
 
     def __init__(self, cooldown: float):
         self.cooldown = cooldown
         self.lock = threading.Lock()
         self.open_until = 0.0
+        self.told = False  # open for the service's own Retry-After
         self.failures = 0
         self.last_error = ""
 
-    def check(self) -> None:
-        """Raise Unavailable while open; once the cooldown is over, let this one call through and hold the rest."""
+    def check(self, budget: float) -> None:
+        """Raise Unavailable while open (unless told when, and `budget` seconds outlast it: then wait); once the
+        cooldown is over, let this one call through and hold the rest."""
         with self.lock:
             if not self.failures:
                 return
             now = time.monotonic()
-            if now < self.open_until:
+            wait = self.open_until - now
+            if self.told and 0 < wait and wait + RETRY_PAUSE_S < budget:
+                pass  # waited out below, outside the lock
+            elif now < self.open_until:
                 raise Unavailable(
                     f"not called: the service failed {self.failures}x, last: {self.last_error}; "
                     f"next try in {self.open_until - now:.1f} s"
                 )
-            self.open_until = now + self.cooldown  # this call is the try; concurrent ones wait it out
+            else:
+                self.open_until = now + self.cooldown  # this call is the try; concurrent ones wait it out
+                self.told = False
+                return
+        time.sleep(wait)
 
     def failed(self, error: Exception) -> None:
+        told = getattr(error, "retry_after", None)
         with self.lock:
             self.failures += 1
             self.last_error = str(error)[:200]
-            self.open_until = time.monotonic() + self.cooldown
+            self.told = told is not None
+            self.open_until = time.monotonic() + (self.cooldown if told is None else min(told, self.cooldown))
 
     def succeeded(self) -> None:
         with self.lock:

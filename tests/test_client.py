@@ -32,6 +32,7 @@ INTEGRATIONS = (ROOT / "docs" / "integrations.md").read_text()
 # A loaded 2-core CI box wakes a thread tens of ms late; a deadline overrun
 # by more than this is a bug, not scheduling.
 SLACK_S = 0.3
+RECALL_TIMEOUT = solos_client.RECALL_TIMEOUT_S
 FACT = "The backup job runs nightly at 02:00 UTC on host kestrel"
 
 
@@ -630,6 +631,35 @@ def test_the_breaker_closes_when_the_service_answers(fault_server):
     time.sleep(0.3)
     assert client.recall("x") == {"results": [], "count": 0}
     assert client.recall("y") == {"results": [], "count": 0}  # closed: no cooldown after a success
+
+
+BUSY = b'{"error": {"code": "busy", "message": "busy: queue_wait", "reason": "queue_wait"}}'
+EVENT_WRITTEN = b'{"status": "created", "tier": "episodic", "agent": "sol", "id": 7}'
+
+
+def answer_with_retry_after(status: int, body: bytes, seconds: int) -> tuple:
+    head = f"HTTP/1.1 {status} X\r\nRetry-After: {seconds}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    return ("garbage", head.encode() + body)
+
+
+@pytest.mark.slow
+def test_a_busy_answer_holds_calls_for_its_retry_after_not_the_cooldown(fault_server):
+    """One fast 503 busy (Retry-After: 1) on a turn's recall once opened the breaker for its 15 s cooldown: the
+    turn's record, queued right after, failed at once and was lost, and so was every turn for 15 s, though the
+    service had said to come back in a second. The breaker now opens for the Retry-After, and a write whose
+    deadline outlasts it waits it out; a recall whose deadline does not is not retried inside it."""
+    busy = fault_server(("http", 201, EVENT_WRITTEN))
+    busy.behaviours.put(answer_with_retry_after(503, BUSY, 1))
+    client = Client(busy.url, "sol", best_effort=True)
+
+    seconds, recalled = timed(lambda c: c.recall("backup"), client)
+    assert isinstance(recalled, dict) and recalled["error"]["status"] == 503, recalled
+    assert seconds <= RECALL_TIMEOUT + SLACK_S
+    record_turn(client, "When does the backup run?", "At 02:00 UTC", turn_id="busy-1")
+    assert client.background.flush(4.0)
+    assert client.background.counts["written"] == 1, client.background.counts
+    time.sleep(1.1)
+    assert client.event("check", "Checked", idempotency_key="after-busy")["status"] == "created"
 
 
 EXIT_SCRIPT = """
