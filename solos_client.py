@@ -421,8 +421,7 @@ class Client:
         if operation == "recall":
             check_recall(answer)
         elif operation == "read_notices":
-            if not isinstance(answer.get("notices"), list):
-                raise Unavailable(f"notices answer lacks its list: {snippet(data)}", status)
+            check_notices(answer, data, status)
         elif operation == "ack_notices":
             if not isinstance(answer.get("acked"), int):
                 raise Unavailable(f"acknowledgement lacks its count: {snippet(data)}", status)
@@ -645,6 +644,27 @@ def check_recall(answer: dict) -> None:
         isinstance(row, dict) and isinstance(row.get("text"), str) and isinstance(row.get("agent"), str) for row in rows
     ):
         raise Unavailable(f"recall answer without a list of rows: {describe_rows(rows)}")
+
+
+def check_notices(answer: dict, data: bytes, status: int) -> None:
+    """A notices answer must hold a list of the service's notices, each with what format_retractions shows:
+    else a proxy's JSON would raise from turn_context, through best-effort mode, and break the agent's turn."""
+    notices = answer.get("notices")
+    if not isinstance(notices, list) or not all(is_notice(notice) for notice in notices):
+        raise Unavailable(f"notices answer is not the service's list of notices: {snippet(data)}", status)
+
+
+def is_notice(notice: Any) -> bool:
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    return (
+        isinstance(notice, dict)
+        and whole(notice.get("id"))
+        and whole(notice.get("row_id"))
+        and all(isinstance(notice.get(key), str) for key in ("kind", "writer", "tier", "at"))
+        and (notice["kind"] == "forgotten" or whole(notice.get("new_id")))
+    )
 
 
 def check_write(operation: str, answer: dict, data: bytes, status: int) -> None:

@@ -762,6 +762,22 @@ def test_command_refuses_an_empty_list_flag(fault_server, argv):
     assert f"argument {flag}" in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize(
+    "notices",
+    [[{"id": 1}], [None], [{"id": 1, "kind": "superseded", "row_id": "x", "writer": "a", "tier": "long", "at": "t"}]],
+    ids=["fields missing", "not an object", "row id not a number"],
+)
+def test_a_notices_answer_not_the_services_is_unavailable_not_a_broken_turn(fault_server, notices):
+    """A 200 whose notices were not the service's (a proxy's, another service's) passed the client's check
+    (a list) and raised KeyError or TypeError from turn_context, through best-effort mode: the A2A agent's
+    turn broke, where the docs promise memory never costs the turn."""
+    impostor = fault_server(("http", 200, json.dumps({"notices": notices, "count": 1}).encode()))
+    client = Client(impostor.url, "sol", best_effort=True)
+    assert turn_context(client, "When does the backup run?") == ""
+    with pytest.raises(Unavailable, match="notices"):
+        Client(impostor.url, "sol").notices()
+
+
 # ---- wrong arguments fail at the call; a write is done only on the service's own answer ----
 
 
