@@ -754,11 +754,21 @@ def turn_context(
 ) -> str:
     """Turn start: the agent's open retraction notices (retraction_context: shown once, then acknowledged), then
     the top-k shared rows at or above the relevance floor for the incoming message, formatted for the prompt
-    ("" if neither: nothing relevant is an honest empty context). notices=False leaves the notices open."""
+    ("" if neither: nothing relevant is an honest empty context; a failed recall of a best-effort client is
+    one line saying so, and why). notices=False leaves the notices open."""
     retracted = retraction_context(client, agent=agent) if notices else ""
     answer = client.recall(message, agent=agent, k=k, scope="shared", min_relevance=min_relevance)
-    recalled = format_recall(floor_cleared(answer, min_relevance), heading=turn_heading(answer))
+    if isinstance(answer.get("error"), dict):  # best effort's empty result: say so, not "" as if nothing matched
+        recalled = not_recalled(answer["error"])
+    else:
+        recalled = format_recall(floor_cleared(answer, min_relevance), heading=turn_heading(answer))
     return "\n\n".join(part for part in (retracted, recalled) if part)
+
+
+def not_recalled(error: dict) -> str:
+    """The prompt line for a turn whose recall failed: an outage or a refusal is not an empty memory."""
+    reason = prompt_text(f"{error.get('code')}: {error.get('message')}")[:TURN_REASON_CHARS]
+    return f"Shared memory could not be recalled this turn ({reason}): the fleet may know more than is shown here."
 
 
 def floor_cleared(answer: dict, min_relevance: float) -> dict:

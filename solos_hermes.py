@@ -15,7 +15,8 @@ Settings, under `plugins: solos:` in config.yaml, else the environment:
 
 What each hook does, and how it fails:
   prefetch         recall (top recall_k, shared scope) before the turn, as prompt lines;
-                   trivial prompts skipped. Fails soft: "" and one log line.
+                   trivial prompts skipped. Fails soft: one line saying recall failed, and
+                   why (not "", which would read as nothing known), and one log line.
   sync_turn        the finished turn as one episodic event, from a bounded queue and a
                    worker thread; a full queue drops the turn (counted), a dead worker is
                    restarted on the next hook. Never blocks, never raises.
@@ -170,7 +171,7 @@ class SolosMemoryProvider(MemoryProvider):
 
     def prefetch(self, query: str, *, session_id: str = "") -> str:
         """The top recall_k shared rows for this prompt at or above the relevance floor (turn_context's), as prompt
-        lines; "" for trivial prompts, failures, or nothing relevant.
+        lines; "" for trivial prompts or nothing relevant; for a failed recall, one line saying so and why.
 
         Before them, "facts you relied on were retracted": notices of rows this agent was shown that were
         since forgotten or replaced (acknowledged once injected), whatever the prompt.

@@ -245,6 +245,18 @@ def test_turn_context_keeps_unjudged_rows_out_and_says_recall_was_degraded():
     assert len(everything.splitlines()) == 3  # no floor asked: every row, unjudged or not
 
 
+@pytest.mark.parametrize("service", ["dead", "refusing"])
+def test_turn_context_says_when_memory_could_not_be_recalled(fault_server, service):
+    """A turn whose recall failed got "" as if the fleet knew nothing of it: the model could not tell an
+    outage (or a refusal: an unregistered agent) from an empty memory. It gets one line saying so, and why."""
+    refusing = fault_server(("http", 422, b'{"error": {"code": "unknown_agent", "message": "no agent sol"}}'))
+    client = Client(dead_url() if service == "dead" else refusing.url, "sol", best_effort=True)
+    context = turn_context(client, "When does the backup run?", notices=False)
+    assert context.startswith("Shared memory could not be recalled this turn (")
+    assert ("connection refused" if service == "dead" else "no agent sol") in context
+    assert context == solos_client.prompt_text(context)  # one line
+
+
 def test_write_turn_writes_one_row_per_turn_even_when_retried(server):
     client = Client(server.url, "sol")
 
@@ -773,7 +785,7 @@ def test_a_notices_answer_not_the_services_is_unavailable_not_a_broken_turn(faul
     turn broke, where the docs promise memory never costs the turn."""
     impostor = fault_server(("http", 200, json.dumps({"notices": notices, "count": 1}).encode()))
     client = Client(impostor.url, "sol", best_effort=True)
-    assert turn_context(client, "When does the backup run?") == ""
+    assert turn_context(client, "When does the backup run?").startswith("Shared memory could not be recalled")
     with pytest.raises(Unavailable, match="notices"):
         Client(impostor.url, "sol").notices()
 
