@@ -448,6 +448,31 @@ def test_token_gated_even_on_loopback(make_server, hermes_home, tmp_path):
     assert [t["summary"] for t in episodic_rows(server, "hermes", "hermes_turn")] == ["Who holds the token?"]
 
 
+def test_the_configs_token_file_beats_the_environments_token(make_server, hermes_home, tmp_path):
+    """plugins.solos.token_file in config.yaml beats SOLOS_MEMORY_TOKEN, as config.yaml beats the environment
+    for every setting: a shell exporting another agent's token made every call 403, the config's token unread."""
+    hermes, atlas = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    write_tokens(tmp_path / "tokens", {hermes: "hermes", atlas: "atlas"})
+    server = make_server(tokens_file=str(tmp_path / "tokens"))
+    (tmp_path / "hermes.token").write_text(hermes + "\n")
+    config = hermes_home / "config.yaml"
+    set_token_file = subprocess.run(
+        [str(HERMES_BIN / "hermes"), "config", "set", "plugins.solos.token_file", str(tmp_path / "hermes.token")],
+        env=hermes_env(hermes_home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert set_token_file.returncode == 0 and "token_file" in config.read_text(), set_token_file.stderr
+    turn = [{"op": "sync", "user": "Whose token?", "assistant": "hermes's"}, {"op": "flush"}, {"op": "counts"}]
+
+    report = run_probe(hermes_home, server.url, turn, token=atlas)
+
+    assert step(report, "counts")["result"]["written"] == 1, report["log"][-2000:]
+    assert [t["summary"] for t in episodic_rows(server, "hermes", "hermes_turn")] == ["Whose token?"]
+
+
 # ---- Hermes's own memory tool, and failures nobody planned for ----
 
 
