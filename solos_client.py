@@ -735,11 +735,15 @@ def format_retractions(answer: dict) -> str:
 
 
 def retraction_context(client: Client, *, agent: str | None = None) -> str:
-    """Open notices as prompt lines, acknowledged once read ("" for none; a failed ack shows them again)."""
+    """Open notices as prompt lines, acknowledged once read ("" for none; a failed ack shows them again).
+
+    The acknowledgement is a write, queued for the client's background thread as record_turn's is: on the
+    turn's path, a service slow to take it held the turn for a write's 2 s deadline."""
     answer = client.notices(agent=agent)
     text = format_retractions(answer)
     if text:
-        client.ack_notices([n["id"] for n in answer["notices"]], agent=agent)
+        ids = [n["id"] for n in answer["notices"]]
+        client.submit("notices acknowledgement", lambda: client.ack_notices(ids, agent=agent))
     return text
 
 

@@ -257,6 +257,53 @@ def test_turn_context_says_when_memory_could_not_be_recalled(fault_server, servi
     assert context == solos_client.prompt_text(context)  # one line
 
 
+@pytest.mark.slow
+def test_a_slow_acknowledgement_does_not_hold_the_turn():
+    """turn_context acknowledged the notices it showed on the turn's own path, with a write's 2 s deadline: a
+    service slow to take the ack held every turn with a notice up to 2 s past its 0.8 s recall. The ack is now
+    queued for the client's background thread, as record_turn's write is."""
+    import http.server
+    import threading
+
+    notice = {"id": 3, "kind": "forgotten", "row_id": 9, "writer": "atlas", "tier": "long", "at": "2026-12-01"}
+    acked: list[bytes] = []
+
+    class Stub(http.server.BaseHTTPRequestHandler):
+        def answer(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path.startswith("/v1/notices"):
+                self.answer({"notices": [notice], "count": 1})
+            else:
+                self.answer({"results": [{"text": FACT, "agent": "atlas", "tier": "long", "relevance": 0.9}]})
+
+        def do_POST(self) -> None:
+            acked.append(self.rfile.read(int(self.headers["Content-Length"])))
+            time.sleep(1.5)
+            self.answer({"acked": 1})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    stub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    try:
+        client = Client(f"http://127.0.0.1:{stub.server_port}", "sol", best_effort=True)
+        seconds, context = timed(lambda c: turn_context(c, "When does the backup run?"), client)
+        assert client.background.flush(5.0)
+    finally:
+        stub.shutdown()
+    assert isinstance(context, str) and "long row 9 by atlas: forgotten" in context and FACT in context, context
+    assert seconds < 0.5, seconds
+    assert [json.loads(body)["ids"] for body in acked] == [[3]]
+    assert client.background.counts["written"] == 1
+
+
 def test_write_turn_writes_one_row_per_turn_even_when_retried(server):
     client = Client(server.url, "sol")
 
