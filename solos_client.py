@@ -27,10 +27,12 @@ whole call (retry included), enforced by a watchdog that shuts the socket, so
 a server that accepts and never answers, or trickles bytes, costs at most the
 deadline. Idempotent calls (recall, remember, an event with an
 idempotency_key) are retried at most once, only for a failure that is not
-the service's refusal, and only inside the same deadline. A call that finds
-the service unavailable opens a circuit breaker: for the next 15 s
-(`breaker_cooldown`) every call fails at once, then one call tries again. So
-a hung service costs one deadline per cooldown, not one per call.
+the service's refusal, and only inside the same deadline, never before the
+answer's Retry-After. A call that finds the service unavailable opens a
+circuit breaker: for the next 15 s (`breaker_cooldown`) every call fails at
+once, then one call tries again. So a hung service costs one deadline per
+cooldown, not one per call. A 503 with a Retry-After (busy: 1 s) opens it for
+that long instead, and a call whose deadline outlasts the wait waits it out.
 
 record_turn does not wait: it queues the write for one background thread
 (64 queued at most; a full queue drops the turn and counts it in
@@ -79,6 +81,8 @@ RECALL_TIMEOUT_S = 0.8
 # Writes happen off the turn (Hermes's worker, an A2A agent after replying);
 # a busy database answers 503 after --busy-timeout-ms (5 s), so 2 s gives up first.
 WRITE_TIMEOUT_S = 2.0
+# The most a caller may give one call: past it, no bound at all (inf once crashed the socket's timeout).
+MAX_TIMEOUT_S = 3600.0
 RETRY_PAUSE_S = 0.05  # a refused connect retried at once meets the same restart
 # After a call finds the service unavailable, calls fail at once for this long; then one tries.
 # A restart takes a few seconds; a hung service should cost a turn once, not every turn.
@@ -149,9 +153,10 @@ class Unavailable(SolosError):
 
     code = "unavailable"
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None):
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after  # the service's Retry-After, seconds: it said when to come back
 
 
 class UsageError(SolosError):
@@ -228,9 +233,13 @@ class Client:
             "agent": env.get(ENV_PREFIX + "AGENT") or None,
             "token": env.get(ENV_PREFIX + "TOKEN") or None,
         }
-        token_file = overrides.pop("token_file", None) or env.get(ENV_PREFIX + "TOKEN_FILE")
-        if token_file and not overrides.get("token") and not settings["token"]:
+        # A token_file argument (the --token-file flag) beats the environment's token, as every flag does:
+        # otherwise a shell exporting another agent's token would make the call as that agent.
+        token_file = overrides.pop("token_file", None)
+        if token_file and not overrides.get("token"):
             settings["token"] = read_token_file(token_file)
+        elif not settings["token"] and env.get(ENV_PREFIX + "TOKEN_FILE"):
+            settings["token"] = read_token_file(env[ENV_PREFIX + "TOKEN_FILE"])
         settings.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**settings)
 
@@ -338,7 +347,11 @@ class Client:
     def call(
         self, operation: str, *, query: dict | None = None, body: dict | None = None, timeout: float, idempotent: bool
     ) -> dict:
-        """Run one operation within `timeout` seconds; in best-effort mode, failures return empty_result."""
+        """Run one operation within `timeout` seconds; in best-effort mode, failures return empty_result.
+
+        A timeout that bounds nothing (not above 0, past MAX_TIMEOUT_S, nan) is the caller's ValueError, raised
+        even in best-effort mode: like record_turn's TypeError, it is a mistake in the code, not an outage."""
+        check_timeout(timeout)
         try:
             return self.call_or_raise(operation, query=query, body=body, timeout=timeout, idempotent=idempotent)
         except SolosError as error:
@@ -364,7 +377,8 @@ class Client:
         """One attempt, and for an idempotent call one retry if the first was Unavailable and time remains."""
         if not (query or body or {}).get("agent") and not self.token:
             raise UsageError(NO_AGENT)
-        self.breaker.check()
+        deadline = time.monotonic() + timeout
+        self.breaker.check(timeout)
         method, path = ROUTES[operation]
         target = (
             self.base_path
@@ -372,19 +386,20 @@ class Client:
             + ("?" + urlencode({k: v for k, v in query.items() if v is not None}) if query else "")
         )
         payload = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
-        deadline = time.monotonic() + timeout
         try:
             answer = self.attempt(operation, method, target, payload, deadline)
         except Unavailable as first:
-            if not idempotent or deadline - time.monotonic() <= RETRY_PAUSE_S + 0.01:
+            pause = max(RETRY_PAUSE_S, first.retry_after or 0.0)  # never back before the service said to come
+            if not idempotent or deadline - time.monotonic() <= pause + 0.01:
                 self.breaker.failed(first)
                 raise
-            time.sleep(RETRY_PAUSE_S)
+            time.sleep(pause)
             try:
                 answer = self.attempt(operation, method, target, payload, deadline)
             except Unavailable as second:
                 self.breaker.failed(second)
-                raise Unavailable(f"{second} (after one retry; first: {first})", second.status) from second
+                retried = f"{second} (after one retry; first: {first})"
+                raise Unavailable(retried, second.status, second.retry_after) from second
         except Rejected:
             self.breaker.succeeded()  # the service answered
             raise
@@ -397,13 +412,16 @@ class Client:
 
     def attempt(self, operation: str, method: str, target: str, payload: bytes | None, deadline: float) -> dict:
         """One request and its checked answer."""
-        status, data = self.exchange(method, target, payload, deadline)
-        answer = parse_answer(status, data)
+        status, data, retry_after = self.exchange(method, target, payload, deadline)
+        try:
+            answer = parse_answer(status, data)
+        except Unavailable as error:
+            error.retry_after = retry_after
+            raise
         if operation == "recall":
             check_recall(answer)
         elif operation == "read_notices":
-            if not isinstance(answer.get("notices"), list):
-                raise Unavailable(f"notices answer lacks its list: {snippet(data)}", status)
+            check_notices(answer, data, status)
         elif operation == "ack_notices":
             if not isinstance(answer.get("acked"), int):
                 raise Unavailable(f"acknowledgement lacks its count: {snippet(data)}", status)
@@ -411,8 +429,11 @@ class Client:
             check_write(operation, answer, data, status)
         return answer
 
-    def exchange(self, method: str, target: str, payload: bytes | None, deadline: float) -> tuple[int, bytes]:
-        """Send one request and read the answer, all before `deadline` (a monotonic time)."""
+    def exchange(
+        self, method: str, target: str, payload: bytes | None, deadline: float
+    ) -> tuple[int, bytes, float | None]:
+        """Send one request and read the answer, all before `deadline` (a monotonic time): (status, body, the
+        answer's Retry-After in seconds or None)."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise Unavailable("no time left for the call")
@@ -444,37 +465,57 @@ class Client:
             raise Unavailable(f"{self.url}: timed out")
         if len(data) > MAX_ANSWER_BYTES:
             raise Unavailable(f"answer is over {MAX_ANSWER_BYTES} bytes", response.status)
-        return response.status, data
+        return response.status, data, retry_after_s(response.getheader("Retry-After"))
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A Retry-After of delay-seconds (what the service sends); None for none, or an HTTP date."""
+    return float(value) if value and value.strip().isdigit() else None
 
 
 class Breaker:
-    """Stops calling a service that just failed: for `cooldown` seconds calls fail at once, then one call tries."""
+    """Stops calling a service that just failed: for `cooldown` seconds calls fail at once, then one call tries.
+
+    A failure that came with the service's Retry-After (503 busy: 1 s) opens it for that long instead (at most
+    the cooldown): the service said when to come back, and a turn's write queued behind a busy recall must not
+    be lost for 15 s. A call whose deadline outlasts that wait waits it out."""
 
     def __init__(self, cooldown: float):
         self.cooldown = cooldown
         self.lock = threading.Lock()
         self.open_until = 0.0
+        self.told = False  # open for the service's own Retry-After
         self.failures = 0
         self.last_error = ""
 
-    def check(self) -> None:
-        """Raise Unavailable while open; once the cooldown is over, let this one call through and hold the rest."""
+    def check(self, budget: float) -> None:
+        """Raise Unavailable while open (unless told when, and `budget` seconds outlast it: then wait); once the
+        cooldown is over, let this one call through and hold the rest."""
         with self.lock:
             if not self.failures:
                 return
             now = time.monotonic()
-            if now < self.open_until:
+            wait = self.open_until - now
+            if self.told and 0 < wait and wait + RETRY_PAUSE_S < budget:
+                pass  # waited out below, outside the lock
+            elif now < self.open_until:
                 raise Unavailable(
                     f"not called: the service failed {self.failures}x, last: {self.last_error}; "
                     f"next try in {self.open_until - now:.1f} s"
                 )
-            self.open_until = now + self.cooldown  # this call is the try; concurrent ones wait it out
+            else:
+                self.open_until = now + self.cooldown  # this call is the try; concurrent ones wait it out
+                self.told = False
+                return
+        time.sleep(wait)
 
     def failed(self, error: Exception) -> None:
+        told = getattr(error, "retry_after", None)
         with self.lock:
             self.failures += 1
             self.last_error = str(error)[:200]
-            self.open_until = time.monotonic() + self.cooldown
+            self.told = told is not None
+            self.open_until = time.monotonic() + (self.cooldown if told is None else min(told, self.cooldown))
 
     def succeeded(self) -> None:
         with self.lock:
@@ -549,6 +590,13 @@ def abort(conn: http.client.HTTPConnection) -> None:
             pass  # already closed: the call finished as the deadline came
 
 
+def check_timeout(timeout: float) -> float:
+    """A call's total seconds, checked: above 0 and at most MAX_TIMEOUT_S (nan fails both)."""
+    if not 0 < timeout <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout must be seconds above 0 and at most {MAX_TIMEOUT_S:g}, got {timeout!r}")
+    return timeout
+
+
 def describe(error: BaseException) -> str:
     """A short reason for a transport failure."""
     if isinstance(error, ConnectionRefusedError):
@@ -596,6 +644,27 @@ def check_recall(answer: dict) -> None:
         isinstance(row, dict) and isinstance(row.get("text"), str) and isinstance(row.get("agent"), str) for row in rows
     ):
         raise Unavailable(f"recall answer without a list of rows: {describe_rows(rows)}")
+
+
+def check_notices(answer: dict, data: bytes, status: int) -> None:
+    """A notices answer must hold a list of the service's notices, each with what format_retractions shows:
+    else a proxy's JSON would raise from turn_context, through best-effort mode, and break the agent's turn."""
+    notices = answer.get("notices")
+    if not isinstance(notices, list) or not all(is_notice(notice) for notice in notices):
+        raise Unavailable(f"notices answer is not the service's list of notices: {snippet(data)}", status)
+
+
+def is_notice(notice: Any) -> bool:
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    return (
+        isinstance(notice, dict)
+        and whole(notice.get("id"))
+        and whole(notice.get("row_id"))
+        and all(isinstance(notice.get(key), str) for key in ("kind", "writer", "tier", "at"))
+        and (notice["kind"] == "forgotten" or whole(notice.get("new_id")))
+    )
 
 
 def check_write(operation: str, answer: dict, data: bytes, status: int) -> None:
@@ -666,11 +735,15 @@ def format_retractions(answer: dict) -> str:
 
 
 def retraction_context(client: Client, *, agent: str | None = None) -> str:
-    """Open notices as prompt lines, acknowledged once read ("" for none; a failed ack shows them again)."""
+    """Open notices as prompt lines, acknowledged once read ("" for none; a failed ack shows them again).
+
+    The acknowledgement is a write, queued for the client's background thread as record_turn's is: on the
+    turn's path, a service slow to take it held the turn for a write's 2 s deadline."""
     answer = client.notices(agent=agent)
     text = format_retractions(answer)
     if text:
-        client.ack_notices([n["id"] for n in answer["notices"]], agent=agent)
+        ids = [n["id"] for n in answer["notices"]]
+        client.submit("notices acknowledgement", lambda: client.ack_notices(ids, agent=agent))
     return text
 
 
@@ -685,11 +758,21 @@ def turn_context(
 ) -> str:
     """Turn start: the agent's open retraction notices (retraction_context: shown once, then acknowledged), then
     the top-k shared rows at or above the relevance floor for the incoming message, formatted for the prompt
-    ("" if neither: nothing relevant is an honest empty context). notices=False leaves the notices open."""
+    ("" if neither: nothing relevant is an honest empty context; a failed recall of a best-effort client is
+    one line saying so, and why). notices=False leaves the notices open."""
     retracted = retraction_context(client, agent=agent) if notices else ""
     answer = client.recall(message, agent=agent, k=k, scope="shared", min_relevance=min_relevance)
-    recalled = format_recall(floor_cleared(answer, min_relevance), heading=turn_heading(answer))
+    if isinstance(answer.get("error"), dict):  # best effort's empty result: say so, not "" as if nothing matched
+        recalled = not_recalled(answer["error"])
+    else:
+        recalled = format_recall(floor_cleared(answer, min_relevance), heading=turn_heading(answer))
     return "\n\n".join(part for part in (retracted, recalled) if part)
+
+
+def not_recalled(error: dict) -> str:
+    """The prompt line for a turn whose recall failed: an outage or a refusal is not an empty memory."""
+    reason = prompt_text(f"{error.get('code')}: {error.get('message')}")[:TURN_REASON_CHARS]
+    return f"Shared memory could not be recalled this turn ({reason}): the fleet may know more than is shown here."
 
 
 def floor_cleared(answer: dict, min_relevance: float) -> dict:
@@ -869,8 +952,21 @@ def check_agent_known(client: Client, agent: str) -> str | None:
 EXIT_OK, EXIT_USAGE, EXIT_REJECTED, EXIT_UNAVAILABLE = 0, 2, 3, 4
 
 
+def seconds(text: str) -> float:
+    """--timeout's value: argparse names the flag in its error."""
+    try:
+        return check_timeout(float(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error) if "timeout" in str(error) else f"not a number: {text!r}") from None
+
+
 def split_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
+    """A comma list flag's items; none is an error (argparse names the flag), never "no filter": a script's
+    `--tags "$TAG"` with TAG unset must not get every row as if filtered."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"needs at least one item, comma-separated, got {text!r}")
+    return items
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -895,9 +991,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=None,
-        help=f"total seconds for the call (default: {RECALL_TIMEOUT_S} recall, {WRITE_TIMEOUT_S} writes)",
+        help=f"total seconds for the call, above 0 and at most {MAX_TIMEOUT_S:g} "
+        f"(default: {RECALL_TIMEOUT_S} recall, {WRITE_TIMEOUT_S} writes)",
     )
     parser.add_argument(
         "--best-effort",

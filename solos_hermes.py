@@ -10,12 +10,13 @@ Settings, under `plugins: solos:` in config.yaml, else the environment:
   url         SOLOS_MEMORY_URL         http://127.0.0.1:8437
   agent       SOLOS_MEMORY_AGENT       the Hermes profile's name ("hermes" for the default profile)
   token       SOLOS_MEMORY_TOKEN       (a secret: Hermes keeps it in $HERMES_HOME/.env)
-  token_file  SOLOS_MEMORY_TOKEN_FILE  (none)
+  token_file  SOLOS_MEMORY_TOKEN_FILE  (none); in config.yaml it beats SOLOS_MEMORY_TOKEN
   recall_k    SOLOS_MEMORY_RECALL_K    3
 
 What each hook does, and how it fails:
   prefetch         recall (top recall_k, shared scope) before the turn, as prompt lines;
-                   trivial prompts skipped. Fails soft: "" and one log line.
+                   trivial prompts skipped. Fails soft: one line saying recall failed, and
+                   why (not "", which would read as nothing known), and one log line.
   sync_turn        the finished turn as one episodic event, from a bounded queue and a
                    worker thread; a full queue drops the turn (counted), a dead worker is
                    restarted on the next hook. Never blocks, never raises.
@@ -125,7 +126,12 @@ class SolosMemoryProvider(MemoryProvider):
             value = section.get(key)
             return value if value not in (None, "") else env.get(solos_client.ENV_PREFIX + key.upper()) or None
 
-        return {key: pick(key) for key in ("url", "agent", "token", "token_file", "recall_k")}
+        settings = {key: pick(key) for key in ("url", "agent", "token", "token_file", "recall_k")}
+        if section.get("token_file") and not section.get("token"):
+            # The config's token file beats the environment's token (as config.yaml beats it for every
+            # setting): a shell exporting another agent's token would make every call that agent's, and 403.
+            settings["token"] = None
+        return settings
 
     def is_available(self) -> bool:
         """Configured well enough to try: the URL parses (no network here, as the ABC asks)."""
@@ -170,7 +176,7 @@ class SolosMemoryProvider(MemoryProvider):
 
     def prefetch(self, query: str, *, session_id: str = "") -> str:
         """The top recall_k shared rows for this prompt at or above the relevance floor (turn_context's), as prompt
-        lines; "" for trivial prompts, failures, or nothing relevant.
+        lines; "" for trivial prompts or nothing relevant; for a failed recall, one line saying so and why.
 
         Before them, "facts you relied on were retracted": notices of rows this agent was shown that were
         since forgotten or replaced (acknowledged once injected), whatever the prompt.

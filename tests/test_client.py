@@ -32,6 +32,7 @@ INTEGRATIONS = (ROOT / "docs" / "integrations.md").read_text()
 # A loaded 2-core CI box wakes a thread tens of ms late; a deadline overrun
 # by more than this is a bug, not scheduling.
 SLACK_S = 0.3
+RECALL_TIMEOUT = solos_client.RECALL_TIMEOUT_S
 FACT = "The backup job runs nightly at 02:00 UTC on host kestrel"
 
 
@@ -153,6 +154,32 @@ def test_tokens_bind_the_caller(make_server, tmp_path):
     assert impersonation.value.status == 403
 
 
+def test_a_token_file_flag_beats_the_environments_token(make_server, tmp_path):
+    """A script run as atlas (--token-file) in a shell that exports sol's token must write as atlas, as the
+    docs say a flag beats the environment: it once wrote silently as sol, the environment's token winning."""
+    atlas, sol = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    write_tokens(tmp_path / "tokens", {atlas: "atlas", sol: "sol"})
+    server = make_server(tokens_file=str(tmp_path / "tokens"))
+    (tmp_path / "atlas.token").write_text(atlas + "\n")
+    environment = {"SOLOS_MEMORY_URL": server.url, "SOLOS_MEMORY_TOKEN": sol}
+
+    client = Client.from_env(environment, token_file=str(tmp_path / "atlas.token"))
+    written = subprocess.run(
+        [sys.executable, "-I", "-S", str(ROOT / "solos_client.py"), "--token-file", str(tmp_path / "atlas.token")]
+        + ["remember", FACT],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", **environment},
+    )
+
+    assert client.remember(FACT + " again")["agent"] == "atlas"
+    assert written.returncode == 0, written.stderr
+    assert json.loads(written.stdout)["agent"] == "atlas"
+    assert Client.from_env(environment).token == sol  # without the flag, the environment's token stands
+
+
 def test_token_file_must_hold_a_token(tmp_path):
     empty = tmp_path / "token"
     empty.write_text("\n")
@@ -216,6 +243,65 @@ def test_turn_context_keeps_unjudged_rows_out_and_says_recall_was_degraded():
     assert len(lines) == 1 and lines[0].endswith("kestrel keeps 7 copies")
     everything = turn_context(unjudged, "kestrel backups?", min_relevance=0, notices=False)
     assert len(everything.splitlines()) == 3  # no floor asked: every row, unjudged or not
+
+
+@pytest.mark.parametrize("service", ["dead", "refusing"])
+def test_turn_context_says_when_memory_could_not_be_recalled(fault_server, service):
+    """A turn whose recall failed got "" as if the fleet knew nothing of it: the model could not tell an
+    outage (or a refusal: an unregistered agent) from an empty memory. It gets one line saying so, and why."""
+    refusing = fault_server(("http", 422, b'{"error": {"code": "unknown_agent", "message": "no agent sol"}}'))
+    client = Client(dead_url() if service == "dead" else refusing.url, "sol", best_effort=True)
+    context = turn_context(client, "When does the backup run?", notices=False)
+    assert context.startswith("Shared memory could not be recalled this turn (")
+    assert ("connection refused" if service == "dead" else "no agent sol") in context
+    assert context == solos_client.prompt_text(context)  # one line
+
+
+@pytest.mark.slow
+def test_a_slow_acknowledgement_does_not_hold_the_turn():
+    """turn_context acknowledged the notices it showed on the turn's own path, with a write's 2 s deadline: a
+    service slow to take the ack held every turn with a notice up to 2 s past its 0.8 s recall. The ack is now
+    queued for the client's background thread, as record_turn's write is."""
+    import http.server
+    import threading
+
+    notice = {"id": 3, "kind": "forgotten", "row_id": 9, "writer": "atlas", "tier": "long", "at": "2026-12-01"}
+    acked: list[bytes] = []
+
+    class Stub(http.server.BaseHTTPRequestHandler):
+        def answer(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path.startswith("/v1/notices"):
+                self.answer({"notices": [notice], "count": 1})
+            else:
+                self.answer({"results": [{"text": FACT, "agent": "atlas", "tier": "long", "relevance": 0.9}]})
+
+        def do_POST(self) -> None:
+            acked.append(self.rfile.read(int(self.headers["Content-Length"])))
+            time.sleep(1.5)
+            self.answer({"acked": 1})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    stub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    try:
+        client = Client(f"http://127.0.0.1:{stub.server_port}", "sol", best_effort=True)
+        seconds, context = timed(lambda c: turn_context(c, "When does the backup run?"), client)
+        assert client.background.flush(5.0)
+    finally:
+        stub.shutdown()
+    assert isinstance(context, str) and "long row 9 by atlas: forgotten" in context and FACT in context, context
+    assert seconds < 0.5, seconds
+    assert [json.loads(body)["ids"] for body in acked] == [[3]]
+    assert client.background.counts["written"] == 1
 
 
 def test_write_turn_writes_one_row_per_turn_even_when_retried(server):
@@ -606,6 +692,35 @@ def test_the_breaker_closes_when_the_service_answers(fault_server):
     assert client.recall("y") == {"results": [], "count": 0}  # closed: no cooldown after a success
 
 
+BUSY = b'{"error": {"code": "busy", "message": "busy: queue_wait", "reason": "queue_wait"}}'
+EVENT_WRITTEN = b'{"status": "created", "tier": "episodic", "agent": "sol", "id": 7}'
+
+
+def answer_with_retry_after(status: int, body: bytes, seconds: int) -> tuple:
+    head = f"HTTP/1.1 {status} X\r\nRetry-After: {seconds}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    return ("garbage", head.encode() + body)
+
+
+@pytest.mark.slow
+def test_a_busy_answer_holds_calls_for_its_retry_after_not_the_cooldown(fault_server):
+    """One fast 503 busy (Retry-After: 1) on a turn's recall once opened the breaker for its 15 s cooldown: the
+    turn's record, queued right after, failed at once and was lost, and so was every turn for 15 s, though the
+    service had said to come back in a second. The breaker now opens for the Retry-After, and a write whose
+    deadline outlasts it waits it out; a recall whose deadline does not is not retried inside it."""
+    busy = fault_server(("http", 201, EVENT_WRITTEN))
+    busy.behaviours.put(answer_with_retry_after(503, BUSY, 1))
+    client = Client(busy.url, "sol", best_effort=True)
+
+    seconds, recalled = timed(lambda c: c.recall("backup"), client)
+    assert isinstance(recalled, dict) and recalled["error"]["status"] == 503, recalled
+    assert seconds <= RECALL_TIMEOUT + SLACK_S
+    record_turn(client, "When does the backup run?", "At 02:00 UTC", turn_id="busy-1")
+    assert client.background.flush(4.0)
+    assert client.background.counts["written"] == 1, client.background.counts
+    time.sleep(1.1)
+    assert client.event("check", "Checked", idempotency_key="after-busy")["status"] == "created"
+
+
 EXIT_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
@@ -672,6 +787,54 @@ def test_command_recall_passes_tags_and_the_relevance_floor(server):
     assert json.loads(strict.stdout)["results"] == []
     wrong = client_command("--agent", "sol", "recall", "--min-relevance", "2", "backup", url=server.url)
     assert (wrong.returncode, json.loads(wrong.stderr)["error"]["field"]) == (3, "min_relevance")
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "0", "-1"])
+def test_command_refuses_a_timeout_that_is_not_a_usable_bound(fault_server, value):
+    """--timeout inf once crashed with a traceback, nan and -1 exited 4 (unavailable, as if the service were
+    down) and 0 silently took the default: each is the caller's mistake, exit 2 naming the flag."""
+    answering = fault_server(("http", 200, b'{"results": [], "count": 0}'))
+    run = client_command("--agent", "sol", "--timeout", value, "recall", "x", url=answering.url)
+    assert run.returncode == 2, (run.returncode, run.stderr)
+    assert "--timeout" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0])
+def test_a_timeout_that_is_not_a_usable_bound_is_a_value_error(value):
+    with pytest.raises(ValueError, match="timeout"):
+        Client(dead_url(), "sol", best_effort=True).recall("x", timeout=value)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["recall", "--tags", "", "x"], ["recall", "--tags", ",", "x"], ["recall", "--tiers", "", "x"]]
+    + [["remember", "A fact", "--tags", " , "]],
+    ids=["empty tags", "comma tags", "empty tiers", "remember empty tags"],
+)
+def test_command_refuses_an_empty_list_flag(fault_server, argv):
+    """`--tags "$TAG"` with TAG unset once recalled every row (and `--tiers ""` every default tier), exit 0:
+    the script took it for the filtered answer. An empty list is a usage error naming the flag."""
+    answering = fault_server(("http", 200, b'{"results": [], "count": 0}'))
+    run = client_command("--agent", "sol", *argv, url=answering.url)
+    flag = argv[argv.index("--tags") if "--tags" in argv else argv.index("--tiers")]
+    assert run.returncode == 2, (run.returncode, run.stdout, run.stderr)
+    assert f"argument {flag}" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    "notices",
+    [[{"id": 1}], [None], [{"id": 1, "kind": "superseded", "row_id": "x", "writer": "a", "tier": "long", "at": "t"}]],
+    ids=["fields missing", "not an object", "row id not a number"],
+)
+def test_a_notices_answer_not_the_services_is_unavailable_not_a_broken_turn(fault_server, notices):
+    """A 200 whose notices were not the service's (a proxy's, another service's) passed the client's check
+    (a list) and raised KeyError or TypeError from turn_context, through best-effort mode: the A2A agent's
+    turn broke, where the docs promise memory never costs the turn."""
+    impostor = fault_server(("http", 200, json.dumps({"notices": notices, "count": 1}).encode()))
+    client = Client(impostor.url, "sol", best_effort=True)
+    assert turn_context(client, "When does the backup run?").startswith("Shared memory could not be recalled")
+    with pytest.raises(Unavailable, match="notices"):
+        Client(impostor.url, "sol").notices()
 
 
 # ---- wrong arguments fail at the call; a write is done only on the service's own answer ----

@@ -154,6 +154,7 @@ def test_turn_context_surfaces_open_notices_once_and_acknowledges_them(server):
     ok(server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": row}))
     context = solos_client.turn_context(sol, "anything about doors?")
     assert context.startswith("Facts you relied on were retracted") and f"long row {row} by atlas" in context
+    assert sol.background.flush(5)  # the acknowledgement is queued, off the turn's path
     assert ok(server.get("/v1/notices", agent="sol"))["notices"] == []  # acknowledged
     assert "retracted" not in solos_client.turn_context(sol, "anything about doors?")
 

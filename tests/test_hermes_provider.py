@@ -396,7 +396,8 @@ def test_a_broken_service_never_raises_from_a_fail_soft_hook(hermes_home, servic
     called = [s for s in report["steps"] if s["op"] == "direct"]
     assert not [s for s in called if "raised" in s], called
     prefetch, sync, delegation, memory_write, tool, _ = called
-    assert prefetch["result"] == "" and prefetch["seconds"] < 0.8 + 0.5
+    assert prefetch["result"].startswith("Shared memory could not be recalled this turn (unavailable: ")
+    assert prefetch["seconds"] < 0.8 + 0.5
     assert max(s["seconds"] for s in (sync, delegation, memory_write)) < 0.1  # queued, not waited for
     assert json.loads(tool["result"])["results"] == [] and "error" in json.loads(tool["result"])
     if service != "silent":
@@ -445,6 +446,31 @@ def test_token_gated_even_on_loopback(make_server, hermes_home, tmp_path):
     assert step(wrong, "counts")["result"]["failed"] == 1
     assert "unauthorized" in wrong["log"]
     assert [t["summary"] for t in episodic_rows(server, "hermes", "hermes_turn")] == ["Who holds the token?"]
+
+
+def test_the_configs_token_file_beats_the_environments_token(make_server, hermes_home, tmp_path):
+    """plugins.solos.token_file in config.yaml beats SOLOS_MEMORY_TOKEN, as config.yaml beats the environment
+    for every setting: a shell exporting another agent's token made every call 403, the config's token unread."""
+    hermes, atlas = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    write_tokens(tmp_path / "tokens", {hermes: "hermes", atlas: "atlas"})
+    server = make_server(tokens_file=str(tmp_path / "tokens"))
+    (tmp_path / "hermes.token").write_text(hermes + "\n")
+    config = hermes_home / "config.yaml"
+    set_token_file = subprocess.run(
+        [str(HERMES_BIN / "hermes"), "config", "set", "plugins.solos.token_file", str(tmp_path / "hermes.token")],
+        env=hermes_env(hermes_home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert set_token_file.returncode == 0 and "token_file" in config.read_text(), set_token_file.stderr
+    turn = [{"op": "sync", "user": "Whose token?", "assistant": "hermes's"}, {"op": "flush"}, {"op": "counts"}]
+
+    report = run_probe(hermes_home, server.url, turn, token=atlas)
+
+    assert step(report, "counts")["result"]["written"] == 1, report["log"][-2000:]
+    assert [t["summary"] for t in episodic_rows(server, "hermes", "hermes_turn")] == ["Whose token?"]
 
 
 # ---- Hermes's own memory tool, and failures nobody planned for ----

@@ -472,6 +472,7 @@ def test_the_client_turns_open_notices_into_prompt_lines_once_and_acknowledges_t
     text = solos_client.retraction_context(client)
     assert text.startswith("Facts you relied on were retracted")
     assert f"long row {row} by atlas: forgotten" in text and word not in text
+    assert client.background.flush(5)  # the acknowledgement is queued, off the turn's path
     assert solos_client.retraction_context(client) == ""  # acknowledged: injected once
     dead = solos_client.Client("http://127.0.0.1:9", "sol", best_effort=True)
     assert solos_client.retraction_context(dead) == ""
