@@ -415,7 +415,7 @@ class SolosMemoryProvider(MemoryProvider):
 
     def handle_tool_call(self, tool_name: str, args: dict[str, Any], **kwargs: Any) -> str:
         """Run solos_recall (its rows, whether the service says it is degraded and why, how many rows were left
-        out by size; empty on failure, with the reason) or solos_remember (an error the model can read)."""
+        out by size, its receipt; empty on failure, with the reason) or solos_remember (an error the model can read)."""
         from tools.registry import tool_error
 
         if self.soft is None or self.strict is None:
@@ -424,7 +424,8 @@ class SolosMemoryProvider(MemoryProvider):
             answer = self.soft.recall(
                 str(args.get("query") or ""), k=args.get("k") or 5, scope=args.get("scope") or "shared"
             )
-            told = ("results", "count", "degraded", "degraded_reason", "truncated", "error")  # what the answer means
+            # What the answer means; the receipt says who judged the rows and which words the keyword leg left out.
+            told = ("results", "count", "degraded", "degraded_reason", "truncated", "receipt", "error")
             return json.dumps({key: answer[key] for key in told if key in answer})
         if tool_name == REMEMBER_TOOL["name"]:
             try:
@@ -531,7 +532,8 @@ RECALL_TOOL = {
     "description": (
         "Recall from the fleet's shared memory. Each row names the agent that wrote it; foreign=true means "
         "another agent wrote it. degraded=true (degraded_reason says why) means it ranked without part of its "
-        "models; truncated says how many rows were left out by size. Returns an empty list (with an error) when "
+        "models; truncated says how many rows were left out by size; receipt.judge says who set each row's "
+        "relevance. Returns an empty list (with an error) when "
         "the memory service is unreachable."
     ),
     "parameters": {

@@ -236,6 +236,8 @@ def test_tools_for_the_model(server, hermes_home):
     # The model is told what the service said of its answer: this one ranks without embeddings (keyword-only).
     assert recall["degraded"] is True and "keyword-only" in recall["degraded_reason"], recall
     assert recall["truncated"] is None
+    # ... and who judged its rows (keyword-only: the features judge's keyword fit), and no word was left out.
+    assert recall["receipt"]["judge"].startswith("features-keyword@") and recall["receipt"]["words_left_out"] == []
     assert remember["status"] == "created" and remember["agent"] == "hermes"
     assert empty["field"] == "fact" and "fact must be" in empty["error"]
     assert too_many["results"] == [] and too_many["error"]["field"] == "k"
