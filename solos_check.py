@@ -215,7 +215,8 @@ def check_loopback_only(port: int) -> str:
 
 def check_health(client: Client) -> str:
     """/health answers 200 and says which auth mode and ranking the service runs with; a warning when recall
-    cannot use its judge or cross-encoder (relevance then means less than the docs say)."""
+    cannot use its judge or cross-encoder (relevance then means less than the docs say); a failure while its
+    storage fails (a call met a full disk or a lost server in the last minute)."""
     health = client.expect((200,), "GET", "/health").body
     degraded = f"degraded {str(health['degraded']).lower()}"
     if health["degraded"]:
@@ -230,6 +231,10 @@ def check_health(client: Client) -> str:
         )
         if judge.get(state) == "unavailable"
     ]
+    storage = health.get("storage") or {}  # an older service does not say
+    if storage.get("state") == "failing":
+        last = storage.get("last_failure") or {}
+        raise CheckFailed(f"{seen}; storage failing (last at {last.get('at')}: {last.get('reason')})")
     if unusable:
         raise CheckWarning(f"{seen}; {'; '.join(unusable)}")
     return seen

@@ -993,6 +993,7 @@ class MemoryServer(solos_connections.BoundedConnections, solos_workers.WorkerSoc
             "judge": solos_status.without_paths_in(self.memory.judge.state()),  # as recall's receipts say it
             "event_cursor": self.memory.store.event_cursor()["state"],  # PostgreSQL: stalled, skipping (stats)
             "keyword_index": self.memory.store.keyword_index_state(),  # PostgreSQL: filling, ready, failing
+            "storage": self.memory.store.storage_state(),  # failing for a minute after a full disk or a lost server
         }
 
     def refusal(self) -> bytes:

@@ -321,6 +321,8 @@ def is_busy(error: sqlite3.Error) -> bool:
     return primary_code(error) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(error)
 
 
+STORAGE_FAILING_S = 60  # /health says storage is failing this long after a call met a storage failure
+
 # Conditions of the disk or the file, not of the request: 503 with Retry-After, and the connection is not reused.
 STORAGE_FAILURES = {
     sqlite3.SQLITE_READONLY: "the database is read-only (file or folder permissions, or a read-only mount)",
@@ -620,6 +622,8 @@ class Store:
         self.leading = False  # a queued write leads: the next ones wait for it, not for the lock
         self.queries: Queries = SQLITE  # every query outside Store's own (PgStore: PgQueries)
         self.tally = WriteTally()  # writes per writer and minute, for writes_by_hour
+        # The last storage failure (why, when): what /health says of the database.
+        self.storage_failure: tuple[str, float] | None = None
 
     # -- connections --
 
@@ -774,6 +778,7 @@ class Store:
             except sqlite3.Error as error:
                 failure = STORAGE_FAILURES.get(primary_code(error) or 0)
                 if failure is not None:
+                    self.storage_failure = (failure, time.time())
                     if conn is not None:
                         conn.reusable = False
                     self.close()  # its pool-mates may have opened in the same spell: start afresh
@@ -1432,6 +1437,17 @@ class Store:
         """Nothing to listen to: the service's own writes wake the event hub (Memory.written), and it polls for
         the fleet's. PostgreSQL's store returns a listener for the other copies' commits."""
         return None
+
+    def storage_state(self) -> dict:
+        """`failing` while a call met a storage failure (a full disk, a read-only file, a lost server: 503
+        storage_unavailable) in the last STORAGE_FAILING_S, else `ok`; and the last failure's reason and time (UTC).
+        A time, not the next write: a small write may fit on a full disk while the agents' writes do not."""
+        failure = self.storage_failure
+        if failure is None:
+            return {"state": "ok", "last_failure": None}
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(failure[1]))
+        state = "failing" if time.time() - failure[1] < STORAGE_FAILING_S else "ok"
+        return {"state": state, "last_failure": {"reason": failure[0], "at": at}}
 
     def keyword_index_state(self) -> str:
         """/health's `keyword_index`: SQLite's FTS5 tables live in the database, kept by its triggers (PostgreSQL:

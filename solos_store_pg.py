@@ -241,6 +241,7 @@ class PgStore(solos_store.Store):
         try:
             conn = PgConnection.connect(self.path, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         except psycopg.OperationalError as error:
+            self.storage_failure = ("the PostgreSQL server cannot be reached", time.time())
             raise StorageUnavailable(unreachable(self.path, error)) from None
         conn.row_factory = pg_rows  # type: ignore[assignment]
         conn.running = self.running
@@ -298,6 +299,7 @@ class PgStore(solos_store.Store):
                     conn.reusable = False
                     super().close()  # its pool-mates lost the same server
                     log_event("storage_failure", db=solos_store.shown(self.path), error=str(error))
+                    self.storage_failure = ("the PostgreSQL server cannot be reached", time.time())
                     raise StorageUnavailable((in_doubt if committing else unreachable)(self.path, error)) from None
                 last_error = error
             except psycopg.errors.ReadOnlySqlTransaction as error:
@@ -305,6 +307,7 @@ class PgStore(solos_store.Store):
                 # moment before it takes writes. The database's state, not the request's: 503.
                 conn.reusable = False
                 log_event("storage_failure", db=solos_store.shown(self.path), error=str(error))
+                self.storage_failure = ("the PostgreSQL database is read-only right now (a standby)", time.time())
                 raise StorageUnavailable(
                     f"the PostgreSQL database at {solos_store.shown(self.path)} is read-only right now (a standby, "
                     f"as during a failover: {first_line(error)}); nothing was changed, retry later"

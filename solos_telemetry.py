@@ -213,6 +213,8 @@ def metrics_text(memory: Any) -> bytes:
     lines.append(f"solos_memory_judge_unavailable {int(judge['state'] == 'unavailable')}")
     family("cross_encoder_unavailable", "gauge", "1 while hybrid recall's cross-encoder cannot load: features only.")
     lines.append(f"solos_memory_cross_encoder_unavailable {int(judge['cross_encoder'] == 'unavailable')}")
+    family("storage_failing", "gauge", "1 for a minute after a storage failure (full disk, lost server).")
+    lines.append(f"solos_memory_storage_failing {int(memory.store.storage_state()['state'] == 'failing')}")
     family("rows", "gauge", "Rows per tier (short: live only).")
     for tier, count in rows.items():
         lines.append(f'solos_memory_rows{{tier="{label(tier)}"}} {count}')

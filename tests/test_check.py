@@ -10,6 +10,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -466,3 +467,13 @@ def test_a_timeout_check_cannot_use_stops_it_naming_timeout(timeout):
     argv = ["check", "--url", "http://127.0.0.1:1", "--writer", "atlas", "--reader", "sol", "--timeout", timeout]
     last = refused_at_start([*argv, "--a2a-ports", "none"])
     assert "--timeout" in last and "0.001 or more" in last, last
+
+
+def test_storage_that_failed_a_moment_ago_fails_the_health_check(server):
+    """/health answers 200 while a full disk refuses the agents' writes: the check says so."""
+    server.server.memory.store.storage_failure = ("the disk holding the database is full", time.time())
+    try:
+        health = by_name(solos_check.run_checks(server.url, "atlas", "sol"))["health"]
+    finally:
+        server.server.memory.store.storage_failure = None
+    assert not health.ok and "storage failing" in health.detail and "disk holding the database is full" in health.detail

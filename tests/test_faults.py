@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 import pyz_build
 import solos_connections
 import solos_memory
+import solos_store
 
 sys.path.insert(0, str(ROOT / "bench"))
 import crash_rounds  # noqa: E402
@@ -686,6 +687,16 @@ def test_starting_on_a_read_only_database_prints_one_clear_line(tmp_path_factory
     assert "cannot start" in lines[0] and "read-only" in lines[0] and "Traceback" not in started.stderr
 
 
+def test_storage_is_failing_for_a_minute_after_a_storage_failure_and_names_the_last(tmp_path):
+    store = solos_store.Store(str(tmp_path / "s.db"))
+    assert store.storage_state() == {"state": "ok", "last_failure": None}
+    store.storage_failure = ("the disk holding the database is full", time.time() - 5)
+    assert store.storage_state()["state"] == "failing"
+    store.storage_failure = ("the disk holding the database is full", time.time() - solos_store.STORAGE_FAILING_S - 1)
+    later = store.storage_state()
+    assert later["state"] == "ok" and later["last_failure"]["reason"] == "the disk holding the database is full"
+
+
 def test_a_full_disk_loses_no_acknowledged_write_and_recovers_when_space_frees(tmp_path):
     """A 4 MB tmpfs: write until the disk is full, free the space, write again."""
     import subprocess
@@ -715,6 +726,9 @@ def test_a_full_disk_loses_no_acknowledged_write_and_recovers_when_space_frees(t
                     break
         assert refusals, f"the disk never filled: {len(acknowledged)} writes all fit"
         assert server.recall("sol", "fact number").status == 200  # reads carry on while the disk is full
+        storage = server.get("/health").body["storage"]  # and /health says writes fail, and why
+        assert storage["state"] == "failing" and "full" in storage["last_failure"]["reason"], storage
+        assert "solos_memory_storage_failing 1" in server.get("/metrics").raw.decode()
         filler.unlink()
         after = [server.post("/v1/long", {"agent": "atlas", "fact": f"after freeing {i}"}) for i in range(10)]
         assert [reply.status for reply in after] == [201] * 10

@@ -88,6 +88,8 @@ def test_the_database_going_away_is_503_with_retry_after_then_the_service_recove
             assert reply.body["error"]["code"] == "storage_unavailable"
             assert int(reply.headers["retry-after"]) >= 1
             assert "cannot be reached" in reply.body["error"]["message"]
+        storage = running.get("/health").body["storage"]  # /health answers, and says the database fails
+        assert storage["state"] == "failing" and "cannot be reached" in storage["last_failure"]["reason"], storage
 
         pg_private_cluster.start()
         deadline = time.monotonic() + 15
@@ -101,7 +103,8 @@ def test_the_database_going_away_is_503_with_retry_after_then_the_service_recove
             "the boiler was serviced in May",
             "written after it came back",
         ]  # the refused write left nothing behind
-        assert running.get("/health").status == 200
+        health = running.get("/health")
+        assert health.status == 200 and health.body["storage"]["state"] == "failing", health.body  # for a minute
     finally:
         stop_server(running)
 
