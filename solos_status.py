@@ -363,13 +363,17 @@ def verdict(health: dict) -> str:
 
 
 def problem_list(health: dict, stats: dict) -> list[str]:
-    """What needs the operator: a job that failed or is overdue, an embedder that fails or hangs, a judge or
-    cross-encoder whose files recall cannot use."""
+    """What needs the operator: storage that failed a call in the last minute, a job that failed or is overdue,
+    an embedder that fails or hangs, a judge or cross-encoder whose files recall cannot use."""
     problems = [
         f"{job} {state['state']}: {without_paths(state['detail'])}"
         for job, state in (stats.get("jobs") or {}).items()
         if state["problem"]
     ]
+    storage = health.get("storage") or {}
+    if storage.get("state") == "failing":
+        last = storage["last_failure"]
+        problems.insert(0, f"storage failing (last at {last['at']}): {without_paths(str(last['reason']))}")
     if health.get("embedder_state") in ("failing", "busy"):
         problems.append(without_paths(str(health["degraded_reason"])))
     judge = health.get("judge") or {}

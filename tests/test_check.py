@@ -477,3 +477,12 @@ def test_storage_that_failed_a_moment_ago_fails_the_health_check(server):
     finally:
         server.server.memory.store.storage_failure = None
     assert not health.ok and "storage failing" in health.detail and "disk holding the database is full" in health.detail
+
+
+def test_the_status_page_lists_failing_storage_first_and_recovered_storage_not_at_all():
+    import solos_status
+
+    last = {"reason": "the disk holding the database is full", "at": "2026-12-07T02:40:00Z"}
+    failing = solos_status.problem_list({"storage": {"state": "failing", "last_failure": last}}, {})
+    assert failing == ["storage failing (last at 2026-12-07T02:40:00Z): the disk holding the database is full"]
+    assert solos_status.problem_list({"storage": {"state": "ok", "last_failure": last}}, {}) == []
