@@ -83,14 +83,20 @@ def process_cores() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
+MAX_WORKERS = 64  # each is a process with its own connections (and, hybrid, ~145 MiB of model): 999 forked here
+
+
 def count(raw: str) -> int:
-    """--workers: a number, or `auto`, one worker per core this process may run on."""
+    """--workers: a number from 1 to MAX_WORKERS, or `auto`, one worker per core this process may run on."""
     if raw.strip().lower() == "auto":
         return len(process_cores())
     try:
-        return int(raw)
+        workers = int(raw)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number of workers or auto, got {raw!r}") from None
+    if not 1 <= workers <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_WORKERS} workers or auto, got {workers}")
+    return workers
 
 
 def add_arguments(parser: Any, env_default: Callable[[str, str | None], str | None]) -> None:

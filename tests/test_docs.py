@@ -327,12 +327,12 @@ def test_the_tables_environment_variable_sets_its_flag(flag, variable, monkeypat
     dest = flag.removeprefix("--").replace("-", "_")
     monkeypatch.delenv(variable, raising=False)
     default = getattr(solos_memory.parse_args([command]), dest)
-    for value in ("4321", "off", "on"):  # a number suits the numbers and the paths; on/off the switches
+    for value in ("4321", "2", "off", "on"):  # a number suits the numbers and the paths; on/off the switches
         monkeypatch.setenv(variable, value)
         with contextlib.suppress(SystemExit):  # a value the flag refuses: try the next
             if getattr(solos_memory.parse_args([command]), dest) != default:
                 return
-    pytest.fail(f"{variable} takes neither 4321, off nor on")
+    pytest.fail(f"{variable} takes neither 4321, 2, off nor on")
 
 
 # ==== Every command, route and flag the docs give exists ====

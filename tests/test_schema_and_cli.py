@@ -325,12 +325,6 @@ def test_every_database_command_prints_its_help(command, capsys):
     assert "--db" in capsys.readouterr().out
 
 
-def test_serve_refuses_fewer_than_one_worker(tmp_path):
-    with pytest.raises(SystemExit, match="--workers must be 1 or more, got 0"):
-        solos_memory.main(["serve", "--db", str(tmp_path / "w.db"), "--port", "0", "--workers", "0"])
-    assert not (tmp_path / "w.db").exists()
-
-
 BAD_NUMBERS = [
     (["serve", "--port", "70000"], {}, "--port", "0-65535"),
     (["serve", "--port", "-1"], {}, "--port", "0-65535"),
@@ -345,6 +339,9 @@ BAD_NUMBERS = [
     (["purge", "--archive-after-days", "nan"], {}, "--archive-after-days", "0 or more"),
     (["backfill", "--batch", "0", "--model-dir", "off"], {}, "--batch", "1 or more"),  # was: nothing, exit 0
     (["backfill", "--batch", "-1", "--model-dir", "off"], {}, "--batch", "1 or more"),
+    (["serve", "--port", "0", "--workers", "0"], {}, "--workers", "from 1 to 64"),
+    (["serve", "--port", "0", "--workers", "999"], {}, "--workers", "from 1 to 64"),  # was: 999 processes forked
+    (["serve", "--port", "0"], {"SOLOS_MEMORY_WORKERS": "65"}, "--workers", "from 1 to 64"),
 ]
 
 
