@@ -187,7 +187,13 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
             notify("STOPPING=1")
         else:
             worker.holding(-1)  # accepting no more: the others' turns no longer wait for this one
-        unanswered = server.drain()  # the requests in flight answered before the database closes
+        try:
+            unanswered = server.drain()  # the requests in flight answered before the database closes
+        except KeyboardInterrupt:  # a second Ctrl-C: the operator wants out now, unanswered or not
+            unanswered = len(server.handling)
+        # Closing waits at most for a round holding the lock (the busy timeout): cut short, its traceback is all
+        # an operator would get. Another Ctrl-C now waits with it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         server.server_close()
         log_event("stopped", port=server.port, unanswered=unanswered, **({"worker": worker.index} if worker else {}))
         if worker is not None and os.getppid() != worker.supervisor:

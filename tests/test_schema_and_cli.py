@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -459,3 +460,41 @@ def test_a_stop_answers_the_write_in_flight_before_the_process_ends(tmp_path, si
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_second_ctrl_c_during_the_stop_ends_it_at_once_without_a_traceback(tmp_path):
+    """The first Ctrl-C waits up to 10 s for the requests in flight; the second stopped that wait with a
+    traceback and left the database unclosed. It ends the wait and says how many were left unanswered."""
+    import http.client
+    import signal
+    import threading
+
+    process, port = started_service(tmp_path / "s.db")
+    locker = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")  # the service's write waits for the lock: in flight through the stop
+
+        def write() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            body = json.dumps({"agent": "atlas", "fact": "written as the operator stops the service"})
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                conn.request("POST", "/v1/long", body, {"Content-Type": "application/json"})
+                conn.getresponse().read()
+
+        threading.Thread(target=write, daemon=True).start()
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)  # while the first stop waits for the write
+        time.sleep(0.2)
+        process.send_signal(signal.SIGINT)  # and again while it closes
+        locker.execute("COMMIT")
+        assert process.wait(timeout=15) == 0
+        lines = process.stderr.read().splitlines()
+        assert not [line for line in lines if "Traceback" in line], lines
+        stopped = [json.loads(line) for line in lines if line.startswith("{")][-1]
+        assert stopped["event"] == "stopped" and stopped["unanswered"] == 1, stopped
+    finally:
+        locker.close()
+        if process.poll() is None:
+            process.kill()
