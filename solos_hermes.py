@@ -421,9 +421,8 @@ class SolosMemoryProvider(MemoryProvider):
         if self.soft is None or self.strict is None:
             return tool_error("solos memory is not initialized")
         if tool_name == RECALL_TOOL["name"]:
-            answer = self.soft.recall(
-                str(args.get("query") or ""), k=args.get("k") or 5, scope=args.get("scope") or "shared"
-            )
+            k = 5 if args.get("k") is None else args["k"]  # k=0 goes to the service, which names the field
+            answer = self.soft.recall(str(args.get("query") or ""), k=k, scope=args.get("scope") or "shared")
             # What the answer means; the receipt says who judged the rows and which words the keyword leg left out.
             told = ("results", "count", "degraded", "degraded_reason", "truncated", "receipt", "error")
             return json.dumps({key: answer[key] for key in told if key in answer})

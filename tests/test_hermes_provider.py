@@ -228,10 +228,11 @@ def test_tools_for_the_model(server, hermes_home):
             },
             {"op": "tool", "name": "solos_remember", "args": {"fact": ""}},
             {"op": "tool", "name": "solos_recall", "args": {"query": "backup", "k": 500}},
+            {"op": "tool", "name": "solos_recall", "args": {"query": "backup", "k": 0}},
         ],
     )
 
-    recall, remember, empty, too_many = (s["result"] for s in report["steps"])
+    recall, remember, empty, too_many, none = (s["result"] for s in report["steps"])
     assert [(r["agent"], r["foreign"], r["text"]) for r in recall["results"]] == [("atlas", True, FACT)]
     # The model is told what the service said of its answer: this one ranks without embeddings (keyword-only).
     assert recall["degraded"] is True and "keyword-only" in recall["degraded_reason"], recall
@@ -241,6 +242,7 @@ def test_tools_for_the_model(server, hermes_home):
     assert remember["status"] == "created" and remember["agent"] == "hermes"
     assert empty["field"] == "fact" and "fact must be" in empty["error"]
     assert too_many["results"] == [] and too_many["error"]["field"] == "k"
+    assert none["results"] == [] and none["error"]["field"] == "k"  # not quietly read as the default 5
 
 
 def test_trivial_prompts_are_judged_by_hermes_own_predicate(server, hermes_home):
