@@ -20,23 +20,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import WordHashEmbedder, fleet_writer, start_server, stop_server, wait_until
+from conftest import (
+    WordHashEmbedder,
+    direct,
+    events_settled,
+    fleet_writer,
+    snapshot,
+    start_server,
+    stop_server,
+    wait_until,
+)
 
 import solos_memory
 import solos_rank
 import solos_store
 
 STAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
-TABLES = (
-    "memory_longterm",
-    "memory_short",
-    "memory_episodic",
-    "memory_write_key",
-    "episodic_sharing",
-    "memory_event",
-    "memory_retraction",
-    "memory_promotion",
-)
 
 
 # ==== Helpers: the service on either store, and a direct connection beside it ====
@@ -44,19 +43,6 @@ TABLES = (
 
 def is_postgres(url: str) -> bool:
     return solos_store.is_postgres(url)
-
-
-def direct(url: str, sql: str, params: tuple = ()) -> list[dict]:
-    """One statement as one of the fleet's writers, committed at once; its rows (RETURNING or SELECT)."""
-    with fleet_writer(url) as conn:
-        cursor = conn.execute(sql, params)
-        return [dict(row) for row in cursor.fetchall()] if cursor.description else []
-
-
-def snapshot(url: str) -> dict[str, list[tuple]]:
-    """Every row of the tables a write touches, to show a refused call changed nothing."""
-    with fleet_writer(url) as conn:
-        return {table: [tuple(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1")] for table in TABLES}
 
 
 def database_errors(url: str) -> tuple[type[BaseException], ...]:
@@ -113,9 +99,8 @@ def events(server: Any, agent: str, since: int, settle: bool = True, **query: An
     """read_events; first (PostgreSQL), until no transaction older than the newest event runs: events are handed
     out only below the oldest running one, and the service's own background writes (the delivery log) may hold
     that back for a moment under load."""
-    if settle and is_postgres(server.db_path):
-        done = "SELECT coalesce(max(xid) < pg_snapshot_xmin(pg_current_snapshot()), true) AS done FROM memory_event"
-        wait_until(lambda: direct(server.db_path, done)[0]["done"], "the transactions before the newest event")
+    if settle:
+        events_settled(server.db_path)
     return ok(server.get("/v1/events", agent=agent, since=since, **query))
 
 
