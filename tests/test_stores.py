@@ -153,6 +153,14 @@ def test_every_write_answers_its_status_id_and_expiry_alike(served, store_url):
     assert served.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "task"}).status == 404
 
 
+def test_a_short_key_written_again_takes_no_id_from_the_next_row(served):
+    """PostgreSQL's INSERT ... ON CONFLICT spent an identity value on every rewrite of a key: the next new key got
+    id 3 there and 2 on SQLite, so the same writes numbered rows differently on the two stores."""
+    first = ok(served.post("/v1/short", {"agent": "atlas", "key": "task", "value": "one"}), 201)["id"]
+    assert ok(served.post("/v1/short", {"agent": "atlas", "key": "task", "value": "two"}))["id"] == first
+    assert ok(served.post("/v1/short", {"agent": "atlas", "key": "mood", "value": "calm"}), 201)["id"] == first + 1
+
+
 def test_a_refused_write_changes_nothing(served, store_url):
     keyed = {"agent": "atlas", "event_type": "deploy", "summary": "Deployed v2", "idempotency_key": "k1"}
     ok(served.post("/v1/episodic", keyed), 201)
