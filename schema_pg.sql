@@ -459,10 +459,13 @@ BEGIN
     INSERT INTO memory_version (tier, row_id, agent, label, text, tags, expires_at, valid_from, valid_to, ended_by)
     VALUES (v_tier, v_row, v_agent, v_label, v_text, v_tags, v_expires, v_from, v_to, v_ended) RETURNING id INTO v_id;
     IF v_ended = 'update' THEN
+        -- Readers in the order they were first shown the row, as SQLite's trigger reads them (by its index on
+        -- delivered_at): DISTINCT alone let PostgreSQL number the same readers' notices in another order.
         INSERT INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at)
-        SELECT DISTINCT reader, v_tier, v_row, v_agent, 'superseded', v_row, v_id, v_to
+        SELECT reader, v_tier, v_row, v_agent, 'superseded', v_row, v_id, v_to
         FROM memory_delivery WHERE tier = v_tier AND row_id = v_row AND reader <> v_agent
             AND delivered_at >= v_from AND delivered_at <= v_to
+        GROUP BY reader ORDER BY min(delivered_at), min(id)
         ON CONFLICT DO NOTHING;
     END IF;
 END $$;

@@ -1163,6 +1163,22 @@ def test_as_of_deliveries_and_notices_answer_alike(served):
     assert ok(served.get("/v1/notices", agent="atlas"))["notices"] == []
 
 
+def test_readers_notices_are_numbered_in_the_order_they_were_shown_the_row(served):
+    """Two readers shown a row, hermes first: PostgreSQL numbered their notices in its DISTINCT's order (atlas's
+    first), SQLite in the order of delivery, so the same calls gave each reader another notice id."""
+    ok(served.post("/v1/short", {"agent": "nova", "key": "plan", "value": "quartz"}), 201)
+    for reader in ("hermes", "atlas"):
+        assert [e["row_id"] for e in events(served, reader, 0)["events"]] == [1]
+    ok(served.post("/v1/short", {"agent": "nova", "key": "plan", "value": "market"}))
+    superseded = {r: ok(served.get("/v1/notices", agent=r))["notices"][0]["id"] for r in ("hermes", "atlas")}
+    assert superseded == {"hermes": 1, "atlas": 2}
+    for reader in ("hermes", "atlas"):
+        ok(served.post("/v1/notices/ack", {"agent": reader, "ids": [superseded[reader]]}))
+    assert ok(served.request("DELETE", "/v1/memory", query={"agent": "nova", "tier": "short", "id": 1}))
+    forgotten = {r: ok(served.get("/v1/notices", agent=r))["notices"][0]["id"] for r in ("hermes", "atlas")}
+    assert forgotten == {"hermes": 3, "atlas": 4}
+
+
 def test_witnesses_name_the_other_holders_of_a_fact_alike(served):
     fact = "The coolant pump zq7 is rated for 40 bar at the north plant"
     written = long_fact(served, "atlas", fact)
