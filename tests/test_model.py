@@ -3,9 +3,10 @@
 A hypothesis state machine writes (short with and without a TTL, long new, rewritten and the same, episodes with
 idempotency keys and their retries), shares and stops sharing, promotes, forgets (its own rows, another agent's:
 refused), lets short rows expire (the fleet's clock reaching them: a direct write of `expires_at`, the service's
-sweep made quick), and reads back through recall (keyword, every scope, tier set, tags and persona), as-of
-recall, `read_events` from each agent's cursor, notices, the audit and the stats, as four agents holding tokens
-(one naming another is refused). A plain Python model (`Model`) holds which rows exist, who wrote them, who may
+sweep made quick), runs the daily purge (episodes to the archive, expired rows gone), and reads back through
+recall (keyword, every scope, tier set, tags, the archive and persona), as-of recall, `read_events` from each
+agent's cursor and from the first by scope and writers, notices, the audit and the stats, as four agents holding
+tokens (one naming another is refused). A plain Python model (`Model`) holds which rows exist, who wrote them, who may
 see them and who was shown them; after each step every answer is held to it: a recalled row exists and is the
 caller's to see, labelled with its writer and `foreign`, and every match comes back; a forgotten row never comes
 back through any read; statuses and ids are the model's; events are the caller's to see, each once, in order,
@@ -104,6 +105,7 @@ class Model:
     expired: dict[tuple[str, int], Row] = field(default_factory=dict)  # short rows past expiry, still stored
     deleted: dict[tuple[str, int], Row] = field(default_factory=dict)  # delete_short: gone, not forgotten
     forgotten: dict[tuple[str, int], Row] = field(default_factory=dict)
+    archived: dict[tuple[str, int], Row] = field(default_factory=dict)  # episodes `purge` moved to the archive
     sharing: dict[str, bool] = field(default_factory=dict)
     known_ids: dict[str, set[int]] = field(default_factory=lambda: {"short": set(), "long": set(), "episodic": set()})
     readers: dict[tuple[str, int], set[str]] = field(default_factory=dict)  # agents other than its writer shown it
@@ -127,11 +129,12 @@ class Model:
 
     def every(self) -> list[Row]:
         """Every row ever written, in a fixed order: the rules pick forget's and promote's targets from it."""
-        seen = {**self.rows, **self.expired, **self.deleted, **self.forgotten}
+        seen = {**self.rows, **self.expired, **self.deleted, **self.forgotten, **self.archived}
         return [seen[key] for key in sorted(seen)]
 
     def holder(self, key: tuple[str, int]) -> Row | None:
-        return self.rows.get(key) or self.expired.get(key) or self.deleted.get(key) or self.forgotten.get(key)
+        found = self.rows.get(key) or self.expired.get(key) or self.deleted.get(key) or self.archived.get(key)
+        return found or self.forgotten.get(key)
 
     def short_of(self, agent: str, key: str) -> Row | None:
         """The stored short row of (agent, key), expired or not."""
@@ -147,7 +150,8 @@ class Model:
         return None
 
     def episode_of(self, agent: str, key: str) -> Row | None:
-        for row in self.rows.values():
+        """The episode an idempotency key names, in the hot table or the archive (the key holds there too)."""
+        for row in itertools.chain(self.rows.values(), self.archived.values()):
             if row.tier == "episodic" and row.agent == agent and row.extra.get("key") == key:
                 return row
         return None
@@ -164,7 +168,8 @@ class Model:
 
     def forgotten_texts(self) -> set[str]:
         """Texts only forgotten rows held: no read may show them again."""
-        live = {row.text for row in itertools.chain(self.rows.values(), self.expired.values(), self.deleted.values())}
+        kept = (self.rows, self.expired, self.deleted, self.archived)
+        live = {row.text for row in itertools.chain.from_iterable(rows.values() for rows in kept)}
         return {row.text for row in self.forgotten.values()} - live
 
     def new_id(self, tier: str, row_id: int) -> None:
@@ -397,11 +402,28 @@ class MemoryMachine(RuleBasedStateMachine):
         del self.model.rows[("short", known.id)]
         self.model.expired[("short", known.id)] = known
 
+    @rule(agent=agents)
+    def purge(self, agent: str) -> None:
+        """The daily purge, on a later day: an agent's episodes aged past the archive age move to the archive, expired
+        short rows go. (On PostgreSQL a job runs once per period whichever copy runs it: its runs are cleared, as a
+        day gone by would let it run again.)"""
+        type(self).steps.append(1)
+        for side in self.sides:
+            direct(side.url, "DELETE FROM memory_job_run")
+            aged = "UPDATE memory_episodic SET timestamp = '2020-01-01T00:00:00.000Z' WHERE agent = ?"
+            direct(side.url, aged, (agent,))
+            assert solos_memory.main(["purge", "--db", side.url]) == 0
+        for key, row in list(self.model.rows.items()):
+            if row.tier == "episodic" and row.agent == agent:
+                self.model.archived[key] = self.model.rows.pop(key)
+        for key in list(self.model.expired):
+            self.model.deleted[key] = self.model.expired.pop(key)
+
     @rule(agent=agents, picked=st.sets(picks, min_size=1, max_size=3), fact=st.sampled_from([None, "amber lamp"]))
     def promote(self, agent: str, picked: set[int], fact: str | None) -> None:
         every = [row for row in self.model.every() if row.tier == "episodic"]
         ids = sorted({every[p].id if p < len(every) else 900 + p for p in picked})
-        rows = [self.model.rows.get(("episodic", i)) for i in ids]
+        rows = [self.model.rows.get(("episodic", i)) or self.model.archived.get(("episodic", i)) for i in ids]
         body = {"agent": agent, "ids": ids, "fact": fact}
         if any(row is None for row in rows):
             self.refused(404, "POST", "/v1/promote", agent, body)
@@ -445,7 +467,7 @@ class MemoryMachine(RuleBasedStateMachine):
         self.same("forget", [(r.body["content_hash"], r.body["retraction_id"]) for r in replies])
         if key not in self.model.forgotten:
             self.model.notify(key, "forgotten")
-        for kept in (self.model.rows, self.model.expired, self.model.deleted):
+        for kept in (self.model.rows, self.model.expired, self.model.deleted, self.model.archived):
             kept.pop(key, None)
         self.model.forgotten[key] = row
 
@@ -472,19 +494,25 @@ class MemoryMachine(RuleBasedStateMachine):
         scope=st.sampled_from(SCOPES),
         tiers=st.sampled_from(TIER_SETS),
         tags=st.sampled_from([None, "ops", "net,promoted"]),
+        archive=st.booleans(),
     )
-    def recall(self, agent: str, q: str, scope: str, tiers: str, tags: str | None) -> None:
+    def recall(self, agent: str, q: str, scope: str, tiers: str, tags: str | None, archive: bool) -> None:
         asked = set(tiers.split(","))
         if "durable" in asked and scope == "shared_except_self":
             self.refused(403, "GET", "/v1/recall", agent, agent=agent, q=q, tiers=tiers, scope=scope)
             return
-        replies = self.each("GET", "/v1/recall", agent, agent=agent, q=q, scope=scope, tiers=tiers, k=100, tags=tags)
-        visible = [row for row in self.model.rows.values() if self.model.visible(agent, row, scope, asked)]
+        query = {"q": q, "scope": scope, "tiers": tiers, "k": 100, "tags": tags, "archive": str(archive).lower()}
+        if archive and "episodic" not in asked:  # the archive holds episodes only
+            self.refused(400, "GET", "/v1/recall", agent, agent=agent, **query)
+            return
+        replies = self.each("GET", "/v1/recall", agent, agent=agent, **query)
+        pool = {**self.model.rows, **(self.model.archived if archive else {})}
+        visible = [row for row in pool.values() if self.model.visible(agent, row, scope, asked)]
         if tags:  # only rows carrying one of them
             visible = [row for row in visible if set(tags.split(",")) & set(row.extra.get("tags", ()))]
         for side, reply in zip(self.sides, replies, strict=True):
             assert reply.status == 200, reply.body
-            shown = self.check_rows(side, agent, reply.body["results"], scope, asked)
+            shown = self.check_rows(side, agent, reply.body["results"], scope, asked, pool)
             if tags:
                 assert all(set(tags.split(",")) & set(row.extra.get("tags", ())) for row in shown), (side.name, shown)
             texts = {row.text for row in shown}
@@ -498,16 +526,20 @@ class MemoryMachine(RuleBasedStateMachine):
                     )
         self.same("recall", [[(r["tier"], r["id"]) for r in reply.body["results"]] for reply in replies])
         for result in replies[0].body["results"]:
-            self.model.shown(agent, self.model.rows[(result["tier"], result["id"])])
+            self.model.shown(agent, pool[(result["tier"], result["id"])])
 
-    def check_rows(self, side: Side, caller: str, results: list[dict], scope: str, tiers: set[str]) -> list[Row]:
-        """Every recalled row exists in the model, may be seen by the caller, and is labelled right."""
+    def check_rows(
+        self, side: Side, caller: str, results: list[dict], scope: str, tiers: set[str], pool: dict
+    ) -> list[Row]:
+        """Every recalled row exists in the model (in `pool`: the hot rows, and the archive when asked for), may be
+        seen by the caller, and is labelled right."""
         shown = []
         for result in results:
             key = (result["tier"], result["id"])
             assert key not in self.model.forgotten, (side.name, "a forgotten row came back", result)
-            row = self.model.rows.get(key)
+            row = pool.get(key)
             assert row is not None, (side.name, "a row the model does not hold", result, self.model.holder(key))
+            assert result.get("archived", False) == (key in self.model.archived), (side.name, result)
             assert self.model.visible(caller, row, scope, tiers), (side.name, caller, scope, tiers, result)
             assert (result["agent"], result["foreign"]) == (row.agent, row.agent != caller), (side.name, result)
             assert result["text"] == row.text, (side.name, result, row)
@@ -551,20 +583,12 @@ class MemoryMachine(RuleBasedStateMachine):
         }
         for side in self.sides:
             events_settled(side.url)
-            since, seen = side.cursors[agent], []
-            while True:
-                reply = side.call("GET", "/v1/events", agent, agent=agent, since=since, limit=limit, tiers=EVENT_TIERS)
-                assert reply.status == 200, reply.body
-                seen += reply.body["events"]
-                if reply.body["next_since"] == since:
-                    break
-                assert reply.body["next_since"] > since
-                since = reply.body["next_since"]
+            seen, side.cursors[agent] = self.event_pages(
+                side, agent, side.cursors[agent], limit=limit, tiers=EVENT_TIERS
+            )
             ids = [event["id"] for event in seen]
-            assert ids == sorted(set(ids)), (side.name, "events out of order or twice", ids)
             assert not set(ids) & side.seen_events[agent], (side.name, "an event handed out again")
             side.seen_events[agent] |= set(ids)
-            side.cursors[agent] = since
             for event in seen:
                 self.check_event(side, agent, event)
             missing = due - {(e["tier"], e["row_id"]) for e in seen if e["kind"] in ("write", "update")}
@@ -575,6 +599,62 @@ class MemoryMachine(RuleBasedStateMachine):
         self.model.read_up_to[agent] = len(self.model.written)
         for row in delivered:
             self.model.shown(agent, row)
+
+    @rule(
+        agent=agents,
+        scope=st.sampled_from(SCOPES),
+        writers=st.sets(agents, max_size=2),
+        limit=st.sampled_from([4, 1000]),
+    )
+    def read_events_filtered(self, agent: str, scope: str, writers: set[str], limit: int) -> None:
+        """Every event from the first, by scope and writers: only those, each once, in order, and a write or update
+        of every row that is there now and matches."""
+        type(self).steps.append(1)
+        query = {"scope": scope, "writers": ",".join(sorted(writers)) or None, "limit": limit}
+        tiers = set(EVENT_TIERS.split(","))
+        if scope == "shared_except_self":  # another agent's persona is never asked for
+            tiers.discard("durable")
+        answers = []
+        for side in self.sides:
+            events_settled(side.url)
+            seen, _ = self.event_pages(side, agent, 0, tiers=",".join(sorted(tiers)), **query)
+            for event in seen:
+                self.check_event(side, agent, event)
+                if event["kind"] == "notice":
+                    continue
+                assert event["tier"] in tiers, (side.name, event)
+                if event["tier"] != "durable":
+                    assert not writers or event["agent"] in writers, (side.name, writers, event)
+                    mine = event["agent"] == agent
+                    assert (scope, mine) not in (("own", False), ("shared_except_self", True)), (side.name, event)
+            due = {
+                key
+                for key, row in self.model.rows.items()
+                if self.model.visible(agent, row, scope, tiers)
+                and (row.tier == "durable" or not writers or row.agent in writers)
+            }
+            missing = due - {(e["tier"], e["row_id"]) for e in seen if e["kind"] in ("write", "update")}
+            assert not missing, (side.name, "rows whose writes never came", agent, query, missing)
+            answers.append([(e["kind"], e["tier"], e["row_id"], e["agent"]) for e in seen])
+            delivered = [self.model.rows[(e["tier"], e["row_id"])] for e in seen if e["row"] is not None]
+        self.same("events", answers)
+        for row in delivered:
+            self.model.shown(agent, row)
+
+    def event_pages(self, side: Side, agent: str, since: int, **query: Any) -> tuple[list[dict], int]:
+        """read_events from `since` to the end, page by page: the events (each id once, increasing), the cursor."""
+        seen: list[dict] = []
+        while True:
+            reply = side.call("GET", "/v1/events", agent, agent=agent, since=since, **query)
+            assert reply.status == 200, reply.body
+            seen += reply.body["events"]
+            if reply.body["next_since"] == since:
+                break
+            assert reply.body["next_since"] > since
+            since = reply.body["next_since"]
+        ids = [event["id"] for event in seen]
+        assert ids == sorted(set(ids)), (side.name, "events out of order or twice", ids)
+        return seen, since
 
     def check_event(self, side: Side, caller: str, event: dict) -> None:
         if event["kind"] == "notice":  # the caller's own retraction notice, of a row it was shown
