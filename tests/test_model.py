@@ -51,8 +51,8 @@ import solos_store
 
 pytestmark = pytest.mark.slow  # tens of seconds a store: hundreds of requests per sequence
 
-# Steps per sequence, and sequences per run: SQLite's 100 about 25-40 s on 2 shared cores (4,800 steps), the 30
-# run on SQLite and PostgreSQL side by side about 45-60 s (1,400 steps on each). derandomize: the same sequences
+# Steps per sequence, and sequences per run: SQLite's 100 about 40-45 s on 2 shared cores (4,600 steps), the 30
+# run on SQLite and PostgreSQL side by side about 55-60 s (1,350 steps on each). derandomize: the same sequences
 # every run, on every store.
 STEPS = 50
 SEQUENCES = {"sqlite": 100, "postgresql": 30}
