@@ -459,10 +459,13 @@ BEGIN
     INSERT INTO memory_version (tier, row_id, agent, label, text, tags, expires_at, valid_from, valid_to, ended_by)
     VALUES (v_tier, v_row, v_agent, v_label, v_text, v_tags, v_expires, v_from, v_to, v_ended) RETURNING id INTO v_id;
     IF v_ended = 'update' THEN
+        -- Readers in the order they were first shown the row, as SQLite's trigger reads them (by its index on
+        -- delivered_at): DISTINCT alone let PostgreSQL number the same readers' notices in another order.
         INSERT INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at)
-        SELECT DISTINCT reader, v_tier, v_row, v_agent, 'superseded', v_row, v_id, v_to
+        SELECT reader, v_tier, v_row, v_agent, 'superseded', v_row, v_id, v_to
         FROM memory_delivery WHERE tier = v_tier AND row_id = v_row AND reader <> v_agent
             AND delivered_at >= v_from AND delivered_at <= v_to
+        GROUP BY reader ORDER BY min(delivered_at), min(id)
         ON CONFLICT DO NOTHING;
     END IF;
 END $$;
@@ -648,11 +651,21 @@ BEGIN
         RETURN;
     END IF;
     SELECT s.id INTO existing FROM memory_short s WHERE s.agent = w_agent AND s.key = w_key;
-    INSERT INTO memory_short AS s (agent, key, value, tags, created_at, expires_at)
-    VALUES (w_agent, w_key, w_value, w_tags, solos_now(), solos_at(w_ttl::interval))
-    ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags,
-        created_at = excluded.created_at, expires_at = excluded.expires_at
-    RETURNING s.id, s.expires_at INTO written_id, written_expires_at;
+    -- A key written again is an UPDATE: INSERT ... ON CONFLICT takes an id from the identity even when it
+    -- updates, so the next new row's id would skip one, and the same writes would number rows unlike SQLite.
+    IF existing IS NOT NULL THEN
+        UPDATE memory_short s SET value = w_value, tags = w_tags, created_at = solos_now(),
+            expires_at = solos_at(w_ttl::interval)
+        WHERE s.id = existing
+        RETURNING s.id, s.expires_at INTO written_id, written_expires_at;
+    END IF;
+    IF written_id IS NULL THEN
+        INSERT INTO memory_short AS s (agent, key, value, tags, created_at, expires_at)
+        VALUES (w_agent, w_key, w_value, w_tags, solos_now(), solos_at(w_ttl::interval))
+        ON CONFLICT (agent, key) DO UPDATE SET value = excluded.value, tags = excluded.tags,
+            created_at = excluded.created_at, expires_at = excluded.expires_at
+        RETURNING s.id, s.expires_at INTO written_id, written_expires_at;
+    END IF;
     -- The row seen may be gone by the insert (a forget committed between): then this one is new.
     written_status := CASE WHEN existing = written_id THEN 'updated' ELSE 'created' END;
     written_generation := solos_keep_vector('short', written_id, w_model, w_vector);

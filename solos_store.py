@@ -2145,9 +2145,12 @@ class Queries:
         """A notice for every agent but the writer that was delivered the forgotten row; how many."""
         return conn.execute(
             "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at) "
-            "SELECT DISTINCT d.reader, r.tier, r.row_id, r.agent, 'forgotten', r.forgotten_at "
+            "SELECT d.reader, r.tier, r.row_id, r.agent, 'forgotten', r.forgotten_at "
             "FROM memory_retraction r JOIN memory_delivery d ON d.tier = r.tier AND d.row_id = r.row_id "
-            "WHERE r.id = ? AND d.reader <> r.agent AND r.tier = ? AND r.row_id = ? ON CONFLICT DO NOTHING",
+            "WHERE r.id = ? AND d.reader <> r.agent AND r.tier = ? AND r.row_id = ? "
+            # the readers in the order they were first shown it, so both stores number their notices alike
+            "GROUP BY d.reader, r.tier, r.row_id, r.agent, r.forgotten_at ORDER BY min(d.delivered_at), min(d.id) "
+            "ON CONFLICT DO NOTHING",
             (retraction_id, tier, row_id),
         ).rowcount
 

@@ -142,6 +142,43 @@ def fleet_writer(db: str) -> Iterator[Any]:
         conn.close()
 
 
+# The tables a write touches: a refused call must leave every row of them as it was.
+WRITE_TABLES = (
+    "memory_longterm",
+    "memory_short",
+    "memory_episodic",
+    "memory_write_key",
+    "episodic_sharing",
+    "memory_event",
+    "memory_retraction",
+    "memory_promotion",
+)
+
+
+def direct(url: str, sql: str, params: tuple = ()) -> list[dict]:
+    """One statement as one of the fleet's writers, committed at once; its rows (RETURNING or SELECT)."""
+    with fleet_writer(url) as conn:
+        cursor = conn.execute(sql, params)
+        return [dict(row) for row in cursor.fetchall()] if cursor.description else []
+
+
+def snapshot(url: str) -> dict[str, list[tuple]]:
+    """Every row of the tables a write touches, to show a refused call changed nothing."""
+    with fleet_writer(url) as conn:
+        return {
+            table: [tuple(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1")] for table in WRITE_TABLES
+        }
+
+
+def events_settled(url: str) -> None:
+    """On PostgreSQL, wait until no transaction older than the newest event runs: events are handed out only below
+    the oldest running one, and the service's own background writes (the delivery log) may hold that back for a
+    moment under load. SQLite hands out every committed event at once."""
+    if solos_store.is_postgres(url):
+        done = "SELECT coalesce(max(xid) < pg_snapshot_xmin(pg_current_snapshot()), true) AS done FROM memory_event"
+        wait_until(lambda: direct(url, done)[0]["done"], "the transactions before the newest event")
+
+
 # ==== Event streams (SSE) ====
 
 STREAM_WAIT_S = 5.0  # how long a test waits for the next message of a stream

@@ -20,23 +20,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import WordHashEmbedder, fleet_writer, start_server, stop_server, wait_until
+from conftest import (
+    WordHashEmbedder,
+    direct,
+    events_settled,
+    fleet_writer,
+    snapshot,
+    start_server,
+    stop_server,
+    wait_until,
+)
 
 import solos_memory
 import solos_rank
 import solos_store
 
 STAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
-TABLES = (
-    "memory_longterm",
-    "memory_short",
-    "memory_episodic",
-    "memory_write_key",
-    "episodic_sharing",
-    "memory_event",
-    "memory_retraction",
-    "memory_promotion",
-)
 
 
 # ==== Helpers: the service on either store, and a direct connection beside it ====
@@ -44,19 +43,6 @@ TABLES = (
 
 def is_postgres(url: str) -> bool:
     return solos_store.is_postgres(url)
-
-
-def direct(url: str, sql: str, params: tuple = ()) -> list[dict]:
-    """One statement as one of the fleet's writers, committed at once; its rows (RETURNING or SELECT)."""
-    with fleet_writer(url) as conn:
-        cursor = conn.execute(sql, params)
-        return [dict(row) for row in cursor.fetchall()] if cursor.description else []
-
-
-def snapshot(url: str) -> dict[str, list[tuple]]:
-    """Every row of the tables a write touches, to show a refused call changed nothing."""
-    with fleet_writer(url) as conn:
-        return {table: [tuple(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1")] for table in TABLES}
 
 
 def database_errors(url: str) -> tuple[type[BaseException], ...]:
@@ -113,9 +99,8 @@ def events(server: Any, agent: str, since: int, settle: bool = True, **query: An
     """read_events; first (PostgreSQL), until no transaction older than the newest event runs: events are handed
     out only below the oldest running one, and the service's own background writes (the delivery log) may hold
     that back for a moment under load."""
-    if settle and is_postgres(server.db_path):
-        done = "SELECT coalesce(max(xid) < pg_snapshot_xmin(pg_current_snapshot()), true) AS done FROM memory_event"
-        wait_until(lambda: direct(server.db_path, done)[0]["done"], "the transactions before the newest event")
+    if settle:
+        events_settled(server.db_path)
     return ok(server.get("/v1/events", agent=agent, since=since, **query))
 
 
@@ -166,6 +151,14 @@ def test_every_write_answers_its_status_id_and_expiry_alike(served, store_url):
     deleted = ok(served.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "task"}))
     assert (deleted["status"], deleted["id"]) == ("deleted", 1)
     assert served.request("DELETE", "/v1/short", query={"agent": "atlas", "key": "task"}).status == 404
+
+
+def test_a_short_key_written_again_takes_no_id_from_the_next_row(served):
+    """PostgreSQL's INSERT ... ON CONFLICT spent an identity value on every rewrite of a key: the next new key got
+    id 3 there and 2 on SQLite, so the same writes numbered rows differently on the two stores."""
+    first = ok(served.post("/v1/short", {"agent": "atlas", "key": "task", "value": "one"}), 201)["id"]
+    assert ok(served.post("/v1/short", {"agent": "atlas", "key": "task", "value": "two"}))["id"] == first
+    assert ok(served.post("/v1/short", {"agent": "atlas", "key": "mood", "value": "calm"}), 201)["id"] == first + 1
 
 
 def test_a_refused_write_changes_nothing(served, store_url):
@@ -1168,6 +1161,22 @@ def test_as_of_deliveries_and_notices_answer_alike(served):
     acked = ok(served.post("/v1/notices/ack", {"agent": "sol", "ids": [n["id"] for n in opened]}))
     assert acked["acked"] == 2 and ok(served.get("/v1/notices", agent="sol"))["notices"] == []
     assert ok(served.get("/v1/notices", agent="atlas"))["notices"] == []
+
+
+def test_readers_notices_are_numbered_in_the_order_they_were_shown_the_row(served):
+    """Two readers shown a row, hermes first: PostgreSQL numbered their notices in its DISTINCT's order (atlas's
+    first), SQLite in the order of delivery, so the same calls gave each reader another notice id."""
+    ok(served.post("/v1/short", {"agent": "nova", "key": "plan", "value": "quartz"}), 201)
+    for reader in ("hermes", "atlas"):
+        assert [e["row_id"] for e in events(served, reader, 0)["events"]] == [1]
+    ok(served.post("/v1/short", {"agent": "nova", "key": "plan", "value": "market"}))
+    superseded = {r: ok(served.get("/v1/notices", agent=r))["notices"][0]["id"] for r in ("hermes", "atlas")}
+    assert superseded == {"hermes": 1, "atlas": 2}
+    for reader in ("hermes", "atlas"):
+        ok(served.post("/v1/notices/ack", {"agent": reader, "ids": [superseded[reader]]}))
+    assert ok(served.request("DELETE", "/v1/memory", query={"agent": "nova", "tier": "short", "id": 1}))
+    forgotten = {r: ok(served.get("/v1/notices", agent=r))["notices"][0]["id"] for r in ("hermes", "atlas")}
+    assert forgotten == {"hermes": 3, "atlas": 4}
 
 
 def test_witnesses_name_the_other_holders_of_a_fact_alike(served):
