@@ -410,6 +410,30 @@ WHEN old.expires_at > coalesce((SELECT value FROM solos_memory_meta WHERE key = 
         'short', old.id, old.agent);
 END;
 
+-- The sweep reads only the window (events_expired_through, now]. A short row
+-- written with, or moved to, an expiry at or before that mark (the fleet
+-- back-dates it, or shortens its TTL to the past) waits here until the sweep
+-- reports it, or its delete does; a new TTL past the mark takes it out.
+CREATE TABLE IF NOT EXISTS memory_short_late_expiry (
+    row_id  INTEGER PRIMARY KEY
+);
+CREATE TRIGGER IF NOT EXISTS memory_short_late_expiry_ai AFTER INSERT ON memory_short
+WHEN new.expires_at <= (SELECT value FROM solos_memory_meta WHERE key = 'events_expired_through') BEGIN
+    INSERT OR IGNORE INTO memory_short_late_expiry (row_id) VALUES (new.id);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_short_late_expiry_au AFTER UPDATE OF expires_at ON memory_short
+WHEN old.expires_at IS NOT new.expires_at BEGIN
+    DELETE FROM memory_short_late_expiry WHERE row_id = old.id AND new.expires_at > coalesce(
+        (SELECT value FROM solos_memory_meta WHERE key = 'events_expired_through'), '');
+    INSERT OR IGNORE INTO memory_short_late_expiry (row_id) SELECT new.id FROM solos_memory_meta
+    WHERE key = 'events_expired_through' AND new.expires_at <= value AND old.expires_at > value;
+END;
+CREATE TRIGGER IF NOT EXISTS memory_short_late_expiry_ad AFTER DELETE ON memory_short
+WHEN EXISTS (SELECT 1 FROM memory_short_late_expiry WHERE row_id = old.id) BEGIN
+    DELETE FROM memory_short_late_expiry WHERE row_id = old.id;
+    INSERT INTO memory_event (kind, tier, row_id, agent) VALUES ('expire', 'short', old.id, old.agent);
+END;
+
 -- The fleet writes persona/<agent> records directly; each is an event for that agent alone.
 CREATE TRIGGER IF NOT EXISTS memory_durable_event_ai AFTER INSERT ON memory_durable
 WHEN substr(new.key, 1, 8) = 'persona/' BEGIN

@@ -87,6 +87,7 @@ TABLES = (
     Table("episodic_sharing_span", ("agent", "shared_from")),
     Table("episodic_read_audit", ("id",)),
     Table("memory_event", ("id",)),
+    Table("memory_short_late_expiry", ("row_id",)),
     Table("memory_retraction", ("id",)),
     Table("memory_scrub_pending", ("tier",)),
     Table("memory_promotion", ("long_id", "episodic_id")),

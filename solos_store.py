@@ -1931,32 +1931,46 @@ class Queries:
             found.update((tier, row[0]) for row in rows)
         return found
 
+    # The short rows whose expiry the sweep reports, (id, agent) by expiry: those in its window since the mark, and
+    # those written with (or moved to) an expiry at or before the mark, which the schema's triggers list in
+    # memory_short_late_expiry. Each part read by index (memory_short_expiry's range, the late rows' ids), never
+    # the whole table (a UNION ordered by expiry itself would have SQLite walk the expiry index whole).
+    EXPIRING = (
+        "FROM (SELECT id, agent, expires_at FROM memory_short WHERE expires_at > ? AND expires_at <= ? UNION ALL "
+        "SELECT id, agent, expires_at FROM memory_short WHERE id IN (SELECT row_id FROM memory_short_late_expiry)) "
+        "AS due ORDER BY expires_at, id"
+    )
+
     def sweep_expired(
         self, conn: sqlite3.Connection, note: Callable[[sqlite3.Connection, str, list[int]], None]
     ) -> int:
-        """Log 'expire' for short rows whose TTL passed since the last sweep (inside a write transaction); `note` is
-        told their ids first, while their text exists."""
+        """Log 'expire' for short rows whose TTL passed since the last sweep, and for those written already past the
+        last sweep's mark (inside a write transaction); `note` is told their ids first, while their text exists."""
         now = self.utc_stamp(conn)
         through = self.meta_value(conn, "events_expired_through")
         added = 0
         if through is not None:
-            expiring = conn.execute(
-                "SELECT id FROM memory_short WHERE expires_at > ? AND expires_at <= ?", (through, now)
-            ).fetchall()
-            note(conn, "short", [row[0] for row in expiring])
+            note(conn, "short", [row[0] for row in conn.execute(f"SELECT id {self.EXPIRING}", (through, now))])
             added = conn.execute(
-                "INSERT INTO memory_event (kind, tier, row_id, agent) SELECT 'expire', 'short', id, agent "
-                "FROM memory_short WHERE expires_at > ? AND expires_at <= ? ORDER BY expires_at, id",
+                f"INSERT INTO memory_event (kind, tier, row_id, agent) SELECT 'expire', 'short', id, agent "
+                f"{self.EXPIRING}",
                 (through, now),
             ).rowcount
+            self.clear_late_expiry(conn)
         self.set_meta(conn, "events_expired_through", now)
         return added
+
+    def clear_late_expiry(self, conn: Any) -> None:
+        """The late rows are reported: the list emptied (looked at first: emptying an empty table still writes)."""
+        if conn.execute("SELECT 1 FROM memory_short_late_expiry LIMIT 1").fetchone() is not None:
+            conn.execute("DELETE FROM memory_short_late_expiry")
 
     def expiry_due(self, conn: sqlite3.Connection) -> bool:
         through = self.meta_value(conn, "events_expired_through")
         return through is None or (
             conn.execute(
-                f"SELECT 1 FROM memory_short WHERE expires_at > ? AND expires_at <= {self.NOW} LIMIT 1",
+                f"SELECT 1 FROM memory_short WHERE expires_at > ? AND expires_at <= {self.NOW} "
+                "UNION ALL SELECT 1 FROM memory_short_late_expiry LIMIT 1",
                 (through,),
             ).fetchone()
             is not None

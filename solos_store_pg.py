@@ -77,6 +77,7 @@ EVENT_WAIT_S = 10.0
 HELD_SHOWN_S = 1.0  # a wait this long shows the cursor as stalled in /health and stats
 SHOWN_TRANSACTIONS = 8  # transactions the cursor's state lists at most
 VACUUM_WAIT_S = 30.0  # how long closing the store waits for a VACUUM after a forget to finish
+MARK_WAIT_MS = 100  # how long the expiry sweep waits for the short writes in flight (PgQueries.mark_taken)
 STATS_TTL_S = 1.0  # how long a tier's row count and mean length (BM25's N and avgdl) are reused
 BM25_K1, BM25_B = 1.2, 0.75  # FTS5's
 # The first, bounded pass of keyword recall (PgStore.ranked_rows) scores the rows holding a question's rarest
@@ -950,25 +951,39 @@ class PgQueries(solos_store.Queries):
 
     def sweep_expired(self, conn: Any, note: Callable[[Any, str, list[int]], None]) -> int:
         """solos_store's, one copy at a time: a copy that finds another sweeping skips the round, and the mark is read
-        under the turn, so no two copies log 'expire' for one row. FOR UPDATE: a purge deleting one of the rows
-        (whose trigger logs its expiry unless the mark covers it) finishes first, or waits for this sweep's mark."""
-        if not solos_copies.try_turn(conn, solos_copies.EXPIRY_SWEEP):
+        under the turn, so no two copies log 'expire' for one row. The mark is read FOR UPDATE first: a write or
+        delete of a short row reads it FOR SHARE (solos_short_changed), so one in flight (a purge deleting a row,
+        the fleet back-dating one) commits before this sweep reads the rows, or waits and sees its new mark."""
+        if not solos_copies.try_turn(conn, solos_copies.EXPIRY_SWEEP) or not self.mark_taken(conn):
             return 0
         now = conn.execute("SELECT solos_now()").fetchone()[0]
         through = self.meta_value(conn, "events_expired_through")
         added = 0
         if through is not None:
-            expiring = conn.execute(
-                "SELECT id, agent FROM memory_short WHERE expires_at > ? AND expires_at <= ? ORDER BY expires_at, id "
-                "FOR UPDATE",
-                (through, now),
-            ).fetchall()
-            note(conn, "short", [row[0] for row in expiring])
-            for row in expiring:
-                conn.execute("SELECT solos_log_event('expire', 'short', ?, ?)", (row[0], row[1]))
+            expiring = conn.execute(f"SELECT id, agent {self.EXPIRING}", (through, now)).fetchall()
+            note(conn, "short", [row_id for row_id, _ in expiring])
+            for row_id, agent in expiring:
+                conn.execute("SELECT solos_log_event('expire', 'short', ?, ?)", (row_id, agent))
+            self.clear_late_expiry(conn)
             added = len(expiring)
         self.set_meta(conn, "events_expired_through", now)
         return added
+
+    def mark_taken(self, conn: Any) -> bool:
+        """The sweep's mark row FOR UPDATE, waiting at most MARK_WAIT_MS: a short write holds it FOR SHARE until it
+        commits, and the writes after would queue behind a sweep still waiting, so one the fleet leaves open has
+        this round skipped (the next, a second later, tries again) rather than every short write held up."""
+        prior = conn.execute("SHOW lock_timeout").fetchone()[0]
+        conn.execute("SAVEPOINT sweep_mark")
+        conn.execute("SELECT set_config('lock_timeout', ?, true)", (f"{MARK_WAIT_MS}ms",))
+        try:
+            conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'events_expired_through' FOR UPDATE")
+        except psycopg.errors.LockNotAvailable:
+            conn.execute("ROLLBACK TO SAVEPOINT sweep_mark")
+            return False
+        conn.execute("RELEASE SAVEPOINT sweep_mark")
+        conn.execute("SELECT set_config('lock_timeout', ?, true)", (prior,))
+        return True
 
     def prune_step(self, conn: Any, cutoff: str, batch: int) -> int:
         """solos_store's, one copy at a time: another copy pruning now ends this copy's pass (0 pruned)."""

@@ -76,6 +76,7 @@ TIER_SETS = ("long,short", "long", "short", "episodic", "long,short,episodic", "
 EVENT_TIERS = "long,short,episodic,durable"
 
 EXPIRY_AHEAD = datetime.timedelta(milliseconds=100)  # past the sweep under way when the fleet's write commits
+BACK_DATED = datetime.timedelta(minutes=5)  # before the sweep's last run: logged from the late list
 texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=3).map(" ".join)
 agents = st.sampled_from(AGENTS)
 tag_sets = st.sampled_from([(), ("ops",), ("net", "ops")])
@@ -384,21 +385,24 @@ class MemoryMachine(RuleBasedStateMachine):
             assert reply.body["status"] == expected, reply.body
         self.model.sharing[agent] = on
 
-    @rule(agent=agents, key=st.sampled_from(KEYS))
-    def expire(self, agent: str, key: str) -> None:
+    @rule(agent=agents, key=st.sampled_from(KEYS), back=st.booleans())
+    def expire(self, agent: str, key: str, back: bool) -> None:
         """The clock reaches a short row's expiry: the fleet sets it a moment ahead (the service's sweep logs it
-        once the clock passes it: an expiry set to a time a sweep has passed already is never logged)."""
+        once the clock passes it), or back-dates it past the sweep's last run (logged by the next sweep)."""
         known = self.model.short_of(agent, key)
         if known is None or ("short", known.id) in self.model.expired:
             return
         type(self).steps.append(1)
-        soon = (datetime.datetime.now(datetime.UTC) + EXPIRY_AHEAD).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        for side in self.sides:
-            direct(side.url, "UPDATE memory_short SET expires_at = ? WHERE id = ?", (soon, known.id))
+        when = datetime.datetime.now(datetime.UTC) + (-BACK_DATED if back else EXPIRY_AHEAD)
+        stamp = when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         logged = "SELECT count(*) AS n FROM memory_event WHERE kind = 'expire' AND tier = 'short' AND row_id = ?"
+        before = {side.name: direct(side.url, logged, (known.id,))[0]["n"] for side in self.sides}
+        for side in self.sides:
+            direct(side.url, "UPDATE memory_short SET expires_at = ? WHERE id = ?", (stamp, known.id))
         for side in self.sides:
             swept = functools.partial(direct, side.url, logged, (known.id,))
-            wait_until(lambda swept=swept: swept()[0]["n"] > 0, f"{side.name}'s expiry sweep", 10)
+            n = before[side.name]
+            wait_until(lambda swept=swept, n=n: swept()[0]["n"] > n, f"{side.name}'s expiry sweep", 10)
         del self.model.rows[("short", known.id)]
         self.model.expired[("short", known.id)] = known
 

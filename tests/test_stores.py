@@ -31,6 +31,7 @@ from conftest import (
     wait_until,
 )
 
+import solos_events
 import solos_memory
 import solos_rank
 import solos_store
@@ -962,6 +963,77 @@ def test_purge_removes_expired_rows_once_with_one_expire_event(served, store_url
         ("write", kept["id"]),
         ("expire", gone["id"]),
     ]
+
+
+def test_short_rows_the_fleet_writes_already_expired_get_one_expire_event_each(served, store_url):
+    """The sweep logs the expiries in the window since its last run; a row the fleet writes with, or moves to, an
+    expiry before that window (back-dated, or a TTL shortened to the past) is reported once too, so an event reader
+    drops what recall no longer returns. A row rewritten to live again, or deleted while live, is not."""
+    mark = "SELECT value FROM solos_memory_meta WHERE key = 'events_expired_through'"
+    wait_until(lambda: direct(store_url, mark), "the first expiry sweep")
+    start = events(served, "atlas", 0, tiers="short")["next_since"]
+    past, future = "2000-01-01T00:00:00.000Z", "2999-01-01T00:00:00.000Z"
+    insert = "INSERT INTO memory_short (agent, key, value, expires_at) VALUES ('atlas', ?, 'harbour', ?) RETURNING id"
+    born_expired = direct(store_url, insert, ("born", past))[0]["id"]
+    shortened = direct(store_url, insert, ("shortened", future))[0]["id"]
+    direct(store_url, "UPDATE memory_short SET expires_at = ? WHERE id = ?", (past, shortened))
+    with fleet_writer(store_url) as conn:  # expired, then given a new TTL before any sweep could see it
+        conn.execute("BEGIN")
+        revived = conn.execute(insert, ("revived", past)).fetchone()[0]
+        conn.execute("UPDATE memory_short SET expires_at = ? WHERE id = ?", (future, revived))
+        conn.execute("COMMIT")
+    deleted_live = direct(store_url, insert, ("deleted", future))[0]["id"]
+    direct(store_url, "DELETE FROM memory_short WHERE id = ?", (deleted_live,))
+    purged = direct(store_url, insert, ("purged", past))[0]["id"]  # reported by the sweep or by its delete
+    direct(store_url, "DELETE FROM memory_short WHERE id = ?", (purged,))
+    expired = {born_expired, shortened, purged}
+
+    def logged() -> dict[int, list[str]]:
+        rows = direct(store_url, "SELECT kind, row_id FROM memory_event WHERE tier = 'short' ORDER BY id")
+        by_row: dict[int, list[str]] = {}
+        for event in rows:
+            by_row.setdefault(event["row_id"], []).append(event["kind"])
+        return by_row
+
+    wait_until(lambda: all("expire" in logged().get(i, []) for i in expired), "the expiries to be logged")
+    time.sleep(3 * solos_events.SWEEP_S)  # later sweeps log nothing more
+    assert logged() == {
+        born_expired: ["write", "expire"],
+        shortened: ["write", "update", "expire"],
+        revived: ["write", "update"],
+        deleted_live: ["write", "delete"],
+        purged: ["write", "expire"],
+    }
+    assert ids(served.recall("atlas", "harbour", tiers="short")) == [revived]
+    removals = [(e["kind"], e["row_id"]) for e in events(served, "atlas", start, tiers="short")["events"]]
+    assert sorted(r for r in removals if r[0] == "expire") == sorted(("expire", i) for i in expired)
+    assert ("delete", deleted_live) in removals
+
+
+def test_a_short_write_the_fleet_leaves_open_has_the_sweep_skip_a_round_not_hold_up_writes(served, store_url):
+    """PostgreSQL: a short row's write reads the sweep's mark FOR SHARE until it commits; the sweep waits for it
+    only MARK_WAIT_MS, so the service's writes never queue behind a sweep waiting on the fleet, and the row the
+    open transaction back-dated is reported once it commits."""
+    if not is_postgres(store_url):
+        pytest.skip("SQLite's writers take turns: an open write holds the whole database")
+    import solos_store_pg
+
+    mark = "SELECT value FROM solos_memory_meta WHERE key = 'events_expired_through'"
+    wait_until(lambda: direct(store_url, mark), "the first expiry sweep")
+    store = served.server.memory.store
+    with fleet_writer(store_url) as conn:
+        conn.execute("BEGIN")
+        (row,) = conn.execute(
+            "INSERT INTO memory_short (agent, key, value, expires_at) "
+            "VALUES ('atlas', 'open', 'kettle', '2000-01-01T00:00:00.000Z') RETURNING id"
+        ).fetchall()
+        started = time.monotonic()
+        assert store.write(lambda c: store.queries.sweep_expired(c, lambda *_: None)) == 0
+        assert time.monotonic() - started < 10 * solos_store_pg.MARK_WAIT_MS / 1000
+        ok(served.post("/v1/short", {"agent": "sol", "key": "k", "value": "a write meanwhile"}), 201)
+        conn.execute("COMMIT")
+    logged = "SELECT kind FROM memory_event WHERE tier = 'short' AND row_id = ? ORDER BY id"
+    wait_until(lambda: [e["kind"] for e in direct(store_url, logged, (row["id"],))] == ["write", "expire"], "expire")
 
 
 def test_promotion_and_the_archive_alike(served, store_url):
