@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, refused_at_start
+from conftest import ROOT, refused_at_start, wait_until
 
 import solos_memory
 import solos_store
@@ -418,6 +418,18 @@ def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     return process, listening["port"]
 
 
+def a_write_in_flight(port: int) -> bool:
+    """Whether the service is handling a request besides the one asking (a write waiting for the lock)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/v1/stats")
+        return json.loads(conn.getresponse().read())["load"]["in_flight"] >= 2
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
 def test_a_stop_answers_the_write_in_flight_before_the_process_ends(tmp_path, signal_name):
     """systemd's stop (or Ctrl-C) during a write: the write is finished and answered, never cut off unanswered
@@ -444,7 +456,7 @@ def test_a_stop_answers_the_write_in_flight_before_the_process_ends(tmp_path, si
 
         writer = threading.Thread(target=write)
         writer.start()
-        time.sleep(0.5)  # the write is in flight, waiting for the lock
+        wait_until(lambda: a_write_in_flight(port), "the write in flight, waiting for the lock")
         process.send_signal(getattr(signal, signal_name))
         time.sleep(0.5)
         locker.execute("COMMIT")  # the lock comes free within the write's busy timeout
@@ -482,7 +494,7 @@ def test_a_second_ctrl_c_during_the_stop_ends_it_at_once_without_a_traceback(tmp
                 conn.getresponse().read()
 
         threading.Thread(target=write, daemon=True).start()
-        time.sleep(0.5)
+        wait_until(lambda: a_write_in_flight(port), "the write in flight, waiting for the lock")
         process.send_signal(signal.SIGINT)
         time.sleep(0.5)
         process.send_signal(signal.SIGINT)  # while the first stop waits for the write
