@@ -408,10 +408,18 @@ def test_a_database_that_is_no_file_stops_the_command_naming_db(tmp_path, monkey
 
 
 def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
-    """`serve` in a process of its own on a free port, keyword-only; its port from the listening line."""
+    """`serve` in a process of its own on a free port, keyword-only; its port from the listening line.
+
+    Ctrl-C reaches it as it reaches a service run in a terminal: a suite started in the background (`make test &`,
+    a CI step's) ignores SIGINT, and a child inherits that, so the tests' SIGINT stopped nothing."""
+    import signal
+
     command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(db), "--port", "0"]
     process = subprocess.Popen(
-        [*command, "--model-dir", "off", "--register", "atlas", *extra], stderr=subprocess.PIPE, text=True
+        [*command, "--model-dir", "off", "--register", "atlas", *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     listening = json.loads(process.stderr.readline())
     assert listening["event"] == "listening", listening
