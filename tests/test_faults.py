@@ -22,6 +22,7 @@ import pytest
 from conftest import (
     BUDGET_MS,
     ROOT,
+    answers_stuck,
     raw_exchange,
     skip_or_fail,
     start_server,
@@ -834,6 +835,7 @@ def test_past_the_cap_a_client_that_reads_no_answer_makes_room(make_server, monk
             return sum(since <= now for since, *_ in connections.waiting.values()) == 4
 
     try:
+        answers_stuck(server, 4)
         wait_until(past_the_grace, "every slot's answer stuck past its grace")
         newcomer = server.recall("atlas", "anything")
     finally:
