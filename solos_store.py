@@ -1348,11 +1348,10 @@ class Store:
                         f"UPDATE memory_longterm SET embedding = ? WHERE id = ? AND {same_text}", (vector, *current)
                     ).rowcount
                     stored = None  # the long tier keeps its vector in memory_longterm.embedding
-                else:
+                else:  # locked, as the UPDATE above locks it: a forget deleting it is waited for, not read past
                     stored = vector
-                    changed = conn.execute(
-                        f"SELECT count(*) FROM {table} WHERE id = ? AND {same_text}", current
-                    ).fetchone()[0]
+                    same = f"SELECT 1 FROM {table} l WHERE id = ? AND {same_text} {self.queries.LOCKED}"
+                    changed = conn.execute(same, current).fetchone() is not None
                 if changed:
                     conn.execute(
                         "INSERT INTO memory_vector (tier, row_id, model, vector) VALUES (?, ?, ?, ?) ON CONFLICT "

@@ -472,6 +472,23 @@ def unread_answers(port: int, request: bytes, most: int = 5000) -> socket.socket
     pytest.fail(f"the service read {most} requests without its answers being read")
 
 
+def answers_stuck(server: RunningServer, count: int) -> None:
+    """Wait until `count` connections' answers are stuck being written: each writing one (in flight and evictable:
+    solos_connections' `sending`), still the same one at the next look. unread_answers returns once the client can
+    send no more, which under load can also be a service slow to read, still answering: not stuck yet."""
+    connections, seen = server.server, {}
+
+    def stuck() -> bool:
+        with connections.waiting_lock:
+            writing = {conn: entry[0] for conn, entry in connections.waiting.items() if conn in connections.handling}
+        same = len(writing) == count and writing == seen
+        seen.clear()
+        seen.update(writing)
+        return same
+
+    wait_until(stuck, f"{count} answers stuck being written")
+
+
 def episode(server: RunningServer, agent: str, summary: str, headers: dict | None = None) -> int:
     """Write one episodic row over REST; its id."""
     body = {"agent": agent, "event_type": "task", "summary": summary}

@@ -22,6 +22,7 @@ import pytest
 from conftest import (
     BUDGET_MS,
     ROOT,
+    answers_stuck,
     raw_exchange,
     skip_or_fail,
     start_server,
@@ -826,8 +827,16 @@ def test_past_the_cap_a_client_that_reads_no_answer_makes_room(make_server, monk
     server = make_server()
     request = b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % server.port  # 80 KB each, no token
     stuck = [unread_answers(server.port, request) for _ in range(4)]  # every slot, each writing an answer
+    connections = server.server
+
+    def past_the_grace() -> bool:  # each stuck writing, past the grace a write just begun gets
+        with connections.waiting_lock:  # (test_an_answer_just_begun_is_not_evicted)
+            now = time.monotonic()
+            return sum(since <= now for since, *_ in connections.waiting.values()) == 4
+
     try:
-        time.sleep(0.3)  # past the grace a write just begun gets (test_an_answer_just_begun_is_not_evicted)
+        answers_stuck(server, 4)
+        wait_until(past_the_grace, "every slot's answer stuck past its grace")
         newcomer = server.recall("atlas", "anything")
     finally:
         for sock in stuck:

@@ -7,7 +7,7 @@ import socket
 import threading
 
 import pytest
-from conftest import unread_answers, wait_until
+from conftest import answers_stuck, unread_answers, wait_until
 
 import solos_connections
 import solos_memory
@@ -223,6 +223,7 @@ def test_a_client_that_reads_no_answer_holds_no_place_another_needs(make_server)
     request = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n" % server.port
     stuck = unread_answers(server.port, request + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     try:
+        answers_stuck(server, 1)  # not still answering (each answer holds the place while it is made)
         recalled = server.recall("atlas", "anything")
         load = server.get("/v1/stats").body["load"]
     finally:

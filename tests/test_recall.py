@@ -4,6 +4,7 @@ the relevance floor and the receipt."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -478,10 +479,13 @@ def test_a_question_whose_words_match_too_many_rows_reads_a_bounded_share_and_sa
         words = ["alpha"] * (n < 10) + ["beta"] * (10 <= n < 18) + ["gamma"] * (n in (0, 10))
         write_long(server, "atlas", f"entry {n} " + " ".join(words))
     asked = queries_asked(monkeypatch)
+    checker, counting = server.server.memory.common_words.checker, threading.Event()
+    checker.submit(counting.wait, 30)  # the count the recall queues comes after it, not (under load) during it
     first = server.recall("sol", "alpha beta gamma", k=30, tiers="long")
     assert asked == ['"alpha" OR "beta" OR "gamma"']  # not known yet: asked whole, counted in the background
     assert first.body["receipt"]["words_left_out"] == []
-    server.server.memory.common_words.checker.submit(lambda: None).result()
+    counting.set()
+    checker.submit(lambda: None).result()
     asked.clear()
     cut = server.recall("sol", "alpha beta gamma", k=30, tiers="long")
     assert asked == ['"beta" OR "gamma"']  # 8 + 2 matches fit the 12; alpha's 10 more would not

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, refused_at_start
+from conftest import ROOT, refused_at_start, wait_until
 
 import solos_memory
 import solos_store
@@ -408,14 +408,34 @@ def test_a_database_that_is_no_file_stops_the_command_naming_db(tmp_path, monkey
 
 
 def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
-    """`serve` in a process of its own on a free port, keyword-only; its port from the listening line."""
+    """`serve` in a process of its own on a free port, keyword-only; its port from the listening line.
+
+    Ctrl-C reaches it as it reaches a service run in a terminal: a suite started in the background (`make test &`,
+    a CI step's) ignores SIGINT, and a child inherits that, so the tests' SIGINT stopped nothing."""
+    import signal
+
     command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(db), "--port", "0"]
     process = subprocess.Popen(
-        [*command, "--model-dir", "off", "--register", "atlas", *extra], stderr=subprocess.PIPE, text=True
+        [*command, "--model-dir", "off", "--register", "atlas", *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     listening = json.loads(process.stderr.readline())
     assert listening["event"] == "listening", listening
     return process, listening["port"]
+
+
+def a_write_in_flight(port: int) -> bool:
+    """Whether the service is handling a request besides the one asking (a write waiting for the lock)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/v1/stats")
+        return json.loads(conn.getresponse().read())["load"]["in_flight"] >= 2
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
@@ -444,7 +464,7 @@ def test_a_stop_answers_the_write_in_flight_before_the_process_ends(tmp_path, si
 
         writer = threading.Thread(target=write)
         writer.start()
-        time.sleep(0.5)  # the write is in flight, waiting for the lock
+        wait_until(lambda: a_write_in_flight(port), "the write in flight, waiting for the lock")
         process.send_signal(getattr(signal, signal_name))
         time.sleep(0.5)
         locker.execute("COMMIT")  # the lock comes free within the write's busy timeout
@@ -482,7 +502,7 @@ def test_a_second_ctrl_c_during_the_stop_ends_it_at_once_without_a_traceback(tmp
                 conn.getresponse().read()
 
         threading.Thread(target=write, daemon=True).start()
-        time.sleep(0.5)
+        wait_until(lambda: a_write_in_flight(port), "the write in flight, waiting for the lock")
         process.send_signal(signal.SIGINT)
         time.sleep(0.5)
         process.send_signal(signal.SIGINT)  # while the first stop waits for the write

@@ -237,15 +237,28 @@ def test_the_same_write_sent_at_once_creates_one_row_and_says_so_once(served, st
 AGENTS_BY_ROUND = ("sol", "nova", "hermes")
 
 
-def while_held(url: str, hold: Any, call: Any) -> Any:
+def waits_for_a_lock(url: str, store: Any) -> bool:
+    """Whether one of the service's writes is waiting for a lock another transaction holds: on PostgreSQL a
+    backend of this database waits for one; on SQLite the service's writer holds its write lock, which it
+    takes only to write (its BEGIN IMMEDIATE waits for the fleet's writer)."""
+    if is_postgres(url):
+        waiting = (
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return direct(url, waiting)[0]["n"] > 0
+    return store.write_lock.locked()
+
+
+def while_held(server: Any, hold: Any, call: Any) -> Any:
     """call()'s reply, made in a thread while a transaction of the fleet's (`hold(conn)` began it) holds its locks,
-    committed half a second in: the call meets the transaction under way."""
-    answers: list = []
+    committed once the call waits for them (or has answered without waiting): the call meets the transaction under
+    way, however long the call takes to reach it."""
+    url, answers = str(server.db_path), []
     with fleet_writer(url) as conn:
         hold(conn)
         calling = threading.Thread(target=lambda: answers.append(call()))
         calling.start()
-        time.sleep(0.5)
+        wait_until(lambda: answers or waits_for_a_lock(url, server.server.memory.store), "the call to meet the hold")
         conn.execute("COMMIT")
         calling.join(10)
     (reply,) = answers
@@ -291,7 +304,7 @@ def test_a_promotion_racing_a_write_of_the_same_fact_makes_one_row(served, store
     episode_id = episode(served, "atlas", "cache warmed slowly")
     promote = {"agent": "atlas", "ids": [episode_id], "fact": fact}
     writing = functools.partial(write_long_uncommitted, url=store_url, agent="atlas", fact=fact)
-    reply = while_held(store_url, writing, lambda: served.post("/v1/promote", promote))
+    reply = while_held(served, writing, lambda: served.post("/v1/promote", promote))
     rows = direct(store_url, "SELECT id FROM memory_longterm WHERE fact = ?", (fact,))
     assert len(rows) == 1, rows
     assert ok(reply) == {
@@ -310,9 +323,7 @@ def test_an_update_racing_the_forget_of_its_row_is_stored_as_answered(hybrid, st
     body = {"agent": "atlas", "fact": "The docs site is rebuilt hourly.", "topic": "docs"}
     first = ok(hybrid.post("/v1/long", body), 201)["id"]
     forgetting = forget_under_way(store_url, "memory_longterm", first)
-    written = ok(
-        while_held(store_url, forgetting, lambda: hybrid.post("/v1/long", {**body, "topic": "publishing"})), 201
-    )
+    written = ok(while_held(hybrid, forgetting, lambda: hybrid.post("/v1/long", {**body, "topic": "publishing"})), 201)
     assert written["status"] == "created" and written["id"] != first
     assert direct(store_url, "SELECT id, topic FROM memory_longterm") == [{"id": written["id"], "topic": "publishing"}]
     assert direct(store_url, "SELECT row_id FROM memory_vector") == [{"row_id": written["id"]}]
@@ -327,7 +338,7 @@ def test_a_promotion_racing_the_forget_of_its_fact_links_only_a_stored_fact(serv
     episode_id = episode(served, "atlas", "renewed the VPN certificate")
     promote = {"agent": "atlas", "ids": [episode_id], "fact": fact}
     forgetting = forget_under_way(store_url, "memory_longterm", forgotten)
-    promoted = ok(while_held(store_url, forgetting, lambda: served.post("/v1/promote", promote)), 201)
+    promoted = ok(while_held(served, forgetting, lambda: served.post("/v1/promote", promote)), 201)
     assert promoted["status"] == "created" and promoted["id"] != forgotten
     assert direct(store_url, "SELECT id FROM memory_longterm") == [{"id": promoted["id"]}]
     assert direct(store_url, "SELECT long_id FROM memory_promotion") == [{"long_id": promoted["id"]}]
@@ -339,7 +350,7 @@ def test_a_short_write_racing_the_forget_of_its_key_says_it_created_a_row(served
     body = {"agent": "atlas", "key": "deploy-lock", "value": "held by atlas"}
     first = ok(served.post("/v1/short", body), 201)["id"]
     forgetting = forget_under_way(store_url, "memory_short", first)
-    written = ok(while_held(store_url, forgetting, lambda: served.post("/v1/short", {**body, "value": "again"})), 201)
+    written = ok(while_held(served, forgetting, lambda: served.post("/v1/short", {**body, "value": "again"})), 201)
     assert written["status"] == "created" and written["id"] != first
     assert direct(store_url, "SELECT id, value FROM memory_short") == [{"id": written["id"], "value": "again"}]
 
@@ -360,9 +371,37 @@ def test_a_keyed_episode_retried_as_it_is_forgotten_leaves_no_vector_behind(hybr
         (event["idempotency_key"], row["id"]),
     )
     forgetting = forget_under_way(store_url, "memory_episodic", row["id"])
-    written = ok(while_held(store_url, forgetting, lambda: hybrid.post("/v1/episodic", event)), 201)
+    written = ok(while_held(hybrid, forgetting, lambda: hybrid.post("/v1/episodic", event)), 201)
     assert written["status"] == "created" and written["id"] != row["id"]
     assert direct(store_url, "SELECT row_id FROM memory_vector WHERE tier = 'episodic'") == [{"row_id": written["id"]}]
+
+
+@pytest.mark.parametrize("tier", ["episodic", "short"])
+def test_a_vector_saved_as_its_row_is_forgotten_is_not_left_behind(served, store_url, tier):
+    # On PostgreSQL the background pass saved a vector for a row a forget was deleting: its check that the row
+    # still held the embedded text read the row as it was before the forget (not yet committed) and took no lock,
+    # so the forget's trigger had no vector to delete and the forgotten text's embedding outlived its row.
+    store = served.server.memory.store
+    table = solos_store.TIER_TABLE[tier].table
+    if tier == "episodic":
+        insert = f"INSERT INTO {table} (agent, event_type, summary) VALUES ('atlas', 't', ?) RETURNING id"
+    else:
+        insert = (
+            f"INSERT INTO {table} (agent, key, value, expires_at) VALUES ('atlas', 'k', ?, '2999-01-01') RETURNING id"
+        )
+    (row,) = direct(store_url, insert, ("paged the on-call",))
+    (claimed,) = store.rows_missing_vectors(tier, "test-model", 10)  # the pass read it, and embeds it
+    saved: list = []
+    with fleet_writer(store_url) as conn:
+        forget_under_way(store_url, table, row["id"])(conn)
+        embedded = [(claimed, b"\0" * 16)]
+        saving = threading.Thread(target=lambda: saved.append(store.save_vectors(tier, "test-model", embedded)))
+        saving.start()
+        wait_until(lambda: saved or waits_for_a_lock(store_url, store), "the save to meet the forget")
+        conn.execute("COMMIT")
+        saving.join(10)
+    assert [ids for ids, _ in saved] == [[]]
+    assert direct(store_url, "SELECT tier, row_id FROM memory_vector") == []
 
 
 def test_an_idempotency_key_still_holds_once_its_episode_is_archived(served, store_url):
