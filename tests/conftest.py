@@ -527,8 +527,9 @@ def fresh_agents(server: RunningServer, count: int = 3) -> list[str]:
 
 
 def marker() -> str:
-    """A word no other row holds; its tail is what the file scans look for (FTS5 prefix-compresses terms)."""
-    return "zq" + uuid.uuid4().hex
+    """A word no other row holds; its tail is what the file scans look for (FTS5 prefix-compresses terms). It ends
+    in a digit: the porter stemmer cuts a final e or ed (one hex word in 16), and the index then held no tail."""
+    return "zq" + uuid.uuid4().hex + "0"
 
 
 # ==== The .pyz ====
