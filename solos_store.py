@@ -778,7 +778,7 @@ class Store:
             except sqlite3.Error as error:
                 failure = STORAGE_FAILURES.get(primary_code(error) or 0)
                 if failure is not None:
-                    self.storage_failure = (failure, time.time())
+                    self.storage_failed(failure)
                     if conn is not None:
                         conn.reusable = False
                     self.close()  # its pool-mates may have opened in the same spell: start afresh
@@ -1436,6 +1436,10 @@ class Store:
         """Nothing to listen to: the service's own writes wake the event hub (Memory.written), and it polls for
         the fleet's. PostgreSQL's store returns a listener for the other copies' commits."""
         return None
+
+    def storage_failed(self, reason: str) -> None:
+        """A call met a storage failure: storage_state says so, and why, for STORAGE_FAILING_S."""
+        self.storage_failure = (reason, time.time())
 
     def storage_state(self) -> dict:
         """`failing` while a call met a storage failure (a full disk, a read-only file, a lost server: 503

@@ -68,6 +68,7 @@ STATEMENT_TIMEOUT_MS = 30_000
 # allows 200).
 POOL_SIZE = 16
 CONNECT_TIMEOUT_S = 5
+UNREACHABLE = "the PostgreSQL server cannot be reached"  # /health's storage reason (the 503 names the address)
 # The longest the event cursor waits for one running transaction of this database: one
 # session idle in transaction held every stream and read_events of every copy for as long as it lived. The
 # service's own write transactions last milliseconds and its statements at most STATEMENT_TIMEOUT_MS; a fleet
@@ -242,7 +243,7 @@ class PgStore(solos_store.Store):
         try:
             conn = PgConnection.connect(self.path, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         except psycopg.OperationalError as error:
-            self.storage_failure = ("the PostgreSQL server cannot be reached", time.time())
+            self.storage_failed(UNREACHABLE)
             raise StorageUnavailable(unreachable(self.path, error)) from None
         conn.row_factory = pg_rows  # type: ignore[assignment]
         conn.running = self.running
@@ -300,7 +301,7 @@ class PgStore(solos_store.Store):
                     conn.reusable = False
                     super().close()  # its pool-mates lost the same server
                     log_event("storage_failure", db=solos_store.shown(self.path), error=str(error))
-                    self.storage_failure = ("the PostgreSQL server cannot be reached", time.time())
+                    self.storage_failed(UNREACHABLE)
                     raise StorageUnavailable((in_doubt if committing else unreachable)(self.path, error)) from None
                 last_error = error
             except psycopg.errors.ReadOnlySqlTransaction as error:
@@ -308,7 +309,7 @@ class PgStore(solos_store.Store):
                 # moment before it takes writes. The database's state, not the request's: 503.
                 conn.reusable = False
                 log_event("storage_failure", db=solos_store.shown(self.path), error=str(error))
-                self.storage_failure = ("the PostgreSQL database is read-only right now (a standby)", time.time())
+                self.storage_failed("the PostgreSQL database is read-only right now (a standby)")
                 raise StorageUnavailable(
                     f"the PostgreSQL database at {solos_store.shown(self.path)} is read-only right now (a standby, "
                     f"as during a failover: {first_line(error)}); nothing was changed, retry later"
