@@ -49,7 +49,7 @@ import solos_malloc
 import solos_sqlite
 import solos_store
 from solos_store import log_event
-from solos_validation import on_off
+from solos_validation import number_in, on_off
 
 # ==== Configuration ====
 
@@ -91,12 +91,9 @@ def count(raw: str) -> int:
     if raw.strip().lower() == "auto":
         return len(process_cores())
     try:
-        workers = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of workers or auto, got {raw!r}") from None
-    if not 1 <= workers <= MAX_WORKERS:
-        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_WORKERS} workers or auto, got {workers}")
-    return workers
+        return int(number_in(1, MAX_WORKERS, "SOLOS_MEMORY_WORKERS")(raw))
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{error}; or auto, one a core") from None
 
 
 def add_arguments(parser: Any, env_default: Callable[[str, str | None], str | None]) -> None:

@@ -340,9 +340,9 @@ BAD_NUMBERS = [
     (["purge", "--archive-after-days", "nan"], {}, "--archive-after-days", "0 or more"),
     (["backfill", "--batch", "0", "--model-dir", "off"], {}, "--batch", "1 or more"),  # was: nothing, exit 0
     (["backfill", "--batch", "-1", "--model-dir", "off"], {}, "--batch", "1 or more"),
-    (["serve", "--port", "0", "--workers", "0"], {}, "--workers", "from 1 to 64"),
-    (["serve", "--port", "0", "--workers", "999"], {}, "--workers", "from 1 to 64"),  # was: 999 processes forked
-    (["serve", "--port", "0"], {"SOLOS_MEMORY_WORKERS": "65"}, "--workers", "from 1 to 64"),
+    (["serve", "--port", "0", "--workers", "0"], {}, "--workers", "1-64"),
+    (["serve", "--port", "0", "--workers", "999"], {}, "--workers", "1-64"),  # was: 999 processes forked
+    (["serve", "--port", "0"], {"SOLOS_MEMORY_WORKERS": "65"}, "--workers", "1-64"),
 ]
 
 
