@@ -92,14 +92,18 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
         solos_store.Store.require_agent(conn, agent)
         # A row deleted, or purged after its expiry, lives on in its versions (as-of recall): forget finds those.
         found = queries.find_row(conn, tier, row_id) or queries.gone_row(conn, tier, row_id)
+        if found is not None and found[1]["agent"] != agent:
+            if solos_store.Visibility.read(conn, agent, "shared").hides(tier, found[1], live=found[0] != ""):
+                found = None  # another agent's row the caller cannot see: answered as no row at all
+            else:
+                message = f"{tier} row {row_id} was written by another agent; only its author can forget it"
+                raise Forbidden(message, "id")
         if found is None:
             earlier = queries.own_retraction(conn, agent, tier, row_id)
             if earlier is None:
                 raise NotFound(f"there is no {tier} row with id {row_id}", "id")
             queries.queue_scrub(conn, tier, earlier["retraction_id"])  # a retry finishes what a crash left unscrubbed
             return {**earlier, "notified": 0}
-        if found[1]["agent"] != agent:
-            raise Forbidden(f"{tier} row {row_id} was written by another agent; only its author can forget it", "id")
         memory.events.note_removal(conn, tier, [row_id])
         erased = queries.erase(conn, tier, row_id)
         notified = queries.notify_forgotten(conn, tier, row_id, erased["retraction_id"])

@@ -63,7 +63,8 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
     already holds is linked to them as it is (`linked`: its topic, source,
     confidence and tags are not rewritten). One-way: the
     episodes stay as they are, nothing becomes episodic again. Another agent's
-    episode is refused (403); unknown ids are a 404 naming them.
+    shared episode is refused (403); unknown ids, and episodes the caller cannot
+    see, are a 404 naming them.
     """
     caller, ids = args["agent"], args["ids"] or []
     if not ids:
@@ -73,6 +74,8 @@ def op_promote_memory(memory: Any, args: dict) -> dict:
     def work(conn: Any) -> dict:
         store.require_agent(conn, caller)
         found = store.queries.episodes_by_id(conn, ids)
+        seen = solos_store.Visibility.read(conn, caller, "shared")
+        found = {i: row for i, row in found.items() if row["agent"] == caller or not seen.hides("episodic", row)}
         missing = [i for i in ids if i not in found]
         if missing:
             raise NotFound(f"no episodic rows with ids {', '.join(map(str, missing))}", "ids")

@@ -495,6 +495,12 @@ class Visibility:
             return False
         return not TIER_TABLE[tier].opt_in or self.own(agent) or agent in self.sharing
 
+    def hides(self, tier: str, row: Any, live: bool = True) -> bool:
+        """Whether a row another agent wrote is one the caller could not recall now (unshared, expired, deleted):
+        a call naming it answers as for no row at all, so a refusal never tells that the row exists."""
+        fields = dict(row)
+        return not live or not self.allows(tier, fields["agent"], fields.get("expires_at"))
+
     def shared_at(self, tier: str, agent: str, at: str) -> bool:
         """Whether another agent's opt-in row was shared at `at` (`spans`): a removal event carries no row to judge
         now, so it reaches others only if its author shared when it was made (and, by `allows`, shares now)."""

@@ -15,6 +15,7 @@ from conftest import (
     ROOT,
     checkpoint,
     drained,
+    episode,
     files_holding,
     forget,
     fresh_agents,
@@ -114,6 +115,30 @@ def test_forget_is_refused_for_others_rows_unknown_ids_durable_and_unknown_agent
         assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 1
         assert conn.execute("SELECT count(*) FROM memory_retraction").fetchone()[0] == 0
     assert [r["id"] for r in server.recall("sol", "keeps").body["results"]] == [fact]
+
+
+def test_forget_answers_a_row_the_caller_cannot_see_as_no_row(server):
+    """Another agent's unshared episode, expired short row or deleted fact: 404 as for an id never used, so a
+    refusal does not tell that the row exists; a row the caller can see but not forget stays 403."""
+    episode_id = episode(server, "sol", "sol's private diary line")
+    short_id = server.post("/v1/short", {"agent": "sol", "key": "k", "value": "v", "ttl_s": 60}).body["id"]
+    fact_id = server.post("/v1/long", {"agent": "sol", "fact": "sol's fact, soon deleted"}).body["id"]
+    with server.db() as conn:
+        conn.execute("UPDATE memory_short SET expires_at = '2000-01-01T00:00:00Z' WHERE id = ?", (short_id,))
+        conn.execute("DELETE FROM memory_longterm WHERE id = ?", (fact_id,))
+    for tier, row_id in (("episodic", episode_id), ("short", short_id), ("long", fact_id)):
+        unseen = server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": tier, "id": row_id})
+        never = server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": tier, "id": row_id + 1000})
+        assert (unseen.status, never.status) == (404, 404), (tier, unseen.body)
+        expected = never.body["error"]["message"].replace(str(row_id + 1000), str(row_id))
+        assert unseen.body["error"]["message"] == expected
+    server.request("PUT", "/v1/sharing", body={"agent": "sol", "episodic": True})
+    shared = server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "episodic", "id": episode_id})
+    assert (shared.status, shared.body["error"]["code"]) == (403, "forbidden")
+    with server.db() as conn:  # nothing the refusals named was touched
+        assert conn.execute("SELECT count(*) FROM memory_episodic").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM memory_short").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM memory_retraction").fetchone()[0] == 0
 
 
 def test_forgotten_text_leaves_the_database_file_and_the_wal(server):
@@ -252,6 +277,8 @@ def test_an_archived_episode_can_be_forgotten(server):
     assert [(e["kind"], e["row_id"]) for e in moved][-1] == ("archive", old)  # moved, not deleted
     found = server.recall("atlas", word, tiers="episodic", archive="true").body["results"]
     assert [(r["id"], r["archived"]) for r in found] == [(old, True)]
+    assert forget(server, "sol", "episodic", old)[1]["error"]["code"] == "not_found"  # atlas does not share
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
     assert forget(server, "sol", "episodic", old)[1]["error"]["code"] == "forbidden"
     ok, body = forget(server, "atlas", "episodic", old, "mcp")
     assert ok and body["wal_checkpoint"] == "complete", body

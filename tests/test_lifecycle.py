@@ -70,7 +70,7 @@ def test_promote_refuses_foreign_and_unknown_ids_alike_on_rest_and_mcp(server):
     theirs = episode(server, "sol", "Theirs")
     before = table_counts(server)
     cases = [
-        ({"agent": "atlas", "ids": [mine, theirs]}, 403, "forbidden", f"{theirs}"),
+        ({"agent": "atlas", "ids": [mine, theirs]}, 404, "not_found", f"ids {theirs}"),  # sol shares no episodes
         ({"agent": "atlas", "ids": [mine, 999, 1000]}, 404, "not_found", "999, 1000"),
         ({"agent": "atlas", "ids": []}, 400, "bad_request", "at least one"),
         ({"agent": "atlas", "ids": ["x"]}, 400, "bad_request", "ids[0]"),
@@ -85,6 +85,18 @@ def test_promote_refuses_foreign_and_unknown_ids_alike_on_rest_and_mcp(server):
     assert table_counts(server) == before  # a rejected call changes nothing
     with server.db() as conn:
         assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+def test_promote_answers_an_unseen_episode_as_no_episode_and_a_shared_one_as_forbidden(server):
+    """A refusal must not tell an agent that an episode it cannot see exists, nor whose it is."""
+    theirs = episode(server, "sol", "Sol's unshared note")
+    unseen = server.post("/v1/promote", {"agent": "atlas", "ids": [theirs]}).body["error"]
+    missing = server.post("/v1/promote", {"agent": "atlas", "ids": [theirs + 1000]}).body["error"]
+    assert unseen["code"] == missing["code"] == "not_found"
+    assert unseen["message"] == missing["message"].replace(str(theirs + 1000), str(theirs))
+    server.request("PUT", "/v1/sharing", body={"agent": "sol", "episodic": True})
+    shared = server.post("/v1/promote", {"agent": "atlas", "ids": [theirs]})
+    assert (shared.status, shared.body["error"]["code"]) == (403, "forbidden")
 
 
 def test_promote_over_mcp_matches_rest(server):

@@ -429,8 +429,8 @@ class MemoryMachine(RuleBasedStateMachine):
         ids = sorted({every[p].id if p < len(every) else 900 + p for p in picked})
         rows = [self.model.rows.get(("episodic", i)) or self.model.archived.get(("episodic", i)) for i in ids]
         body = {"agent": agent, "ids": ids, "fact": fact}
-        if any(row is None for row in rows):
-            self.refused(404, "POST", "/v1/promote", agent, body)
+        if any(row is None or row.agent != agent and not self.model.sharing.get(row.agent, False) for row in rows):
+            self.refused(404, "POST", "/v1/promote", agent, body)  # no such episode, or one the caller cannot see
             return
         if any(row.agent != agent for row in rows if row):
             self.refused(403, "POST", "/v1/promote", agent, body)
@@ -462,7 +462,9 @@ class MemoryMachine(RuleBasedStateMachine):
         key = (row.tier, row.id)
         query = {"agent": agent, "tier": row.tier, "id": row.id}
         if row.agent != agent:
-            self.refused(404 if key in self.model.forgotten else 403, "DELETE", "/v1/memory", agent, **query)
+            seen = key in self.model.rows or key in self.model.archived  # not expired, deleted or forgotten
+            seen = seen and self.model.visible(agent, row, "shared", {row.tier})
+            self.refused(403 if seen else 404, "DELETE", "/v1/memory", agent, **query)
             return
         replies = self.each("DELETE", "/v1/memory", agent, **query)
         for reply in replies:

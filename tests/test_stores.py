@@ -1085,7 +1085,10 @@ def test_promotion_and_the_archive_alike(served, store_url):
     assert fact["source"] == f"promoted:memory_episodic#{old[0]},{old[1]}"
     again = served.post("/v1/promote", {"agent": "atlas", "ids": [old[0]], "fact": fact["fact"]})
     assert (again.status, again.body["status"], again.body["id"]) == (200, "linked", promoted.body["id"])
+    assert served.post("/v1/promote", {"agent": "sol", "ids": [old[0]]}).status == 404  # atlas does not share
+    served.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
     assert served.post("/v1/promote", {"agent": "sol", "ids": [old[0]]}).status == 403
+    served.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": False})
 
     start = events(served, "atlas", 0, tiers="episodic")["next_since"]
     for row_id in old:
