@@ -30,7 +30,9 @@ import contextlib
 import hashlib
 import json
 import math
+import queue
 import re
+import select
 import sqlite3
 import threading
 import time
@@ -335,10 +337,17 @@ class PgStore(solos_store.Store):
         return self.run(work, write=False, one_statement=True)
 
     def checkout(self) -> Any:
-        conn: Any = super().checkout()
-        if conn.closed or conn.broken:
-            conn = self.connect()
-        return conn
+        """A pooled connection the server has not ended, else a new one. A restart, a failover or
+        pg_terminate_backend ends every idle one: the server's goodbye (or the socket's end) waits unread on it, and
+        the next call would meet it as "cannot be reached" with the database up again."""
+        while True:
+            try:
+                conn: Any = self.pool.get_nowait()
+            except queue.Empty:
+                return self.connect()
+            if not (conn.closed or conn.broken or ended(conn)):
+                return conn
+            conn.close()
 
     # -- schema --
 
@@ -810,6 +819,15 @@ class PgStore(solos_store.Store):
             log_event("vacuum_skipped", tables=tables, reason=warnings[0], left_to="autovacuum")
         else:
             log_event("forgotten_vacuumed", tables=tables)
+
+
+def ended(conn: Any) -> bool:
+    """Whether an idle connection has something to read: nothing is owed to it between statements, so that is the
+    server ending it (a FATAL message, or the socket closed); a reported setting changing (rare) costs a reconnect."""
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
 
 
 def key_lock(agent: str, tier: str, key: str) -> int:
