@@ -104,10 +104,11 @@ NOT_COPIED = {
     "qdrant_outbox": "the Qdrant mirror runs on SQLite only; drain it (serve with --qdrant-url) before migrating",
 }
 # solos_memory_meta keys that mean something only in the SQLite file, and the target's own schema (its version
-# and the hash of the schema_pg.sql that made it).
+# and revision, and the hash of the schema_pg.sql that made it).
 META_SKIPPED = (
     "schema_version",
     "schema_pg_sha256",
+    "schema_pg_revision",
     "snapshot_head",
     "qdrant_mirror",
     solos_store.DATABASE_ID,

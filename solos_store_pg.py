@@ -61,6 +61,9 @@ from solos_store import (
 
 SERVICE_ROLE = "solos_memory_service"
 MIGRATION_LOCK = 8437  # pg_advisory_xact_lock key: copies starting together create the schema one at a time
+# schema_pg.sql's revision, raised with every change to it (tests/test_release.py pins the file's sha256 to it) and
+# recorded in solos_memory_meta: a copy of an earlier release does not apply its older functions over a later one's.
+SCHEMA_PG_REVISION = 1
 STATEMENT_TIMEOUT_MS = 30_000
 # Connections kept open between uses: the writes' admission lane at the default --admit on 2 cores (16). A
 # PostgreSQL connection costs a server process and a few round trips to open, and its first calls plan and
@@ -394,11 +397,12 @@ class PgStore(solos_store.Store):
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+                refuse_a_later_schema(conn)
                 super(PgConnection, conn).execute(schema)
                 conn.execute(
-                    "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?), ('schema_pg_sha256', ?) "
-                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (solos_store.SCHEMA_VERSION, schema_digest(schema)),
+                    "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?), ('schema_pg_sha256', ?), "
+                    "('schema_pg_revision', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (solos_store.SCHEMA_VERSION, schema_digest(schema), str(SCHEMA_PG_REVISION)),
                 )
                 conn.execute(
                     "INSERT INTO solos_memory_meta (key, value) VALUES ('vector_generation', '0'), (?, solos_now()) "
@@ -833,6 +837,20 @@ def ended(conn: Any) -> bool:
 def key_lock(agent: str, tier: str, key: str) -> int:
     """The transaction-scoped advisory lock that serializes writes of one write key (hold_key, write_row)."""
     return int.from_bytes(hashlib.sha256(f"{agent}\0{tier}\0{key}".encode()).digest()[:8], "big", signed=True)
+
+
+def refuse_a_later_schema(conn: Any) -> None:
+    """Stop a copy whose schema_pg.sql is older than the one a later release applied to this database: applying it
+    would put its older functions and triggers under every copy (the schema is applied at each start)."""
+    if not conn.execute("SELECT to_regclass('solos_memory_meta') IS NOT NULL").fetchone()[0]:
+        return
+    row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_pg_revision'").fetchone()
+    if row is not None and str(row[0]).isdigit() and int(row[0]) > SCHEMA_PG_REVISION:
+        raise solos_store.SchemaMismatch(
+            f"the database's schema is revision {row[0]}, applied by a later release of solos-memory; this copy's is "
+            f"{SCHEMA_PG_REVISION}: run the later release here too (this one would put its older functions and "
+            "triggers under every copy)"
+        )
 
 
 def schema_digest(schema: str) -> str:

@@ -554,3 +554,37 @@ def test_first_pokes_from_many_writers_at_once_start_the_notifier_once():
         thread.join()
     assert len(starts) == 1
     assert notifier.poked.is_set()
+
+
+# ==== 7: copies of different releases over one schema ====
+
+
+def test_a_copy_of_an_earlier_schema_leaves_a_later_one_alone_and_says_so(pg_url):
+    # A copy on an older tree, started (or restarted by systemd) mid-rollout, applied its own schema_pg.sql over
+    # the later one: the later copies kept serving on its older functions and triggers (a short row written
+    # already expired was no longer listed for its expire event) and the digest a member login checks was its.
+    import solos_store
+    import solos_store_pg
+
+    def meta(key: str) -> list[tuple]:
+        return sql(pg_url, "SELECT value FROM solos_memory_meta WHERE key = %s", (key,))
+
+    store = solos_store_pg.PgStore(pg_url, admin=True)
+    store.migrate()
+    store.close()
+    ours = solos_store_pg.SCHEMA_PG_REVISION
+    assert meta("schema_pg_revision") == [(str(ours),)]
+    sql(pg_url, "UPDATE solos_memory_meta SET value = %s WHERE key = 'schema_pg_revision'", (str(ours + 1),))
+    sql(pg_url, "UPDATE solos_memory_meta SET value = 'a later release' WHERE key = 'schema_pg_sha256'")
+    with pytest.raises(solos_store.SchemaMismatch, match=f"revision {ours + 1}.*this copy's is {ours}"):
+        solos_store_pg.PgStore(pg_url, admin=True).migrate()
+    assert meta("schema_pg_sha256") == [("a later release",)]  # not applied over it
+
+    # A release from before revisions were recorded leaves the revision as it was and writes its own digest: the
+    # next start of a current copy applies this schema again.
+    sql(pg_url, "UPDATE solos_memory_meta SET value = %s WHERE key = 'schema_pg_revision'", (str(ours),))
+    store = solos_store_pg.PgStore(pg_url, admin=True)
+    store.migrate()
+    store.close()
+    ours_digest = solos_store_pg.schema_digest(solos_store.read_resource("schema_pg.sql").decode())
+    assert meta("schema_pg_sha256") == [(ours_digest,)]
