@@ -588,3 +588,32 @@ def test_a_copy_of_an_earlier_schema_leaves_a_later_one_alone_and_says_so(pg_url
     store.close()
     ours_digest = solos_store_pg.schema_digest(solos_store.read_resource("schema_pg.sql").decode())
     assert meta("schema_pg_sha256") == [(ours_digest,)]
+
+
+def test_a_copy_whose_clock_runs_ahead_does_not_make_the_next_days_run_skip(pg_url, monkeypatch):
+    # Each copy stamped a run's end with its own clock and measured "within its period" with its own: a run on a
+    # host 3 hours ahead read as 3 hours later than it was, and every other host's timer the next day skipped the
+    # job ("it succeeded ... within its period"), so the cluster went a day without a purge.
+    import types
+
+    import solos_jobs
+    import solos_store_pg
+
+    store = solos_store_pg.PgStore(pg_url, admin=True)
+    store.migrate()
+    real = time.time
+    ahead = types.SimpleNamespace(
+        **{name: getattr(time, name) for name in ("monotonic", "sleep", "strftime", "gmtime")}
+    )
+    ahead.time = lambda: real() + 3 * 3600
+    try:
+        monkeypatch.setattr(solos_jobs, "time", ahead)
+        assert solos_jobs.recorded(store, "purge", lambda: 0) == 0  # the host whose clock is 3 hours ahead
+        monkeypatch.setattr(solos_jobs, "time", time)
+        (ended,) = sql(pg_url, "SELECT ended_at FROM memory_job_run WHERE job = 'purge'")[0]
+        day_later = solos_jobs.stamp(solos_jobs.seconds(ended) - 22.5 * 3600)  # as if that run was 22.5 hours ago
+        sql(pg_url, "UPDATE memory_job_run SET ended_at = %s WHERE job = 'purge'", (day_later,))
+        assert solos_jobs.recorded(store, "purge", lambda: 0) == 0  # a host on time: not skipped
+        assert sql(pg_url, "SELECT result FROM memory_job_run WHERE job = 'purge' ORDER BY id") == [("ok",), ("ok",)]
+    finally:
+        store.close()
