@@ -64,6 +64,9 @@ MIGRATION_LOCK = 8437  # pg_advisory_xact_lock key: copies starting together cre
 # schema_pg.sql's revision, raised with every change to it (tests/test_release.py pins the file's sha256 to it) and
 # recorded in solos_memory_meta: a copy of an earlier release does not apply its older functions over a later one's.
 SCHEMA_PG_REVISION = 1
+# How long a start applying a changed schema waits for a table another transaction holds: its locks stop the other
+# copies' writes to the tables it locked already, so it gives up (and says so) rather than wait with no bound.
+SCHEMA_LOCK_TIMEOUT_MS = 5000
 STATEMENT_TIMEOUT_MS = 30_000
 # Connections kept open between uses: the writes' admission lane at the default --admit on 2 cores (16). A
 # PostgreSQL connection costs a server process and a few round trips to open, and its first calls plan and
@@ -359,6 +362,12 @@ class PgStore(solos_store.Store):
         schema = read_resource("schema_pg.sql").decode("utf-8")
         try:
             self.create_schema(schema)
+        except psycopg.errors.LockNotAvailable as error:  # before OperationalError, its parent class
+            raise StorageUnavailable(
+                f"the schema could not be applied to the PostgreSQL database at {solos_store.shown(self.path)}: "
+                f"another transaction holds a table it changes for more than {SCHEMA_LOCK_TIMEOUT_MS} ms "
+                f"({first_line(error)}); nothing was changed, start again once it ends"
+            ) from None
         except psycopg.OperationalError as error:
             raise StorageUnavailable(unreachable(self.path, error)) from None
         except psycopg.errors.InsufficientPrivilege as error:
@@ -398,12 +407,15 @@ class PgStore(solos_store.Store):
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
                 refuse_a_later_schema(conn)
-                super(PgConnection, conn).execute(schema)
-                conn.execute(
-                    "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?), ('schema_pg_sha256', ?), "
-                    "('schema_pg_revision', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (solos_store.SCHEMA_VERSION, schema_digest(schema), str(SCHEMA_PG_REVISION)),
-                )
+                if not applied_already(conn, schema):
+                    conn.execute(f"SET LOCAL lock_timeout = {int(SCHEMA_LOCK_TIMEOUT_MS)}")
+                    super(PgConnection, conn).execute(schema)
+                    conn.execute(
+                        "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?), "
+                        "('schema_pg_sha256', ?), ('schema_pg_revision', ?) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        (solos_store.SCHEMA_VERSION, schema_digest(schema), str(SCHEMA_PG_REVISION)),
+                    )
                 conn.execute(
                     "INSERT INTO solos_memory_meta (key, value) VALUES ('vector_generation', '0'), (?, solos_now()) "
                     "ON CONFLICT DO NOTHING",
@@ -851,6 +863,19 @@ def refuse_a_later_schema(conn: Any) -> None:
             f"{SCHEMA_PG_REVISION}: run the later release here too (this one would put its older functions and "
             "triggers under every copy)"
         )
+
+
+def applied_already(conn: Any, schema: str) -> bool:
+    """Whether this very schema_pg.sql (digest and revision) is the one applied: applying it again changes nothing,
+    and would lock every table it indexes (CREATE INDEX IF NOT EXISTS takes its table's SHARE lock first)."""
+    if not conn.execute("SELECT to_regclass('solos_memory_meta') IS NOT NULL").fetchone()[0]:
+        return False
+    applied = dict(
+        conn.execute(
+            "SELECT key, value FROM solos_memory_meta WHERE key IN ('schema_pg_sha256', 'schema_pg_revision')"
+        ).fetchall()
+    )
+    return applied == {"schema_pg_sha256": schema_digest(schema), "schema_pg_revision": str(SCHEMA_PG_REVISION)}
 
 
 def schema_digest(schema: str) -> str:

@@ -617,3 +617,41 @@ def test_a_copy_whose_clock_runs_ahead_does_not_make_the_next_days_run_skip(pg_u
         assert sql(pg_url, "SELECT result FROM memory_job_run WHERE job = 'purge' ORDER BY id") == [("ok",), ("ok",)]
     finally:
         store.close()
+
+
+def test_a_copy_starting_while_the_fleet_holds_a_write_open_neither_waits_nor_stops_the_others(
+    copies, pg_url, monkeypatch
+):
+    # Every start applied schema_pg.sql in one transaction, and CREATE INDEX IF NOT EXISTS locks its table (SHARE)
+    # before it finds the index there: a copy (re)starting while a fleet writer's transaction was open on a tier
+    # waited for it with no bound, holding the tables it had locked already, and every other copy's writes to
+    # them were 503 busy for as long as that transaction lived.
+    import solos_store
+    import solos_store_pg
+
+    a = copies()
+    assert a.post("/v1/long", {"agent": "atlas", "fact": "before the restart"}).status == 201
+    with psycopg.connect(pg_url) as fleet:  # a transaction of the fleet's, open across the start
+        fleet.execute("INSERT INTO memory_episodic (agent, event_type, summary) VALUES ('atlas', 't', 'open')")
+        started = threading.Event()
+
+        def restart() -> None:
+            solos_store_pg.PgStore(pg_url, admin=True).migrate()  # the same release starting again
+            started.set()
+
+        threading.Thread(target=restart, daemon=True).start()
+        assert started.wait(WAIT_S / 2), "the start waited for the fleet's transaction"
+        assert a.post("/v1/long", {"agent": "atlas", "fact": "while another copy starts"}).status == 201
+
+        # A start that must apply a changed schema waits a bounded time, then says what holds it up.
+        monkeypatch.setattr(solos_store_pg, "SCHEMA_LOCK_TIMEOUT_MS", 300)
+        sql(pg_url, "UPDATE solos_memory_meta SET value = 'an earlier file' WHERE key = 'schema_pg_sha256'")
+        begun = time.monotonic()
+        with pytest.raises(solos_store.StorageUnavailable, match="another transaction holds"):
+            solos_store_pg.PgStore(pg_url, admin=True).migrate()
+        assert time.monotonic() - begun < WAIT_S / 2
+        assert a.post("/v1/long", {"agent": "atlas", "fact": "after the refused start"}).status == 201
+        fleet.rollback()
+    solos_store_pg.PgStore(pg_url, admin=True).migrate()  # applied once the fleet's transaction ended
+    digest = solos_store_pg.schema_digest(solos_store.read_resource("schema_pg.sql").decode())
+    assert sql(pg_url, "SELECT value FROM solos_memory_meta WHERE key = 'schema_pg_sha256'") == [(digest,)]
