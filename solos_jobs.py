@@ -142,9 +142,16 @@ def skipped(job: str, reason: str) -> None:
 
 
 def recent_success(conn: sqlite3.Connection, job: str) -> str | None:
-    """When the job last succeeded, if that is within DONE_FOR_S."""
-    done = conn.execute("SELECT max(ended_at) FROM memory_job_run WHERE job = ? AND result = 'ok'", (job,)).fetchone()
-    return done[0] if done[0] and time.time() - seconds(done[0]) < DONE_FOR_S.get(job, GRACE_S) else None
+    """When the job last succeeded, if that is within DONE_FOR_S by the database's clock."""
+    sql = f"SELECT max(ended_at), {clock(conn)} FROM memory_job_run WHERE job = ? AND result = 'ok'"
+    done, now = conn.execute(sql, (job,)).fetchone()
+    return done if done and seconds(now) - seconds(done) < DONE_FOR_S.get(job, GRACE_S) else None
+
+
+def clock(conn: Any) -> str:
+    """The database's time in SQL: the one clock every copy over a PostgreSQL database reads alike (a run's end,
+    and whether a job succeeded within its period or is overdue, are never one host's clock against another's)."""
+    return getattr(conn, "queries", solos_store.SQLITE).NOW
 
 
 def write(
@@ -215,13 +222,14 @@ def end_run(
     """A run's outcome; the whole row (from `started`) when its start could not be recorded."""
     if run_id is None:
         conn.execute(
-            "INSERT INTO memory_job_run (job, started_at, ended_at, result, rows, error) VALUES (?, ?, ?, ?, ?, ?)",
-            (job, started, stamp(time.time()), result, rows, error),
+            "INSERT INTO memory_job_run (job, started_at, ended_at, result, rows, error) "
+            f"VALUES (?, ?, {clock(conn)}, ?, ?, ?)",
+            (job, started, result, rows, error),
         )
         return
     conn.execute(
-        "UPDATE memory_job_run SET ended_at = ?, result = ?, rows = ?, error = ? WHERE id = ?",
-        (stamp(time.time()), result, rows, error, run_id),
+        f"UPDATE memory_job_run SET ended_at = {clock(conn)}, result = ?, rows = ?, error = ? WHERE id = ?",
+        (result, rows, error, run_id),
     )
 
 
@@ -231,7 +239,7 @@ def end_run(
 def status(queries: solos_store.Queries, conn: sqlite3.Connection, now: float | None = None) -> dict[str, dict]:
     """Per job: its period, last run, last success, state (ok, running, waiting, failed, overdue) and problem;
     `queries` are the store's (store.queries), which know whether a run's process still holds its turn."""
-    now = time.time() if now is None else now
+    now = seconds(conn.execute(f"SELECT {queries.NOW}").fetchone()[0]) if now is None else now
     since = queries.meta_value(conn, WATCHED_SINCE)
     answer = {}
     for job, period in JOB_PERIOD_S.items():

@@ -104,10 +104,11 @@ NOT_COPIED = {
     "qdrant_outbox": "the Qdrant mirror runs on SQLite only; drain it (serve with --qdrant-url) before migrating",
 }
 # solos_memory_meta keys that mean something only in the SQLite file, and the target's own schema (its version
-# and the hash of the schema_pg.sql that made it).
+# and revision, and the hash of the schema_pg.sql that made it).
 META_SKIPPED = (
     "schema_version",
     "schema_pg_sha256",
+    "schema_pg_revision",
     "snapshot_head",
     "qdrant_mirror",
     solos_store.DATABASE_ID,
@@ -319,6 +320,7 @@ def copy_rows(rows: sqlite3.Cursor, dst: Any, table: Table, columns: list[str], 
     while batch := rows.fetchmany(BATCH_ROWS):
         with dst.cursor().copy(f"COPY migrate_stage ({names}) FROM STDIN") as copy:
             for row in batch:
+                refuse_nul(table, columns, row)
                 copy.write_row(row)
                 digest.update(row_bytes(row))
         copied += dst.execute(  # rows already there skip the insert triggers' work too (a re-run)
@@ -328,6 +330,19 @@ def copy_rows(rows: sqlite3.Cursor, dst: Any, table: Table, columns: list[str], 
         dst.execute("TRUNCATE migrate_stage")
         read += len(batch)
     return read, copied
+
+
+def refuse_nul(table: Table, columns: list[str], row: Sequence[Any]) -> None:
+    """Stop at a text holding NUL, naming its row and column: PostgreSQL's text refuses it (the API does too, the
+    fleet's direct writers need not), and the COPY's own error names neither."""
+    for name, value in zip(columns, row):
+        if isinstance(value, str) and "\x00" in value:
+            key = ", ".join(f"{part} {row[columns.index(part)]!r}" for part in table.key)
+            raise MigrateError(
+                f"{table.name} {key}: its {name} holds a NUL character (0x00), which PostgreSQL's text refuses; "
+                "nothing of this table was copied. Remove the NUL from that row in the SQLite file (or forget the "
+                "row), then run migrate again"
+            )
 
 
 def copy_meta(src: sqlite3.Connection, dst: Any, digest: Any) -> tuple[int, int]:

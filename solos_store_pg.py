@@ -30,7 +30,9 @@ import contextlib
 import hashlib
 import json
 import math
+import queue
 import re
+import select
 import sqlite3
 import threading
 import time
@@ -59,6 +61,12 @@ from solos_store import (
 
 SERVICE_ROLE = "solos_memory_service"
 MIGRATION_LOCK = 8437  # pg_advisory_xact_lock key: copies starting together create the schema one at a time
+# schema_pg.sql's revision, raised with every change to it (tests/test_release.py pins the file's sha256 to it) and
+# recorded in solos_memory_meta: a copy of an earlier release does not apply its older functions over a later one's.
+SCHEMA_PG_REVISION = 1
+# How long a start applying a changed schema waits for a table another transaction holds: its locks stop the other
+# copies' writes to the tables it locked already, so it gives up (and says so) rather than wait with no bound.
+SCHEMA_LOCK_TIMEOUT_MS = 5000
 STATEMENT_TIMEOUT_MS = 30_000
 # Connections kept open between uses: the writes' admission lane at the default --admit on 2 cores (16). A
 # PostgreSQL connection costs a server process and a few round trips to open, and its first calls plan and
@@ -335,10 +343,17 @@ class PgStore(solos_store.Store):
         return self.run(work, write=False, one_statement=True)
 
     def checkout(self) -> Any:
-        conn: Any = super().checkout()
-        if conn.closed or conn.broken:
-            conn = self.connect()
-        return conn
+        """A pooled connection the server has not ended, else a new one. A restart, a failover or
+        pg_terminate_backend ends every idle one: the server's goodbye (or the socket's end) waits unread on it, and
+        the next call would meet it as "cannot be reached" with the database up again."""
+        while True:
+            try:
+                conn: Any = self.pool.get_nowait()
+            except queue.Empty:
+                return self.connect()
+            if not (conn.closed or conn.broken or ended(conn)):
+                return conn
+            conn.close()
 
     # -- schema --
 
@@ -347,6 +362,12 @@ class PgStore(solos_store.Store):
         schema = read_resource("schema_pg.sql").decode("utf-8")
         try:
             self.create_schema(schema)
+        except psycopg.errors.LockNotAvailable as error:  # before OperationalError, its parent class
+            raise StorageUnavailable(
+                f"the schema could not be applied to the PostgreSQL database at {solos_store.shown(self.path)}: "
+                f"another transaction holds a table it changes for more than {SCHEMA_LOCK_TIMEOUT_MS} ms "
+                f"({first_line(error)}); nothing was changed, start again once it ends"
+            ) from None
         except psycopg.OperationalError as error:
             raise StorageUnavailable(unreachable(self.path, error)) from None
         except psycopg.errors.InsufficientPrivilege as error:
@@ -385,12 +406,16 @@ class PgStore(solos_store.Store):
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
-                super(PgConnection, conn).execute(schema)
-                conn.execute(
-                    "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?), ('schema_pg_sha256', ?) "
-                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (solos_store.SCHEMA_VERSION, schema_digest(schema)),
-                )
+                refuse_a_later_schema(conn)
+                if not applied_already(conn, schema):
+                    conn.execute(f"SET LOCAL lock_timeout = {int(SCHEMA_LOCK_TIMEOUT_MS)}")
+                    super(PgConnection, conn).execute(schema)
+                    conn.execute(
+                        "INSERT INTO solos_memory_meta (key, value) VALUES ('schema_version', ?), "
+                        "('schema_pg_sha256', ?), ('schema_pg_revision', ?) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        (solos_store.SCHEMA_VERSION, schema_digest(schema), str(SCHEMA_PG_REVISION)),
+                    )
                 conn.execute(
                     "INSERT INTO solos_memory_meta (key, value) VALUES ('vector_generation', '0'), (?, solos_now()) "
                     "ON CONFLICT DO NOTHING",
@@ -812,9 +837,45 @@ class PgStore(solos_store.Store):
             log_event("forgotten_vacuumed", tables=tables)
 
 
+def ended(conn: Any) -> bool:
+    """Whether an idle connection has something to read: nothing is owed to it between statements, so that is the
+    server ending it (a FATAL message, or the socket closed); a reported setting changing (rare) costs a reconnect."""
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
+
+
 def key_lock(agent: str, tier: str, key: str) -> int:
     """The transaction-scoped advisory lock that serializes writes of one write key (hold_key, write_row)."""
     return int.from_bytes(hashlib.sha256(f"{agent}\0{tier}\0{key}".encode()).digest()[:8], "big", signed=True)
+
+
+def refuse_a_later_schema(conn: Any) -> None:
+    """Stop a copy whose schema_pg.sql is older than the one a later release applied to this database: applying it
+    would put its older functions and triggers under every copy (the schema is applied at each start)."""
+    if not conn.execute("SELECT to_regclass('solos_memory_meta') IS NOT NULL").fetchone()[0]:
+        return
+    row = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'schema_pg_revision'").fetchone()
+    if row is not None and str(row[0]).isdigit() and int(row[0]) > SCHEMA_PG_REVISION:
+        raise solos_store.SchemaMismatch(
+            f"the database's schema is revision {row[0]}, applied by a later release of solos-memory; this copy's is "
+            f"{SCHEMA_PG_REVISION}: run the later release here too (this one would put its older functions and "
+            "triggers under every copy)"
+        )
+
+
+def applied_already(conn: Any, schema: str) -> bool:
+    """Whether this very schema_pg.sql (digest and revision) is the one applied: applying it again changes nothing,
+    and would lock every table it indexes (CREATE INDEX IF NOT EXISTS takes its table's SHARE lock first)."""
+    if not conn.execute("SELECT to_regclass('solos_memory_meta') IS NOT NULL").fetchone()[0]:
+        return False
+    applied = dict(
+        conn.execute(
+            "SELECT key, value FROM solos_memory_meta WHERE key IN ('schema_pg_sha256', 'schema_pg_revision')"
+        ).fetchall()
+    )
+    return applied == {"schema_pg_sha256": schema_digest(schema), "schema_pg_revision": str(SCHEMA_PG_REVISION)}
 
 
 def schema_digest(schema: str) -> str:

@@ -554,3 +554,104 @@ def test_first_pokes_from_many_writers_at_once_start_the_notifier_once():
         thread.join()
     assert len(starts) == 1
     assert notifier.poked.is_set()
+
+
+# ==== 7: copies of different releases over one schema ====
+
+
+def test_a_copy_of_an_earlier_schema_leaves_a_later_one_alone_and_says_so(pg_url):
+    # A copy on an older tree, started (or restarted by systemd) mid-rollout, applied its own schema_pg.sql over
+    # the later one: the later copies kept serving on its older functions and triggers (a short row written
+    # already expired was no longer listed for its expire event) and the digest a member login checks was its.
+    import solos_store
+    import solos_store_pg
+
+    def meta(key: str) -> list[tuple]:
+        return sql(pg_url, "SELECT value FROM solos_memory_meta WHERE key = %s", (key,))
+
+    store = solos_store_pg.PgStore(pg_url, admin=True)
+    store.migrate()
+    store.close()
+    ours = solos_store_pg.SCHEMA_PG_REVISION
+    assert meta("schema_pg_revision") == [(str(ours),)]
+    sql(pg_url, "UPDATE solos_memory_meta SET value = %s WHERE key = 'schema_pg_revision'", (str(ours + 1),))
+    sql(pg_url, "UPDATE solos_memory_meta SET value = 'a later release' WHERE key = 'schema_pg_sha256'")
+    with pytest.raises(solos_store.SchemaMismatch, match=f"revision {ours + 1}.*this copy's is {ours}"):
+        solos_store_pg.PgStore(pg_url, admin=True).migrate()
+    assert meta("schema_pg_sha256") == [("a later release",)]  # not applied over it
+
+    # A release from before revisions were recorded leaves the revision as it was and writes its own digest: the
+    # next start of a current copy applies this schema again.
+    sql(pg_url, "UPDATE solos_memory_meta SET value = %s WHERE key = 'schema_pg_revision'", (str(ours),))
+    store = solos_store_pg.PgStore(pg_url, admin=True)
+    store.migrate()
+    store.close()
+    ours_digest = solos_store_pg.schema_digest(solos_store.read_resource("schema_pg.sql").decode())
+    assert meta("schema_pg_sha256") == [(ours_digest,)]
+
+
+def test_a_copy_whose_clock_runs_ahead_does_not_make_the_next_days_run_skip(pg_url, monkeypatch):
+    # Each copy stamped a run's end with its own clock and measured "within its period" with its own: a run on a
+    # host 3 hours ahead read as 3 hours later than it was, and every other host's timer the next day skipped the
+    # job ("it succeeded ... within its period"), so the cluster went a day without a purge.
+    import types
+
+    import solos_jobs
+    import solos_store_pg
+
+    store = solos_store_pg.PgStore(pg_url, admin=True)
+    store.migrate()
+    real = time.time
+    ahead = types.SimpleNamespace(
+        **{name: getattr(time, name) for name in ("monotonic", "sleep", "strftime", "gmtime")}
+    )
+    ahead.time = lambda: real() + 3 * 3600
+    try:
+        monkeypatch.setattr(solos_jobs, "time", ahead)
+        assert solos_jobs.recorded(store, "purge", lambda: 0) == 0  # the host whose clock is 3 hours ahead
+        monkeypatch.setattr(solos_jobs, "time", time)
+        (ended,) = sql(pg_url, "SELECT ended_at FROM memory_job_run WHERE job = 'purge'")[0]
+        day_later = solos_jobs.stamp(solos_jobs.seconds(ended) - 22.5 * 3600)  # as if that run was 22.5 hours ago
+        sql(pg_url, "UPDATE memory_job_run SET ended_at = %s WHERE job = 'purge'", (day_later,))
+        assert solos_jobs.recorded(store, "purge", lambda: 0) == 0  # a host on time: not skipped
+        assert sql(pg_url, "SELECT result FROM memory_job_run WHERE job = 'purge' ORDER BY id") == [("ok",), ("ok",)]
+    finally:
+        store.close()
+
+
+def test_a_copy_starting_while_the_fleet_holds_a_write_open_neither_waits_nor_stops_the_others(
+    copies, pg_url, monkeypatch
+):
+    # Every start applied schema_pg.sql in one transaction, and CREATE INDEX IF NOT EXISTS locks its table (SHARE)
+    # before it finds the index there: a copy (re)starting while a fleet writer's transaction was open on a tier
+    # waited for it with no bound, holding the tables it had locked already, and every other copy's writes to
+    # them were 503 busy for as long as that transaction lived.
+    import solos_store
+    import solos_store_pg
+
+    a = copies()
+    assert a.post("/v1/long", {"agent": "atlas", "fact": "before the restart"}).status == 201
+    with psycopg.connect(pg_url) as fleet:  # a transaction of the fleet's, open across the start
+        fleet.execute("INSERT INTO memory_episodic (agent, event_type, summary) VALUES ('atlas', 't', 'open')")
+        started = threading.Event()
+
+        def restart() -> None:
+            solos_store_pg.PgStore(pg_url, admin=True).migrate()  # the same release starting again
+            started.set()
+
+        threading.Thread(target=restart, daemon=True).start()
+        assert started.wait(WAIT_S / 2), "the start waited for the fleet's transaction"
+        assert a.post("/v1/long", {"agent": "atlas", "fact": "while another copy starts"}).status == 201
+
+        # A start that must apply a changed schema waits a bounded time, then says what holds it up.
+        monkeypatch.setattr(solos_store_pg, "SCHEMA_LOCK_TIMEOUT_MS", 300)
+        sql(pg_url, "UPDATE solos_memory_meta SET value = 'an earlier file' WHERE key = 'schema_pg_sha256'")
+        begun = time.monotonic()
+        with pytest.raises(solos_store.StorageUnavailable, match="another transaction holds"):
+            solos_store_pg.PgStore(pg_url, admin=True).migrate()
+        assert time.monotonic() - begun < WAIT_S / 2
+        assert a.post("/v1/long", {"agent": "atlas", "fact": "after the refused start"}).status == 201
+        fleet.rollback()
+    solos_store_pg.PgStore(pg_url, admin=True).migrate()  # applied once the fleet's transaction ended
+    digest = solos_store_pg.schema_digest(solos_store.read_resource("schema_pg.sql").decode())
+    assert sql(pg_url, "SELECT value FROM solos_memory_meta WHERE key = 'schema_pg_sha256'") == [(digest,)]

@@ -152,6 +152,13 @@ def fill(db: Path) -> dict:
     return said
 
 
+def copied_source(source: tuple[Path, dict], path: Path) -> Path:
+    """A copy of the module's filled database at path, for a test that changes its source."""
+    with sqlite3.connect(source[0]) as conn, sqlite3.connect(path) as copy:
+        conn.backup(copy)
+    return path
+
+
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> tuple[Path, dict]:
     """One filled database for the module; migrate never changes it (checked in each test)."""
@@ -273,10 +280,7 @@ def test_a_second_run_copies_nothing_and_verifies_again(source, pg_url):
 
 @pytest.mark.slow
 def test_a_run_after_the_source_grew_copies_only_the_new_rows(source, pg_url, tmp_path):
-    db, _ = source
-    grown = tmp_path / "grown.db"
-    with sqlite3.connect(db) as conn, sqlite3.connect(grown) as copy:
-        conn.backup(copy)
+    grown = copied_source(source, tmp_path / "grown.db")
     assert migrate(grown, pg_url)[0] == 0
     server = start_server(grown)
     try:
@@ -327,9 +331,7 @@ def test_a_target_the_service_has_used_since_is_refused_before_anything_is_copie
         server.post("/v1/long", {"agent": "nova", "fact": "Written on PostgreSQL after the move"})
     finally:
         stop_server(server)
-    grown = tmp_path / "grown.db"  # and the old file gained a row meanwhile: it must not land in the live store
-    with sqlite3.connect(db) as conn, sqlite3.connect(grown) as copy:
-        conn.backup(copy)
+    grown = copied_source(source, tmp_path / "grown.db")  # the old file gained a row: not for the live store
     with sqlite3.connect(grown) as conn:
         conn.execute("INSERT INTO memory_longterm (agent, fact) VALUES ('sol', 'A late write to the old file')")
     with psycopg.connect(pg_url) as conn:
@@ -361,6 +363,31 @@ def test_a_target_holding_another_sources_migration_is_refused_before_anything_i
     assert "the target holds a migration from another source" in json.loads(err)["reason"]
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == before
+
+
+@pytest.mark.slow
+def test_a_row_holding_a_nul_is_named_so_the_operator_can_mend_it_and_run_again(source, pg_url, tmp_path):
+    # The API refuses NUL, the fleet's direct writers need not, and PostgreSQL's text refuses it. The line said
+    # only "memory_longterm: PostgreSQL text fields cannot contain NUL (0x00) bytes": which of its rows, and
+    # which column, was the operator's to hunt for, and every run stopped there.
+    odd = copied_source(source, tmp_path / "odd.db")
+    with sqlite3.connect(odd) as conn:
+        row = conn.execute(
+            "INSERT INTO memory_longterm (agent, topic, fact) VALUES ('nova', 'ops', ?) RETURNING id", ("a\x00b",)
+        ).fetchone()[0]
+    status, lines, err = migrate(odd, pg_url)
+    assert status == 1 and lines == [] and len(err.splitlines()) == 1, err
+    reason = json.loads(err)["reason"]
+    assert f"memory_longterm id {row}" in reason and "fact" in reason and "NUL" in reason, reason
+    with sqlite3.connect(odd) as conn:
+        conn.execute("UPDATE memory_longterm SET fact = 'ab' WHERE id = ?", (row,))  # mended by hand
+    status, lines, err = migrate(odd, pg_url)
+    reason = json.loads(err)["reason"]  # the update kept the old text as a version: named in turn
+    assert status == 1 and "memory_version id " in reason and "its text holds a NUL" in reason, reason
+    with sqlite3.connect(odd) as conn:
+        conn.execute("UPDATE memory_version SET text = 'ab' WHERE tier = 'long' AND row_id = ?", (row,))
+    status, lines, err = migrate(odd, pg_url)
+    assert status == 0 and lines[-1]["migrated"] is True, err
 
 
 # ==== Clear errors: one line, exit non-zero ====

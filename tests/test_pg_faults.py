@@ -293,3 +293,31 @@ def test_a_write_whose_commit_answer_is_lost_is_not_said_to_have_changed_nothing
     finally:
         stop_server(running)
         proxy.close()
+
+
+def test_a_pooled_connection_the_server_ended_is_not_handed_to_the_next_call(pg_url):
+    # After a restart or failover (or pg_terminate_backend), every idle pooled connection is dead. The next call
+    # took one and answered 503 "cannot be reached" with the database up, and a write said it "may have been
+    # stored" when the server had ended the connection before it was sent.
+    import psycopg
+
+    import solos_store_pg
+
+    store = solos_store_pg.PgStore(pg_url, admin=True)
+    store.migrate()
+    store.register_agents(["atlas"])
+    try:
+        pids = store.read(lambda conn: [conn.info.backend_pid])
+        assert store.pool.qsize() == 1
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+            gone = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+            wait_until(lambda: admin.execute(gone, (pids[0],)).fetchone()[0] == 0, "the backend to end")
+        assert store.read(lambda conn: conn.execute("SELECT 41 + 1").fetchone()[0]) == 42
+        pids.append(store.read(lambda conn: conn.info.backend_pid))
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pids[-1],))
+            wait_until(lambda: admin.execute(gone, (pids[-1],)).fetchone()[0] == 0, "the backend to end")
+        assert store.upsert_long("atlas", None, "written after the cut", None, None, [])["status"] == "created"
+    finally:
+        store.close()

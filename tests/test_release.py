@@ -67,3 +67,20 @@ def test_every_http_surface_shows_the_version(server):
 def test_the_hermes_plugin_declares_the_version(tmp_path):
     target = solos_client.install_hermes(str(tmp_path), create=True)
     assert f'version: "{VERSION}"' in (target / "plugin.yaml").read_text()
+
+
+# schema_pg.sql's sha256 at each revision (solos_store_pg.SCHEMA_PG_REVISION): a change to the file raises the
+# revision, so a copy of an earlier release never applies its older functions over it (tests/test_copies.py).
+SCHEMA_PG_SHA256 = {1: "d7cfe65c2ea77e18c602dab96c06229e7cc5c97b19119d3a2e920280bebc4fe3"}
+
+
+def test_a_change_to_schema_pg_raises_its_revision():
+    solos_store_pg = pytest.importorskip("solos_store_pg")
+    revision, digest = (
+        solos_store_pg.SCHEMA_PG_REVISION,
+        solos_store_pg.schema_digest((ROOT / "schema_pg.sql").read_text(encoding="utf-8")),
+    )
+    assert max(SCHEMA_PG_SHA256) == revision, "pin schema_pg.sql's sha256 at the new revision here"
+    assert SCHEMA_PG_SHA256[revision] == digest, (
+        f"schema_pg.sql changed (sha256 {digest}): raise solos_store_pg.SCHEMA_PG_REVISION and pin it here"
+    )
