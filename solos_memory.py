@@ -579,7 +579,8 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
     live once.
     """
     claimed = raw_args.get("agent") if isinstance(raw_args, dict) else None
-    agent = claimed if not tokens and isinstance(claimed, str) else None  # who the rejection log names
+    # Who the rejection log names: loopback trust's claimed agent if it is a name (else `claimed_agent`, kept short)
+    agent = claimed if not tokens and isinstance(claimed, str) and fully_matches(AGENT_PATTERN, claimed) else None
     memory.stats.count("calls", op.name)
     try:
         if tokens:  # a tokens file, or tokens kept in the database (on while any exists)

@@ -311,6 +311,24 @@ def test_label_values_are_escaped_per_the_exposition_format():
     assert solos_telemetry.label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
 
 
+def test_a_refused_agent_name_is_kept_short_in_stats_the_page_and_the_log(server, capsys):
+    """Loopback trust names a rejection by the agent its call claimed; a name that is no agent name (a 300 KB
+    string) is kept as the reason keeps a bad value: short. Twenty of them made stats and the page 6 MB each."""
+    huge = "A" * 300_000
+    for _ in range(20):
+        assert server.post("/v1/long", {"agent": huge, "fact": "x"}).status == 400
+    assert server.post("/v1/long", {"agent": "sol\n<b>", "fact": "x"}).status == 400
+    stats = server.get("/v1/stats")
+    assert len(stats.raw) < 100_000, len(stats.raw)
+    assert len(server.get("/").raw) < 100_000
+    newest, *older = stats.body["recent_rejections"]
+    assert newest["agent"] is None and newest["claimed_agent"] == repr("sol\n<b>")
+    assert older[0]["agent"] is None and len(older[0]["claimed_agent"]) <= 60
+    assert max(len(line) for line in capsys.readouterr().err.splitlines()) < 2_000
+    assert server.post("/v1/long", {"agent": "mallory", "fact": "x"}).status == 422  # a name, not registered
+    assert server.get("/v1/stats").body["recent_rejections"][0]["agent"] == "mallory"
+
+
 # ---- /v1/stats in token mode: each caller sees its own; the log names the token's holder ----
 
 
