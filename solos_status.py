@@ -307,6 +307,7 @@ def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
     """The whole page as UTF-8 HTML."""
     mode, mode_class = MODES.get(str(health.get("embedder_state")), ("degraded", "bad"))
     problems = problem_list(health, stats)
+    worker = f", worker {int(health['worker'])} of {int(health['workers'])}" if health.get("workers") else ""
     title = f"{len(problems)} problem{'s' * (len(problems) != 1)}" if problems else "ok"
     badges = [
         f'<span class="badge good" id="health">{escape(health["status"])}</span>',
@@ -316,6 +317,7 @@ def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
     sections = [
         f"<h1>solos-memory {' '.join(badge for badge in badges if badge)}</h1>",
         verdict(health),
+        worker_note(health),
         (
             f'<ul id="problems" class="bad">{"".join(f"<li>{escape(p)}</li>" for p in problems)}</ul>'
             if problems
@@ -334,7 +336,7 @@ def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
         activity_tables(stats.get("activity") or {}),
         rejections_tables(stats),
         f'<p class="note" id="footer">Version {escape(str(stats.get("version", health["version"])))}'
-        f"{', copy ' + escape(str(health['copy'])) if health.get('copy') else ''}, up "
+        f"{', copy ' + escape(str(health['copy'])) if health.get('copy') else ''}{worker}, up "
         f"{duration(stats.get('uptime_s', 0))}, auth {escape(health['auth'])}. "
         f"Generated {escape(solos_jobs.stamp(time.time()))}; reloads every {int(refresh_s)} s. "
         "Counts only: this page never shows what memory says.</p>",
@@ -360,6 +362,17 @@ def verdict(health: dict) -> str:
             f'<p id="verdict" class="{MODES.get(str(state), ("", "bad"))[1]}">Recall is degraded: {escape(reason)}</p>'
         )
     return '<p id="verdict">Healthy: hybrid recall (keywords and embeddings).</p>'
+
+
+def worker_note(health: dict) -> str:
+    """Under `serve --workers N`: which worker drew the page, and which of its figures are that worker's alone."""
+    if not health.get("workers"):
+        return ""
+    return (
+        f'<p class="note" id="worker">Worker {int(health["worker"])} of {int(health["workers"])} answered: the '
+        "Service counters, Load and Rejections are this worker's since it started, and the next load may be "
+        "another's; rows, vectors, jobs and the last 24 hours are the database's, the same from every worker.</p>"
+    )
 
 
 def problem_list(health: dict, stats: dict) -> list[str]:

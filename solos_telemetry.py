@@ -181,8 +181,10 @@ def metrics_text(memory: Any) -> bytes:
         requests, latency = dict(stats.requests), {k: list(v) for k, v in stats.latency.items()}
         rejections, hits = dict(stats.rejections), dict(stats.recall_hits)
         suppressed = stats.duplicates_suppressed
-    family("copy_info", "gauge", "Which copy of the service answered (several may share a PostgreSQL database).")
-    lines.append(f'solos_memory_copy_info{{copy="{label(memory.copy)}"}} 1')
+    family("copy_info", "gauge", "Which copy of the service (and which of its workers) answered.")
+    serving = memory.serving  # under `serve --workers N`: which worker's counters these are
+    worker = f',worker="{int(serving["worker"])}",workers="{int(serving["workers"])}"' if serving.get("workers") else ""
+    lines.append(f'solos_memory_copy_info{{copy="{label(memory.copy)}"{worker}}} 1')
     family("requests_total", "counter", "HTTP requests answered, by route, method and status.")
     for (route, method, status), count in sorted(requests.items()):
         lines.append(

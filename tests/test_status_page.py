@@ -478,3 +478,17 @@ def test_writes_by_hour_reads_only_the_events_logged_since_its_last_count(tmp_pa
     assert store.writes_by_hour()["sol"][:3] == [5, 1, 0]
     conn.close()
     store.close()
+
+
+def test_with_workers_the_page_and_metrics_say_which_worker_counted(server):
+    """Under `serve --workers N` each worker answers the page and /metrics from its own counters (requests,
+    rejections, busy refusals, load). The page said only the copy, the same for every worker, so two loads 15 s
+    apart showed two workers' counts as one service's going up and down; /metrics could not tell them apart."""
+    assert "worker" not in Dom(server.get("/").raw.decode()).text_by_id  # one process: nothing to say
+    server.server.memory.serving = {"workers": 2, "worker": 2, "worker_pid": 4242}  # what open_server sets
+    dom = Dom(server.get("/").raw.decode())
+    note = dom.text_by_id["worker"]
+    assert "Worker 2 of 2" in note and "this worker's" in note and "Rejections" in note, note
+    assert "worker 2 of 2" in dom.text_by_id["footer"]
+    metrics = server.get("/metrics").raw.decode()
+    assert re.search(r'^solos_memory_copy_info\{copy="[^"]+",worker="2",workers="2"\} 1$', metrics, re.M), metrics
