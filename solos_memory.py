@@ -772,7 +772,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
         confirm = server.tokens and functools.partial(server.tokens.confirm, self.headers.get("Authorization"))
         subscriber = server.memory.events.subscribe(checked["pattern"], self.connection, confirm or None)
         if subscriber is None:
-            raise Busy(f"{server.memory.events.max_subscribers} event streams are open; that is the cap")
+            raise Busy(f"{server.memory.events.max_subscribers} event streams are open: the cap", reason="streams")
         self.close_connection = True
         server.unslot(self.connection)
         self.status_sent = 200

@@ -445,7 +445,7 @@ def facts(health: dict, stats: dict) -> str:
         ("rows without a vector yet", "-" if health.get("embed_backlog") is None else health["embed_backlog"]),
         ("duplicates suppressed", stats.get("duplicates_suppressed", 0)),
         ("recalls with no result", stats.get("recall_empty", 0)),
-        ("busy: database locked (503)", rejections.get("busy", 0)),
+        ("busy: database locked (503)", (stats.get("busy_reasons") or {}).get("locked", 0)),
         ("busy: too many connections (503)", rejections.get("too_many_connections", 0)),
         # Refused connections are turned away before a request is read, so they are not among the answered.
         ("503 in all", int(stats.get("answered_503", 0)) + int(rejections.get("too_many_connections", 0))),
