@@ -303,6 +303,24 @@ def without_paths_in(state: dict, paths: bool = False) -> dict:
     return {k: without_paths(v) if k.endswith("reason") and isinstance(v, str) else v for k, v in state.items()}
 
 
+MESSAGE_KEYS = ("reason", "error", "detail", "target")  # where a stats answer carries a message or a location
+
+
+def for_caller(operator: bool, answer: Any) -> Any:
+    """The stats answer for its caller: whole for the operator; an agent's without machine paths in any message,
+    however deep (the embedder's error, the delivery log's, a job's, the Qdrant target), as its reasons are."""
+    if operator:
+        return answer
+    if isinstance(answer, list):
+        return [for_caller(False, item) for item in answer]
+    if not isinstance(answer, dict):
+        return answer
+    return {
+        key: without_paths(value) if isinstance(value, str) and key.endswith(MESSAGE_KEYS) else for_caller(False, value)
+        for key, value in answer.items()
+    }
+
+
 def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
     """The whole page as UTF-8 HTML."""
     mode, mode_class = MODES.get(str(health.get("embedder_state")), ("degraded", "bad"))

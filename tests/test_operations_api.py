@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, raw_exchange, wait_until, write_tokens
+from conftest import ROOT, WordHashEmbedder, raw_exchange, wait_until, write_tokens
 from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -286,6 +286,33 @@ def test_health_names_no_path_the_operators_stats_do(embedder_missing, tmp_path)
     for reason in (health["degraded_reason"], agent_view["degraded_reason"], recall["degraded_reason"]):
         assert interpreter not in reason and str(tmp_path) not in reason, reason
         assert "onnxruntime, tokenizers" in reason and "pip install" in reason  # the advice stays
+
+
+def test_an_agents_view_of_stats_names_no_machine_path_in_any_message(embedded_server, tmp_path):
+    """degraded_reason was cut to '…/x.onnx' in an agent's view, but embed_error (the same failure), the delivery
+    log's last_error and a job's error beside it kept '/home/op/SolOS/…': SECURITY.md says an agent's view does not."""
+
+    class FullDisk(WordHashEmbedder):
+        def embed(self, texts):
+            raise OSError(28, "No space left on device", "/home/op/SolOS/cache/x.onnx")
+
+    server = embedded_server(FullDisk())
+    memory = server.server.memory
+    assert server.post("/v1/long", {"agent": "atlas", "fact": "waits for its vector"}).status == 201
+    wait_until(lambda: memory.worker.last_error, "the embedding pass to fail")
+    memory.deliveries.last_error = "OperationalError: unable to open '/home/op/SolOS/runtime/solos.db'"
+    with server.db() as conn:
+        conn.execute(
+            "INSERT INTO memory_job_run (job, ended_at, result, error) VALUES "
+            "('snapshot', '2026-12-07T02:00:01.000Z', 'failed', 'SnapshotError: no database at /home/op/SolOS/x.db')"
+        )
+    agent_view = json.dumps(server.get("/v1/stats", agent="sol").body, ensure_ascii=False)
+    assert "/home/op" not in agent_view and "…/x.onnx" in agent_view and "…/solos.db" in agent_view, agent_view
+    assert "…/x.db" in agent_view
+    operator = server.get("/v1/stats").body  # the operator's view keeps them whole
+    assert operator["embed_error"] == memory.worker.last_error
+    assert operator["delivery_log"]["last_error"] == memory.deliveries.last_error
+    assert "/home/op/SolOS/x.db" in operator["jobs"]["snapshot"]["detail"]
 
 
 # ---- /metrics: bounded label sets, escaped values ----
