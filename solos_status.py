@@ -328,7 +328,9 @@ def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
     worker = f", worker {int(health['worker'])} of {int(health['workers'])}" if health.get("workers") else ""
     title = f"{len(problems)} problem{'s' * (len(problems) != 1)}" if problems else "ok"
     badges = [
-        f'<span class="badge good" id="health">{escape(health["status"])}</span>',
+        '<span class="badge bad" id="health">storage failing</span>'  # /health's status says it answered, no more
+        if (health.get("storage") or {}).get("state") == "failing"
+        else f'<span class="badge good" id="health">{escape(health["status"])}</span>',
         f'<span class="badge {mode_class}" id="mode">{escape(mode)}</span>',
         f'<span class="badge bad" id="problem-count">{title}</span>' if problems else "",
     ]

@@ -492,3 +492,13 @@ def test_with_workers_the_page_and_metrics_say_which_worker_counted(server):
     assert "worker 2 of 2" in dom.text_by_id["footer"]
     metrics = server.get("/metrics").raw.decode()
     assert re.search(r'^solos_memory_copy_info\{copy="[^"]+",worker="2",workers="2"\} 1$', metrics, re.M), metrics
+
+
+def test_the_health_badge_is_not_a_green_ok_while_storage_fails(server):
+    """/health's status is always "ok" (it answered); the page showed that as a green "ok" badge at the top while
+    a full disk refused every write, the problem itself further down."""
+    assert {"class": "badge good", "id": "health"} in Dom(server.get("/").raw.decode()).elements("span")
+    server.server.memory.store.storage_failed("the disk holding the database is full")
+    dom = Dom(server.get("/").raw.decode())
+    assert dom.text_by_id["health"] == "storage failing"
+    assert {"class": "badge bad", "id": "health"} in dom.elements("span")
