@@ -706,7 +706,7 @@ def rejections_tables(stats: dict) -> str:
     recent = [
         [
             str(r.get("ts", "")).replace("T", " ")[:19],
-            r.get("agent") or "-",
+            r.get("agent") or r.get("claimed_agent") or "-",  # a name that is none: as claimed, quoted and cut
             r.get("operation", ""),
             r.get("code", ""),
             without_paths(str(r.get("reason", ""))),

@@ -121,7 +121,7 @@ def test_the_page_shows_the_fleet_in_a_real_browser(make_server, monkeypatch, tm
     assert dom.rows("reads") == {"sol": ["2", "1"]}
     assert dom.rows("rejection-counts") == {"bad_request": ["1"]}  # no favicon 404 either
     (rejection,) = dom.tables["rejections"]
-    assert rejection[1:4] == ["<b>mallory</b>", "recall", "bad_request"]
+    assert rejection[1:4] == ["'<b>mallory</b>'", "recall", "bad_request"]  # the name claimed, not an agent's
     page_text = "".join(dom.text)
     assert "uneasy" not in page_text and "kestrel" not in page_text and "backup job" not in page_text
     assert f"Version {solos_memory.__version__}," in dom.text_by_id["footer"]
