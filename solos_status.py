@@ -397,7 +397,8 @@ def worker_note(health: dict) -> str:
 
 def problem_list(health: dict, stats: dict) -> list[str]:
     """What needs the operator: storage that failed a call in the last minute, a job that failed or is overdue,
-    an embedder that fails or hangs, a judge or cross-encoder whose files recall cannot use."""
+    an embedder that fails or hangs, a Qdrant mirror that cannot reach Qdrant, a judge or cross-encoder whose
+    files recall cannot use."""
     problems = [
         f"{job} {state['state']}: {without_paths(state['detail'])}"
         for job, state in (stats.get("jobs") or {}).items()
@@ -409,6 +410,12 @@ def problem_list(health: dict, stats: dict) -> list[str]:
         problems.insert(0, f"storage failing (last at {last['at']}): {without_paths(str(last['reason']))}")
     if health.get("embedder_state") in ("failing", "busy"):
         problems.append(without_paths(str(health["degraded_reason"])))
+    qdrant = stats.get("qdrant") or {}
+    if qdrant.get("configured") and qdrant.get("consecutive_failures"):
+        problems.append(
+            f"Qdrant mirror failing ({qdrant['consecutive_failures']} attempts in a row; {qdrant.get('backlog')} "
+            f"changes queued): {without_paths(str(qdrant.get('last_error')))}"
+        )
     judge = health.get("judge") or {}
     for state, reason in (
         (judge.get("state"), judge.get("reason")),

@@ -502,3 +502,19 @@ def test_the_health_badge_is_not_a_green_ok_while_storage_fails(server):
     dom = Dom(server.get("/").raw.decode())
     assert dom.text_by_id["health"] == "storage failing"
     assert {"class": "badge bad", "id": "health"} in dom.elements("span")
+
+
+def test_a_failing_qdrant_mirror_is_a_problem_on_the_page():
+    """/metrics said solos_memory_qdrant_mirror_failing 1 and /v1/stats the backlog and error, while the page,
+    which has no Qdrant section, said "Nothing needs attention." as the outbox grew."""
+    health = {"status": "ok", "version": "0", "auth": "loopback-trust", "embedder_state": "off", "degraded": True}
+    qdrant = {"configured": True, "target": "http://127.0.0.1:6333 collection long_term", "backlog": 12}
+    failing = {**qdrant, "consecutive_failures": 4, "last_error": "ConnectError: [Errno 111] Connection refused"}
+    assert solos_status.problem_list(health, {"qdrant": {**qdrant, "consecutive_failures": 0}}) == []
+    assert solos_status.problem_list(health, {"qdrant": {"configured": False, "backlog": 3}}) == []
+    problems = solos_status.problem_list(health, {"qdrant": failing})
+    assert problems == [
+        "Qdrant mirror failing (4 attempts in a row; 12 changes queued): ConnectError: [Errno 111] Connection refused"
+    ]
+    page = Dom(solos_status.render_page(health, {"qdrant": failing}).decode())
+    assert "Qdrant mirror failing" in page.text_by_id["problems"] and page.text_by_id["problem-count"] == "1 problem"
