@@ -171,7 +171,7 @@ def run_checks(
     run_id = "run" + secrets.token_hex(5)
     checks: list[tuple[str, Callable[[], str]]] = [
         ("loopback only", lambda: check_loopback_only(client.port)),
-        ("health", lambda: check_health(client)),
+        ("health", lambda: check_health(client, reader)),
         ("cross-agent echo", lambda: check_cross_agent_echo(client, writer, reader, run_id)),
         ("long row delta", lambda: check_long_row_delta(client, writer, run_id)),
         ("mcp tools", lambda: check_mcp_tools(client, reader)),
@@ -213,10 +213,11 @@ def check_loopback_only(port: int) -> str:
     return f"listening on {found}"
 
 
-def check_health(client: Client) -> str:
+def check_health(client: Client, agent: str) -> str:
     """/health answers 200 and says which auth mode and ranking the service runs with; a warning when recall
     cannot use its judge or cross-encoder (relevance then means less than the docs say); a failure while its
-    storage fails (a call met a full disk or a lost server in the last minute)."""
+    storage fails (a call met a full disk or a lost server in the last minute), or while a daily job's last run
+    failed or it has not succeeded within its period (/v1/stats, as agent: the jobs are the database's)."""
     health = client.expect((200,), "GET", "/health").body
     degraded = f"degraded {str(health['degraded']).lower()}"
     if health["degraded"]:
@@ -235,6 +236,11 @@ def check_health(client: Client) -> str:
     if storage.get("state") == "failing":
         last = storage.get("last_failure") or {}
         raise CheckFailed(f"{seen}; storage failing (last at {last.get('at')}: {last.get('reason')})")
+    stats = client.expect((200, 401), "GET", "/v1/stats", agent, query={"agent": agent})  # 401: the echo says why
+    jobs = (stats.body.get("jobs") if stats.status == 200 else None) or {}
+    problems = [f"{job} {state['state']}: {state['detail']}" for job, state in jobs.items() if state.get("problem")]
+    if problems:
+        raise CheckFailed(f"{seen}; {'; '.join(problems)}")
     if unusable:
         raise CheckWarning(f"{seen}; {'; '.join(unusable)}")
     return seen

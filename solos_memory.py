@@ -335,9 +335,8 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
     no agent named under loopback trust) sees everyone's.
     """
     embedder, snapshot = memory.embedder, memory.stats.snapshot()
-    if args["agent"] is not None:
-        snapshot["recent_rejections"] = [r for r in snapshot["recent_rejections"] if r["agent"] == args["agent"]]
-    return {
+    snapshot["recent_rejections"] = [r for r in snapshot["recent_rejections"] if args["agent"] in (None, r["agent"])]
+    answer = {
         "version": __version__,
         "copy": memory.copy,
         **memory.serving,
@@ -348,7 +347,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "vectors": memory.store.count_vectors(embedder.model_id) if embedder else {},
         "embed_error": memory.worker.last_error if memory.worker else None,
         **memory.embedder_state(paths=args["agent"] is None),
-        "judge": solos_status.without_paths_in(memory.judge.state(), paths=args["agent"] is None),
+        "judge": memory.judge.state(),
         "activity": memory.activity.snapshot(memory.store.writes_by_hour(), args["agent"]),
         "qdrant": solos_qdrant.mirror_status(memory.store, memory.mirror),
         **memory.store.read(memory.store.queries.lifecycle_counts),
@@ -356,6 +355,7 @@ def op_read_stats(memory: Memory, args: dict) -> dict:
         "delivery_log": memory.deliveries.stats(),
         "jobs": memory.store.read(lambda conn: solos_jobs.status(memory.store.queries, conn)),
     }
+    return solos_status.for_caller(args["agent"] is None, answer)  # an agent's: no machine paths in messages
 
 
 # ==== Operation table ====
@@ -579,7 +579,8 @@ def invoke(memory: Memory, tokens: Tokens | None, op: Operation, raw_args: Any, 
     live once.
     """
     claimed = raw_args.get("agent") if isinstance(raw_args, dict) else None
-    agent = claimed if not tokens and isinstance(claimed, str) else None  # who the rejection log names
+    # Who the rejection log names: loopback trust's claimed agent if it is a name (else `claimed_agent`, kept short)
+    agent = claimed if not tokens and isinstance(claimed, str) and fully_matches(AGENT_PATTERN, claimed) else None
     memory.stats.count("calls", op.name)
     try:
         if tokens:  # a tokens file, or tokens kept in the database (on while any exists)
@@ -771,7 +772,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
         confirm = server.tokens and functools.partial(server.tokens.confirm, self.headers.get("Authorization"))
         subscriber = server.memory.events.subscribe(checked["pattern"], self.connection, confirm or None)
         if subscriber is None:
-            raise Busy(f"{server.memory.events.max_subscribers} event streams are open; that is the cap")
+            raise Busy(f"{server.memory.events.max_subscribers} event streams are open: the cap", reason="streams")
         self.close_connection = True
         server.unslot(self.connection)
         self.status_sent = 200

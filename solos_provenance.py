@@ -602,7 +602,7 @@ def as_of_slot() -> Iterator[None]:
     """One of AS_OF_CALLS places, or Busy (503, Retry-After) after AS_OF_WAIT_S: an as-of reads versions without
     an index, so a crowd of them must not take every core and connection from recall and writes."""
     if not AS_OF_SLOTS.acquire(timeout=AS_OF_WAIT_S):
-        raise solos_store.Busy(f"{AS_OF_CALLS} as-of recalls are running; retry in a moment")
+        raise solos_store.Busy(f"{AS_OF_CALLS} as-of recalls are running; retry in a moment", reason="as_of")
     try:
         yield
     finally:

@@ -340,6 +340,12 @@ def take_snapshot(db: str, folder: Path, keep: int, busy_timeout_ms: int) -> dic
         existing = manifests(folder)
         previous = load_manifest(existing[-1]) if existing else None
         if previous is not None:
+            if (foreign := another_database(previous[0], db)) is not None:
+                raise SnapshotError(
+                    "folder",
+                    f"{folder} holds the snapshots of {foreign}, not of {db}: give "
+                    "each database a folder of its own (--dir)",
+                )
             link = Link(existing[-1], previous[0], sha256_bytes(previous[1]))
             dropped = removed_after([link], database_anchor(db), db)  # raises if that manifest was rewritten
             warnings += [dropped] if dropped else []
@@ -361,6 +367,21 @@ def take_snapshot(db: str, folder: Path, keep: int, busy_timeout_ms: int) -> dic
         "abandoned_removed": abandoned,
         "warnings": warnings,
     }
+
+
+def another_database(manifest: dict, db: str) -> str | None:
+    """The database a folder's newest manifest was taken of, if not db: its chain, sequence and retractions are
+    another's, and rotation would delete that one's snapshots. A database moved since (its anchor names the
+    chain) is the same one; a manifest from before `database` was recorded names none."""
+    source = manifest.get("database")
+    if not source or Path(source) == Path(db).absolute():
+        return None
+    if os.path.exists(source) and os.path.samefile(source, db):
+        return None
+    anchor = database_anchor(db)
+    if anchor is not None and manifest.get("chain") and anchor.get("chain") == manifest["chain"]:
+        return None
+    return str(source)
 
 
 def sha256_bytes(data: bytes) -> str:

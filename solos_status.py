@@ -303,19 +303,41 @@ def without_paths_in(state: dict, paths: bool = False) -> dict:
     return {k: without_paths(v) if k.endswith("reason") and isinstance(v, str) else v for k, v in state.items()}
 
 
+MESSAGE_KEYS = ("reason", "error", "detail", "target")  # where a stats answer carries a message or a location
+
+
+def for_caller(operator: bool, answer: Any) -> Any:
+    """The stats answer for its caller: whole for the operator; an agent's without machine paths in any message,
+    however deep (the embedder's error, the delivery log's, a job's, the Qdrant target), as its reasons are."""
+    if operator:
+        return answer
+    if isinstance(answer, list):
+        return [for_caller(False, item) for item in answer]
+    if not isinstance(answer, dict):
+        return answer
+    return {
+        key: without_paths(value) if isinstance(value, str) and key.endswith(MESSAGE_KEYS) else for_caller(False, value)
+        for key, value in answer.items()
+    }
+
+
 def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
     """The whole page as UTF-8 HTML."""
     mode, mode_class = MODES.get(str(health.get("embedder_state")), ("degraded", "bad"))
     problems = problem_list(health, stats)
+    worker = f", worker {int(health['worker'])} of {int(health['workers'])}" if health.get("workers") else ""
     title = f"{len(problems)} problem{'s' * (len(problems) != 1)}" if problems else "ok"
     badges = [
-        f'<span class="badge good" id="health">{escape(health["status"])}</span>',
+        '<span class="badge bad" id="health">storage failing</span>'  # /health's status says it answered, no more
+        if (health.get("storage") or {}).get("state") == "failing"
+        else f'<span class="badge good" id="health">{escape(health["status"])}</span>',
         f'<span class="badge {mode_class}" id="mode">{escape(mode)}</span>',
         f'<span class="badge bad" id="problem-count">{title}</span>' if problems else "",
     ]
     sections = [
         f"<h1>solos-memory {' '.join(badge for badge in badges if badge)}</h1>",
         verdict(health),
+        worker_note(health),
         (
             f'<ul id="problems" class="bad">{"".join(f"<li>{escape(p)}</li>" for p in problems)}</ul>'
             if problems
@@ -334,7 +356,7 @@ def render_page(health: dict, stats: dict, refresh_s: int = REFRESH_S) -> bytes:
         activity_tables(stats.get("activity") or {}),
         rejections_tables(stats),
         f'<p class="note" id="footer">Version {escape(str(stats.get("version", health["version"])))}'
-        f"{', copy ' + escape(str(health['copy'])) if health.get('copy') else ''}, up "
+        f"{', copy ' + escape(str(health['copy'])) if health.get('copy') else ''}{worker}, up "
         f"{duration(stats.get('uptime_s', 0))}, auth {escape(health['auth'])}. "
         f"Generated {escape(solos_jobs.stamp(time.time()))}; reloads every {int(refresh_s)} s. "
         "Counts only: this page never shows what memory says.</p>",
@@ -362,9 +384,21 @@ def verdict(health: dict) -> str:
     return '<p id="verdict">Healthy: hybrid recall (keywords and embeddings).</p>'
 
 
+def worker_note(health: dict) -> str:
+    """Under `serve --workers N`: which worker drew the page, and which of its figures are that worker's alone."""
+    if not health.get("workers"):
+        return ""
+    return (
+        f'<p class="note" id="worker">Worker {int(health["worker"])} of {int(health["workers"])} answered: the '
+        "Service counters, Load and Rejections are this worker's since it started, and the next load may be "
+        "another's; rows, vectors, jobs and the last 24 hours are the database's, the same from every worker.</p>"
+    )
+
+
 def problem_list(health: dict, stats: dict) -> list[str]:
     """What needs the operator: storage that failed a call in the last minute, a job that failed or is overdue,
-    an embedder that fails or hangs, a judge or cross-encoder whose files recall cannot use."""
+    an embedder that fails or hangs, a Qdrant mirror that cannot reach Qdrant, a judge or cross-encoder whose
+    files recall cannot use."""
     problems = [
         f"{job} {state['state']}: {without_paths(state['detail'])}"
         for job, state in (stats.get("jobs") or {}).items()
@@ -376,6 +410,12 @@ def problem_list(health: dict, stats: dict) -> list[str]:
         problems.insert(0, f"storage failing (last at {last['at']}): {without_paths(str(last['reason']))}")
     if health.get("embedder_state") in ("failing", "busy"):
         problems.append(without_paths(str(health["degraded_reason"])))
+    qdrant = stats.get("qdrant") or {}
+    if qdrant.get("configured") and qdrant.get("consecutive_failures"):
+        problems.append(
+            f"Qdrant mirror failing ({qdrant['consecutive_failures']} attempts in a row; {qdrant.get('backlog')} "
+            f"changes queued): {without_paths(str(qdrant.get('last_error')))}"
+        )
     judge = health.get("judge") or {}
     for state, reason in (
         (judge.get("state"), judge.get("reason")),
@@ -432,7 +472,7 @@ def facts(health: dict, stats: dict) -> str:
         ("rows without a vector yet", "-" if health.get("embed_backlog") is None else health["embed_backlog"]),
         ("duplicates suppressed", stats.get("duplicates_suppressed", 0)),
         ("recalls with no result", stats.get("recall_empty", 0)),
-        ("busy: database locked (503)", rejections.get("busy", 0)),
+        ("busy: database locked (503)", (stats.get("busy_reasons") or {}).get("locked", 0)),
         ("busy: too many connections (503)", rejections.get("too_many_connections", 0)),
         # Refused connections are turned away before a request is read, so they are not among the answered.
         ("503 in all", int(stats.get("answered_503", 0)) + int(rejections.get("too_many_connections", 0))),
@@ -673,7 +713,7 @@ def rejections_tables(stats: dict) -> str:
     recent = [
         [
             str(r.get("ts", "")).replace("T", " ")[:19],
-            r.get("agent") or "-",
+            r.get("agent") or r.get("claimed_agent") or "-",  # a name that is none: as claimed, quoted and cut
             r.get("operation", ""),
             r.get("code", ""),
             without_paths(str(r.get("reason", ""))),

@@ -2064,8 +2064,11 @@ class Queries:
         return newest, [(row[0], row[1]) for row in rows]
 
     def delivery_log_size(self, conn: sqlite3.Connection) -> dict:
-        """The delivery log's rows and its oldest delivery, and the open notices (for stats)."""
-        rows, oldest = conn.execute("SELECT count(*), min(delivered_at) FROM memory_delivery").fetchone()
+        """The delivery log's rows and its oldest delivery, and the open notices (for stats, each page load): the
+        oldest is the first by id, as purge_deliveries takes it; min(delivered_at) walked an index, 290 ms at 2M."""
+        rows = conn.execute("SELECT count(*) FROM memory_delivery").fetchone()[0]
+        first = conn.execute("SELECT delivered_at FROM memory_delivery ORDER BY id LIMIT 1").fetchone()
+        oldest = first[0] if first else None
         notices = conn.execute("SELECT count(*) FROM memory_notice WHERE acked_at IS NULL").fetchone()[0]
         return {"rows": rows, "oldest": oldest, "open_notices": notices}
 

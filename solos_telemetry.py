@@ -35,6 +35,7 @@ class Stats:
     lock: threading.Lock = field(default_factory=threading.Lock)
     calls: Counter = field(default_factory=Counter)
     rejections: Counter = field(default_factory=Counter)
+    busy_reasons: Counter = field(default_factory=Counter)  # the 503 busy refusals by Busy.reason; "locked": none
     recall_hits: Counter = field(default_factory=Counter)
     recall_empty: int = 0
     duplicates_suppressed: int = 0
@@ -64,6 +65,8 @@ class Stats:
         log_event("rejected", **record)
         with self.lock:
             self.rejections[error.code] += 1
+            if error.code == "busy":  # the store's lock waits give no reason; the queue, a stop and the caps do
+                self.busy_reasons[error.reason or "locked"] += 1
             self.recent_rejections = [{"ts": utc_now(), **record}, *self.recent_rejections[:19]]
 
     def record_recall(self, results: list[dict], suppressed: int) -> None:
@@ -81,6 +84,7 @@ class Stats:
                 "uptime_s": round(time.time() - self.started, 1),
                 "calls": dict(self.calls),
                 "rejections": dict(self.rejections),
+                "busy_reasons": dict(self.busy_reasons),
                 "recent_rejections": list(self.recent_rejections),
                 "recall_hits": dict(self.recall_hits),
                 "recall_empty": self.recall_empty,
@@ -181,8 +185,10 @@ def metrics_text(memory: Any) -> bytes:
         requests, latency = dict(stats.requests), {k: list(v) for k, v in stats.latency.items()}
         rejections, hits = dict(stats.rejections), dict(stats.recall_hits)
         suppressed = stats.duplicates_suppressed
-    family("copy_info", "gauge", "Which copy of the service answered (several may share a PostgreSQL database).")
-    lines.append(f'solos_memory_copy_info{{copy="{label(memory.copy)}"}} 1')
+    family("copy_info", "gauge", "Which copy of the service (and which of its workers) answered.")
+    serving = memory.serving  # under `serve --workers N`: which worker's counters these are
+    worker = f',worker="{int(serving["worker"])}",workers="{int(serving["workers"])}"' if serving.get("workers") else ""
+    lines.append(f'solos_memory_copy_info{{copy="{label(memory.copy)}"{worker}}} 1')
     family("requests_total", "counter", "HTTP requests answered, by route, method and status.")
     for (route, method, status), count in sorted(requests.items()):
         lines.append(

@@ -163,7 +163,7 @@ def test_a_single_concurrent_write_is_absorbed_by_the_retry(server, monkeypatch)
 
     def counts_with_one_foreign_write(store):
         calls.append(1)
-        if len(calls) == 2:  # between the first attempt's writes and its second count
+        if len(calls) == 3:  # the health check's jobs read is the first: between the first attempt's two counts
             insert_foreign_fact(server)
         return real(store)
 
@@ -486,3 +486,19 @@ def test_the_status_page_lists_failing_storage_first_and_recovered_storage_not_a
     failing = solos_status.problem_list({"storage": {"state": "failing", "last_failure": last}}, {})
     assert failing == ["storage failing (last at 2026-12-07T02:40:00Z): the disk holding the database is full"]
     assert solos_status.problem_list({"storage": {"state": "ok", "last_failure": last}}, {}) == []
+
+
+def test_a_daily_job_that_failed_or_is_overdue_fails_the_health_check(server, token_server):
+    """The page, /v1/stats and /metrics list a failed or overdue job as a problem (no snapshot since the disk
+    filled); `check` passed: it read /health alone, which does not carry the jobs."""
+    for running, tokens in ((server, {}), (token_server, {"writer_token": "atlas-token", "reader_token": "sol-token"})):
+        assert by_name(solos_check.run_checks(running.url, "atlas", "sol", **tokens))["health"].ok
+        with running.db() as conn:
+            conn.execute(
+                "INSERT INTO memory_job_run (job, started_at, ended_at, result, error) VALUES ('snapshot', "
+                "'2026-12-07T02:00:00.000Z', '2026-12-07T02:00:01.000Z', 'failed', "
+                "'OperationalError: database or disk is full')"
+            )
+        health = by_name(solos_check.run_checks(running.url, "atlas", "sol", **tokens))["health"]
+        assert not health.ok, health.detail
+        assert "snapshot failed: OperationalError: database or disk is full" in health.detail, health.detail

@@ -7,7 +7,7 @@ import socket
 import threading
 
 import pytest
-from conftest import answers_stuck, unread_answers, wait_until
+from conftest import Dom, answers_stuck, unread_answers, wait_until
 
 import solos_connections
 import solos_memory
@@ -177,6 +177,19 @@ def test_a_full_queue_answers_503_busy_naming_the_reason_and_the_stats_show_the_
     assert after["load"]["queued"] == 0 and after["load"]["admitted_after_waiting"] == 1
     assert after["rejections"]["busy"] == 1
     assert "waiting for a place now" in page and "refused: queue full (503)" in page
+
+
+def test_the_page_does_not_count_a_full_queue_as_a_locked_database(one_place_held):
+    """Every 503 busy counted as "busy: database locked (503)" on the page, the admission queue's refusals too:
+    an operator sent looking for a writer holding the lock when the service was short of CPU."""
+    server, _, _ = one_place_held(queue_most=0)  # full: a read that would queue is refused at once
+    assert server.recall("atlas", "anything").body["error"]["reason"] == "queue_full"
+    stats = server.get("/v1/stats").body
+    assert stats["rejections"]["busy"] == 1 and stats["busy_reasons"] == {"queue_full": 1}
+    service = Dom(server.get("/status").raw.decode()).rows("service")
+    assert service["busy: database locked (503)"] == ["0"]
+    assert service["503 in all"] == ["1"]
+    assert Dom(server.get("/status").raw.decode()).rows("load")["refused: queue full (503)"] == ["1 / 0"]
 
 
 def test_writes_have_a_lane_of_their_own_while_every_read_place_is_taken(one_place_held):

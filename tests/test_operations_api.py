@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, raw_exchange, wait_until, write_tokens
+from conftest import ROOT, WordHashEmbedder, raw_exchange, wait_until, write_tokens
 from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -288,6 +288,33 @@ def test_health_names_no_path_the_operators_stats_do(embedder_missing, tmp_path)
         assert "onnxruntime, tokenizers" in reason and "pip install" in reason  # the advice stays
 
 
+def test_an_agents_view_of_stats_names_no_machine_path_in_any_message(embedded_server, tmp_path):
+    """degraded_reason was cut to '…/x.onnx' in an agent's view, but embed_error (the same failure), the delivery
+    log's last_error and a job's error beside it kept '/home/op/SolOS/…': SECURITY.md says an agent's view does not."""
+
+    class FullDisk(WordHashEmbedder):
+        def embed(self, texts):
+            raise OSError(28, "No space left on device", "/home/op/SolOS/cache/x.onnx")
+
+    server = embedded_server(FullDisk())
+    memory = server.server.memory
+    assert server.post("/v1/long", {"agent": "atlas", "fact": "waits for its vector"}).status == 201
+    wait_until(lambda: memory.worker.last_error, "the embedding pass to fail")
+    memory.deliveries.last_error = "OperationalError: unable to open '/home/op/SolOS/runtime/solos.db'"
+    with server.db() as conn:
+        conn.execute(
+            "INSERT INTO memory_job_run (job, ended_at, result, error) VALUES "
+            "('snapshot', '2026-12-07T02:00:01.000Z', 'failed', 'SnapshotError: no database at /home/op/SolOS/x.db')"
+        )
+    agent_view = json.dumps(server.get("/v1/stats", agent="sol").body, ensure_ascii=False)
+    assert "/home/op" not in agent_view and "…/x.onnx" in agent_view and "…/solos.db" in agent_view, agent_view
+    assert "…/x.db" in agent_view
+    operator = server.get("/v1/stats").body  # the operator's view keeps them whole
+    assert operator["embed_error"] == memory.worker.last_error
+    assert operator["delivery_log"]["last_error"] == memory.deliveries.last_error
+    assert "/home/op/SolOS/x.db" in operator["jobs"]["snapshot"]["detail"]
+
+
 # ---- /metrics: bounded label sets, escaped values ----
 
 
@@ -309,6 +336,24 @@ def test_odd_method_names_add_no_series_and_metrics_stay_parseable(server):
 
 def test_label_values_are_escaped_per_the_exposition_format():
     assert solos_telemetry.label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+def test_a_refused_agent_name_is_kept_short_in_stats_the_page_and_the_log(server, capsys):
+    """Loopback trust names a rejection by the agent its call claimed; a name that is no agent name (a 300 KB
+    string) is kept as the reason keeps a bad value: short. Twenty of them made stats and the page 6 MB each."""
+    huge = "A" * 300_000
+    for _ in range(20):
+        assert server.post("/v1/long", {"agent": huge, "fact": "x"}).status == 400
+    assert server.post("/v1/long", {"agent": "sol\n<b>", "fact": "x"}).status == 400
+    stats = server.get("/v1/stats")
+    assert len(stats.raw) < 100_000, len(stats.raw)
+    assert len(server.get("/").raw) < 100_000
+    newest, *older = stats.body["recent_rejections"]
+    assert newest["agent"] is None and newest["claimed_agent"] == repr("sol\n<b>")
+    assert older[0]["agent"] is None and len(older[0]["claimed_agent"]) <= 60
+    assert max(len(line) for line in capsys.readouterr().err.splitlines()) < 2_000
+    assert server.post("/v1/long", {"agent": "mallory", "fact": "x"}).status == 422  # a name, not registered
+    assert server.get("/v1/stats").body["recent_rejections"][0]["agent"] == "mallory"
 
 
 # ---- /v1/stats in token mode: each caller sees its own; the log names the token's holder ----

@@ -117,6 +117,29 @@ def test_snapshots_are_hash_chained_and_the_last_n_are_kept(server, tmp_path):
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+def test_a_folder_holding_another_databases_snapshots_is_refused_not_rotated(server, make_server, tmp_path, capsys):
+    """Two databases in one folder share the default snapshots folder. The second one's snapshot continued the
+    first one's chain (its sequence, its last retraction id) and its rotation deleted the first one's files:
+    with --keep 2, a.db kept one snapshot of its own after two runs of each."""
+    folder = tmp_path / "snapshots"
+    server.post("/v1/long", {"agent": "atlas", "fact": "in the first database"})
+    first = snapshot(server, folder, keep=2)
+    other = make_server("other.db")
+    capsys.readouterr()
+    command = ["snapshot", "--db", str(other.db_path), "--dir", str(folder), "--keep", "2"]
+    assert solos_memory.main(command) == 1
+    err = capsys.readouterr().err
+    assert str(server.db_path) in err and "--dir" in err, err
+    assert sorted(p.name for p in folder.iterdir()) == sorted([first["path"].name, first["file"]])  # untouched
+    jobs = other.get("/v1/stats").body["jobs"]["snapshot"]
+    assert jobs["state"] == "failed" and str(server.db_path) in jobs["detail"], jobs
+    assert snapshot(server, folder, keep=2)["seq"] == 2  # the folder's own database goes on
+    moved = tmp_path / "moved.db"  # a database moved to another path keeps its chain: its anchor names it
+    with sqlite3.connect(server.db_path) as source, sqlite3.connect(moved) as copy:
+        source.backup(copy)
+    assert solos_memory.main(["snapshot", "--db", str(moved), "--dir", str(folder), "--keep", "2"]) == 0
+
+
 @pytest.fixture
 def chain(server, tmp_path):
     """Three snapshots, with writes between them; and the target a restore would write."""

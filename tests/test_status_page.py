@@ -121,7 +121,7 @@ def test_the_page_shows_the_fleet_in_a_real_browser(make_server, monkeypatch, tm
     assert dom.rows("reads") == {"sol": ["2", "1"]}
     assert dom.rows("rejection-counts") == {"bad_request": ["1"]}  # no favicon 404 either
     (rejection,) = dom.tables["rejections"]
-    assert rejection[1:4] == ["<b>mallory</b>", "recall", "bad_request"]
+    assert rejection[1:4] == ["'<b>mallory</b>'", "recall", "bad_request"]  # the name claimed, not an agent's
     page_text = "".join(dom.text)
     assert "uneasy" not in page_text and "kestrel" not in page_text and "backup job" not in page_text
     assert f"Version {solos_memory.__version__}," in dom.text_by_id["footer"]
@@ -478,3 +478,43 @@ def test_writes_by_hour_reads_only_the_events_logged_since_its_last_count(tmp_pa
     assert store.writes_by_hour()["sol"][:3] == [5, 1, 0]
     conn.close()
     store.close()
+
+
+def test_with_workers_the_page_and_metrics_say_which_worker_counted(server):
+    """Under `serve --workers N` each worker answers the page and /metrics from its own counters (requests,
+    rejections, busy refusals, load). The page said only the copy, the same for every worker, so two loads 15 s
+    apart showed two workers' counts as one service's going up and down; /metrics could not tell them apart."""
+    assert "worker" not in Dom(server.get("/").raw.decode()).text_by_id  # one process: nothing to say
+    server.server.memory.serving = {"workers": 2, "worker": 2, "worker_pid": 4242}  # what open_server sets
+    dom = Dom(server.get("/").raw.decode())
+    note = dom.text_by_id["worker"]
+    assert "Worker 2 of 2" in note and "this worker's" in note and "Rejections" in note, note
+    assert "worker 2 of 2" in dom.text_by_id["footer"]
+    metrics = server.get("/metrics").raw.decode()
+    assert re.search(r'^solos_memory_copy_info\{copy="[^"]+",worker="2",workers="2"\} 1$', metrics, re.M), metrics
+
+
+def test_the_health_badge_is_not_a_green_ok_while_storage_fails(server):
+    """/health's status is always "ok" (it answered); the page showed that as a green "ok" badge at the top while
+    a full disk refused every write, the problem itself further down."""
+    assert {"class": "badge good", "id": "health"} in Dom(server.get("/").raw.decode()).elements("span")
+    server.server.memory.store.storage_failed("the disk holding the database is full")
+    dom = Dom(server.get("/").raw.decode())
+    assert dom.text_by_id["health"] == "storage failing"
+    assert {"class": "badge bad", "id": "health"} in dom.elements("span")
+
+
+def test_a_failing_qdrant_mirror_is_a_problem_on_the_page():
+    """/metrics said solos_memory_qdrant_mirror_failing 1 and /v1/stats the backlog and error, while the page,
+    which has no Qdrant section, said "Nothing needs attention." as the outbox grew."""
+    health = {"status": "ok", "version": "0", "auth": "loopback-trust", "embedder_state": "off", "degraded": True}
+    qdrant = {"configured": True, "target": "http://127.0.0.1:6333 collection long_term", "backlog": 12}
+    failing = {**qdrant, "consecutive_failures": 4, "last_error": "ConnectError: [Errno 111] Connection refused"}
+    assert solos_status.problem_list(health, {"qdrant": {**qdrant, "consecutive_failures": 0}}) == []
+    assert solos_status.problem_list(health, {"qdrant": {"configured": False, "backlog": 3}}) == []
+    problems = solos_status.problem_list(health, {"qdrant": failing})
+    assert problems == [
+        "Qdrant mirror failing (4 attempts in a row; 12 changes queued): ConnectError: [Errno 111] Connection refused"
+    ]
+    page = Dom(solos_status.render_page(health, {"qdrant": failing}).decode())
+    assert "Qdrant mirror failing" in page.text_by_id["problems"] and page.text_by_id["problem-count"] == "1 problem"
