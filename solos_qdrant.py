@@ -326,7 +326,13 @@ def import_counts(conn: Any) -> dict:
 
 # ==== Mirror: outbox and drain ====
 
-ROW_SQL = "SELECT id, agent, topic, fact, source, confidence, tags, embedding, updated_at FROM memory_longterm"
+# A row's embedding only while memory_vector says it is the current text's: a fleet writer's UPDATE of the fact
+# drops that row (schema.sql's vector triggers) but leaves the column holding the old text's vector.
+ROW_SQL = (
+    "SELECT id, agent, topic, fact, source, confidence, tags, CASE WHEN EXISTS (SELECT 1 FROM memory_vector v "
+    "WHERE v.tier = 'long' AND v.row_id = memory_longterm.id) THEN embedding END AS embedding, updated_at "
+    "FROM memory_longterm"
+)
 
 
 class RowUnsendable(Exception):

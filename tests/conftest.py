@@ -780,14 +780,18 @@ def drained(server) -> bool:
 
 
 def points_in(path: Path) -> dict[str, dict]:
+    return {str(r.id): r.payload for r in records_in(path)}
+
+
+def records_in(path: Path, with_vectors: bool = False) -> list:
     from qdrant_client import QdrantClient  # only the Qdrant tests need it, and they skip without it
 
     client = QdrantClient(path=str(path))
     try:
-        records, _ = client.scroll("long_term", limit=10_000, with_payload=True)
+        records, _ = client.scroll("long_term", limit=10_000, with_payload=True, with_vectors=with_vectors)
     finally:
         client.close()
-    return {str(r.id): r.payload for r in records}
+    return records
 
 
 def require_embedder() -> None:

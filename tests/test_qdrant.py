@@ -13,11 +13,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import AGENTS, REQUIRE_ALL, ROOT, drained, points_in, stop_server, wait_until
+from conftest import AGENTS, REQUIRE_ALL, ROOT, drained, points_in, records_in, stop_server, wait_until
 
 import solos_langgraph
 import solos_memory
 import solos_qdrant
+import solos_store
 from solos_client import Client
 from solos_langgraph import StoreMemoryError, legacy_point_id, point_id, store_memory
 
@@ -671,3 +672,27 @@ def test_a_loopback_qdrant_is_reached_directly(proxy):
         client.close()
         qdrant.listener.close()
     assert proxy.seen == [] and qdrant.seen and qdrant.seen[0].startswith(b"GET /collections/long_term/exists")
+
+
+# ==== Faults: stale vectors, ids across collections, a failing embedder ====
+
+
+def vectors_in(path: Path) -> dict[str, list[float]]:
+    return {str(r.id): r.vector for r in records_in(path, with_vectors=True)}
+
+
+def test_a_fact_rewritten_by_a_fleet_writer_is_mirrored_with_its_new_texts_vector(embedded_server, tmp_path):
+    from conftest import WordHashEmbedder
+
+    path, embedder = tmp_path / "qdrant", WordHashEmbedder()
+    server = embedded_server(embedder, qdrant=solos_qdrant.Target(path=str(path)))
+    old, new = "The build farm runs on ARM runners", "The build farm moved to x86 spot instances"
+    row = server.post("/v1/long", {"agent": "atlas", "fact": old}).body["id"]
+    wait_until(lambda: drained(server), what="the first point")
+    with server.db() as conn:  # a fleet writer rewrites the fact; the row's embedding column still holds old's
+        conn.execute("UPDATE memory_longterm SET fact = ? WHERE id = ?", (new, row))
+    wait_until(lambda: drained(server), what="the rewrite")
+    stop_server(server)
+    vector = vectors_in(path)[point_id("atlas", "long", new)]
+    wanted = embedder.vector(solos_store.labelled_text("atlas", None, new))
+    assert max(abs(a - b) for a, b in zip(vector, wanted)) < 1e-5, "the point carries the old text's vector"
