@@ -464,7 +464,7 @@ class Mirror(threading.Thread):
         """Apply one batch: final state per point, upserts then deletes, then drop the entries from the outbox."""
         from qdrant_client import models
 
-        upserts, deletes, legacy = self.store.read(lambda conn: plan(conn, entries))
+        upserts, deletes, legacy = self.store.read(lambda conn: plan(conn, entries, self.target.collection))
         points, waiting = [], {}
         for pid, row in upserts.items():
             try:
@@ -548,10 +548,11 @@ class Mirror(threading.Thread):
         }
 
 
-def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, set[str]]]:
+def plan(conn: Any, entries: list, collection: str) -> tuple[dict[str, Any], set[str], dict[str, set[str]]]:
     """The batch's final state per point id: rows to upsert (read now), points to delete, legacy points per id.
 
-    Legacy ids are qdrant_import's text; `send` turns them into Qdrant's types.
+    Legacy ids are qdrant_import's text, of this collection only (another's point 5 is not this one's);
+    `send` turns them into Qdrant's types.
     """
     final: dict[str, Any] = {}  # point id -> row to upsert, or None to delete
     legacy: dict[str, set[str]] = {}
@@ -579,8 +580,8 @@ def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, 
         legacy.setdefault(pid, set()).update(
             r[0]
             for r in conn.execute(
-                "SELECT point_id FROM qdrant_import WHERE row_id = ? AND content_sha256 = ?",
-                (entry["row_id"], digest),
+                "SELECT point_id FROM qdrant_import WHERE row_id = ? AND content_sha256 = ? AND collection = ?",
+                (entry["row_id"], digest, collection),
             )
         )
     upserts = {pid: row for pid, row in final.items() if row is not None}
@@ -763,7 +764,10 @@ def verify(store: Any, target: Target) -> dict:
             for row, agent, fact in conn.execute("SELECT id, agent, fact FROM memory_longterm")
         }
         imported = {}
-        for text, row in conn.execute("SELECT point_id, row_id FROM qdrant_import WHERE row_id IS NOT NULL"):
+        for text, row in conn.execute(
+            "SELECT point_id, row_id FROM qdrant_import WHERE row_id IS NOT NULL AND collection = ?",
+            (target.collection,),
+        ):
             pid = qdrant_id(text)
             if pid is not None:
                 imported[str(pid)] = row

@@ -696,3 +696,27 @@ def test_a_fact_rewritten_by_a_fleet_writer_is_mirrored_with_its_new_texts_vecto
     vector = vectors_in(path)[point_id("atlas", "long", new)]
     wanted = embedder.vector(solos_store.labelled_text("atlas", None, new))
     assert max(abs(a - b) for a, b in zip(vector, wanted)) < 1e-5, "the point carries the old text's vector"
+
+
+def test_an_id_imported_from_another_collection_never_deletes_a_point_of_this_one(make_server, tmp_path, capsys):
+    path = tmp_path / "qdrant"
+    seed_vectorless(path, {5: {"agent_id": "ghost", "content": "A point the service never took in"}})
+    client = QdrantClient(path=str(path))
+    client.create_collection("archive", vectors_config={})
+    client.upsert(
+        "archive",
+        points=[models.PointStruct(id=5, vector={}, payload={"agent_id": "atlas", "content": "An archived fact"})],
+    )
+    client.close()
+    plain = make_server()
+    capsys.readouterr()
+    argv = ["import-qdrant", "--db", str(plain.db_path), "--qdrant-path", str(path)]
+    assert solos_memory.main([*argv, "--qdrant-collection", "archive"]) == 0
+    assert solos_memory.main(argv) == 0  # point 5 of long_term: left out (unregistered writer)
+    stop_server(plain)
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    wait_until(lambda: drained(mirrored), what="the archived fact's point")
+    stop_server(mirrored)
+    assert raw_ids(path) == {5, point_id("atlas", "long", "An archived fact")}
+    status, report = run_cli(capsys, "qdrant-verify", "--db", str(plain.db_path), "--qdrant-path", str(path))
+    assert status == 0 and (report["unmanaged_points"], report["rows_with_several_points"]) == (1, 0), report
