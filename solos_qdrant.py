@@ -336,7 +336,8 @@ ROW_SQL = (
 
 
 class RowUnsendable(Exception):
-    """This row cannot be sent yet (no vector of the collection's size); it waits, the others go on."""
+    """This row cannot be sent yet (no vector of the collection's size, or the embedder failed on it); it waits,
+    the others go on."""
 
 
 class Mirror(threading.Thread):
@@ -525,7 +526,10 @@ class Mirror(threading.Thread):
                 raise RowUnsendable(
                     f"the collection wants {size}-dim vectors and the service has no embedder of that size"
                 )
-            blob = self.embedder.embed([solos_store.TIER_TABLE["long"].embedding_text(row)])[0]
+            try:
+                blob = self.embedder.embed([solos_store.TIER_TABLE["long"].embedding_text(row)])[0]
+            except Exception as error:  # this row's text, or a broken model: it waits, the batch's deletes go on
+                raise RowUnsendable(f"the embedder failed on it: {type(error).__name__}: {error}") from None
         return list(struct.unpack(f"<{size}f", blob))
 
     def status(self, conn: Any) -> dict:

@@ -433,6 +433,15 @@ class WordHashEmbedder:
         return [self.vector(text).astype("<f4").tobytes() for text in texts]
 
 
+class PoisonRowEmbedder(WordHashEmbedder):
+    """Raises on any text holding "poison", as a model may on one row it cannot take; embeds every other."""
+
+    def embed(self, texts: list[str]) -> list[bytes]:
+        if any("poison" in text for text in texts):
+            raise RuntimeError("the model cannot take this text")
+        return super().embed(texts)
+
+
 def metric_samples(server: RunningServer, name: str) -> dict[str, float]:
     """One /metrics family's samples: each sample's label text ("" for none, else '{route="/v1/recall",...}') ->
     its value."""

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import AGENTS, REQUIRE_ALL, ROOT, drained, points_in, records_in, stop_server, wait_until
+from conftest import AGENTS, REQUIRE_ALL, ROOT, drained, forget, points_in, records_in, stop_server, wait_until
 
 import solos_langgraph
 import solos_memory
@@ -720,3 +720,22 @@ def test_an_id_imported_from_another_collection_never_deletes_a_point_of_this_on
     assert raw_ids(path) == {5, point_id("atlas", "long", "An archived fact")}
     status, report = run_cli(capsys, "qdrant-verify", "--db", str(plain.db_path), "--qdrant-path", str(path))
     assert status == 0 and (report["unmanaged_points"], report["rows_with_several_points"]) == (1, 0), report
+
+
+def test_a_row_the_embedder_cannot_take_never_holds_up_a_forgets_delete(embedded_server, tmp_path):
+    from conftest import PoisonRowEmbedder
+
+    path = tmp_path / "qdrant"
+    server = embedded_server(PoisonRowEmbedder(), qdrant=solos_qdrant.Target(path=str(path)))
+    secret = "The canary deploy key is rotated every Friday"
+    row = server.post("/v1/long", {"agent": "atlas", "fact": secret}).body["id"]
+    wait_until(lambda: drained(server), what="the fact's point")
+    with server.db() as conn:  # a fleet writer's row without a vector, which the mirror must embed to send
+        conn.execute("INSERT INTO memory_longterm (agent, fact) VALUES ('sol', 'a poison row')")
+    assert forget(server, "atlas", "long", row)[1]["mirror"] == "pending"
+    status = wait_until(
+        lambda: (s := server.get("/v1/stats").body["qdrant"])["backlog"] == 1 and s, what="the forget's delete"
+    )
+    assert status["rows_waiting_for_retry"] == 1 and "cannot take this text" in status["last_error"]
+    stop_server(server)
+    assert point_id("atlas", "long", secret) not in points_in(path)
