@@ -76,7 +76,7 @@ def store_memory(
     memory_scope "private" is refused (StoreMemoryError, field memory_scope),
     nothing sent: a long fact is read by every agent.
     """
-    if memory_scope == PRIVATE_SCOPE:
+    if isinstance(memory_scope, str) and memory_scope.strip().casefold() == PRIVATE_SCOPE:  # `Private` too
         raise StoreMemoryError(
             "memory_scope 'private' cannot be kept as a long fact: every agent reads long facts; "
             "write the agent's own memory as an episode (POST /v1/episodic), private unless it shares episodes",

@@ -239,7 +239,7 @@ def import_point(
         return "left_out:no_text", None
     if agent not in registered:
         return "left_out:unregistered_agent", None
-    is_private = payload.get("memory_scope") == "private"
+    is_private = private_scope(payload.get("memory_scope"))
     if is_private and not private:
         return "left_out:private", None
     try:
@@ -248,6 +248,11 @@ def import_point(
         return import_fact(conn, collection, pid, agent, text, payload, validate)
     except solos_store.BadRequest as refused:  # the API's own rule, as POST /v1/long would answer it
         return f"left_out:invalid_{refused.field}", None
+
+
+def private_scope(scope: Any) -> bool:
+    """The node's private memory, however it was spelt (`Private`, ` PRIVATE `): never a fact every agent reads."""
+    return isinstance(scope, str) and scope.strip().casefold() == "private"
 
 
 def import_private(

@@ -739,3 +739,23 @@ def test_a_row_the_embedder_cannot_take_never_holds_up_a_forgets_delete(embedded
     assert status["rows_waiting_for_retry"] == 1 and "cannot take this text" in status["last_error"]
     stop_server(server)
     assert point_id("atlas", "long", secret) not in points_in(path)
+
+
+def test_a_private_scope_in_any_case_is_never_shared(server, tmp_path, capsys):
+    """`Private`, ` PRIVATE ` are the node's private memory too: neither the writer nor the import shares them."""
+    for scope in ("Private", " PRIVATE "):
+        with pytest.raises(StoreMemoryError) as refused:
+            store_memory("atlas", "diary", f"Atlas's {scope.strip()} note on the vault", scope, url=server.url)
+        assert refused.value.field == "memory_scope"
+    path = tmp_path / "qdrant"
+    seed_vectorless(
+        path,
+        {
+            21: {"agent_id": "sol", "content": "Sol's note kept Private", "memory_scope": "Private"},
+            22: {"agent": "sol", "content": "Sol's note kept PRIVATE", "memory_scope": " PRIVATE "},
+        },
+    )
+    assert import_qdrant(server, path, capsys) == {"points": 2, "left_out:private": 2}
+    assert server.recall("atlas", "note vault private", k=5).body["results"] == []
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
