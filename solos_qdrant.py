@@ -6,7 +6,8 @@ Attribution is coalesce(payload.agent, payload.agent_id). A point is left out,
 its reason recorded in qdrant_import (which the output, /v1/stats and /metrics
 count), when it has no agent or no text, its agent is not in agent_registry,
 the service wrote it, its fields break the API's own rules (write_long's
-schema: `invalid_fact`, `invalid_topic`, ...), or its payload says
+schema: `invalid_fact`, `invalid_topic`, ...), its writer forgot a fact of
+that very text (`forgotten`: an old copy never brings it back), or its payload says
 `memory_scope: private` (long facts are read by every agent;
 `--import-private` brings those in as the agent's own episodic rows instead,
 which only it reads while it has not opted in to sharing). Idempotent and
@@ -248,6 +249,12 @@ def import_point(
         return import_fact(conn, collection, pid, agent, text, payload, validate)
     except solos_store.BadRequest as refused:  # the API's own rule, as POST /v1/long would answer it
         return f"left_out:invalid_{refused.field}", None
+    except Forgotten:
+        return "left_out:forgotten", None
+
+
+class Forgotten(Exception):
+    """The point's writer forgot a fact with this very text (memory_retraction holds its hash)."""
 
 
 def private_scope(scope: Any) -> bool:
@@ -285,7 +292,8 @@ def import_fact(
 ) -> tuple[str, int]:
     """The row for this fact: the writer's existing one (same full text), else a new one keyed like write_long's.
 
-    Its fields go through write_long's schema first: a point the API would refuse raises BadRequest.
+    Its fields go through write_long's schema first: a point the API would refuse raises BadRequest; one whose
+    writer forgot a fact of this text (and holds none) raises Forgotten.
     """
     topic = payload.get("topic") if isinstance(payload.get("topic"), str) else None
     score = payload.get("importance_score", payload.get("confidence"))
@@ -309,6 +317,11 @@ def import_fact(
     existing = solos_store.Store.known_long(conn, agent, text)
     if existing is not None:
         return "same_fact_already_stored", existing
+    if conn.execute(  # the writer forgot these words: an old copy of them must not bring them back
+        "SELECT 1 FROM memory_retraction WHERE agent = ? AND tier = 'long' AND content_hash = ? LIMIT 1",
+        (agent, sha256(text)),
+    ).fetchone():
+        raise Forgotten()
     row_id = solos_store.Store.insert_long(
         conn, agent, fact["topic"], text, fact["source"], fact["confidence"], fact["tags"]
     )

@@ -759,3 +759,16 @@ def test_a_private_scope_in_any_case_is_never_shared(server, tmp_path, capsys):
     assert server.recall("atlas", "note vault private", k=5).body["results"] == []
     with server.db() as conn:
         assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+def test_import_never_brings_back_a_fact_its_writer_forgot(server, tmp_path, capsys):
+    secret = "The staging database password is swordfish-2291"
+    row = server.post("/v1/long", {"agent": "atlas", "fact": secret}).body["id"]
+    assert forget(server, "atlas", "long", row)[0]
+    path = tmp_path / "qdrant"  # the old node's copy of the same fact, still in the collection
+    seed_vectorless(path, {31: {"agent_id": "atlas", "content": secret}, 32: {"agent_id": "sol", "content": secret}})
+    counts = import_qdrant(server, path, capsys)
+    assert counts == {"points": 2, "imported": 1, "left_out:forgotten": 1}
+    with server.db() as conn:  # sol's own copy of the words is sol's fact: atlas's forget was not about it
+        assert [tuple(r) for r in conn.execute("SELECT agent, fact FROM memory_longterm")] == [("sol", secret)]
+    assert import_qdrant(server, path, capsys) == {"points": 2, "already_imported": 1, "left_out:forgotten": 1}
