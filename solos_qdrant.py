@@ -125,7 +125,11 @@ def connect(target: Target) -> Any:
             return QdrantClient(url=target.url, timeout=5)
         return QdrantClient(path=target.path)
     except Exception as error:  # a locked local folder raises RuntimeError, a bad URL ValueError
-        raise QdrantUnavailable(f"{target.describe()}: {type(error).__name__}: {error}") from None
+        raise unavailable(target, error) from None
+
+
+def unavailable(target: Target, error: Exception) -> QdrantUnavailable:
+    return QdrantUnavailable(f"{target.describe()}: {type(error).__name__}: {error}")
 
 
 def is_loopback(host: str) -> bool:
@@ -176,14 +180,22 @@ def import_points(
 
 
 def pages(client: Any, target: Target, with_payload: Any) -> Iterator[list]:
-    """The collection's points, BATCH at a time (import and verify both read it whole)."""
-    if not client.collection_exists(target.collection):
+    """The collection's points, BATCH at a time (import and verify both read it whole); QdrantUnavailable with
+    the reason when the server refuses, fails or does not answer (qdrant-client raises its own kinds for each)."""
+    try:
+        exists = client.collection_exists(target.collection)
+    except Exception as error:
+        raise unavailable(target, error) from None
+    if not exists:
         raise QdrantUnavailable(f"{target.describe()}: no such collection")
     offset = None
     while True:
-        points, offset = client.scroll(
-            target.collection, limit=BATCH, offset=offset, with_payload=with_payload, with_vectors=False
-        )
+        try:
+            points, offset = client.scroll(
+                target.collection, limit=BATCH, offset=offset, with_payload=with_payload, with_vectors=False
+            )
+        except Exception as error:
+            raise unavailable(target, error) from None
         yield points
         if offset is None:
             return

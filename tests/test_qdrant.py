@@ -772,3 +772,13 @@ def test_import_never_brings_back_a_fact_its_writer_forgot(server, tmp_path, cap
     with server.db() as conn:  # sol's own copy of the words is sol's fact: atlas's forget was not about it
         assert [tuple(r) for r in conn.execute("SELECT agent, fact FROM memory_longterm")] == [("sol", secret)]
     assert import_qdrant(server, path, capsys) == {"points": 2, "already_imported": 1, "left_out:forgotten": 1}
+
+
+@pytest.mark.parametrize("command", ["import-qdrant", "qdrant-verify"])
+def test_an_unreachable_qdrant_server_fails_the_command_with_a_reason(server, command, capfd):
+    from conftest import dead_url
+
+    argv = [command, "--db", str(server.db_path), "--qdrant-url", dead_url()]
+    assert solos_memory.main(argv) == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and '"event": "failed"' in err and "Connection refused" in err, err
