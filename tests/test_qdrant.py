@@ -782,3 +782,19 @@ def test_an_unreachable_qdrant_server_fails_the_command_with_a_reason(server, co
     assert solos_memory.main(argv) == 1
     err = capfd.readouterr().err
     assert "Traceback" not in err and '"event": "failed"' in err and "Connection refused" in err, err
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [("garbage", b"SSH-2.0-OpenSSH_9.2\r\n"), ("http", 200, b"<html>captive portal</html>"), ("http", 200, b"{}")],
+)
+def test_store_memory_names_an_answer_that_is_not_the_services(behaviour):
+    """The node catches StoreMemoryError; anything else it would crash on, or take as stored."""
+    from conftest import FaultServer
+
+    fault = FaultServer(behaviour)
+    try:
+        with pytest.raises(StoreMemoryError, match="not the service's"):
+            store_memory("atlas", "infra", "a fact", url=fault.url, timeout=2)
+    finally:
+        fault.close()
