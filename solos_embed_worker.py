@@ -25,24 +25,64 @@ HELD_ROW_POLL_S = 0.01  # how often a write whose row another pass holds looks a
 
 
 def embed_missing(
-    store: Store, embedder: Any, batch: int = EMBED_BATCH, progress: Callable[[int], None] | None = None
+    store: Store,
+    embedder: Any,
+    batch: int = EMBED_BATCH,
+    progress: Callable[[int], None] | None = None,
+    passed_over: dict[tuple[str, int], str] | None = None,
 ) -> int:
     """Embed every row that lacks a vector from this model, batch by batch (each its own short write transaction:
     idempotent and resumable, it only ever picks rows without a vector); return how many.
 
     A pass goes through them in id order, once: a row whose vector was not saved (it changed under us, or its text
-    cannot be read back as written) is left to the next pass, and never holds up the rows after it."""
-    done = 0
+    cannot be read back as written) is left to the next pass, and never holds up the rows after it. Nor does a row
+    the embedder raises on: its batch is embedded row by row, and a row that fails alone is passed over, its
+    reason logged and kept in `passed_over` (whose rows are not tried again while they are in it). The pass
+    raises when every row of a batch fails alone (the embedder fails, not a row), and when it embedded nothing
+    and passed rows over: their rows still have no vector because embedding fails."""
+    done, skip, met = 0, passed_over if passed_over is not None else {}, None
     for tier in (tier.name for tier in EMBEDDED_TIERS):
         after = 0
         while rows := store.rows_missing_vectors(tier, embedder.model_id, batch, after=after):
-            vectors = embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])
-            saved, _ = store.save_vectors(tier, embedder.model_id, list(zip(rows, vectors)))
-            done += len(saved)
             after = rows[-1]["id"]
+            met = next((skip[(tier, row["id"])] for row in rows if (tier, row["id"]) in skip), met)
+            rows = [row for row in rows if (tier, row["id"]) not in skip]
+            try:
+                embedded = list(zip(rows, embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])))
+            except Exception as error:
+                embedded = embed_each(tier, rows, embedder, skip, error)
+                met = next((skip[(tier, row["id"])] for row in rows if (tier, row["id"]) in skip), met)
+            if not embedded:
+                continue
+            saved, _ = store.save_vectors(tier, embedder.model_id, embedded)
+            done += len(saved)
             if progress:
                 progress(done)
+    if met is not None and not done:
+        raise EmbedFailed(f"{len(skip)} rows passed over; {met}")
     return done
+
+
+class EmbedFailed(Exception):
+    """A pass embedded nothing, and passed over rows the embedder failed on (the last one's reason)."""
+
+
+def embed_each(tier: str, rows: list, embedder: Any, skip: dict[tuple[str, int], str], error: Exception) -> list[tuple]:
+    """After a batch raised: its rows one at a time; (row, vector) for those the embedder takes, the rest passed
+    over. The batch's error again when it had several rows and each failed alone."""
+    failures: list[tuple[Any, Exception]] = [(rows[0], error)] if len(rows) == 1 else []
+    embedded: list[tuple] = []
+    for row in rows if len(rows) > 1 else []:
+        try:
+            embedded.append((row, embedder.embed([TIER_TABLE[tier].embedding_text(row)])[0]))
+        except Exception as alone:
+            failures.append((row, alone))
+    if len(rows) > 1 and not embedded:
+        raise error
+    for row, reason in failures:
+        skip[(tier, row["id"])] = f"{type(reason).__name__}: {reason}"
+        log_event("embed_row_failed", tier=tier, row_id=row["id"], reason=skip[(tier, row["id"])])
+    return embedded
 
 
 class EmbedWorker(threading.Thread):
@@ -66,6 +106,7 @@ class EmbedWorker(threading.Thread):
         self.counted = store.count_missing_vectors(embedder.model_id)
         self.queued: set[tuple[str, int]] = set()
         self.folded: set[tuple[str, int]] = set()  # queued rows already in `counted`: queued again, not twice
+        self.passed_over: dict[tuple[str, int], str] = {}  # rows the embedder failed on alone: tried at each sweep
         self.pool = concurrent.futures.ThreadPoolExecutor(1, "embed-write")
         self.stuck: concurrent.futures.Future | None = None
 
@@ -139,7 +180,9 @@ class EmbedWorker(threading.Thread):
             self.wake.clear()
             try:
                 self.catch_up(recount=not woken)
-                self.last_error = None
+                # Rows the embedder failed on stay without a vector: the state says so, not `ready`.
+                failed_on = list(self.passed_over.values())
+                self.last_error = f"{len(failed_on)} rows passed over; {failed_on[-1]}" if failed_on else None
             except Exception as error:  # a broken embedder or a busy database: rows wait for the next sweep
                 self.last_error = f"{type(error).__name__}: {error}"
                 log_event("embed_failed", reason=self.last_error)
@@ -151,6 +194,7 @@ class EmbedWorker(threading.Thread):
             missing = self.store.count_missing_vectors(self.embedder.model_id)
             with self.lock:  # the count includes the queued rows
                 self.counted, self.queued, self.folded = missing, set(), set()
+            self.passed_over = {}  # a timed sweep tries them again
         else:
             with self.lock:
                 self.counted, self.folded = self.counted + len(self.queued), self.folded | self.queued
@@ -161,10 +205,10 @@ class EmbedWorker(threading.Thread):
             with self.lock:
                 self.counted, counted[0] = max(0, self.counted - (done - counted[0])), done
 
-        embed_missing(self.store, self.embedder, progress=progress)
+        embed_missing(self.store, self.embedder, progress=progress, passed_over=self.passed_over)
         with self.lock:
-            if not self.queued:  # nothing was queued meanwhile: nothing is left
-                self.counted, self.folded = 0, set()
+            if not self.queued:  # nothing was queued meanwhile: nothing is left but the rows passed over
+                self.counted, self.folded = len(self.passed_over), set()
 
     def stop(self) -> None:
         """Stop and wait for a sweep in progress, so nothing writes after the service has closed."""
@@ -191,7 +235,12 @@ def backfill(store: Store, loaded: tuple[Any, str | None], batch: int) -> int:
         sys.stderr.write(f"\rbackfill: {done}/{todo} rows embedded ({rate:.0f}/s)")
         sys.stderr.flush()
 
-    done = embed_missing(store, embedder, batch, progress)
+    try:
+        done = embed_missing(store, embedder, batch, progress)
+    except EmbedFailed as error:  # rows the embedder fails on, and nothing else left to embed
+        sys.stderr.write("\n")
+        log_event("failed", command="backfill", reason=f"embedding failed: {error}")
+        return 1
     sys.stderr.write("\n")
     log_event(
         "backfilled",

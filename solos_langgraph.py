@@ -21,6 +21,7 @@ are ignored): the fact and the token go to the service and nowhere else.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import urllib.error
@@ -38,7 +39,8 @@ PRIVATE_SCOPE = "private"
 
 
 class StoreMemoryError(Exception):
-    """The service refused the write or could not be reached; the message says why (the service's own words)."""
+    """The service refused the write, could not be reached, or something else answered (a proxy's page): the
+    message says which (the service's own words where it answered)."""
 
     def __init__(self, message: str, status: int | None = None, field: str | None = None):
         super().__init__(message)
@@ -76,7 +78,7 @@ def store_memory(
     memory_scope "private" is refused (StoreMemoryError, field memory_scope),
     nothing sent: a long fact is read by every agent.
     """
-    if memory_scope == PRIVATE_SCOPE:
+    if isinstance(memory_scope, str) and memory_scope.strip().casefold() == PRIVATE_SCOPE:  # `Private` too
         raise StoreMemoryError(
             "memory_scope 'private' cannot be kept as a long fact: every agent reads long facts; "
             "write the agent's own memory as an episode (POST /v1/episodic), private unless it shares episodes",
@@ -98,12 +100,19 @@ def store_memory(
     request = urllib.request.Request(base + "/v1/long", json.dumps(body).encode(), headers, method="POST")
     try:
         with DIRECT.open(request, timeout=timeout) as response:
-            answer = json.loads(response.read())
+            writer = json.loads(response.read())["agent"]
+        if not isinstance(writer, str):
+            raise TypeError("agent is not a string")
     except urllib.error.HTTPError as error:
         raise refusal(error) from None
     except (urllib.error.URLError, OSError) as error:
         raise StoreMemoryError(f"solos-memory at {base} is unreachable: {error}") from None
-    return point_id(answer["agent"], "long", content)
+    except (http.client.HTTPException, ValueError, LookupError, TypeError) as error:  # a proxy's page, another server
+        raise StoreMemoryError(
+            f"{base} answered with something that is not the service's JSON ({type(error).__name__}: {error}); "
+            "the fact may not be stored"
+        ) from None
+    return point_id(writer, "long", content)
 
 
 def refusal(error: urllib.error.HTTPError) -> StoreMemoryError:

@@ -6,7 +6,8 @@ Attribution is coalesce(payload.agent, payload.agent_id). A point is left out,
 its reason recorded in qdrant_import (which the output, /v1/stats and /metrics
 count), when it has no agent or no text, its agent is not in agent_registry,
 the service wrote it, its fields break the API's own rules (write_long's
-schema: `invalid_fact`, `invalid_topic`, ...), or its payload says
+schema: `invalid_fact`, `invalid_topic`, ...), its writer forgot a fact of
+that very text (`forgotten`: an old copy never brings it back), or its payload says
 `memory_scope: private` (long facts are read by every agent;
 `--import-private` brings those in as the agent's own episodic rows instead,
 which only it reads while it has not opted in to sharing). Idempotent and
@@ -124,7 +125,11 @@ def connect(target: Target) -> Any:
             return QdrantClient(url=target.url, timeout=5)
         return QdrantClient(path=target.path)
     except Exception as error:  # a locked local folder raises RuntimeError, a bad URL ValueError
-        raise QdrantUnavailable(f"{target.describe()}: {type(error).__name__}: {error}") from None
+        raise unavailable(target, error) from None
+
+
+def unavailable(target: Target, error: Exception) -> QdrantUnavailable:
+    return QdrantUnavailable(f"{target.describe()}: {type(error).__name__}: {error}")
 
 
 def is_loopback(host: str) -> bool:
@@ -175,14 +180,22 @@ def import_points(
 
 
 def pages(client: Any, target: Target, with_payload: Any) -> Iterator[list]:
-    """The collection's points, BATCH at a time (import and verify both read it whole)."""
-    if not client.collection_exists(target.collection):
+    """The collection's points, BATCH at a time (import and verify both read it whole); QdrantUnavailable with
+    the reason when the server refuses, fails or does not answer (qdrant-client raises its own kinds for each)."""
+    try:
+        exists = client.collection_exists(target.collection)
+    except Exception as error:
+        raise unavailable(target, error) from None
+    if not exists:
         raise QdrantUnavailable(f"{target.describe()}: no such collection")
     offset = None
     while True:
-        points, offset = client.scroll(
-            target.collection, limit=BATCH, offset=offset, with_payload=with_payload, with_vectors=False
-        )
+        try:
+            points, offset = client.scroll(
+                target.collection, limit=BATCH, offset=offset, with_payload=with_payload, with_vectors=False
+            )
+        except Exception as error:
+            raise unavailable(target, error) from None
         yield points
         if offset is None:
             return
@@ -239,7 +252,7 @@ def import_point(
         return "left_out:no_text", None
     if agent not in registered:
         return "left_out:unregistered_agent", None
-    is_private = payload.get("memory_scope") == "private"
+    is_private = private_scope(payload.get("memory_scope"))
     if is_private and not private:
         return "left_out:private", None
     try:
@@ -248,6 +261,17 @@ def import_point(
         return import_fact(conn, collection, pid, agent, text, payload, validate)
     except solos_store.BadRequest as refused:  # the API's own rule, as POST /v1/long would answer it
         return f"left_out:invalid_{refused.field}", None
+    except Forgotten:
+        return "left_out:forgotten", None
+
+
+class Forgotten(Exception):
+    """The point's writer forgot a fact with this very text (memory_retraction holds its hash)."""
+
+
+def private_scope(scope: Any) -> bool:
+    """The node's private memory, however it was spelt (`Private`, ` PRIVATE `): never a fact every agent reads."""
+    return isinstance(scope, str) and scope.strip().casefold() == "private"
 
 
 def import_private(
@@ -280,7 +304,8 @@ def import_fact(
 ) -> tuple[str, int]:
     """The row for this fact: the writer's existing one (same full text), else a new one keyed like write_long's.
 
-    Its fields go through write_long's schema first: a point the API would refuse raises BadRequest.
+    Its fields go through write_long's schema first: a point the API would refuse raises BadRequest; one whose
+    writer forgot a fact of this text (and holds none) raises Forgotten.
     """
     topic = payload.get("topic") if isinstance(payload.get("topic"), str) else None
     score = payload.get("importance_score", payload.get("confidence"))
@@ -304,6 +329,11 @@ def import_fact(
     existing = solos_store.Store.known_long(conn, agent, text)
     if existing is not None:
         return "same_fact_already_stored", existing
+    if conn.execute(  # the writer forgot these words: an old copy of them must not bring them back
+        "SELECT 1 FROM memory_retraction WHERE agent = ? AND tier = 'long' AND content_hash = ? LIMIT 1",
+        (agent, sha256(text)),
+    ).fetchone():
+        raise Forgotten()
     row_id = solos_store.Store.insert_long(
         conn, agent, fact["topic"], text, fact["source"], fact["confidence"], fact["tags"]
     )
@@ -326,11 +356,18 @@ def import_counts(conn: Any) -> dict:
 
 # ==== Mirror: outbox and drain ====
 
-ROW_SQL = "SELECT id, agent, topic, fact, source, confidence, tags, embedding, updated_at FROM memory_longterm"
+# A row's embedding only while memory_vector says it is the current text's: a fleet writer's UPDATE of the fact
+# drops that row (schema.sql's vector triggers) but leaves the column holding the old text's vector.
+ROW_SQL = (
+    "SELECT id, agent, topic, fact, source, confidence, tags, CASE WHEN EXISTS (SELECT 1 FROM memory_vector v "
+    "WHERE v.tier = 'long' AND v.row_id = memory_longterm.id) THEN embedding END AS embedding, updated_at "
+    "FROM memory_longterm"
+)
 
 
 class RowUnsendable(Exception):
-    """This row cannot be sent yet (no vector of the collection's size); it waits, the others go on."""
+    """This row cannot be sent yet (no vector of the collection's size, or the embedder failed on it); it waits,
+    the others go on."""
 
 
 class Mirror(threading.Thread):
@@ -458,7 +495,7 @@ class Mirror(threading.Thread):
         """Apply one batch: final state per point, upserts then deletes, then drop the entries from the outbox."""
         from qdrant_client import models
 
-        upserts, deletes, legacy = self.store.read(lambda conn: plan(conn, entries))
+        upserts, deletes, legacy = self.store.read(lambda conn: plan(conn, entries, self.target.collection))
         points, waiting = [], {}
         for pid, row in upserts.items():
             try:
@@ -519,7 +556,10 @@ class Mirror(threading.Thread):
                 raise RowUnsendable(
                     f"the collection wants {size}-dim vectors and the service has no embedder of that size"
                 )
-            blob = self.embedder.embed([solos_store.TIER_TABLE["long"].embedding_text(row)])[0]
+            try:
+                blob = self.embedder.embed([solos_store.TIER_TABLE["long"].embedding_text(row)])[0]
+            except Exception as error:  # this row's text, or a broken model: it waits, the batch's deletes go on
+                raise RowUnsendable(f"the embedder failed on it: {type(error).__name__}: {error}") from None
         return list(struct.unpack(f"<{size}f", blob))
 
     def status(self, conn: Any) -> dict:
@@ -542,10 +582,11 @@ class Mirror(threading.Thread):
         }
 
 
-def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, set[str]]]:
+def plan(conn: Any, entries: list, collection: str) -> tuple[dict[str, Any], set[str], dict[str, set[str]]]:
     """The batch's final state per point id: rows to upsert (read now), points to delete, legacy points per id.
 
-    Legacy ids are qdrant_import's text; `send` turns them into Qdrant's types.
+    Legacy ids are qdrant_import's text, of this collection only (another's point 5 is not this one's);
+    `send` turns them into Qdrant's types.
     """
     final: dict[str, Any] = {}  # point id -> row to upsert, or None to delete
     legacy: dict[str, set[str]] = {}
@@ -573,8 +614,8 @@ def plan(conn: Any, entries: list) -> tuple[dict[str, Any], set[str], dict[str, 
         legacy.setdefault(pid, set()).update(
             r[0]
             for r in conn.execute(
-                "SELECT point_id FROM qdrant_import WHERE row_id = ? AND content_sha256 = ?",
-                (entry["row_id"], digest),
+                "SELECT point_id FROM qdrant_import WHERE row_id = ? AND content_sha256 = ? AND collection = ?",
+                (entry["row_id"], digest, collection),
             )
         )
     upserts = {pid: row for pid, row in final.items() if row is not None}
@@ -757,7 +798,10 @@ def verify(store: Any, target: Target) -> dict:
             for row, agent, fact in conn.execute("SELECT id, agent, fact FROM memory_longterm")
         }
         imported = {}
-        for text, row in conn.execute("SELECT point_id, row_id FROM qdrant_import WHERE row_id IS NOT NULL"):
+        for text, row in conn.execute(
+            "SELECT point_id, row_id FROM qdrant_import WHERE row_id IS NOT NULL AND collection = ?",
+            (target.collection,),
+        ):
             pid = qdrant_id(text)
             if pid is not None:
                 imported[str(pid)] = row

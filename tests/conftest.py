@@ -433,6 +433,15 @@ class WordHashEmbedder:
         return [self.vector(text).astype("<f4").tobytes() for text in texts]
 
 
+class PoisonRowEmbedder(WordHashEmbedder):
+    """Raises on any text holding "poison", as a model may on one row it cannot take; embeds every other."""
+
+    def embed(self, texts: list[str]) -> list[bytes]:
+        if any("poison" in text for text in texts):
+            raise RuntimeError("the model cannot take this text")
+        return super().embed(texts)
+
+
 def metric_samples(server: RunningServer, name: str) -> dict[str, float]:
     """One /metrics family's samples: each sample's label text ("" for none, else '{route="/v1/recall",...}') ->
     its value."""
@@ -780,14 +789,18 @@ def drained(server) -> bool:
 
 
 def points_in(path: Path) -> dict[str, dict]:
+    return {str(r.id): r.payload for r in records_in(path)}
+
+
+def records_in(path: Path, with_vectors: bool = False) -> list:
     from qdrant_client import QdrantClient  # only the Qdrant tests need it, and they skip without it
 
     client = QdrantClient(path=str(path))
     try:
-        records, _ = client.scroll("long_term", limit=10_000, with_payload=True)
+        records, _ = client.scroll("long_term", limit=10_000, with_payload=True, with_vectors=with_vectors)
     finally:
         client.close()
-    return {str(r.id): r.payload for r in records}
+    return records
 
 
 def require_embedder() -> None:

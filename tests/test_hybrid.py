@@ -11,6 +11,7 @@ import time
 import pytest
 from conftest import (
     PROPERTY_SETTINGS,
+    PoisonRowEmbedder,
     WordHashEmbedder,
     fresh_agents,
     marker,
@@ -673,3 +674,20 @@ def test_a_paraphrase_reaches_the_top_when_only_the_vector_leg_finds_it(embedded
     assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
     keyword = server.recall("sol", question, k=40, ranking="keyword").body["results"]
     assert answer not in [r["text"] for r in keyword]  # no word in common: only the vector leg finds it
+
+
+def test_one_row_the_embedder_raises_on_never_keeps_the_others_from_their_vectors(embedded_server):
+    server = embedded_server(PoisonRowEmbedder())
+    with server.db() as conn:  # the fleet's direct writes: the background pass embeds them
+        conn.executemany(
+            "INSERT INTO memory_longterm (agent, fact) VALUES ('atlas', ?)",
+            [("a poison row" if n == 1 else f"direct fact number {n}",) for n in range(70)],
+        )
+    server.server.memory.worker.wake.set()
+    wait_until(lambda: server.get("/v1/stats").body["vectors"] == {"long": 69}, "every other row's vector")
+    wait_until(lambda: server.get("/health").body["embed_backlog"] == 1, "the one row counted as without a vector")
+    assert "cannot take this text" in server.get("/health").body["degraded_reason"]  # failing, for that one row
+    store = solos_memory.Store(str(server.db_path))
+    with pytest.raises(solos_embed_worker.EmbedFailed, match="1 rows passed over"):  # a rerun: nothing else left
+        solos_embed_worker.embed_missing(store, PoisonRowEmbedder(), batch=8)
+    assert solos_embed_worker.backfill(store, (PoisonRowEmbedder(), None), 8) == 1  # says so, exit 1

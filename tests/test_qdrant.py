@@ -13,11 +13,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import AGENTS, REQUIRE_ALL, ROOT, drained, points_in, stop_server, wait_until
+from conftest import AGENTS, REQUIRE_ALL, ROOT, drained, forget, points_in, records_in, stop_server, wait_until
 
 import solos_langgraph
 import solos_memory
 import solos_qdrant
+import solos_store
 from solos_client import Client
 from solos_langgraph import StoreMemoryError, legacy_point_id, point_id, store_memory
 
@@ -671,3 +672,129 @@ def test_a_loopback_qdrant_is_reached_directly(proxy):
         client.close()
         qdrant.listener.close()
     assert proxy.seen == [] and qdrant.seen and qdrant.seen[0].startswith(b"GET /collections/long_term/exists")
+
+
+# ==== Faults: stale vectors, ids across collections, a failing embedder ====
+
+
+def vectors_in(path: Path) -> dict[str, list[float]]:
+    return {str(r.id): r.vector for r in records_in(path, with_vectors=True)}
+
+
+def test_a_fact_rewritten_by_a_fleet_writer_is_mirrored_with_its_new_texts_vector(embedded_server, tmp_path):
+    from conftest import WordHashEmbedder
+
+    path, embedder = tmp_path / "qdrant", WordHashEmbedder()
+    server = embedded_server(embedder, qdrant=solos_qdrant.Target(path=str(path)))
+    old, new = "The build farm runs on ARM runners", "The build farm moved to x86 spot instances"
+    row = server.post("/v1/long", {"agent": "atlas", "fact": old}).body["id"]
+    wait_until(lambda: drained(server), what="the first point")
+    with server.db() as conn:  # a fleet writer rewrites the fact; the row's embedding column still holds old's
+        conn.execute("UPDATE memory_longterm SET fact = ? WHERE id = ?", (new, row))
+    wait_until(lambda: drained(server), what="the rewrite")
+    stop_server(server)
+    vector = vectors_in(path)[point_id("atlas", "long", new)]
+    wanted = embedder.vector(solos_store.labelled_text("atlas", None, new))
+    assert max(abs(a - b) for a, b in zip(vector, wanted)) < 1e-5, "the point carries the old text's vector"
+
+
+def test_an_id_imported_from_another_collection_never_deletes_a_point_of_this_one(make_server, tmp_path, capsys):
+    path = tmp_path / "qdrant"
+    seed_vectorless(path, {5: {"agent_id": "ghost", "content": "A point the service never took in"}})
+    client = QdrantClient(path=str(path))
+    client.create_collection("archive", vectors_config={})
+    client.upsert(
+        "archive",
+        points=[models.PointStruct(id=5, vector={}, payload={"agent_id": "atlas", "content": "An archived fact"})],
+    )
+    client.close()
+    plain = make_server()
+    capsys.readouterr()
+    argv = ["import-qdrant", "--db", str(plain.db_path), "--qdrant-path", str(path)]
+    assert solos_memory.main([*argv, "--qdrant-collection", "archive"]) == 0
+    assert solos_memory.main(argv) == 0  # point 5 of long_term: left out (unregistered writer)
+    stop_server(plain)
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    wait_until(lambda: drained(mirrored), what="the archived fact's point")
+    stop_server(mirrored)
+    assert raw_ids(path) == {5, point_id("atlas", "long", "An archived fact")}
+    status, report = run_cli(capsys, "qdrant-verify", "--db", str(plain.db_path), "--qdrant-path", str(path))
+    assert status == 0 and (report["unmanaged_points"], report["rows_with_several_points"]) == (1, 0), report
+
+
+def test_a_row_the_embedder_cannot_take_never_holds_up_a_forgets_delete(embedded_server, tmp_path):
+    from conftest import PoisonRowEmbedder
+
+    path = tmp_path / "qdrant"
+    server = embedded_server(PoisonRowEmbedder(), qdrant=solos_qdrant.Target(path=str(path)))
+    secret = "The canary deploy key is rotated every Friday"
+    row = server.post("/v1/long", {"agent": "atlas", "fact": secret}).body["id"]
+    wait_until(lambda: drained(server), what="the fact's point")
+    with server.db() as conn:  # a fleet writer's row without a vector, which the mirror must embed to send
+        conn.execute("INSERT INTO memory_longterm (agent, fact) VALUES ('sol', 'a poison row')")
+    assert forget(server, "atlas", "long", row)[1]["mirror"] == "pending"
+    status = wait_until(
+        lambda: (s := server.get("/v1/stats").body["qdrant"])["backlog"] == 1 and s, what="the forget's delete"
+    )
+    assert status["rows_waiting_for_retry"] == 1 and "cannot take this text" in status["last_error"]
+    stop_server(server)
+    assert point_id("atlas", "long", secret) not in points_in(path)
+
+
+def test_a_private_scope_in_any_case_is_never_shared(server, tmp_path, capsys):
+    """`Private`, ` PRIVATE ` are the node's private memory too: neither the writer nor the import shares them."""
+    for scope in ("Private", " PRIVATE "):
+        with pytest.raises(StoreMemoryError) as refused:
+            store_memory("atlas", "diary", f"Atlas's {scope.strip()} note on the vault", scope, url=server.url)
+        assert refused.value.field == "memory_scope"
+    path = tmp_path / "qdrant"
+    seed_vectorless(
+        path,
+        {
+            21: {"agent_id": "sol", "content": "Sol's note kept Private", "memory_scope": "Private"},
+            22: {"agent": "sol", "content": "Sol's note kept PRIVATE", "memory_scope": " PRIVATE "},
+        },
+    )
+    assert import_qdrant(server, path, capsys) == {"points": 2, "left_out:private": 2}
+    assert server.recall("atlas", "note vault private", k=5).body["results"] == []
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+def test_import_never_brings_back_a_fact_its_writer_forgot(server, tmp_path, capsys):
+    secret = "The staging database password is swordfish-2291"
+    row = server.post("/v1/long", {"agent": "atlas", "fact": secret}).body["id"]
+    assert forget(server, "atlas", "long", row)[0]
+    path = tmp_path / "qdrant"  # the old node's copy of the same fact, still in the collection
+    seed_vectorless(path, {31: {"agent_id": "atlas", "content": secret}, 32: {"agent_id": "sol", "content": secret}})
+    counts = import_qdrant(server, path, capsys)
+    assert counts == {"points": 2, "imported": 1, "left_out:forgotten": 1}
+    with server.db() as conn:  # sol's own copy of the words is sol's fact: atlas's forget was not about it
+        assert [tuple(r) for r in conn.execute("SELECT agent, fact FROM memory_longterm")] == [("sol", secret)]
+    assert import_qdrant(server, path, capsys) == {"points": 2, "already_imported": 1, "left_out:forgotten": 1}
+
+
+@pytest.mark.parametrize("command", ["import-qdrant", "qdrant-verify"])
+def test_an_unreachable_qdrant_server_fails_the_command_with_a_reason(server, command, capfd):
+    from conftest import dead_url
+
+    argv = [command, "--db", str(server.db_path), "--qdrant-url", dead_url()]
+    assert solos_memory.main(argv) == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and '"event": "failed"' in err and "Connection refused" in err, err
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [("garbage", b"SSH-2.0-OpenSSH_9.2\r\n"), ("http", 200, b"<html>captive portal</html>"), ("http", 200, b"{}")],
+)
+def test_store_memory_names_an_answer_that_is_not_the_services(behaviour):
+    """The node catches StoreMemoryError; anything else it would crash on, or take as stored."""
+    from conftest import FaultServer
+
+    fault = FaultServer(behaviour)
+    try:
+        with pytest.raises(StoreMemoryError, match="not the service's"):
+            store_memory("atlas", "infra", "a fact", url=fault.url, timeout=2)
+    finally:
+        fault.close()
