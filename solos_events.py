@@ -642,6 +642,27 @@ class EventHub:
             "message": " ".join(gap["message"] for gap in found),
         }
 
+    def opening(self, since: int, conn: sqlite3.Connection) -> tuple[int, dict | None]:
+        """A stream's start after `since`, and the gap it opens with (resume's, else a pruned one)."""
+        start, ahead = self.resume(conn, since)
+        return start, ahead or self.gap(conn, start)
+
+    def resume(self, conn: sqlite3.Connection, since: int) -> tuple[int, dict | None]:
+        """Where reading after `since` starts, and a gap if not there. A cursor above every id this store could
+        have handed out (another store's, or one kept across a restore into an empty folder) would wait for ids
+        this store reaches only much later, skipping everything until then: it starts at the head, and says so."""
+        ceiling = self.store.queries.event_ceiling(conn)
+        if since <= ceiling:
+            return since, None
+        head = self.store.queries.head_event(conn)
+        return head, {
+            "from": ceiling + 1,
+            "through": since,
+            "message": f"since {since} is past every event id this store handed out (at most {ceiling}): it was "
+            f"never this store's (another store's, or kept from before a restore); continuing from {head}, so "
+            "recall to catch up",
+        }
+
     def pruned_gap(self, conn: sqlite3.Connection, since: int) -> dict | None:
         pruned = int(self.store.queries.meta_value(conn, "events_pruned_through") or 0)
         if since >= pruned:
@@ -724,8 +745,9 @@ class EventHub:
         """read_events: the matching events after `since`, the id to continue from, and any gap."""
 
         def work(conn: sqlite3.Connection) -> tuple:
-            events, examined = self.collect(conn, pattern, since, limit)
-            return events, max(examined, since), self.gap(conn, since, examined)
+            start, ahead = self.resume(conn, since)
+            events, examined = self.collect(conn, pattern, start, limit)
+            return events, max(examined, start), ahead or self.gap(conn, start, examined)
 
         events, examined, gap = self.store.read(work)
         self.audit(pattern.caller, events)
@@ -806,8 +828,10 @@ class EventHub:
         """
         pattern = subscriber.pattern
         try:
-            last = since if since is not None else self.store.read(self.store.queries.head_event)
-            gap = self.store.read(lambda conn: self.gap(conn, last)) if since is not None else None
+            if since is None:
+                last, gap = self.store.read(self.store.queries.head_event), None
+            else:
+                last, gap = self.store.read(functools.partial(self.opening, since))
             write(head + SSE_PREAMBLE + (sse(gap, "gap") if gap else b""))
             told: set[int] = set()  # transactions a gap event named already
             while not self.stopped:  # catch up from the log until it has nothing newer

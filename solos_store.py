@@ -1871,6 +1871,14 @@ class Queries:
     def head_event(self, conn: sqlite3.Connection) -> int:
         return conn.execute("SELECT coalesce(max(id), 0) FROM memory_event").fetchone()[0]
 
+    def event_ceiling(self, conn: sqlite3.Connection) -> int:
+        """The largest event id this store may have handed out (AUTOINCREMENT's counter): a cursor above it is
+        another store's, never this one's."""
+        return conn.execute(
+            "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'memory_event'), 0), "
+            "coalesce((SELECT max(id) FROM memory_event), 0))"
+        ).fetchone()[0]
+
     def events_after(self, conn: sqlite3.Connection, after: int, limit: int) -> list[sqlite3.Row]:
         return conn.execute(
             "SELECT id, ts, kind, tier, row_id, agent FROM memory_event WHERE id > ? ORDER BY id LIMIT ?",

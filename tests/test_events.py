@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from conftest import Stream, subscribed, wait_until
+from conftest import Stream, direct, events_settled, start_server, stop_server, subscribed, wait_until
 
 import solos_events
 import solos_memory
@@ -534,3 +534,33 @@ def test_a_durable_event_never_renders_another_agents_persona_in_its_row(server)
         assert [(e["kind"], e["row"]) for e in answer["events"]] == [("delete", None)]
     sol = read_events(server, agent="sol", tiers=["durable"], since=0)["events"]
     assert [e["row"]["text"] for e in sol] == ["sol is careful"]
+
+
+@pytest.fixture
+def served(store_url: str):
+    running = start_server(store_url, rerank=False)
+    yield running
+    stop_server(running)
+
+
+def test_a_cursor_past_every_event_this_store_logged_is_a_gap_not_silence(served, store_url, streams):
+    """A since (or Last-Event-ID) this store never handed out: another store's, or one kept from before a restore.
+    Read from it, nothing ever came and nothing said why; now a gap says so and reading goes on from the head."""
+    server = served
+    server.post("/v1/long", {"agent": "sol", "fact": "so the store has an event"})
+    events_settled(store_url)
+    (head,) = direct(store_url, "SELECT max(id) AS head FROM memory_event")
+    head = head["head"]
+    ahead = head + (1 << 40)  # e.g. a PostgreSQL store's id (its transaction's id << 24), far above a SQLite one
+    answer = read_events(server, agent="sol", since=ahead)
+    assert answer["gap"] is not None and "never" in answer["gap"]["message"], answer
+    assert answer["next_since"] == head and answer["events"] == []
+    stream = streams(server, {"agent": "sol"}, {"Last-Event-ID": str(ahead)})
+    message = stream.next(skip_comments=False)
+    while message is not None and "event" not in message:
+        message = stream.next(skip_comments=False)
+    assert message is not None and message["event"] == "gap" and message["data"]["through"] == ahead, message
+    server.post("/v1/long", {"agent": "atlas", "fact": "after the cursor came"})
+    assert [e["row"]["text"] for e in stream.events(1)] == ["after the cursor came"]
+    later = read_events(server, agent="sol", since=answer["next_since"])
+    assert [e["row"]["text"] for e in later["events"]] == ["after the cursor came"] and later["gap"] is None
