@@ -30,8 +30,8 @@ import solos_bounds
 import solos_rank
 import solos_store
 from solos_operations import Operation, object_schema, result_schema
-from solos_store import DEFAULT_TIERS, SCOPES, TIERS
-from solos_validation import AGENT_SCHEMA, TAGS_SCHEMA
+from solos_store import DEFAULT_TIERS, SCOPES, TIERS, BadRequest
+from solos_validation import AGENT_SCHEMA, TAGS_SCHEMA, describe
 
 log = logging.getLogger("solos_events")
 
@@ -136,6 +136,14 @@ def event_pattern(memory: Any, args: dict) -> Pattern:
     solos_store.refuse_foreign_persona(tiers, args["scope"])
     memory.store.read(lambda conn: solos_store.Store.require_agent(conn, args["agent"]))
     return Pattern.of(args, tiers, solos_rank.make_fts_query(solos_rank.query_words(args["q"] or "")))
+
+
+def last_event_id(header: str | None) -> str | None:
+    """A reconnecting EventSource's Last-Event-ID, if it sent one: an event id, or a 400 naming the header (digits
+    str.isdigit takes but int() does not, or past 64 bits, were refused as `since`, which the client never sent)."""
+    if header is not None and not (re.fullmatch(r"[0-9]{1,19}", header.strip()) and int(header) <= solos_bounds.MAX_ID):
+        raise BadRequest(f"Last-Event-ID must be an event id (an integer), got {describe(header)}", "Last-Event-ID")
+    return header
 
 
 def event_row(tier: str, row: Any, caller: str) -> dict:

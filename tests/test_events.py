@@ -536,6 +536,14 @@ def test_a_durable_event_never_renders_another_agents_persona_in_its_row(server)
     assert [e["row"]["text"] for e in sol] == ["sol is careful"]
 
 
+@pytest.mark.parametrize("resume", ["9" * 40, str(2**63), "\u00b2", "\u00b9\u00b2"])
+def test_a_last_event_id_no_event_could_have_is_a_400_naming_the_header(server, streams, resume):
+    """Superscript digits pass str.isdigit and numbers past 64 bits pass the header's own check: the 400 then
+    named `since`, a parameter the reconnecting client never sent."""
+    refused = streams(server, {"agent": "sol"}, {"Last-Event-ID": resume})
+    assert refused.status == 400 and refused.body["error"]["field"] == "Last-Event-ID", refused.body
+
+
 @pytest.fixture
 def served(store_url: str):
     running = start_server(store_url, rerank=False)
