@@ -784,6 +784,7 @@ class EventHub:
         holding the most streams gives up its oldest if it holds more than the newcomer's agent would.
         """
         decide = functools.partial(choose_victim, per_agent=self.streams_per_agent, cap=self.max_subscribers)
+        head = self.store.read(self.store.queries.head_event)  # before a seat is taken: a failed read takes none
         with self.lock:
             seat = None
             if self.seats is None:  # one process: its own streams
@@ -804,7 +805,7 @@ class EventHub:
                 victim.seat = None
                 victim.drop(f"replaced by a newer stream ({victim.pattern.caller} holds its share)")
             if not self.subscribers:  # nobody was listening: start from the head, not from a backlog
-                self.cursor = self.store.read(self.store.queries.head_event)
+                self.cursor = head
             subscriber = Subscriber(pattern, connection, seat=seat, confirm=confirm)
             self.subscribers.add(subscriber)
         self.wakeup.set()

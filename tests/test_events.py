@@ -13,6 +13,8 @@ from conftest import Stream, direct, events_settled, start_server, stop_server, 
 
 import solos_events
 import solos_memory
+import solos_store
+import solos_workers
 
 WAIT_S = 5.0
 
@@ -572,3 +574,22 @@ def test_a_cursor_past_every_event_this_store_logged_is_a_gap_not_silence(served
     assert [e["row"]["text"] for e in stream.events(1)] == ["after the cursor came"]
     later = read_events(server, agent="sol", since=answer["next_since"])
     assert [e["row"]["text"] for e in later["events"]] == ["after the cursor came"] and later["gap"] is None
+
+
+def test_a_stream_that_fails_to_start_gives_its_worker_seat_back(server, streams, tmp_path, monkeypatch):
+    """--workers: a stream takes its seat in the shared file, then reads the head of the log if it is the worker's
+    first. A read that failed there (a busy or lost database) answered 503 and left the seat taken for the
+    worker's life: each such failure took one of the 32 for good."""
+    hub = server.server.memory.events
+    hub.seats = solos_workers.Seats(str(tmp_path / "seats"), 0)
+    queries, real = server.server.memory.store.queries, server.server.memory.store.queries.head_event
+
+    def lost(conn):
+        raise solos_store.Busy("the database is busy (a test)")
+
+    monkeypatch.setattr(queries, "head_event", lost)
+    assert streams(server, {"agent": "sol"}).status == 503
+    monkeypatch.setattr(queries, "head_event", real)
+    assert hub.seats.count() == {"open_all_workers": 0}
+    subscribed(streams(server, {"agent": "sol"}))
+    assert hub.seats.count() == {"open_all_workers": 1}
