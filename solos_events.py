@@ -313,7 +313,7 @@ class EventHub:
         self.wakeup = threading.Event()
         self.stopped = False
         self.wire_lock = threading.Lock()
-        self.wire: dict[tuple[int, bool], bytes] = {}  # encoded events, oldest first
+        self.wire: dict[tuple[int, bool], tuple[dict, bytes]] = {}  # rendered and encoded events, oldest first
         self.wire_bytes = 0
         self.max_subscribers, self.heartbeat_s, self.poll_s = MAX_SUBSCRIBERS, HEARTBEAT_S, POLL_S
         self.streams_per_agent = STREAMS_PER_AGENT
@@ -943,19 +943,22 @@ class EventHub:
         """The event as an SSE message, encoded once for all the streams it goes to.
 
         The newest encodings are kept up to WIRE_CACHE_BYTES in all: bounded by bytes, since one event can
-        encode to a quarter of a megabyte (bounded by count, 4,000 large events held 1.1 GiB).
+        encode to a quarter of a megabyte (bounded by count, 4,000 large events held 1.1 GiB). Each is kept
+        with the rendering it encodes and serves only that one (the hub's fan-out renders an event once for
+        all its streams): a stream catching up renders the row as it is now, and was sent the bytes of a
+        rendering from before the fleet rewrote it.
         """
         key = (event["id"], event["foreign"])
         with self.wire_lock:
-            wire = self.wire.get(key)
-        if wire is None:
+            rendered, wire = self.wire.get(key, (None, b""))
+        if rendered is not event:
             wire = sse(event, event_id=event["id"])
             with self.wire_lock:
                 if key not in self.wire:
-                    self.wire[key] = wire
+                    self.wire[key] = (event, wire)
                     self.wire_bytes += len(wire)
                 while self.wire_bytes > WIRE_CACHE_BYTES:
-                    self.wire_bytes -= len(self.wire.pop(next(iter(self.wire))))
+                    self.wire_bytes -= len(self.wire.pop(next(iter(self.wire)))[1])
         return wire
 
     def prune(self) -> int:

@@ -447,7 +447,7 @@ def test_the_hub_looks_for_other_copies_forgets_every_poll_only_while_it_streams
     PostgreSQL, once each poll that a write woke) matters to what streams hand out, so without one it looks every
     sweep, and drops the encoded events it kept for streams."""
     hub = server.server.memory.events
-    hub.wire[(1, False)] = b"data: an encoded event\n\n"
+    hub.wire[(1, False)] = ({}, b"data: an encoded event\n\n")
     assert hub.forget_check_s() == solos_events.SWEEP_S and hub.wire == {}
     subscribed(streams(server, {"agent": "sol", "tiers": "long"}))
     assert hub.forget_check_s() == hub.poll_s
@@ -593,3 +593,19 @@ def test_a_stream_that_fails_to_start_gives_its_worker_seat_back(server, streams
     assert hub.seats.count() == {"open_all_workers": 0}
     subscribed(streams(server, {"agent": "sol"}))
     assert hub.seats.count() == {"open_all_workers": 1}
+
+
+def test_a_stream_catching_up_is_sent_the_row_as_it_is_now_not_as_another_stream_was(server, streams):
+    """Encoded events were kept by (id, foreign) for every stream: one catching up after the fleet rewrote the
+    row (a secret taken out) rendered it as it is now, logged that as delivered, and was sent the bytes encoded
+    for a live stream before the rewrite: the old text, which recall no longer returns."""
+    live = subscribed(streams(server, {"agent": "sol"}))
+    fact = server.post("/v1/long", {"agent": "atlas", "topic": "t", "fact": "the door code is 4711"}).body["id"]
+    (written,) = live.events(1)
+    assert written["row"]["text"] == "the door code is 4711"
+    with server.db() as conn:
+        conn.execute("UPDATE memory_longterm SET fact = 'the door code is (taken out)' WHERE id = ?", (fact,))
+    assert [e["row"]["text"] for e in changes(live, 1)] == ["the door code is (taken out)"]  # rendered, encoded
+    late = subscribed(streams(server, {"agent": "nova"}, {"Last-Event-ID": str(written["id"] - 1)}))
+    shown = [(e["kind"], e["row"]["text"]) for e in changes(late, 2)]
+    assert shown == [("write", "the door code is (taken out)"), ("update", "the door code is (taken out)")], shown
