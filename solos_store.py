@@ -2085,12 +2085,15 @@ class Queries:
         limit: int,
         before_id: int,
     ) -> list[dict]:
-        """Deliveries newest first: of `writer`'s rows (None: everyone's), optionally of one row."""
+        """Deliveries newest first: of `writer`'s rows (None: everyone's), optionally of one row. Only the filters
+        given are in the SQL: SQLite uses no index for `(? IS NULL OR writer = ?)`, and read the whole log. With
+        a row, `writer || ''` leaves the writer's index to the row's (SQLite took the writer's, all its rows)."""
+        by_writer = "writer" if tier is None or row_id is None else "writer || ''"
+        given = [(column, value) for column, value in ((by_writer, writer), ("tier", tier), ("row_id", row_id))]
+        filters = "".join(f" AND {column} = ?" for column, value in given if value is not None)
         rows = conn.execute(
-            f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ? AND (CAST(? AS TEXT) IS NULL OR writer = ?) "
-            "AND (CAST(? AS TEXT) IS NULL OR tier = ?) AND (CAST(? AS BIGINT) IS NULL OR row_id = ?) "
-            "ORDER BY id DESC LIMIT ?",
-            (before_id, writer, writer, tier, tier, row_id, row_id, limit),
+            f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ?{filters} ORDER BY id DESC LIMIT ?",
+            (before_id, *[value for _, value in given if value is not None], limit),
         )
         return [dict(row) for row in rows]
 
