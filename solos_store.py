@@ -2188,11 +2188,13 @@ class Queries:
         ).rowcount
 
     def read_notices(self, conn: sqlite3.Connection, agent: str, after_id: int, limit: int, acked: bool) -> list[dict]:
-        """The agent's notices after an id, oldest first; acknowledged ones only if asked."""
+        """The agent's notices after an id, oldest first; acknowledged ones only if asked. The open ones by the
+        index's (agent, acked_at): `(? OR acked_at IS NULL)` had SQLite read every one the agent acknowledged."""
         rows = conn.execute(
-            f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE agent = ? AND id > ? AND (? OR acked_at IS NULL) "
-            "ORDER BY id LIMIT ?",
-            (agent, after_id, bool(acked), limit),
+            f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE agent = ? AND id > ?"
+            + ("" if acked else " AND acked_at IS NULL")
+            + " ORDER BY id LIMIT ?",
+            (agent, after_id, limit),
         )
         return [dict(row) for row in rows]
 
