@@ -650,11 +650,6 @@ class EventHub:
             "message": " ".join(gap["message"] for gap in found),
         }
 
-    def opening(self, since: int, conn: sqlite3.Connection) -> tuple[int, dict | None]:
-        """A stream's start after `since`, and the gap it opens with (resume's, else a pruned one)."""
-        start, ahead = self.resume(conn, since)
-        return start, ahead or self.gap(conn, start)
-
     def resume(self, conn: sqlite3.Connection, since: int) -> tuple[int, dict | None]:
         """Where reading after `since` starts, and a gap if not there. A cursor above every id this store could
         have handed out (another store's, or one kept across a restore into an empty folder) would wait for ids
@@ -840,11 +835,15 @@ class EventHub:
             if since is None:
                 last, gap = self.store.read(self.store.queries.head_event), None
             else:
-                last, gap = self.store.read(functools.partial(self.opening, since))
+                last, gap = self.store.read(lambda conn: self.resume(conn, since))  # pruned events: catch_up's
             write(head + SSE_PREAMBLE + (sse(gap, "gap") if gap else b""))
             told: set[int] = set()  # transactions a gap event named already
+            pruned_told = 0  # the last pruned id a gap event named
             while not self.stopped:  # catch up from the log until it has nothing newer
-                events, examined, skipped = self.store.read(functools.partial(self.catch_up, pattern, last))
+                events, examined, skipped, pruned = self.store.read(functools.partial(self.catch_up, pattern, last))
+                if pruned is not None and pruned["through"] > pruned_told:
+                    pruned_told = pruned["through"]
+                    write(sse(pruned, "gap"))
                 if examined == last:
                     break
                 self.tell_gap(skipped, told, write)
@@ -901,10 +900,12 @@ class EventHub:
         }
         return [event for _, event in queued if event["id"] not in gone]
 
-    def catch_up(self, pattern: Pattern, since: int, conn: sqlite3.Connection) -> tuple[list[dict], int, dict | None]:
-        """A stream's catch-up step: collect's events after `since`, and the transactions it went past."""
+    def catch_up(self, pattern: Pattern, since: int, conn: sqlite3.Connection) -> tuple[list, int, Any, Any]:
+        """A stream's catch-up step: collect's events after `since`, the transactions it went past, and the events
+        after `since` pruned before they were read, in one transaction: the prune may run between two steps."""
         events, examined = self.collect(conn, pattern, since)
-        return events, examined, self.skipped_gap(conn, since, examined) if examined > since else None
+        skipped = self.skipped_gap(conn, since, examined) if examined > since else None
+        return events, examined, skipped, self.pruned_gap(conn, since)
 
     @staticmethod
     def tell_gap(gap: dict | None, told: set[int], write: Callable[[bytes], Any]) -> None:

@@ -609,3 +609,33 @@ def test_a_stream_catching_up_is_sent_the_row_as_it_is_now_not_as_another_stream
     late = subscribed(streams(server, {"agent": "nova"}, {"Last-Event-ID": str(written["id"] - 1)}))
     shown = [(e["kind"], e["row"]["text"]) for e in changes(late, 2)]
     assert shown == [("write", "the door code is (taken out)"), ("update", "the door code is (taken out)")], shown
+
+
+def test_events_pruned_while_a_stream_catches_up_are_a_gap_not_skipped(server, streams, monkeypatch):
+    """A stream resuming near the week's edge catches up in batches; events the hourly prune removed between two
+    batches were passed over without a word (the gap was looked for once, at the start)."""
+    hub = server.server.memory.events
+    ids = [server.post("/v1/long", {"agent": "atlas", "fact": f"fact {n}"}).body["id"] for n in range(6)]
+    with server.db() as conn:
+        logged = [row[0] for row in conn.execute("SELECT id FROM memory_event WHERE tier = 'long' ORDER BY id")]
+    assert len(logged) == len(ids) == 6
+    real, batches = hub.collect, []
+
+    def two_at_a_time(conn, pattern, since, limit=solos_events.BATCH):
+        if batches == [1]:  # after the first batch: the prune takes the next two events
+            with server.db() as aged:
+                aged.execute("UPDATE memory_event SET ts = '2000-01-01T00:00:00.000Z' WHERE id <= ?", (logged[3],))
+            assert hub.prune() == 4
+        batches.append(1)
+        return real(conn, pattern, since, 2)
+
+    monkeypatch.setattr(hub, "collect", two_at_a_time)
+    stream = subscribed(streams(server, {"agent": "sol", "tiers": "long"}, {"Last-Event-ID": "0"}))
+    seen = []
+    while len([m for m in seen if "event" not in m]) < 4:
+        message = stream.next()
+        assert message is not None, seen
+        seen.append(message)
+    gap = [("gap", m["data"]["from"], m["data"]["through"]) for m in seen if "event" in m]
+    shown = [m["data"]["row"]["text"] if "event" not in m else gap.pop(0) for m in seen]
+    assert shown == ["fact 0", "fact 1", ("gap", logged[1] + 1, logged[3]), "fact 4", "fact 5"], shown
