@@ -574,6 +574,17 @@ def test_a_cursor_past_every_event_this_store_logged_is_a_gap_not_silence(served
     assert [e["row"]["text"] for e in stream.events(1)] == ["after the cursor came"]
     later = read_events(server, agent="sol", since=answer["next_since"])
     assert [e["row"]["text"] for e in later["events"]] == ["after the cursor came"] and later["gap"] is None
+    # An id the store holds is never past it, however it came (events copied from a database whose transaction
+    # ids ran higher than this one's): a cursor just below it reads it, without a gap.
+    kept = later["next_since"] + (1 << 44)
+    direct(
+        store_url,
+        "INSERT INTO memory_event (id, kind, tier, row_id, agent) VALUES (?, 'update', 'long', ?, 'atlas')",
+        (kept, later["events"][0]["row_id"]),
+    )
+    events_settled(store_url)
+    copied = read_events(server, agent="sol", since=kept - 1)
+    assert copied["gap"] is None and [e["id"] for e in copied["events"]] == [kept], copied
 
 
 def test_a_stream_that_fails_to_start_gives_its_worker_seat_back(server, streams, tmp_path, monkeypatch):
