@@ -30,8 +30,8 @@ import solos_bounds
 import solos_rank
 import solos_store
 from solos_operations import Operation, object_schema, result_schema
-from solos_store import DEFAULT_TIERS, SCOPES, TIERS
-from solos_validation import AGENT_SCHEMA, TAGS_SCHEMA
+from solos_store import DEFAULT_TIERS, SCOPES, TIERS, BadRequest
+from solos_validation import AGENT_SCHEMA, TAGS_SCHEMA, describe
 
 log = logging.getLogger("solos_events")
 
@@ -136,6 +136,14 @@ def event_pattern(memory: Any, args: dict) -> Pattern:
     solos_store.refuse_foreign_persona(tiers, args["scope"])
     memory.store.read(lambda conn: solos_store.Store.require_agent(conn, args["agent"]))
     return Pattern.of(args, tiers, solos_rank.make_fts_query(solos_rank.query_words(args["q"] or "")))
+
+
+def last_event_id(header: str | None) -> str | None:
+    """A reconnecting EventSource's Last-Event-ID, if it sent one: an event id, or a 400 naming the header (digits
+    str.isdigit takes but int() does not, or past 64 bits, were refused as `since`, which the client never sent)."""
+    if header is not None and not (re.fullmatch(r"[0-9]{1,19}", header.strip()) and int(header) <= solos_bounds.MAX_ID):
+        raise BadRequest(f"Last-Event-ID must be an event id (an integer), got {describe(header)}", "Last-Event-ID")
+    return header
 
 
 def event_row(tier: str, row: Any, caller: str) -> dict:
@@ -305,7 +313,7 @@ class EventHub:
         self.wakeup = threading.Event()
         self.stopped = False
         self.wire_lock = threading.Lock()
-        self.wire: dict[tuple[int, bool], bytes] = {}  # encoded events, oldest first
+        self.wire: dict[tuple[int, bool], tuple[dict, bytes]] = {}  # rendered and encoded events, oldest first
         self.wire_bytes = 0
         self.max_subscribers, self.heartbeat_s, self.poll_s = MAX_SUBSCRIBERS, HEARTBEAT_S, POLL_S
         self.streams_per_agent = STREAMS_PER_AGENT
@@ -642,6 +650,22 @@ class EventHub:
             "message": " ".join(gap["message"] for gap in found),
         }
 
+    def resume(self, conn: sqlite3.Connection, since: int) -> tuple[int, dict | None]:
+        """Where reading after `since` starts, and a gap if not there. A cursor above every id this store could
+        have handed out (another store's, or one kept across a restore into an empty folder) would wait for ids
+        this store reaches only much later, skipping everything until then: it starts at the head, and says so."""
+        ceiling = self.store.queries.event_ceiling(conn)
+        if since <= ceiling:
+            return since, None
+        head = self.store.queries.head_event(conn)
+        return head, {
+            "from": ceiling + 1,
+            "through": since,
+            "message": f"since {since} is past every event id this store handed out (at most {ceiling}): it was "
+            f"never this store's (another store's, or kept from before a restore); continuing from {head}, so "
+            "recall to catch up",
+        }
+
     def pruned_gap(self, conn: sqlite3.Connection, since: int) -> dict | None:
         pruned = int(self.store.queries.meta_value(conn, "events_pruned_through") or 0)
         if since >= pruned:
@@ -724,8 +748,9 @@ class EventHub:
         """read_events: the matching events after `since`, the id to continue from, and any gap."""
 
         def work(conn: sqlite3.Connection) -> tuple:
-            events, examined = self.collect(conn, pattern, since, limit)
-            return events, max(examined, since), self.gap(conn, since, examined)
+            start, ahead = self.resume(conn, since)
+            events, examined = self.collect(conn, pattern, start, limit)
+            return events, max(examined, start), ahead or self.gap(conn, start, examined)
 
         events, examined, gap = self.store.read(work)
         self.audit(pattern.caller, events)
@@ -754,6 +779,7 @@ class EventHub:
         holding the most streams gives up its oldest if it holds more than the newcomer's agent would.
         """
         decide = functools.partial(choose_victim, per_agent=self.streams_per_agent, cap=self.max_subscribers)
+        head = self.store.read(self.store.queries.head_event)  # before a seat is taken: a failed read takes none
         with self.lock:
             seat = None
             if self.seats is None:  # one process: its own streams
@@ -774,7 +800,7 @@ class EventHub:
                 victim.seat = None
                 victim.drop(f"replaced by a newer stream ({victim.pattern.caller} holds its share)")
             if not self.subscribers:  # nobody was listening: start from the head, not from a backlog
-                self.cursor = self.store.read(self.store.queries.head_event)
+                self.cursor = head
             subscriber = Subscriber(pattern, connection, seat=seat, confirm=confirm)
             self.subscribers.add(subscriber)
         self.wakeup.set()
@@ -806,12 +832,18 @@ class EventHub:
         """
         pattern = subscriber.pattern
         try:
-            last = since if since is not None else self.store.read(self.store.queries.head_event)
-            gap = self.store.read(lambda conn: self.gap(conn, last)) if since is not None else None
+            if since is None:
+                last, gap = self.store.read(self.store.queries.head_event), None
+            else:
+                last, gap = self.store.read(lambda conn: self.resume(conn, since))  # pruned events: catch_up's
             write(head + SSE_PREAMBLE + (sse(gap, "gap") if gap else b""))
             told: set[int] = set()  # transactions a gap event named already
+            pruned_told = 0  # the last pruned id a gap event named
             while not self.stopped:  # catch up from the log until it has nothing newer
-                events, examined, skipped = self.store.read(functools.partial(self.catch_up, pattern, last))
+                events, examined, skipped, pruned = self.store.read(functools.partial(self.catch_up, pattern, last))
+                if pruned is not None and pruned["through"] > pruned_told:
+                    pruned_told = pruned["through"]
+                    write(sse(pruned, "gap"))
                 if examined == last:
                     break
                 self.tell_gap(skipped, told, write)
@@ -868,10 +900,12 @@ class EventHub:
         }
         return [event for _, event in queued if event["id"] not in gone]
 
-    def catch_up(self, pattern: Pattern, since: int, conn: sqlite3.Connection) -> tuple[list[dict], int, dict | None]:
-        """A stream's catch-up step: collect's events after `since`, and the transactions it went past."""
+    def catch_up(self, pattern: Pattern, since: int, conn: sqlite3.Connection) -> tuple[list, int, Any, Any]:
+        """A stream's catch-up step: collect's events after `since`, the transactions it went past, and the events
+        after `since` pruned before they were read, in one transaction: the prune may run between two steps."""
         events, examined = self.collect(conn, pattern, since)
-        return events, examined, self.skipped_gap(conn, since, examined) if examined > since else None
+        skipped = self.skipped_gap(conn, since, examined) if examined > since else None
+        return events, examined, skipped, self.pruned_gap(conn, since)
 
     @staticmethod
     def tell_gap(gap: dict | None, told: set[int], write: Callable[[bytes], Any]) -> None:
@@ -910,19 +944,22 @@ class EventHub:
         """The event as an SSE message, encoded once for all the streams it goes to.
 
         The newest encodings are kept up to WIRE_CACHE_BYTES in all: bounded by bytes, since one event can
-        encode to a quarter of a megabyte (bounded by count, 4,000 large events held 1.1 GiB).
+        encode to a quarter of a megabyte (bounded by count, 4,000 large events held 1.1 GiB). Each is kept
+        with the rendering it encodes and serves only that one (the hub's fan-out renders an event once for
+        all its streams): a stream catching up renders the row as it is now, and was sent the bytes of a
+        rendering from before the fleet rewrote it.
         """
         key = (event["id"], event["foreign"])
         with self.wire_lock:
-            wire = self.wire.get(key)
-        if wire is None:
+            rendered, wire = self.wire.get(key, (None, b""))
+        if rendered is not event:
             wire = sse(event, event_id=event["id"])
             with self.wire_lock:
                 if key not in self.wire:
-                    self.wire[key] = wire
+                    self.wire[key] = (event, wire)
                     self.wire_bytes += len(wire)
                 while self.wire_bytes > WIRE_CACHE_BYTES:
-                    self.wire_bytes -= len(self.wire.pop(next(iter(self.wire))))
+                    self.wire_bytes -= len(self.wire.pop(next(iter(self.wire)))[1])
         return wire
 
     def prune(self) -> int:

@@ -754,9 +754,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
         A stream gives its connection slot back while it lasts: it counts against MAX_SUBSCRIBERS instead.
         """
         self.only(("GET",))
-        resume = self.headers.get("Last-Event-ID")  # a reconnecting EventSource: it wins over the URL's since
-        if resume is not None and not resume.strip().isdigit():
-            raise BadRequest(f"Last-Event-ID must be an event id (an integer), got {describe(resume)}", "Last-Event-ID")
+        resume = solos_events.last_event_id(self.headers.get("Last-Event-ID"))  # it wins over the URL's since
         op = OPERATIONS["read_events"]
         pairs = [(k, v) for k, v in query_pairs(query) if resume is None or k != "since"]
         args = coerce_query(op.input_schema, pairs + ([("since", resume.strip())] if resume else []))

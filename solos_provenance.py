@@ -22,6 +22,7 @@ Imports the store, ranking helpers, the operation rows' pieces and validation sc
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import functools
@@ -699,20 +700,19 @@ def shown_to(
         versions: dict[int, list[dict]] = {}
         for version in conn.queries.versions_of(conn, tier, sorted({d["row_id"] for d in mine})):
             versions.setdefault(version["id"], []).append(version)
+        ends: dict[int, list[str]] = {}
+        for row_id, lives in versions.items():  # by end (a row's versions follow each other, so by start too)
+            lives.sort(key=lambda v: (v["valid_to"] or "~", v["valid_from"]))
+            ends[row_id] = [v["valid_to"] or "~" for v in lives]
         for delivery in mine:
-            then = delivery["delivered_at"]
-            match = [
-                v
-                for v in versions.get(delivery["row_id"], ())
-                if v["valid_from"] <= then and (v["valid_to"] or "~") > then
-            ]
-            for version in match[:1]:
-                if seen.allows_version(
-                    tier, version["agent"], version["valid_from"], version["valid_to"], version["deleted"]
-                ):
-                    rows[(tier, version["id"], version["valid_from"])] = {**version, "tier": tier}
-            if not match:  # forgotten since (its versions went with it), or replaced within the same millisecond
+            then, lives = delivery["delivered_at"], versions.get(delivery["row_id"], [])
+            # The one valid then: the first to end after then that had begun (the next, unless a clock went back).
+            start = bisect.bisect_right(ends.get(delivery["row_id"], []), then)
+            match = next((lives[i] for i in range(start, len(lives)) if lives[i]["valid_from"] <= then), None)
+            if match is None:  # forgotten since (its versions went with it), or replaced within the same millisecond
                 gone.add((tier, delivery["row_id"]))
+            elif seen.allows_version(tier, match["agent"], match["valid_from"], match["valid_to"], match["deleted"]):
+                rows[(tier, match["id"], match["valid_from"])] = {**match, "tier": tier}
     spans = {(g["tier"], g["row_id"]): g for g in conn.queries.retracted_as_of(conn, at)}
     return list(rows.values()), [spans[key] for key in gone if key in spans]
 

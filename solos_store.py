@@ -1557,9 +1557,14 @@ def lives_sql(tier: str, greatest: str) -> str:
 def deleted_sql(tier: str) -> str:
     """SQL true when version t's row was deleted before its end (a short row's end is its expiry): taken back by
     its writer or the fleet, so shown to no one else as of any time."""
+    return f"EXISTS ({deleted_rows_sql(tier, '= t.id')})"
+
+
+def deleted_rows_sql(tier: str, rows: str) -> str:
+    """SQL selecting the ids of the rows `d.row_id {rows}` names that were deleted so (deleted_sql)."""
     return (
-        f"EXISTS (SELECT 1 FROM memory_version d WHERE d.tier = '{tier}' AND d.row_id = t.id "
-        "AND d.ended_by = 'delete' AND (d.expires_at IS NULL OR d.valid_to < d.expires_at))"
+        f"SELECT d.row_id FROM memory_version d WHERE d.tier = '{tier}' AND d.row_id {rows} "
+        "AND d.ended_by = 'delete' AND (d.expires_at IS NULL OR d.valid_to < d.expires_at)"
     )
 
 
@@ -1877,6 +1882,14 @@ class Queries:
     def head_event(self, conn: sqlite3.Connection) -> int:
         return conn.execute("SELECT coalesce(max(id), 0) FROM memory_event").fetchone()[0]
 
+    def event_ceiling(self, conn: sqlite3.Connection) -> int:
+        """The largest event id this store may have handed out (AUTOINCREMENT's counter): a cursor above it is
+        another store's, never this one's."""
+        return conn.execute(
+            "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'memory_event'), 0), "
+            "coalesce((SELECT max(id) FROM memory_event), 0))"
+        ).fetchone()[0]
+
     def events_after(self, conn: sqlite3.Connection, after: int, limit: int) -> list[sqlite3.Row]:
         return conn.execute(
             "SELECT id, ts, kind, tier, row_id, agent FROM memory_event WHERE id > ? ORDER BY id LIMIT ?",
@@ -2081,12 +2094,15 @@ class Queries:
         limit: int,
         before_id: int,
     ) -> list[dict]:
-        """Deliveries newest first: of `writer`'s rows (None: everyone's), optionally of one row."""
+        """Deliveries newest first: of `writer`'s rows (None: everyone's), optionally of one row. Only the filters
+        given are in the SQL: SQLite uses no index for `(? IS NULL OR writer = ?)`, and read the whole log. With
+        a row, `writer || ''` leaves the writer's index to the row's (SQLite took the writer's, all its rows)."""
+        by_writer = "writer" if tier is None or row_id is None else "writer || ''"
+        given = [(column, value) for column, value in ((by_writer, writer), ("tier", tier), ("row_id", row_id))]
+        filters = "".join(f" AND {column} = ?" for column, value in given if value is not None)
         rows = conn.execute(
-            f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ? AND (CAST(? AS TEXT) IS NULL OR writer = ?) "
-            "AND (CAST(? AS TEXT) IS NULL OR tier = ?) AND (CAST(? AS BIGINT) IS NULL OR row_id = ?) "
-            "ORDER BY id DESC LIMIT ?",
-            (before_id, writer, writer, tier, tier, row_id, row_id, limit),
+            f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ?{filters} ORDER BY id DESC LIMIT ?",
+            (before_id, *[value for _, value in given if value is not None], limit),
         )
         return [dict(row) for row in rows]
 
@@ -2181,11 +2197,13 @@ class Queries:
         ).rowcount
 
     def read_notices(self, conn: sqlite3.Connection, agent: str, after_id: int, limit: int, acked: bool) -> list[dict]:
-        """The agent's notices after an id, oldest first; acknowledged ones only if asked."""
+        """The agent's notices after an id, oldest first; acknowledged ones only if asked. The open ones by the
+        index's (agent, acked_at): `(? OR acked_at IS NULL)` had SQLite read every one the agent acknowledged."""
         rows = conn.execute(
-            f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE agent = ? AND id > ? AND (? OR acked_at IS NULL) "
-            "ORDER BY id LIMIT ?",
-            (agent, after_id, bool(acked), limit),
+            f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE agent = ? AND id > ?"
+            + ("" if acked else " AND acked_at IS NULL")
+            + " ORDER BY id LIMIT ?",
+            (agent, after_id, limit),
         )
         return [dict(row) for row in rows]
 
@@ -2227,12 +2245,14 @@ class Queries:
         return ({**dict(row), "tier": tier} for row in rows)
 
     def versions_of(self, conn: sqlite3.Connection, tier: str, ids: Sequence[int]) -> list[dict]:
-        """Every version (current and replaced) of these rows, each saying whether its row was deleted."""
+        """Every version (current and replaced) of these rows, each saying whether its row was deleted: asked once
+        a row (deleted_sql looks through the row's versions; asked of each, a row rewritten V times cost V²)."""
         sql = (
             f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, self.GREATEST)}) "
-            f"SELECT t.*, {deleted_sql(tier)} AS deleted FROM t WHERE t.id {self.IDS_IN}"
+            f"SELECT t.*, t.id IN ({deleted_rows_sql(tier, self.IDS_IN)}) AS deleted FROM t WHERE t.id {self.IDS_IN}"
         )
-        return [dict(row) for row in conn.execute(sql, (self.id_list(ids),))]
+        chosen = self.id_list(ids)
+        return [dict(row) for row in conn.execute(sql, (chosen, chosen))]
 
     def retracted_as_of(self, conn: sqlite3.Connection, at: str) -> list[dict]:
         """Rows that lived at `at` and were forgotten after it: tier, row_id, agent, forgotten_at (no text), and

@@ -982,6 +982,15 @@ class PgQueries(solos_store.Queries):
             "SELECT coalesce(max(id), 0) FROM memory_event WHERE xid < ?::text::xid8", (str(horizon),)
         ).fetchone()[0]
 
+    def event_ceiling(self, conn: Any) -> int:
+        """Below the next transaction id shifted as solos_log_event shifts it: no transaction logged above (no xid
+        is taken for the asking: pg_current_xact_id would give this read one); or the largest id kept, if above
+        (events copied into a database whose transaction ids started again lower)."""
+        return conn.execute(
+            "SELECT greatest((pg_snapshot_xmax(pg_current_snapshot())::text::bigint << 24) - 1, "
+            "(SELECT coalesce(max(id), 0) FROM memory_event))"
+        ).fetchone()[0]
+
     def events_after(self, conn: Any, after: int, limit: int) -> list:
         """Events after an id, only those below every running transaction the cursor waits for: one still running
         may hold a smaller id, and would be skipped for good if a later one were read first. Transactions of other

@@ -8,6 +8,7 @@ others on SQLite, since they exercise the operation rather than the SQL.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import tracemalloc
@@ -375,3 +376,77 @@ def test_what_as_of_hands_an_agent_is_a_delivery_so_it_echoes_and_is_told_of_the
     assert (witness["agent"], witness["kind"]) == ("sol", "echo")
     server.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": row})
     wait_until(lambda: server.get("/v1/notices", agent="sol").body["count"] == 1)
+
+
+def test_what_a_reader_was_shown_costs_work_in_step_with_a_rows_versions_not_their_square(server, monkeypatch):
+    """A fact rewritten V times, its reader shown each version: `reader` compared every delivery with every version
+    of the row, and the SQL asked of every version whether its row was deleted by looking through all the row's
+    versions: 1,000 versions answered in 0.3 s, 4,000 in 10 s (a slot and a read transaction held throughout).
+    Counted here as SQLite's steps and the lines Python runs in solos_provenance: four times the versions, about
+    four times the work (it was sixteen)."""
+    start = int(time.time()) - 3600
+
+    def stamp(ms: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(start + ms / 1000)) + f".{int(ms) % 1000:03d}Z"
+
+    def rewritten(reader: str, versions: int, offset: float) -> int:
+        with server.db() as conn:
+            fact = conn.execute(
+                "INSERT INTO memory_longterm (agent, topic, fact, created_at) VALUES ('atlas', 'status', ?, ?) "
+                "RETURNING id",
+                (f"{reader} status now", stamp(offset)),
+            ).fetchone()[0]
+            edges = [stamp(offset + 100 * n) for n in range(versions + 1)]
+            conn.executemany(
+                "INSERT INTO memory_version (tier, row_id, agent, label, text, valid_from, valid_to, ended_by) "
+                "VALUES ('long', ?, 'atlas', 'status', ?, ?, ?, 'update')",
+                [(fact, f"{reader} status {n}", edges[n], edges[n + 1]) for n in range(versions)],
+            )
+            conn.executemany(
+                "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, 'long', ?, "
+                "'atlas', ?)",
+                [(reader, fact, stamp(offset + 100 * n + 50)) for n in range(versions)],
+            )
+        return fact
+
+    versions = {"sol": 60, "nova": 240}
+    rewritten("sol", versions["sol"], 0)
+    rewritten("nova", versions["nova"], 60_000)
+    at = solos_store.utc_now()
+    store = server.server.memory.store
+    read = store.read
+
+    def counted(work, *args, **kwargs):
+        def steps(conn):
+            conn.set_progress_handler(lambda: tally.__setitem__("sql", tally["sql"] + 1) or 0, 10)
+            try:
+                return work(conn)
+            finally:
+                conn.set_progress_handler(None, 0)
+
+        return read(steps, *args, **kwargs)
+
+    def lines(frame, event, arg):
+        if frame.f_code.co_filename == solos_provenance.__file__:
+            tally["python"] += event == "line"
+            return lines
+        return None
+
+    work: dict[str, dict[str, int]] = {}
+    monkeypatch.setattr(store, "read", counted)
+    for reader in ("sol", "nova"):
+        tally = {"sql": 0, "python": 0}
+        sys.settrace(lines)
+        try:
+            answer = solos_provenance.op_recall_as_of(
+                server.server.memory,
+                {"agent": reader, "reader": reader, "as_of": at, "tiers": None, "q": "", "k": 10, "scope": "shared"},
+            )
+        finally:
+            sys.settrace(None)
+        newest = versions[reader] - 1  # shown every replaced version, never the current one
+        texts = [r["text"] for r in answer["results"]]
+        assert texts == [f"{reader} status {n}" for n in range(newest, newest - 10, -1)], texts
+        work[reader] = dict(tally)
+    ratios = {name: work["nova"][name] / work["sol"][name] for name in ("sql", "python")}
+    assert max(ratios.values()) < 8, (ratios, work)  # 4x the versions: linear is about 4, quadratic 16

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, fleet_writer, start_server, stop_server
 
+import solos_bounds
 import solos_client
 import solos_provenance
 import solos_status
@@ -216,3 +217,62 @@ def test_the_stats_read_the_delivery_logs_size_without_walking_it(tmp_path):
     store.close()
     assert answer["rows"] == 30_000 and answer["oldest"] == "2026-01-01T00:00:00.000Z"
     assert len(steps) < 10, f"{len(steps) * 100} steps for 30,000 rows: the log was walked"
+
+
+def test_who_read_one_authors_rows_is_found_by_index_not_by_reading_the_whole_log(server):
+    """read_deliveries filtered by writer, tier and id as `(? IS NULL OR writer = ?)`: SQLite cannot use an index
+    for that, so an author whose rows were seldom read had the whole 90-day log read, newest first, on every
+    call (2 million deliveries: 0.12-0.16 s in memory, each call). Counted here in SQLite's steps."""
+    with server.db() as conn:
+        conn.executemany(
+            "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, 'long', ?, ?, ?)",
+            [("sol", n, "nova" if n % 5000 == 0 else "atlas", solos_store.utc_now()) for n in range(20_000)],
+        )
+    store = server.server.memory.store
+    tally = [0]
+
+    def read(writer, tier=None, row_id=None):
+        def counted(conn):
+            conn.set_progress_handler(lambda: tally.__setitem__(0, tally[0] + 1) or 0, 100)
+            try:
+                return conn.queries.read_deliveries(conn, writer, tier, row_id, 100, solos_bounds.MAX_ID)
+            finally:
+                conn.set_progress_handler(None, 0)
+
+        tally[0] = 0
+        return [d["row_id"] for d in store.read(counted)], tally[0] * 100
+
+    for writer, tier, row_id, expected in [
+        ("nova", None, None, [15_000, 10_000, 5_000, 0]),
+        ("nova", "long", None, [15_000, 10_000, 5_000, 0]),
+        ("atlas", "long", 7, [7]),
+        (None, "long", 5_000, [5_000]),
+    ]:
+        found, steps = read(writer, tier, row_id)
+        assert found == expected and steps < 5_000, (writer, found, steps)  # the whole log: 20,000 rows, ~400,000
+    assert read(None)[0] == list(range(19_999, 19_899, -1))  # the operator's view: the newest 100
+
+
+def test_open_notices_are_found_by_index_not_by_reading_every_acknowledged_one(server):
+    """Every turn asks for the agent's open notices (turn_context). `(? OR acked_at IS NULL)` left SQLite the
+    index's agent alone: it read every notice the agent ever acknowledged (kept 90 days; a reader of a row the
+    fleet rewrites each minute acknowledges 130,000), 18 ms a turn for 200,000. Counted in SQLite's steps."""
+    with server.db() as conn:
+        conn.executemany(
+            "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, at, acked_at) "
+            "VALUES ('sol', 'long', ?, 'atlas', 'forgotten', ?, ?)",
+            [(n, f"2026-12-01T00:00:{n:09d}Z", None if n >= 19_990 else "2026-12-02") for n in range(20_000)],
+        )
+    store = server.server.memory.store
+    tally = [0]
+
+    def notices(conn, acked):
+        conn.set_progress_handler(lambda: tally.__setitem__(0, tally[0] + 1) or 0, 100)
+        try:
+            return [n["row_id"] for n in conn.queries.read_notices(conn, "sol", 0, 50, acked)]
+        finally:
+            conn.set_progress_handler(None, 0)
+
+    assert store.read(lambda conn: notices(conn, False)) == list(range(19_990, 20_000))
+    assert tally[0] * 100 < 5_000, tally[0] * 100  # every acknowledged one read: ~20,000 rows, ~200,000 steps
+    assert store.read(lambda conn: notices(conn, True)) == list(range(50))

@@ -9,10 +9,12 @@ import threading
 import time
 
 import pytest
-from conftest import Stream, subscribed, wait_until
+from conftest import Stream, direct, events_settled, start_server, stop_server, subscribed, wait_until
 
 import solos_events
 import solos_memory
+import solos_store
+import solos_workers
 
 WAIT_S = 5.0
 
@@ -445,7 +447,7 @@ def test_the_hub_looks_for_other_copies_forgets_every_poll_only_while_it_streams
     PostgreSQL, once each poll that a write woke) matters to what streams hand out, so without one it looks every
     sweep, and drops the encoded events it kept for streams."""
     hub = server.server.memory.events
-    hub.wire[(1, False)] = b"data: an encoded event\n\n"
+    hub.wire[(1, False)] = ({}, b"data: an encoded event\n\n")
     assert hub.forget_check_s() == solos_events.SWEEP_S and hub.wire == {}
     subscribed(streams(server, {"agent": "sol", "tiers": "long"}))
     assert hub.forget_check_s() == hub.poll_s
@@ -534,3 +536,117 @@ def test_a_durable_event_never_renders_another_agents_persona_in_its_row(server)
         assert [(e["kind"], e["row"]) for e in answer["events"]] == [("delete", None)]
     sol = read_events(server, agent="sol", tiers=["durable"], since=0)["events"]
     assert [e["row"]["text"] for e in sol] == ["sol is careful"]
+
+
+@pytest.mark.parametrize("resume", ["9" * 40, str(2**63), "\u00b2", "\u00b9\u00b2"])
+def test_a_last_event_id_no_event_could_have_is_a_400_naming_the_header(server, streams, resume):
+    """Superscript digits pass str.isdigit and numbers past 64 bits pass the header's own check: the 400 then
+    named `since`, a parameter the reconnecting client never sent."""
+    refused = streams(server, {"agent": "sol"}, {"Last-Event-ID": resume})
+    assert refused.status == 400 and refused.body["error"]["field"] == "Last-Event-ID", refused.body
+
+
+@pytest.fixture
+def served(store_url: str):
+    running = start_server(store_url, rerank=False)
+    yield running
+    stop_server(running)
+
+
+def test_a_cursor_past_every_event_this_store_logged_is_a_gap_not_silence(served, store_url, streams):
+    """A since (or Last-Event-ID) this store never handed out: another store's, or one kept from before a restore.
+    Read from it, nothing ever came and nothing said why; now a gap says so and reading goes on from the head."""
+    server = served
+    server.post("/v1/long", {"agent": "sol", "fact": "so the store has an event"})
+    events_settled(store_url)
+    (head,) = direct(store_url, "SELECT max(id) AS head FROM memory_event")
+    head = head["head"]
+    ahead = head + (1 << 40)  # e.g. a PostgreSQL store's id (its transaction's id << 24), far above a SQLite one
+    answer = read_events(server, agent="sol", since=ahead)
+    assert answer["gap"] is not None and "never" in answer["gap"]["message"], answer
+    assert answer["next_since"] == head and answer["events"] == []
+    stream = streams(server, {"agent": "sol"}, {"Last-Event-ID": str(ahead)})
+    message = stream.next(skip_comments=False)
+    while message is not None and "event" not in message:
+        message = stream.next(skip_comments=False)
+    assert message is not None and message["event"] == "gap" and message["data"]["through"] == ahead, message
+    server.post("/v1/long", {"agent": "atlas", "fact": "after the cursor came"})
+    assert [e["row"]["text"] for e in stream.events(1)] == ["after the cursor came"]
+    later = read_events(server, agent="sol", since=answer["next_since"])
+    assert [e["row"]["text"] for e in later["events"]] == ["after the cursor came"] and later["gap"] is None
+    # An id the store holds is never past it, however it came (events copied from a database whose transaction
+    # ids ran higher than this one's): a cursor just below it reads it, without a gap.
+    kept = later["next_since"] + (1 << 44)
+    direct(
+        store_url,
+        "INSERT INTO memory_event (id, kind, tier, row_id, agent) VALUES (?, 'update', 'long', ?, 'atlas')",
+        (kept, later["events"][0]["row_id"]),
+    )
+    events_settled(store_url)
+    copied = read_events(server, agent="sol", since=kept - 1)
+    assert copied["gap"] is None and [e["id"] for e in copied["events"]] == [kept], copied
+
+
+def test_a_stream_that_fails_to_start_gives_its_worker_seat_back(server, streams, tmp_path, monkeypatch):
+    """--workers: a stream takes its seat in the shared file, then reads the head of the log if it is the worker's
+    first. A read that failed there (a busy or lost database) answered 503 and left the seat taken for the
+    worker's life: each such failure took one of the 32 for good."""
+    hub = server.server.memory.events
+    hub.seats = solos_workers.Seats(str(tmp_path / "seats"), 0)
+    queries, real = server.server.memory.store.queries, server.server.memory.store.queries.head_event
+
+    def lost(conn):
+        raise solos_store.Busy("the database is busy (a test)")
+
+    monkeypatch.setattr(queries, "head_event", lost)
+    assert streams(server, {"agent": "sol"}).status == 503
+    monkeypatch.setattr(queries, "head_event", real)
+    assert hub.seats.count() == {"open_all_workers": 0}
+    subscribed(streams(server, {"agent": "sol"}))
+    assert hub.seats.count() == {"open_all_workers": 1}
+
+
+def test_a_stream_catching_up_is_sent_the_row_as_it_is_now_not_as_another_stream_was(server, streams):
+    """Encoded events were kept by (id, foreign) for every stream: one catching up after the fleet rewrote the
+    row (a secret taken out) rendered it as it is now, logged that as delivered, and was sent the bytes encoded
+    for a live stream before the rewrite: the old text, which recall no longer returns."""
+    live = subscribed(streams(server, {"agent": "sol"}))
+    fact = server.post("/v1/long", {"agent": "atlas", "topic": "t", "fact": "the door code is 4711"}).body["id"]
+    (written,) = live.events(1)
+    assert written["row"]["text"] == "the door code is 4711"
+    with server.db() as conn:
+        conn.execute("UPDATE memory_longterm SET fact = 'the door code is (taken out)' WHERE id = ?", (fact,))
+    assert [e["row"]["text"] for e in changes(live, 1)] == ["the door code is (taken out)"]  # rendered, encoded
+    late = subscribed(streams(server, {"agent": "nova"}, {"Last-Event-ID": str(written["id"] - 1)}))
+    shown = [(e["kind"], e["row"]["text"]) for e in changes(late, 2)]
+    assert shown == [("write", "the door code is (taken out)"), ("update", "the door code is (taken out)")], shown
+
+
+def test_events_pruned_while_a_stream_catches_up_are_a_gap_not_skipped(server, streams, monkeypatch):
+    """A stream resuming near the week's edge catches up in batches; events the hourly prune removed between two
+    batches were passed over without a word (the gap was looked for once, at the start)."""
+    hub = server.server.memory.events
+    ids = [server.post("/v1/long", {"agent": "atlas", "fact": f"fact {n}"}).body["id"] for n in range(6)]
+    with server.db() as conn:
+        logged = [row[0] for row in conn.execute("SELECT id FROM memory_event WHERE tier = 'long' ORDER BY id")]
+    assert len(logged) == len(ids) == 6
+    real, batches = hub.collect, []
+
+    def two_at_a_time(conn, pattern, since, limit=solos_events.BATCH):
+        if batches == [1]:  # after the first batch: the prune takes the next two events
+            with server.db() as aged:
+                aged.execute("UPDATE memory_event SET ts = '2000-01-01T00:00:00.000Z' WHERE id <= ?", (logged[3],))
+            assert hub.prune() == 4
+        batches.append(1)
+        return real(conn, pattern, since, 2)
+
+    monkeypatch.setattr(hub, "collect", two_at_a_time)
+    stream = subscribed(streams(server, {"agent": "sol", "tiers": "long"}, {"Last-Event-ID": "0"}))
+    seen = []
+    while len([m for m in seen if "event" not in m]) < 4:
+        message = stream.next()
+        assert message is not None, seen
+        seen.append(message)
+    gap = [("gap", m["data"]["from"], m["data"]["through"]) for m in seen if "event" in m]
+    shown = [m["data"]["row"]["text"] if "event" not in m else gap.pop(0) for m in seen]
+    assert shown == ["fact 0", "fact 1", ("gap", logged[1] + 1, logged[3]), "fact 4", "fact 5"], shown
