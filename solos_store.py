@@ -2052,16 +2052,17 @@ class Queries:
         )
         return len(rows)
 
-    def replaced_since(self, conn: sqlite3.Connection, after: int | None) -> tuple[int, list[tuple[str, int]]]:
-        """The newest version's id, and the rows an update replaced after version `after` (None: none, just the id)."""
-        newest = conn.execute("SELECT coalesce(max(id), 0) FROM memory_version").fetchone()[0]
+    def replaced_since(self, conn: sqlite3.Connection, after: int | None) -> tuple[int, list[tuple[str, int]], str]:
+        """The newest version's id, the rows an update replaced after version `after` (None: none, just the id),
+        and the database's time (the clock versions are stamped by, which deliveries are compared with)."""
+        newest, now = conn.execute(f"SELECT coalesce(max(id), 0), {self.NOW} FROM memory_version").fetchone()
         if after is None or newest <= after:
-            return newest, []
+            return newest, [], now
         rows = conn.execute(
             "SELECT DISTINCT tier, row_id FROM memory_version WHERE id > ? AND id <= ? AND ended_by = 'update'",
             (after, newest),
         )
-        return newest, [(row[0], row[1]) for row in rows]
+        return newest, [(row[0], row[1]) for row in rows], now
 
     def delivery_log_size(self, conn: sqlite3.Connection) -> dict:
         """The delivery log's rows and its oldest delivery, and the open notices (for stats, each page load): the

@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT, fleet_writer, start_server, stop_server
 
 import solos_client
+import solos_jobs
 import solos_provenance
 import solos_status
 import solos_store
@@ -88,6 +89,30 @@ def test_a_text_that_returns_to_an_earlier_one_is_logged_again_once_the_thread_r
     direct(store_url, "UPDATE memory_short SET value = ? WHERE id = ?", (f"{key} three", row))
     (notice,) = ok(served.get("/v1/notices", agent="sol"))["notices"]
     assert (notice["row_id"], notice["kind"]) == (row, "superseded")
+
+
+def test_a_copy_whose_clock_runs_ahead_logs_deliveries_by_the_databases_clock(pg_url, monkeypatch):
+    # The log stamped delivered_at with the copy's clock, and a version's span with the database's: on a copy an
+    # hour ahead, a delivery read as an hour after the fleet's update, so the reader was never told of it.
+    real = time.time
+    ahead = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+    ahead.time = lambda: real() + 3600
+    monkeypatch.setattr(solos_provenance, "time", ahead)
+    monkeypatch.setattr(solos_store, "utc_now", lambda: solos_jobs.stamp(ahead.time()))
+    running = start_server(pg_url, rerank=False)
+    try:
+        word = marker()
+        row = ok(running.post("/v1/long", {"agent": "atlas", "fact": f"{word} the gate code is 1234"}), 201)["id"]
+        assert [r["id"] for r in ok(running.recall("sol", word))["results"]] == [row]
+        ((delivered, now),) = [
+            tuple(r.values()) for r in direct(pg_url, "SELECT delivered_at, solos_now() FROM memory_delivery")
+        ]
+        assert delivered <= now, (delivered, now)
+        direct(pg_url, "UPDATE memory_longterm SET fact = ? WHERE id = ?", (f"{word} the gate code is 9876", row))
+        (notice,) = ok(running.get("/v1/notices", agent="sol"))["notices"]
+        assert (notice["row_id"], notice["kind"]) == (row, "superseded")
+    finally:
+        stop_server(running)
 
 
 # ==== 7. Durable before the answer ====
