@@ -217,7 +217,8 @@ class DeliveryLog:
                     batch = self.in_flight
                 if not batch:
                     return written
-                self.store.write(functools.partial(self.store.queries.record_deliveries, rows=batch))
+                # again: the batch's first write may have committed before it raised (its answer lost)
+                self.store.write(functools.partial(self.store.queries.record_deliveries, rows=batch, again=True))
                 with self.lock:
                     self.in_flight = []
                 self.logged(len(batch))

@@ -2025,16 +2025,28 @@ class Queries:
 
     # ==== Provenance: deliveries, versions, notices (solos_provenance) ====
 
-    def record_deliveries(self, conn: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str]]) -> int:
+    def record_deliveries(
+        self, conn: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str]], again: bool = False
+    ) -> int:
         """Log (reader, tier, row_id, writer, delivered_at) rows; notices for any already forgotten or replaced since.
 
         The log is written after the fact, in batches: a row forgotten or updated between its delivery and this
         write gets its notice here (the forget's and the update trigger's notices saw the log without it).
+        `again`: a retry of a write that raised, which may have committed (its answer lost): a row already logged
+        with its very stamp is not logged twice.
         """
         after = conn.execute("SELECT coalesce(max(id), 0) FROM memory_delivery").fetchone()[0]
-        conn.executemany(
-            "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, ?, ?, ?, ?)", rows
-        )
+        if again:
+            conn.executemany(
+                "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) "
+                "SELECT ?, ?, CAST(? AS BIGINT), ?, ? WHERE NOT EXISTS (SELECT 1 FROM memory_delivery "
+                "WHERE tier = ? AND row_id = CAST(? AS BIGINT) AND delivered_at = ? AND reader = ?)",
+                [(*row, row[1], row[2], row[4], row[0]) for row in rows],
+            )
+        else:
+            conn.executemany(
+                "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, ?, ?, ?, ?)", rows
+            )
         conn.execute(
             "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at) "
             "SELECT DISTINCT d.reader, v.tier, v.row_id, v.agent, 'superseded', v.row_id, v.id, v.valid_to "

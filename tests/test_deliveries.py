@@ -115,6 +115,31 @@ def test_a_copy_whose_clock_runs_ahead_logs_deliveries_by_the_databases_clock(pg
         stop_server(running)
 
 
+def test_a_delivery_written_again_after_its_commit_answer_was_lost_is_listed_once(served, store_url, monkeypatch):
+    # PostgreSQL committed the log's write and the connection dropped before its answer: the write raised, the
+    # thread wrote the same deliveries again, and the author's /v1/deliveries listed each read twice.
+    store = served.server.memory.store
+    real, lost = store.write, []
+
+    def answer_lost(work):
+        result = real(work)  # committed
+        if not lost:
+            lost.append(work)
+            raise solos_store.StorageUnavailable("the connection was lost after the write was sent")
+        return result
+
+    word = marker()
+    row = ok(served.post("/v1/long", {"agent": "atlas", "fact": f"{word} the gate code"}), 201)["id"]
+    monkeypatch.setattr(store, "write", answer_lost)
+    assert [r["id"] for r in ok(served.recall("sol", word))["results"]] == [row]
+    assert lost, "the delivery's write raised after its commit"
+    monkeypatch.setattr(store, "write", real)
+    served.server.memory.deliveries.flush()  # the thread's retry
+    listed = ok(served.get("/v1/deliveries", agent="atlas"))["deliveries"]
+    assert [(d["reader"], d["row_id"]) for d in listed] == [("sol", row)]
+    assert deliveries(store_url, "sol") == [("long", row)]
+
+
 # ==== 7. Durable before the answer ====
 
 
