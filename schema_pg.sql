@@ -827,6 +827,8 @@ END $$;
 -- Writes everything of its own, reads the fleet's registry and personas, never writes them; reads the token
 -- hashes and never writes them either: SQL on a serving connection cannot mint a token, and the
 -- `token` command writes them as the URL's user (solos_store_pg.PgStore.keep_token, an admin store).
+-- The audit trail (who read whose episodes, what was forgotten) is append-only to it: the service only
+-- inserts and reads those rows, so its own credentials cannot rewrite or delete them.
 DO $$ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'solos_memory_service') THEN
         CREATE ROLE solos_memory_service NOLOGIN;
@@ -835,4 +837,5 @@ END $$;
 GRANT USAGE ON SCHEMA public TO solos_memory_service;
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO solos_memory_service;
 REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON agent_registry, memory_durable, memory_token FROM solos_memory_service;
+REVOKE UPDATE, DELETE, TRUNCATE ON memory_retraction, episodic_read_audit FROM solos_memory_service;
 GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO solos_memory_service;

@@ -56,12 +56,27 @@ def hold_turn(conn: Any, key: int) -> bool:
     return bool(conn.execute("SELECT pg_try_advisory_lock(?, ?)", (LOCK_CLASS, key)).fetchone()[0])
 
 
+# The server's TCP keepalive on a job's turn connection, which is idle for the whole run: a host that dies without
+# a word (power, a cut network) is noticed by the server after idle + interval * count seconds, which ends the
+# session and frees the turn (the run then shows failed). The server's default is the kernel's, 2 h 11 min.
+# Per session and over TCP only (a Unix socket's peer is the server's own host).
+KEEPALIVE = {"tcp_keepalives_idle": 60, "tcp_keepalives_interval": 10, "tcp_keepalives_count": 6}
+
+
+def dead_turn_s() -> int:
+    """The most a dead host's job's turn outlives it (the server's keepalive probes all unanswered)."""
+    return KEEPALIVE["tcp_keepalives_idle"] + KEEPALIVE["tcp_keepalives_interval"] * KEEPALIVE["tcp_keepalives_count"]
+
+
 @contextlib.contextmanager
 def job_lock(connect: Callable[[], Any], job: str) -> Iterator[bool]:
     """Hold the job's turn for the whole run on a connection of its own (True), or say another copy holds it
-    (False). The connection closes after the run, freeing the turn, as the death of the copy would."""
+    (False). The connection closes after the run, freeing the turn, as the death of the copy would: the server
+    probes it (KEEPALIVE), so a host that dies silently frees it within dead_turn_s()."""
     conn = connect()
     try:
+        for name, seconds in KEEPALIVE.items():
+            conn.execute(f"SET {name} = {int(seconds)}")
         yield hold_turn(conn, job_key(job))
     finally:
         conn.close()

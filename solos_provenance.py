@@ -120,6 +120,9 @@ class DeliveryLog:
         self.logged_keys: collections.OrderedDict[tuple, int] = collections.OrderedDict()  # key -> its window
         self.writing: dict[tuple, threading.Event] = {}  # keys a request is writing now -> set when it is done
         self.versions_seen: int | None = None  # the newest memory_version id read (None: not yet)
+        # The database's clock less this host's, read with the versions each FLUSH_S: delivered_at is compared with
+        # versions the database stamps, so a copy whose clock runs ahead would otherwise miss their notices.
+        self.clock_offset_s = 0.0
         self.counters = {"logged": 0, "repeats_skipped": 0, "deferred": 0, "dropped": 0, "failed_batches": 0}
         self.per_minute: collections.deque[list[int]] = collections.deque(maxlen=60)  # [minute, rows logged]
         self.last_error: str | None = None
@@ -135,7 +138,7 @@ class DeliveryLog:
         A key another request is writing now is waited for, not written twice: 4 threads paging the same rows
         wrote each row 4 times, and answering before that write commits would hand it over unlogged.
         """
-        stamp, window = solos_store.utc_now(), int(time.time() // WINDOW_S)
+        stamp, window = solos_jobs.stamp(time.time() + self.clock_offset_s), int(time.time() // WINDOW_S)
         entries: list[tuple[str, str, int, str, str]] = []
         keys: dict[tuple, None] = {}
         others: set[threading.Event] = set()
@@ -215,7 +218,8 @@ class DeliveryLog:
                     batch = self.in_flight
                 if not batch:
                     return written
-                self.store.write(functools.partial(self.store.queries.record_deliveries, rows=batch))
+                # again: the batch's first write may have committed before it raised (its answer lost)
+                self.store.write(functools.partial(self.store.queries.record_deliveries, rows=batch, again=True))
                 with self.lock:
                     self.in_flight = []
                 self.logged(len(batch))
@@ -224,9 +228,11 @@ class DeliveryLog:
     def forget_replaced(self) -> None:
         """Rows the fleet replaced since the last look: their next delivery is logged whatever its text."""
         # replaced_since's second statement reads versions up to the first's newest id: a later snapshot sees them too.
-        newest, replaced = self.store.read_alone(
+        asked = time.time()
+        newest, replaced, now = self.store.read_alone(
             lambda conn: self.store.queries.replaced_since(conn, self.versions_seen)
         )
+        self.clock_offset_s = solos_jobs.seconds(now) - (asked + time.time()) / 2
         with self.lock:
             if self.versions_seen is not None and replaced:
                 gone = set(replaced)

@@ -2038,16 +2038,28 @@ class Queries:
 
     # ==== Provenance: deliveries, versions, notices (solos_provenance) ====
 
-    def record_deliveries(self, conn: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str]]) -> int:
+    def record_deliveries(
+        self, conn: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str]], again: bool = False
+    ) -> int:
         """Log (reader, tier, row_id, writer, delivered_at) rows; notices for any already forgotten or replaced since.
 
         The log is written after the fact, in batches: a row forgotten or updated between its delivery and this
         write gets its notice here (the forget's and the update trigger's notices saw the log without it).
+        `again`: a retry of a write that raised, which may have committed (its answer lost): a row already logged
+        with its very stamp is not logged twice.
         """
         after = conn.execute("SELECT coalesce(max(id), 0) FROM memory_delivery").fetchone()[0]
-        conn.executemany(
-            "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, ?, ?, ?, ?)", rows
-        )
+        if again:
+            conn.executemany(
+                "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) "
+                "SELECT ?, ?, CAST(? AS BIGINT), ?, ? WHERE NOT EXISTS (SELECT 1 FROM memory_delivery "
+                "WHERE tier = ? AND row_id = CAST(? AS BIGINT) AND delivered_at = ? AND reader = ?)",
+                [(*row, row[1], row[2], row[4], row[0]) for row in rows],
+            )
+        else:
+            conn.executemany(
+                "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, ?, ?, ?, ?)", rows
+            )
         conn.execute(
             "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at) "
             "SELECT DISTINCT d.reader, v.tier, v.row_id, v.agent, 'superseded', v.row_id, v.id, v.valid_to "
@@ -2065,16 +2077,17 @@ class Queries:
         )
         return len(rows)
 
-    def replaced_since(self, conn: sqlite3.Connection, after: int | None) -> tuple[int, list[tuple[str, int]]]:
-        """The newest version's id, and the rows an update replaced after version `after` (None: none, just the id)."""
-        newest = conn.execute("SELECT coalesce(max(id), 0) FROM memory_version").fetchone()[0]
+    def replaced_since(self, conn: sqlite3.Connection, after: int | None) -> tuple[int, list[tuple[str, int]], str]:
+        """The newest version's id, the rows an update replaced after version `after` (None: none, just the id),
+        and the database's time (the clock versions are stamped by, which deliveries are compared with)."""
+        newest, now = conn.execute(f"SELECT coalesce(max(id), 0), {self.NOW} FROM memory_version").fetchone()
         if after is None or newest <= after:
-            return newest, []
+            return newest, [], now
         rows = conn.execute(
             "SELECT DISTINCT tier, row_id FROM memory_version WHERE id > ? AND id <= ? AND ended_by = 'update'",
             (after, newest),
         )
-        return newest, [(row[0], row[1]) for row in rows]
+        return newest, [(row[0], row[1]) for row in rows], now
 
     def delivery_log_size(self, conn: sqlite3.Connection) -> dict:
         """The delivery log's rows and its oldest delivery, and the open notices (for stats, each page load): the

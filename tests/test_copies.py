@@ -390,6 +390,40 @@ def test_daily_jobs_run_once_across_copies_and_outlive_a_copy_killed_mid_run(cop
     assert jobs == b.get("/v1/stats").body["jobs"]
 
 
+def test_a_jobs_turn_is_held_on_a_connection_the_server_drops_within_minutes_of_its_host_dying(pg_url, monkeypatch):
+    # The turn's connection is idle for the whole run: a host that died without a word (power, network) was
+    # noticed by the server only at its default TCP keepalive (2 h 11 min), and the job showed "running" until.
+    import solos_copies
+    import solos_jobs
+    import solos_store_pg
+
+    store = solos_store_pg.PgStore(pg_url, admin=True)
+    store.migrate()
+    opened: list = []
+
+    def connect():
+        opened.append(store_connect())
+        return opened[-1]
+
+    store_connect = store.connect
+    monkeypatch.setattr(store, "connect", connect)
+    seen: dict = {}
+
+    def work() -> int:
+        turn = opened[0]  # the job's turn, taken first; the run records its row on the pool's connections
+        held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
+        assert turn.execute(held).fetchone()[0] == 1
+        seen.update({name: turn.execute(f"SHOW {name}").fetchone()[0] for name in solos_copies.KEEPALIVE})
+        return 0
+
+    try:
+        assert solos_jobs.recorded(store, "purge", work) == 0
+    finally:
+        store.close()
+    assert seen == {name: str(value) for name, value in solos_copies.KEEPALIVE.items()}, seen
+    assert 0 < solos_copies.dead_turn_s() <= 5 * 60
+
+
 def test_the_sweep_the_pruning_and_the_vacuum_wait_for_another_copys_turn(copies, pg_url):
     a, b = copies(), copies()
     with psycopg.connect(pg_url, autocommit=True) as other:  # another copy, in the middle of each in turn

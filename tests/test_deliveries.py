@@ -14,6 +14,7 @@ from conftest import ROOT, fleet_writer, start_server, stop_server
 
 import solos_bounds
 import solos_client
+import solos_jobs
 import solos_provenance
 import solos_status
 import solos_store
@@ -89,6 +90,55 @@ def test_a_text_that_returns_to_an_earlier_one_is_logged_again_once_the_thread_r
     direct(store_url, "UPDATE memory_short SET value = ? WHERE id = ?", (f"{key} three", row))
     (notice,) = ok(served.get("/v1/notices", agent="sol"))["notices"]
     assert (notice["row_id"], notice["kind"]) == (row, "superseded")
+
+
+def test_a_copy_whose_clock_runs_ahead_logs_deliveries_by_the_databases_clock(pg_url, monkeypatch):
+    # The log stamped delivered_at with the copy's clock, and a version's span with the database's: on a copy an
+    # hour ahead, a delivery read as an hour after the fleet's update, so the reader was never told of it.
+    real = time.time
+    ahead = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+    ahead.time = lambda: real() + 3600
+    monkeypatch.setattr(solos_provenance, "time", ahead)
+    monkeypatch.setattr(solos_store, "utc_now", lambda: solos_jobs.stamp(ahead.time()))
+    running = start_server(pg_url, rerank=False)
+    try:
+        word = marker()
+        row = ok(running.post("/v1/long", {"agent": "atlas", "fact": f"{word} the gate code is 1234"}), 201)["id"]
+        assert [r["id"] for r in ok(running.recall("sol", word))["results"]] == [row]
+        ((delivered, now),) = [
+            tuple(r.values()) for r in direct(pg_url, "SELECT delivered_at, solos_now() FROM memory_delivery")
+        ]
+        assert delivered <= now, (delivered, now)
+        direct(pg_url, "UPDATE memory_longterm SET fact = ? WHERE id = ?", (f"{word} the gate code is 9876", row))
+        (notice,) = ok(running.get("/v1/notices", agent="sol"))["notices"]
+        assert (notice["row_id"], notice["kind"]) == (row, "superseded")
+    finally:
+        stop_server(running)
+
+
+def test_a_delivery_written_again_after_its_commit_answer_was_lost_is_listed_once(served, store_url, monkeypatch):
+    # PostgreSQL committed the log's write and the connection dropped before its answer: the write raised, the
+    # thread wrote the same deliveries again, and the author's /v1/deliveries listed each read twice.
+    store = served.server.memory.store
+    real, lost = store.write, []
+
+    def answer_lost(work):
+        result = real(work)  # committed
+        if not lost:
+            lost.append(work)
+            raise solos_store.StorageUnavailable("the connection was lost after the write was sent")
+        return result
+
+    word = marker()
+    row = ok(served.post("/v1/long", {"agent": "atlas", "fact": f"{word} the gate code"}), 201)["id"]
+    monkeypatch.setattr(store, "write", answer_lost)
+    assert [r["id"] for r in ok(served.recall("sol", word))["results"]] == [row]
+    assert lost, "the delivery's write raised after its commit"
+    monkeypatch.setattr(store, "write", real)
+    served.server.memory.deliveries.flush()  # the thread's retry
+    listed = ok(served.get("/v1/deliveries", agent="atlas"))["deliveries"]
+    assert [(d["reader"], d["row_id"]) for d in listed] == [("sol", row)]
+    assert deliveries(store_url, "sol") == [("long", row)]
 
 
 # ==== 7. Durable before the answer ====

@@ -99,6 +99,77 @@ def test_a_service_logged_in_as_a_member_of_the_role_serves_and_cannot_mint_even
         solos_memory.main(["token", "atlas", "--db", member_login])
 
 
+APPEND_ONLY = ("memory_retraction", "episodic_read_audit")  # the audit trail: inserted and read, never rewritten
+REWRITES = ("UPDATE {table} SET row_id = 0", "DELETE FROM {table}", "TRUNCATE {table}")
+
+
+def leave_a_trail(running: RunningServer) -> None:
+    """Every operation that writes or reads the audit trail, each answered: a foreign episode read (audited), the
+    audit read, a forget of each tier (a retraction each, a notice to the reader), the notices read and acked."""
+    assert running.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}).status in (200, 201)
+    episode = running.post("/v1/episodic", {"agent": "atlas", "event_type": "ops", "summary": "atlas rotated keys"})
+    fact = running.post("/v1/long", {"agent": "atlas", "fact": "the vault key rotates weekly"})
+    short = running.post("/v1/short", {"agent": "atlas", "key": "k", "value": "rotating now"})
+    assert (episode.status, fact.status, short.status) == (201, 201, 201), (episode.body, fact.body, short.body)
+    recalled = running.get("/v1/recall", agent="sol", q="rotated key rotates", tiers="episodic,long", k=10)
+    assert {r["id"] for r in recalled.body["results"]} >= {episode.body["id"], fact.body["id"]}, recalled.body
+    reads = running.get("/v1/audit", agent="atlas").body["reads"]
+    assert [(r["reader"], r["row_id"]) for r in reads] == [("sol", episode.body["id"])]
+    for tier, row in (("episodic", episode.body["id"]), ("long", fact.body["id"]), ("short", short.body["id"])):
+        gone = running.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": tier, "id": row})
+        assert (gone.status, gone.body["status"]) == (200, "forgotten"), gone.body
+    notices = running.get("/v1/notices", agent="sol").body["notices"]
+    assert notices, "the reader of a forgotten row is told"
+    acked = running.post("/v1/notices/ack", {"agent": "sol", "ids": [n["id"] for n in notices]})
+    assert acked.status == 200, acked.body
+    assert running.get("/v1/stats").status == 200
+
+
+def trail(url: str) -> list[tuple]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [tuple(row) for table in APPEND_ONLY for row in conn.execute(f"SELECT * FROM {table} ORDER BY id")]
+
+
+def assert_rewrites_refused(conn) -> None:
+    for table in APPEND_ONLY:
+        for statement in REWRITES:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement.format(table=table))
+
+
+def test_the_serving_role_cannot_rewrite_the_audit_trail_and_every_operation_still_works(pg_url):
+    running = start_server(pg_url)
+    try:
+        leave_a_trail(running)
+        conn = running.server.memory.store.connect()
+        try:
+            assert conn.execute("SELECT current_user").fetchone()[0] == "solos_memory_service"
+            assert_rewrites_refused(conn)
+        finally:
+            conn.close()
+    finally:
+        stop_server(running)
+    before = trail(pg_url)
+    assert len(before) == 4, before  # one read audited, three retractions
+    assert solos_memory.main(["purge", "--db", pg_url]) == 0  # the daily job works as the role too
+    assert trail(pg_url) == before
+
+
+def test_a_member_of_the_role_cannot_rewrite_the_audit_trail_even_after_reset_role(pg_url, member_login):
+    running = serve_as(member_login)
+    try:
+        leave_a_trail(running)
+        conn = running.server.memory.store.connect()
+        try:
+            conn.execute("RESET ROLE")
+            assert_rewrites_refused(conn)
+        finally:
+            conn.close()
+    finally:
+        stop_server(running)
+    assert len(trail(pg_url)) == 4
+
+
 def forget_and_vacuum(running: RunningServer, capfd) -> list[str]:
     """Write a fact, forget it, wait for the VACUUM after it; the log's vacuum lines."""
     try:

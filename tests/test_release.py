@@ -71,7 +71,10 @@ def test_the_hermes_plugin_declares_the_version(tmp_path):
 
 # schema_pg.sql's sha256 at each revision (solos_store_pg.SCHEMA_PG_REVISION): a change to the file raises the
 # revision, so a copy of an earlier release never applies its older functions over it (tests/test_copies.py).
-SCHEMA_PG_SHA256 = {1: "d7cfe65c2ea77e18c602dab96c06229e7cc5c97b19119d3a2e920280bebc4fe3"}
+SCHEMA_PG_SHA256 = {
+    1: "d7cfe65c2ea77e18c602dab96c06229e7cc5c97b19119d3a2e920280bebc4fe3",
+    2: "db5cc3316cd9a55388a3564d7cea55d174c344bf6b42236a68b6c4b489dffff7",
+}
 
 
 def test_a_change_to_schema_pg_raises_its_revision():
