@@ -36,6 +36,7 @@ without it. Nothing here imports at module level what the service lacks.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import ipaddress
 import json
 import struct
@@ -119,10 +120,15 @@ def connect(target: Target) -> Any:
         raise QdrantUnavailable("qdrant-client is not installed (pip install qdrant-client)") from None
     try:
         if target.url:
+            # No version check: qdrant-client asks it in a thread of its own, which against a hung server holds a
+            # connection for the timeout and warns, many lines long, into the JSON-line log.
+            options: dict[str, Any] = {"timeout": 5}
+            if "check_compatibility" in inspect.signature(QdrantClient).parameters:  # where the client has it
+                options["check_compatibility"] = False
             # httpx follows http_proxy even to 127.0.0.1: a loopback Qdrant is reached directly.
             if is_loopback(urlsplit(target.url).hostname or ""):
-                return QdrantClient(url=target.url, timeout=5, trust_env=False)  # passed on to httpx
-            return QdrantClient(url=target.url, timeout=5)
+                options["trust_env"] = False  # passed on to httpx
+            return QdrantClient(url=target.url, **options)
         return QdrantClient(path=target.path)
     except Exception as error:  # a locked local folder raises RuntimeError, a bad URL ValueError
         raise unavailable(target, error) from None

@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -796,5 +797,29 @@ def test_store_memory_names_an_answer_that_is_not_the_services(behaviour):
     try:
         with pytest.raises(StoreMemoryError, match="not the service's"):
             store_memory("atlas", "infra", "a fact", url=fault.url, timeout=2)
+    finally:
+        fault.close()
+
+
+def test_a_new_client_asks_qdrant_nothing_and_warns_nothing(capfd):
+    """qdrant-client asks a new server its version in a thread of its own: against a hung server that request held
+    a connection for its timeout, and an answer without a version printed a multi-line UserWarning into the
+    service's JSON-line log. The service makes its clients without that check."""
+    import warnings
+
+    from conftest import FaultServer
+
+    fault = FaultServer(("hang",))
+    fault.behaviours.put(("http", 200, b"{}"))  # the first connection gets an answer without a version
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            solos_qdrant.connect(solos_qdrant.Target(url=fault.url)).close()
+            deadline = time.monotonic() + 1.0  # the check's thread connects within milliseconds when it runs
+            while time.monotonic() < deadline and fault.behaviours.qsize() and not caught:
+                time.sleep(0.02)
+        assert fault.behaviours.qsize() == 1, "the client connected to Qdrant before it was asked anything"
+        assert [str(w.message) for w in caught] == []
+        assert "UserWarning" not in capfd.readouterr().err
     finally:
         fault.close()
