@@ -26,8 +26,8 @@ override):
       recall        Visibility (one caller, one scope: where, mask, allows), refuse_foreign_persona,
                     Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_up_to, topic_neighbours
       vectors       vector_generation, load_vectors, rows_missing_vectors, lacking_vectors, save_vectors,
-                    keep_vector (a write's own, in its transaction), count_missing_vectors, count_vectors,
-                    vectors_by_id
+                    embedding_failed, keep_vector (a write's own, in its transaction), count_missing_vectors,
+                    count_vectors, vectors_by_id
       copies        shared_by_copies, listen(wake) (PostgreSQL: solos_copies)
     Queries                                  store.queries (conn.queries where only a connection is at hand;
                                              SQLITE for a snapshot's or migration source's SQLite file);
@@ -1392,6 +1392,10 @@ class Store:
     def embedding_done(self, conn: sqlite3.Connection, tier: str, ids: list[int]) -> None:
         """These rows' embedding is over, saved or not (in save_vectors' transaction): nothing to release here;
         PostgreSQL's store releases their claims."""
+
+    def embedding_failed(self, tier: str, ids: list[int]) -> None:
+        """The embedder failed on these rows, not saved: nothing held here; PostgreSQL's store releases their
+        claims at once, so another copy may embed them."""
 
     def vectors_by_id(self, conn: sqlite3.Connection, tier: str, model: str, ids: list[int]) -> list:
         """These rows' vectors from `model`, as load_vectors reads them: what other copies (or workers) saved since

@@ -635,10 +635,13 @@ class PgStore(solos_store.Store):
         try:
             return super().save_vectors(tier, model, embedded)
         except Exception:
-            ids = [row["id"] for row, _ in embedded]
-            with contextlib.suppress(solos_store.ServiceError):  # else they lapse (solos_copies.CLAIM_S)
-                self.write(lambda conn: solos_copies.release(conn, tier, ids))
+            self.embedding_failed(tier, [row["id"] for row, _ in embedded])
             raise
+
+    def embedding_failed(self, tier: str, ids: list[int]) -> None:
+        """Release the claims of rows not saved, in a transaction of their own, so another pass may take them."""
+        with contextlib.suppress(solos_store.ServiceError):  # else they lapse (solos_copies.CLAIM_S)
+            self.write(lambda conn: solos_copies.release(conn, tier, ids))
 
     @staticmethod
     def hold_key(conn: Any, agent: str, tier: str, key: str) -> None:
