@@ -228,9 +228,13 @@ END;
 -- ==== Qdrant (optional, solos_qdrant.py) ====
 
 -- Every point `import-qdrant` has looked at, with its latest verdict: the row
--- it became (row_id), or why it was left out (reason: no_agent, no_text,
--- unregistered_agent). /v1/stats counts the reasons. Keyed by the text's
--- sha256 too, so a point rewritten in place is looked at again.
+-- it became (row_id: a long fact's, reason NULL; or, reason 'imported_private',
+-- the episode a private point became), or why it was left out (reason: no_agent,
+-- no_text, unregistered_agent, ...). /v1/stats counts the reasons. Keyed by the
+-- text's sha256 too, so a point rewritten in place is looked at again. Forgetting
+-- a private point's episode sets reason 'forget_pending' (the point's delete,
+-- queued for the mirror: its id and the text's hash, never the text), then
+-- 'forgotten' once Qdrant has deleted it.
 CREATE TABLE IF NOT EXISTS qdrant_import (
     collection      TEXT NOT NULL,
     point_id        TEXT NOT NULL,
@@ -241,6 +245,8 @@ CREATE TABLE IF NOT EXISTS qdrant_import (
     PRIMARY KEY (collection, point_id, content_sha256)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS qdrant_import_row ON qdrant_import (row_id);
+CREATE INDEX IF NOT EXISTS qdrant_import_forget_pending ON qdrant_import (collection)
+    WHERE reason = 'forget_pending';
 
 -- Long-fact changes waiting to reach Qdrant, written by the triggers below in
 -- the writer's own transaction (so no acknowledged write can miss the mirror)

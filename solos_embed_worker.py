@@ -38,8 +38,10 @@ def embed_missing(
     cannot be read back as written) is left to the next pass, and never holds up the rows after it. Nor does a row
     the embedder raises on: its batch is embedded row by row, and a row that fails alone is passed over, its
     reason logged and kept in `passed_over` (whose rows are not tried again while they are in it). The pass
-    raises when every row of a batch fails alone (the embedder fails, not a row), and when it embedded nothing
-    and passed rows over: their rows still have no vector because embedding fails."""
+    raises when every row of a batch fails alone (the embedder fails, not a row; on PostgreSQL the batch's claims
+    are released first, so another copy embeds those rows now), and when it embedded nothing and passed rows over:
+    their rows still have no vector because embedding fails. A row passed over keeps its claim until it lapses
+    (solos_copies.CLAIM_S): the copies' shared backoff, so no copy retries it at each pass."""
     done, skip, met = 0, passed_over if passed_over is not None else {}, None
     for tier in (tier.name for tier in EMBEDDED_TIERS):
         after = 0
@@ -50,7 +52,11 @@ def embed_missing(
             try:
                 embedded = list(zip(rows, embedder.embed([TIER_TABLE[tier].embedding_text(row) for row in rows])))
             except Exception as error:
-                embedded = embed_each(tier, rows, embedder, skip, error)
+                try:
+                    embedded = embed_each(tier, rows, embedder, skip, error)
+                except Exception:  # the embedder fails, not a row: another copy may take the rows now
+                    store.embedding_failed(tier, [row["id"] for row in rows])
+                    raise
                 met = next((skip[(tier, row["id"])] for row in rows if (tier, row["id"]) in skip), met)
             if not embedded:
                 continue

@@ -62,9 +62,10 @@ FORGET_OUTPUT = {
     "mirror": {
         "type": "string",
         "enum": ["none", "pending", "no_mirror_configured"],
-        "description": "pending: the Qdrant point's delete is queued in the mirror's outbox (same transaction; "
-        "the entry keeps the text's hash, not the text); no_mirror_configured: queued, but this service runs no "
-        "mirror, so the point stays in Qdrant until one runs.",
+        "description": "pending: the Qdrant point's delete is queued for the mirror (same transaction; a long "
+        "fact's in its outbox, an episode import-qdrant made of a private point's in qdrant_import; each keeps the "
+        "point's id and the text's hash, not the text); no_mirror_configured: queued, but this service runs no "
+        "mirror, so the point stays in Qdrant until one runs; none: no point of this row waits.",
     },
 }
 
@@ -174,10 +175,8 @@ class Scrubber:
         queued = {
             t: n for t, n in self.store.read(lambda conn: self.store.queries.queued_scrubs(conn)).items() if t == tier
         }
-        # The outbox's entry holds only the text's hash (keep_only_hash): nothing waits for the mirror.
-        mirrored = tier == "long" and bool(
-            self.store.read(lambda conn: self.store.queries.mirror_waiting(conn, [row_id]))
-        )
+        # What waits holds only the text's hash (keep_only_hash, forget_imported_point): nothing waits for the mirror.
+        mirrored = bool(self.store.read(lambda conn: self.store.queries.mirror_waiting(conn, [row_id], tier)))
         try:
             for fts in solos_store.KEYWORD_INDEX[tier]:
                 self.merge(fts)

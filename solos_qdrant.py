@@ -10,7 +10,9 @@ schema: `invalid_fact`, `invalid_topic`, ...), its writer forgot a fact of
 that very text (`forgotten`: an old copy never brings it back), or its payload says
 `memory_scope: private` (long facts are read by every agent;
 `--import-private` brings those in as the agent's own episodic rows instead,
-which only it reads while it has not opted in to sharing). Idempotent and
+which only it reads while it has not opted in to sharing; each is recorded
+against its point, so forgetting the episode queues the point's delete for
+the mirror: `relink` finds those an earlier import left unrecorded). Idempotent and
 resumable: every batch is one short write transaction, and a point already
 imported (same id, same text) is passed over on the next run.
 
@@ -36,6 +38,7 @@ without it. Nothing here imports at module level what the service lacks.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import ipaddress
 import json
 import struct
@@ -64,6 +67,7 @@ LEGACY_TEXT_LIMIT = 2_000  # the old node cut text here; such points are tagged 
 MAX_INT_ID = 2**64 - 1  # Qdrant's integer ids are unsigned 64-bit
 PRIVATE_EVENT = "qdrant_private_memory"  # event_type of a private point imported with --import-private
 NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+FORGET_PENDING = solos_store.FORGET_PENDING  # qdrant_import.reason: a forgotten private episode's point, to delete
 
 
 Validate = Callable[[str, dict], dict]  # (operation, arguments) -> checked arguments, or BadRequest
@@ -119,10 +123,15 @@ def connect(target: Target) -> Any:
         raise QdrantUnavailable("qdrant-client is not installed (pip install qdrant-client)") from None
     try:
         if target.url:
+            # No version check: qdrant-client asks it in a thread of its own, which against a hung server holds a
+            # connection for the timeout and warns, many lines long, into the JSON-line log.
+            options: dict[str, Any] = {"timeout": 5}
+            if "check_compatibility" in inspect.signature(QdrantClient).parameters:  # where the client has it
+                options["check_compatibility"] = False
             # httpx follows http_proxy even to 127.0.0.1: a loopback Qdrant is reached directly.
             if is_loopback(urlsplit(target.url).hostname or ""):
-                return QdrantClient(url=target.url, timeout=5, trust_env=False)  # passed on to httpx
-            return QdrantClient(url=target.url, timeout=5)
+                options["trust_env"] = False  # passed on to httpx
+            return QdrantClient(url=target.url, **options)
         return QdrantClient(path=target.path)
     except Exception as error:  # a locked local folder raises RuntimeError, a bad URL ValueError
         raise unavailable(target, error) from None
@@ -214,19 +223,24 @@ def import_batch(
             "SELECT row_id, reason FROM qdrant_import WHERE collection = ? AND point_id = ? AND content_sha256 = ?",
             (collection, pid, digest),
         ).fetchone()
-        if known and (known[0] is not None or known[1] == "imported_private"):
+        if known and known[0] is None and known[1] == "imported_private" and agent and text:
+            counts[relink(conn, collection, pid, digest, agent, text, payload, validate)] += 1
+            continue
+        if known and (known[0] is not None or known[1] in ("imported_private", FORGET_PENDING)):
             counts["already_imported"] += 1
             continue
         # An earlier verdict on this point (unregistered agent, since registered; older text) is replaced.
         conn.execute(
             "DELETE FROM qdrant_import WHERE collection = ? AND point_id = ? AND row_id IS NULL "
-            "AND reason IS NOT 'imported_private'",
-            (collection, pid),
+            "AND reason NOT IN ('imported_private', ?)",
+            (collection, pid, FORGET_PENDING),
         )
         outcome, row_id = import_point(conn, collection, pid, payload, agent, text, registered, private, validate)
+        # A fact: the long row, no reason. A private point: the episode it became (its forget deletes the point).
+        reason = None if row_id is not None and outcome != "imported_private" else outcome.removeprefix("left_out:")
         conn.execute(
             "INSERT INTO qdrant_import (collection, point_id, content_sha256, row_id, reason) VALUES (?, ?, ?, ?, ?)",
-            (collection, pid, digest, row_id, None if row_id is not None else outcome.removeprefix("left_out:")),
+            (collection, pid, digest, row_id, reason),
         )
         counts[outcome] += 1
     return counts
@@ -243,7 +257,8 @@ def import_point(
     private: bool,
     validate: Validate,
 ) -> tuple[str, int | None]:
-    """(outcome, long row id or None): the point imported as a fact, as a private episode, or why it is left out."""
+    """(outcome, row id or None): the point imported as a fact (its long row), as a private episode (the episode),
+    or why it is left out."""
     if payload.get("written_by") == SERVICE_MARK:
         return "left_out:written_by_service", None  # the service's own copy of a row it holds
     if agent is None:
@@ -257,7 +272,7 @@ def import_point(
         return "left_out:private", None
     try:
         if is_private:
-            return import_private(conn, collection, pid, agent, text, payload, validate), None
+            return import_private(conn, collection, pid, agent, text, payload, validate)
         return import_fact(conn, collection, pid, agent, text, payload, validate)
     except solos_store.BadRequest as refused:  # the API's own rule, as POST /v1/long would answer it
         return f"left_out:invalid_{refused.field}", None
@@ -276,27 +291,84 @@ def private_scope(scope: Any) -> bool:
 
 def import_private(
     conn: Any, collection: str, pid: str, agent: str, text: str, payload: dict, validate: Validate
-) -> str:
-    """A private point as its agent's own episodic row: others read it only if the agent opts in to sharing."""
+) -> tuple[str, int | None]:
+    """A private point as its agent's own episodic row: others read it only if the agent opts in to sharing.
+
+    Returns ("imported_private", the episode's id), recorded against the point so forgetting the episode deletes
+    the point too; raises Forgotten if its agent forgot an episode of these very fields."""
     shares = conn.execute("SELECT shared FROM episodic_sharing WHERE agent = ?", (agent,)).fetchone()
     if shares and shares[0]:
-        return "left_out:private_agent_shares_episodic"
+        return "left_out:private_agent_shares_episodic", None
+    event = private_episode(collection, pid, agent, text, payload, validate)
+    if forgot_episode(conn, agent, event):
+        raise Forgotten()
+    row = conn.execute(
+        "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome) VALUES (?, ?, ?, ?, ?) "
+        "RETURNING id",
+        (agent, event["event_type"], event["summary"], event["details"], event["outcome"]),
+    ).fetchone()
+    return "imported_private", row[0]
+
+
+def private_episode(collection: str, pid: str, agent: str, text: str, payload: dict, validate: Validate) -> dict:
+    """The episode a private point becomes, checked by write_episodic's schema (BadRequest if it would refuse)."""
     topic = payload.get("topic") if isinstance(payload.get("topic"), str) and payload["topic"] else None
-    event = validate(
+    return validate(
         "write_episodic",
         {
             "agent": agent,
             "event_type": PRIVATE_EVENT,
-            "summary": f"Private memory imported from qdrant:{collection}/{pid}" + (f" ({topic})" if topic else ""),
+            "summary": f"{private_summary(collection, pid)}" + (f" ({topic})" if topic else ""),
             "details": text,
             "outcome": "imported",
         },
     )
-    conn.execute(
-        "INSERT INTO memory_episodic (agent, event_type, summary, details, outcome) VALUES (?, ?, ?, ?, ?)",
-        (agent, event["event_type"], event["summary"], event["details"], event["outcome"]),
+
+
+def private_summary(collection: str, pid: str) -> str:
+    return f"Private memory imported from qdrant:{collection}/{pid}"
+
+
+def forgot_episode(conn: Any, agent: str, event: dict) -> bool:
+    """The agent forgot an episode of exactly these fields (memory_retraction keeps their hash)."""
+    digest = solos_store.content_hash("episodic", event)
+    return (
+        conn.execute(
+            "SELECT 1 FROM memory_retraction WHERE agent = ? AND tier = 'episodic' AND content_hash = ? LIMIT 1",
+            (agent, digest),
+        ).fetchone()
+        is not None
     )
-    return "imported_private"
+
+
+def relink(
+    conn: Any, collection: str, pid: str, digest: str, agent: str, text: str, payload: dict, validate: Validate
+) -> str:
+    """A private point an earlier import brought in without recording its episode: find that episode now.
+
+    Its episode still there (or archived): the link is recorded (`linked_private`), so its forget deletes the point.
+    Forgotten meanwhile (its retraction holds the hash of these fields): the point's delete is queued
+    (`forget_queued`). Neither (another writer deleted it, or the point's topic changed since): `already_imported`.
+    """
+    try:
+        event = private_episode(collection, pid, agent, text, payload, validate)
+    except solos_store.BadRequest:
+        return "already_imported"
+    prefix = private_summary(collection, pid)
+    where = "WHERE collection = ? AND point_id = ? AND content_sha256 = ?"
+    for table in ("memory_episodic", "memory_episodic_archive"):
+        found = conn.execute(
+            f"SELECT id FROM {table} WHERE agent = ? AND event_type = ? AND details = ? "
+            "AND (summary = ? OR substr(summary, 1, ?) = ?) ORDER BY id LIMIT 1",
+            (agent, PRIVATE_EVENT, event["details"], prefix, len(prefix) + 2, prefix + " ("),
+        ).fetchone()
+        if found is not None:
+            conn.execute(f"UPDATE qdrant_import SET row_id = ? {where}", (found[0], collection, pid, digest))
+            return "linked_private"
+    if forgot_episode(conn, agent, event):
+        conn.execute(f"UPDATE qdrant_import SET reason = ? {where}", (FORGET_PENDING, collection, pid, digest))
+        return "forget_queued"
+    return "already_imported"
 
 
 def import_fact(
@@ -456,23 +528,51 @@ class Mirror(threading.Thread):
         client = None
         try:
             while not self.stopped:
-                entries = self.store.read(
-                    lambda conn: conn.execute(
-                        f"SELECT id, action, row_id, agent, fact FROM qdrant_outbox WHERE next_try_at <= {NOW} "
-                        "ORDER BY id LIMIT ?",
-                        (BATCH,),
-                    ).fetchall()
-                )
-                if not entries:
+                entries, forgotten = self.store.read(self.due)
+                if not entries and not forgotten:
                     return done
                 if client is None:
                     client = connect(self.target)
                     size = self.vector_size(client)
-                done += self.send(client, size, entries)
+                if entries:
+                    done += self.send(client, size, entries)
+                if forgotten:
+                    done += self.delete_forgotten(client, forgotten)
         finally:
             if client is not None:
                 client.close()  # a local-mode folder stays locked while a client holds it
         return done
+
+    def due(self, conn: Any) -> tuple[list, list]:
+        """The outbox entries due now, and the points of forgotten private episodes (forget_imported_point)."""
+        entries = conn.execute(
+            f"SELECT id, action, row_id, agent, fact FROM qdrant_outbox WHERE next_try_at <= {NOW} ORDER BY id LIMIT ?",
+            (BATCH,),
+        ).fetchall()
+        forgotten = conn.execute(  # the partial index: the primary key's (collection) would read every point
+            "SELECT point_id, content_sha256 FROM qdrant_import INDEXED BY qdrant_import_forget_pending "
+            f"WHERE reason = '{FORGET_PENDING}' AND collection = ? LIMIT ?",
+            (self.target.collection, BATCH),
+        ).fetchall()
+        return entries, forgotten
+
+    def delete_forgotten(self, client: Any, forgotten: list) -> int:
+        """Delete the points of forgotten private episodes; their verdict becomes `forgotten` once Qdrant has."""
+        from qdrant_client import models
+
+        ids = self.valid_ids({row[0] for row in forgotten})
+        if ids:
+            client.delete(self.target.collection, models.PointIdsList(points=ids), wait=True)
+        self.store.write(
+            lambda conn: conn.executemany(
+                "UPDATE qdrant_import SET reason = 'forgotten', row_id = NULL "
+                f"WHERE collection = ? AND point_id = ? AND content_sha256 = ? AND reason = '{FORGET_PENDING}'",
+                [(self.target.collection, pid, digest) for pid, digest in forgotten],
+            )
+        )
+        self.sent_total += len(ids)
+        self.last_drained_at = utc_now()
+        return len(forgotten)
 
     def vector_size(self, client: Any) -> int | None:
         """The collection's vector size (None: it has no vectors), creating it if missing."""
@@ -570,7 +670,7 @@ class Mirror(threading.Thread):
         return {
             "configured": True,
             "target": self.target.describe(),
-            "backlog": backlog,
+            "backlog": backlog + forgotten_waiting(conn),
             "oldest_queued_at": oldest,
             "rows_waiting_for_retry": waiting,
             "sent_total": self.sent_total,
@@ -614,7 +714,8 @@ def plan(conn: Any, entries: list, collection: str) -> tuple[dict[str, Any], set
         legacy.setdefault(pid, set()).update(
             r[0]
             for r in conn.execute(
-                "SELECT point_id FROM qdrant_import WHERE row_id = ? AND content_sha256 = ? AND collection = ?",
+                "SELECT point_id FROM qdrant_import "
+                "WHERE row_id = ? AND content_sha256 = ? AND collection = ? AND reason IS NULL",
                 (entry["row_id"], digest, collection),
             )
         )
@@ -655,10 +756,15 @@ def mirror_status(store: Any, mirror: Mirror | None) -> dict:
         if mirror is not None:
             return {**mirror.status(conn), "import": imported}
         on = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'qdrant_mirror'").fetchone()
-        backlog = conn.execute("SELECT count(*) FROM qdrant_outbox").fetchone()[0]
+        backlog = conn.execute("SELECT count(*) FROM qdrant_outbox").fetchone()[0] + forgotten_waiting(conn)
         return {"configured": False, "outbox_on": bool(on and on[0] == "on"), "backlog": backlog, "import": imported}
 
     return store.read(work)
+
+
+def forgotten_waiting(conn: Any) -> int:
+    """Points of forgotten private episodes whose delete has not reached Qdrant yet (any collection)."""
+    return conn.execute(f"SELECT count(*) FROM qdrant_import WHERE reason = '{FORGET_PENDING}'").fetchone()[0]
 
 
 def metrics_lines(status: dict) -> list[str]:
@@ -788,27 +894,35 @@ def verify(store: Any, target: Target) -> dict:
     """Points per long row (its canonical point plus imported points still there), strays, missing points.
 
     A stray is a point of a row that is gone: one the service wrote, or one an
-    import brought in whose row was since deleted or forgotten. Points the
+    import brought in whose row was since deleted or forgotten (a private
+    episode's point whose delete still waits too). Points the
     service never took in (left out, never imported) are `unmanaged`.
     """
 
-    def expected(conn: Any) -> tuple[dict[str, int], dict[str, int], set[int], int]:
+    def expected(conn: Any) -> tuple[dict[str, int], dict[str, int], set[int], int, set[str]]:
         canonical = {
             point_id(agent, "long", fact): row
             for row, agent, fact in conn.execute("SELECT id, agent, fact FROM memory_longterm")
         }
         imported = {}
         for text, row in conn.execute(
-            "SELECT point_id, row_id FROM qdrant_import WHERE row_id IS NOT NULL AND collection = ?",
+            "SELECT point_id, row_id FROM qdrant_import WHERE row_id IS NOT NULL AND reason IS NULL AND collection = ?",
             (target.collection,),
         ):
             pid = qdrant_id(text)
             if pid is not None:
                 imported[str(pid)] = row
         backlog = conn.execute("SELECT count(*) FROM qdrant_outbox").fetchone()[0]
-        return canonical, imported, set(canonical.values()), backlog
+        forgotten = {  # points of forgotten private episodes, their delete not sent yet
+            str(qdrant_id(r[0]))
+            for r in conn.execute(
+                f"SELECT point_id FROM qdrant_import WHERE reason = '{FORGET_PENDING}' AND collection = ?",
+                (target.collection,),
+            )
+        }
+        return canonical, imported, set(canonical.values()), backlog + len(forgotten), forgotten
 
-    canonical, imported, rows, backlog = store.read(expected)
+    canonical, imported, rows, backlog, forgotten = store.read(expected)
     per_row: Counter = Counter()
     strays: list[str] = []
     unmanaged = 0
@@ -820,7 +934,7 @@ def verify(store: Any, target: Target) -> dict:
                 row = canonical.get(pid, imported.get(pid))
                 if row in rows:
                     per_row[row] += 1
-                elif pid in imported or (point.payload or {}).get("written_by") == SERVICE_MARK:
+                elif pid in imported or pid in forgotten or (point.payload or {}).get("written_by") == SERVICE_MARK:
                     strays.append(pid)
                 else:
                     unmanaged += 1

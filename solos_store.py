@@ -26,8 +26,8 @@ override):
       recall        Visibility (one caller, one scope: where, mask, allows), refuse_foreign_persona,
                     Store.recent_rows, rows_by_id, ranked_rows, indexed_rows, matches_up_to, topic_neighbours
       vectors       vector_generation, load_vectors, rows_missing_vectors, lacking_vectors, save_vectors,
-                    keep_vector (a write's own, in its transaction), count_missing_vectors, count_vectors,
-                    vectors_by_id
+                    embedding_failed, keep_vector (a write's own, in its transaction), count_missing_vectors,
+                    count_vectors, vectors_by_id
       copies        shared_by_copies, listen(wake) (PostgreSQL: solos_copies)
     Queries                                  store.queries (conn.queries where only a connection is at hand;
                                              SQLITE for a snapshot's or migration source's SQLite file);
@@ -35,7 +35,7 @@ override):
       dialect       NOW, SHIFTED, IDS_IN, SAME, LEAST, GREATEST, TAGGED, id_list, text_list, tagged_params
       forget        find_row, erase, own_retraction, queue_scrub, queued_scrubs, scrubs_done,
                     merge_step, checkpoint_truncate, retractions_after, last_retraction, reapply, mirror_waiting,
-                    keep_only_hash
+                    keep_only_hash, forget_imported_point
       events        head_event, events_after, current_rows, text_matches, sweep_expired, expiry_due,
                     prune_step, sharing_agents, job_running (solos_jobs)
       meta and ids  meta_value, set_meta, table_exists, row_id_marks, mark_row_ids
@@ -1393,6 +1393,10 @@ class Store:
         """These rows' embedding is over, saved or not (in save_vectors' transaction): nothing to release here;
         PostgreSQL's store releases their claims."""
 
+    def embedding_failed(self, tier: str, ids: list[int]) -> None:
+        """The embedder failed on these rows, not saved: nothing held here; PostgreSQL's store releases their
+        claims at once, so another copy may embed them."""
+
     def vectors_by_id(self, conn: sqlite3.Connection, tier: str, model: str, ids: list[int]) -> list:
         """These rows' vectors from `model`, as load_vectors reads them: what other copies (or workers) saved since
         the vector index's snapshot (solos_rank.VectorIndex.fill and catch_up, only while copies share the store;
@@ -1508,6 +1512,7 @@ def parse_tags(raw: Any) -> list[str]:
 # A forgotten fact's Qdrant outbox entry holds this plus the text's sha256 instead of the text.
 # The API refuses NUL in a fact, so no fact the service stores starts with it.
 HASH_ONLY = "\x00sha256:"
+FORGET_PENDING = "forget_pending"  # qdrant_import.reason: the point of a forgotten private episode, to delete
 
 
 DELIVERY_COLUMNS = "id, reader, tier, row_id, writer, delivered_at"
@@ -1689,6 +1694,8 @@ class Queries:
         if tier == "long":
             self.keep_only_hash(conn, row_id)
             self.reindex_context_carriers(conn, row)
+        if tier == "episodic":
+            self.forget_imported_point(conn, row_id)
         self.log_forget(conn, tier, row_id, row["agent"])
         retraction = conn.execute(
             "INSERT INTO memory_retraction (agent, tier, row_id, content_hash, key_hash, forgotten_at) "
@@ -1817,14 +1824,17 @@ class Queries:
         )
         return False
 
-    def mirror_waiting(self, conn: sqlite3.Connection, row_ids: Iterable[int]) -> set[int]:
-        """Long rows whose point delete still waits in the Qdrant mirror's outbox."""
-        if not self.table_exists(conn, "qdrant_outbox"):
+    def mirror_waiting(self, conn: sqlite3.Connection, row_ids: Iterable[int], tier: str = "long") -> set[int]:
+        """Rows whose Qdrant point delete still waits for the mirror: long facts' in its outbox, episodes' (from
+        private points) in qdrant_import."""
+        table, waiting = {
+            "long": ("qdrant_outbox", "action = 'delete'"),
+            "episodic": ("qdrant_import", f"reason = '{FORGET_PENDING}'"),
+        }.get(tier, ("", ""))
+        if not table or not self.table_exists(conn, table):
             return set()
         rows = conn.execute(
-            "SELECT DISTINCT row_id FROM qdrant_outbox "
-            "WHERE action = 'delete' AND row_id IN (SELECT value FROM json_each(?))",
-            (json.dumps(list(row_ids)),),
+            f"SELECT DISTINCT row_id FROM {table} WHERE {waiting} AND row_id {self.IDS_IN}", (self.id_list(row_ids),)
         )
         return {row[0] for row in rows}
 
@@ -2035,6 +2045,14 @@ class Queries:
                 conn.execute(
                     "UPDATE qdrant_outbox SET fact = ? WHERE id = ?", (HASH_ONLY + sha256_text(fact), entry_id)
                 )
+
+    def forget_imported_point(self, conn: Any, row_id: int) -> None:
+        """After a forget, inside its transaction: an episode import-qdrant made of a private point queues that
+        point's delete (qdrant_import keeps its id and the text's hash, never the text); the mirror sends it."""
+        conn.execute(
+            f"UPDATE qdrant_import SET reason = '{FORGET_PENDING}' WHERE reason = 'imported_private' AND row_id = ?",
+            (row_id,),
+        )
 
     # ==== Provenance: deliveries, versions, notices (solos_provenance) ====
 

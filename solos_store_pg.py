@@ -635,10 +635,13 @@ class PgStore(solos_store.Store):
         try:
             return super().save_vectors(tier, model, embedded)
         except Exception:
-            ids = [row["id"] for row, _ in embedded]
-            with contextlib.suppress(solos_store.ServiceError):  # else they lapse (solos_copies.CLAIM_S)
-                self.write(lambda conn: solos_copies.release(conn, tier, ids))
+            self.embedding_failed(tier, [row["id"] for row, _ in embedded])
             raise
+
+    def embedding_failed(self, tier: str, ids: list[int]) -> None:
+        """Release the claims of rows not saved, in a transaction of their own, so another pass may take them."""
+        with contextlib.suppress(solos_store.ServiceError):  # else they lapse (solos_copies.CLAIM_S)
+            self.write(lambda conn: solos_copies.release(conn, tier, ids))
 
     @staticmethod
     def hold_key(conn: Any, agent: str, tier: str, key: str) -> None:
@@ -973,8 +976,10 @@ class PgQueries(solos_store.Queries):
         """No segments to merge: a GIN index drops a deleted row's entries at VACUUM (clear_forgotten)."""
         return 0
 
-    def mirror_waiting(self, conn: Any, row_ids: Iterable[int]) -> set[int]:
-        return set()  # the Qdrant mirror runs on SQLite only
+    def mirror_waiting(self, conn: Any, row_ids: Iterable[int], tier: str = "long") -> set[int]:
+        """Long facts: none (the Qdrant mirror runs on SQLite only, and no outbox triggers are here); an episode
+        imported from a private point (a database migrated from SQLite) still queues its point's delete."""
+        return super().mirror_waiting(conn, row_ids, tier) if tier == "episodic" else set()
 
     def head_event(self, conn: Any) -> int:
         horizon, _ = conn.running.horizon(conn)

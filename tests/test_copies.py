@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, Stream, subscribed, wait_until
+from conftest import ROOT, PoisonRowEmbedder, Stream, WordHashEmbedder, subscribed, wait_until
 
 import solos_embed_worker
 import solos_memory
@@ -689,3 +689,32 @@ def test_a_copy_starting_while_the_fleet_holds_a_write_open_neither_waits_nor_st
     solos_store_pg.PgStore(pg_url, admin=True).migrate()  # applied once the fleet's transaction ended
     digest = solos_store_pg.schema_digest(solos_store.read_resource("schema_pg.sql").decode())
     assert sql(pg_url, "SELECT value FROM solos_memory_meta WHERE key = 'schema_pg_sha256'") == [(digest,)]
+
+
+def test_rows_a_broken_embedder_failed_on_are_free_at_once_and_a_poison_rows_claim_holds(pg_url):
+    """The embedder fails on every row of a batch (it is broken, not the rows): its claims are released, so another
+    copy embeds those rows now rather than after the claim lapses (CLAIM_S). It held them 60 s, and a broken copy
+    went on claiming a new batch at each wake. A row the embedder fails on alone keeps its claim until it lapses:
+    the copies' shared backoff, so a row that fails every time is not retried by each copy at each pass."""
+    import solos_store_pg
+
+    broken_store, healthy_store = solos_store_pg.PgStore(pg_url), solos_store_pg.PgStore(pg_url)
+    try:
+        broken_store.migrate()
+        sql(pg_url, "INSERT INTO agent_registry (agent) VALUES ('nova')")
+        sql(pg_url, "INSERT INTO memory_longterm (agent, fact) SELECT 'nova', 'row ' || n FROM generate_series(1, 5) n")
+        broken = WordHashEmbedder(fail_after=0)
+        with pytest.raises(RuntimeError, match="embedder broke"):
+            solos_embed_worker.embed_missing(broken_store, broken)
+        assert sql(pg_url, "SELECT count(*) FROM memory_embed_claim") == [(0,)]
+        assert solos_embed_worker.embed_missing(healthy_store, WordHashEmbedder()) == 5
+
+        sql(pg_url, "INSERT INTO memory_longterm (agent, fact) VALUES ('nova', 'a poison row'), ('nova', 'row 6')")
+        poisoned: dict = {}
+        assert solos_embed_worker.embed_missing(broken_store, PoisonRowEmbedder(), passed_over=poisoned) == 1
+        assert len(poisoned) == 1
+        assert sql(pg_url, "SELECT count(*) FROM memory_embed_claim") == [(1,)]
+        assert solos_embed_worker.embed_missing(healthy_store, PoisonRowEmbedder()) == 0  # held: not tried again
+    finally:
+        broken_store.close()
+        healthy_store.close()

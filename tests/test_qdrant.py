@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -798,3 +799,133 @@ def test_store_memory_names_an_answer_that_is_not_the_services(behaviour):
             store_memory("atlas", "infra", "a fact", url=fault.url, timeout=2)
     finally:
         fault.close()
+
+
+def test_a_new_client_asks_qdrant_nothing_and_warns_nothing(capfd):
+    """qdrant-client asks a new server its version in a thread of its own: against a hung server that request held
+    a connection for its timeout, and an answer without a version printed a multi-line UserWarning into the
+    service's JSON-line log. The service makes its clients without that check."""
+    import warnings
+
+    from conftest import FaultServer
+
+    fault = FaultServer(("hang",))
+    fault.behaviours.put(("http", 200, b"{}"))  # the first connection gets an answer without a version
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            solos_qdrant.connect(solos_qdrant.Target(url=fault.url)).close()
+            deadline = time.monotonic() + 1.0  # the check's thread connects within milliseconds when it runs
+            while time.monotonic() < deadline and fault.behaviours.qsize() and not caught:
+                time.sleep(0.02)
+        assert fault.behaviours.qsize() == 1, "the client connected to Qdrant before it was asked anything"
+        assert [str(w.message) for w in caught] == []
+        assert "UserWarning" not in capfd.readouterr().err
+    finally:
+        fault.close()
+
+
+# ==== A forgotten private episode takes its Qdrant point with it ====
+
+PRIVATE_POINTS = {
+    41: {
+        "agent_id": "sol",
+        "topic": "diary",
+        "content": "Sol's vault passphrase is marigold-5512",
+        "memory_scope": "private",
+    },
+    42: {"agent_id": "sol", "content": "Sol keeps a second note on the launch", "memory_scope": "private"},
+}
+
+
+def import_private(server, path: Path, capsys) -> dict:
+    status, counts = run_cli(
+        capsys, "import-qdrant", "--db", str(server.db_path), "--qdrant-path", str(path), "--import-private"
+    )
+    assert status == 0
+    return counts
+
+
+def episode_of(server, point: int) -> int:
+    with server.db() as conn:
+        return conn.execute(
+            "SELECT id FROM memory_episodic WHERE details = ?", (PRIVATE_POINTS[point]["content"],)
+        ).fetchone()[0]
+
+
+@pytest.mark.slow
+def test_forgetting_an_imported_private_episode_deletes_its_point_through_an_outage(make_server, tmp_path, capsys):
+    path = tmp_path / "qdrant"
+    seed_vectorless(path, PRIVATE_POINTS)
+    server = make_server()
+    assert import_private(server, path, capsys)["imported_private"] == 2
+    stop_server(server)
+    holder = QdrantClient(path=str(path))  # local mode admits one client: Qdrant is "down" for the mirror
+    server = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    ok, receipt = forget(server, "sol", "episodic", episode_of(server, 41))
+    assert ok and receipt["mirror"] == "pending", receipt
+    status = wait_until(
+        lambda: (s := server.get("/v1/stats").body["qdrant"])["consecutive_failures"] and s, what="a failed drain"
+    )
+    assert status["backlog"] == 1  # the point's delete waits, and says so
+    with server.db() as conn:  # what waits for Qdrant is the point's id and the text's hash, never the text
+        for table in ("qdrant_import", "qdrant_outbox"):
+            assert not [r for r in conn.execute(f"SELECT * FROM {table}") if "marigold" in repr(tuple(r))]
+    holder.close()
+    wait_until(lambda: drained(server), what="the private point's delete")
+    stop_server(server)
+    assert set(points_in(path)) == {"42"}
+    # The import run again brings nothing back, and the other episode is still its agent's.
+    server = make_server()
+    counts = import_private(server, path, capsys)
+    assert counts == {"points": 1, "already_imported": 1}, counts
+    assert episode_of(server, 42)
+
+
+@pytest.mark.slow
+def test_a_forget_without_a_mirror_queues_the_private_points_delete_for_the_next(make_server, tmp_path, capsys):
+    path = tmp_path / "qdrant"
+    seed_vectorless(path, PRIVATE_POINTS)
+    server = make_server()
+    import_private(server, path, capsys)
+    ok, receipt = forget(server, "sol", "episodic", episode_of(server, 42))
+    assert ok and receipt["mirror"] == "no_mirror_configured", receipt
+    assert server.get("/v1/stats").body["qdrant"]["backlog"] == 1
+    status, report = run_cli(capsys, "qdrant-verify", "--db", str(server.db_path), "--qdrant-path", str(path))
+    assert status == 1 and (report["strays"], report["outbox_backlog"]) == (1, 1), report
+    stop_server(server)
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    wait_until(lambda: drained(mirrored), what="the queued delete")
+    stop_server(mirrored)
+    assert set(points_in(path)) == {"41"}
+    # The node writes the same private note again: the import never brings back what its agent forgot.
+    client = QdrantClient(path=str(path))
+    client.upsert("long_term", points=[models.PointStruct(id=42, vector={}, payload=PRIVATE_POINTS[42])])
+    client.close()
+    server = make_server()
+    assert import_private(server, path, capsys) == {"points": 2, "already_imported": 1, "left_out:forgotten": 1}
+
+
+@pytest.mark.slow
+def test_private_episodes_imported_before_the_link_are_found_by_the_import_run_again(make_server, tmp_path, capsys):
+    """An import before the link was kept recorded no episode for its points. Run again, it finds each: a live
+    episode is linked (a later forget deletes its point); a forgotten one has its point's delete queued."""
+    path = tmp_path / "qdrant"
+    seed_vectorless(path, PRIVATE_POINTS)
+    server = make_server()
+    import_private(server, path, capsys)
+    with server.db() as conn:  # as the earlier import left them
+        conn.execute("UPDATE qdrant_import SET row_id = NULL WHERE reason = 'imported_private'")
+    ok, receipt = forget(server, "sol", "episodic", episode_of(server, 41))
+    assert ok and receipt["mirror"] == "none"  # nothing links it to its point yet
+    kept = episode_of(server, 42)
+    counts = import_private(server, path, capsys)
+    assert counts == {"points": 2, "linked_private": 1, "forget_queued": 1}, counts
+    assert import_private(server, path, capsys) == {"points": 2, "already_imported": 2}
+    ok, receipt = forget(server, "sol", "episodic", kept)
+    assert ok and receipt["mirror"] == "no_mirror_configured", receipt
+    stop_server(server)
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    wait_until(lambda: drained(mirrored), what="both deletes")
+    stop_server(mirrored)
+    assert points_in(path) == {}

@@ -1399,3 +1399,24 @@ def test_a_read_alone_on_postgresql_is_no_transaction_and_sees_each_commit(pg_ur
         assert status == in_transaction and after == before
     finally:
         store.close()
+
+
+def test_forgetting_an_episode_imported_from_a_private_point_queues_the_points_delete(served, store_url):
+    """On PostgreSQL too (a database migrated from SQLite keeps what import-qdrant recorded): the forget queues the
+    point's delete and its receipt says no mirror will send it here."""
+    episode = ok(served.post("/v1/episodic", {"agent": "sol", "event_type": "note", "summary": "a private note"}), 201)
+    with fleet_writer(store_url) as conn:
+        conn.execute(
+            "INSERT INTO qdrant_import (collection, point_id, content_sha256, row_id, reason) "
+            "VALUES ('long_term', '41', 'ab12', ?, 'imported_private')",
+            (episode["id"],),
+        )
+    receipt = ok(
+        served.request("DELETE", "/v1/memory", query={"agent": "sol", "tier": "episodic", "id": episode["id"]})
+    )
+    assert receipt["mirror"] == "no_mirror_configured", receipt
+    with fleet_writer(store_url) as conn:
+        assert [tuple(r) for r in conn.execute("SELECT point_id, reason FROM qdrant_import")] == [
+            ("41", "forget_pending")
+        ]
+    assert served.get("/v1/stats").body["qdrant"]["backlog"] == 1
