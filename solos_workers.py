@@ -564,8 +564,11 @@ class Supervisor:
             status = 1
             try:
                 signal.set_wakeup_fd(-1)
-                for number in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                for number in (signal.SIGTERM, signal.SIGCHLD):
                     signal.signal(number, signal.SIG_DFL)
+                # Ctrl-C reaches the whole process group: each worker stops as one process does (KeyboardInterrupt:
+                # it drains its requests in flight), not ended by the signal under a write it has not answered.
+                signal.signal(signal.SIGINT, signal.default_int_handler)
                 follow_parent(supervisor)
                 os.close(self.ready_read)
                 os.close(self.wake_read)

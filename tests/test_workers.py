@@ -10,12 +10,14 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -619,3 +621,57 @@ def test_pin_threads_without_workers_is_refused(tmp_path):
         check=False,  # fmt: skip
     )
     assert done.returncode != 0 and "--pin-threads on needs --workers 2 or more" in done.stderr
+
+
+def write_on(port: int, worker: int, fact: str, answers: dict) -> threading.Thread:
+    """A write sent over a connection the worker holds, answered (or not) into answers[worker], on a thread."""
+    conn = connect_to(port, worker)
+
+    def write() -> None:
+        try:
+            answers[worker] = ask(conn, "POST", "/v1/long", {"agent": "atlas", "fact": fact})
+        except (OSError, http.client.HTTPException) as error:
+            answers[worker] = repr(error)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to the supervisor", "SIGTERM to the group", "Ctrl-C"])
+def test_a_stop_answers_the_writes_in_flight_on_every_worker(tmp_path, how):
+    """systemd's stop (SIGTERM to the supervisor, or with KillMode=control-group to every process at once) and
+    Ctrl-C in a terminal (SIGINT to the whole process group) while each worker has a write in flight: every
+    worker finishes and answers its write before it ends, as one process does."""
+    db = tmp_path / "stop.db"
+    supervised = Supervised(serve_argv(db, "--model-dir", "off"))
+    proc, port = supervised.proc, supervised.port
+    locker = sqlite3.connect(db, isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")  # the fleet's writer holds the lock: each worker's write waits for it
+        answers: dict[int, Any] = {}
+        writers = [write_on(port, w, f"fact {w} written as the service stops", answers) for w in (1, 2)]
+        for worker in (1, 2):
+            wait_until(lambda w=worker: on(port, w, "GET", "/v1/stats")[1]["load"]["in_flight"] >= 2, "in flight")
+        if how == "SIGTERM to the supervisor":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGTERM if how == "SIGTERM to the group" else signal.SIGINT)
+        time.sleep(0.5)
+        locker.execute("COMMIT")
+        for writer in writers:
+            writer.join(30)
+        assert proc.wait(timeout=30) == 0
+        statuses = {w: answer[0] if isinstance(answer, tuple) else answer for w, answer in answers.items()}
+        assert statuses == {1: 201, 2: 201}, answers
+        facts = sorted(row[0] for row in sqlite3.connect(db).execute("SELECT fact FROM memory_longterm"))
+        assert facts == [f"fact {w} written as the service stops" for w in (1, 2)]
+        supervised.drained.wait(10)
+        stopped = [e for e in supervised.logged("stopped") if "worker" in e]
+        assert sorted(e["worker"] for e in stopped) == [1, 2] and all(e["unanswered"] == 0 for e in stopped), stopped
+        assert not [line for line in supervised.lines if "Traceback" in line or "worker_failed" in line]
+    finally:
+        locker.close()
+        supervised.kill()
