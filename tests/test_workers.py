@@ -675,3 +675,54 @@ def test_a_stop_answers_the_writes_in_flight_on_every_worker(tmp_path, how):
     finally:
         locker.close()
         supervised.kill()
+
+
+STUCK_S = 2.0  # the test's bound for a worker that does not beat (solos_workers.STUCK_S), short to keep it quick
+
+
+def with_stuck_bound(argv: list[str]) -> list[str]:
+    """serve_argv's command, run with solos_workers.STUCK_S set to the test's bound."""
+    script = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); import solos_workers, solos_memory;"
+        f" solos_workers.STUCK_S = {STUCK_S}; sys.exit(solos_memory.main(sys.argv[1:]))"
+    )
+    return [sys.executable, "-c", script, *argv[2:]]
+
+
+@pytest.mark.parametrize("mode", ["shared", "reuseport"])
+def test_a_worker_that_hangs_is_replaced_and_newcomers_are_not_left_waiting(tmp_path, mode):
+    """A worker that hangs (SIGSTOP here) accepted nothing and nobody noticed: with SO_REUSEPORT the kernel kept
+    handing it about half the new connections, which waited for ever; on the shared socket every newcomer waited
+    TURN_WAIT_S behind it for as long as it hung. The supervisor sees it stop beating, logs `worker_stuck`,
+    kills it and starts another; no newcomer waits past that bound (one queued on the hung worker's own socket
+    is reset, never answered late or left hanging)."""
+    argv = with_stuck_bound(serve_argv(tmp_path / "hang.db", "--model-dir", "off", "--worker-socket", mode))
+    supervised = Supervised(argv)
+    port = supervised.port
+    stuck = on(port, 1, "GET", "/health")[1]["worker_pid"]
+    other = on(port, 2, "GET", "/health")[1]["worker_pid"]
+    try:
+        os.kill(stuck, signal.SIGSTOP)
+        outcomes = []
+        for _ in range(16):
+            started = time.monotonic()
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=STUCK_S + 10)
+                with contextlib.closing(sock):
+                    sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                    outcomes.append((answered_by(sock), time.monotonic() - started))
+            except (ConnectionResetError, ConnectionAbortedError) as error:
+                outcomes.append((repr(error), time.monotonic() - started))
+            except TimeoutError:
+                outcomes.append(("hung", time.monotonic() - started))
+        assert all(waited < STUCK_S + 3 for _, waited in outcomes), outcomes
+        assert "hung" not in [outcome for outcome, _ in outcomes], outcomes
+        found = wait_until(lambda: supervised.logged("worker_stuck"), "a worker_stuck line", 10)
+        assert [(e["worker"], e["pid"]) for e in found] == [(1, stuck)], found  # the one that hung, only
+        wait_until(lambda: [e for e in supervised.logged("worker_exited") if e["pid"] == stuck], "it reaped")
+        assert on(port, 1, "GET", "/health")[1]["worker_pid"] != stuck  # started again
+        assert on(port, 2, "GET", "/health")[1]["worker_pid"] == other
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stuck, signal.SIGCONT)
+        supervised.kill()
