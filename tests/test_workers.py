@@ -640,11 +640,12 @@ def write_on(port: int, worker: int, fact: str, answers: dict) -> threading.Thre
     return thread
 
 
-@pytest.mark.parametrize("how", ["SIGTERM to the supervisor", "SIGTERM to the group", "Ctrl-C"])
+@pytest.mark.parametrize("how", ["SIGTERM to the supervisor", "SIGTERM to the group", "Ctrl-C", "SIGKILL"])
 def test_a_stop_answers_the_writes_in_flight_on_every_worker(tmp_path, how):
-    """systemd's stop (SIGTERM to the supervisor, or with KillMode=control-group to every process at once) and
-    Ctrl-C in a terminal (SIGINT to the whole process group) while each worker has a write in flight: every
-    worker finishes and answers its write before it ends, as one process does."""
+    """systemd's stop (SIGTERM to the supervisor, or with KillMode=control-group to every process at once),
+    Ctrl-C in a terminal (SIGINT to the whole process group) and the supervisor killed outright (each worker gets
+    SIGTERM as it dies) while each worker has a write in flight: every worker finishes and answers its write
+    before it ends, as one process does."""
     db = tmp_path / "stop.db"
     supervised = Supervised(serve_argv(db, "--model-dir", "off"))
     proc, port = supervised.proc, supervised.port
@@ -657,13 +658,15 @@ def test_a_stop_answers_the_writes_in_flight_on_every_worker(tmp_path, how):
             wait_until(lambda w=worker: on(port, w, "GET", "/v1/stats")[1]["load"]["in_flight"] >= 2, "in flight")
         if how == "SIGTERM to the supervisor":
             proc.send_signal(signal.SIGTERM)
+        elif how == "SIGKILL":
+            proc.kill()
         else:
             os.killpg(proc.pid, signal.SIGTERM if how == "SIGTERM to the group" else signal.SIGINT)
         time.sleep(0.5)
         locker.execute("COMMIT")
         for writer in writers:
             writer.join(30)
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=30) == (-9 if how == "SIGKILL" else 0)
         statuses = {w: answer[0] if isinstance(answer, tuple) else answer for w, answer in answers.items()}
         assert statuses == {1: 201, 2: 201}, answers
         facts = sorted(row[0] for row in sqlite3.connect(db).execute("SELECT fact FROM memory_longterm"))
