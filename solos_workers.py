@@ -496,6 +496,7 @@ class Supervisor:
     children: dict[int, Child] = field(default_factory=dict)
     stopping: bool = False
     gave_up: str = ""  # why the supervisor stopped the service by itself: a worker that cannot start
+    announced: bool = False  # READY=1 sent: every worker answered once
 
     def bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -528,7 +529,7 @@ class Supervisor:
         for number in (signal.SIGTERM, signal.SIGINT):
             signal.signal(number, self.stop)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through the wakeup fd
-        announced, pending = False, b""
+        pending = b""
         first: dict | None = None
         try:
             for index in range(1, self.count + 1):
@@ -555,13 +556,15 @@ class Supervisor:
                         found = json.loads(line)
                         self.children[found["worker"]].ready = True
                         first = first or found
-                    if not announced and all(c.ready for c in self.children.values()) and first:
-                        announced = True
+                        if self.announced:  # one started again
+                            self.say_status()
+                    if not self.announced and all(c.ready for c in self.children.values()) and first:
+                        self.announced = True
                         fields = {k: v for k, v in first.items() if k != "worker"}
                         log_event(
                             "listening", **{"host": self.host, **fields, "port": self.port, "workers": self.count}
                         )
-                        notify(f"READY=1\nSTATUS=listening on {self.host}:{self.port}, {self.count} workers")
+                        self.say_status("READY=1\n")
         finally:
             notify("STOPPING=1")
             self.stop_all()
@@ -576,6 +579,15 @@ class Supervisor:
 
     def stop(self, *_: Any) -> None:
         self.stopping = True
+
+    def say_status(self, before: str = "") -> None:
+        """systemd's STATUS= (`systemctl status`): the port and the workers, and while any is down, which."""
+        status = f"STATUS=listening on {self.host}:{self.port}, {self.count} workers"
+        down = [str(child.index) for child in self.children.values() if not child.ready]
+        if down:
+            serving = self.count - len(down)
+            status += f"; {serving} serving, worker{'s' * (len(down) > 1)} {', '.join(down)} starting again"
+        notify(before + status)
 
     def fork(self, child: Child) -> None:
         supervisor = os.getpid()
@@ -647,6 +659,8 @@ class Supervisor:
                 seconds=round(lived, 1),
                 restart_in_s=round(child.due - time.monotonic(), 1),
             )
+            if self.announced and not self.stopping:
+                self.say_status()
 
     def check_beats(self) -> None:
         """A serving worker whose accept loop has not gone round for STUCK_S hangs: logged, killed, started again

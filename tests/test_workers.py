@@ -729,3 +729,23 @@ def test_a_worker_that_hangs_is_replaced_and_newcomers_are_not_left_waiting(tmp_
         with contextlib.suppress(ProcessLookupError):
             os.kill(stuck, signal.SIGCONT)
         supervised.kill()
+
+
+def test_systemd_status_says_when_a_worker_is_down_and_when_all_serve_again(tmp_path):
+    """`systemctl status` shows the unit's STATUS=: it said "2 workers" from READY=1 on, while a worker was dead,
+    starting again or killed as stuck. It now says how many serve and which is starting again, until all do."""
+    notify_path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(notify_path))
+        notify.settimeout(30)
+        env = {**os.environ, "NOTIFY_SOCKET": str(notify_path)}
+        supervised = Supervised(serve_argv(tmp_path / "n.db", "--model-dir", "off"), env)
+        port = supervised.port
+        try:
+            assert notify.recv(4096).decode().startswith("READY=1\n")
+            os.kill(on(port, 1, "GET", "/health")[1]["worker_pid"], signal.SIGKILL)
+            status = f"STATUS=listening on 127.0.0.1:{port}, {WORKERS} workers"
+            assert notify.recv(4096).decode() == f"{status}; 1 serving, worker 1 starting again"
+            assert notify.recv(4096).decode() == status
+        finally:
+            supervised.kill()
