@@ -616,6 +616,8 @@ class Supervisor:
             except SystemExit as error:
                 log_event("worker_failed", worker=child.index, reason=str(error.code))
                 status = error.code if isinstance(error.code, int) else 1
+            except KeyboardInterrupt:  # Ctrl-C before it served: the supervisor stops too, nothing failed
+                status = 0
             except BaseException as error:
                 log_event("worker_failed", worker=child.index, reason=f"{type(error).__name__}: {error}")
             finally:

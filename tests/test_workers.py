@@ -749,3 +749,27 @@ def test_systemd_status_says_when_a_worker_is_down_and_when_all_serve_again(tmp_
             assert notify.recv(4096).decode() == status
         finally:
             supervised.kill()
+
+
+def test_ctrl_c_while_the_workers_start_stops_them_without_a_failure_line():
+    """Ctrl-C (SIGINT to the group) while the workers are still starting (loading a model, say): the service
+    stops, exit 0, with no `worker_failed` line blaming a KeyboardInterrupt."""
+    script = (
+        f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); import solos_workers;"
+        " sys.exit(solos_workers.supervise(2, '127.0.0.1', 0, 'shared', lambda worker: time.sleep(60) or 0))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        started = 0
+        while started < 2:
+            started += '"event": "worker_started"' in proc.stderr.readline()
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        lines = proc.stderr.read().splitlines()
+        assert not [line for line in lines if "worker_failed" in line or "Traceback" in line], lines
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
