@@ -567,14 +567,13 @@ class Supervisor:
                         self.say_status("READY=1\n")
         finally:
             notify("STOPPING=1")
-            self.stop_all()
+            killed = self.stop_all()
             self.sock.close()
             with contextlib.suppress(OSError):
                 os.remove(self.seats_path)
                 os.rmdir(folder)
-            log_event(
-                "stopped", port=self.port, workers=self.count, **({"failed": self.gave_up} if self.gave_up else {})
-            )
+            said = {"failed": self.gave_up} if self.gave_up else {}
+            log_event("stopped", port=self.port, workers=self.count, **said, **({"killed": killed} if killed else {}))
         return 1 if self.gave_up else 0
 
     def stop(self, *_: Any) -> None:
@@ -677,9 +676,11 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signal.SIGKILL)
 
-    def stop_all(self) -> None:
-        """SIGTERM every worker, wait STOP_WAIT_S for them, SIGKILL the rest."""
+    def stop_all(self) -> list[int]:
+        """SIGTERM every worker, wait STOP_WAIT_S for them, SIGKILL the rest; return those killed (their indexes:
+        their requests in flight were cut, unanswered)."""
         live = {c.pid for c in self.children.values() if c.pid}
+        index = {c.pid: c.index for c in self.children.values() if c.pid}
         for pid in live:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -688,7 +689,7 @@ class Supervisor:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return []
             if pid:
                 live.discard(pid)
             else:
@@ -698,6 +699,7 @@ class Supervisor:
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, 0)
+        return sorted(index[pid] for pid in live)
 
 
 def follow_parent(supervisor: int) -> None:

@@ -683,11 +683,12 @@ def test_a_stop_answers_the_writes_in_flight_on_every_worker(tmp_path, how):
 STUCK_S = 2.0  # the test's bound for a worker that does not beat (solos_workers.STUCK_S), short to keep it quick
 
 
-def with_stuck_bound(argv: list[str]) -> list[str]:
-    """serve_argv's command, run with solos_workers.STUCK_S set to the test's bound."""
+def with_stuck_bound(argv: list[str], stuck_s: float = STUCK_S, stop_wait_s: float = 20.0) -> list[str]:
+    """serve_argv's command, run with solos_workers.STUCK_S and STOP_WAIT_S set to the test's bounds."""
     script = (
         f"import sys; sys.path.insert(0, {str(ROOT)!r}); import solos_workers, solos_memory;"
-        f" solos_workers.STUCK_S = {STUCK_S}; sys.exit(solos_memory.main(sys.argv[1:]))"
+        f" solos_workers.STUCK_S = {stuck_s}; solos_workers.STOP_WAIT_S = {stop_wait_s};"
+        " sys.exit(solos_memory.main(sys.argv[1:]))"
     )
     return [sys.executable, "-c", script, *argv[2:]]
 
@@ -773,3 +774,24 @@ def test_ctrl_c_while_the_workers_start_stops_them_without_a_failure_line():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_stop_that_kills_a_worker_says_so(tmp_path):
+    """A worker that does not stop within STOP_WAIT_S of SIGTERM (hung) is killed: the stop ended in time, exit 0,
+    but the log only said `stopped`, as if every worker had finished its requests. It now names the worker."""
+    argv = with_stuck_bound(serve_argv(tmp_path / "kill.db", "--model-dir", "off"), stuck_s=60, stop_wait_s=1)
+    supervised = Supervised(argv)
+    hung = on(supervised.port, 1, "GET", "/health")[1]["worker_pid"]
+    try:
+        os.kill(hung, signal.SIGSTOP)
+        supervised.proc.send_signal(signal.SIGTERM)
+        assert supervised.proc.wait(timeout=30) == 0
+        supervised.drained.wait(10)
+        stopped = [e for e in supervised.logged("stopped") if "workers" in e]
+        assert stopped and stopped[-1]["killed"] == [1], supervised.lines
+        with pytest.raises(ProcessLookupError):
+            os.kill(hung, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung, signal.SIGCONT)
+        supervised.kill()
