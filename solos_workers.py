@@ -2,7 +2,8 @@
 
 Why: one process holds one GIL, so recall under load waits for one core however many the host has
 (docs/load.md). With --workers N a supervisor (the process systemd starts) binds the port, forks N workers
-and keeps them: a worker that dies is started again, SIGTERM stops them all. The workers never talk to one
+and keeps them: a worker that dies is started again, so is one that hangs (its accept loop no longer beats,
+`check_beats`), SIGTERM stops them all. The workers never talk to one
 another; they share what copies of the service over PostgreSQL share, the database, and reuse that
 machinery (solos_copies, the store's `shared_by_copies`): the event hub reads what any worker committed
 (streams resume gapless on any worker, by id), a retraction another worker made drops this worker's kept
