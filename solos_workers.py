@@ -2,7 +2,8 @@
 
 Why: one process holds one GIL, so recall under load waits for one core however many the host has
 (docs/load.md). With --workers N a supervisor (the process systemd starts) binds the port, forks N workers
-and keeps them: a worker that dies is started again, SIGTERM stops them all. The workers never talk to one
+and keeps them: a worker that dies is started again, so is one that hangs (its accept loop no longer beats,
+`check_beats`), SIGTERM stops them all. The workers never talk to one
 another; they share what copies of the service over PostgreSQL share, the database, and reuse that
 machinery (solos_copies, the store's `shared_by_copies`): the event hub reads what any worker committed
 (streams resume gapless on any worker, by id), a retraction another worker made drops this worker's kept
@@ -63,6 +64,10 @@ RESTART_PAUSE_S = (0.5, 30.0)
 # others and exits 1, so systemd sees the failure (restarts the unit, and past its start limit, OnFailure=)
 # instead of a service that retries every 30 s for ever. 5 quick deaths take about 8 s (pauses 0.5 to 4 s).
 GIVE_UP_AFTER = (5, 120.0)  # (quick deaths, within seconds)
+# A serving worker's accept loop beats at least every half second (socketserver's poll); one silent this long
+# hangs (stopped, deadlocked): the supervisor kills it and starts another. Left, it kept taking (SO_REUSEPORT: the
+# kernel's hash still sent it about half the newcomers, which waited for ever) or slowing (shared) connections.
+STUCK_S = 10.0
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 # Shared socket: a worker holding more connections than the least busy declines a newcomer (pausing this long each
 # time, so its accept loop does not spin) and leaves it to that worker; past TURN_WAIT_S it takes it anyway, so
@@ -184,6 +189,7 @@ def run(server: Any, config: Any, worker: Worker | None = None) -> int:
             notify("STOPPING=1")
         else:
             worker.holding(-1)  # accepting no more: the others' turns no longer wait for this one
+            worker.beat(serving=False)  # nor does the supervisor expect its loop to go round
         try:
             unanswered = server.drain()  # the requests in flight answered before the database closes
         except KeyboardInterrupt:  # a second Ctrl-C: the operator wants out now, unanswered or not
@@ -254,12 +260,18 @@ class Worker:
     ready_fd: int
     supervisor: int = 0  # its pid: a worker whose parent is another has outlived it
     held: Any = None  # every worker's open connections (a memoryview of int64 on shared memory; -1: not serving)
+    beats: Any = None  # when each worker's accept loop last went round (time.monotonic(); 0: not serving), shared
     seats: Seats | None = None
 
     def holding(self, connections: int) -> None:
         """Tell the other workers how many connections this one holds."""
         if self.held is not None:
             self.held[self.index - 1] = connections
+
+    def beat(self, serving: bool = True) -> None:
+        """Tell the supervisor this worker's accept loop goes round (or, not serving, that it need not)."""
+        if self.beats is not None:
+            self.beats[self.index - 1] = time.monotonic() if serving else 0.0
 
     def my_turn(self) -> bool:
         """Whether this worker should take the next connection: none of the serving workers holds fewer."""
@@ -274,6 +286,7 @@ class Worker:
         if len(line.encode()) >= select.PIPE_BUF:  # one write, whole: the fields the listening line repeats can go
             line = json.dumps({"worker": self.index})
         self.holding(0)
+        self.beat()
         with contextlib.suppress(OSError):
             os.write(self.ready_fd, line.encode() + b"\n")
             os.close(self.ready_fd)
@@ -323,6 +336,12 @@ class WorkerSocket:
     def server_activate(self) -> None:
         if self.worker is None or self.worker.listener is None:
             super().server_activate()  # type: ignore[misc]
+
+    def service_actions(self) -> None:
+        """Each round of the accept loop (serve_forever): the worker beats (Supervisor.check_beats)."""
+        super().service_actions()  # type: ignore[misc]
+        if self.worker is not None:
+            self.worker.beat()
 
     def get_request(self) -> tuple[Any, Any]:
         """Accept, on a shared socket only in this worker's turn (Worker.my_turn) or past TURN_WAIT_S of declining;
@@ -478,6 +497,7 @@ class Supervisor:
     children: dict[int, Child] = field(default_factory=dict)
     stopping: bool = False
     gave_up: str = ""  # why the supervisor stopped the service by itself: a worker that cannot start
+    announced: bool = False  # READY=1 sent: every worker answered once
 
     def bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -500,8 +520,9 @@ class Supervisor:
         self.seats_path = os.path.join(folder, "seats.json")
         # Every worker's open connections, -1 while it is not serving: shared, anonymous memory the forks inherit.
         self.held = memoryview(mmap.mmap(-1, 8 * self.count)).cast("q")
+        self.beats = memoryview(mmap.mmap(-1, 8 * self.count)).cast("d")
         for index in range(self.count):
-            self.held[index] = -1
+            self.held[index], self.beats[index] = -1, 0.0
         self.ready_read, self.ready_write = os.pipe()
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_write, False)
@@ -509,7 +530,7 @@ class Supervisor:
         for number in (signal.SIGTERM, signal.SIGINT):
             signal.signal(number, self.stop)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through the wakeup fd
-        announced, pending = False, b""
+        pending = b""
         first: dict | None = None
         try:
             for index in range(1, self.count + 1):
@@ -519,6 +540,7 @@ class Supervisor:
                 self.reap()
                 if self.stopping:  # a worker that cannot start: no more forks
                     break
+                self.check_beats()
                 now = time.monotonic()
                 for child in self.children.values():
                     if child.pid == 0 and now >= child.due:
@@ -535,27 +557,37 @@ class Supervisor:
                         found = json.loads(line)
                         self.children[found["worker"]].ready = True
                         first = first or found
-                    if not announced and all(c.ready for c in self.children.values()) and first:
-                        announced = True
+                        if self.announced:  # one started again
+                            self.say_status()
+                    if not self.announced and all(c.ready for c in self.children.values()) and first:
+                        self.announced = True
                         fields = {k: v for k, v in first.items() if k != "worker"}
                         log_event(
                             "listening", **{"host": self.host, **fields, "port": self.port, "workers": self.count}
                         )
-                        notify(f"READY=1\nSTATUS=listening on {self.host}:{self.port}, {self.count} workers")
+                        self.say_status("READY=1\n")
         finally:
             notify("STOPPING=1")
-            self.stop_all()
+            killed = self.stop_all()
             self.sock.close()
             with contextlib.suppress(OSError):
                 os.remove(self.seats_path)
                 os.rmdir(folder)
-            log_event(
-                "stopped", port=self.port, workers=self.count, **({"failed": self.gave_up} if self.gave_up else {})
-            )
+            said = {"failed": self.gave_up} if self.gave_up else {}
+            log_event("stopped", port=self.port, workers=self.count, **said, **({"killed": killed} if killed else {}))
         return 1 if self.gave_up else 0
 
     def stop(self, *_: Any) -> None:
         self.stopping = True
+
+    def say_status(self, before: str = "") -> None:
+        """systemd's STATUS= (`systemctl status`): the port and the workers, and while any is down, which."""
+        status = f"STATUS=listening on {self.host}:{self.port}, {self.count} workers"
+        down = [str(child.index) for child in self.children.values() if not child.ready]
+        if down:
+            serving = self.count - len(down)
+            status += f"; {serving} serving, worker{'s' * (len(down) > 1)} {', '.join(down)} starting again"
+        notify(before + status)
 
     def fork(self, child: Child) -> None:
         supervisor = os.getpid()
@@ -564,8 +596,11 @@ class Supervisor:
             status = 1
             try:
                 signal.set_wakeup_fd(-1)
-                for number in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                for number in (signal.SIGTERM, signal.SIGCHLD):
                     signal.signal(number, signal.SIG_DFL)
+                # Ctrl-C reaches the whole process group: each worker stops as one process does (KeyboardInterrupt:
+                # it drains its requests in flight), not ended by the signal under a write it has not answered.
+                signal.signal(signal.SIGINT, signal.default_int_handler)
                 follow_parent(supervisor)
                 os.close(self.ready_read)
                 os.close(self.wake_read)
@@ -576,11 +611,13 @@ class Supervisor:
                 worker = Worker(
                     child.index, self.count, self.port, listener, self.seats_path, self.ready_write, supervisor
                 )
-                worker.held = self.held
+                worker.held, worker.beats = self.held, self.beats
                 status = self.start(worker)
             except SystemExit as error:
                 log_event("worker_failed", worker=child.index, reason=str(error.code))
                 status = error.code if isinstance(error.code, int) else 1
+            except KeyboardInterrupt:  # Ctrl-C before it served: the supervisor stops too, nothing failed
+                status = 0
             except BaseException as error:
                 log_event("worker_failed", worker=child.index, reason=f"{type(error).__name__}: {error}")
             finally:
@@ -614,6 +651,7 @@ class Supervisor:
             child.pause = min(child.pause * 2, RESTART_PAUSE_S[1]) if quick else RESTART_PAUSE_S[0]
             child.pid, child.ready, child.restarts = 0, False, child.restarts + 1
             self.held[child.index - 1] = -1  # not serving: the others' turns no longer wait for it
+            self.beats[child.index - 1] = 0.0
             Seats(self.seats_path, child.index).vacate(child.index)
             log_event(
                 "worker_exited",
@@ -623,10 +661,27 @@ class Supervisor:
                 seconds=round(lived, 1),
                 restart_in_s=round(child.due - time.monotonic(), 1),
             )
+            if self.announced and not self.stopping:
+                self.say_status()
 
-    def stop_all(self) -> None:
-        """SIGTERM every worker, wait STOP_WAIT_S for them, SIGKILL the rest."""
+    def check_beats(self) -> None:
+        """A serving worker whose accept loop has not gone round for STUCK_S hangs: logged, killed, started again
+        by reap. Its clients see their connections reset, as a dead worker's do: a write it had not answered is
+        reported failed, never answered late."""
+        now = time.monotonic()
+        for child in self.children.values():
+            beat = self.beats[child.index - 1]
+            if child.pid and beat and now - beat > STUCK_S:
+                self.beats[child.index - 1] = 0.0  # once: reap starts it again
+                log_event("worker_stuck", worker=child.index, pid=child.pid, silent_s=round(now - beat, 1))
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)
+
+    def stop_all(self) -> list[int]:
+        """SIGTERM every worker, wait STOP_WAIT_S for them, SIGKILL the rest; return those killed (their indexes:
+        their requests in flight were cut, unanswered)."""
         live = {c.pid for c in self.children.values() if c.pid}
+        index = {c.pid: c.index for c in self.children.values() if c.pid}
         for pid in live:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -635,7 +690,7 @@ class Supervisor:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return []
             if pid:
                 live.discard(pid)
             else:
@@ -645,6 +700,7 @@ class Supervisor:
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, 0)
+        return sorted(index[pid] for pid in live)
 
 
 def follow_parent(supervisor: int) -> None:

@@ -10,12 +10,14 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -619,3 +621,177 @@ def test_pin_threads_without_workers_is_refused(tmp_path):
         check=False,  # fmt: skip
     )
     assert done.returncode != 0 and "--pin-threads on needs --workers 2 or more" in done.stderr
+
+
+def write_on(port: int, worker: int, fact: str, answers: dict) -> threading.Thread:
+    """A write sent over a connection the worker holds, answered (or not) into answers[worker], on a thread."""
+    conn = connect_to(port, worker)
+
+    def write() -> None:
+        try:
+            answers[worker] = ask(conn, "POST", "/v1/long", {"agent": "atlas", "fact": fact})
+        except (OSError, http.client.HTTPException) as error:
+            answers[worker] = repr(error)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to the supervisor", "SIGTERM to the group", "Ctrl-C", "SIGKILL"])
+def test_a_stop_answers_the_writes_in_flight_on_every_worker(tmp_path, how):
+    """systemd's stop (SIGTERM to the supervisor, or with KillMode=control-group to every process at once),
+    Ctrl-C in a terminal (SIGINT to the whole process group) and the supervisor killed outright (each worker gets
+    SIGTERM as it dies) while each worker has a write in flight: every worker finishes and answers its write
+    before it ends, as one process does."""
+    db = tmp_path / "stop.db"
+    supervised = Supervised(serve_argv(db, "--model-dir", "off"))
+    proc, port = supervised.proc, supervised.port
+    locker = sqlite3.connect(db, isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")  # the fleet's writer holds the lock: each worker's write waits for it
+        answers: dict[int, Any] = {}
+        writers = [write_on(port, w, f"fact {w} written as the service stops", answers) for w in (1, 2)]
+        for worker in (1, 2):
+            wait_until(lambda w=worker: on(port, w, "GET", "/v1/stats")[1]["load"]["in_flight"] >= 2, "in flight")
+        if how == "SIGTERM to the supervisor":
+            proc.send_signal(signal.SIGTERM)
+        elif how == "SIGKILL":
+            proc.kill()
+        else:
+            os.killpg(proc.pid, signal.SIGTERM if how == "SIGTERM to the group" else signal.SIGINT)
+        time.sleep(0.5)
+        locker.execute("COMMIT")
+        for writer in writers:
+            writer.join(30)
+        assert proc.wait(timeout=30) == (-9 if how == "SIGKILL" else 0)
+        statuses = {w: answer[0] if isinstance(answer, tuple) else answer for w, answer in answers.items()}
+        assert statuses == {1: 201, 2: 201}, answers
+        facts = sorted(row[0] for row in sqlite3.connect(db).execute("SELECT fact FROM memory_longterm"))
+        assert facts == [f"fact {w} written as the service stops" for w in (1, 2)]
+        supervised.drained.wait(10)
+        stopped = [e for e in supervised.logged("stopped") if "worker" in e]
+        assert sorted(e["worker"] for e in stopped) == [1, 2] and all(e["unanswered"] == 0 for e in stopped), stopped
+        assert not [line for line in supervised.lines if "Traceback" in line or "worker_failed" in line]
+    finally:
+        locker.close()
+        supervised.kill()
+
+
+STUCK_S = 2.0  # the test's bound for a worker that does not beat (solos_workers.STUCK_S), short to keep it quick
+
+
+def with_stuck_bound(argv: list[str], stuck_s: float = STUCK_S, stop_wait_s: float = 20.0) -> list[str]:
+    """serve_argv's command, run with solos_workers.STUCK_S and STOP_WAIT_S set to the test's bounds."""
+    script = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); import solos_workers, solos_memory;"
+        f" solos_workers.STUCK_S = {stuck_s}; solos_workers.STOP_WAIT_S = {stop_wait_s};"
+        " sys.exit(solos_memory.main(sys.argv[1:]))"
+    )
+    return [sys.executable, "-c", script, *argv[2:]]
+
+
+@pytest.mark.parametrize("mode", ["shared", "reuseport"])
+def test_a_worker_that_hangs_is_replaced_and_newcomers_are_not_left_waiting(tmp_path, mode):
+    """A worker that hangs (SIGSTOP here) accepted nothing and nobody noticed: with SO_REUSEPORT the kernel kept
+    handing it about half the new connections, which waited for ever; on the shared socket every newcomer waited
+    TURN_WAIT_S behind it for as long as it hung. The supervisor sees it stop beating, logs `worker_stuck`,
+    kills it and starts another; no newcomer waits past that bound (one queued on the hung worker's own socket
+    is reset, never answered late or left hanging)."""
+    argv = with_stuck_bound(serve_argv(tmp_path / "hang.db", "--model-dir", "off", "--worker-socket", mode))
+    supervised = Supervised(argv)
+    port = supervised.port
+    stuck = on(port, 1, "GET", "/health")[1]["worker_pid"]
+    other = on(port, 2, "GET", "/health")[1]["worker_pid"]
+    try:
+        os.kill(stuck, signal.SIGSTOP)
+        outcomes = []
+        for _ in range(16):
+            started = time.monotonic()
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=STUCK_S + 10)
+                with contextlib.closing(sock):
+                    sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                    outcomes.append((answered_by(sock), time.monotonic() - started))
+            except (ConnectionResetError, ConnectionAbortedError) as error:
+                outcomes.append((repr(error), time.monotonic() - started))
+            except TimeoutError:
+                outcomes.append(("hung", time.monotonic() - started))
+        assert all(waited < STUCK_S + 3 for _, waited in outcomes), outcomes
+        assert "hung" not in [outcome for outcome, _ in outcomes], outcomes
+        found = wait_until(lambda: supervised.logged("worker_stuck"), "a worker_stuck line", 10)
+        assert [(e["worker"], e["pid"]) for e in found] == [(1, stuck)], found  # the one that hung, only
+        wait_until(lambda: [e for e in supervised.logged("worker_exited") if e["pid"] == stuck], "it reaped")
+        assert on(port, 1, "GET", "/health")[1]["worker_pid"] != stuck  # started again
+        assert on(port, 2, "GET", "/health")[1]["worker_pid"] == other
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stuck, signal.SIGCONT)
+        supervised.kill()
+
+
+def test_systemd_status_says_when_a_worker_is_down_and_when_all_serve_again(tmp_path):
+    """`systemctl status` shows the unit's STATUS=: it said "2 workers" from READY=1 on, while a worker was dead,
+    starting again or killed as stuck. It now says how many serve and which is starting again, until all do."""
+    notify_path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(notify_path))
+        notify.settimeout(30)
+        env = {**os.environ, "NOTIFY_SOCKET": str(notify_path)}
+        supervised = Supervised(serve_argv(tmp_path / "n.db", "--model-dir", "off"), env)
+        port = supervised.port
+        try:
+            assert notify.recv(4096).decode().startswith("READY=1\n")
+            os.kill(on(port, 1, "GET", "/health")[1]["worker_pid"], signal.SIGKILL)
+            status = f"STATUS=listening on 127.0.0.1:{port}, {WORKERS} workers"
+            assert notify.recv(4096).decode() == f"{status}; 1 serving, worker 1 starting again"
+            assert notify.recv(4096).decode() == status
+        finally:
+            supervised.kill()
+
+
+def test_ctrl_c_while_the_workers_start_stops_them_without_a_failure_line():
+    """Ctrl-C (SIGINT to the group) while the workers are still starting (loading a model, say): the service
+    stops, exit 0, with no `worker_failed` line blaming a KeyboardInterrupt."""
+    script = (
+        f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); import solos_workers;"
+        " sys.exit(solos_workers.supervise(2, '127.0.0.1', 0, 'shared', lambda worker: time.sleep(60) or 0))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        started = 0
+        while started < 2:
+            started += '"event": "worker_started"' in proc.stderr.readline()
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        lines = proc.stderr.read().splitlines()
+        assert not [line for line in lines if "worker_failed" in line or "Traceback" in line], lines
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_stop_that_kills_a_worker_says_so(tmp_path):
+    """A worker that does not stop within STOP_WAIT_S of SIGTERM (hung) is killed: the stop ended in time, exit 0,
+    but the log only said `stopped`, as if every worker had finished its requests. It now names the worker."""
+    argv = with_stuck_bound(serve_argv(tmp_path / "kill.db", "--model-dir", "off"), stuck_s=60, stop_wait_s=1)
+    supervised = Supervised(argv)
+    hung = on(supervised.port, 1, "GET", "/health")[1]["worker_pid"]
+    try:
+        os.kill(hung, signal.SIGSTOP)
+        supervised.proc.send_signal(signal.SIGTERM)
+        assert supervised.proc.wait(timeout=30) == 0
+        supervised.drained.wait(10)
+        stopped = [e for e in supervised.logged("stopped") if "workers" in e]
+        assert stopped and stopped[-1]["killed"] == [1], supervised.lines
+        with pytest.raises(ProcessLookupError):
+            os.kill(hung, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung, signal.SIGCONT)
+        supervised.kill()
