@@ -71,20 +71,26 @@ def connect_to(port: int, worker: int, attempts: int = 400) -> http.client.HTTPC
 
 
 def reach(port: int, worker: int, attempts: int) -> http.client.HTTPConnection | None:
-    """A connection the worker accepted. Workers race for each connection on the shared port, and a pinned
-    worker whose core is busy (a stream it just opened catching up, the test's own process) loses every race
-    asked back to back: a short pause after each miss leaves it the core to win one."""
-    for _ in range(attempts):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("GET", "/health")
-        response = conn.getresponse()
-        health = json.loads(response.read())
-        assert response.getheader("X-Memory-Worker") == str(health["worker"])
-        if health["worker"] == worker:
-            return conn
-        conn.close()
-        time.sleep(REACH_PAUSE_S)
-    return None
+    """A connection the worker accepted. On the shared port a worker holding more connections than another
+    declines newcomers (solos_workers.Worker.my_turn), so a worker holding a stream is reached only once the
+    others hold as many: each miss is kept open until then, and closed after. With SO_REUSEPORT the kernel's
+    hash decides; a short pause after each miss leaves a busy worker the core to win one."""
+    missed: list[http.client.HTTPConnection] = []
+    try:
+        for _ in range(attempts):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("GET", "/health")
+            response = conn.getresponse()
+            health = json.loads(response.read())
+            assert response.getheader("X-Memory-Worker") == str(health["worker"])
+            if health["worker"] == worker:
+                return conn
+            missed.append(conn)
+            time.sleep(REACH_PAUSE_S)
+        return None
+    finally:
+        for conn in missed:
+            conn.close()
 
 
 def ask(conn: http.client.HTTPConnection, method: str, path: str, body: dict | None = None, **headers: str):
