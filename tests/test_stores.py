@@ -1342,7 +1342,7 @@ def test_tokens_live_in_the_database_and_every_copy_agrees(pg_url, capsys):
 
 def test_a_token_issued_while_copies_run_holds_on_every_copy_soon(pg_url, capsys, monkeypatch):
     """A copy started with no token in the database trusts loopback callers; once a token is issued, every copy
-    requires tokens within StoredTokens.REREAD_S, and takes the new one."""
+    requires tokens within StoredTokens.REREAD_S, and takes the new one; a token revoked goes within it too."""
     import solos_tokens
 
     monkeypatch.setattr(solos_tokens.StoredTokens, "REREAD_S", 0.2)
@@ -1357,6 +1357,17 @@ def test_a_token_issued_while_copies_run_holds_on_every_copy_soon(pg_url, capsys
             mine = copy.request("GET", "/v1/recall?q=x", headers={"Authorization": f"Bearer {token}"})
             assert (mine.status, mine.body["agent"]) == (200, "atlas")
             assert copy.get("/health").body["auth"] == "tokens"
+        # Revoked (its row deleted, as the owner does): refused on every copy within the same interval.
+        assert solos_memory.main(["token", "atlas", "--db", pg_url]) == 0
+        kept = capsys.readouterr().out.strip()
+        time.sleep(0.3)
+        direct(pg_url, "DELETE FROM memory_token WHERE token_sha256 = ?", (hashlib.sha256(token.encode()).hexdigest(),))
+        time.sleep(0.3)
+        for copy in copies:
+            revoked = copy.request("GET", "/v1/recall?q=x", headers={"Authorization": f"Bearer {token}"})
+            assert revoked.status == 401, revoked.body
+            mine = copy.request("GET", "/v1/recall?q=x", headers={"Authorization": f"Bearer {kept}"})
+            assert (mine.status, mine.body["agent"]) == (200, "atlas")
     finally:
         for copy in copies:
             stop_server(copy)
