@@ -63,7 +63,7 @@ FORGET_OUTPUT = {
         "type": "string",
         "enum": ["none", "pending", "no_mirror_configured"],
         "description": "pending: the Qdrant point's delete is queued for the mirror (same transaction; a long "
-        "fact's in its outbox, an episode import-qdrant made of a private point's in qdrant_import; each keeps the "
+        "fact's in its outbox, the point import-qdrant made the row of in qdrant_import; each keeps the "
         "point's id and the text's hash, not the text); no_mirror_configured: queued, but this service runs no "
         "mirror, so the point stays in Qdrant until one runs; none: no point of this row waits.",
     },

@@ -12,7 +12,9 @@ that very text (`forgotten`: an old copy never brings it back), or its payload s
 `--import-private` brings those in as the agent's own episodic rows instead,
 which only it reads while it has not opted in to sharing; each is recorded
 against its point, so forgetting the episode queues the point's delete for
-the mirror: `relink` finds those an earlier import left unrecorded). Idempotent and
+the mirror: `relink` finds those an earlier import left unrecorded). Forgetting
+an imported fact queues its point's delete the same way (forget_imported_point),
+outbox triggers on or not. Idempotent and
 resumable: every batch is one short write transaction, and a point already
 imported (same id, same text) is passed over on the next run.
 
@@ -67,7 +69,7 @@ LEGACY_TEXT_LIMIT = 2_000  # the old node cut text here; such points are tagged 
 MAX_INT_ID = 2**64 - 1  # Qdrant's integer ids are unsigned 64-bit
 PRIVATE_EVENT = "qdrant_private_memory"  # event_type of a private point imported with --import-private
 NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-FORGET_PENDING = solos_store.FORGET_PENDING  # qdrant_import.reason: a forgotten private episode's point, to delete
+FORGET_PENDING = solos_store.FORGET_PENDING  # qdrant_import.reason: a forgotten row's imported point, to delete
 
 
 Validate = Callable[[str, dict], dict]  # (operation, arguments) -> checked arguments, or BadRequest
@@ -544,7 +546,7 @@ class Mirror(threading.Thread):
         return done
 
     def due(self, conn: Any) -> tuple[list, list]:
-        """The outbox entries due now, and the points of forgotten private episodes (forget_imported_point)."""
+        """The outbox entries due now, and the imported points of forgotten rows (forget_imported_point)."""
         entries = conn.execute(
             f"SELECT id, action, row_id, agent, fact FROM qdrant_outbox WHERE next_try_at <= {NOW} ORDER BY id LIMIT ?",
             (BATCH,),
@@ -557,7 +559,7 @@ class Mirror(threading.Thread):
         return entries, forgotten
 
     def delete_forgotten(self, client: Any, forgotten: list) -> int:
-        """Delete the points of forgotten private episodes; their verdict becomes `forgotten` once Qdrant has."""
+        """Delete the imported points of forgotten rows; their verdict becomes `forgotten` once Qdrant has."""
         from qdrant_client import models
 
         ids = self.valid_ids({row[0] for row in forgotten})
@@ -894,8 +896,8 @@ def verify(store: Any, target: Target) -> dict:
     """Points per long row (its canonical point plus imported points still there), strays, missing points.
 
     A stray is a point of a row that is gone: one the service wrote, or one an
-    import brought in whose row was since deleted or forgotten (a private
-    episode's point whose delete still waits too). Points the
+    import brought in whose row was since deleted or forgotten (one whose
+    delete still waits too). Points the
     service never took in (left out, never imported) are `unmanaged`.
     """
 
@@ -913,7 +915,7 @@ def verify(store: Any, target: Target) -> dict:
             if pid is not None:
                 imported[str(pid)] = row
         backlog = conn.execute("SELECT count(*) FROM qdrant_outbox").fetchone()[0]
-        forgotten = {  # points of forgotten private episodes, their delete not sent yet
+        forgotten = {  # imported points of forgotten rows, their delete not sent yet
             str(qdrant_id(r[0]))
             for r in conn.execute(
                 f"SELECT point_id FROM qdrant_import WHERE reason = '{FORGET_PENDING}' AND collection = ?",

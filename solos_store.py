@@ -1512,7 +1512,7 @@ def parse_tags(raw: Any) -> list[str]:
 # A forgotten fact's Qdrant outbox entry holds this plus the text's sha256 instead of the text.
 # The API refuses NUL in a fact, so no fact the service stores starts with it.
 HASH_ONLY = "\x00sha256:"
-FORGET_PENDING = "forget_pending"  # qdrant_import.reason: the point of a forgotten private episode, to delete
+FORGET_PENDING = "forget_pending"  # qdrant_import.reason: an imported point whose row was forgotten, to delete
 
 
 DELIVERY_COLUMNS = "id, reader, tier, row_id, writer, delivered_at"
@@ -1694,8 +1694,7 @@ class Queries:
         if tier == "long":
             self.keep_only_hash(conn, row_id)
             self.reindex_context_carriers(conn, row)
-        if tier == "episodic":
-            self.forget_imported_point(conn, row_id)
+        self.forget_imported_point(conn, tier, row)
         self.log_forget(conn, tier, row_id, row["agent"])
         retraction = conn.execute(
             "INSERT INTO memory_retraction (agent, tier, row_id, content_hash, key_hash, forgotten_at) "
@@ -1825,18 +1824,26 @@ class Queries:
         return False
 
     def mirror_waiting(self, conn: sqlite3.Connection, row_ids: Iterable[int], tier: str = "long") -> set[int]:
-        """Rows whose Qdrant point delete still waits for the mirror: long facts' in its outbox, episodes' (from
-        private points) in qdrant_import."""
-        table, waiting = {
-            "long": ("qdrant_outbox", "action = 'delete'"),
-            "episodic": ("qdrant_import", f"reason = '{FORGET_PENDING}'"),
-        }.get(tier, ("", ""))
-        if not table or not self.table_exists(conn, table):
-            return set()
-        rows = conn.execute(
-            f"SELECT DISTINCT row_id FROM {table} WHERE {waiting} AND row_id {self.IDS_IN}", (self.id_list(row_ids),)
-        )
-        return {row[0] for row in rows}
+        """Rows whose Qdrant point delete still waits for the mirror: long facts' in its outbox, and the points
+        import-qdrant made them of (forget_imported_point) in qdrant_import. There one id may name an episode and a
+        long fact both: a long fact's entry is the one whose hash is the text's its retraction keeps."""
+        ids = self.id_list(row_ids)
+        waiting: set[int] = set()
+        if tier == "long" and self.table_exists(conn, "qdrant_outbox"):
+            rows = conn.execute(
+                f"SELECT DISTINCT row_id FROM qdrant_outbox WHERE action = 'delete' AND row_id {self.IDS_IN}", (ids,)
+            )
+            waiting |= {row[0] for row in rows}
+        if tier in ("long", "episodic") and self.table_exists(conn, "qdrant_import"):
+            long_fact = "EXISTS (SELECT 1 FROM memory_retraction r WHERE r.tier = 'long' AND r.row_id = q.row_id "
+            long_fact += "AND r.content_hash = q.content_sha256)"
+            rows = conn.execute(
+                f"SELECT DISTINCT q.row_id FROM qdrant_import q WHERE q.reason = '{FORGET_PENDING}' "
+                f"AND q.row_id {self.IDS_IN} AND {'' if tier == 'long' else 'NOT '}{long_fact}",
+                (ids,),
+            )
+            waiting |= {row[0] for row in rows}
+        return waiting
 
     def table_exists(self, conn: sqlite3.Connection, name: str) -> bool:
         return (
@@ -2046,12 +2053,28 @@ class Queries:
                     "UPDATE qdrant_outbox SET fact = ? WHERE id = ?", (HASH_ONLY + sha256_text(fact), entry_id)
                 )
 
-    def forget_imported_point(self, conn: Any, row_id: int) -> None:
-        """After a forget, inside its transaction: an episode import-qdrant made of a private point queues that
-        point's delete (qdrant_import keeps its id and the text's hash, never the text); the mirror sends it."""
+    def forget_imported_point(self, conn: Any, tier: str, row: Any) -> None:
+        """After a forget, inside its transaction: the point import-qdrant made this row of (a long fact's, or a
+        private point's episode) has its delete queued; qdrant_import keeps its id and the text's hash, never the
+        text, and a mirror sends it whenever one runs (Mirror.due). A long fact's writer still holding the same
+        text in another row keeps the point: the import is recorded against that row instead."""
+        if tier == "episodic":
+            imported = "reason = 'imported_private'"
+        elif tier == "long":
+            imported = "reason IS NULL"  # an imported (or already stored) fact; private points' say imported_private
+            twin = conn.execute(
+                "SELECT id FROM memory_longterm WHERE agent = ? AND fact = ? AND id != ? ORDER BY id LIMIT 1",
+                (row["agent"], row["fact"], row["id"]),
+            ).fetchone()
+            if twin is not None:
+                conn.execute(
+                    f"UPDATE qdrant_import SET row_id = ? WHERE {imported} AND row_id = ?", (twin[0], row["id"])
+                )
+                return
+        else:
+            return
         conn.execute(
-            f"UPDATE qdrant_import SET reason = '{FORGET_PENDING}' WHERE reason = 'imported_private' AND row_id = ?",
-            (row_id,),
+            f"UPDATE qdrant_import SET reason = '{FORGET_PENDING}' WHERE {imported} AND row_id = ?", (row["id"],)
         )
 
     # ==== Provenance: deliveries, versions, notices (solos_provenance) ====

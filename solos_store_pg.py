@@ -976,11 +976,6 @@ class PgQueries(solos_store.Queries):
         """No segments to merge: a GIN index drops a deleted row's entries at VACUUM (clear_forgotten)."""
         return 0
 
-    def mirror_waiting(self, conn: Any, row_ids: Iterable[int], tier: str = "long") -> set[int]:
-        """Long facts: none (the Qdrant mirror runs on SQLite only, and no outbox triggers are here); an episode
-        imported from a private point (a database migrated from SQLite) still queues its point's delete."""
-        return super().mirror_waiting(conn, row_ids, tier) if tier == "episodic" else set()
-
     def head_event(self, conn: Any) -> int:
         horizon, _ = conn.running.horizon(conn)
         return conn.execute(

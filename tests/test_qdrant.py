@@ -929,3 +929,46 @@ def test_private_episodes_imported_before_the_link_are_found_by_the_import_run_a
     wait_until(lambda: drained(mirrored), what="both deletes")
     stop_server(mirrored)
     assert points_in(path) == {}
+
+
+@pytest.mark.slow
+def test_a_forgotten_imported_fact_queues_its_points_delete_where_no_mirror_ever_ran(make_server, tmp_path, capsys):
+    """The outbox triggers were never switched on: the forget still queues the delete of the point the fact came
+    from (its id and the text's hash), says no mirror runs, and a mirror started later sends it."""
+    secret = "The old node's backup key is periwinkle-4417"
+    path = tmp_path / "qdrant"
+    seed_vectorless(path, {51: {"agent_id": "atlas", "content": secret}, 52: {"agent_id": "atlas", "content": FACT_A}})
+    server = make_server()
+    assert import_qdrant(server, path, capsys) == {"points": 2, "imported": 2}
+    with server.db() as conn:
+        row = conn.execute("SELECT id FROM memory_longterm WHERE fact = ?", (secret,)).fetchone()[0]
+        assert conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'qdrant_mirror'").fetchone() is None
+    ok, receipt = forget(server, "atlas", "long", row)
+    assert ok and receipt["mirror"] == "no_mirror_configured", receipt
+    with server.db() as conn:
+        queued = [tuple(r) for r in conn.execute("SELECT point_id, content_sha256, reason FROM qdrant_import")]
+    assert ("51", hashlib.sha256(secret.encode()).hexdigest(), "forget_pending") in queued
+    assert "periwinkle" not in repr(queued)
+    assert server.get("/v1/stats").body["qdrant"]["backlog"] == 1
+    status, report = run_cli(capsys, "qdrant-verify", "--db", str(server.db_path), "--qdrant-path", str(path))
+    assert status == 1 and (report["strays"], report["outbox_backlog"]) == (1, 1), report
+    assert report["examples"]["stray_points"] == ["51"]
+    # Run again before any mirror: the point still there is not brought back.
+    assert import_qdrant(server, path, capsys) == {"points": 2, "already_imported": 2}
+    stop_server(server)
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))
+    wait_until(lambda: drained(mirrored), what="the queued delete")
+    stop_server(mirrored)
+    assert secret not in json.dumps(list(points_in(path).values()))
+    assert 51 not in raw_ids(path)
+    # The old node writes the same fact again: the import never brings back what its writer forgot.
+    client = QdrantClient(path=str(path))
+    client.upsert(
+        "long_term", points=[models.PointStruct(id=51, vector={}, payload={"agent_id": "atlas", "content": secret})]
+    )
+    client.close()
+    server = make_server()
+    counts = import_qdrant(server, path, capsys)
+    assert counts["left_out:forgotten"] == 1, counts
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm WHERE fact = ?", (secret,)).fetchone()[0] == 0

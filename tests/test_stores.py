@@ -9,6 +9,7 @@ test states what the SQLite store does, and the PostgreSQL store must do the sam
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.client
 import json
 import random
@@ -1341,7 +1342,7 @@ def test_tokens_live_in_the_database_and_every_copy_agrees(pg_url, capsys):
 
 def test_a_token_issued_while_copies_run_holds_on_every_copy_soon(pg_url, capsys, monkeypatch):
     """A copy started with no token in the database trusts loopback callers; once a token is issued, every copy
-    requires tokens within StoredTokens.REREAD_S, and takes the new one."""
+    requires tokens within StoredTokens.REREAD_S, and takes the new one; a token revoked goes within it too."""
     import solos_tokens
 
     monkeypatch.setattr(solos_tokens.StoredTokens, "REREAD_S", 0.2)
@@ -1356,6 +1357,17 @@ def test_a_token_issued_while_copies_run_holds_on_every_copy_soon(pg_url, capsys
             mine = copy.request("GET", "/v1/recall?q=x", headers={"Authorization": f"Bearer {token}"})
             assert (mine.status, mine.body["agent"]) == (200, "atlas")
             assert copy.get("/health").body["auth"] == "tokens"
+        # Revoked (its row deleted, as the owner does): refused on every copy within the same interval.
+        assert solos_memory.main(["token", "atlas", "--db", pg_url]) == 0
+        kept = capsys.readouterr().out.strip()
+        time.sleep(0.3)
+        direct(pg_url, "DELETE FROM memory_token WHERE token_sha256 = ?", (hashlib.sha256(token.encode()).hexdigest(),))
+        time.sleep(0.3)
+        for copy in copies:
+            revoked = copy.request("GET", "/v1/recall?q=x", headers={"Authorization": f"Bearer {token}"})
+            assert revoked.status == 401, revoked.body
+            mine = copy.request("GET", "/v1/recall?q=x", headers={"Authorization": f"Bearer {kept}"})
+            assert (mine.status, mine.body["agent"]) == (200, "atlas")
     finally:
         for copy in copies:
             stop_server(copy)
@@ -1420,3 +1432,41 @@ def test_forgetting_an_episode_imported_from_a_private_point_queues_the_points_d
             ("41", "forget_pending")
         ]
     assert served.get("/v1/stats").body["qdrant"]["backlog"] == 1
+
+
+def test_forgetting_a_fact_imported_from_qdrant_queues_its_points_delete(served, store_url):
+    """No mirror ever ran (no outbox triggers; on PostgreSQL never any): the forget still queues the delete of the
+    point the fact came from, and says no mirror sends it. A queued episode's entry of the same id is not the fact's."""
+    fact = "the old node's backup key is periwinkle-4417"
+    row = ok(served.post("/v1/long", {"agent": "atlas", "fact": fact}), 201)["id"]
+    plain = ok(served.post("/v1/long", {"agent": "atlas", "fact": "a fact of the service's own"}), 201)["id"]
+    with fleet_writer(store_url) as conn:  # as import-qdrant recorded them: a fact, and a forgotten episode's point
+        conn.execute(
+            "INSERT INTO qdrant_import (collection, point_id, content_sha256, row_id, reason) VALUES "
+            "('long_term', '51', ?, ?, NULL), ('long_term', '61', 'cd34', ?, 'forget_pending')",
+            (hashlib.sha256(fact.encode()).hexdigest(), row, plain),
+        )
+    receipt = ok(served.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": row}))
+    assert receipt["mirror"] == "no_mirror_configured", receipt
+    receipt = ok(served.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": plain}))
+    assert receipt["mirror"] == "none", receipt
+    with fleet_writer(store_url) as conn:
+        queued = [tuple(r) for r in conn.execute("SELECT point_id, reason FROM qdrant_import ORDER BY point_id")]
+    assert queued == [("51", "forget_pending"), ("61", "forget_pending")]
+    assert served.get("/v1/stats").body["qdrant"]["backlog"] == 2
+    # The writer keeps the same words in another row (a fleet writer's duplicate): the point stays, as that row's.
+    with fleet_writer(store_url) as conn:
+        first = conn.execute("INSERT INTO memory_longterm (agent, fact) VALUES ('nova', 'twice') RETURNING id")
+        first = first.fetchone()[0]
+        twin = conn.execute("INSERT INTO memory_longterm (agent, fact) VALUES ('nova', 'twice') RETURNING id")
+        twin = twin.fetchone()[0]
+        conn.execute(
+            "INSERT INTO qdrant_import (collection, point_id, content_sha256, row_id, reason) "
+            "VALUES ('long_term', '71', ?, ?, NULL)",
+            (hashlib.sha256(b"twice").hexdigest(), first),
+        )
+    receipt = ok(served.request("DELETE", "/v1/memory", query={"agent": "nova", "tier": "long", "id": first}))
+    assert receipt["mirror"] == "none", receipt
+    with fleet_writer(store_url) as conn:
+        kept = conn.execute("SELECT row_id, reason FROM qdrant_import WHERE point_id = '71'").fetchone()
+    assert tuple(kept) == (twin, None)
