@@ -344,6 +344,9 @@ CREATE TABLE IF NOT EXISTS memory_retraction (
     key_hash      TEXT,            -- short rows: sha256 of the key, which names the row across its versions
     forgotten_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 );
+-- Whether a writer forgot these words: asked by import-qdrant of each point it takes in, inside its batch's
+-- write transaction (solos_qdrant: an old copy never brings a forgotten fact or private episode back).
+CREATE INDEX IF NOT EXISTS memory_retraction_content ON memory_retraction (agent, tier, content_hash);
 
 -- Forgets whose scrub has not finished: the tier's keyword-index segments and
 -- the WAL may still hold the forgotten text. Written in the forget's own

@@ -27,7 +27,9 @@
      own schema_version.
    - qdrant_outbox is not copied: the Qdrant mirror runs on SQLite only, so nothing would drain it (and a
      forgotten fact's entry holds a NUL, which PostgreSQL's text refuses). Its summary says how many
-     entries were left; drain the mirror first. qdrant_import (what an import looked at) is copied.
+     entries were left, and how many forgotten private points' deletes wait in qdrant_import (forget_pending:
+     copied, but only the mirror sends them); drain the mirror first. qdrant_import (what an import looked at)
+     is copied.
 4. Verify: per table, the row count and a sha256 over its rows in key order (the columns both schemas
    share; text as text, integers as decimals, floats by repr, blobs as hex, keys ordered bytewise on both
    sides) must be equal on both sides. One JSON line per table on stdout; exit 1 on any difference.
@@ -101,7 +103,8 @@ TABLES = (
     Table("qdrant_import", ("collection", "point_id", "content_sha256")),
 )
 NOT_COPIED = {
-    "qdrant_outbox": "the Qdrant mirror runs on SQLite only; drain it (serve with --qdrant-url) before migrating",
+    "qdrant_outbox": "the Qdrant mirror runs on SQLite only; drain it (serve with --qdrant-url) before migrating: "
+    "it alone sends these entries and the deletes of forgotten private points (forget_pending)",
 }
 # solos_memory_meta keys that mean something only in the SQLite file, and the target's own schema (its version
 # and revision, and the hash of the schema_pg.sql that made it).
@@ -426,10 +429,16 @@ def advance_identity(src: sqlite3.Connection, dst: Any, table: Table) -> None:
 
 
 def skip_table(src: sqlite3.Connection, name: str, why: str) -> dict:
-    rows = (
-        src.execute(f"SELECT count(*) FROM {name}").fetchone()[0] if solos_store.SQLITE.table_exists(src, name) else 0
-    )
-    return {"table": name, "ok": True, "rows": rows, "copied": 0, "skipped": why}
+    """A table left behind, with how many rows it held; the outbox's line also counts the forgotten private points
+    whose delete waits in qdrant_import (copied, but sent by the SQLite mirror only: none runs on PostgreSQL)."""
+    exists = solos_store.SQLITE.table_exists
+    rows = src.execute(f"SELECT count(*) FROM {name}").fetchone()[0] if exists(src, name) else 0
+    line = {"table": name, "ok": True, "rows": rows, "copied": 0, "skipped": why}
+    if name == "qdrant_outbox":
+        pending = "SELECT count(*) FROM qdrant_import WHERE reason = ?"
+        waiting = src.execute(pending, (solos_store.FORGET_PENDING,)) if exists(src, "qdrant_import") else None
+        line[solos_store.FORGET_PENDING] = waiting.fetchone()[0] if waiting else 0
+    return line
 
 
 # ==== Verify ====

@@ -390,6 +390,22 @@ def test_a_row_holding_a_nul_is_named_so_the_operator_can_mend_it_and_run_again(
     assert status == 0 and lines[-1]["migrated"] is True, err
 
 
+def test_the_summary_counts_forgotten_private_points_whose_delete_only_the_mirror_sends(source, pg_url, tmp_path):
+    # Forgetting an episode import-qdrant made of a private point queues the point's delete in qdrant_import
+    # (reason forget_pending), which only the SQLite mirror sends. qdrant_import is copied, and on PostgreSQL no
+    # mirror runs: the summary said the outbox held nothing, and the forgotten text stayed in Qdrant unsaid.
+    odd = copied_source(source, tmp_path / "pending.db")
+    with sqlite3.connect(odd) as conn:
+        conn.execute(
+            "INSERT INTO qdrant_import (collection, point_id, content_sha256, row_id, reason) "
+            "VALUES ('long_term', '41', 'h41', 7, 'forget_pending')"
+        )
+    status, lines, err = migrate(odd, pg_url)
+    assert status == 0, err
+    outbox = tables(lines)["qdrant_outbox"]
+    assert outbox["forget_pending"] == 1 and "forget_pending" in outbox["skipped"], outbox
+
+
 # ==== Clear errors: one line, exit non-zero ====
 
 

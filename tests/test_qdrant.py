@@ -972,3 +972,36 @@ def test_a_forgotten_imported_fact_queues_its_points_delete_where_no_mirror_ever
     assert counts["left_out:forgotten"] == 1, counts
     with server.db() as conn:
         assert conn.execute("SELECT count(*) FROM memory_longterm WHERE fact = ?", (secret,)).fetchone()[0] == 0
+
+
+def test_an_import_batch_finds_a_writers_forgets_by_index_not_by_reading_every_retraction(tmp_path):
+    """Each point an import takes in asks whether its writer forgot those words (memory_retraction, kept for
+    ever), inside the batch's write transaction: with no index that read every retraction once per point, so
+    a page of 256 points held SQLite's write lock for a whole scan of the forgets, 256 times. Counted here in
+    SQLite's steps: 20,000 retractions, 100 points (facts, and private points brought in as episodes)."""
+    store = solos_store.Store(str(tmp_path / "solos.db"))
+    store.migrate()
+    with sqlite3.connect(tmp_path / "solos.db") as conn:  # the fleet's registry, and a long history of forgets
+        conn.execute("INSERT INTO agent_registry (agent) VALUES ('atlas')")
+        conn.executemany(
+            "INSERT INTO memory_retraction (agent, tier, row_id, content_hash) VALUES (?, ?, ?, ?)",
+            [("nova", ("long", "episodic")[n % 2], n, f"{n:064x}") for n in range(20_000)],
+        )
+    points = [(str(n), {"agent_id": "atlas", "content": f"Fact number {n} about the gate"}) for n in range(50)]
+    points += [
+        (str(n), {"agent_id": "atlas", "content": f"Private note {n}", "memory_scope": "private"})
+        for n in range(50, 100)
+    ]
+    steps = [0]
+
+    def batch(conn):
+        conn.set_progress_handler(lambda: steps.__setitem__(0, steps[0] + 1) or 0, 100)
+        try:
+            return solos_qdrant.import_batch(conn, "c", points, solos_memory.validate_for, private=True)
+        finally:
+            conn.set_progress_handler(None, 0)
+
+    counts = store.write(batch)
+    store.close()
+    assert counts == {"imported": 50, "imported_private": 50}, counts
+    assert steps[0] * 100 < 200_000, steps[0] * 100  # every retraction read per point: about 20 million
