@@ -65,7 +65,8 @@ FORGET_OUTPUT = {
         "description": "pending: the Qdrant point's delete is queued for the mirror (same transaction; a long "
         "fact's in its outbox, the point import-qdrant made the row of in qdrant_import; each keeps the "
         "point's id and the text's hash, not the text); no_mirror_configured: queued, but this service runs no "
-        "mirror, so the point stays in Qdrant until one runs; none: no point of this row waits.",
+        "mirror of the point's collection, so the point stays in Qdrant until one runs; none: no point of this row "
+        "waits.",
     },
 }
 
@@ -117,7 +118,7 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
     solos_provenance.drop_kept_texts()
     memory.events.forget_encoded()  # encoded events may quote the forgotten row
     scrubbed = memory.scrubber.scrub(tier, row_id)
-    if scrubbed["mirror"] == "pending" and memory.mirror is None:
+    if scrubbed["mirror"] == "pending" and not mirrored_here(memory, tier, row_id):
         scrubbed["mirror"] = "no_mirror_configured"
     return {"tier": tier, "agent": agent, "id": row_id, "status": "forgotten", **retraction, **scrubbed}
 
@@ -136,6 +137,16 @@ OPERATION_ROWS = (
         title="Forget one of my rows",
     ),
 )
+
+
+def mirrored_here(memory: Any, tier: str, row_id: int) -> bool:
+    """Whether this service's mirror will send the delete that waits: it runs, and deletes only in its own
+    collection (a point import-qdrant brought from another waits for a mirror of that one)."""
+    if memory.mirror is None:
+        return False
+    collection = memory.mirror.target.collection
+    queries = memory.store.queries
+    return bool(memory.store.read(lambda conn: queries.mirror_waiting(conn, [row_id], tier, collection)))
 
 
 def forgotten_elsewhere(memory: Any) -> None:

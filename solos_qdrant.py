@@ -672,7 +672,8 @@ class Mirror(threading.Thread):
         return {
             "configured": True,
             "target": self.target.describe(),
-            "backlog": backlog + forgotten_waiting(conn),
+            "backlog": backlog + forgotten_waiting(conn, self.target.collection),
+            "deletes_for_other_collections": forgotten_waiting(conn) - forgotten_waiting(conn, self.target.collection),
             "oldest_queued_at": oldest,
             "rows_waiting_for_retry": waiting,
             "sent_total": self.sent_total,
@@ -764,9 +765,13 @@ def mirror_status(store: Any, mirror: Mirror | None) -> dict:
     return store.read(work)
 
 
-def forgotten_waiting(conn: Any) -> int:
-    """Points of forgotten private episodes whose delete has not reached Qdrant yet (any collection)."""
-    return conn.execute(f"SELECT count(*) FROM qdrant_import WHERE reason = '{FORGET_PENDING}'").fetchone()[0]
+def forgotten_waiting(conn: Any, collection: str | None = None) -> int:
+    """Points of forgotten rows whose delete has not reached Qdrant yet, in `collection` or any."""
+    return conn.execute(
+        f"SELECT count(*) FROM qdrant_import WHERE reason = '{FORGET_PENDING}' "
+        "AND (CAST(? AS TEXT) IS NULL OR collection = ?)",
+        (collection, collection),
+    ).fetchone()[0]
 
 
 def metrics_lines(status: dict) -> list[str]:

@@ -1823,10 +1823,13 @@ class Queries:
         )
         return False
 
-    def mirror_waiting(self, conn: sqlite3.Connection, row_ids: Iterable[int], tier: str = "long") -> set[int]:
+    def mirror_waiting(
+        self, conn: sqlite3.Connection, row_ids: Iterable[int], tier: str = "long", collection: str | None = None
+    ) -> set[int]:
         """Rows whose Qdrant point delete still waits for the mirror: long facts' in its outbox, and the points
-        import-qdrant made them of (forget_imported_point) in qdrant_import. There one id may name an episode and a
-        long fact both: a long fact's entry is the one whose hash is the text's its retraction keeps."""
+        import-qdrant made them of (forget_imported_point) in qdrant_import, of `collection` if named (a mirror
+        deletes only in its own). There one id may name an episode and a long fact both: a long fact's entry is
+        the one whose hash is the text's its retraction keeps."""
         ids = self.id_list(row_ids)
         waiting: set[int] = set()
         if tier == "long" and self.table_exists(conn, "qdrant_outbox"):
@@ -1839,8 +1842,9 @@ class Queries:
             long_fact += "AND r.content_hash = q.content_sha256)"
             rows = conn.execute(
                 f"SELECT DISTINCT q.row_id FROM qdrant_import q WHERE q.reason = '{FORGET_PENDING}' "
-                f"AND q.row_id {self.IDS_IN} AND {'' if tier == 'long' else 'NOT '}{long_fact}",
-                (ids,),
+                f"AND q.row_id {self.IDS_IN} AND {'' if tier == 'long' else 'NOT '}{long_fact} "
+                "AND (CAST(? AS TEXT) IS NULL OR q.collection = ?)",
+                (ids, collection, collection),
             )
             waiting |= {row[0] for row in rows}
         return waiting

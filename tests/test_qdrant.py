@@ -1005,3 +1005,34 @@ def test_an_import_batch_finds_a_writers_forgets_by_index_not_by_reading_every_r
     store.close()
     assert counts == {"imported": 50, "imported_private": 50}, counts
     assert steps[0] * 100 < 200_000, steps[0] * 100  # every retraction read per point: about 20 million
+
+
+@pytest.mark.slow
+def test_a_forgotten_point_of_another_collection_is_not_said_to_be_sent_by_this_mirror(make_server, tmp_path, capsys):
+    """A mirror deletes only in its own collection: a private point imported from another is queued for a mirror
+    of that one, so the forget must not answer `pending` nor this mirror's backlog count it for ever."""
+    path = tmp_path / "qdrant"
+    seed_vectorless(path, {})
+    client = QdrantClient(path=str(path))
+    client.create_collection("diaries", vectors_config={})
+    client.upsert("diaries", points=[models.PointStruct(id=k, vector={}, payload=v) for k, v in PRIVATE_POINTS.items()])
+    client.close()
+    server = make_server()
+    status, counts = run_cli(
+        capsys, "import-qdrant", "--db", str(server.db_path), "--qdrant-path", str(path),
+        "--qdrant-collection", "diaries", "--import-private",
+    )  # fmt: skip
+    assert status == 0 and counts["imported_private"] == 2, counts
+    stop_server(server)
+    mirrored = make_server(qdrant=solos_qdrant.Target(path=str(path)))  # mirrors long_term
+    ok, receipt = forget(mirrored, "sol", "episodic", episode_of(mirrored, 41))
+    assert ok and receipt["mirror"] == "no_mirror_configured", receipt
+    qdrant = mirrored.get("/v1/stats").body["qdrant"]
+    assert (qdrant["backlog"], qdrant["deletes_for_other_collections"]) == (0, 1), qdrant
+    stop_server(mirrored)
+    diaries = make_server(qdrant=solos_qdrant.Target(path=str(path), collection="diaries"))
+    wait_until(lambda: drained(diaries), what="the delete, by a mirror of its collection")
+    stop_server(diaries)
+    client = QdrantClient(path=str(path))
+    assert {str(r.id) for r in client.scroll("diaries", limit=10)[0]} == {"42"}
+    client.close()
