@@ -2044,13 +2044,11 @@ class Queries:
         for entry_id, agent, fact in entries:
             if fact.startswith(HASH_ONLY):
                 continue
-            twin = conn.execute(
-                "SELECT id FROM memory_longterm WHERE agent = ? AND fact = ? AND id != ? LIMIT 1", (agent, fact, row_id)
-            ).fetchone()
+            twin = self.twin_fact(conn, agent, fact, row_id)
             if twin is not None:
                 conn.execute(
                     "UPDATE qdrant_outbox SET action = 'upsert', row_id = ?, agent = NULL, fact = NULL WHERE id = ?",
-                    (twin[0], entry_id),
+                    (twin, entry_id),
                 )
             else:
                 conn.execute(
@@ -2062,24 +2060,32 @@ class Queries:
         private point's episode) has its delete queued; qdrant_import keeps its id and the text's hash, never the
         text, and a mirror sends it whenever one runs (Mirror.due). A long fact's writer still holding the same
         text in another row keeps the point: the import is recorded against that row instead."""
-        if tier == "episodic":
-            imported = "reason = 'imported_private'"
-        elif tier == "long":
-            imported = "reason IS NULL"  # an imported (or already stored) fact; private points' say imported_private
-            twin = conn.execute(
-                "SELECT id FROM memory_longterm WHERE agent = ? AND fact = ? AND id != ? ORDER BY id LIMIT 1",
-                (row["agent"], row["fact"], row["id"]),
+        # A fact's import has no reason (an imported or an already stored fact); a private point's episode's says so.
+        imported = {"long": "reason IS NULL", "episodic": "reason = 'imported_private'"}.get(tier)
+        if (
+            imported is None
+            or not conn.execute(
+                f"SELECT 1 FROM qdrant_import WHERE {imported} AND row_id = ? LIMIT 1", (row["id"],)
             ).fetchone()
-            if twin is not None:
-                conn.execute(
-                    f"UPDATE qdrant_import SET row_id = ? WHERE {imported} AND row_id = ?", (twin[0], row["id"])
-                )
-                return
-        else:
+        ):
             return
-        conn.execute(
-            f"UPDATE qdrant_import SET reason = '{FORGET_PENDING}' WHERE {imported} AND row_id = ?", (row["id"],)
-        )
+        twin = self.twin_fact(conn, row["agent"], row["fact"], row["id"]) if tier == "long" else None
+        if twin is not None:
+            conn.execute(f"UPDATE qdrant_import SET row_id = ? WHERE {imported} AND row_id = ?", (twin, row["id"]))
+        else:
+            conn.execute(
+                f"UPDATE qdrant_import SET reason = '{FORGET_PENDING}' WHERE {imported} AND row_id = ?", (row["id"],)
+            )
+
+    @staticmethod
+    def twin_fact(conn: Any, agent: str, fact: str, row_id: int) -> int | None:
+        """Another row of the writer's holding the same text (the fleet's direct writes may make one): it keeps
+        the Qdrant point a forgotten row's delete would take."""
+        twin = conn.execute(
+            "SELECT id FROM memory_longterm WHERE agent = ? AND fact = ? AND id != ? ORDER BY id LIMIT 1",
+            (agent, fact, row_id),
+        ).fetchone()
+        return None if twin is None else twin[0]
 
     # ==== Provenance: deliveries, versions, notices (solos_provenance) ====
 
@@ -2156,7 +2162,7 @@ class Queries:
         given are in the SQL: SQLite uses no index for `(? IS NULL OR writer = ?)`, and read the whole log. With
         a row, `writer || ''` leaves the writer's index to the row's (SQLite took the writer's, all its rows)."""
         by_writer = "writer" if tier is None or row_id is None else "writer || ''"
-        given = [(column, value) for column, value in ((by_writer, writer), ("tier", tier), ("row_id", row_id))]
+        given = ((by_writer, writer), ("tier", tier), ("row_id", row_id))
         filters = "".join(f" AND {column} = ?" for column, value in given if value is not None)
         rows = conn.execute(
             f"SELECT {DELIVERY_COLUMNS} FROM memory_delivery WHERE id < ?{filters} ORDER BY id DESC LIMIT ?",
