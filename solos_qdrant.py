@@ -331,16 +331,20 @@ def private_summary(collection: str, pid: str) -> str:
     return f"Private memory imported from qdrant:{collection}/{pid}"
 
 
-def forgot_episode(conn: Any, agent: str, event: dict) -> bool:
-    """The agent forgot an episode of exactly these fields (memory_retraction keeps their hash)."""
-    digest = solos_store.content_hash("episodic", event)
+def forgot(conn: Any, agent: str, tier: str, digest: str) -> bool:
+    """The agent forgot a row of this tier whose content hashed so (memory_retraction keeps the hash)."""
     return (
         conn.execute(
-            "SELECT 1 FROM memory_retraction WHERE agent = ? AND tier = 'episodic' AND content_hash = ? LIMIT 1",
-            (agent, digest),
+            "SELECT 1 FROM memory_retraction WHERE agent = ? AND tier = ? AND content_hash = ? LIMIT 1",
+            (agent, tier, digest),
         ).fetchone()
         is not None
     )
+
+
+def forgot_episode(conn: Any, agent: str, event: dict) -> bool:
+    """The agent forgot an episode of exactly these fields."""
+    return forgot(conn, agent, "episodic", solos_store.content_hash("episodic", event))
 
 
 def relink(
@@ -403,10 +407,7 @@ def import_fact(
     existing = solos_store.Store.known_long(conn, agent, text)
     if existing is not None:
         return "same_fact_already_stored", existing
-    if conn.execute(  # the writer forgot these words: an old copy of them must not bring them back
-        "SELECT 1 FROM memory_retraction WHERE agent = ? AND tier = 'long' AND content_hash = ? LIMIT 1",
-        (agent, sha256(text)),
-    ).fetchone():
+    if forgot(conn, agent, "long", sha256(text)):  # the writer forgot these words: an old copy must not bring them back
         raise Forgotten()
     row_id = solos_store.Store.insert_long(
         conn, agent, fact["topic"], text, fact["source"], fact["confidence"], fact["tags"]
@@ -669,11 +670,12 @@ class Mirror(threading.Thread):
         backlog, oldest, waiting = conn.execute(
             f"SELECT count(*), min(created_at), count(*) FILTER (WHERE next_try_at > {NOW}) FROM qdrant_outbox"
         ).fetchone()
+        waiting_deletes = forgotten_waiting(conn)
         return {
             "configured": True,
             "target": self.target.describe(),
-            "backlog": backlog + forgotten_waiting(conn, self.target.collection),
-            "deletes_for_other_collections": forgotten_waiting(conn) - forgotten_waiting(conn, self.target.collection),
+            "backlog": backlog + waiting_deletes.pop(self.target.collection, 0),
+            "deletes_for_other_collections": sum(waiting_deletes.values()),
             "oldest_queued_at": oldest,
             "rows_waiting_for_retry": waiting,
             "sent_total": self.sent_total,
@@ -759,19 +761,19 @@ def mirror_status(store: Any, mirror: Mirror | None) -> dict:
         if mirror is not None:
             return {**mirror.status(conn), "import": imported}
         on = conn.execute("SELECT value FROM solos_memory_meta WHERE key = 'qdrant_mirror'").fetchone()
-        backlog = conn.execute("SELECT count(*) FROM qdrant_outbox").fetchone()[0] + forgotten_waiting(conn)
+        queued = conn.execute("SELECT count(*) FROM qdrant_outbox").fetchone()[0]
+        backlog = queued + sum(forgotten_waiting(conn).values())
         return {"configured": False, "outbox_on": bool(on and on[0] == "on"), "backlog": backlog, "import": imported}
 
     return store.read(work)
 
 
-def forgotten_waiting(conn: Any, collection: str | None = None) -> int:
-    """Points of forgotten rows whose delete has not reached Qdrant yet, in `collection` or any."""
-    return conn.execute(
-        f"SELECT count(*) FROM qdrant_import WHERE reason = '{FORGET_PENDING}' "
-        "AND (CAST(? AS TEXT) IS NULL OR collection = ?)",
-        (collection, collection),
-    ).fetchone()[0]
+def forgotten_waiting(conn: Any) -> dict[str, int]:
+    """Points of forgotten rows whose delete has not reached Qdrant yet, by collection (a mirror sends its own)."""
+    rows = conn.execute(
+        f"SELECT collection, count(*) FROM qdrant_import WHERE reason = '{FORGET_PENDING}' GROUP BY collection"
+    )
+    return {collection: count for collection, count in rows}
 
 
 def metrics_lines(status: dict) -> list[str]:
