@@ -38,8 +38,12 @@ class JsonLogHandler(logging.Handler):
 
 def utc_now() -> str:
     """Now as the schema's timestamp format (UTC, milliseconds, 'Z')."""
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    return stamp(time.time())
+
+
+def stamp(unix: float) -> str:
+    """A Unix time as the schema's timestamps read (UTC, milliseconds, 'Z')."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1000):03d}Z"
 
 
 # ==== Errors ====

@@ -35,7 +35,10 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import solos_store
-from solos_store import JOBS_WATCHED_SINCE as WATCHED_SINCE  # when this database began expecting the jobs
+from solos_store import (
+    JOBS_WATCHED_SINCE as WATCHED_SINCE,  # when this database began expecting the jobs
+    stamp as stamp,  # the schema's timestamps (solos_provenance's too)
+)
 
 # The units' timers (systemd/*.timer) start every job daily.
 JOB_PERIOD_S = {"purge": 86_400, "archive": 86_400, "snapshot": 86_400}
@@ -296,8 +299,3 @@ def metrics_lines(jobs: dict[str, dict]) -> list[str]:
 def seconds(timestamp: str) -> float:
     """A schema timestamp ('2026-11-30T06:00:00.000Z') as a Unix time."""
     return datetime.fromisoformat(timestamp).timestamp()
-
-
-def stamp(unix: float) -> str:
-    """A Unix time as the schema's timestamps read (UTC, milliseconds, 'Z')."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1000):03d}Z"

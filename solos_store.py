@@ -47,7 +47,7 @@ override):
     tiers           Tier, TIER_TABLE, TIERS, DEFAULT_TIERS, SCOPES, LIVE_TIERS, EMBEDDED_TIERS,
                     tier_tables, tier_indexes
     errors          ServiceError and its subclasses, error_body (solos_errors's)
-    log and time    log_event, JsonLogHandler, utc_now (solos_errors's)
+    log and time    log_event, JsonLogHandler, utc_now, stamp (solos_errors's)
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ from solos_errors import (  # the service's errors and log lines, raised and wri
     UnsupportedMediaType as UnsupportedMediaType,
     error_body as error_body,
     log_event as log_event,
+    stamp as stamp,
     utc_now as utc_now,
 )
 
