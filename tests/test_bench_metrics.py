@@ -121,3 +121,43 @@ def test_percentiles_are_nearest_rank(n, q, rank):
     samples = [i / 1000 for i in range(n, 0, -1)]  # 1 ms .. n ms, in reverse
     got = harness.percentiles(samples)[{0.5: "p50", 0.95: "p95", 0.99: "p99"}[q]]
     assert got == pytest.approx(rank)
+
+
+class FakeClient:
+    """A kept-alive client stand-in: logs each recall's query and answers with `ranking` (or the next of them)."""
+
+    def __init__(self, name: str, log: list[tuple[str, str]], rankings: list[str] | None = None):
+        self.name, self.log, self.rankings = name, log, rankings
+
+    def json(self, method: str, path: str, query: dict) -> tuple[int, dict]:
+        self.log.append((self.name, query["q"]))
+        return 200, {"ranking": self.rankings.pop(0) if self.rankings else "hybrid"}
+
+
+def test_the_ab_interleaves_each_query_and_alternates_who_goes_first():
+    """Each query goes to both trees back to back, the first of the pair alternating: a tree always second runs
+    beside the other's work after its answer (the delivery log, the counters), so a fixed order is a bias."""
+    import recall_ab
+
+    log: list[tuple[str, str]] = []
+    clients = {"base": FakeClient("base", log), "this": FakeClient("this", log)}
+    queries = [f"q{i}" for i in range(30)]
+    samples = recall_ab.alternate_recalls(clients, queries, "long", "shared")
+    assert [len(s) for s in samples.values()] == [30, 30]
+    timed = log[-60:]
+    pairs = [timed[i : i + 2] for i in range(0, 60, 2)]
+    assert all({name for name, _ in pair} == {"base", "this"} and pair[0][1] == pair[1][1] for pair in pairs)
+    firsts = [pair[0][0] for pair in pairs]
+    assert firsts.count("base") == firsts.count("this") == 15
+
+
+def test_the_ab_refuses_a_run_where_any_answer_ranked_otherwise():
+    """A hybrid A/B whose tree answered one query keyword-only (its embedding timed out) timed a cheaper recall:
+    every answer must rank alike, not only the last."""
+    import recall_ab
+
+    log: list[tuple[str, str]] = []
+    answers = ["hybrid"] * 10 + ["hybrid", "keyword"] + ["hybrid"] * 8  # 10 to warm up, then 10 timed
+    clients = {"base": FakeClient("base", log), "this": FakeClient("this", log, answers)}
+    with pytest.raises(AssertionError, match="keyword"):
+        recall_ab.alternate_recalls(clients, [f"q{i}" for i in range(10)], "long", "shared")
