@@ -229,7 +229,10 @@ def check_weights(path: Path) -> None:
     """Refuse a source weights file that is missing or is not the pinned one."""
     if not path.is_file():
         raise EmbeddingsUnavailable(f"weights file {path} does not exist")
-    sha = sha256_file(path)
+    try:
+        sha = sha256_file(path)
+    except OSError as error:  # unreadable by the service's user: keyword-only with the reason, not a traceback
+        raise EmbeddingsUnavailable(f"weights file {path} unreadable: {error.strerror or error}") from error
     if sha != WEIGHTS_SHA256:
         raise EmbeddingsUnavailable(f"weights {path} have sha256 {sha}, expected {WEIGHTS_SHA256}")
 
@@ -272,7 +275,7 @@ def build_main(argv: list[str]) -> int:
 
 
 def build_model(source: Path, dirs: list[Path]) -> Path:
-    """Build the model from source into the first writable folder of dirs, in a child process; check its sha256.
+    """Build the model from source into the first folder of dirs that takes it, in a child process; check its sha256.
 
     The child writes a temp file that is renamed into place only once its hash
     is right, so two processes building at once (the service and a backfill)
@@ -316,6 +319,8 @@ def build_model(source: Path, dirs: list[Path]) -> Path:
             return final
         except subprocess.TimeoutExpired as exc:
             raise EmbeddingsUnavailable(f"building {MODEL_FILE} took over {BUILD_TIMEOUT_S} s") from exc
+        except OSError as error:  # a folder (or a file it cannot replace) where the model goes: the next folder
+            tried.append(f"{folder} ({error})")  # the OS error names the file: the model, or the interpreter
         finally:
             temp.unlink(missing_ok=True)
     raise EmbeddingsUnavailable(f"no folder to keep the built model in: {', '.join(tried)}")

@@ -546,9 +546,12 @@ class Judge:
 
     def judge(self, question: str, rows: Sequence[Mapping], mode: str) -> Verdict:
         """P(row answers the question) for each row; the rows' own relevance, named `relevance`, when the
-        judge is not loaded or fails on these rows. Never raises."""
+        judge is not loaded, the question has no words to judge by, or it fails on these rows. Never raises."""
         model = self.models.get(mode)
-        if model is not None:
+        if model is not None and not content_stems(question) and not identifiers(question):
+            # "what is it?", "and then?": the fit saw no such question, and read each row as lacking nothing.
+            reason = "the question has no words to judge by (only stop words)"
+        elif model is not None:
             try:
                 found, read = model.judged(question, rows)
             except Exception as error:  # a judge that fails must not fail the recall: keep relevance, say why

@@ -71,6 +71,18 @@ def test_a_judge_that_fails_on_its_rows_keeps_relevance(tmp_path):
     assert verdict.reason.startswith("judge failed")
 
 
+@pytest.mark.parametrize("mode", solos_judge.MODES)
+@pytest.mark.parametrize("question", ["what is it?", "and then?", "yes", "Is that so?"])
+def test_a_question_without_words_to_judge_by_keeps_the_rows_relevance(mode, question):
+    """No content word and no identifier: the fit never saw such a question, and read each row as lacking
+    nothing (0.5-0.75 for a row of relevance 0.002). The rows' own relevance stands, and the reason says why."""
+    rows = [row("payments-api serves on port 8443.", relevance=0.002), row("It is what it is.", relevance=0.05)]
+    verdict = SHIPPED.judge(question, rows, mode)
+    assert verdict.name == "relevance" and verdict.probabilities == [0.002, 0.05]
+    assert "no words to judge by" in verdict.reason
+    assert SHIPPED.judge("What is INC-2207?", rows, mode).name != "relevance"  # an identifier is a word to judge by
+
+
 def test_an_identifier_the_row_lacks_lowers_the_probability():
     question = "Who was incident commander for INC-2290?"
     answer = row("INC-2290 (2026-05-02): checkout slow for 20 minutes. Incident commander: Priya Raman.")

@@ -564,6 +564,21 @@ def test_relevance_is_the_judges_and_the_receipt_names_it(server):
     assert server.recall("sol", "", tiers="long").body["receipt"]["judge"] is None  # recency: nothing judged
 
 
+def test_a_question_of_only_stop_words_keeps_the_rerankers_relevance(server):
+    """A turn's "what is it?" holds no word the judge reads: its fit read every row as lacking nothing and gave
+    it 0.09 in keyword recall (0.5-0.75 in hybrid), over the turn floor, against the reranker's 0.002; a chat's
+    every short reply brought unrelated memory into the prompt."""
+    import solos_client
+
+    write_long(server, "atlas", "It was the one that we had before, and it is what it is.")
+    write_long(server, "atlas", "payments-api serves on port 8443.")
+    reply = server.recall("sol", "what is it?", tiers="long", k=5)
+    assert reply.status == 200 and reply.body["results"]
+    receipt = reply.body["receipt"]
+    assert receipt["judge"] == "relevance" and "no words to judge by" in receipt["judge_reason"]
+    assert all(0.0 <= r["relevance"] < solos_client.TURN_MIN_RELEVANCE for r in reply.body["results"])
+
+
 @pytest.mark.parametrize("content", [None, b"{not json", b'{"format": 1, "models": {}, "floor": 0.1}'])
 def test_a_missing_or_corrupt_judge_file_degrades_to_relevance_with_its_reason(
     make_server, monkeypatch, tmp_path, content
