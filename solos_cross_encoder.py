@@ -46,6 +46,7 @@ import math
 import os
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -68,6 +69,9 @@ INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 # Four rows of 28 tokens take about 5-7 ms of one core; past this the run is stopped and the recall keeps the
 # features judge and says so (a loaded host, or the first recalls waiting for the model's load, ~0.5 s).
 RUN_TIMEOUT_S = 1.0
+# The model is `failing` (health, /metrics, the status page) while at least half of its last RECENT_RUNS runs, and
+# at least FAILING_RUNS, fell back to the features judge: each recall's receipt says so, the operator must too.
+RECENT_RUNS, FAILING_RUNS = 20, 3
 # A row is tokenized up to solos_embed.CHARS_PER_TOKEN characters per token of room (then whole if that was not
 # enough): the tokenizer reads a row whole before it truncates, and at 20-28 tokens a pair that was a fifth of the
 # judge's time.
@@ -362,6 +366,26 @@ class Runner:
         self.loaded = threading.Event()
         self.loader: threading.Thread | None = None
         self.loader_lock = threading.Lock()
+        self.outcomes: Counter[str] = Counter()  # runs by outcome: ran, timeout, failed, loading (waited for the load)
+        self.recent: deque[str | None] = deque(maxlen=RECENT_RUNS)  # each loaded run's fault, None if it ran
+        self.outcome_lock = threading.Lock()
+
+    def record(self, outcome: str, fault: str | None = None) -> str | None:
+        """Count a run's outcome (the model's load waited for is no fault of the model's); `fault` back."""
+        with self.outcome_lock:
+            self.outcomes[outcome] += 1
+            if outcome != "loading":
+                self.recent.append(fault)
+        return fault
+
+    def failing(self) -> str | None:
+        """Why the model counts as failing (most of its recent runs fell back), or None."""
+        with self.outcome_lock:
+            faults = [fault for fault in self.recent if fault is not None]
+            seen = len(self.recent)
+        if len(faults) < FAILING_RUNS or 2 * len(faults) < seen:
+            return None
+        return f"{len(faults)} of its last {seen} runs fell back to the features judge; the last: {faults[-1]}"
 
     def load(self) -> None:
         """Read, check and load the model (in the loader thread); `session` or `failure` is set, then `loaded`."""
@@ -396,24 +420,26 @@ class Runner:
         """The rows' logits, or None and why not, within `timeout_s` (the model's load included). Never raises."""
         deadline = time.monotonic() + timeout_s
         if not self.ready(timeout_s):
-            return None, f"cross-encoder took over {timeout_s:g} s (loading the model)"
+            return None, self.record("loading", f"cross-encoder took over {timeout_s:g} s (loading the model)")
         session = self.session
         if session is None:
             return None, self.failure
         try:
             options = session.run_options()
         except Exception as error:
-            return None, f"cross-encoder failed: {type(error).__name__}: {error}"
+            return None, self.record("failed", f"cross-encoder failed: {type(error).__name__}: {error}")
         guard = watchdog()
         stop = guard.watch(options, deadline)
         try:
-            return session.logits(question, rows, options), None
+            logits = session.logits(question, rows, options)
         except Exception as error:
             if options.terminate:
-                return None, f"cross-encoder took over {timeout_s:g} s (stopped)"
-            return None, f"cross-encoder failed: {type(error).__name__}: {error}"
+                return None, self.record("timeout", f"cross-encoder took over {timeout_s:g} s (stopped)")
+            return None, self.record("failed", f"cross-encoder failed: {type(error).__name__}: {error}")
         finally:
             guard.withdraw(stop)
+        self.record("ran")
+        return logits, None
 
 
 _RUNNERS: dict[tuple[int, Path, str], Runner] = {}
@@ -459,13 +485,29 @@ class CrossEncoder:
 
     def state(self) -> tuple[str, str | None]:
         """`ready` (its model loaded), `not_loaded` (it loads at the first hybrid recall that needs it), `off`
-        (turned off) or `unavailable` (its meta refused, or its model failed to load), and why. Loads nothing."""
+        (turned off), `unavailable` (its meta refused, or its model failed to load) or `failing` (loaded, but most
+        of its recent runs failed or overran: Runner.failing), and why. Loads nothing."""
         if self.meta is None:
             return "off" if self.turned_off else "unavailable", self.reason
-        model = runner(self.folder / self.meta.model, self.meta.sha256, self.meta.max_len)
+        model = self.model_runner()
         if not model.loaded.is_set():
             return "not_loaded", None
-        return ("ready", None) if model.session is not None else ("unavailable", model.failure)
+        if model.session is None:
+            return "unavailable", model.failure
+        failing = model.failing()
+        return ("failing", failing) if failing else ("ready", None)
+
+    def runs(self) -> dict[str, int]:
+        """This process's model runs by outcome (ran, timeout, failed, loading); empty without a meta."""
+        if self.meta is None:
+            return {}
+        model = self.model_runner()
+        with model.outcome_lock:
+            return {outcome: model.outcomes[outcome] for outcome in ("ran", "timeout", "failed", "loading")}
+
+    def model_runner(self) -> Runner:
+        assert self.meta is not None
+        return runner(self.folder / self.meta.model, self.meta.sha256, self.meta.max_len)
 
     def combine(
         self,
@@ -483,7 +525,7 @@ class CrossEncoder:
         head = [pair_text(row) for row in rows[: meta.rows]]
         if not head:
             return list(features), None
-        model = runner(self.folder / meta.model, meta.sha256, meta.max_len)
+        model = self.model_runner()
         best = meta.sure(features)
         if best is not None:
             # The model's load starts anyway (not waited for): the next recall that needs it does not wait for

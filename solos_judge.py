@@ -542,6 +542,7 @@ class Judge:
             "reason": self.reason,
             "cross_encoder": cross,
             "cross_encoder_reason": why,
+            "cross_encoder_runs": {} if self.cross is None else self.cross.runs(),
         }
 
     def judge(self, question: str, rows: Sequence[Mapping], mode: str) -> Verdict:

@@ -398,7 +398,7 @@ def worker_note(health: dict) -> str:
 def problem_list(health: dict, stats: dict) -> list[str]:
     """What needs the operator: storage that failed a call in the last minute, a job that failed or is overdue,
     an embedder that fails or hangs, a Qdrant mirror that cannot reach Qdrant, a judge or cross-encoder whose
-    files recall cannot use."""
+    files recall cannot use, a cross-encoder whose runs keep failing."""
     problems = [
         f"{job} {state['state']}: {without_paths(state['detail'])}"
         for job, state in (stats.get("jobs") or {}).items()
@@ -423,6 +423,8 @@ def problem_list(health: dict, stats: dict) -> list[str]:
     ):
         if state == "unavailable":
             problems.append(without_paths(str(reason)))
+        elif state == "failing":
+            problems.append(f"cross-encoder failing: {without_paths(str(reason))}")
     return problems
 
 

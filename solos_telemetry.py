@@ -219,6 +219,11 @@ def metrics_text(memory: Any) -> bytes:
     lines.append(f"solos_memory_judge_unavailable {int(judge['state'] == 'unavailable')}")
     family("cross_encoder_unavailable", "gauge", "1 while hybrid recall's cross-encoder cannot load: features only.")
     lines.append(f"solos_memory_cross_encoder_unavailable {int(judge['cross_encoder'] == 'unavailable')}")
+    family("cross_encoder_failing", "gauge", "1 while most of the cross-encoder's recent runs fell back.")
+    lines.append(f"solos_memory_cross_encoder_failing {int(judge['cross_encoder'] == 'failing')}")
+    family("cross_encoder_runs_total", "counter", "The cross-encoder's runs by outcome (this process's).")
+    for outcome, count in judge["cross_encoder_runs"].items():
+        lines.append(f'solos_memory_cross_encoder_runs_total{{outcome="{outcome}"}} {count}')
     family("storage_failing", "gauge", "1 for a minute after a storage failure (full disk, lost server).")
     lines.append(f"solos_memory_storage_failing {int(memory.store.storage_state()['state'] == 'failing')}")
     family("rows", "gauge", "Rows per tier (short: live only).")

@@ -452,6 +452,42 @@ def test_hybrid_recall_without_its_model_answers_with_the_features_judge_and_why
     ]
 
 
+def test_a_model_whose_runs_keep_failing_is_told_to_the_operator(embedded_server, monkeypatch, tmp_path):
+    """Each recall's receipt says its run fell back; when most recent runs do, /health, /metrics and the status
+    page say `failing` too (a host where every run overruns would otherwise look `ready`), and a run that
+    works again clears it."""
+    needs_runtime()
+    model_path = solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model
+    server = served_with(embedded_server, monkeypatch, copied(tmp_path, model_path.read_bytes()))
+    assert hybrid_recall(server)["receipt"]["judge_reason"] is None  # loaded, one run that ran
+    model = solos_cross_encoder.runner(tmp_path / SHIPPED.meta.model, SHIPPED.meta.sha256, SHIPPED.meta.max_len)
+    working = model.session.logits
+
+    def broken(*args):
+        raise RuntimeError("bad allocation")
+
+    monkeypatch.setattr(model.session, "logits", broken)
+    for _ in range(solos_cross_encoder.FAILING_RUNS):
+        assert server.get("/health").body["judge"]["cross_encoder"] == "ready"  # not yet most of its runs
+        receipt = hybrid_recall(server)["receipt"]
+        assert receipt["judge"].startswith("features-hybrid@")
+        assert receipt["judge_reason"] == "cross-encoder failed: RuntimeError: bad allocation"
+    judge = server.get("/health").body["judge"]
+    assert judge["cross_encoder"] == "failing", judge
+    assert judge["cross_encoder_reason"].startswith("3 of its last 4 runs fell back to the features judge")
+    assert judge["cross_encoder_runs"] == {"ran": 1, "timeout": 0, "failed": 3, "loading": 0}
+    assert metric_samples(server, "solos_memory_cross_encoder_failing") == {"": 1.0}
+    assert metric_samples(server, "solos_memory_cross_encoder_runs_total")['{outcome="failed"}'] == 3.0
+    assert "cross-encoder failing: 3 of its last 4 runs" in server.get("/status").raw.decode()
+    monkeypatch.setattr(model.session, "logits", working)
+    for _ in range(2):
+        assert hybrid_recall(server)["receipt"]["judge_reason"] is None
+    assert server.get("/health").body["judge"]["cross_encoder"] == "failing"  # 3 of 6: still half
+    hybrid_recall(server)
+    assert server.get("/health").body["judge"]["cross_encoder"] == "ready"  # 3 of 7
+    assert metric_samples(server, "solos_memory_cross_encoder_failing") == {"": 0.0}
+
+
 def test_health_shows_a_load_failure_without_machine_paths(embedded_server, monkeypatch, tmp_path):
     """onnxruntime names the model's full path when it cannot load it; /health answers anyone who can reach it."""
     meta = copied(tmp_path, b"corrupt")
