@@ -371,7 +371,9 @@ class KeywordIndex:
             self.put(table, rows)
 
     def quoting(self, gone: list[int]) -> list[int]:
-        """The facts whose context quotes one of these (later facts of its topic), as the index has them."""
+        """The facts whose context may quote one of these, as the index has them: the next two of its topic (whose
+        context was its text when they were written, also a text the fleet rewrote since) and later ones of the
+        topic that quote its text now."""
         found: set[int] = set()
         for row_id in gone:
             held = self.writer.execute(
@@ -384,8 +386,9 @@ class KeywordIndex:
                 row[0]
                 for row in self.writer.execute(
                     "SELECT t.id FROM memory_longterm t JOIN memory_longterm_fts f ON f.rowid = t.id "
-                    "WHERE t.topic = ? AND t.id > ? AND instr(f.context, ?) > 0",
-                    (held[0], row_id, quoted),
+                    "WHERE t.topic = ? AND t.id > ? AND (instr(f.context, ?) > 0 OR t.id IN "
+                    "(SELECT id FROM memory_longterm WHERE topic = ? AND id > ? ORDER BY id LIMIT 2))",
+                    (held[0], row_id, quoted, held[0], row_id),
                 )
             )
         return sorted(found - set(gone))

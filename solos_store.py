@@ -1646,29 +1646,44 @@ class Queries:
         found = self.find_row(conn, tier, row_id)
         return None if found is None else found[1]["agent"]
 
+    def held_as(self, conn: sqlite3.Connection, row: Any) -> tuple[list[str], list[tuple[str, str]]]:
+        """The topics a long fact had and every (writer, text) it held: now, and in the versions kept of it. A
+        fleet's rewrite in place leaves the old text as context in the next facts of the topic it had then; the
+        forget takes those copies out too."""
+        topics, texts = {row["topic"]}, {(row["agent"], row["fact"])}
+        if self.table_exists(conn, "memory_version"):
+            for agent, topic, fact in conn.execute(
+                "SELECT agent, label, text FROM memory_version WHERE tier = 'long' AND row_id = ?", (row["id"],)
+            ):
+                topics.add(topic)
+                texts.add((agent, fact))
+        return sorted(t for t in topics if t), sorted(texts)
+
     def context_carriers(self, conn: sqlite3.Connection, row: Any) -> list[int]:
-        """Long facts whose keyword-index row holds this fact's text as context.
+        """Long facts whose keyword-index row holds this fact's text, or a text it held before, as context.
 
         The insert trigger copies the two previous facts of a topic into the next
         ones' context column; a topic's later edits can leave copies further on,
         so the index itself is asked too (phrase match, then the exact copy).
         """
-        carriers = {
-            r[0]
-            for r in conn.execute(
-                "SELECT id FROM memory_longterm WHERE topic <> '' AND topic = ? AND id > ? ORDER BY id LIMIT 2",
-                (row["topic"], row["id"]),
+        topics, texts = self.held_as(conn, row)
+        carriers: set[int] = set()
+        for topic in topics:
+            carriers.update(
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM memory_longterm WHERE topic = ? AND id > ? ORDER BY id LIMIT 2", (topic, row["id"])
+                )
             )
-        }
-        phrase = 'context : "' + row["fact"].replace('"', '""') + '"'
-        copy = f"{row['agent']}: {row['fact']}"
-        carriers.update(
-            r[0]
-            for r in conn.execute(
-                "SELECT rowid FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? AND instr(context, ?) > 0",
-                (phrase, copy),
+        for agent, fact in texts:
+            phrase = 'context : "' + fact.replace('"', '""') + '"'
+            carriers.update(
+                r[0]
+                for r in conn.execute(
+                    "SELECT rowid FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? AND instr(context, ?) > 0",
+                    (phrase, f"{agent}: {fact}"),
+                )
             )
-        )
         return sorted(carriers)
 
     def erase(self, conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | None = None) -> dict:
