@@ -1744,13 +1744,15 @@ class Queries:
             )
 
     def own_retraction(self, conn: sqlite3.Connection, agent: str, tier: str, row_id: int) -> dict | None:
-        """The agent's latest retraction of this row, as forget answers it; None if it never forgot it."""
+        """The agent's latest retraction of this row, as forget answers it (with the readers its notices went to);
+        None if it never forgot it."""
         row = conn.execute(
-            "SELECT content_hash, id FROM memory_retraction WHERE agent = ? AND tier = ? AND row_id = ? "
-            "ORDER BY id DESC LIMIT 1",
+            "SELECT r.content_hash, r.id, (SELECT count(DISTINCT n.agent) FROM memory_notice n WHERE n.tier = r.tier "
+            "AND n.row_id = r.row_id AND n.kind = 'forgotten' AND n.at = r.forgotten_at) FROM memory_retraction r "
+            "WHERE r.agent = ? AND r.tier = ? AND r.row_id = ? ORDER BY r.id DESC LIMIT 1",
             (agent, tier, row_id),
         ).fetchone()
-        return None if row is None else {"content_hash": row[0], "retraction_id": row[1]}
+        return None if row is None else {"content_hash": row[0], "retraction_id": row[1], "notified": row[2]}
 
     def queue_scrub(self, conn: sqlite3.Connection, tier: str, retraction_id: int) -> None:
         """Record, in the forget's own transaction, that the tier's index segments and the WAL still hold its text.

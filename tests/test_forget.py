@@ -200,6 +200,21 @@ def test_a_fact_the_fleet_rewrote_leaves_no_old_text_in_its_topics_context(store
         stop_server(server)
 
 
+@pytest.mark.parametrize("transport", ["rest", "mcp"])
+def test_a_retried_forget_answers_as_the_first_did(server, transport):
+    # A client whose first answer was lost retries (the operation is idempotent): the retry answered notified 0,
+    # telling the author no reader had been sent a notice, though the first forget had sent one.
+    word = marker()
+    row_id = server.post("/v1/long", {"agent": "atlas", "fact": f"the door code is {word}"}).body["id"]
+    assert server.recall("sol", word).body["count"] == 1  # sol was handed it: it gets the notice
+    ok, first = forget(server, "atlas", "long", row_id, transport)
+    assert ok and first["notified"] == 1, first
+    ok, again = forget(server, "atlas", "long", row_id, transport)
+    assert ok, again
+    same = ("tier", "agent", "id", "status", "content_hash", "retraction_id", "notified", "mirror")
+    assert {k: again[k] for k in same} == {k: first[k] for k in same}
+
+
 def test_a_retraction_keeps_who_what_and_when_but_not_the_text(server):
     word = marker()
     fact = f"the vault code is {word}"
