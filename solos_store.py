@@ -281,6 +281,7 @@ CONTENT_FIELDS = {t.name: t.content for t in LIVE_TIERS}
 OWN_COLUMNS = {t.name: t.own_match for t in LIVE_TIERS}
 FTS_TABLES = tuple(tier.fts for tier in TIER_TABLE.values())
 REMOVALS = ("delete", "forget", "expire", "archive")  # events that carry no row
+CARRIER_TEXTS = 20  # texts a forget looks for as context per keyword query (a fact's versions: solos_store.held_as)
 MERGE_PAGES = 128  # FTS5 pages one merge step writes: about 10 ms at 100k facts, so no long write lock
 
 
@@ -1675,13 +1676,15 @@ class Queries:
                     "SELECT id FROM memory_longterm WHERE topic = ? AND id > ? ORDER BY id LIMIT 2", (topic, row["id"])
                 )
             )
-        for agent, fact in texts:
-            phrase = 'context : "' + fact.replace('"', '""') + '"'
+        for start in range(0, len(texts), CARRIER_TEXTS):  # a fact the fleet rewrote often: a query per 20 texts
+            chunk = texts[start : start + CARRIER_TEXTS]
+            phrases = " OR ".join('"' + fact.replace('"', '""') + '"' for _, fact in chunk)
             carriers.update(
                 r[0]
                 for r in conn.execute(
-                    "SELECT rowid FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? AND instr(context, ?) > 0",
-                    (phrase, f"{agent}: {fact}"),
+                    "SELECT rowid FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? AND EXISTS "
+                    "(SELECT 1 FROM json_each(?) AS copy WHERE instr(context, copy.value) > 0)",
+                    (f"context : ({phrases})", json.dumps([f"{agent}: {fact}" for agent, fact in chunk])),
                 )
             )
         return sorted(carriers)

@@ -200,6 +200,26 @@ def test_a_fact_the_fleet_rewrote_leaves_no_old_text_in_its_topics_context(store
         stop_server(server)
 
 
+def test_a_copy_of_an_old_text_further_on_in_the_topic_goes_too_however_often_the_fleet_rewrote_it(server):
+    """Beyond the next two facts of the topic, copies are found by their text in the index, a query per
+    CARRIER_TEXTS of the texts the fact held: the old one is not among the first of them."""
+    word = marker()
+    ids = write_topic(server, "atlas", "diary", [f"met {word} at noon", "then lunch", "then a walk", "then home"])
+    with server.db() as conn:  # a topic's later edits left a copy in a fact further on
+        conn.execute(
+            "UPDATE memory_longterm_fts SET context = ? WHERE rowid = ?", (f"atlas: met {word} at noon", ids[3])
+        )
+        for n in range(solos_store.CARRIER_TEXTS + 5):  # texts sorting before the old one
+            conn.execute("UPDATE memory_longterm SET fact = ? WHERE id = ?", (f"a rewrite {n:02d}", ids[0]))
+    assert ("long", ids[3]) in recalled_ids(server, "sol", word)
+    assert forget(server, "atlas", "long", ids[0])[0]
+    assert recalled_ids(server, "sol", word) == set()
+    with server.db() as conn:
+        assert [
+            r[0] for r in conn.execute("SELECT rowid FROM memory_longterm_fts WHERE context LIKE ?", (f"%{word}%",))
+        ] == []
+
+
 @pytest.mark.parametrize("transport", ["rest", "mcp"])
 def test_a_retried_forget_answers_as_the_first_did(server, transport):
     # A client whose first answer was lost retries (the operation is idempotent): the retry answered notified 0,
