@@ -2264,8 +2264,8 @@ class Queries:
         conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
         if tier == "short":  # the key names the row: earlier rows of it (deleted, then written again) go too
             conn.execute(
-                "DELETE FROM memory_version WHERE tier = 'short' AND agent = ? AND label = ?",
-                (row["agent"], row["key"]),
+                "DELETE FROM memory_version WHERE tier = 'short' AND agent = ? AND label = ? AND row_id < ?",
+                (row["agent"], row["key"], row["id"]),
             )
 
     def notify_forgotten(self, conn: sqlite3.Connection, tier: str, row_id: int, retraction_id: int) -> int:
