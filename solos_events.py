@@ -47,6 +47,9 @@ SUBSCRIBER_BUFFER = 1024  # events queued for one stream; a consumer that far be
 # A queued write older than this is read again before it is sent (the row gone: skipped), so a stream held up by
 # a slow socket never hands out a row forgotten while it waited; a fresher one went out as a recall's would.
 RECHECK_AFTER_S = 0.25
+# A queued short row whose expiry is this close to the host's clock is read again too, by the database's clock
+# (PostgreSQL's may run ahead of this host's), so no row goes out past its expiry.
+EXPIRY_MARGIN_S = 1.0
 HEARTBEAT_S = 15.0  # under common proxy idle timeouts (30-60 s) and the handler's 30 s socket timeout
 POLL_S = 0.05  # how often the fleet's own direct writes are looked for while anyone subscribes
 SWEEP_S = 1.0  # expiry events are at most this late
@@ -881,10 +884,15 @@ class EventHub:
             self.unsubscribe(subscriber)
 
     def still_there(self, pattern: Pattern, queued: list[tuple[float, dict]]) -> list[dict]:
-        """The queued events to send: a write or update queued over RECHECK_AFTER_S ago only if its row is still
-        there and the caller may still see it (its author still shares it: a stream held up by a slow socket)."""
-        due = time.monotonic() - RECHECK_AFTER_S
-        stale = [event for at, event in queued if at < due and event.get("row") is not None]
+        """The queued events to send: a write or update queued over RECHECK_AFTER_S ago, or whose short row's
+        expiry is near, only if its row is still there, unexpired, and the caller may still see it (its author
+        still shares it: a stream held up by a slow socket)."""
+        due, near = time.monotonic() - RECHECK_AFTER_S, solos_store.stamp(time.time() + EXPIRY_MARGIN_S)
+        stale = [
+            event
+            for at, event in queued
+            if event.get("row") is not None and (at < due or (event["row"].get("expires_at") or "~") <= near)
+        ]
         if not stale:
             return [event for _, event in queued]
 

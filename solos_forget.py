@@ -105,7 +105,7 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
             if earlier is None:
                 raise NotFound(f"there is no {tier} row with id {row_id}", "id")
             queries.queue_scrub(conn, tier, earlier["retraction_id"])  # a retry finishes what a crash left unscrubbed
-            return {**earlier, "notified": 0}
+            return earlier
         memory.events.note_removal(conn, tier, [row_id])
         erased = queries.erase(conn, tier, row_id)
         notified = queries.notify_forgotten(conn, tier, row_id, erased["retraction_id"])

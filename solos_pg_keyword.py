@@ -67,6 +67,8 @@ GATHER_S = 0.1
 CACHE_KIB = 16_384  # SQLite page cache per connection: the index's RAM; the file holds the rest
 MAX_ROUNDS = 6  # a recall widens its read of the index this often when PostgreSQL's filters drop rows
 SCRUB_STEPS = 10_000  # merge steps after a forget, at most (solos_forget's bound)
+CHECKPOINT_WAIT_MS = 1000  # a scrub's WAL checkpoint waits this long for the index's readers (recalls) ...
+SCRUB_RETRY_S = 5.0  # ... and is tried again this much later, with the lock free meanwhile (solos_forget's retry)
 
 
 FOLDER_PREFIX = "solos-keyword-"  # then the copy's pid and a dash: a later start removes those of dead copies
@@ -162,7 +164,7 @@ class KeywordIndex:
         self.filled_rows, self.fill_s = 0, 0.0
         self.wakeup, self.stopped = threading.Event(), threading.Event()
         self.own_writes = False  # this copy wrote since the thread last looked (`written`)
-        self.scrub_due = False
+        self.scrub_due, self.scrub_after = False, 0.0  # a forget's scrub to run, not before (monotonic) this
         self.answered = {"index": 0, "sql": 0}  # recalls' ranked reads by this index, and by SQL meanwhile
         self.thread = threading.Thread(target=self.run, name="pg-keyword", daemon=True)
 
@@ -232,7 +234,7 @@ class KeywordIndex:
                 if self.state != "ready":
                     self.state, self.reason = "ready", None
                     log_event("keyword_index_ready", rows=self.filled_rows, seconds=round(self.fill_s, 1))
-                if self.scrub_due:
+                if self.scrub_due and time.monotonic() >= self.scrub_after:
                     self.scrub()
             except Exception as error:
                 self.failed(error)
@@ -371,7 +373,9 @@ class KeywordIndex:
             self.put(table, rows)
 
     def quoting(self, gone: list[int]) -> list[int]:
-        """The facts whose context quotes one of these (later facts of its topic), as the index has them."""
+        """The facts whose context may quote one of these, as the index has them: the next two of its topic (whose
+        context was its text when they were written, also a text the fleet rewrote since) and later ones of the
+        topic that quote its text now."""
         found: set[int] = set()
         for row_id in gone:
             held = self.writer.execute(
@@ -384,15 +388,16 @@ class KeywordIndex:
                 row[0]
                 for row in self.writer.execute(
                     "SELECT t.id FROM memory_longterm t JOIN memory_longterm_fts f ON f.rowid = t.id "
-                    "WHERE t.topic = ? AND t.id > ? AND instr(f.context, ?) > 0",
-                    (held[0], row_id, quoted),
+                    "WHERE t.topic = ? AND t.id > ? AND (instr(f.context, ?) > 0 OR t.id IN "
+                    "(SELECT id FROM memory_longterm WHERE topic = ? AND id > ? ORDER BY id LIMIT 2))",
+                    (held[0], row_id, quoted, held[0], row_id),
                 )
             )
         return sorted(found - set(gone))
 
     def scrub(self) -> None:
         """After a forget: merge the indexes (FTS5 deletes add tombstones) and empty the WAL, as solos_forget's
-        scrub does for the embedded store."""
+        scrub does for the embedded store; a reader that keeps the WAL from being cut leaves it due, retried."""
         self.scrub_due = False
         for table in FTS_COLUMNS:
             for _ in range(SCRUB_STEPS):
@@ -400,7 +405,8 @@ class KeywordIndex:
                     if SQLITE.merge_step(self.writer, fts_name(table)) < 2:
                         break
         with self.lock:
-            SQLITE.checkpoint_truncate(self.writer, 1000)
+            if not SQLITE.checkpoint_truncate(self.writer, CHECKPOINT_WAIT_MS):
+                self.scrub_due, self.scrub_after = True, time.monotonic() + SCRUB_RETRY_S
 
     def caught_up(self, conn: Any) -> Applied | None:
         """Apply what the recall's snapshot sees first (read-your-writes across copies), once per transaction

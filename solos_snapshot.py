@@ -403,6 +403,14 @@ def write_snapshot(
             source.execute("VACUUM INTO ?", (str(partial),))
         finally:
             source.close()
+        copy = sqlite3.connect(partial, isolation_level=None)
+        try:  # a forget's scrub still queued: the copy's index segments hold its words, merged out here
+            if solos_store.SQLITE.table_exists(copy, "memory_scrub_pending"):
+                queued = solos_store.SQLITE.queued_scrubs(copy)
+                if queued:
+                    scrub_copy(copy, list(queued))
+        finally:
+            copy.close()
         with open(partial, "rb+") as handle:
             os.fsync(handle.fileno())
         snapshot = open_readonly(partial)
@@ -432,6 +440,16 @@ def write_snapshot(
     finally:
         partial.unlink(missing_ok=True)
     return manifest, raw
+
+
+def scrub_copy(conn: sqlite3.Connection, tiers: list[str]) -> None:
+    """Take forgotten text out of a copy, as the live file's scrub does: the tiers' keyword indexes merged into
+    one segment (FTS5 deletes leave the words in older ones), its queued scrubs done, then VACUUM."""
+    for fts in [name for tier in tiers for name in solos_store.KEYWORD_INDEX[tier]]:
+        while solos_store.SQLITE.merge_step(conn, fts) >= 2:
+            pass
+    solos_store.SQLITE.scrubs_done(conn, solos_store.SQLITE.queued_scrubs(conn))  # merged here, vacuumed next
+    conn.execute("VACUUM")
 
 
 def database_anchor(db: str | Path) -> dict | None:
@@ -615,11 +633,7 @@ def rebuild(
             erased = sum(solos_store.SQLITE.reapply(conn, retraction) for retraction in retractions)
             carry_forward(conn, carried, anchor_of(verified.chain[-1].manifest, verified.chain[-1].digest))
             conn.execute("COMMIT")
-            for fts in [name for names in solos_store.KEYWORD_INDEX.values() for name in names]:
-                while solos_store.SQLITE.merge_step(conn, fts) >= 2:
-                    pass
-            solos_store.SQLITE.scrubs_done(conn, solos_store.SQLITE.queued_scrubs(conn))  # merged here, vacuumed next
-            conn.execute("VACUUM")
+            scrub_copy(conn, list(solos_store.KEYWORD_INDEX))
             if conn.execute("PRAGMA journal_mode=delete").fetchone()[0] != "delete":  # all of it in the one file
                 raise SnapshotError("copy", f"{work.name} could not leave WAL mode")
             schema = describe_database(conn)["schema_sha256"]

@@ -281,6 +281,7 @@ CONTENT_FIELDS = {t.name: t.content for t in LIVE_TIERS}
 OWN_COLUMNS = {t.name: t.own_match for t in LIVE_TIERS}
 FTS_TABLES = tuple(tier.fts for tier in TIER_TABLE.values())
 REMOVALS = ("delete", "forget", "expire", "archive")  # events that carry no row
+CARRIER_TEXTS = 20  # texts a forget looks for as context per keyword query (a fact's versions: solos_store.held_as)
 MERGE_PAGES = 128  # FTS5 pages one merge step writes: about 10 ms at 100k facts, so no long write lock
 
 
@@ -1646,29 +1647,46 @@ class Queries:
         found = self.find_row(conn, tier, row_id)
         return None if found is None else found[1]["agent"]
 
+    def held_as(self, conn: sqlite3.Connection, row: Any) -> tuple[list[str], list[tuple[str, str]]]:
+        """The topics a long fact had and every (writer, text) it held: now, and in the versions kept of it. A
+        fleet's rewrite in place leaves the old text as context in the next facts of the topic it had then; the
+        forget takes those copies out too."""
+        topics, texts = {row["topic"]}, {(row["agent"], row["fact"])}
+        if self.table_exists(conn, "memory_version"):
+            for agent, topic, fact in conn.execute(
+                "SELECT agent, label, text FROM memory_version WHERE tier = 'long' AND row_id = ?", (row["id"],)
+            ):
+                topics.add(topic)
+                texts.add((agent, fact))
+        return sorted(t for t in topics if t), sorted(texts)
+
     def context_carriers(self, conn: sqlite3.Connection, row: Any) -> list[int]:
-        """Long facts whose keyword-index row holds this fact's text as context.
+        """Long facts whose keyword-index row holds this fact's text, or a text it held before, as context.
 
         The insert trigger copies the two previous facts of a topic into the next
         ones' context column; a topic's later edits can leave copies further on,
         so the index itself is asked too (phrase match, then the exact copy).
         """
-        carriers = {
-            r[0]
-            for r in conn.execute(
-                "SELECT id FROM memory_longterm WHERE topic <> '' AND topic = ? AND id > ? ORDER BY id LIMIT 2",
-                (row["topic"], row["id"]),
+        topics, texts = self.held_as(conn, row)
+        carriers: set[int] = set()
+        for topic in topics:
+            carriers.update(
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM memory_longterm WHERE topic = ? AND id > ? ORDER BY id LIMIT 2", (topic, row["id"])
+                )
             )
-        }
-        phrase = 'context : "' + row["fact"].replace('"', '""') + '"'
-        copy = f"{row['agent']}: {row['fact']}"
-        carriers.update(
-            r[0]
-            for r in conn.execute(
-                "SELECT rowid FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? AND instr(context, ?) > 0",
-                (phrase, copy),
+        for start in range(0, len(texts), CARRIER_TEXTS):  # a fact the fleet rewrote often: a query per 20 texts
+            chunk = texts[start : start + CARRIER_TEXTS]
+            phrases = " OR ".join('"' + fact.replace('"', '""') + '"' for _, fact in chunk)
+            carriers.update(
+                r[0]
+                for r in conn.execute(
+                    "SELECT rowid FROM memory_longterm_fts WHERE memory_longterm_fts MATCH ? AND EXISTS "
+                    "(SELECT 1 FROM json_each(?) AS copy WHERE instr(context, copy.value) > 0)",
+                    (f"context : ({phrases})", json.dumps([f"{agent}: {fact}" for agent, fact in chunk])),
+                )
             )
-        )
         return sorted(carriers)
 
     def erase(self, conn: sqlite3.Connection, tier: str, row_id: int, forgotten_at: str | None = None) -> dict:
@@ -1729,13 +1747,15 @@ class Queries:
             )
 
     def own_retraction(self, conn: sqlite3.Connection, agent: str, tier: str, row_id: int) -> dict | None:
-        """The agent's latest retraction of this row, as forget answers it; None if it never forgot it."""
+        """The agent's latest retraction of this row, as forget answers it (with the readers its notices went to);
+        None if it never forgot it."""
         row = conn.execute(
-            "SELECT content_hash, id FROM memory_retraction WHERE agent = ? AND tier = ? AND row_id = ? "
-            "ORDER BY id DESC LIMIT 1",
+            "SELECT r.content_hash, r.id, (SELECT count(DISTINCT n.agent) FROM memory_notice n WHERE n.tier = r.tier "
+            "AND n.row_id = r.row_id AND n.kind = 'forgotten' AND n.at = r.forgotten_at) FROM memory_retraction r "
+            "WHERE r.agent = ? AND r.tier = ? AND r.row_id = ? ORDER BY r.id DESC LIMIT 1",
             (agent, tier, row_id),
         ).fetchone()
-        return None if row is None else {"content_hash": row[0], "retraction_id": row[1]}
+        return None if row is None else {"content_hash": row[0], "retraction_id": row[1], "notified": row[2]}
 
     def queue_scrub(self, conn: sqlite3.Connection, tier: str, retraction_id: int) -> None:
         """Record, in the forget's own transaction, that the tier's index segments and the WAL still hold its text.
@@ -2244,8 +2264,8 @@ class Queries:
         conn.execute("DELETE FROM memory_version WHERE tier = ? AND row_id = ?", (tier, row["id"]))
         if tier == "short":  # the key names the row: earlier rows of it (deleted, then written again) go too
             conn.execute(
-                "DELETE FROM memory_version WHERE tier = 'short' AND agent = ? AND label = ?",
-                (row["agent"], row["key"]),
+                "DELETE FROM memory_version WHERE tier = 'short' AND agent = ? AND label = ? AND row_id < ?",
+                (row["agent"], row["key"], row["id"]),
             )
 
     def notify_forgotten(self, conn: sqlite3.Connection, tier: str, row_id: int, retraction_id: int) -> int:

@@ -956,10 +956,13 @@ class PgQueries(solos_store.Queries):
         """Nothing to set: a forget's dead tuples go with VACUUM (PgStore.clear_forgotten)."""
 
     def reindex_context_carriers(self, conn: Any, row: Any) -> None:
-        """Later facts of the topic that quote the forgotten one as context: their index is computed again."""
+        """Later facts of a topic the forgotten one had that quote it, or a text it held before, as context: their
+        index is computed again."""
+        topics, texts = self.held_as(conn, row)
         conn.execute(
-            "UPDATE memory_longterm SET fts = NULL WHERE topic = ? AND id > ? AND strpos(context, ?) > 0",
-            (row["topic"], row["id"], f"{row['agent']}: {row['fact']}"),
+            "UPDATE memory_longterm SET fts = NULL WHERE topic = ANY(?) AND id > ? "
+            "AND EXISTS (SELECT 1 FROM unnest(?::text[]) AS c (copy) WHERE strpos(context, c.copy) > 0)",
+            (topics, row["id"], [f"{agent}: {fact}" for agent, fact in texts]),
         )
 
     def log_forget(self, conn: Any, tier: str, row_id: int, agent: str) -> None:

@@ -120,6 +120,28 @@ def test_a_deleted_short_value_is_shown_to_no_one_else_and_its_author_can_forget
     assert left == 0
 
 
+def test_forgetting_an_earlier_row_of_a_key_leaves_the_later_rows_versions(fleet):
+    """A key deleted and written again is a new row. Forgetting the old row erased the versions of every row of
+    its key, the new one's too: as of a time the new row said something, no one saw it there any more, though
+    its author never forgot it. Only the versions of the row and of earlier rows of its key go."""
+    atlas, nova = fleet["atlas"], fleet["nova"]
+    word = marker()
+    old = atlas.call("POST", "/v1/short", body={"key": "k", "value": "the first row"}).body["id"]
+    assert atlas.call("DELETE", "/v1/short", query={"key": "k"}).status == 200
+    new = atlas.call("POST", "/v1/short", body={"key": "k", "value": f"the second row {word}"}).body["id"]
+    assert new != old
+    step()
+    then = solos_store.utc_now()
+    step()
+    atlas.call("POST", "/v1/short", body={"key": "k", "value": "the second row, rewritten"})
+    shown = [(r["id"], r["text"]) for r in nova.as_of(as_of=then, q=word)["results"]]
+    assert shown == [(new, f"the second row {word}")]
+    assert atlas.call("DELETE", "/v1/memory", query={"tier": "short", "id": old}).status == 200
+    assert [(r["id"], r["text"]) for r in nova.as_of(as_of=then, q=word)["results"]] == shown
+    assert atlas.call("DELETE", "/v1/memory", query={"tier": "short", "id": new}).status == 200
+    assert nova.as_of(as_of=then, q=word)["results"] == []
+
+
 def test_a_forgotten_short_row_is_no_retraction_as_of_a_time_it_had_expired_before_its_key_was_rewritten(fleet):
     """A short row lives, expires, and its key is written again (the same row, in place), then forgotten: as of a
     time it counted it is a retraction, as of the time between expiry and rewrite it was not there at all."""

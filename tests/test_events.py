@@ -453,13 +453,9 @@ def test_the_hub_looks_for_other_copies_forgets_every_poll_only_while_it_streams
     assert hub.forget_check_s() == hub.poll_s
 
 
-@pytest.mark.parametrize("meanwhile", ["forget", "unshare"])
-def test_a_stream_behind_its_queue_never_hands_out_a_row_it_may_no_longer_see(server, meanwhile):
-    """A write is shown "as the row is when delivered, skipped if the row is gone by then": a stream stuck on a
-    slow socket while its queue fills must not hand out, later, a row forgotten (or an episode its author stopped
-    sharing) in the meantime."""
-    hub = server.server.memory.events
-    subscriber = hub.subscribe(solos_events.Pattern("sol", "shared", ("long", "episodic")), None)
+def stalled_stream(hub, subscriber) -> tuple[list[bytes], threading.Event, threading.Event]:
+    """The subscriber's stream, whose socket fills on the send of "first one": what it wrote, the event set when
+    it stalls, and the one that lets it go on."""
     written: list[bytes] = []
     stuck, release = threading.Event(), threading.Event()
 
@@ -471,6 +467,17 @@ def test_a_stream_behind_its_queue_never_hands_out_a_row_it_may_no_longer_see(se
 
     threading.Thread(target=hub.stream, args=(subscriber, None, write, b""), daemon=True).start()
     wait_until(lambda: written, "the stream's head")
+    return written, stuck, release
+
+
+@pytest.mark.parametrize("meanwhile", ["forget", "unshare"])
+def test_a_stream_behind_its_queue_never_hands_out_a_row_it_may_no_longer_see(server, meanwhile):
+    """A write is shown "as the row is when delivered, skipped if the row is gone by then": a stream stuck on a
+    slow socket while its queue fills must not hand out, later, a row forgotten (or an episode its author stopped
+    sharing) in the meantime."""
+    hub = server.server.memory.events
+    subscriber = hub.subscribe(solos_events.Pattern("sol", "shared", ("long", "episodic")), None)
+    written, stuck, release = stalled_stream(hub, subscriber)
     assert server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True}).status == 201
     tier, path = ("long", "/v1/long") if meanwhile == "forget" else ("episodic", "/v1/episodic")
     text = {"long": "fact", "episodic": "summary"}[tier]
@@ -489,6 +496,27 @@ def test_a_stream_behind_its_queue_never_hands_out_a_row_it_may_no_longer_see(se
     with server.db() as conn:
         head = conn.execute("SELECT max(id) FROM memory_event").fetchone()[0]
     wait_until(lambda: f"id: {head}\n".encode() in b"".join(written), "the stream past the doomed row")
+    subscriber.drop("test over")
+    hub.unsubscribe(subscriber)
+    assert b"doomed one" not in b"".join(written)
+
+
+def test_a_queued_short_row_that_expires_before_it_is_sent_is_not_sent(server, monkeypatch):
+    """A short row read live by the hub and queued, then held up behind a slow send past its expiry, went out
+    (only a write queued RECHECK_AFTER_S ago was read again): the subscriber was handed a row recall already
+    refused. A queued row whose expiry has come is read again first, and skipped (its `expire` follows)."""
+    monkeypatch.setattr(solos_events, "RECHECK_AFTER_S", 5.0)  # any hold-up shorter than the recheck
+    hub = server.server.memory.events
+    subscriber = hub.subscribe(solos_events.Pattern("sol", "shared", ("short",)), None)
+    written, stuck, release = stalled_stream(hub, subscriber)
+    server.post("/v1/short", {"agent": "atlas", "key": "a", "value": "the first one"})
+    assert stuck.wait(WAIT_S)
+    doomed = server.post("/v1/short", {"agent": "atlas", "key": "b", "value": "the doomed one", "ttl_s": 0.5}).body
+    wait_until(lambda: subscriber.queue.qsize() >= 1, "the doomed row queued")
+    time.sleep(0.6)
+    assert doomed["expires_at"] < solos_store.utc_now()
+    release.set()
+    wait_until(lambda: b'"kind": "expire"' in b"".join(written), "the doomed row's expiry")
     subscriber.drop("test over")
     hub.unsubscribe(subscriber)
     assert b"doomed one" not in b"".join(written)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -142,6 +143,33 @@ def test_a_forget_through_one_copy_leaves_every_copys_index_and_its_file(copies)
             lambda folder=folder: not any(b"pretzel" in path.read_bytes().lower() for path in folder.iterdir()),
             "the forgotten words to leave the index's files",
         )
+
+
+@pytest.mark.slow
+def test_a_forget_whose_index_checkpoint_meets_a_reader_is_scrubbed_once_it_leaves(copies):
+    # The copy's scrub after a forget cut its index's WAL once: a recall reading the index then kept the
+    # checkpoint from finishing, and the old page images holding the forgotten words stayed in the WAL until
+    # the next forget, if any. The scrub is now retried until the WAL is cut, as the embedded store's is.
+    copy = ready(copies(rerank=False))
+    row_id = copy.post("/v1/long", {"agent": "atlas", "fact": "the locker code is Zanzibar"}).body["id"]
+    assert ids_of(copy.recall("sol", "Zanzibar", tiers="long")) == [row_id]
+    index = index_of(copy)
+    folder = Path(index.folder)
+    reader = sqlite3.connect(folder / "keyword.db", isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM memory_longterm_fts").fetchone()  # a recall's read, held
+        forgot = copy.request("DELETE", "/v1/memory", query={"agent": "atlas", "tier": "long", "id": row_id})
+        assert forgot.status == 200, forgot.body
+        wait_until(lambda: not held(copy, "memory_longterm", row_id), "the forget applied")
+        time.sleep(solos_pg_keyword.POLL_S + 1.5)  # its scrub ran, and its checkpoint waited for the reader
+        assert any(b"zanzibar" in path.read_bytes().lower() for path in folder.iterdir())  # the WAL was held
+    finally:
+        reader.close()
+    wait_until(
+        lambda: not any(b"zanzibar" in path.read_bytes().lower() for path in folder.iterdir()),
+        "the forgotten words to leave the index's WAL once the reader is gone",
+    )
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from conftest import (
     start_server,
     stop_server,
     subscribed,
+    wait_until,
     write_tokens,
 )
 
@@ -236,6 +237,43 @@ def test_a_restore_from_before_a_forget_does_not_bring_the_row_back(server, make
     server.post("/v1/long", {"agent": "atlas", "fact": "after the restore"})
     with server.db() as conn:
         assert conn.execute("SELECT max(id) FROM memory_event").fetchone()[0] > last_before
+
+
+@pytest.mark.parametrize("tier", ["long", "short", "episodic"])
+def test_a_snapshot_taken_while_a_forgets_scrub_waits_holds_none_of_its_text(server, tmp_path, monkeypatch, tier):
+    # The forget committed, but its index merge met a busy database (wal_checkpoint: pending): the tier's FTS5
+    # segments still held the row's words, and VACUUM INTO copied them into the snapshot, where they stayed
+    # for --keep days, beyond the scrub that later cleared the live file.
+    import solos_forget
+
+    scrubber = server.server.memory.scrubber
+    wait_until(lambda: not scrubber.due and not scrubber.checkpoint_pending, "the hub's first round")
+    with server.db() as conn:  # as in a large index, where the segment holding the words is not merged by chance
+        for fts in solos_store.FTS_TABLES:
+            conn.execute(f"INSERT INTO {fts} ({fts}, rank) VALUES ('automerge', 0)")
+    word = marker()
+    text = f"met {word} at noon"
+    bodies = {"long": {"fact": text}, "short": {"key": "k", "value": text}}
+    bodies["episodic"] = {"event_type": "e", "summary": text}
+    row_id = server.post(f"/v1/{tier}", {"agent": "atlas", **bodies[tier]}).body["id"]
+
+    def busy(*_):
+        raise solos_store.Busy("database is locked")
+
+    monkeypatch.setattr(solos_forget.Scrubber, "merge", busy)
+    monkeypatch.setattr(solos_forget.Scrubber, "finish", lambda *_: None)  # the hub's retry comes later
+    ok, answer = forget(server, "atlas", tier, row_id)
+    assert ok and answer["wal_checkpoint"] == "pending", answer
+    checkpoint(server)
+    assert files_holding(server, word[-16:])["db"] > 0  # the live file's index still holds the words
+
+    taken = snapshot(server, tmp_path / "snapshots")
+    copy = taken["path"].with_suffix(".db")
+    assert copy.read_bytes().count(word[-16:].encode()) == 0
+    assert taken["sha256"] == hashlib.sha256(copy.read_bytes()).hexdigest()
+    with sqlite3.connect(copy) as conn:  # the copy says nothing waits: its indexes are merged
+        assert conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0] == 0
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
 def test_a_row_the_fleet_rewrote_after_the_snapshot_stays_forgotten_after_a_restore(server, make_server, tmp_path):
