@@ -69,10 +69,12 @@ class Tokens:
     def agent_for(self, authorization: str | None) -> str:
         """The agent a bearer token belongs to; compared in constant time."""
         by_hash = self.current()
-        if not authorization or not authorization.startswith("Bearer "):
+        # The scheme is case-insensitive and any whitespace ends it (RFC 9110 11.1): `bearer <token>` is one too.
+        scheme_and_token = (authorization or "").split(None, 1)
+        if len(scheme_and_token) != 2 or scheme_and_token[0].lower() != "bearer":
             # Worded without the scheme name: Hermes redacts "Bearer <word>" from error text.
             raise Unauthorized("this service needs the calling agent's token in the Authorization header")
-        digest = hashlib.sha256(authorization[7:].strip().encode("utf-8")).hexdigest()
+        digest = hashlib.sha256(scheme_and_token[1].strip().encode("utf-8")).hexdigest()
         found = None
         for known, agent in by_hash.items():
             if hmac.compare_digest(known, digest):

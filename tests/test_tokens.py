@@ -1,0 +1,31 @@
+"""Who is calling: bearer tokens as the service reads them (the header, the tokens file, the `token` command,
+PostgreSQL's `memory_token`) and as the client sends them. Each test attacks from outside, over HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def bearer(token: str, scheme: str = "Bearer") -> dict[str, str]:
+    return {"Authorization": f"{scheme} {token}"}
+
+
+# ==== the Authorization header ====
+
+
+@pytest.mark.parametrize("header", ["bearer atlas-token", "BEARER atlas-token", "Bearer\tatlas-token"])
+def test_the_scheme_name_is_read_in_any_case_and_after_any_space(token_server, header):
+    """RFC 9110 11.1: the scheme is a case-insensitive token, and a tab is whitespace. A client (or a profile's
+    header typed by hand) sending `bearer <token>` was told the service "needs the calling agent's token in the
+    Authorization header": it had sent it."""
+    server = token_server
+    recalled = server.request("GET", "/v1/recall?q=x", headers={"Authorization": header})
+    assert (recalled.status, recalled.body.get("agent")) == (200, "atlas"), recalled.body
+    called = server.mcp_tool("recall", {"q": "x"}, {"Authorization": header})
+    assert called.status == 200 and called.body["result"]["structuredContent"]["agent"] == "atlas", called.body
+
+
+@pytest.mark.parametrize("header", ["Basic YXRsYXMtdG9rZW4=", "Token atlas-token", "Bearer", "atlas-token"])
+def test_another_scheme_or_no_token_is_a_401_saying_so(token_server, header):
+    refused = token_server.request("GET", "/v1/recall?q=x", headers={"Authorization": header})
+    assert refused.status == 401 and "atlas-token" not in refused.raw.decode(), refused.body
