@@ -106,7 +106,8 @@ def read_tokens(path: str) -> dict[str, str]:
         raise IsADirectoryError(errno.EISDIR, "it is a folder", path)
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ValueError(f"{path}: tokens file must not be accessible by group or others (chmod 600)")
-    by_hash = {}
+    by_hash: dict[str, str] = {}
+    lines: dict[str, int] = {}  # each hash's first line, to name it
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip() or line.startswith("#"):
@@ -114,7 +115,13 @@ def read_tokens(path: str) -> dict[str, str]:
             parts = line.split()
             if len(parts) != 2 or not re.fullmatch(r"[0-9a-f]{64}", parts[0]) or not names_holder(parts[1]):
                 raise ValueError(f"{path}:{number}: expected '<sha256 hex> <agent>'")
+            if by_hash.get(parts[0], parts[1]) != parts[1]:  # which line wins would be a guess: neither does
+                raise ValueError(
+                    f"{path}:{number}: this hash is on line {lines[parts[0]]} too, for {by_hash[parts[0]]!r}, "
+                    f"here for {parts[1]!r}: one token speaks for one agent"
+                )
             by_hash[parts[0]] = parts[1]
+            lines.setdefault(parts[0], number)
     return by_hash
 
 

@@ -3,7 +3,12 @@ PostgreSQL's `memory_token`) and as the client sends them. Each test attacks fro
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
+from conftest import write_tokens
+
+import solos_memory
 
 
 def bearer(token: str, scheme: str = "Bearer") -> dict[str, str]:
@@ -29,3 +34,28 @@ def test_the_scheme_name_is_read_in_any_case_and_after_any_space(token_server, h
 def test_another_scheme_or_no_token_is_a_401_saying_so(token_server, header):
     refused = token_server.request("GET", "/v1/recall?q=x", headers={"Authorization": header})
     assert refused.status == 401 and "atlas-token" not in refused.raw.decode(), refused.body
+
+
+# ==== the tokens file ====
+
+
+def hashed(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def test_a_hash_given_to_two_agents_is_refused_never_read_as_the_last(tmp_path, make_server):
+    """A token's hash on two lines with two agents (a line copied and edited, a token given to another agent by
+    adding a line) made the token speak for whichever line came last, silently."""
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, {"atlas-token": "atlas"})
+    with open(tokens, "a") as handle:
+        handle.write(f"{hashed('atlas-token')} sol\n")
+    with pytest.raises(SystemExit, match=r"tokens:2: .*line 1.*atlas.*sol"):
+        solos_memory.Tokens.load(str(tokens))
+
+    write_tokens(tokens, {"atlas-token": "atlas"})
+    server = make_server(tokens_file=str(tokens))
+    with open(tokens, "a") as handle:  # while it runs: refused, saying why, until the file is mended
+        handle.write(f"{hashed('atlas-token')} sol\n")
+    refused = server.request("GET", "/v1/recall?q=x", headers=bearer("atlas-token"))
+    assert refused.status == 503 and "line 1" in refused.body["error"]["message"], refused.body
