@@ -170,9 +170,12 @@ def issue_token(agent: str, tokens_file: str | None, db: str, open_store: Callab
             store.close()
     else:
         try:
-            descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
-                handle.write(f"{digest} {agent}\n")
+            descriptor = os.open(tokens_file, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(descriptor, "a+b") as handle:
+                size, line = handle.seek(0, os.SEEK_END), f"{digest} {agent}\n".encode()
+                if size and os.pread(descriptor, 1, size - 1) != b"\n":  # a last line edited by hand, left open:
+                    line = b"\n" + line  # glued to it, the hash would be its third word and the file unusable
+                handle.write(line)
         except OSError as error:  # no folder, a folder, read-only: one line, and no token printed as if kept
             raise SystemExit(f"--tokens-file {tokens_file}: cannot be written: {error.strerror or error}") from None
     print(token)

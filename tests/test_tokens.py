@@ -4,9 +4,11 @@ PostgreSQL's `memory_token`) and as the client sends them. Each test attacks fro
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 
 import pytest
-from conftest import write_tokens
+from conftest import ROOT, write_tokens
 
 import solos_memory
 
@@ -59,3 +61,19 @@ def test_a_hash_given_to_two_agents_is_refused_never_read_as_the_last(tmp_path, 
         handle.write(f"{hashed('atlas-token')} sol\n")
     refused = server.request("GET", "/v1/recall?q=x", headers=bearer("atlas-token"))
     assert refused.status == 503 and "line 1" in refused.body["error"]["message"], refused.body
+
+
+def test_the_token_command_starts_its_line_after_a_last_line_with_no_newline(tmp_path, make_server):
+    """A tokens file whose last line has no newline (edited by hand, written by printf) got the new hash glued
+    to that line: every running worker then refused every request (503) and the next start failed."""
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, {"atlas-token": "atlas"})
+    tokens.write_text(tokens.read_text().rstrip("\n"))
+    server = make_server(tokens_file=str(tokens))
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "token", "sol", "--tokens-file", str(tokens)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    sol = run.stdout.strip()
+    for token, agent in (("atlas-token", "atlas"), (sol, "sol")):
+        recalled = server.request("GET", "/v1/recall?q=x", headers=bearer(token))
+        assert (recalled.status, recalled.body.get("agent")) == (200, agent), recalled.body
