@@ -127,26 +127,34 @@ def read_tokens(path: str) -> dict[str, str]:
 
 class StoredTokens(Tokens):
     """Tokens kept in the database (PostgreSQL): read again at most every REREAD_S, so a token issued while the
-    copies run, the first one included, holds on every copy within that time. Tokens are on while any exists;
-    a failed read keeps the last set (the operation itself then meets the same database)."""
+    copies run, the first one included, holds on every copy within that time. Tokens are on from the first one
+    a copy reads, and stay on: once the last is revoked every call is refused (401) until one is issued, never
+    trusted as it was before the first (that takes a restart). A failed read keeps the last set (the operation
+    itself then meets the same database)."""
 
     REREAD_S = 5.0
 
     def __init__(self, read: Callable[[], dict[str, str]]):
         super().__init__(read())
         self.read, self.read_at = read, time.monotonic()
+        self.on = bool(self.by_hash)
 
     def current(self) -> dict[str, str]:
         if time.monotonic() - self.read_at >= self.REREAD_S:
+            had = bool(self.by_hash)
             try:
                 self.by_hash = self.read()
             except solos_store.ServiceError:
                 pass
             self.read_at = time.monotonic()
+            if had and not self.by_hash:
+                solos_store.log_event("tokens_none_left", reason="every call is refused until a token is issued")
+            self.on = self.on or bool(self.by_hash)
         return self.by_hash
 
     def __bool__(self) -> bool:
-        return bool(self.current())
+        self.current()
+        return self.on
 
 
 def names_holder(name: str) -> bool:

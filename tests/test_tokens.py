@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import time
 
 import pytest
-from conftest import ROOT, write_tokens
+from conftest import ROOT, direct, start_server, stop_server, wait_until, write_tokens
 
 import solos_memory
+import solos_tokens
 
 
 def bearer(token: str, scheme: str = "Bearer") -> dict[str, str]:
@@ -77,3 +79,27 @@ def test_the_token_command_starts_its_line_after_a_last_line_with_no_newline(tmp
     for token, agent in (("atlas-token", "atlas"), (sol, "sol")):
         recalled = server.request("GET", "/v1/recall?q=x", headers=bearer(token))
         assert (recalled.status, recalled.body.get("agent")) == (200, agent), recalled.body
+
+
+# ==== tokens kept in PostgreSQL ====
+
+
+def test_revoking_the_last_stored_token_refuses_every_call_and_never_opens_the_door(pg_url, capsys, monkeypatch):
+    """Tokens kept in the database were on "while any exists": deleting the last row (an agent's tokens
+    revoked, a rotation that deletes before it issues) turned every copy back to loopback trust within 5 s, so
+    anyone could read and write any agent's memory by naming it."""
+    monkeypatch.setattr(solos_tokens.StoredTokens, "REREAD_S", 0.2)
+    copy = start_server(pg_url)
+    try:
+        assert solos_memory.main(["token", "atlas", "--db", pg_url]) == 0
+        token = capsys.readouterr().out.strip()
+        wait_until(lambda: copy.get("/v1/recall", agent="atlas", q="x").status == 401, "tokens on")
+        direct(pg_url, "DELETE FROM memory_token")
+        time.sleep(0.5)
+        anonymous = copy.get("/v1/recall", agent="atlas", q="x")
+        assert anonymous.status == 401, anonymous.body
+        assert copy.request("GET", "/v1/recall?q=x", headers=bearer(token)).status == 401
+        assert copy.mcp_tool("recall", {"agent": "atlas", "q": "x"}).status == 401
+        assert copy.get("/health").body["auth"] == "tokens"
+    finally:
+        stop_server(copy)
