@@ -767,7 +767,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
             },
         )
         checked = invoke(server.memory, server.tokens, subscribe, args, cast(Mapping[str, str], self.headers))
-        confirm = server.tokens and functools.partial(server.tokens.confirm, self.headers.get("Authorization"))
+        confirm = server.tokens is not None and functools.partial(server.tokens.confirm, self.headers["Authorization"])
         subscriber = server.memory.events.subscribe(checked["pattern"], self.connection, confirm or None)
         if subscriber is None:
             raise Busy(f"{server.memory.events.max_subscribers} event streams are open: the cap", reason="streams")

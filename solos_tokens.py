@@ -85,8 +85,9 @@ class Tokens:
 
     def confirm(self, authorization: str | None, agent: str) -> None:
         """For a call that lasts (an event stream): the token still names `agent`; else Unauthorized, so a token
-        revoked (or given to another agent) stops what it opened at its next delivery, not only its next request."""
-        if self.agent_for(authorization) != agent:
+        revoked (or given to another agent) stops what it opened at its next delivery, not only its next request;
+        and once tokens are on (the first one kept in the database), one opened without them stops too."""
+        if self and self.agent_for(authorization) != agent:
             raise Unauthorized("the bearer token no longer names this stream's agent")
 
 

@@ -4,12 +4,13 @@ PostgreSQL's `memory_token`) and as the client sends them. Each test attacks fro
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import ROOT, direct, start_server, stop_server, wait_until, write_tokens
+from conftest import ROOT, direct, start_server, stop_server, subscribed, wait_until, write_tokens
 
 import solos_memory
 import solos_tokens
@@ -101,5 +102,26 @@ def test_revoking_the_last_stored_token_refuses_every_call_and_never_opens_the_d
         assert copy.request("GET", "/v1/recall?q=x", headers=bearer(token)).status == 401
         assert copy.mcp_tool("recall", {"agent": "atlas", "q": "x"}).status == 401
         assert copy.get("/health").body["auth"] == "tokens"
+    finally:
+        stop_server(copy)
+
+
+def test_a_stream_opened_before_the_first_token_ends_once_tokens_are_on(pg_url, capsys, monkeypatch, streams):
+    """A stream opened under loopback trust (no token yet in the database) was never asked again: once the
+    first token was issued, every other call needed one, but that stream went on handing the agent it named
+    every new row, for as long as it stayed open."""
+    monkeypatch.setattr(solos_tokens.StoredTokens, "REREAD_S", 0.2)
+    copy = start_server(pg_url)
+    try:
+        copy.server.memory.events.heartbeat_s = 0.2
+        stream = subscribed(streams(copy, {"agent": "sol", "scope": "shared"}))
+        assert solos_memory.main(["token", "atlas", "--db", pg_url]) == 0
+        atlas = bearer(capsys.readouterr().out.strip())
+        wait_until(lambda: copy.get("/v1/recall", agent="atlas", q="x").status == 401, "tokens on")
+        assert copy.post("/v1/long", {"fact": "written once tokens are on"}, headers=atlas).status == 201
+        message = stream.next(timeout=10)
+        assert message is not None and message.get("event") == "error", message
+        assert "written once tokens are on" not in json.dumps(message)
+        assert stream.closed.wait(10)
     finally:
         stop_server(copy)
