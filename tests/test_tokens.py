@@ -14,6 +14,7 @@ from conftest import ROOT, direct, start_server, stop_server, subscribed, wait_u
 
 import solos_memory
 import solos_tokens
+from solos_client import Client, UsageError
 
 
 def bearer(token: str, scheme: str = "Bearer") -> dict[str, str]:
@@ -125,3 +126,26 @@ def test_a_stream_opened_before_the_first_token_ends_once_tokens_are_on(pg_url, 
         assert stream.closed.wait(10)
     finally:
         stop_server(copy)
+
+
+# ==== the client's token ====
+
+
+def test_the_clients_token_loses_its_line_ending_and_bom_and_never_shows_in_an_error(token_server, tmp_path, caplog):
+    """A token read from a CRLF .env or a token file saved with a BOM could not be sent: http.client refused the
+    header and its message quoted it, so the token went into the Unavailable error, the breaker's last error,
+    best-effort's warning log line and the empty result handed to the agent's turn."""
+    server = token_server
+    assert Client(server.url, token="atlas-token\r\n").recall("x")["agent"] == "atlas"
+    (tmp_path / "atlas.token").write_bytes(b"\xef\xbb\xbfatlas-token\r\n")
+    from_file = Client.from_env(
+        {"SOLOS_MEMORY_URL": server.url, "SOLOS_MEMORY_TOKEN_FILE": str(tmp_path / "atlas.token")}
+    )
+    assert from_file.recall("x")["agent"] == "atlas"
+    for unsendable in ("atlas-token-s3cret\u2603", "atlas-token s3cret", "atlas-token\rs3cret"):
+        with pytest.raises(UsageError) as refused:
+            Client(server.url, token=unsendable).recall("x")
+        assert "s3cret" not in str(refused.value) and "token" in str(refused.value)
+        soft = Client(server.url, token=unsendable, best_effort=True).recall("x")
+        assert soft["results"] == [] and "s3cret" not in json.dumps(soft)
+    assert "s3cret" not in caplog.text
