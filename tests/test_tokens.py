@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import ROOT, direct, start_server, stop_server, subscribed, wait_until, write_tokens
 
+import solos_langgraph
 import solos_memory
 import solos_tokens
 from solos_client import Client, UsageError
@@ -149,3 +150,15 @@ def test_the_clients_token_loses_its_line_ending_and_bom_and_never_shows_in_an_e
         soft = Client(server.url, token=unsendable, best_effort=True).recall("x")
         assert soft["results"] == [] and "s3cret" not in json.dumps(soft)
     assert "s3cret" not in caplog.text
+
+
+@pytest.mark.parametrize("token", ["atlas-token\r\n", "atlas-token\rs3cret"])
+def test_the_langgraph_writer_sends_a_token_without_its_line_ending_and_never_quotes_one(token_server, token):
+    """store_memory's token from a CRLF environment file could not be sent, and the StoreMemoryError it raised
+    quoted http.client's message, token and all."""
+    try:
+        point = solos_langgraph.store_memory("atlas", "ops", "kept by token", url=token_server.url, token=token)
+    except solos_langgraph.StoreMemoryError as error:
+        assert "s3cret" in token and "s3cret" not in str(error) and error.field == "token", error
+    else:
+        assert "s3cret" not in token and point
