@@ -59,8 +59,9 @@ class Tokens:
                     try:
                         self.by_hash, self.broken = read_tokens(self.path), None
                     except (OSError, ValueError) as error:
-                        self.broken = str(error)
-                        solos_store.log_event("tokens_unusable", path=self.path, reason=self.broken)
+                        solos_store.log_event("tokens_unusable", path=self.path, reason=str(error))
+                        # Every caller reads why, unauthenticated ones too: the file's name, not where it lives.
+                        self.broken = str(error).replace(self.path, os.path.basename(self.path))
                     self.seen = state
         if self.broken is not None:
             raise solos_store.StorageUnavailable(f"the tokens file changed and cannot be used: {self.broken}")

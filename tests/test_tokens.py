@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, direct, start_server, stop_server, subscribed, wait_until, write_tokens
@@ -82,6 +83,18 @@ def test_the_token_command_starts_its_line_after_a_last_line_with_no_newline(tmp
     for token, agent in (("atlas-token", "atlas"), (sol, "sol")):
         recalled = server.request("GET", "/v1/recall?q=x", headers=bearer(token))
         assert (recalled.status, recalled.body.get("agent")) == (200, agent), recalled.body
+
+
+@pytest.mark.parametrize("spoil", ["chmod", "delete", "garble"])
+def test_a_tokens_file_spoiled_while_running_refuses_every_call_without_naming_its_folder(token_server, spoil):
+    """Any caller, without a token too, got the 503 naming the tokens file's full path (the operator's home and
+    layout); SECURITY.md keeps machine paths to the operator's view. The log line keeps it."""
+    tokens = Path(token_server.server.config.tokens_file)
+    {"chmod": lambda: tokens.chmod(0o644), "delete": tokens.unlink, "garble": lambda: tokens.write_text("x\n")}[spoil]()
+    for headers in ({}, bearer("atlas-token")):
+        refused = token_server.request("GET", "/v1/recall?q=x&agent=atlas", headers=headers)
+        message = refused.body["error"]["message"]
+        assert refused.status == 503 and "tokens" in message and str(tokens.parent) not in message, message
 
 
 # ==== tokens kept in PostgreSQL ====
