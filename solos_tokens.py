@@ -110,11 +110,12 @@ def read_tokens(path: str) -> dict[str, str]:
         raise ValueError(f"{path}: tokens file must not be accessible by group or others (chmod 600)")
     by_hash: dict[str, str] = {}
     lines: dict[str, int] = {}  # each hash's first line, to name it
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8-sig") as handle:  # -sig: a Windows editor's BOM is no part of line 1
         for number, line in enumerate(handle, 1):
             if not line.strip() or line.startswith("#"):
                 continue
             parts = line.split()
+            parts[0] = parts[0].lower()  # the same sha256, as PowerShell's Get-FileHash prints it
             if len(parts) != 2 or not re.fullmatch(r"[0-9a-f]{64}", parts[0]) or not names_holder(parts[1]):
                 raise ValueError(f"{path}:{number}: expected '<sha256 hex> <agent>'")
             if by_hash.get(parts[0], parts[1]) != parts[1]:  # which line wins would be a guess: neither does

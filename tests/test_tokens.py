@@ -85,6 +85,21 @@ def test_the_token_command_starts_its_line_after_a_last_line_with_no_newline(tmp
         assert (recalled.status, recalled.body.get("agent")) == (200, agent), recalled.body
 
 
+def test_a_bom_an_upper_case_hash_and_crlf_lines_are_read_as_meant(tmp_path, make_server):
+    """A tokens file saved by a Windows editor (a BOM, CRLF) or holding a hash printed in upper case (as
+    PowerShell's Get-FileHash and some sha256 tools do) stopped the start with "tokens:1: expected '<sha256
+    hex> <agent>'", about a line that reads exactly so."""
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, {})
+    lines = f"\ufeff{hashed('atlas-token').upper()} atlas\r\n{hashed('sol-token')} sol  \r\n"
+    tokens.write_bytes(lines.encode("utf-8"))
+    assert solos_memory.Tokens.load(str(tokens)).by_hash == {hashed("atlas-token"): "atlas", hashed("sol-token"): "sol"}
+    server = make_server(tokens_file=str(tokens))
+    for token, agent in (("atlas-token", "atlas"), ("sol-token", "sol")):
+        recalled = server.request("GET", "/v1/recall?q=x", headers=bearer(token))
+        assert (recalled.status, recalled.body.get("agent")) == (200, agent), recalled.body
+
+
 @pytest.mark.parametrize("spoil", ["chmod", "delete", "garble"])
 def test_a_tokens_file_spoiled_while_running_refuses_every_call_without_naming_its_folder(token_server, spoil):
     """Any caller, without a token too, got the 503 naming the tokens file's full path (the operator's home and
