@@ -1093,7 +1093,7 @@ def hold_database(config: Config) -> solos_snapshot.Hold | None:
 
 def open_server(config: Config, register: Sequence[str], worker: solos_workers.Worker | None = None) -> MemoryServer:
     """Open (or create) the database, register agents, load extras, bind the socket (a worker: take it)."""
-    tokens: Tokens | None = Tokens.load(config.tokens_file) if config.tokens_file else None  # before the database
+    tokens = Tokens.load(config.tokens_file) if config.tokens_file is not None else None  # before the database
     store = open_database(config, register)
     if tokens is None and store.keeps_tokens:  # PostgreSQL: in the database, so every copy agrees
         tokens = solos_tokens.StoredTokens(store.token_hashes)
@@ -1347,7 +1347,7 @@ def serve(config: Config, register: list[str]) -> int:
     if config.workers == 1:
         return solos_workers.run(build_server(config, register), config)
     hold = hold_database(config)  # the supervisor's, for the workers' whole life; they register nothing again
-    Tokens.load(config.tokens_file) if config.tokens_file else None  # a tokens file it cannot use stops here
+    Tokens.load(config.tokens_file) if config.tokens_file is not None else None  # one it cannot use stops here
     open_database(config, register).close()  # registered and migrated once, and a broken database stops here
     start = lambda worker: solos_workers.run(open_server(config, (), worker), config, worker)  # noqa: E731
     try:

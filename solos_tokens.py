@@ -43,6 +43,8 @@ class Tokens:
 
     @classmethod
     def load(cls, path: str) -> Tokens:
+        if not path:  # SOLOS_MEMORY_TOKENS_FILE= asks for tokens: starting in loopback trust would open the door
+            raise SystemExit("--tokens-file is empty: give the tokens file's path, or leave it out for loopback trust")
         try:
             return cls(read_tokens(path), path)
         except OSError as error:  # missing, a folder, unreadable: one line, not a traceback

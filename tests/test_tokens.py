@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -98,6 +99,23 @@ def test_a_bom_an_upper_case_hash_and_crlf_lines_are_read_as_meant(tmp_path, mak
     for token, agent in (("atlas-token", "atlas"), ("sol-token", "sol")):
         recalled = server.request("GET", "/v1/recall?q=x", headers=bearer(token))
         assert (recalled.status, recalled.body.get("agent")) == (200, agent), recalled.body
+
+
+def test_an_empty_tokens_file_setting_stops_the_start_instead_of_trusting_every_caller(tmp_path):
+    """SOLOS_MEMORY_TOKENS_FILE= in lab-memory.env (or --tokens-file "" from a template whose variable was unset)
+    asked for tokens and started in loopback trust, silently: with --allow-remote, anyone could read and write
+    any agent's memory. It now stops the start in one line, as a tokens file that cannot be read does."""
+    with pytest.raises(SystemExit, match="--tokens-file is empty"):
+        solos_memory.build_server(solos_memory.Config(db=str(tmp_path / "x.db"), port=0, tokens_file=""))
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "y.db"), "--port", "0"]
+    run = subprocess.run(
+        [*command, "--model-dir", "off", "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SOLOS_MEMORY_TOKENS_FILE": ""},
+    )
+    assert run.returncode == 1 and run.stderr.strip().splitlines()[-1].startswith("--tokens-file is empty"), run.stderr
 
 
 @pytest.mark.parametrize("spoil", ["chmod", "delete", "garble"])
