@@ -1280,7 +1280,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.add_parser("client", add_help=False, help="call a running service: client recall|remember|event --help")
     token = commands.add_parser("token", help="issue a bearer token for an agent, appended (hashed) to a tokens file")
     token.add_argument("agent", help=f"the agent the token speaks for, or {OPERATOR} for the operator view of stats")
-    token.add_argument("--tokens-file", help="tokens file to append to (created with mode 600); not with PostgreSQL")
+    token.add_argument("--tokens-file", help="tokens file to append to (created with mode 600); wins over --db")
     token.add_argument("--db", default=env_default("DB", ""), help="a postgresql:// URL: keep the token there instead")
     return parser.parse_args(argv)
 

@@ -171,11 +171,11 @@ def issue_token(agent: str, tokens_file: str | None, db: str, open_store: Callab
     PostgreSQL database `open_store` opens (as its admin)."""
     if not names_holder(agent):
         raise SystemExit(f"agent name {agent!r} must match {AGENT_PATTERN}")
-    if bool(tokens_file) == solos_store.is_postgres(db):
+    if not tokens_file and not solos_store.is_postgres(db):
         raise SystemExit("token: give --tokens-file, or --db with a postgresql:// URL (the copies share it)")
     token = secrets.token_urlsafe(32)
     digest = hashlib.sha256(token.encode()).hexdigest()
-    if tokens_file is None:
+    if not tokens_file:  # a tokens file wins, as it does for serve, over the database SOLOS_MEMORY_DB names
         store = open_store()
         try:
             store.keep_token(digest, agent)

@@ -118,6 +118,20 @@ def test_an_empty_tokens_file_setting_stops_the_start_instead_of_trusting_every_
     assert run.returncode == 1 and run.stderr.strip().splitlines()[-1].startswith("--tokens-file is empty"), run.stderr
 
 
+def test_the_token_commands_tokens_file_wins_over_the_environments_postgresql_url(tmp_path, make_server):
+    """serve takes --tokens-file over tokens kept in PostgreSQL ("still works and wins"), but `token atlas
+    --tokens-file F` in a shell holding SOLOS_MEMORY_DB=postgresql://... (lab-memory.env sourced) was refused with
+    "give --tokens-file, or --db with a postgresql:// URL": it had been given."""
+    tokens = tmp_path / "tokens"
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "token", "atlas", "--tokens-file", str(tokens)]
+    environment = {**os.environ, "SOLOS_MEMORY_DB": "postgresql://nobody@127.0.0.1:1/unreached"}
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
+    assert run.returncode == 0, run.stderr
+    server = make_server(tokens_file=str(tokens))
+    recalled = server.request("GET", "/v1/recall?q=x", headers=bearer(run.stdout.strip()))
+    assert (recalled.status, recalled.body.get("agent")) == (200, "atlas"), recalled.body
+
+
 @pytest.mark.parametrize("spoil", ["chmod", "delete", "garble"])
 def test_a_tokens_file_spoiled_while_running_refuses_every_call_without_naming_its_folder(token_server, spoil):
     """Any caller, without a token too, got the 503 naming the tokens file's full path (the operator's home and
