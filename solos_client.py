@@ -220,7 +220,7 @@ class Client:
         self.base_path = parts.path.rstrip("/")
         self.connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         self.agent = agent
-        self.token = token.strip() if token else token  # a CRLF .env's "\r" would make the header unsendable
+        self.token = str(token).strip() if token else token  # a CRLF .env's "\r": the header unsendable
         self.connect_timeout = connect_timeout
         self.recall_timeout = recall_timeout
         self.write_timeout = write_timeout

@@ -222,3 +222,10 @@ def test_the_langgraph_writer_sends_a_token_without_its_line_ending_and_never_qu
         assert "s3cret" in token and "s3cret" not in str(error) and error.field == "token", error
     else:
         assert "s3cret" not in token and point
+
+
+def test_a_token_that_yaml_read_as_a_number_is_still_sent(make_server, tmp_path):
+    """plugins.solos.token in Hermes' config.yaml is handed over as YAML read it: a token of digits is an int."""
+    write_tokens(tmp_path / "tokens", {"20261207": "atlas"})
+    server = make_server(tokens_file=str(tmp_path / "tokens"))
+    assert Client(server.url, token=20261207).recall("x")["agent"] == "atlas"  # type: ignore[arg-type]
