@@ -148,6 +148,10 @@ class McpBridge:
         self._allowed_origins = frozenset(origin.lower() for origin in allowed_origins)
         self._instructions = instructions
 
+    def admits(self, headers: Mapping[str, str]) -> bool:
+        """Whether the Host and Origin rule lets the request in (else `handle` answers 403, before anything)."""
+        return foreign_caller(headers, self._allowed_hosts, self._allowed_origins) is None
+
     def handle(self, method: str, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
         """Answer one HTTP request: (status, headers, body); the caller adds Content-Length."""
         refusal = foreign_caller(headers, self._allowed_hosts, self._allowed_origins)

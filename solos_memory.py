@@ -799,11 +799,11 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
 
     def serve_mcp(self, url: SplitResult, body: bytes) -> None:
         """/mcp: the bridge answers from the same operation table."""
-        if self.server.tokens and self.command == "POST":
-            # Refuse at the door, not per tool: Hermes then reports the server as not connected
-            # instead of connecting and tripping its circuit breaker on failed calls.
-            self.server.tokens.agent_for(self.headers.get("Authorization"))
-        status, headers, reply = self.server.bridge.handle(self.command, cast(Mapping[str, str], self.headers), body)
+        asked, bridge = cast(Mapping[str, str], self.headers), self.server.bridge
+        if self.server.tokens and self.command == "POST" and bridge.admits(asked):  # a foreign Host: 403 first
+            # Refused at the door, not per tool: Hermes says "not connected", not tripping its breaker on calls.
+            self.server.tokens.agent_for(asked.get("Authorization"))
+        status, headers, reply = bridge.handle(self.command, asked, body)
         self.respond(status, reply or None, headers, headers.pop("Content-Type", "application/json"))
 
     def call_operation(self, url: SplitResult, body: bytes) -> None:

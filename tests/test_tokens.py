@@ -229,3 +229,24 @@ def test_a_token_that_yaml_read_as_a_number_is_still_sent(make_server, tmp_path)
     write_tokens(tmp_path / "tokens", {"20261207": "atlas"})
     server = make_server(tokens_file=str(tmp_path / "tokens"))
     assert Client(server.url, token=20261207).recall("x")["agent"] == "atlas"  # type: ignore[arg-type]
+
+
+# ==== DNS rebinding with tokens on ====
+
+
+@pytest.mark.parametrize("path", ["/mcp", "/v1/recall?q=x"])
+@pytest.mark.parametrize("token", [None, "guess", "atlas-token"])
+def test_with_tokens_on_a_rebound_name_is_403_before_any_token_is_looked_at(token_server, path, token):
+    """SECURITY.md: every route answers 403 to a rebound Host. With tokens on, /mcp asked for the token first:
+    401 without one, and a rebound page (which reads its answers: it is same-origin) could tell a known token
+    from an unknown one by 401 or 403."""
+    headers = {"Host": f"evil.example:{token_server.port}", "MCP-Protocol-Version": "2025-11-25"}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    method = "POST" if path == "/mcp" else "GET"
+    reply = token_server.request(
+        method,
+        path,
+        body if method == "POST" else None,
+        headers={**headers, **bearer(token or "")} if token else headers,
+    )
+    assert reply.status == 403 and "DNS rebinding" in reply.raw.decode(), (reply.status, reply.raw[:200])
