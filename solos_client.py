@@ -121,9 +121,10 @@ A2A_EVENT_TYPE = "a2a_turn"
 SUMMARY_CHARS = 4_096  # write_episodic's summary maxLength
 DETAILS_CHARS = 16_384  # write_episodic's details maxLength
 
+UNSENDABLE = "it holds a space, a control character or a non-ASCII one, which an HTTP header cannot carry"
 UNSENDABLE_TOKEN = (
-    "the token holds a space, a control character or a non-ASCII one, which an HTTP header cannot carry; "
-    "check SOLOS_MEMORY_TOKEN or the token file (Client(token=...)) against what `solos-memory token` printed"
+    f"the token: {UNSENDABLE}; check SOLOS_MEMORY_TOKEN or the token file (Client(token=...)) against what "
+    "`solos-memory token` printed"
 )
 NO_AGENT = (
     "no agent: pass --agent NAME or set SOLOS_MEMORY_AGENT (Client(agent=...)); "
@@ -178,6 +179,12 @@ class Rejected(SolosError):
 
 
 # ==== Client ====
+
+
+def header_safe(token: str) -> bool:
+    """Whether an HTTP header can carry the token: visible ASCII only. Else http.client refuses the header with a
+    message that quotes it, and that message would reach logs and error text."""
+    return all("!" <= char <= "~" for char in token)
 
 
 def read_token_file(path: str) -> str:
@@ -381,7 +388,7 @@ class Client:
         """One attempt, and for an idempotent call one retry if the first was Unavailable and time remains."""
         if not (query or body or {}).get("agent") and not self.token:
             raise UsageError(NO_AGENT)
-        if self.token and not all("!" <= char <= "~" for char in self.token):  # http.client's error quotes it
+        if self.token and not header_safe(self.token):
             raise UsageError(UNSENDABLE_TOKEN)
         deadline = time.monotonic() + timeout
         self.breaker.check(timeout)

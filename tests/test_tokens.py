@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, direct, start_server, stop_server, subscribed, wait_until, write_tokens
 
+import solos_check
 import solos_langgraph
 import solos_memory
 import solos_tokens
@@ -250,3 +251,18 @@ def test_with_tokens_on_a_rebound_name_is_403_before_any_token_is_looked_at(toke
         headers={**headers, **bearer(token or "")} if token else headers,
     )
     assert reply.status == 403 and "DNS rebinding" in reply.raw.decode(), (reply.status, reply.raw[:200])
+
+
+# ==== the rollout check's tokens ====
+
+
+def test_the_rollout_check_strips_its_tokens_and_never_prints_one(token_server, monkeypatch, capsys):
+    """SOLOS_CHECK_WRITER_TOKEN from a CRLF environment file stopped `check` at its first call with http.client's
+    "Invalid header value b'Bearer <token>\\r\\n'" on stderr: the token in the rollout's log, no check run."""
+    monkeypatch.setenv("SOLOS_CHECK_READER_TOKEN", "sol-token")
+    monkeypatch.setenv("SOLOS_CHECK_WRITER_TOKEN", "atlas-token\r\n")
+    assert solos_check.main(["--url", token_server.url, "--a2a-ports", "none"]) == 0, capsys.readouterr()
+    monkeypatch.setenv("SOLOS_CHECK_WRITER_TOKEN", "atlas-token\rs3cret")
+    assert solos_check.main(["--url", token_server.url, "--a2a-ports", "none"]) == 2
+    printed = capsys.readouterr()
+    assert "s3cret" not in printed.out + printed.err and "writer" in printed.err, printed
