@@ -148,6 +148,10 @@ class McpBridge:
         self._allowed_origins = frozenset(origin.lower() for origin in allowed_origins)
         self._instructions = instructions
 
+    def admits(self, headers: Mapping[str, str]) -> bool:
+        """Whether the Host and Origin rule lets the request in (else `handle` answers 403, before anything)."""
+        return foreign_caller(headers, self._allowed_hosts, self._allowed_origins) is None
+
     def handle(self, method: str, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
         """Answer one HTTP request: (status, headers, body); the caller adds Content-Length."""
         refusal = foreign_caller(headers, self._allowed_hosts, self._allowed_origins)
@@ -348,7 +352,8 @@ def foreign_caller(
     """Why a request must get 403 (DNS rebinding, cross-site pages), or None; the sets are lower-case.
 
     A page that rebinds its own name to 127.0.0.1 still sends that name as Host. An absent Origin is
-    fine: non-browser clients (Hermes, the mcp SDK, curl) send none. The service applies this to every route.
+    fine: non-browser clients (Hermes, the mcp SDK, curl) send none, nor Sec-Fetch-Site. The service applies
+    this to every route.
     """
     host = headers.get("Host")
     if host is None or host.lower() not in allowed_hosts:
@@ -356,6 +361,12 @@ def foreign_caller(
     origin = headers.get("Origin")
     if origin is not None and origin.lower() not in allowed_origins:
         return f"Origin {origin!r} is not allowed (cross-site protection: see --allowed-origin)"
+    # A browser sends no Origin for a page's <img>, <script> or <iframe> GET, but says where it comes from: another
+    # site's page must not make the operator's browser call as an agent (a recall's audit and deliveries, forged).
+    # A link the operator follows (a top-level navigation: the status page from a dashboard) is theirs.
+    site, mode, dest = (headers.get(f"Sec-Fetch-{name}", "").lower() for name in ("Site", "Mode", "Dest"))
+    if origin is None and site not in ("", "same-origin", "none") and (mode, dest) != ("navigate", "document"):
+        return f"Sec-Fetch-Site {site!r}: a page of another site, without an allowed Origin (cross-site protection)"
     return None
 
 

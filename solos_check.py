@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import solos_client
 import solos_store
 from solos_validation import number_in
 
@@ -105,8 +106,13 @@ class Client:
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"--url must look like http://127.0.0.1:8437, got {url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
-        self.timeout, self.tokens = timeout, tokens
-        self.facts_written = 0
+        # A CRLF environment file's "\r" stripped; a token no header carries named, never printed as
+        # http.client's refusal prints it (into the rollout's log).
+        self.tokens = {agent: token.strip() if token else None for agent, token in tokens.items()}
+        for agent, token in self.tokens.items():
+            if token and not solos_client.header_safe(token):
+                raise ValueError(f"{agent}'s token (--writer-token / --reader-token): {solos_client.UNSENDABLE}")
+        self.timeout, self.facts_written = timeout, 0
 
     def request(
         self,

@@ -121,6 +121,11 @@ A2A_EVENT_TYPE = "a2a_turn"
 SUMMARY_CHARS = 4_096  # write_episodic's summary maxLength
 DETAILS_CHARS = 16_384  # write_episodic's details maxLength
 
+UNSENDABLE = "it holds a space, a control character or a non-ASCII one, which an HTTP header cannot carry"
+UNSENDABLE_TOKEN = (
+    f"the token: {UNSENDABLE}; check SOLOS_MEMORY_TOKEN or the token file (Client(token=...)) against what "
+    "`solos-memory token` printed"
+)
 NO_AGENT = (
     "no agent: pass --agent NAME or set SOLOS_MEMORY_AGENT (Client(agent=...)); "
     "it must be registered in the service (solos-memory agents add NAME)"
@@ -176,9 +181,15 @@ class Rejected(SolosError):
 # ==== Client ====
 
 
+def header_safe(token: str) -> bool:
+    """Whether an HTTP header can carry the token: visible ASCII only. Else http.client refuses the header with a
+    message that quotes it, and that message would reach logs and error text."""
+    return all("!" <= char <= "~" for char in token)
+
+
 def read_token_file(path: str) -> str:
     """The first line of a token file; an empty file is an error, not anonymous access."""
-    token = Path(path).expanduser().read_text(encoding="utf-8").strip().splitlines()
+    token = Path(path).expanduser().read_text(encoding="utf-8-sig").strip().splitlines()  # -sig: Notepad's BOM
     if not token or not token[0].strip():
         raise ValueError(f"token file {path} is empty")
     return token[0].strip()
@@ -216,7 +227,7 @@ class Client:
         self.base_path = parts.path.rstrip("/")
         self.connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         self.agent = agent
-        self.token = token
+        self.token = str(token).strip() if token else token  # a CRLF .env's "\r": the header unsendable
         self.connect_timeout = connect_timeout
         self.recall_timeout = recall_timeout
         self.write_timeout = write_timeout
@@ -377,6 +388,8 @@ class Client:
         """One attempt, and for an idempotent call one retry if the first was Unavailable and time remains."""
         if not (query or body or {}).get("agent") and not self.token:
             raise UsageError(NO_AGENT)
+        if self.token and not header_safe(self.token):
+            raise UsageError(UNSENDABLE_TOKEN)
         deadline = time.monotonic() + timeout
         self.breaker.check(timeout)
         method, path = ROUTES[operation]

@@ -94,7 +94,13 @@ def store_memory(
     }
     base = (url or os.environ.get("SOLOS_MEMORY_URL") or DEFAULT_URL).rstrip("/")
     headers = {"Content-Type": "application/json"}
-    token = token or os.environ.get("SOLOS_MEMORY_TOKEN")
+    token = (token or os.environ.get("SOLOS_MEMORY_TOKEN") or "").strip()  # a CRLF environment file's "\r" too
+    if token and not all("!" <= char <= "~" for char in token):  # http.client's refusal would quote it
+        raise StoreMemoryError(
+            "the token holds a space, a control character or a non-ASCII one, which an HTTP header cannot carry; "
+            "check SOLOS_MEMORY_TOKEN against what `solos-memory token` printed",
+            field="token",
+        )
     if token:
         headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(base + "/v1/long", json.dumps(body).encode(), headers, method="POST")

@@ -767,7 +767,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
             },
         )
         checked = invoke(server.memory, server.tokens, subscribe, args, cast(Mapping[str, str], self.headers))
-        confirm = server.tokens and functools.partial(server.tokens.confirm, self.headers.get("Authorization"))
+        confirm = server.tokens is not None and functools.partial(server.tokens.confirm, self.headers["Authorization"])
         subscriber = server.memory.events.subscribe(checked["pattern"], self.connection, confirm or None)
         if subscriber is None:
             raise Busy(f"{server.memory.events.max_subscribers} event streams are open: the cap", reason="streams")
@@ -799,11 +799,11 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
 
     def serve_mcp(self, url: SplitResult, body: bytes) -> None:
         """/mcp: the bridge answers from the same operation table."""
-        if self.server.tokens and self.command == "POST":
-            # Refuse at the door, not per tool: Hermes then reports the server as not connected
-            # instead of connecting and tripping its circuit breaker on failed calls.
-            self.server.tokens.agent_for(self.headers.get("Authorization"))
-        status, headers, reply = self.server.bridge.handle(self.command, cast(Mapping[str, str], self.headers), body)
+        asked, bridge = cast(Mapping[str, str], self.headers), self.server.bridge
+        if self.server.tokens and self.command == "POST" and bridge.admits(asked):  # a foreign Host: 403 first
+            # Refused at the door, not per tool: Hermes says "not connected", not tripping its breaker on calls.
+            self.server.tokens.agent_for(asked.get("Authorization"))
+        status, headers, reply = bridge.handle(self.command, asked, body)
         self.respond(status, reply or None, headers, headers.pop("Content-Type", "application/json"))
 
     def call_operation(self, url: SplitResult, body: bytes) -> None:
@@ -1093,7 +1093,7 @@ def hold_database(config: Config) -> solos_snapshot.Hold | None:
 
 def open_server(config: Config, register: Sequence[str], worker: solos_workers.Worker | None = None) -> MemoryServer:
     """Open (or create) the database, register agents, load extras, bind the socket (a worker: take it)."""
-    tokens: Tokens | None = Tokens.load(config.tokens_file) if config.tokens_file else None  # before the database
+    tokens = Tokens.load(config.tokens_file) if config.tokens_file is not None else None  # before the database
     store = open_database(config, register)
     if tokens is None and store.keeps_tokens:  # PostgreSQL: in the database, so every copy agrees
         tokens = solos_tokens.StoredTokens(store.token_hashes)
@@ -1280,7 +1280,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.add_parser("client", add_help=False, help="call a running service: client recall|remember|event --help")
     token = commands.add_parser("token", help="issue a bearer token for an agent, appended (hashed) to a tokens file")
     token.add_argument("agent", help=f"the agent the token speaks for, or {OPERATOR} for the operator view of stats")
-    token.add_argument("--tokens-file", help="tokens file to append to (created with mode 600); not with PostgreSQL")
+    token.add_argument("--tokens-file", help="tokens file to append to (created with mode 600); wins over --db")
     token.add_argument("--db", default=env_default("DB", ""), help="a postgresql:// URL: keep the token there instead")
     return parser.parse_args(argv)
 
@@ -1347,7 +1347,7 @@ def serve(config: Config, register: list[str]) -> int:
     if config.workers == 1:
         return solos_workers.run(build_server(config, register), config)
     hold = hold_database(config)  # the supervisor's, for the workers' whole life; they register nothing again
-    Tokens.load(config.tokens_file) if config.tokens_file else None  # a tokens file it cannot use stops here
+    Tokens.load(config.tokens_file) if config.tokens_file is not None else None  # one it cannot use stops here
     open_database(config, register).close()  # registered and migrated once, and a broken database stops here
     start = lambda worker: solos_workers.run(open_server(config, (), worker), config, worker)  # noqa: E731
     try:

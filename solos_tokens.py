@@ -43,6 +43,8 @@ class Tokens:
 
     @classmethod
     def load(cls, path: str) -> Tokens:
+        if not path:  # SOLOS_MEMORY_TOKENS_FILE= asks for tokens: starting in loopback trust would open the door
+            raise SystemExit("--tokens-file is empty: give the tokens file's path, or leave it out for loopback trust")
         try:
             return cls(read_tokens(path), path)
         except OSError as error:  # missing, a folder, unreadable: one line, not a traceback
@@ -59,8 +61,9 @@ class Tokens:
                     try:
                         self.by_hash, self.broken = read_tokens(self.path), None
                     except (OSError, ValueError) as error:
-                        self.broken = str(error)
-                        solos_store.log_event("tokens_unusable", path=self.path, reason=self.broken)
+                        solos_store.log_event("tokens_unusable", path=self.path, reason=str(error))
+                        # Every caller reads why, unauthenticated ones too: the file's name, not where it lives.
+                        self.broken = str(error).replace(self.path, os.path.basename(self.path))
                     self.seen = state
         if self.broken is not None:
             raise solos_store.StorageUnavailable(f"the tokens file changed and cannot be used: {self.broken}")
@@ -69,10 +72,12 @@ class Tokens:
     def agent_for(self, authorization: str | None) -> str:
         """The agent a bearer token belongs to; compared in constant time."""
         by_hash = self.current()
-        if not authorization or not authorization.startswith("Bearer "):
+        # The scheme is case-insensitive and any whitespace ends it (RFC 9110 11.1): `bearer <token>` is one too.
+        scheme_and_token = (authorization or "").split(None, 1)
+        if len(scheme_and_token) != 2 or scheme_and_token[0].lower() != "bearer":
             # Worded without the scheme name: Hermes redacts "Bearer <word>" from error text.
             raise Unauthorized("this service needs the calling agent's token in the Authorization header")
-        digest = hashlib.sha256(authorization[7:].strip().encode("utf-8")).hexdigest()
+        digest = hashlib.sha256(scheme_and_token[1].strip().encode("utf-8")).hexdigest()
         found = None
         for known, agent in by_hash.items():
             if hmac.compare_digest(known, digest):
@@ -83,8 +88,9 @@ class Tokens:
 
     def confirm(self, authorization: str | None, agent: str) -> None:
         """For a call that lasts (an event stream): the token still names `agent`; else Unauthorized, so a token
-        revoked (or given to another agent) stops what it opened at its next delivery, not only its next request."""
-        if self.agent_for(authorization) != agent:
+        revoked (or given to another agent) stops what it opened at its next delivery, not only its next request;
+        and once tokens are on (the first one kept in the database), one opened without them stops too."""
+        if self and self.agent_for(authorization) != agent:
             raise Unauthorized("the bearer token no longer names this stream's agent")
 
 
@@ -104,40 +110,56 @@ def read_tokens(path: str) -> dict[str, str]:
         raise IsADirectoryError(errno.EISDIR, "it is a folder", path)
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ValueError(f"{path}: tokens file must not be accessible by group or others (chmod 600)")
-    by_hash = {}
-    with open(path, encoding="utf-8") as handle:
+    by_hash: dict[str, str] = {}
+    lines: dict[str, int] = {}  # each hash's first line, to name it
+    with open(path, encoding="utf-8-sig") as handle:  # -sig: a Windows editor's BOM is no part of line 1
         for number, line in enumerate(handle, 1):
             if not line.strip() or line.startswith("#"):
                 continue
             parts = line.split()
+            parts[0] = parts[0].lower()  # the same sha256, as PowerShell's Get-FileHash prints it
             if len(parts) != 2 or not re.fullmatch(r"[0-9a-f]{64}", parts[0]) or not names_holder(parts[1]):
                 raise ValueError(f"{path}:{number}: expected '<sha256 hex> <agent>'")
+            if by_hash.get(parts[0], parts[1]) != parts[1]:  # which line wins would be a guess: neither does
+                raise ValueError(
+                    f"{path}:{number}: this hash is on line {lines[parts[0]]} too, for {by_hash[parts[0]]!r}, "
+                    f"here for {parts[1]!r}: one token speaks for one agent"
+                )
             by_hash[parts[0]] = parts[1]
+            lines.setdefault(parts[0], number)
     return by_hash
 
 
 class StoredTokens(Tokens):
     """Tokens kept in the database (PostgreSQL): read again at most every REREAD_S, so a token issued while the
-    copies run, the first one included, holds on every copy within that time. Tokens are on while any exists;
-    a failed read keeps the last set (the operation itself then meets the same database)."""
+    copies run, the first one included, holds on every copy within that time. Tokens are on from the first one
+    a copy reads, and stay on: once the last is revoked every call is refused (401) until one is issued, never
+    trusted as it was before the first (that takes a restart). A failed read keeps the last set (the operation
+    itself then meets the same database)."""
 
     REREAD_S = 5.0
 
     def __init__(self, read: Callable[[], dict[str, str]]):
         super().__init__(read())
         self.read, self.read_at = read, time.monotonic()
+        self.on = bool(self.by_hash)
 
     def current(self) -> dict[str, str]:
         if time.monotonic() - self.read_at >= self.REREAD_S:
+            had = bool(self.by_hash)
             try:
                 self.by_hash = self.read()
             except solos_store.ServiceError:
                 pass
             self.read_at = time.monotonic()
+            if had and not self.by_hash:
+                solos_store.log_event("tokens_none_left", reason="every call is refused until a token is issued")
+            self.on = self.on or bool(self.by_hash)
         return self.by_hash
 
     def __bool__(self) -> bool:
-        return bool(self.current())
+        self.current()
+        return self.on
 
 
 def names_holder(name: str) -> bool:
@@ -149,11 +171,11 @@ def issue_token(agent: str, tokens_file: str | None, db: str, open_store: Callab
     PostgreSQL database `open_store` opens (as its admin)."""
     if not names_holder(agent):
         raise SystemExit(f"agent name {agent!r} must match {AGENT_PATTERN}")
-    if bool(tokens_file) == solos_store.is_postgres(db):
+    if not tokens_file and not solos_store.is_postgres(db):
         raise SystemExit("token: give --tokens-file, or --db with a postgresql:// URL (the copies share it)")
     token = secrets.token_urlsafe(32)
     digest = hashlib.sha256(token.encode()).hexdigest()
-    if tokens_file is None:
+    if not tokens_file:  # a tokens file wins, as it does for serve, over the database SOLOS_MEMORY_DB names
         store = open_store()
         try:
             store.keep_token(digest, agent)
@@ -161,9 +183,12 @@ def issue_token(agent: str, tokens_file: str | None, db: str, open_store: Callab
             store.close()
     else:
         try:
-            descriptor = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
-                handle.write(f"{digest} {agent}\n")
+            descriptor = os.open(tokens_file, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(descriptor, "a+b") as handle:
+                size, line = handle.seek(0, os.SEEK_END), f"{digest} {agent}\n".encode()
+                if size and os.pread(descriptor, 1, size - 1) != b"\n":  # a last line edited by hand, left open:
+                    line = b"\n" + line  # glued to it, the hash would be its third word and the file unusable
+                handle.write(line)
         except OSError as error:  # no folder, a folder, read-only: one line, and no token printed as if kept
             raise SystemExit(f"--tokens-file {tokens_file}: cannot be written: {error.strerror or error}") from None
     print(token)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import refused_at_start
+from conftest import episode, refused_at_start
 
 EVERY_ROUTE = [
     ("GET", "/health", None),
@@ -77,3 +77,27 @@ def test_an_allowed_origin_that_no_browser_sends_stops_startup(tmp_path, given):
     last = refused_at_start(argv)
     assert "--allowed-origin" in last and "scheme://host[:port]" in last and repr(given) in last, last
     assert not (tmp_path / "o.db").exists()
+
+
+@pytest.mark.parametrize("site", ["cross-site", "same-site"])
+def test_a_page_of_another_site_cannot_make_the_browser_read_as_an_agent(server, site):
+    """A page on any site the operator opens could embed <img src="http://127.0.0.1:8437/v1/recall?agent=sol&...">:
+    the browser sends no Origin for such a GET, so under loopback trust the recall ran as sol, audited sol as a
+    reader of atlas's episodes and logged the deliveries, all forged by the page. Browsers say where a request
+    comes from (Sec-Fetch-Site); one from another site without an allowed Origin is refused."""
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
+    episode(server, "atlas", "atlas rotated the backup keys")
+    query = "/v1/recall?agent=sol&q=backup+keys&scope=shared&tiers=episodic"
+    embedded = server.request("GET", query, headers={"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "no-cors"})
+    assert embedded.status == 403 and "Sec-Fetch-Site" in embedded.body["error"]["message"], embedded.body
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM episodic_read_audit").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM memory_delivery").fetchone()[0] == 0
+    for own in ({"Sec-Fetch-Site": "none"}, {"Sec-Fetch-Site": "same-origin"}, {}):
+        assert server.request("GET", query, headers=own).status == 200, own
+    page = {"Sec-Fetch-Site": site, "Origin": f"http://localhost:{server.port}"}  # an allowed origin's fetch
+    assert server.request("GET", query, headers=page).status == 200
+    framed = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"}
+    assert server.request("GET", query, headers=framed).status == 403
+    followed = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
+    assert server.request("GET", "/", headers=followed).status == 200  # the status page, linked from a dashboard
