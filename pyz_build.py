@@ -76,6 +76,7 @@ REQUIRED_FILES = (
     "solos_workers.py",  # serve --workers N: the supervisor and what workers share on one host
     "solos_store_pg.py",  # imported only for a postgresql:// URL, where psycopg must be installed
     "solos_copies.py",  # solos_store_pg's: copies of the service sharing one PostgreSQL database
+    "solos_pg_keyword.py",  # solos_store_pg's: each copy's own keyword index over PostgreSQL
     "schema_pg.sql",
     "solos_migrate.py",
 )
