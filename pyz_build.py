@@ -85,7 +85,13 @@ EMBEDDER = "solos_embed.py"
 MODEL_DIR = "models/all-MiniLM-L6-v2"
 MAIN_PY = b"""\
 # Entry point of solos-memory.pyz, written by pyz_build.py.
+import os
 import sys
+
+# The modules read the archive's own files (schema.sql, the judge's weights) through their loader, by a path some
+# resolve: imported from the archive's real path, the loader knows that path even when a symlink led here.
+if sys.path and sys.path[0] == os.path.dirname(__file__):
+    sys.path[0] = os.path.realpath(sys.path[0])
 
 import solos_memory
 

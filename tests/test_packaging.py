@@ -135,6 +135,25 @@ def test_pyz_serves_keyword_recall_on_a_bare_interpreter(pyz, bare_python, tmp_p
             assert page.status == 200 and b'<p id="verdict">Keyword recall: ' in page.read()
 
 
+def test_pyz_reads_its_own_files_when_reached_through_a_symlink(pyz, tmp_path):
+    """An operator links `current.pyz` to a release (or the host links /home elsewhere): the judge's weights,
+    read from the archive by a path solos_judge resolves, were unreadable, so recall lost its judge. Run here on
+    an isolated interpreter (-I -S), through a linked folder whose name holds a space, from another folder."""
+    releases = tmp_path / "releases 0.3"
+    releases.mkdir()
+    shutil.copyfile(pyz, releases / "solos-memory.pyz")
+    (tmp_path / "current dir").symlink_to(releases, target_is_directory=True)
+    (tmp_path / "current dir" / "current.pyz").symlink_to(releases / "solos-memory.pyz")
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    argv = [sys.executable, "-I", "-S", str(tmp_path / "current dir" / "current.pyz"), "serve", "--port", "0"]
+    with service(argv + ["--db", str(tmp_path / "solos.db"), "--register", "atlas,sol"], cwd=cwd) as (port, _):
+        status, health = call(port, "GET", "/health")
+        assert status == 200 and health["judge"]["state"] == "ready", health["judge"]
+        recalled = write_and_recall(port)
+        assert recalled["receipt"]["judge"].startswith("features-keyword@"), recalled["receipt"]
+
+
 def test_pyz_uses_the_embedder_when_the_interpreter_has_it(pyz, tmp_path):
     if not (ROOT / "solos_embed.py").exists():
         skip_or_fail("no solos_embed.py")
