@@ -153,9 +153,14 @@ def check_version(path: Path) -> str:
 
 def build(root: Path, out: Path) -> tuple[str, str]:
     """Build the archive from root into out; return (sha256, version line)."""
+    if out.is_dir():
+        raise BuildError(f"{out} is a folder: --out names the archive file, e.g. {out / DEFAULT_OUT.name}")
     payload = archive_bytes(collect(root))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    except OSError as error:
+        raise BuildError(f"cannot write {out} into {out.parent}: {error.strerror or error}") from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -163,6 +168,8 @@ def build(root: Path, out: Path) -> tuple[str, str]:
         tmp.chmod(0o755)
         version = check_version(tmp)
         tmp.replace(out)
+    except OSError as error:
+        raise BuildError(f"cannot write {out}: {error.strerror or error}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return hashlib.sha256(out.read_bytes()).hexdigest(), version

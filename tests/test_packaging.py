@@ -122,6 +122,18 @@ def test_build_fails_and_keeps_the_old_archive_when_the_archive_cannot_start(pyz
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "solos-memory.pyz"]
 
 
+@pytest.mark.parametrize("where", ["a folder", "under a file"])
+def test_build_says_why_it_cannot_write_the_archive(tmp_path, where):
+    """`--out` naming a folder, or a path under a file: one line saying so and exit 1, not a traceback."""
+    (tmp_path / "file").write_text("")
+    out = tmp_path if where == "a folder" else tmp_path / "file" / "solos-memory.pyz"
+    cmd = [sys.executable, str(ROOT / "pyz_build.py"), "--out", str(out)]
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.startswith("pyz_build: ") and str(out) in run.stderr, run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no temp file left behind
+
+
 def test_pyz_serves_keyword_recall_on_a_bare_interpreter(pyz, bare_python, tmp_path):
     argv = [str(bare_python), str(pyz), "serve", "--db", str(tmp_path / "solos.db"), "--port", "0"]
     with service(argv + ["--register", "atlas,sol"], cwd=tmp_path) as (port, _):
