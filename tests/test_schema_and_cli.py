@@ -407,6 +407,20 @@ def test_a_database_that_is_no_file_stops_the_command_naming_db(tmp_path, monkey
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["serve", "agents list", "purge"])
+@pytest.mark.parametrize("where", ["a folder", "in no folder"])
+def test_a_database_path_sqlite_cannot_open_says_why(tmp_path, command, where):
+    """--db naming a folder, or a file in a folder that does not exist (a typo in SOLOS_MEMORY_DB), was "the
+    database file cannot be opened (unable to open database file)": the operator was left to guess which."""
+    db = tmp_path if where == "a folder" else tmp_path / "typo" / "solos.db"
+    run = cli(*command.split(), "--db", str(db), *(["--port", "0", "--model-dir", "off"] * (command == "serve")))
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    said = "is a folder, not a database file" if where == "a folder" else f"its folder {db.parent} does not exist"
+    assert said in last, last
+    assert not (tmp_path / "typo").exists()
+
+
 def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     """`serve` in a process of its own on a free port, keyword-only; its port from the listening line.
 
