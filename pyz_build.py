@@ -88,6 +88,11 @@ MAIN_PY = b"""\
 import os
 import sys
 
+# Before any module of the service: on an older python3 (Ubuntu 22.04's 3.10) they fail at an import, in a traceback
+# that never says the interpreter is too old. %-formatting, so an older Python still reads this line.
+if sys.version_info < (3, 11):
+    sys.exit("solos-memory needs Python 3.11 or later; %s is %s" % (sys.executable, sys.version.split()[0]))
+
 # The modules read the archive's own files (schema.sql, the judge's weights) through their loader, by a path some
 # resolve: imported from the archive's real path, the loader knows that path even when a symlink led here.
 if sys.path and sys.path[0] == os.path.dirname(__file__):

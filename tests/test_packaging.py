@@ -166,6 +166,31 @@ def test_pyz_reads_its_own_files_when_reached_through_a_symlink(pyz, tmp_path):
         assert recalled["receipt"]["judge"].startswith("features-keyword@"), recalled["receipt"]
 
 
+def older_pythons() -> list[str]:
+    """Interpreters that may be older than 3.11: on PATH, and pyenv's (whose shims run only the selected one)."""
+    found = [shutil.which(name) for name in ("python3.10", "python3.9", "python3.8")]
+    return [*filter(None, found), *sorted(map(str, Path.home().glob(".pyenv/versions/3.*/bin/python3")))]
+
+
+def runs_older_than_3_11(python: str) -> bool:
+    probe = [python, "-c", "import sys; sys.exit(sys.version_info[:2] >= (3, 11))"]
+    return subprocess.run(probe, check=False, capture_output=True, timeout=30).returncode == 0
+
+
+def test_pyz_on_a_python_older_than_3_11_says_so_in_one_line(pyz, tmp_path):
+    """Ubuntu 22.04's python3 is 3.10, Debian 11's 3.9: the archive died in a traceback at an import
+    (`module 'sqlite3' has no attribute 'SQLITE_READONLY'`), not saying that the interpreter is too old."""
+    older = next((python for python in older_pythons() if runs_older_than_3_11(python)), None)
+    if older is None:
+        pytest.skip("no python3 older than 3.11 here (nothing in the set-up installs one)")
+    for argv in (["--version"], ["serve", "--db", str(tmp_path / "old.db"), "--port", "0"]):
+        run = subprocess.run([older, "-I", "-S", str(pyz), *argv], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+        assert run.stderr.startswith("solos-memory needs Python 3.11 or later; "), run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not (tmp_path / "old.db").exists()
+
+
 def test_pyz_uses_the_embedder_when_the_interpreter_has_it(pyz, tmp_path):
     if not (ROOT / "solos_embed.py").exists():
         skip_or_fail("no solos_embed.py")
