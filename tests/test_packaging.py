@@ -303,6 +303,19 @@ def test_the_purge_unit_reaches_the_database_wherever_the_service_does():
     assert {"AF_INET", "AF_INET6"} <= families["lab-memory.service"] <= families["lab-memory-purge.service"]
 
 
+def test_the_way_to_move_the_runtime_folder_names_every_unit_that_holds_it():
+    """The service unit's comment said: another runtime folder (or a database outside it), edit lab-memory.service.
+    The purge and snapshot units hold the folder too, in their sandbox's one writable path: following the comment,
+    they failed every day (a read-only database) and lab-memory-alert@ read its settings from the old folder."""
+    holding = [name for name in UNIT_NAMES if "%h/SolOS/runtime" in (UNITS / name).read_text().split("\n[", 1)[1]]
+    comment = " ".join(
+        line.lstrip("# ") for line in (UNITS / "lab-memory.service").read_text().splitlines() if line.startswith("#")
+    )
+    how = comment[comment.index("systemctl --user edit") : comment.index("Logs:")]
+    assert [name for name in holding if name not in how] == [], how
+    assert "ReadWritePaths=" in how and "EnvironmentFile=" in how, how
+
+
 def unit_command(name: str, home: Path) -> tuple[list[str], dict[str, str], Path]:
     """The unit's ExecStart argv, environment and working directory, with %h = home.
 
