@@ -191,6 +191,15 @@ def test_pyz_on_a_python_older_than_3_11_says_so_in_one_line(pyz, tmp_path):
     assert not (tmp_path / "old.db").exists()
 
 
+def test_pyz_serves_a_postgresql_database(pyz, pg_url, tmp_path):
+    """`solos-memory.pyz serve --db postgresql://...` on an interpreter with psycopg: the archive lacked
+    solos_pg_keyword, and exited saying psycopg was missing."""
+    argv = [sys.executable, str(pyz), "serve", "--db", pg_url, "--port", "0", "--model-dir", "off"]
+    with service(argv + ["--register", "atlas,sol"], cwd=tmp_path) as (port, _):
+        assert call(port, "GET", "/health")[0] == 200
+        write_and_recall(port)
+
+
 def test_pyz_uses_the_embedder_when_the_interpreter_has_it(pyz, tmp_path):
     if not (ROOT / "solos_embed.py").exists():
         skip_or_fail("no solos_embed.py")
