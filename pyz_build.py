@@ -76,6 +76,7 @@ REQUIRED_FILES = (
     "solos_workers.py",  # serve --workers N: the supervisor and what workers share on one host
     "solos_store_pg.py",  # imported only for a postgresql:// URL, where psycopg must be installed
     "solos_copies.py",  # solos_store_pg's: copies of the service sharing one PostgreSQL database
+    "solos_pg_keyword.py",  # solos_store_pg's: each copy's own keyword index over PostgreSQL
     "schema_pg.sql",
     "solos_migrate.py",
 )
@@ -84,7 +85,18 @@ EMBEDDER = "solos_embed.py"
 MODEL_DIR = "models/all-MiniLM-L6-v2"
 MAIN_PY = b"""\
 # Entry point of solos-memory.pyz, written by pyz_build.py.
+import os
 import sys
+
+# Before any module of the service: on an older python3 (Ubuntu 22.04's 3.10) they fail at an import, in a traceback
+# that never says the interpreter is too old. %-formatting, so an older Python still reads this line.
+if sys.version_info < (3, 11):
+    sys.exit("solos-memory needs Python 3.11 or later; %s is %s" % (sys.executable, sys.version.split()[0]))
+
+# The modules read the archive's own files (schema.sql, the judge's weights) through their loader, by a path some
+# resolve: imported from the archive's real path, the loader knows that path even when a symlink led here.
+if sys.path and sys.path[0] == os.path.dirname(__file__):
+    sys.path[0] = os.path.realpath(sys.path[0])
 
 import solos_memory
 
@@ -146,9 +158,14 @@ def check_version(path: Path) -> str:
 
 def build(root: Path, out: Path) -> tuple[str, str]:
     """Build the archive from root into out; return (sha256, version line)."""
+    if out.is_dir():
+        raise BuildError(f"{out} is a folder: --out names the archive file, e.g. {out / DEFAULT_OUT.name}")
     payload = archive_bytes(collect(root))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    except OSError as error:
+        raise BuildError(f"cannot write {out} into {out.parent}: {error.strerror or error}") from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -156,6 +173,8 @@ def build(root: Path, out: Path) -> tuple[str, str]:
         tmp.chmod(0o755)
         version = check_version(tmp)
         tmp.replace(out)
+    except OSError as error:
+        raise BuildError(f"cannot write {out}: {error.strerror or error}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return hashlib.sha256(out.read_bytes()).hexdigest(), version

@@ -102,10 +102,14 @@ class Client:
     """The service over HTTP, one connection per request, with each agent's bearer token."""
 
     def __init__(self, url: str, timeout: float, tokens: dict[str, str | None]):
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
+        try:
+            parts, port = urlsplit(url), 80
+            port = parts.port or port  # ValueError outside 0-65535, as urlsplit's for a broken [IPv6] host
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"--url must look like http://127.0.0.1:8437, got {url!r}")
-        self.host, self.port = parts.hostname, parts.port or 80
+        self.host, self.port = parts.hostname, port
         # A CRLF environment file's "\r" stripped; a token no header carries named, never printed as
         # http.client's refusal prints it (into the rollout's log).
         self.tokens = {agent: token.strip() if token else None for agent, token in tokens.items()}

@@ -1068,6 +1068,10 @@ def run_install_hermes(args: argparse.Namespace) -> int:
     except FileNotFoundError as error:
         print(json.dumps(UsageError(str(error)).as_dict()), file=sys.stderr)
         return EXIT_USAGE
+    except OSError as error:  # the home, or its plugins/, is a file; a folder it may not write
+        problem = UsageError(f"cannot install the provider into {Path(args.hermes_home).expanduser()}: {error}")
+        print(json.dumps(problem.as_dict()), file=sys.stderr)
+        return EXIT_USAGE
     agent, source = hermes_agent(args.hermes_home, os.environ)
     report: dict[str, Any] = {
         "installed": str(target),

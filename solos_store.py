@@ -337,6 +337,20 @@ STORAGE_FAILURES = {
 }
 
 
+def unopenable(path: str) -> str | None:
+    """Why SQLite cannot open or make a database at path, as the file system tells it; None where it does not.
+
+    SQLite says only "unable to open database file" for all of these."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a folder, not a database file"
+    if not os.path.isdir(folder):
+        return f"its folder {folder} does not exist"
+    if not os.path.exists(path) and not os.access(folder, os.W_OK | os.X_OK):
+        return f"its folder {folder} cannot be written, so the database cannot be made there"
+    return None
+
+
 def read_varint(blob: bytes) -> int:
     """SQLite's varint at the start of blob: 7 bits a byte, high bit set while more follow; a ninth byte has 8."""
     value = 0
@@ -844,7 +858,13 @@ class Store:
 
     def migrate(self) -> None:
         """Create what is missing (additive only) after checking what exists."""
-        conn = self.connect()
+        try:
+            conn = self.connect()
+        except sqlite3.OperationalError as error:  # at start: say which path, not only SQLite's "unable to open"
+            why = unopenable(self.path) if primary_code(error) == sqlite3.SQLITE_CANTOPEN else None
+            if why is None:
+                raise
+            raise StorageUnavailable(f"the database cannot be opened: {why} ({error})") from None
         try:
             if not conn.execute("SELECT sqlite_compileoption_used('ENABLE_FTS5')").fetchone()[0]:
                 raise SchemaMismatch("this SQLite has no FTS5; keyword recall needs it")

@@ -183,6 +183,11 @@ def issue_token(agent: str, tokens_file: str | None, db: str, open_store: Callab
             store.close()
     else:
         try:
+            if os.path.isfile(tokens_file):  # a file the service would refuse gets no token it cannot honour
+                read_tokens(tokens_file)
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"{error}; no token was issued") from None
+        try:
             descriptor = os.open(tokens_file, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
             with os.fdopen(descriptor, "a+b") as handle:
                 size, line = handle.seek(0, os.SEEK_END), f"{digest} {agent}\n".encode()

@@ -124,6 +124,14 @@ def test_same_writer_and_reader_is_refused(capsys):
     assert "different agents" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://[::1", "ftp://127.0.0.1:8437", "127.0.0.1:8437"])
+def test_a_url_check_cannot_use_is_refused_naming_the_flag(url, capsys):
+    """A port out of range or a broken IPv6 address printed only urllib's "Port out of range 0-65535" or
+    "Invalid IPv6 URL", leaving the operator to guess which argument it meant."""
+    assert solos_check.main(["--url", url, *NO_MESH]) == 2
+    assert capsys.readouterr().err.strip() == f"--url must look like http://127.0.0.1:8437, got {url!r}"
+
+
 def test_mcp_without_the_core_tools_fails(make_server, monkeypatch):
     real = solos_memory.mcp_tools
     monkeypatch.setattr(

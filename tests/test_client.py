@@ -776,6 +776,23 @@ def test_install_hermes_checks_the_home_names_the_agent_and_warns_when_unknown(s
     assert json.loads(created.stdout)["agent"] == "custom"  # Hermes's own name for a home outside ~/.hermes
 
 
+@pytest.mark.parametrize("home", ["a file", "holding a file named plugins"])
+def test_install_hermes_says_why_it_cannot_write_the_plugin(tmp_path, home):
+    """A Hermes home that is a file (with --create), or whose plugins/ is a file, was a NotADirectoryError
+    traceback: now the usage error's JSON names the folder and the reason, exit 2."""
+    target = tmp_path / "hermes"
+    if home == "a file":
+        target.write_text("")
+    else:
+        target.mkdir()
+        (target / "plugins").write_text("")
+    run = client_command("install-hermes", "--hermes-home", str(target), "--create", url="http://127.0.0.1:9")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    error = json.loads(run.stderr)["error"]
+    assert error["code"] == "usage" and str(target) in error["message"], error
+    assert "Not a directory" in error["message"], error
+
+
 def test_command_recall_passes_tags_and_the_relevance_floor(server):
     server.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": FACT, "tags": ["ops", "backup"]})
     server.post("/v1/long", {"agent": "atlas", "topic": "ops", "fact": "The backup disk is in rack 4", "tags": ["hw"]})

@@ -207,6 +207,23 @@ def test_a_tokens_file_the_token_command_cannot_write_is_one_line_and_no_token(t
     assert run.stderr.strip().splitlines()[-1].startswith(f"--tokens-file {tokens}: cannot be written: ")
 
 
+@pytest.mark.parametrize("flaw", ["mode 644", "a line it cannot read"])
+def test_the_token_command_adds_no_token_to_a_file_the_service_refuses(tmp_path, flaw):
+    """A tokens file made with the umask's 644 (or holding a bad line): `token` appended to it and printed the
+    token, exit 0, for each of the fleet's agents; the service then refused to start on that file."""
+    tokens = tmp_path / "tokens"
+    bad_line = "not a token line\n" if "line" in flaw else ""
+    tokens.write_text(f"{hashlib.sha256(b'old').hexdigest()} atlas\n{bad_line}")
+    tokens.chmod(0o644 if flaw == "mode 644" else 0o600)
+    before = tokens.read_text()
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "token", "sol", "--tokens-file", str(tokens)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "Traceback" not in run.stderr and run.stdout == "", run.stderr
+    said = "chmod 600" if flaw == "mode 644" else "expected '<sha256 hex> <agent>'"
+    assert said in run.stderr and "no token was issued" in run.stderr, run.stderr
+    assert tokens.read_text() == before
+
+
 def test_token_command_prints_a_token_and_stores_only_its_hash(tmp_path):
     tokens = tmp_path / "tokens"
     run = subprocess.run(

@@ -122,6 +122,18 @@ def test_build_fails_and_keeps_the_old_archive_when_the_archive_cannot_start(pyz
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "solos-memory.pyz"]
 
 
+@pytest.mark.parametrize("where", ["a folder", "under a file"])
+def test_build_says_why_it_cannot_write_the_archive(tmp_path, where):
+    """`--out` naming a folder, or a path under a file: one line saying so and exit 1, not a traceback."""
+    (tmp_path / "file").write_text("")
+    out = tmp_path if where == "a folder" else tmp_path / "file" / "solos-memory.pyz"
+    cmd = [sys.executable, str(ROOT / "pyz_build.py"), "--out", str(out)]
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.startswith("pyz_build: ") and str(out) in run.stderr, run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no temp file left behind
+
+
 def test_pyz_serves_keyword_recall_on_a_bare_interpreter(pyz, bare_python, tmp_path):
     argv = [str(bare_python), str(pyz), "serve", "--db", str(tmp_path / "solos.db"), "--port", "0"]
     with service(argv + ["--register", "atlas,sol"], cwd=tmp_path) as (port, _):
@@ -133,6 +145,59 @@ def test_pyz_serves_keyword_recall_on_a_bare_interpreter(pyz, bare_python, tmp_p
         assert recalled["receipt"]["judge"].startswith("features-keyword@"), recalled["receipt"]  # from the archive
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=30) as page:  # from the archive
             assert page.status == 200 and b'<p id="verdict">Keyword recall: ' in page.read()
+
+
+def test_pyz_reads_its_own_files_when_reached_through_a_symlink(pyz, tmp_path):
+    """An operator links `current.pyz` to a release (or the host links /home elsewhere): the judge's weights,
+    read from the archive by a path solos_judge resolves, were unreadable, so recall lost its judge. Run here on
+    an isolated interpreter (-I -S), through a linked folder whose name holds a space, from another folder."""
+    releases = tmp_path / "releases 0.3"
+    releases.mkdir()
+    shutil.copyfile(pyz, releases / "solos-memory.pyz")
+    (tmp_path / "current dir").symlink_to(releases, target_is_directory=True)
+    (tmp_path / "current dir" / "current.pyz").symlink_to(releases / "solos-memory.pyz")
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    argv = [sys.executable, "-I", "-S", str(tmp_path / "current dir" / "current.pyz"), "serve", "--port", "0"]
+    with service(argv + ["--db", str(tmp_path / "solos.db"), "--register", "atlas,sol"], cwd=cwd) as (port, _):
+        status, health = call(port, "GET", "/health")
+        assert status == 200 and health["judge"]["state"] == "ready", health["judge"]
+        recalled = write_and_recall(port)
+        assert recalled["receipt"]["judge"].startswith("features-keyword@"), recalled["receipt"]
+
+
+def older_pythons() -> list[str]:
+    """Interpreters that may be older than 3.11: on PATH, and pyenv's (whose shims run only the selected one)."""
+    found = [shutil.which(name) for name in ("python3.10", "python3.9", "python3.8")]
+    return [*filter(None, found), *sorted(map(str, Path.home().glob(".pyenv/versions/3.*/bin/python3")))]
+
+
+def runs_older_than_3_11(python: str) -> bool:
+    probe = [python, "-c", "import sys; sys.exit(sys.version_info[:2] >= (3, 11))"]
+    return subprocess.run(probe, check=False, capture_output=True, timeout=30).returncode == 0
+
+
+def test_pyz_on_a_python_older_than_3_11_says_so_in_one_line(pyz, tmp_path):
+    """Ubuntu 22.04's python3 is 3.10, Debian 11's 3.9: the archive died in a traceback at an import
+    (`module 'sqlite3' has no attribute 'SQLITE_READONLY'`), not saying that the interpreter is too old."""
+    older = next((python for python in older_pythons() if runs_older_than_3_11(python)), None)
+    if older is None:
+        pytest.skip("no python3 older than 3.11 here (nothing in the set-up installs one)")
+    for argv in (["--version"], ["serve", "--db", str(tmp_path / "old.db"), "--port", "0"]):
+        run = subprocess.run([older, "-I", "-S", str(pyz), *argv], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+        assert run.stderr.startswith("solos-memory needs Python 3.11 or later; "), run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not (tmp_path / "old.db").exists()
+
+
+def test_pyz_serves_a_postgresql_database(pyz, pg_url, tmp_path):
+    """`solos-memory.pyz serve --db postgresql://...` on an interpreter with psycopg: the archive lacked
+    solos_pg_keyword, and exited saying psycopg was missing."""
+    argv = [sys.executable, str(pyz), "serve", "--db", pg_url, "--port", "0", "--model-dir", "off"]
+    with service(argv + ["--register", "atlas,sol"], cwd=tmp_path) as (port, _):
+        assert call(port, "GET", "/health")[0] == 200
+        write_and_recall(port)
 
 
 def test_pyz_uses_the_embedder_when_the_interpreter_has_it(pyz, tmp_path):
@@ -245,6 +310,19 @@ def test_the_purge_unit_reaches_the_database_wherever_the_service_does():
         for name in ("lab-memory.service", "lab-memory-purge.service")
     }
     assert {"AF_INET", "AF_INET6"} <= families["lab-memory.service"] <= families["lab-memory-purge.service"]
+
+
+def test_the_way_to_move_the_runtime_folder_names_every_unit_that_holds_it():
+    """The service unit's comment said: another runtime folder (or a database outside it), edit lab-memory.service.
+    The purge and snapshot units hold the folder too, in their sandbox's one writable path: following the comment,
+    they failed every day (a read-only database) and lab-memory-alert@ read its settings from the old folder."""
+    holding = [name for name in UNIT_NAMES if "%h/SolOS/runtime" in (UNITS / name).read_text().split("\n[", 1)[1]]
+    comment = " ".join(
+        line.lstrip("# ") for line in (UNITS / "lab-memory.service").read_text().splitlines() if line.startswith("#")
+    )
+    how = comment[comment.index("systemctl --user edit") : comment.index("Logs:")]
+    assert [name for name in holding if name not in how] == [], how
+    assert "ReadWritePaths=" in how and "EnvironmentFile=" in how, how
 
 
 def unit_command(name: str, home: Path) -> tuple[list[str], dict[str, str], Path]:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, refused_at_start, wait_until
+from conftest import ROOT, call, refused_at_start, service, skip_or_fail, wait_until
 
 import solos_memory
 import solos_store
@@ -64,6 +64,77 @@ def test_schema_sql_is_additive_only():
             continue
         assert re.match(r"CREATE (TABLE|INDEX|VIRTUAL TABLE|TRIGGER) IF NOT EXISTS", statement), statement
     assert not re.search(r"\b(ALTER|DROP)\b", code, re.I)
+
+
+# Each release's commit (the repository has no tags): a database its service wrote must serve on this one.
+RELEASES = {"0.1.0": "1eb6e3d", "0.2.0": "aee26a7", "0.3.0": "b7aa5ee"}
+GROWING = {"memory_activity"}  # per-minute counters: this service adds its own calls to the same minute
+
+
+def table_rows(db: Path) -> dict[str, set[tuple]]:
+    """Every ordinary table's rows (the keyword indexes' shadow tables left out)."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        names = [
+            row[0]
+            for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE '%VIRTUAL%'")
+            if not row[0].startswith("sqlite_") and "_fts" not in row[0]
+        ]
+        return {name: set(conn.execute(f'SELECT * FROM "{name}"')) for name in names}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_serve_on_a_database_an_earlier_release_wrote_keeps_every_row_and_adds_the_new_tables(tmp_path, release):
+    """docs/upgrading.md's promise, run: stop the old service, start this one on its file. Nothing it wrote is
+    lost or changed (but the schema version and the counters of the minute), and this schema's tables appear."""
+    old = tmp_path / "old"
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", RELEASES[release]], capture_output=True, timeout=60)
+    if archive.returncode:
+        skip_or_fail(f"release {release} ({RELEASES[release]}) is not in this checkout")
+    old.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True, timeout=60)
+    db = tmp_path / "solos.db"
+    environ = {**os.environ, "SOLOS_MEMORY_MODEL_DIR": "off"}
+    argv = ["serve", "--db", str(db), "--port", "0"]
+    with service(
+        [sys.executable, str(old / "solos_memory.py"), *argv, "--register", "atlas,sol"], environ, tmp_path
+    ) as (
+        port,
+        _,
+    ):
+        for path, body in (
+            ("/v1/long", {"agent": "atlas", "topic": "infra", "fact": "The staging database moved to host kestrel."}),
+            ("/v1/episodic", {"agent": "sol", "event_type": "deploy", "summary": "sol deployed build 42"}),
+            ("/v1/short", {"agent": "atlas", "key": "mood", "value": "calm weather"}),
+        ):
+            assert call(port, "POST", path, body)[0] == 201
+        assert call(port, "PUT", "/v1/sharing", {"agent": "sol", "episodic": True})[0] in (200, 201)
+        assert call(port, "GET", "/v1/recall?agent=atlas&q=deployed+build&tiers=episodic")[1]["count"] == 1
+    before = table_rows(db)
+
+    with service([sys.executable, str(ROOT / "solos_memory.py"), *argv, "--model-dir", "off"], cwd=tmp_path) as (
+        port,
+        _,
+    ):
+        for query, text in (
+            ("q=staging+database", "kestrel"),
+            ("q=deployed+build&tiers=episodic", "build 42"),
+            ("q=mood&tiers=short", "calm weather"),
+        ):
+            results = call(port, "GET", f"/v1/recall?agent=sol&{query}")[1]["results"]
+            assert [row for row in results if text in row["text"]], (query, results)
+    after = table_rows(db)
+
+    changed = {
+        name: sorted(rows - after.get(name, set()))
+        for name, rows in before.items()
+        if name not in GROWING and rows - after.get(name, set())
+    }
+    if "solos_memory_meta" in changed:  # the one value a start may change: the schema's version
+        changed["solos_memory_meta"] = [row for row in changed["solos_memory_meta"] if row[0] != "schema_version"]
+    assert not {name: rows for name, rows in changed.items() if rows}, changed
+    own = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", (ROOT / "schema.sql").read_text()))
+    assert own <= set(after), sorted(own - set(after))
 
 
 def test_existing_fleet_database_is_adopted_without_changing_its_tables(make_server, tmp_path):
@@ -405,6 +476,20 @@ def test_a_database_that_is_no_file_stops_the_command_naming_db(tmp_path, monkey
         last = refused_at_start([*argv, *(["--port", "0", "--model-dir", "off"] * (command == "serve"))], environ)
         assert "--db" in last and "a database file or a postgresql:// URL" in last and repr(given) in last, last
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["serve", "agents list", "purge"])
+@pytest.mark.parametrize("where", ["a folder", "in no folder"])
+def test_a_database_path_sqlite_cannot_open_says_why(tmp_path, command, where):
+    """--db naming a folder, or a file in a folder that does not exist (a typo in SOLOS_MEMORY_DB), was "the
+    database file cannot be opened (unable to open database file)": the operator was left to guess which."""
+    db = tmp_path if where == "a folder" else tmp_path / "typo" / "solos.db"
+    run = cli(*command.split(), "--db", str(db), *(["--port", "0", "--model-dir", "off"] * (command == "serve")))
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    said = "is a folder, not a database file" if where == "a folder" else f"its folder {db.parent} does not exist"
+    assert said in last, last
+    assert not (tmp_path / "typo").exists()
 
 
 def started_service(db: Path, *extra: str) -> tuple[subprocess.Popen, int]:

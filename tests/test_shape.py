@@ -101,6 +101,18 @@ def test_the_spine_stays_small():
     assert lines <= SPINE_MAX_LINES, f"{SPINE}.py is {lines} lines"
 
 
+def test_the_archive_holds_every_module_its_modules_import():
+    """A module the .pyz's code imports (lazily too) but pyz_build leaves out fails only where it is reached:
+    solos_pg_keyword, left out, made `solos-memory.pyz serve --db postgresql://...` exit with ModuleNotFoundError."""
+    import pyz_build
+
+    graph = project_modules()
+    shipped = {name.removesuffix(".py") for name in (*pyz_build.REQUIRED_FILES, pyz_build.EMBEDDER)}
+    shipped &= set(graph)
+    imported = set().union(*(graph[name] for name in shipped))
+    assert imported <= shipped, f"the archive lacks {sorted(imported - shipped)}"
+
+
 def defined_functions(module: str) -> set[str]:
     """The functions and classes a module defines at its top level."""
     tree = ast.parse((ROOT / f"{module}.py").read_text())
