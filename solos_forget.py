@@ -176,8 +176,8 @@ def purge(store: solos_store.Store) -> int:
 class Scrubber:
     """Takes a forgotten row's text off the disk: index merges, then a TRUNCATE checkpoint; retried until done.
 
-    `finish` runs on the event hub's thread: at start (scrubs a dead service left queued) and while a
-    checkpoint waits for a reader.
+    `finish` runs on the event hub's thread every few seconds: at start (scrubs a dead service left queued),
+    while a checkpoint waits for a reader, and for a scrub another process queued (the daily purge's).
     """
 
     def __init__(self, store: solos_store.Store):

@@ -532,3 +532,24 @@ def test_an_expired_short_value_and_a_rewritten_keys_old_one_leave_the_files_at_
     with server.db() as conn:
         assert conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0] == 0
 
+
+def test_a_purge_whose_checkpoint_a_reader_holds_up_is_finished_by_the_running_service(server):
+    """The purge timer runs beside the service. A recall reading the WAL when the purge checkpointed kept the
+    expired value's page images there, and nothing finished the scrub the purge left queued until the service
+    restarted, days later perhaps. The service's hub now finishes any queued scrub, whoever queued it."""
+    scrubber = server.server.memory.scrubber
+    scrubber.retry_s = 0.2
+    wait_until(lambda: not scrubber.due and not scrubber.checkpoint_pending, "the hub's first round")
+    no_automerge(server)
+    word = marker()
+    assert server.post("/v1/short", {"agent": "atlas", "key": "t", "value": f"t {word}", "ttl_s": 0.3}).status == 201
+    time.sleep(0.35)
+    with server.db() as reader:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM memory_short").fetchone()  # a snapshot the checkpoint cannot pass
+        purge(server)
+        assert sum(files_holding(server, word[-16:]).values()) > 0
+        reader.execute("COMMIT")
+    wait_until(lambda: files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}, "the service to finish the scrub")
+    with server.db() as conn:
+        wait_until(lambda: not conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0], "its entry")
