@@ -599,6 +599,8 @@ CREATE TABLE IF NOT EXISTS memory_version (
 );
 CREATE INDEX IF NOT EXISTS memory_version_row ON memory_version (tier, row_id, valid_to);
 CREATE INDEX IF NOT EXISTS memory_version_until ON memory_version (valid_to);
+-- The daily purge's short values past their expiry (solos_store.Queries.purge_expired_short).
+CREATE INDEX IF NOT EXISTS memory_version_expiry ON memory_version (tier, expires_at);
 
 -- A row's versions follow each other: a version starts where the one before it ended (or at the row's birth).
 CREATE TRIGGER IF NOT EXISTS memory_longterm_version_au AFTER UPDATE OF agent, topic, fact, tags ON memory_longterm

@@ -330,6 +330,8 @@ CREATE TABLE IF NOT EXISTS memory_version (
 );
 CREATE INDEX IF NOT EXISTS memory_version_row ON memory_version (tier, row_id, valid_to);
 CREATE INDEX IF NOT EXISTS memory_version_until ON memory_version (valid_to);
+-- The daily purge's short values past their expiry (solos_store.Queries.purge_expired_short).
+CREATE INDEX IF NOT EXISTS memory_version_expiry ON memory_version (tier, expires_at);
 
 CREATE TABLE IF NOT EXISTS memory_forgotten_span (
     retraction_id  BIGINT PRIMARY KEY,

@@ -421,7 +421,7 @@ class EventHub:
                     next_prune = now + PRUNE_EVERY_S
                     self.prune()
                 scrubber = self.scrubber
-                if scrubber is not None and (scrubber.due or scrubber.checkpoint_pending) and now >= next_checkpoint:
+                if scrubber is not None and now >= next_checkpoint:  # also what another process queued (purge)
                     next_checkpoint = now + scrubber.retry_s
                     scrubber.finish()
                 if self.store.shared_by_copies and now >= next_forget_check:

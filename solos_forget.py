@@ -77,8 +77,8 @@ FORGET_OUTPUT = {
 def op_forget_memory(memory: Any, args: dict) -> dict:
     """Forget one of the calling agent's own rows (short, long or episodic) by id: only its author may.
 
-    A row already deleted (or a short row purged after its expiry) is found by the versions as-of recall keeps,
-    and those go; forgetting a short row also erases every kept version of its key.
+    A row already deleted is found by the versions as-of recall keeps, and those go (a short value's are kept
+    only until the daily purge after its expiry); forgetting a short row also erases every kept version of its key.
 
     The row, its index entries, vector and the copies neighbours carry as context go in one transaction, then
     the index is merged and the WAL checkpointed so the text leaves the database file. A retraction is kept
@@ -158,14 +158,26 @@ def forgotten_elsewhere(memory: Any) -> None:
         memory.vectors.reload_soon(memory.store)
 
 
+# ==== The daily purge ====
+
+
+def purge(store: solos_store.Store) -> int:
+    """The daily job's purge: expired short rows and their values' kept versions (Store.purge_expired), then the
+    provenance log's old rows, then the scrub a forget runs, so those values leave the index segments and the WAL
+    too. A checkpoint a reader holds up leaves the scrub queued: the service finishes it (Scrubber.finish)."""
+    rows = store.purge_expired() + solos_provenance.purge(store)
+    Scrubber(store).finish()
+    return rows
+
+
 # ==== The scrub ====
 
 
 class Scrubber:
     """Takes a forgotten row's text off the disk: index merges, then a TRUNCATE checkpoint; retried until done.
 
-    `finish` runs on the event hub's thread: at start (scrubs a dead service left queued) and while a
-    checkpoint waits for a reader.
+    `finish` runs on the event hub's thread every few seconds: at start (scrubs a dead service left queued),
+    while a checkpoint waits for a reader, and for a scrub another process queued (the daily purge's).
     """
 
     def __init__(self, store: solos_store.Store):

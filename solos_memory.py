@@ -1376,7 +1376,7 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
             print("\n".join(store.list_agents()))
         elif args.command == "purge":
             db = store if solos_store.is_postgres(config.db) else config.db  # PostgreSQL: runs recorded there
-            rows = solos_jobs.recorded(db, "purge", lambda: store.purge_expired() + solos_provenance.purge(store))
+            rows = solos_jobs.recorded(db, "purge", lambda: solos_forget.purge(store))
             archived = solos_jobs.recorded(
                 db, "archive", lambda: solos_lifecycle.archive_episodic(store, args.archive_after_days)
             )

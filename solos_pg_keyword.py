@@ -69,6 +69,9 @@ MAX_ROUNDS = 6  # a recall widens its read of the index this often when PostgreS
 SCRUB_STEPS = 10_000  # merge steps after a forget, at most (solos_forget's bound)
 CHECKPOINT_WAIT_MS = 1000  # a scrub's WAL checkpoint waits this long for the index's readers (recalls) ...
 SCRUB_RETRY_S = 5.0  # ... and is tried again this much later, with the lock free meanwhile (solos_forget's retry)
+# An expired short row's words are merged out of the short index this long after its `expire` is applied: the
+# fleet's expiries come one by one, and a merge per expiry would rewrite that index over and over.
+EXPIRY_SCRUB_S = 10.0
 
 
 FOLDER_PREFIX = "solos-keyword-"  # then the copy's pid and a dash: a later start removes those of dead copies
@@ -165,6 +168,7 @@ class KeywordIndex:
         self.wakeup, self.stopped = threading.Event(), threading.Event()
         self.own_writes = False  # this copy wrote since the thread last looked (`written`)
         self.scrub_due, self.scrub_after = False, 0.0  # a forget's scrub to run, not before (monotonic) this
+        self.expired_scrub_at: float | None = None  # when (monotonic) to merge the short index after expiries
         self.answered = {"index": 0, "sql": 0}  # recalls' ranked reads by this index, and by SQL meanwhile
         self.thread = threading.Thread(target=self.run, name="pg-keyword", daemon=True)
 
@@ -236,6 +240,8 @@ class KeywordIndex:
                     log_event("keyword_index_ready", rows=self.filled_rows, seconds=round(self.fill_s, 1))
                 if self.scrub_due and time.monotonic() >= self.scrub_after:
                     self.scrub()
+                elif self.expired_scrub_at is not None and time.monotonic() >= self.expired_scrub_at:
+                    self.scrub(("memory_short",))
             except Exception as error:
                 self.failed(error)
                 self.stopped.wait(POLL_S)
@@ -353,6 +359,8 @@ class KeywordIndex:
                     self.refresh(conn, table, touched[start : start + FILL_PAGE])
         if any(kind == "forget" for kind in last.values()):
             self.scrub_due = True
+        if self.expired_scrub_at is None and any(kind == "expire" for kind in last.values()):
+            self.expired_scrub_at = time.monotonic() + EXPIRY_SCRUB_S
         self.applied = self.applied.joined(now)
         return now
 
@@ -395,11 +403,14 @@ class KeywordIndex:
             )
         return sorted(found - set(gone))
 
-    def scrub(self) -> None:
-        """After a forget: merge the indexes (FTS5 deletes add tombstones) and empty the WAL, as solos_forget's
-        scrub does for the embedded store; a reader that keeps the WAL from being cut leaves it due, retried."""
-        self.scrub_due = False
-        for table in FTS_COLUMNS:
+    def scrub(self, tables: Sequence[str] = tuple(FTS_COLUMNS)) -> None:
+        """After a forget (every index) or expiries (the short one's): merge (FTS5 deletes add tombstones) and empty
+        the WAL, as solos_forget's scrub does for the embedded store; a reader that keeps the WAL from being cut
+        leaves it due, retried."""
+        if len(tables) == len(FTS_COLUMNS):
+            self.scrub_due = False
+        self.expired_scrub_at = None  # every scrub merges the short index
+        for table in tables:
             for _ in range(SCRUB_STEPS):
                 with self.lock:
                     if SQLITE.merge_step(self.writer, fts_name(table)) < 2:

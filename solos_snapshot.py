@@ -39,6 +39,7 @@ import solos_jobs
 import solos_store
 
 SNAPSHOT_KEEP = 7
+COPY_PURGE_BATCH = 10_000  # expired short rows (and versions) a copy drops per statement; the copy is its own
 # A restore that cannot read any database of the snapshot's chain (the disk is lost) raises every row-id mark and
 # the event sequence by this much: more than a fleet writes between two daily snapshots, far below SQLite's 2**63.
 UNKNOWN_IDS_MARGIN = 1_000_000_000
@@ -406,6 +407,9 @@ def write_snapshot(
         copy = sqlite3.connect(partial, isolation_level=None)
         try:  # a forget's scrub still queued: the copy's index segments hold its words, merged out here
             if solos_store.SQLITE.table_exists(copy, "memory_scrub_pending"):
+                copy.execute("BEGIN")
+                drop_expired(copy)  # queues the short tier's scrub when it drops anything
+                copy.execute("COMMIT")
                 queued = solos_store.SQLITE.queued_scrubs(copy)
                 if queued:
                     scrub_copy(copy, list(queued))
@@ -440,6 +444,15 @@ def write_snapshot(
     finally:
         partial.unlink(missing_ok=True)
     return manifest, raw
+
+
+def drop_expired(conn: sqlite3.Connection) -> None:
+    """A copy keeps no short value past its expiry, as the daily purge keeps none (Queries.purge_expired_short,
+    inside the caller's transaction: the copy is the snapshot's or the restore's own); the short tier's scrub is
+    queued for scrub_copy."""
+    if solos_store.SQLITE.table_exists(conn, "memory_version"):
+        while max(solos_store.SQLITE.purge_expired_short(conn, COPY_PURGE_BATCH)) >= COPY_PURGE_BATCH:
+            pass
 
 
 def scrub_copy(conn: sqlite3.Connection, tiers: list[str]) -> None:
@@ -631,6 +644,7 @@ def rebuild(
         try:
             conn.execute("BEGIN IMMEDIATE")
             erased = sum(solos_store.SQLITE.reapply(conn, retraction) for retraction in retractions)
+            drop_expired(conn)  # a snapshot from while a value lived, restored after its expiry
             carry_forward(conn, carried, anchor_of(verified.chain[-1].manifest, verified.chain[-1].digest))
             conn.execute("COMMIT")
             scrub_copy(conn, list(solos_store.KEYWORD_INDEX))

@@ -33,7 +33,7 @@ override):
                                              SQLITE for a snapshot's or migration source's SQLite file);
                                              each takes the connection first: store.queries.erase(conn, ...)
       dialect       NOW, SHIFTED, IDS_IN, SAME, LEAST, GREATEST, TAGGED, id_list, text_list, tagged_params
-      forget        find_row, erase, own_retraction, queue_scrub, queued_scrubs, scrubs_done,
+      forget        find_row, erase, own_retraction, queue_scrub, queued_scrubs, scrubs_done, purge_expired_short,
                     merge_step, checkpoint_truncate, retractions_after, last_retraction, reapply, mirror_waiting,
                     keep_only_hash, forget_imported_point
       events        head_event, events_after, current_rows, text_matches, sweep_expired, expiry_due,
@@ -1142,19 +1142,17 @@ class Store:
         return self.write(work)
 
     def purge_expired(self, batch: int = 1000) -> int:
-        """Delete expired short rows in short batches, so no write lock is held long."""
-        return self.in_chunks(
-            lambda: self.write(
-                lambda conn: (
-                    conn.execute(
-                        "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
-                        f"WHERE expires_at <= {self.queries.NOW} LIMIT ?)",
-                        (batch,),
-                    ).rowcount
-                )
-            ),
-            lambda removed: removed >= batch,
-        )
+        """Delete expired short rows and the kept versions of short values past their expiry, in short batches so
+        no write lock is held long; returns the rows deleted. Each batch queues the short tier's scrub
+        (solos_forget.purge runs it): the index segments and the WAL still hold the words."""
+        full: list[bool] = []
+
+        def chunk() -> int:
+            removed, versions = self.write(lambda conn: self.queries.purge_expired_short(conn, batch))
+            full.append(max(removed, versions) >= batch)
+            return removed
+
+        return self.in_chunks(chunk, lambda _: full[-1])
 
     def record_audit(self, reader: str, rows: list[tuple[str, int]]) -> None:
         """Log foreign episodic rows handed to reader; they are not returned unlogged."""
@@ -1459,7 +1457,7 @@ class Store:
                 conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
                 self.checkin(conn)
         if not done:
-            log.warning("WAL checkpoint after a forget waits for a reader; the scrubber retries it")
+            log.warning("WAL checkpoint after a forget or purge waits for a reader; the scrubber retries it")
         return done
 
     keeps_tokens = False  # PostgreSQL keeps them in the database (solos_tokens.StoredTokens)
@@ -1788,6 +1786,28 @@ class Queries:
             f"SET retraction_id = {self.GREATEST}(memory_scrub_pending.retraction_id, excluded.retraction_id)",
             (tier, retraction_id),
         )
+
+    def purge_expired_short(self, conn: sqlite3.Connection, batch: int) -> tuple[int, int]:
+        """Up to `batch` expired short rows, then up to `batch` kept versions of short values past their own expiry
+        (the purged rows' own among them; a rewritten key's old value once its TTL has passed): the writer's TTL
+        bounds how long a value is kept, as-of recall's history of it included. Returns (rows, versions); when
+        either went, the short tier's scrub is queued, numbered past the latest retraction so a scrub already
+        under way (it clears what it read) leaves it queued."""
+        self.zero_freed(conn)
+        removed = conn.execute(
+            "DELETE FROM memory_short WHERE id IN (SELECT id FROM memory_short "
+            f"WHERE expires_at <= {self.NOW} LIMIT ?)",
+            (batch,),
+        ).rowcount
+        versions = conn.execute(
+            "DELETE FROM memory_version WHERE id IN (SELECT id FROM memory_version "
+            f"WHERE tier = 'short' AND expires_at <= {self.NOW} LIMIT ?)",
+            (batch,),
+        ).rowcount
+        if removed or versions:
+            after = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM memory_retraction").fetchone()[0]
+            self.queue_scrub(conn, "short", after)
+        return removed, versions
 
     def queued_scrubs(self, conn: sqlite3.Connection) -> dict[str, int]:
         """Tiers whose scrub is still to finish, with the latest retraction each one covers."""

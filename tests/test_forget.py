@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import (
@@ -22,6 +23,7 @@ from conftest import (
     fresh_agents,
     marker,
     points_in,
+    purge,
     sentences,
     start_server,
     stop_server,
@@ -498,3 +500,56 @@ def test_a_forget_whose_scrub_meets_a_busy_database_still_answers_forgotten(make
         wait_until(
             lambda: conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0] == 0, "the scrub's entry"
         )
+
+
+# ==== Expiry: a short value leaves the files at the purge after its expiry ====
+
+
+def test_an_expired_short_value_and_a_rewritten_keys_old_one_leave_the_files_at_the_purge(server):
+    """An agent keeps a secret in short-term memory for an hour: past its expiry the daily purge deleted the row,
+    but its text stayed in the file for 90 days (the version as-of recall keeps) and in the keyword index's old
+    segments, as did the old value of a key rewritten with a new secret once that old value's TTL had passed. A
+    purge now takes every short value past its expiry off the disk, as a forget does; a live one stays."""
+    no_automerge(server)
+    expired, rotated, live, fresh = marker(), marker(), marker(), marker()
+    for key, value, ttl_s in (("token", f"token {expired}", 0.3), ("key", f"key {rotated}", 0.3)):
+        assert server.post("/v1/short", {"agent": "atlas", "key": key, "value": value, "ttl_s": ttl_s}).status == 201
+    assert server.post("/v1/short", {"agent": "sol", "key": "k", "value": f"kept {live}", "ttl_s": 600}).status == 201
+    rewrite = {"agent": "atlas", "key": "key", "value": f"key {fresh}", "ttl_s": 600}
+    assert server.post("/v1/short", rewrite).status == 200  # the old value's version keeps its own expiry
+    time.sleep(0.35)
+    checkpoint(server)
+    assert files_holding(server, expired[-16:])["db"] > 0 and files_holding(server, rotated[-16:])["db"] > 0
+
+    purge(server)
+    for word in (expired, rotated):
+        assert files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}, word
+    checkpoint(server)  # and after any later checkpoint
+    for word in (expired, rotated):
+        assert files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}, word
+    assert files_holding(server, fresh[-16:])["db"] > 0 and files_holding(server, live[-16:])["db"] > 0
+    assert [r["text"] for r in server.recall("sol", f"{fresh} {live}", tiers="short").body["results"]]
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0] == 0
+
+
+def test_a_purge_whose_checkpoint_a_reader_holds_up_is_finished_by_the_running_service(server):
+    """The purge timer runs beside the service. A recall reading the WAL when the purge checkpointed kept the
+    expired value's page images there, and nothing finished the scrub the purge left queued until the service
+    restarted, days later perhaps. The service's hub now finishes any queued scrub, whoever queued it."""
+    scrubber = server.server.memory.scrubber
+    scrubber.retry_s = 0.2
+    wait_until(lambda: not scrubber.due and not scrubber.checkpoint_pending, "the hub's first round")
+    no_automerge(server)
+    word = marker()
+    assert server.post("/v1/short", {"agent": "atlas", "key": "t", "value": f"t {word}", "ttl_s": 0.3}).status == 201
+    time.sleep(0.35)
+    with server.db() as reader:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM memory_short").fetchone()  # a snapshot the checkpoint cannot pass
+        purge(server)
+        assert sum(files_holding(server, word[-16:]).values()) > 0
+        reader.execute("COMMIT")
+    wait_until(lambda: files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}, "the service to finish the scrub")
+    with server.db() as conn:
+        wait_until(lambda: not conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0], "its entry")

@@ -289,3 +289,44 @@ def test_a_fact_updated_as_the_one_it_quotes_is_forgotten_is_applied_once(copies
     assert sorted(ids_of(copy.recall("sol", "ferry sails", tiers="long"))) == ids[1:]
     assert copy.get("/health").body["keyword_index"] == "ready"
     assert not held(copy, "memory_longterm", ids[0]) and held(copy, "memory_longterm", ids[1])
+
+
+@pytest.mark.slow
+def test_an_expired_short_value_leaves_the_copys_index_files_and_the_purge_leaves_postgresql_without_it(
+    copies, monkeypatch
+):
+    """A copy's index dropped an expired short row at its `expire` event, but FTS5 only adds a tombstone: the
+    secret's words stayed in the index's old segments (a file in the temporary folder) for as long as the copy
+    ran, and in PostgreSQL the purge left its text in memory_version for 90 days. The copy now merges its
+    short index after an expiry (EXPIRY_SCRUB_S later, expiries gathered); the purge erases the versions."""
+    monkeypatch.setattr(solos_pg_keyword, "EXPIRY_SCRUB_S", 0.5)
+    copy = ready(copies(rerank=False))
+    index = index_of(copy)
+    index.writer.execute("INSERT INTO memory_short_fts (memory_short_fts, rank) VALUES ('automerge', 0)")
+    for n in range(3):  # segments of other rows, as in a large index
+        assert copy.post("/v1/short", {"agent": "sol", "key": f"k{n}", "value": f"ferry harbor {n}"}).status == 201
+    secret = "zq" + os.urandom(12).hex() + "0"
+    written = copy.post("/v1/short", {"agent": "atlas", "key": "token", "value": f"token {secret}", "ttl_s": 0.5})
+    assert written.status == 201, written.body
+    assert ids_of(copy.recall("sol", secret, tiers="short")) == [written.body["id"]]
+    folder = Path(index.folder)
+    assert any(secret[-16:].encode() in path.read_bytes() for path in folder.iterdir())
+    wait_until(lambda: not held(copy, "memory_short", written.body["id"]), "the expiry applied")
+    wait_until(
+        lambda: not any(secret[-16:].encode() in path.read_bytes() for path in folder.iterdir()),
+        "the expired words to leave the index's files",
+    )
+    assert ids_of(copy.recall("sol", "ferry harbor", tiers="short"))  # the other rows are still there
+
+    import solos_memory
+
+    assert solos_memory.main(["purge", "--db", copy.db_path]) == 0
+    with fleet_writer(copy.db_path) as conn:
+        left = conn.execute("SELECT count(*) FROM memory_version WHERE text LIKE ?", (f"%{secret}%",)).fetchone()[0]
+        assert left == 0
+    wait_until(lambda: sql_count(copy.db_path, "SELECT count(*) FROM memory_scrub_pending") == 0, "the VACUUM")
+
+
+def sql_count(url: str, query: str) -> int:
+    with fleet_writer(url) as conn:
+        return conn.execute(query).fetchone()[0]

@@ -74,6 +74,7 @@ def test_the_hermes_plugin_declares_the_version(tmp_path):
 SCHEMA_PG_SHA256 = {
     1: "d7cfe65c2ea77e18c602dab96c06229e7cc5c97b19119d3a2e920280bebc4fe3",
     2: "db5cc3316cd9a55388a3564d7cea55d174c344bf6b42236a68b6c4b489dffff7",
+    3: "e4db76786978806584770855337810d2e33478284194b2b97aef6e93869d0159",
 }
 
 

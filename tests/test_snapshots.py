@@ -276,6 +276,34 @@ def test_a_snapshot_taken_while_a_forgets_scrub_waits_holds_none_of_its_text(ser
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+def test_no_snapshot_or_restore_holds_a_short_value_past_its_expiry(server, make_server, tmp_path):
+    """A secret kept an hour and expired before the day's snapshot, not yet purged: the snapshot copied the row
+    and its index words, and kept them --keep days. And a snapshot from while it lived, restored after its
+    expiry, brought it back into the live file until the next purge. Both now keep short values to the
+    purge's rule (Queries.purge_expired_short), then merge the short index as a forget's scrub does."""
+    folder = tmp_path / "snapshots"
+    with server.db() as conn:
+        conn.execute("INSERT INTO memory_short_fts (memory_short_fts, rank) VALUES ('automerge', 0)")
+    expired, lived, live = marker(), marker(), marker()
+    assert server.post("/v1/short", {"agent": "sol", "key": "k", "value": f"kept {live}", "ttl_s": 600}).status == 201
+    assert server.post("/v1/short", {"agent": "atlas", "key": "a", "value": f"a {lived}", "ttl_s": 2}).status == 201
+    old = snapshot(server, folder)  # while `lived` lives: it is in this one, as it should be
+    assert old["path"].with_suffix(".db").read_bytes().count(lived[-16:].encode()) > 0
+    body = {"agent": "atlas", "key": "b", "value": f"b {expired}", "ttl_s": 0.3}
+    assert server.post("/v1/short", body).status == 201
+    time.sleep(0.35)
+    taken = snapshot(server, folder)
+    copy = taken["path"].with_suffix(".db").read_bytes()
+    assert copy.count(expired[-16:].encode()) == 0 and copy.count(live[-16:].encode()) > 0
+
+    time.sleep(1.7)  # `lived` expires too; restore the snapshot that holds it into a fresh file
+    fresh = tmp_path / "fresh.db"
+    assert restore(old["path"], fresh)[0] == 0
+    assert fresh.read_bytes().count(lived[-16:].encode()) == 0 and fresh.read_bytes().count(live[-16:].encode()) > 0
+    restored = make_server("fresh.db")
+    assert [r["text"] for r in restored.recall("sol", live, tiers="short").body["results"]] == [f"kept {live}"]
+
+
 def test_a_row_the_fleet_rewrote_after_the_snapshot_stays_forgotten_after_a_restore(server, make_server, tmp_path):
     """The retraction's content hash is of the text the row held when it was forgotten; the snapshot holds the
     same row (tier, id, writer, birth) with the text before the fleet rewrote it in place. It is still the row."""

@@ -77,6 +77,22 @@ def test_purge_of_expired_short_rows_lets_an_agent_write_between_its_chunks(stor
     assert count(store, "memory_short") == 0
 
 
+def test_purge_of_expired_short_values_kept_versions_goes_on_past_a_batch(store, agent_writes):
+    """A database upgraded with 90 days of kept versions: the first purge takes every short value past its expiry,
+    batch by batch (an agent writing between two), not the first batch of them only; a live value's stay."""
+    rows = [("short", i, "atlas", f"k{i}", f"note {i}", OLD, OLD, OLD, "update") for i in range(35)]
+    rows.append(("short", 99, "atlas", "k99", "live note", "2999-01-01T00:00:00.000Z", OLD, OLD, "update"))
+    insert(
+        store,
+        "INSERT INTO memory_version (tier, row_id, agent, label, text, expires_at, valid_from, valid_to, ended_by) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    assert store.purge_expired(batch=10) == 0  # no short rows: the versions are not counted as rows
+    assert len(agent_writes) == 3
+    assert store.read(lambda conn: [r[0] for r in conn.execute("SELECT text FROM memory_version")]) == ["live note"]
+
+
 def test_the_delivery_log_purge_lets_an_agent_write_between_its_chunks(store, agent_writes, monkeypatch):
     monkeypatch.setattr(solos_provenance, "PURGE_BATCH", 10)
     rows = [("sol", "long", i, "atlas", OLD) for i in range(25)]
