@@ -359,6 +359,15 @@ def foreign_caller(
     return None
 
 
+def refusal(error: Mapping[str, Any]) -> dict:
+    """The service's refusal of an HTTP request to /mcp (its body over the cap, no token, busy, a bug) as a JSON-RPC
+    error with no id, which the spec lets such a 4xx/5xx body be; the mcp SDK client reads one and otherwise reports
+    only "Server returned an error response". `error` is the service's own error object, kept whole as `data`
+    (code, field, reason); a 5xx is -32603, anything else -32600."""
+    code = INTERNAL_ERROR if error["status"] >= 500 else INVALID_REQUEST
+    return {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": error["message"], "data": dict(error)}}
+
+
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 

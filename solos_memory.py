@@ -730,11 +730,11 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
                 self.close_connection = True  # what follows on the socket cannot be told from this body
             if not error.counted:
                 self.server.memory.stats.reject(None, f"{self.command} {url.path}"[:200], error)
-            self.respond(error.status, error_body(error), error.headers())
+            self.respond(error.status, self.refused(url, error), error.headers())
         except Exception:
             logging.exception("unexpected error on %s %s", self.command, url.path)
             self.close_connection = True
-            self.respond(500, error_body(ServiceError("internal error; see the service log")))
+            self.respond(500, self.refused(url, ServiceError("internal error; see the service log")))
         finally:  # the answer goes out once its admission place is given back: a client that reads none holds none
             self.send_unsent()
             self.server.idle(self.connection, served=True)
@@ -746,6 +746,10 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
                     status=self.status_sent,
                     ms=round((time.perf_counter() - started) * 1000, 2),
                 )
+
+    def refused(self, url: SplitResult, error: ServiceError) -> dict:
+        """The error's one JSON shape; on /mcp inside a JSON-RPC error, so MCP clients read it (mcp_bridge.refusal)."""
+        return mcp_bridge.refusal(error_body(error)["error"]) if url.path == "/mcp" else error_body(error)
 
     def serve_stream(self, query: str) -> None:
         """GET /v1/events with Accept: text/event-stream: read_events' checks and filter, then events as they commit.
@@ -876,15 +880,8 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
         return b"".join(chunks)
 
 
-ERROR_SCHEMA = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": result_schema(
-            {"code": {"type": "string"}, "status": {"type": "integer"}, "message": {"type": "string"}}
-        )
-    },
-}
+ERROR_FIELDS = {"code": {"type": "string"}, "status": {"type": "integer"}, "message": {"type": "string"}}
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": result_schema(ERROR_FIELDS)}}
 
 
 # Documents about the service itself, served on GET next to the operations.

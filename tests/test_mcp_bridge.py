@@ -537,3 +537,56 @@ def test_service_refuses_foreign_origins_and_serves_only_post(server):
     for method in ("GET", "HEAD", "DELETE"):
         reply = server.request(method, "/mcp")
         assert reply.status == 405 and reply.headers["allow"] == "POST"
+
+
+# ---- refusals before the bridge: the service's own, in JSON-RPC's shape on /mcp ----
+
+
+def assert_rpc_refusal(reply, status: int, service_code: str, rpc_code: int) -> dict:
+    """A refusal of the HTTP request the mcp SDK client can read: a JSON-RPC error with no id, the service's error
+    object (code, field, reason) as its data. REST's shape there read as "Server returned an error response"."""
+    assert reply.status == status, reply.raw[:300]
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.body["jsonrpc"] == "2.0" and reply.body["id"] is None and "result" not in reply.body
+    error = reply.body["error"]
+    assert error["code"] == rpc_code and error["data"]["code"] == service_code and error["data"]["status"] == status
+    assert error["message"] == error["data"]["message"]
+    return error
+
+
+def test_service_a_body_over_the_cap_on_mcp_is_a_json_rpc_error(server):
+    reply = server.post("/mcp", {"x": "y" * (solos_memory.MAX_BODY_BYTES + 10)})
+    error = assert_rpc_refusal(reply, 413, "payload_too_large", mcp_bridge.INVALID_REQUEST)
+    assert error["data"]["field"] == "body" and str(solos_memory.MAX_BODY_BYTES) in error["message"]
+
+
+def test_service_a_busy_mcp_call_is_503_with_its_reason_in_json_rpc(server, monkeypatch):
+    def full(exempt: bool = False, writes: bool = False):
+        raise solos_memory.Busy("queue full: a test", reason="queue_full")
+
+    monkeypatch.setattr(server.server, "admitted", full)
+    reply = call_recall(server)
+    error = assert_rpc_refusal(reply, 503, "busy", mcp_bridge.INTERNAL_ERROR)
+    assert error["data"]["reason"] == "queue_full" and reply.headers["retry-after"] == "1"
+
+
+def test_service_an_mcp_call_without_a_token_is_401_in_json_rpc(token_server):
+    reply = call_recall(token_server)
+    assert_rpc_refusal(reply, 401, "unauthorized", mcp_bridge.INVALID_REQUEST)
+    assert reply.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_service_an_unexpected_error_on_mcp_is_32603_without_details(server, monkeypatch, caplog):
+    def crash(*args: Any) -> Any:
+        raise RuntimeError("secret path /var/lib/solos.db")
+
+    monkeypatch.setattr(server.server.bridge, "handle", crash)
+    with caplog.at_level(logging.ERROR):
+        reply = call_recall(server)
+    assert_rpc_refusal(reply, 500, "internal", mcp_bridge.INTERNAL_ERROR)
+    assert b"secret" not in reply.raw and "secret path" in caplog.text
+
+
+def test_service_rest_refusals_keep_rest_shape(server, monkeypatch):
+    reply = server.post("/v1/long", {"x": "y" * (solos_memory.MAX_BODY_BYTES + 10)})
+    assert reply.status == 413 and reply.body["error"]["code"] == "payload_too_large" and "jsonrpc" not in reply.body
