@@ -158,6 +158,9 @@ class McpBridge:
             # Inspector (TypeScript SDK) tries a GET event stream after initialize and
             # reads 405 as "this server has none". With no session id there is no DELETE.
             return 405, {"Allow": "POST"}, b""
+        media = refused_media(headers)
+        if media is not None:
+            return _respond(media[0], RpcError(INVALID_REQUEST, media[1]).reply())
         try:
             # Strict: UTF-8 only (json.loads would sniff UTF-16/32 from bytes) and no NaN or Infinity, which
             # are not JSON; so a body means the same here as on the service's REST routes.
@@ -366,6 +369,32 @@ def refusal(error: Mapping[str, Any]) -> dict:
     (code, field, reason); a 5xx is -32603, anything else -32600."""
     code = INTERNAL_ERROR if error["status"] >= 500 else INVALID_REQUEST
     return {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": error["message"], "data": dict(error)}}
+
+
+def refused_media(headers: Mapping[str, str]) -> tuple[int, str] | None:
+    """(415 or 406, why) for a POST whose body is not declared JSON or whose client takes no JSON back, else None.
+
+    415 as REST gives it: a text/plain POST is what a page may send without a CORS preflight. Accept is read more
+    leniently than the spec's "MUST list both application/json and text/event-stream": every answer here is JSON,
+    so any Accept that takes JSON (curl's */*, a JSON-only client) or none at all is served.
+    """
+    content_type = headers.get("Content-Type")
+    if (content_type or "").split(";")[0].strip().lower() != "application/json":
+        return 415, f"Content-Type must be application/json, got {content_type!r}"[:200]
+    accept = headers.get("Accept")
+    if accept is None:
+        return None
+    for media_range in accept.split(","):
+        media, *parameters = (part.strip().lower() for part in media_range.split(";"))
+        weights = [value for name, _, value in (p.partition("=") for p in parameters) if name.strip() == "q"]
+        if media in ("application/json", "application/*", "*/*") and not _zero_weight(weights):
+            return None
+    return 406, f"every answer on /mcp is application/json, which Accept {accept!r} does not take"[:200]
+
+
+def _zero_weight(weights: list[str]) -> bool:
+    """Whether a media range's q parameter says "not acceptable" (q=0, 0.0, 0.000)."""
+    return bool(weights) and weights[0].strip().rstrip("0").rstrip(".") in ("0", "")
 
 
 def _reject_constant(name: str) -> None:

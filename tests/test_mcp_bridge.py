@@ -98,6 +98,7 @@ class BridgeHost:
         payload = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
         all_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
         all_headers.update(headers or {})
+        all_headers = {name: value for name, value in all_headers.items() if value is not None}
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
             conn.request(method, "/mcp", body=payload, headers=all_headers)
@@ -487,6 +488,41 @@ def test_modern_notification_is_202_and_batch_is_400(host):
         "POST", [{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}], {"MCP-Protocol-Version": MODERN}
     )
     assert status == 400 and reply["error"]["code"] == -32600
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "", None])
+def test_a_body_that_is_not_declared_json_is_415(host, content_type):
+    """REST's rule on /mcp too: a text/plain POST is what a page sends without a CORS preflight."""
+    status, _, reply, _ = host.request(
+        "POST", {"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"Content-Type": content_type}
+    )
+    assert status == 415 and reply["id"] is None and reply["error"]["code"] == -32600
+    assert "Content-Type must be application/json" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8", "Application/JSON"])
+def test_json_content_types_are_served(host, content_type):
+    status, _, reply, _ = host.request(
+        "POST", {"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"Content-Type": content_type}
+    )
+    assert status == 200 and reply["result"] == {}
+
+
+@pytest.mark.parametrize("accept", ["text/html", "text/event-stream", "application/json;q=0, text/event-stream"])
+def test_a_client_that_accepts_no_json_is_406(host, accept):
+    """Every answer is application/json: a client that says it cannot take that is told, not sent it."""
+    status, _, reply, _ = host.request("POST", {"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"Accept": accept})
+    assert status == 406 and reply["id"] is None and reply["error"]["code"] == -32600
+    assert "application/json" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "accept", [None, "*/*", "application/*", "application/json", "text/event-stream, application/json;q=0.5"]
+)
+def test_any_accept_that_takes_json_is_served(host, accept):
+    """Lenient where the spec is strict ("MUST list both"): curl's */* and JSON-only clients are served."""
+    status, _, reply, _ = host.request("POST", {"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"Accept": accept})
+    assert status == 200 and reply["result"] == {}
 
 
 # ==== mounted in the real service ====
