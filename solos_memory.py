@@ -661,7 +661,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
             error = MethodNotAllowed(f"{self.command} is not a method this service answers", list(SERVED_METHODS))
         else:
             error = ProtocolError(code, explain or message)  # http.server's explain says which bound (431)
-        self.respond(error.status, error_body(error), error.headers())
+        self.respond(error.status, self.refused(urlsplit(getattr(self, "path", "")), error), error.headers())
         self.send_unsent()
 
     def respond(

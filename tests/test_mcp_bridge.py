@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from conftest import raw_exchange, statuses_in
 from mcp_types.methods import validate_server_result  # the mcp SDK's wire schemas, as its client checks them
 
 import mcp_bridge  # importable: conftest.py puts the repository root on sys.path
@@ -626,3 +627,17 @@ def test_service_an_unexpected_error_on_mcp_is_32603_without_details(server, mon
 def test_service_rest_refusals_keep_rest_shape(server, monkeypatch):
     reply = server.post("/v1/long", {"x": "y" * (solos_memory.MAX_BODY_BYTES + 10)})
     assert reply.status == 413 and reply.body["error"]["code"] == "payload_too_large" and "jsonrpc" not in reply.body
+
+
+def test_service_a_head_past_the_cap_on_mcp_is_431_in_json_rpc(server):
+    """http.server's own refusals (send_error) of a request to /mcp take the same shape."""
+    lines = [
+        "POST /mcp HTTP/1.1",
+        f"Host: 127.0.0.1:{server.port}",
+        *(f"X-Filler-{i}: {'a' * 4000}" for i in range(20)),
+    ]
+    response = raw_exchange(server.port, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    assert statuses_in(response) == [431], response[:300]
+    reply = json.loads(response.split(b"\r\n\r\n", 1)[1])
+    assert reply["id"] is None and reply["error"]["code"] == mcp_bridge.INVALID_REQUEST
+    assert reply["error"]["data"]["status"] == 431 and "65536 bytes" in reply["error"]["message"]
