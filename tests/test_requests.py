@@ -353,3 +353,12 @@ def test_an_agent_name_ending_in_a_newline_is_refused_everywhere(server, tmp_pat
     os.chmod(tokens_file, 0o600)
     assert solos_memory.Tokens.load(str(tokens_file)).by_hash == {"0" * 64: "atlas"}
     assert not solos_memory.fully_matches(solos_memory.AGENT_PATTERN, "atlas\n")
+
+
+@pytest.mark.parametrize("target", ["http://[::1", "http://]/v1/recall", "http://[::1/mcp"])
+def test_a_request_target_that_is_not_a_url_is_400_not_a_dropped_connection(server, target):
+    """urlsplit refuses an unclosed IPv6 bracket: the request was dropped unanswered, a traceback logged."""
+    response = raw_exchange(server.port, head(server, f"GET {target} HTTP/1.1"))
+    assert statuses_in(response) == [400], response[:300]
+    assert b"request target" in response and b"Connection: close" in response
+    assert statuses_in(raw_exchange(server.port, head(server, "GET /health HTTP/1.1"))) == [200]
