@@ -362,13 +362,28 @@ def foreign_caller(
     return None
 
 
-def refusal(error: Mapping[str, Any]) -> dict:
+def refusal(error: Mapping[str, Any], headers: Mapping[str, str], body: bytes | None) -> tuple[int, dict | None]:
     """The service's refusal of an HTTP request to /mcp (its body over the cap, no token, busy, a bug) as a JSON-RPC
-    error with no id, which the spec lets such a 4xx/5xx body be; the mcp SDK client reads one and otherwise reports
-    only "Server returned an error response". `error` is the service's own error object, kept whole as `data`
-    (code, field, reason); a 5xx is -32603, anything else -32600."""
+    error: (HTTP status, reply, None for none). `error` is the service's own error object, kept whole as `data`
+    (code, field, reason); a 5xx is -32603, anything else -32600. `body` is the request's, None when unread.
+
+    REST's shape was no JSON-RPC error, which the mcp SDK client reads from a 4xx/5xx (the spec lets that body be
+    one without an id; else it says only "Server returned an error response"). A read body's id is echoed. And a
+    handshake-era request refused busy (503) is answered as the other errors of its era, at 200 (a notification:
+    202, accepted and dropped as ever): mcp 1.26 (inside Hermes) raises on any 4xx/5xx, and its whole session with
+    it. A 401 keeps its status: the service refuses at the door on purpose (`serve_mcp`).
+    """
     code = INTERNAL_ERROR if error["status"] >= 500 else INVALID_REQUEST
-    return {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": error["message"], "data": dict(error)}}
+    reply = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": error["message"], "data": dict(error)}}
+    try:
+        message = json.loads(body.decode("utf-8")) if body else None
+    except (ValueError, RecursionError):
+        message = None
+    reply["id"] = _request_id_of(message)
+    modern = headers.get("MCP-Protocol-Version") in MODERN_VERSIONS or _carries_modern_envelope(message)
+    if error["status"] != 503 or modern or not isinstance(message, dict):
+        return error["status"], reply
+    return (202, None) if _is_notification(message) else (200, reply)
 
 
 def refused_media(headers: Mapping[str, str]) -> tuple[int, str] | None:

@@ -661,7 +661,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
             error = MethodNotAllowed(f"{self.command} is not a method this service answers", list(SERVED_METHODS))
         else:
             error = ProtocolError(code, explain or message)  # http.server's explain says which bound (431)
-        self.respond(error.status, self.refused(urlsplit(getattr(self, "path", "")), error), error.headers())
+        self.respond(*self.refused(urlsplit(getattr(self, "path", "")), error, None), error.headers())
         self.send_unsent()
 
     def respond(
@@ -730,11 +730,11 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
                 self.close_connection = True  # what follows on the socket cannot be told from this body
             if not error.counted:
                 self.server.memory.stats.reject(None, f"{self.command} {url.path}"[:200], error)
-            self.respond(error.status, self.refused(url, error), error.headers())
+            self.respond(*self.refused(url, error, body), error.headers())
         except Exception:
             logging.exception("unexpected error on %s %s", self.command, url.path)
             self.close_connection = True
-            self.respond(500, self.refused(url, ServiceError("internal error; see the service log")))
+            self.respond(*self.refused(url, ServiceError("internal error; see the service log"), body))
         finally:  # the answer goes out once its admission place is given back: a client that reads none holds none
             self.send_unsent()
             self.server.idle(self.connection, served=True)
@@ -747,9 +747,12 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
                     ms=round((time.perf_counter() - started) * 1000, 2),
                 )
 
-    def refused(self, url: SplitResult, error: ServiceError) -> dict:
-        """The error's one JSON shape; on /mcp inside a JSON-RPC error, so MCP clients read it (mcp_bridge.refusal)."""
-        return mcp_bridge.refusal(error_body(error)["error"]) if url.path == "/mcp" else error_body(error)
+    def refused(self, url: SplitResult, error: ServiceError, body: bytes | None) -> tuple[int, dict | None]:
+        """The error's status and one JSON shape; on /mcp a JSON-RPC error MCP clients read (mcp_bridge.refusal)."""
+        if url.path != "/mcp":
+            return error.status, error_body(error)
+        headers = getattr(self, "headers", {})  # none yet when http.server refuses the head itself (send_error)
+        return mcp_bridge.refusal(error_body(error)["error"], cast(Mapping[str, str], headers), body)
 
     def serve_stream(self, query: str) -> None:
         """GET /v1/events with Accept: text/event-stream: read_events' checks and filter, then events as they commit.

@@ -579,12 +579,12 @@ def test_service_refuses_foreign_origins_and_serves_only_post(server):
 # ---- refusals before the bridge: the service's own, in JSON-RPC's shape on /mcp ----
 
 
-def assert_rpc_refusal(reply, status: int, service_code: str, rpc_code: int) -> dict:
+def assert_rpc_refusal(reply, status: int, service_code: str, rpc_code: int, request_id: Any = None) -> dict:
     """A refusal of the HTTP request the mcp SDK client can read: a JSON-RPC error with no id, the service's error
     object (code, field, reason) as its data. REST's shape there read as "Server returned an error response"."""
     assert reply.status == status, reply.raw[:300]
     assert reply.headers["content-type"] == "application/json"
-    assert reply.body["jsonrpc"] == "2.0" and reply.body["id"] is None and "result" not in reply.body
+    assert reply.body["jsonrpc"] == "2.0" and reply.body["id"] == request_id and "result" not in reply.body
     error = reply.body["error"]
     assert error["code"] == rpc_code and error["data"]["code"] == service_code and error["data"]["status"] == status
     assert error["message"] == error["data"]["message"]
@@ -597,19 +597,56 @@ def test_service_a_body_over_the_cap_on_mcp_is_a_json_rpc_error(server):
     assert error["data"]["field"] == "body" and str(solos_memory.MAX_BODY_BYTES) in error["message"]
 
 
-def test_service_a_busy_mcp_call_is_503_with_its_reason_in_json_rpc(server, monkeypatch):
+@pytest.fixture
+def busy(server, monkeypatch):
+    """The service with every place taken and its queue full."""
+
     def full(exempt: bool = False, writes: bool = False):
         raise solos_memory.Busy("queue full: a test", reason="queue_full")
 
     monkeypatch.setattr(server.server, "admitted", full)
-    reply = call_recall(server)
-    error = assert_rpc_refusal(reply, 503, "busy", mcp_bridge.INTERNAL_ERROR)
+    return server
+
+
+def modern_recall(server):
+    """recall as the mcp SDK's 2026-07-28 client sends it: the envelope and its mirrored headers."""
+    meta = {META_VERSION: MODERN, META_CAPABILITIES: {}}
+    params = {"name": "recall", "arguments": {"agent": "atlas", "q": "kettle"}, "_meta": meta}
+    message = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}
+    headers = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": "recall"}
+    return server.post("/mcp", message, headers=headers)
+
+
+def test_service_a_busy_2026_call_is_503_with_its_reason_in_json_rpc(busy):
+    reply = modern_recall(busy)  # its body was read before the refusal: its id is echoed
+    error = assert_rpc_refusal(reply, 503, "busy", mcp_bridge.INTERNAL_ERROR, request_id=7)
     assert error["data"]["reason"] == "queue_full" and reply.headers["retry-after"] == "1"
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", "2025-06-18", None])
+def test_service_a_busy_handshake_era_call_is_a_json_rpc_error_its_client_reads(busy, version):
+    """mcp 1.26 (inside Hermes) raises on any 4xx/5xx and its whole session dies with it (ExceptionGroup, then
+    ClosedResourceError on every later call); as other errors of its era, busy comes at 200 with the call's id."""
+    reply = call_recall(busy, {"MCP-Protocol-Version": version} if version else None)
+    assert reply.status == 200 and reply.body["id"] == 1 and "result" not in reply.body
+    error = reply.body["error"]
+    assert error["code"] == mcp_bridge.INTERNAL_ERROR and error["data"]["code"] == "busy"
+    assert error["data"]["reason"] == "queue_full" and error["data"]["status"] == 503
+    assert reply.headers["retry-after"] == "1"
+    with busy.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+def test_service_a_busy_handshake_era_notification_is_accepted_as_ever(busy):
+    """The bridge accepts and drops notifications; a 503 for notifications/initialized ended mcp 1.26's session."""
+    message = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    reply = busy.post("/mcp", message, headers={"MCP-Protocol-Version": "2025-11-25"})
+    assert reply.status == 202 and reply.raw == b""
 
 
 def test_service_an_mcp_call_without_a_token_is_401_in_json_rpc(token_server):
     reply = call_recall(token_server)
-    assert_rpc_refusal(reply, 401, "unauthorized", mcp_bridge.INVALID_REQUEST)
+    assert_rpc_refusal(reply, 401, "unauthorized", mcp_bridge.INVALID_REQUEST, request_id=1)
     assert reply.headers["www-authenticate"].startswith("Bearer")
 
 
@@ -620,7 +657,7 @@ def test_service_an_unexpected_error_on_mcp_is_32603_without_details(server, mon
     monkeypatch.setattr(server.server.bridge, "handle", crash)
     with caplog.at_level(logging.ERROR):
         reply = call_recall(server)
-    assert_rpc_refusal(reply, 500, "internal", mcp_bridge.INTERNAL_ERROR)
+    assert_rpc_refusal(reply, 500, "internal", mcp_bridge.INTERNAL_ERROR, request_id=1)
     assert b"secret" not in reply.raw and "secret path" in caplog.text
 
 
