@@ -218,6 +218,15 @@ class McpBridge:
             return 202, response_headers, b""
         return 200, {**response_headers, "Content-Type": "application/json"}, b"[" + b",".join(answered) + b"]"
 
+    def writes(self, body: bytes) -> bool:
+        """Whether a request calls a tool that may write (a batch: any of its calls), for the service's writes'
+        admission lane: an MCP write waits for the write lock and batches in group commit as a REST write does."""
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError):  # handle() refuses it
+            return False
+        return any(not self._reads_only(item) for item in (message if isinstance(message, list) else [message]))
+
     def _reads_only(self, message: Any) -> bool:
         """Whether asking for this message again is harmless: anything but a call of a tool that may write."""
         if not isinstance(message, dict) or message.get("method") != "tools/call":

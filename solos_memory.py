@@ -723,7 +723,8 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
             if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
                 self.serve_stream(url.query)  # long-lived, outside the admission cap, as are the documents and page
             else:
-                with self.server.admitted(exempt=url.path in UNQUEUED, writes=(self.command, url.path) in WRITES):
+                writes = (self.command, url.path) in WRITES or url.path == "/mcp" and self.server.bridge.writes(body)
+                with self.server.admitted(exempt=url.path in UNQUEUED, writes=writes):
                     SERVED.get(url.path, MemoryHandler.call_operation)(self, url, body)
         except ServiceError as error:
             if body is None:
@@ -748,11 +749,9 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
                 )
 
     def refused(self, url: SplitResult, error: ServiceError, body: bytes | None) -> tuple[int, dict | None]:
-        """The error's status and one JSON shape; on /mcp a JSON-RPC error MCP clients read (mcp_bridge.refusal)."""
-        if url.path != "/mcp":
-            return error.status, error_body(error)
-        headers = getattr(self, "headers", {})  # none yet when http.server refuses the head itself (send_error)
-        return mcp_bridge.refusal(error_body(error)["error"], cast(Mapping[str, str], headers), body)
+        """The error's status and one JSON shape; on /mcp a JSON-RPC error (mcp_bridge.refusal), send_error's too."""
+        reply, headers = error_body(error), cast(Mapping[str, str], getattr(self, "headers", {}))  # send_error: none
+        return mcp_bridge.refusal(reply["error"], headers, body) if url.path == "/mcp" else (error.status, reply)
 
     def serve_stream(self, query: str) -> None:
         """GET /v1/events with Accept: text/event-stream: read_events' checks and filter, then events as they commit.
