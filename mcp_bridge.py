@@ -218,14 +218,18 @@ class McpBridge:
             return 202, response_headers, b""
         return 200, {**response_headers, "Content-Type": "application/json"}, b"[" + b",".join(answered) + b"]"
 
-    def writes(self, body: bytes) -> bool:
-        """Whether a request calls a tool that may write (a batch: any of its calls), for the service's writes'
-        admission lane: an MCP write waits for the write lock and batches in group commit as a REST write does."""
+    def admission(self, body: bytes) -> tuple[bool, bool]:
+        """(unqueued, writes): how the service admits this request. A tools/call of a tool that may write takes the
+        writes' lane (it waits for the write lock and batches in group commit as a REST write does); a request that
+        calls no tool (initialize, ping, tools/list, a notification, a body handle() refuses) touches no database
+        and is answered at once, as /health is; a batch by its calls."""
         try:
             message = json.loads(body)
-        except (ValueError, RecursionError):  # handle() refuses it
-            return False
-        return any(not self._reads_only(item) for item in (message if isinstance(message, list) else [message]))
+        except (ValueError, RecursionError):
+            return True, False
+        messages = message if isinstance(message, list) else [message]
+        calls = [item for item in messages if isinstance(item, dict) and item.get("method") == "tools/call"]
+        return not calls, any(not self._reads_only(item) for item in calls)
 
     def _reads_only(self, message: Any) -> bool:
         """Whether asking for this message again is harmless: anything but a call of a tool that may write."""

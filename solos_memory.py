@@ -614,10 +614,6 @@ BODY_DEADLINE_S = 10
 SERVED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 
 
-def status_for(result: dict) -> int:
-    return 201 if result.get("status") == "created" else 200
-
-
 def degraded_header(result: dict) -> dict[str, str]:
     return {"X-Memory-Degraded": "true" if result["degraded"] else "false"} if "degraded" in result else {}
 
@@ -723,8 +719,10 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
             if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
                 self.serve_stream(url.query)  # long-lived, outside the admission cap, as are the documents and page
             else:
-                writes = (self.command, url.path) in WRITES or url.path == "/mcp" and self.server.bridge.writes(body)
-                with self.server.admitted(exempt=url.path in UNQUEUED, writes=writes):
+                exempt, writes = url.path in UNQUEUED, (self.command, url.path) in WRITES
+                if url.path == "/mcp":  # by what it calls: no tool, at once; a writing tool, the writes' lane
+                    exempt, writes = self.server.bridge.admission(body)
+                with self.server.admitted(exempt=exempt, writes=writes):
                     SERVED.get(url.path, MemoryHandler.call_operation)(self, url, body)
         except ServiceError as error:
             if body is None:
@@ -831,7 +829,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
                 )
             args = parse_json_body(body)
         result = invoke(self.server.memory, self.server.tokens, op, args, cast(Mapping[str, str], self.headers))
-        self.respond(status_for(result), result, degraded_header(result))
+        self.respond(201 if result.get("status") == "created" else 200, result, degraded_header(result))
 
     def read_body(self) -> bytes:
         """The whole request body, strictly framed, capped at MAX_BODY_BYTES and read within BODY_DEADLINE_S.
