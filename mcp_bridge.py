@@ -162,6 +162,9 @@ class McpBridge:
             # Inspector (TypeScript SDK) tries a GET event stream after initialize and
             # reads 405 as "this server has none". With no session id there is no DELETE.
             return 405, {"Allow": "POST"}, b""
+        media = refused_media(headers)
+        if media is not None:
+            return _respond(media[0], RpcError(INVALID_REQUEST, media[1]).reply())
         try:
             # Strict: UTF-8 only (json.loads would sniff UTF-16/32 from bytes) and no NaN or Infinity, which
             # are not JSON; so a body means the same here as on the service's REST routes.
@@ -218,6 +221,19 @@ class McpBridge:
         if not answered:
             return 202, response_headers, b""
         return 200, {**response_headers, "Content-Type": "application/json"}, b"[" + b",".join(answered) + b"]"
+
+    def admission(self, body: bytes) -> tuple[bool, bool]:
+        """(unqueued, writes): how the service admits this request. A tools/call of a tool that may write takes the
+        writes' lane (it waits for the write lock and batches in group commit as a REST write does); a request that
+        calls no tool (initialize, ping, tools/list, a notification, a body handle() refuses) touches no database
+        and is answered at once, as /health is; a batch by its calls."""
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError):
+            return True, False
+        messages = message if isinstance(message, list) else [message]
+        calls = [item for item in messages if isinstance(item, dict) and item.get("method") == "tools/call"]
+        return not calls, any(not self._reads_only(item) for item in calls)
 
     def _reads_only(self, message: Any) -> bool:
         """Whether asking for this message again is harmless: anything but a call of a tool that may write."""
@@ -368,6 +384,56 @@ def foreign_caller(
     if origin is None and site not in ("", "same-origin", "none") and (mode, dest) != ("navigate", "document"):
         return f"Sec-Fetch-Site {site!r}: a page of another site, without an allowed Origin (cross-site protection)"
     return None
+
+
+def refusal(error: Mapping[str, Any], headers: Mapping[str, str], body: bytes | None) -> tuple[int, dict | None]:
+    """The service's refusal of an HTTP request to /mcp (its body over the cap, no token, busy, a bug) as a JSON-RPC
+    error: (HTTP status, reply, None for none). `error` is the service's own error object, kept whole as `data`
+    (code, field, reason); a 5xx is -32603, anything else -32600. `body` is the request's, None when unread.
+
+    REST's shape was no JSON-RPC error, which the mcp SDK client reads from a 4xx/5xx (the spec lets that body be
+    one without an id; else it says only "Server returned an error response"). A read body's id is echoed. And a
+    handshake-era request refused busy (503) is answered as the other errors of its era, at 200 (a notification:
+    202, accepted and dropped as ever): mcp 1.26 (inside Hermes) raises on any 4xx/5xx, and its whole session with
+    it. A 401 keeps its status: the service refuses at the door on purpose (`serve_mcp`).
+    """
+    code = INTERNAL_ERROR if error["status"] >= 500 else INVALID_REQUEST
+    reply = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": error["message"], "data": dict(error)}}
+    try:
+        message = json.loads(body.decode("utf-8")) if body else None
+    except (ValueError, RecursionError):
+        message = None
+    reply["id"] = _request_id_of(message)
+    modern = headers.get("MCP-Protocol-Version") in MODERN_VERSIONS or _carries_modern_envelope(message)
+    if error["status"] != 503 or modern or not isinstance(message, dict):
+        return error["status"], reply
+    return (202, None) if _is_notification(message) else (200, reply)
+
+
+def refused_media(headers: Mapping[str, str]) -> tuple[int, str] | None:
+    """(415 or 406, why) for a POST whose body is not declared JSON or whose client takes no JSON back, else None.
+
+    415 as REST gives it: a text/plain POST is what a page may send without a CORS preflight. Accept is read more
+    leniently than the spec's "MUST list both application/json and text/event-stream": every answer here is JSON,
+    so any Accept that takes JSON (curl's */*, a JSON-only client) or none at all is served.
+    """
+    content_type = headers.get("Content-Type")
+    if (content_type or "").split(";")[0].strip().lower() != "application/json":
+        return 415, f"Content-Type must be application/json, got {content_type!r}"[:200]
+    accept = headers.get("Accept")
+    if accept is None:
+        return None
+    for media_range in accept.split(","):
+        media, *parameters = (part.strip().lower() for part in media_range.split(";"))
+        weights = [value for name, _, value in (p.partition("=") for p in parameters) if name.strip() == "q"]
+        if media in ("application/json", "application/*", "*/*") and not _zero_weight(weights):
+            return None
+    return 406, f"every answer on /mcp is application/json, which Accept {accept!r} does not take"[:200]
+
+
+def _zero_weight(weights: list[str]) -> bool:
+    """Whether a media range's q parameter says "not acceptable" (q=0, 0.0, 0.000)."""
+    return bool(weights) and weights[0].strip().rstrip("0").rstrip(".") in ("0", "")
 
 
 def _reject_constant(name: str) -> None:

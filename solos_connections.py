@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import urlsplit
 
 from solos_errors import Busy
 
@@ -204,12 +205,22 @@ class BoundedHead:
 
     rfile: Any
 
+    path: str
+
     def parse_request(self) -> bool:
         reader, self.rfile = self.rfile, HeadReader(self.rfile)
         try:
-            return super().parse_request()  # type: ignore[misc]  # BaseHTTPRequestHandler's
+            parsed: bool = super().parse_request()  # type: ignore[misc]  # BaseHTTPRequestHandler's
         finally:
             self.rfile = reader
+        if parsed:
+            try:
+                urlsplit(self.path)
+            except ValueError:  # an unclosed IPv6 bracket (http://[::1): every answer splits the target, and raised
+                self.path = ""
+                self.send_error(HTTPStatus.BAD_REQUEST, "the request target is not a URL")  # type: ignore[attr-defined]
+                return False
+        return parsed
 
 
 def http_head(status: int, fields: Mapping[str, str]) -> bytes:

@@ -614,10 +614,6 @@ BODY_DEADLINE_S = 10
 SERVED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 
 
-def status_for(result: dict) -> int:
-    return 201 if result.get("status") == "created" else 200
-
-
 def degraded_header(result: dict) -> dict[str, str]:
     return {"X-Memory-Degraded": "true" if result["degraded"] else "false"} if "degraded" in result else {}
 
@@ -661,7 +657,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
             error = MethodNotAllowed(f"{self.command} is not a method this service answers", list(SERVED_METHODS))
         else:
             error = ProtocolError(code, explain or message)  # http.server's explain says which bound (431)
-        self.respond(error.status, error_body(error), error.headers())
+        self.respond(*self.refused(urlsplit(getattr(self, "path", "")), error, None), error.headers())
         self.send_unsent()
 
     def respond(
@@ -723,18 +719,21 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
             if url.path == "/v1/events" and "text/event-stream" in self.headers.get("Accept", ""):
                 self.serve_stream(url.query)  # long-lived, outside the admission cap, as are the documents and page
             else:
-                with self.server.admitted(exempt=url.path in UNQUEUED, writes=(self.command, url.path) in WRITES):
+                exempt, writes = url.path in UNQUEUED, (self.command, url.path) in WRITES
+                if url.path == "/mcp":  # by what it calls: no tool, at once; a writing tool, the writes' lane
+                    exempt, writes = self.server.bridge.admission(body)
+                with self.server.admitted(exempt=exempt, writes=writes):
                     SERVED.get(url.path, MemoryHandler.call_operation)(self, url, body)
         except ServiceError as error:
             if body is None:
                 self.close_connection = True  # what follows on the socket cannot be told from this body
             if not error.counted:
                 self.server.memory.stats.reject(None, f"{self.command} {url.path}"[:200], error)
-            self.respond(error.status, error_body(error), error.headers())
+            self.respond(*self.refused(url, error, body), error.headers())
         except Exception:
             logging.exception("unexpected error on %s %s", self.command, url.path)
             self.close_connection = True
-            self.respond(500, error_body(ServiceError("internal error; see the service log")))
+            self.respond(*self.refused(url, ServiceError("internal error; see the service log"), body))
         finally:  # the answer goes out once its admission place is given back: a client that reads none holds none
             self.send_unsent()
             self.server.idle(self.connection, served=True)
@@ -746,6 +745,11 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
                     status=self.status_sent,
                     ms=round((time.perf_counter() - started) * 1000, 2),
                 )
+
+    def refused(self, url: SplitResult, error: ServiceError, body: bytes | None) -> tuple[int, dict | None]:
+        """The error's status and one JSON shape; on /mcp a JSON-RPC error (mcp_bridge.refusal), send_error's too."""
+        reply, headers = error_body(error), cast(Mapping[str, str], getattr(self, "headers", {}))  # send_error: none
+        return mcp_bridge.refusal(reply["error"], headers, body) if url.path == "/mcp" else (error.status, reply)
 
     def serve_stream(self, query: str) -> None:
         """GET /v1/events with Accept: text/event-stream: read_events' checks and filter, then events as they commit.
@@ -825,7 +829,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
                 )
             args = parse_json_body(body)
         result = invoke(self.server.memory, self.server.tokens, op, args, cast(Mapping[str, str], self.headers))
-        self.respond(status_for(result), result, degraded_header(result))
+        self.respond(201 if result.get("status") == "created" else 200, result, degraded_header(result))
 
     def read_body(self) -> bytes:
         """The whole request body, strictly framed, capped at MAX_BODY_BYTES and read within BODY_DEADLINE_S.
@@ -876,15 +880,8 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
         return b"".join(chunks)
 
 
-ERROR_SCHEMA = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": result_schema(
-            {"code": {"type": "string"}, "status": {"type": "integer"}, "message": {"type": "string"}}
-        )
-    },
-}
+ERROR_FIELDS = {"code": {"type": "string"}, "status": {"type": "integer"}, "message": {"type": "string"}}
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": result_schema(ERROR_FIELDS)}}
 
 
 # Documents about the service itself, served on GET next to the operations.

@@ -202,6 +202,36 @@ def test_writes_have_a_lane_of_their_own_while_every_read_place_is_taken(one_pla
     assert load["writes"]["running_max"] == 1 and load["writes"]["busy_queue_full"] == 0
 
 
+def test_mcp_writes_take_the_writes_lane_too_while_every_read_place_is_taken(one_place_held):
+    """A write over MCP queued in the reads' lane: behind every recall, out of group commit's batches (24 clients:
+    MCP writes p50 120 ms, REST's 47 ms), and refused busy here where the same write over REST passed."""
+    server, _, _ = one_place_held(queue_most=0)  # full: a read that would queue is refused at once
+    written = server.mcp_tool("write_long", {"agent": "atlas", "topic": "lane", "fact": "writes pass over mcp"})
+    recalled = server.mcp_tool("recall", {"agent": "atlas", "q": "anything"})
+    load = server.get("/v1/stats").body["load"]
+    assert written.status == 200 and written.body["result"]["isError"] is False, written.raw[:300]
+    assert written.body["result"]["structuredContent"]["status"] == "created"
+    assert recalled.body["error"]["data"]["reason"] == "queue_full"  # reads still wait in theirs
+    assert load["writes"]["running_max"] == 1 and load["writes"]["busy_queue_full"] == 0
+
+
+def test_mcp_protocol_methods_are_answered_while_every_place_is_taken(one_place_held):
+    """initialize, ping and tools/list touch no database: queued with the recalls, a burst refused them, and Hermes
+    (its keepalive is a ping; it reconnects on a failed one, and parks the server, its tools gone, after 5 failed
+    reconnects) dropped the connection of every agent for the length of the burst."""
+    server, _, _ = one_place_held(queue_most=0)  # full: a read that would queue is refused at once
+    headers = {"MCP-Protocol-Version": "2025-11-25"}
+    initialize = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "hermes", "version": "0"}}
+    answers = {
+        method: server.post("/mcp", {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=headers)
+        for method, params in [("initialize", initialize), ("ping", {}), ("tools/list", {})]
+    }
+    recalled = server.mcp_tool("recall", {"agent": "atlas", "q": "anything"})
+    for method, answer in answers.items():
+        assert answer.status == 200 and "result" in answer.body, (method, answer.raw[:300])
+    assert recalled.body["error"]["data"]["reason"] == "queue_full"  # a tool call still waits its turn
+
+
 def test_a_request_that_waits_past_the_bound_gets_503_busy_not_a_stall(one_place_held):
     server, _, _ = one_place_held(wait_s=0.05)  # the place is held throughout: the wait must run out
     refused = server.recall("atlas", "anything")

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from conftest import raw_exchange, statuses_in
 from mcp_types.methods import validate_server_result  # the mcp SDK's wire schemas, as its client checks them
 
 import mcp_bridge  # importable: conftest.py puts the repository root on sys.path
@@ -98,6 +99,7 @@ class BridgeHost:
         payload = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
         all_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
         all_headers.update(headers or {})
+        all_headers = {name: value for name, value in all_headers.items() if value is not None}
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
             conn.request(method, "/mcp", body=payload, headers=all_headers)
@@ -489,6 +491,41 @@ def test_modern_notification_is_202_and_batch_is_400(host):
     assert status == 400 and reply["error"]["code"] == -32600
 
 
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "", None])
+def test_a_body_that_is_not_declared_json_is_415(host, content_type):
+    """REST's rule on /mcp too: a text/plain POST is what a page sends without a CORS preflight."""
+    status, _, reply, _ = host.request(
+        "POST", {"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"Content-Type": content_type}
+    )
+    assert status == 415 and reply["id"] is None and reply["error"]["code"] == -32600
+    assert "Content-Type must be application/json" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8", "Application/JSON"])
+def test_json_content_types_are_served(host, content_type):
+    status, _, reply, _ = host.request(
+        "POST", {"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"Content-Type": content_type}
+    )
+    assert status == 200 and reply["result"] == {}
+
+
+@pytest.mark.parametrize("accept", ["text/html", "text/event-stream", "application/json;q=0, text/event-stream"])
+def test_a_client_that_accepts_no_json_is_406(host, accept):
+    """Every answer is application/json: a client that says it cannot take that is told, not sent it."""
+    status, _, reply, _ = host.request("POST", {"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"Accept": accept})
+    assert status == 406 and reply["id"] is None and reply["error"]["code"] == -32600
+    assert "application/json" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "accept", [None, "*/*", "application/*", "application/json", "text/event-stream, application/json;q=0.5"]
+)
+def test_any_accept_that_takes_json_is_served(host, accept):
+    """Lenient where the spec is strict ("MUST list both"): curl's */* and JSON-only clients are served."""
+    status, _, reply, _ = host.request("POST", {"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"Accept": accept})
+    assert status == 200 and reply["result"] == {}
+
+
 # ==== mounted in the real service ====
 
 
@@ -537,3 +574,107 @@ def test_service_refuses_foreign_origins_and_serves_only_post(server):
     for method in ("GET", "HEAD", "DELETE"):
         reply = server.request(method, "/mcp")
         assert reply.status == 405 and reply.headers["allow"] == "POST"
+
+
+# ---- refusals before the bridge: the service's own, in JSON-RPC's shape on /mcp ----
+
+
+def assert_rpc_refusal(reply, status: int, service_code: str, rpc_code: int, request_id: Any = None) -> dict:
+    """A refusal of the HTTP request the mcp SDK client can read: a JSON-RPC error with no id, the service's error
+    object (code, field, reason) as its data. REST's shape there read as "Server returned an error response"."""
+    assert reply.status == status, reply.raw[:300]
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.body["jsonrpc"] == "2.0" and reply.body["id"] == request_id and "result" not in reply.body
+    error = reply.body["error"]
+    assert error["code"] == rpc_code and error["data"]["code"] == service_code and error["data"]["status"] == status
+    assert error["message"] == error["data"]["message"]
+    return error
+
+
+def test_service_a_body_over_the_cap_on_mcp_is_a_json_rpc_error(server):
+    reply = server.post("/mcp", {"x": "y" * (solos_memory.MAX_BODY_BYTES + 10)})
+    error = assert_rpc_refusal(reply, 413, "payload_too_large", mcp_bridge.INVALID_REQUEST)
+    assert error["data"]["field"] == "body" and str(solos_memory.MAX_BODY_BYTES) in error["message"]
+
+
+@pytest.fixture
+def busy(server, monkeypatch):
+    """The service with every place taken and its queue full."""
+
+    def full(exempt: bool = False, writes: bool = False):
+        raise solos_memory.Busy("queue full: a test", reason="queue_full")
+
+    monkeypatch.setattr(server.server, "admitted", full)
+    return server
+
+
+def modern_recall(server):
+    """recall as the mcp SDK's 2026-07-28 client sends it: the envelope and its mirrored headers."""
+    meta = {META_VERSION: MODERN, META_CAPABILITIES: {}}
+    params = {"name": "recall", "arguments": {"agent": "atlas", "q": "kettle"}, "_meta": meta}
+    message = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}
+    headers = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": "recall"}
+    return server.post("/mcp", message, headers=headers)
+
+
+def test_service_a_busy_2026_call_is_503_with_its_reason_in_json_rpc(busy):
+    reply = modern_recall(busy)  # its body was read before the refusal: its id is echoed
+    error = assert_rpc_refusal(reply, 503, "busy", mcp_bridge.INTERNAL_ERROR, request_id=7)
+    assert error["data"]["reason"] == "queue_full" and reply.headers["retry-after"] == "1"
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", "2025-06-18", None])
+def test_service_a_busy_handshake_era_call_is_a_json_rpc_error_its_client_reads(busy, version):
+    """mcp 1.26 (inside Hermes) raises on any 4xx/5xx and its whole session dies with it (ExceptionGroup, then
+    ClosedResourceError on every later call); as other errors of its era, busy comes at 200 with the call's id."""
+    reply = call_recall(busy, {"MCP-Protocol-Version": version} if version else None)
+    assert reply.status == 200 and reply.body["id"] == 1 and "result" not in reply.body
+    error = reply.body["error"]
+    assert error["code"] == mcp_bridge.INTERNAL_ERROR and error["data"]["code"] == "busy"
+    assert error["data"]["reason"] == "queue_full" and error["data"]["status"] == 503
+    assert reply.headers["retry-after"] == "1"
+    with busy.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_longterm").fetchone()[0] == 0
+
+
+def test_service_a_busy_handshake_era_notification_is_accepted_as_ever(busy):
+    """The bridge accepts and drops notifications; a 503 for notifications/initialized ended mcp 1.26's session."""
+    message = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    reply = busy.post("/mcp", message, headers={"MCP-Protocol-Version": "2025-11-25"})
+    assert reply.status == 202 and reply.raw == b""
+
+
+def test_service_an_mcp_call_without_a_token_is_401_in_json_rpc(token_server):
+    reply = call_recall(token_server)
+    assert_rpc_refusal(reply, 401, "unauthorized", mcp_bridge.INVALID_REQUEST, request_id=1)
+    assert reply.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_service_an_unexpected_error_on_mcp_is_32603_without_details(server, monkeypatch, caplog):
+    def crash(*args: Any) -> Any:
+        raise RuntimeError("secret path /var/lib/solos.db")
+
+    monkeypatch.setattr(server.server.bridge, "handle", crash)
+    with caplog.at_level(logging.ERROR):
+        reply = call_recall(server)
+    assert_rpc_refusal(reply, 500, "internal", mcp_bridge.INTERNAL_ERROR, request_id=1)
+    assert b"secret" not in reply.raw and "secret path" in caplog.text
+
+
+def test_service_rest_refusals_keep_rest_shape(server, monkeypatch):
+    reply = server.post("/v1/long", {"x": "y" * (solos_memory.MAX_BODY_BYTES + 10)})
+    assert reply.status == 413 and reply.body["error"]["code"] == "payload_too_large" and "jsonrpc" not in reply.body
+
+
+def test_service_a_head_past_the_cap_on_mcp_is_431_in_json_rpc(server):
+    """http.server's own refusals (send_error) of a request to /mcp take the same shape."""
+    lines = [
+        "POST /mcp HTTP/1.1",
+        f"Host: 127.0.0.1:{server.port}",
+        *(f"X-Filler-{i}: {'a' * 4000}" for i in range(20)),
+    ]
+    response = raw_exchange(server.port, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    assert statuses_in(response) == [431], response[:300]
+    reply = json.loads(response.split(b"\r\n\r\n", 1)[1])
+    assert reply["id"] is None and reply["error"]["code"] == mcp_bridge.INVALID_REQUEST
+    assert reply["error"]["data"]["status"] == 431 and "65536 bytes" in reply["error"]["message"]

@@ -134,7 +134,7 @@ def mcp_call(server, name: str, arguments: dict, headers: dict) -> dict:
 def test_tokens_decide_the_caller_over_mcp(token_server):
     server = token_server
     refused = server.mcp_tool("write_long", {"agent": "atlas", "fact": "mcp no token"})
-    assert refused.status == 401 and refused.body["error"]["code"] == "unauthorized"
+    assert refused.status == 401 and refused.body["error"]["data"]["code"] == "unauthorized"  # in JSON-RPC's shape
     assert refused.headers["www-authenticate"].startswith("Bearer")
     unknown = server.mcp_tool("write_long", {"agent": "atlas", "fact": "x"}, bearer("not-a-token"))
     assert unknown.status == 401

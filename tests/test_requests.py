@@ -63,7 +63,8 @@ def test_a_method_the_path_does_not_take_is_405_without_a_body_too(server, metho
 @pytest.mark.parametrize(("method", "path"), [("PUT", "/v1/sharing"), ("POST", "/v1/long"), ("POST", "/mcp")])
 def test_a_method_the_path_takes_still_needs_its_body(server, method, path):
     status, _, body = bare(server, method, path)
-    assert status == 411 and body["error"]["field"] == "Content-Length"
+    error = body["error"]["data"] if path == "/mcp" else body["error"]  # /mcp: inside a JSON-RPC error
+    assert status == 411 and error["field"] == "Content-Length"
 
 
 # ---- integers past 64 bits; a listed Content-Length ----
@@ -352,3 +353,12 @@ def test_an_agent_name_ending_in_a_newline_is_refused_everywhere(server, tmp_pat
     os.chmod(tokens_file, 0o600)
     assert solos_memory.Tokens.load(str(tokens_file)).by_hash == {"0" * 64: "atlas"}
     assert not solos_memory.fully_matches(solos_memory.AGENT_PATTERN, "atlas\n")
+
+
+@pytest.mark.parametrize("target", ["http://[::1", "http://]/v1/recall", "http://[::1/mcp"])
+def test_a_request_target_that_is_not_a_url_is_400_not_a_dropped_connection(server, target):
+    """urlsplit refuses an unclosed IPv6 bracket: the request was dropped unanswered, a traceback logged."""
+    response = raw_exchange(server.port, head(server, f"GET {target} HTTP/1.1"))
+    assert statuses_in(response) == [400], response[:300]
+    assert b"request target" in response and b"Connection: close" in response
+    assert statuses_in(raw_exchange(server.port, head(server, "GET /health HTTP/1.1"))) == [200]
