@@ -213,6 +213,20 @@ def test_a_write_on_one_worker_is_in_the_next_recall_on_every_other(keyword_serv
         assert status == 200 and ids(found) == [written["id"]], (writer, reader, found)
 
 
+def test_a_row_handed_over_by_every_worker_is_one_delivery_in_the_hour(keyword_service):
+    """Each worker kept only its own deliveries in memory: a reader shown one row by both was logged twice, and
+    the author's /v1/deliveries listed the read twice."""
+    port, _ = keyword_service
+    word = f"zd{uuid.uuid4().hex[:10]}"
+    status, written = on(port, 1, "POST", "/v1/long", {"agent": "rhea", "fact": f"the {word} gauge reads low"})
+    assert status == 201
+    for worker in (1, 2, 1, 2):
+        status, found = on(port, worker, "GET", recall_path("vega", word))
+        assert status == 200 and ids(found) == [written["id"]], found
+    status, listed = on(port, 2, "GET", "/v1/deliveries?" + urlencode({"agent": "rhea", "id": written["id"]}))
+    assert status == 200 and [(d["reader"], d["row_id"]) for d in listed["deliveries"]] == [("vega", written["id"])]
+
+
 def test_the_vector_leg_of_another_worker_sees_a_write_before_it_answers(hybrid_service):
     """The reader's vector index holds a snapshot (loaded by an earlier recall); a row another worker writes
     then must rank in the reader's very next vector-only recall: its index catches up before it searches."""
