@@ -76,8 +76,8 @@ NEAR_CANDIDATES = 20  # the first that match, unranked: ranking them doubled the
 KEPT_CLUSTERS = 4096  # long results whose near-duplicate clusters are kept between recalls (ids and times, no text)
 NEGATIONS = frozenset({"not", "no", "never", "none", "cannot", "without", "nobody", "nothing", "t"})
 NUMBER = re.compile(r"\d+(?:[.:,]\d+)*")
-# As-of reads versions without an index (bench/as_of_memory.py): at most AS_OF_CALLS at once per service, a
-# newcomer waits AS_OF_WAIT_S for a place, then gets 503 with Retry-After.
+# As-of reads versions without an index (bench/as_of_memory.py): at most AS_OF_CALLS at once per process (a
+# worker, a copy), a newcomer waits AS_OF_WAIT_S for a place, then gets 503 with Retry-After.
 AS_OF_CALLS = 4
 AS_OF_WAIT_S = 2.0
 AS_OF_SLOTS = threading.BoundedSemaphore(AS_OF_CALLS)
