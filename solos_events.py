@@ -782,6 +782,9 @@ class EventHub:
         holding the most streams gives up its oldest if it holds more than the newcomer's agent would.
         """
         decide = functools.partial(choose_victim, per_agent=self.streams_per_agent, cap=self.max_subscribers)
+        # Its tags and q are matched against every removal from now on (note_removal), not from the first batch of
+        # events that reaches it: a row written before it opened and removed before another event came was missed.
+        self.content_filter(pattern)
         head = self.store.read(self.store.queries.head_event)  # before a seat is taken: a failed read takes none
         with self.lock:
             seat = None

@@ -414,6 +414,21 @@ def test_removals_reach_only_the_streams_whose_filters_the_row_matched(server):
     ]
 
 
+def test_a_filtered_stream_hears_of_the_removal_of_a_row_written_before_it_opened(server):
+    """A removal reaches a filtered stream if the row matched the filter when the service removed it. The filter
+    was registered only when a batch of events first reached the stream: a row written before it opened (its
+    client had recalled it) and deleted before any other event came was not matched, and the stream never heard
+    of the delete."""
+    word = f"zq{time.monotonic_ns()}"
+    mug = server.post("/v1/short", {"agent": "sol", "key": word, "value": f"the {word} espresso mug"})
+    stream = subscribed(Stream(server, {"agent": "nova", "q": word, "tiers": "short"}))
+    try:
+        assert server.request("DELETE", "/v1/short", query={"agent": "sol", "key": word}).status == 200
+        assert [(e["kind"], e["row_id"]) for e in changes(stream, 1)] == [("delete", mug.body["id"])]
+    finally:
+        stream.close()
+
+
 class CountingEvent(threading.Event):
     """An Event that counts its set() calls: who woke the hub's thread."""
 
