@@ -584,10 +584,13 @@ class EventHub:
             return None
         key = (pattern.tags, pattern.q, pattern.match)
         with self.lock:
-            if key not in self.matched:
+            new = key not in self.matched
+            if new:
                 if len(self.matched) >= REMEMBERED_FILTERS:
                     del self.matched[next(iter(self.matched))]
                 self.matched[key] = {}
+        if new and self.seats is not None:  # workers: the others match their removals against it too
+            self.seats.filters.register(key)
         return key
 
     def remember(self, content: tuple, keys: Iterable[tuple[str, int]]) -> None:
@@ -600,24 +603,37 @@ class EventHub:
                 del rows[next(iter(rows))]
 
     def had_matched(self, content: tuple, key: tuple[str, int]) -> bool:
+        """Whether the row matched the filter when it was shown or removed (workers: by any worker)."""
         with self.lock:
-            return key in self.matched.get(content, {})
+            if key in self.matched.get(content, {}):
+                return True
+        return self.seats is not None and self.seats.filters.had_matched(content, key)
 
     def note_removal(self, conn: sqlite3.Connection, tier: str, ids: list[int]) -> None:
         """Rows the service is about to remove (forget, delete, expiry), inside that transaction: which known
-        filters they match, by their tags and words as they are now."""
+        filters they match, by their tags and words as they are now. Workers: every worker's filters, and what
+        matched is written for the others before the removal commits (solos_workers.Filters)."""
+        if not ids or tier not in solos_store.RETRACTABLE:
+            return
         with self.lock:
-            filters = list(self.matched)
-        if not ids or not filters or tier not in solos_store.RETRACTABLE:
+            own = list(self.matched)
+        shared = self.seats.filters if self.seats is not None else None
+        filters = own + [key for key in shared.registered() if key not in own] if shared is not None else own
+        if not filters:
             return
         tags = self.store.queries.tags_of(conn, tier, ids)
+        published: list[tuple[tuple, str, int]] = []
         for content in filters:
             wanted, q, match = content
             hits = [i for i in ids if not wanted or set(wanted) & tags.get(i, set())]
             if q and hits:
                 words = self.store.queries.text_matches(conn, match, {tier: hits}) if match else set()
                 hits = [i for i in hits if (tier, i) in words]
-            self.remember(content, [(tier, i) for i in hits])
+            if content in own:
+                self.remember(content, [(tier, i) for i in hits])
+            published.extend((content, tier, i) for i in hits)
+        if shared is not None:
+            shared.matched(published)
 
     def text_filter(self, conn: sqlite3.Connection, pattern: Pattern, kept: list) -> list:
         """Writes whose row matches the text query; removals carry no text and pass."""

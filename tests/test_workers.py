@@ -309,6 +309,34 @@ def test_a_stream_resumed_on_another_worker_misses_nothing_and_repeats_nothing(k
     again.close()
 
 
+@pytest.mark.parametrize("remover", [1, 2])
+def test_a_filtered_stream_resumed_on_another_worker_gets_the_forget_of_a_row_it_was_shown(keyword_service, remover):
+    """A stream with `q` is sent a removal only of rows known to match it: shown written to it, or matched while
+    the service removed the row (its text gone after). Each worker knew only its own filters and matches, so a
+    stream resumed on worker 2 was never sent the forget of a row worker 1 had shown it, forgotten on worker 1
+    (nor, its filter registered at its first batch, on worker 2): the client kept the row (only a `notice`,
+    which a deleted or expired short row does not get, told it)."""
+    port, _ = keyword_service
+    word = f"zr{uuid.uuid4().hex[:8]}"
+    query = {"agent": "lyra", "writers": "orion", "q": word}
+    first, _ = pinned_stream(port, 1, query)
+    subscribed(first)
+    status, written = on(port, 2, "POST", "/v1/long", {"agent": "orion", "fact": f"the {word} hatch sticks"})
+    assert status == 201
+    (shown,) = first.events(1)
+    assert shown["row_id"] == written["id"] and shown["kind"] == "write"
+    first.close()
+    again, worker = pinned_stream(port, 2, query, {"Last-Event-ID": str(shown["id"])})
+    subscribed(again)
+    assert worker == 2
+    forget = {"agent": "orion", "tier": "long", "id": written["id"]}
+    status, gone = on(port, remover, "DELETE", "/v1/memory?" + urlencode(forget))
+    assert status == 200 and gone["status"] == "forgotten", gone
+    sent = [(m["data"]["kind"], m["data"]["row_id"]) for m in again.quiet(1.0) if "event" not in m]
+    assert ("forget", written["id"]) in sent, sent
+    again.close()
+
+
 def cut(stream: Stream, within_s: float = 5.0) -> bool:
     """Whether the service ended the stream (end of file, or reset) within `within_s`."""
     return stream.closed.wait(within_s)
