@@ -496,30 +496,41 @@ class Filters:
     def __init__(self, path: str):
         self.path = path
 
+    def looked(self, work: Callable[[dict], Any]) -> Any:
+        """work(the file's content), under its lock; what work changes is written back. A removal never fails for
+        it: a file that cannot be read or written (a worker killed while writing it, the folder gone with the
+        supervisor) is logged, and work sees none."""
+        try:
+            with locked_json(self.path, {"filters": [], "matches": []}) as state:
+                return work(state)
+        except (OSError, ValueError, TypeError) as error:
+            log_event("warning", message=f"stream filters shared by the workers: {self.path}: {error}")
+            return work({"filters": [], "matches": []})
+
     def register(self, key: tuple) -> None:
         """A filter this worker matches removals against from now on."""
-        with locked_json(self.path, {"filters": [], "matches": []}) as state:
-            found = json.loads(json.dumps(list(key)))
+        found = json.loads(json.dumps(list(key)))
+
+        def add(state: dict) -> None:
             if found not in state["filters"]:
                 state["filters"] = [*state["filters"], found][-self.FILTERS_KEPT :]
 
+        self.looked(add)
+
     def registered(self) -> list[tuple]:
         """Every worker's filters."""
-        with locked_json(self.path, {"filters": [], "matches": []}) as state:
-            return [(tuple(tags), q, match) for tags, q, match in state["filters"]]
+        return self.looked(lambda state: [(tuple(tags), q, match) for tags, q, match in state["filters"]])
 
     def matched(self, hits: list[tuple[tuple, str, int]]) -> None:
         """Removed rows that matched these filters: (filter, tier, row id)."""
-        if hits:
-            with locked_json(self.path, {"filters": [], "matches": []}) as state:
-                kept = [[list(key), tier, row_id] for key, tier, row_id in hits]
-                state["matches"] = [*state["matches"], *json.loads(json.dumps(kept))][-self.MATCHES_KEPT :]
+        kept = json.loads(json.dumps([[list(key), tier, row_id] for key, tier, row_id in hits]))
+        if kept:
+            self.looked(lambda state: state.update(matches=[*state["matches"], *kept][-self.MATCHES_KEPT :]))
 
     def had_matched(self, key: tuple, row: tuple[str, int]) -> bool:
         """Whether a worker matched the removed row against this filter."""
         wanted = json.loads(json.dumps([list(key), *row]))
-        with locked_json(self.path, {"filters": [], "matches": []}) as state:
-            return wanted in state["matches"]
+        return self.looked(lambda state: wanted in state["matches"])
 
 
 # ==== The supervisor ====

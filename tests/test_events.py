@@ -649,6 +649,21 @@ def test_a_stream_that_fails_to_start_gives_its_worker_seat_back(server, streams
     assert hub.seats.count() == {"open_all_workers": 1}
 
 
+def test_a_removal_never_fails_for_the_filters_file_the_workers_share(server, streams, tmp_path):
+    """--workers: a removal is matched against every worker's stream filters, read from a file beside the seats,
+    in the removal's own transaction (solos_workers.Filters). A file cut short (a worker killed while writing
+    it) must fail neither the delete nor the stream, which still hears of its own match."""
+    hub = server.server.memory.events
+    hub.seats = solos_workers.Seats(str(tmp_path / "seats"), 0)
+    (tmp_path / "filters.json").write_text('{"filters": [[["ops"], "pump", ')
+    word = f"zq{time.monotonic_ns()}"
+    stream = subscribed(streams(server, {"agent": "nova", "q": word, "tiers": "short"}))
+    mug = server.post("/v1/short", {"agent": "sol", "key": word, "value": f"the {word} espresso mug"})
+    assert mug.status == 201 and [e["kind"] for e in changes(stream, 1)] == ["write"]
+    assert server.request("DELETE", "/v1/short", query={"agent": "sol", "key": word}).status == 200
+    assert [(e["kind"], e["row_id"]) for e in changes(stream, 1)] == [("delete", mug.body["id"])]
+
+
 def test_a_stream_catching_up_is_sent_the_row_as_it_is_now_not_as_another_stream_was(server, streams):
     """Encoded events were kept by (id, foreign) for every stream: one catching up after the fleet rewrote the
     row (a secret taken out) rendered it as it is now, logged that as delivered, and was sent the bytes encoded
