@@ -59,6 +59,7 @@ BATCH = 500  # events read per query
 # or when the service removed it: decided while the text exists, kept in memory as row ids only. Up to this many
 # distinct filters (streams' and read_events callers', most recent kept) and rows each.
 REMEMBERED_FILTERS = 256
+SHARED_MATCHES = ("removals matched on other workers",)  # its place in a batch's renderings (visible's `shared`)
 REMEMBERED_MATCHES = 10_000
 WIRE_CACHE_BYTES = 8 << 20  # encoded events kept for the streams still to send them: 8 MiB, 4,000 small ones
 SCAN_LIMIT = 5000  # events one read_events call examines at most (next_since says where it stopped)
@@ -532,7 +533,7 @@ class EventHub:
             if event["kind"] in solos_store.REMOVALS:
                 if not seen.shared_at(tier, agent, event["ts"]):  # removed while its author did not share
                     continue
-                if content is not None and not self.had_matched(content, (tier, event["row_id"])):
+                if content is not None and not self.had_matched(content, (tier, event["row_id"]), shared):
                     continue
             else:
                 row = rows.get((tier, event["row_id"]))
@@ -602,12 +603,18 @@ class EventHub:
             while len(rows) > REMEMBERED_MATCHES:
                 del rows[next(iter(rows))]
 
-    def had_matched(self, content: tuple, key: tuple[str, int]) -> bool:
-        """Whether the row matched the filter when it was shown or removed (workers: by any worker)."""
+    def had_matched(self, content: tuple, key: tuple[str, int], batch: dict | None = None) -> bool:
+        """Whether the row matched the filter when it was shown or removed; workers: by any worker, whose matches
+        are read once per `batch` (its removals committed, and so left their matches, before it was read)."""
         with self.lock:
             if key in self.matched.get(content, {}):
                 return True
-        return self.seats is not None and self.seats.filters.had_matched(content, key)
+        if self.seats is None:
+            return False
+        batch = {} if batch is None else batch
+        if SHARED_MATCHES not in batch:
+            batch[SHARED_MATCHES] = self.seats.filters.matches()
+        return self.seats.filters.entry(content, key) in batch[SHARED_MATCHES]
 
     def note_removal(self, conn: sqlite3.Connection, tier: str, ids: list[int]) -> None:
         """Rows the service is about to remove (forget, delete, expiry), inside that transaction: which known

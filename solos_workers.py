@@ -527,10 +527,14 @@ class Filters:
         if kept:
             self.looked(lambda state: state.update(matches=[*state["matches"], *kept][-self.MATCHES_KEPT :]))
 
-    def had_matched(self, key: tuple, row: tuple[str, int]) -> bool:
-        """Whether a worker matched the removed row against this filter."""
-        wanted = json.loads(json.dumps([list(key), *row]))
-        return self.looked(lambda state: wanted in state["matches"])
+    def matches(self) -> set[str]:
+        """Every match kept, each as `entry` names it: read once for a batch of events."""
+        return self.looked(lambda state: {json.dumps(match) for match in state["matches"]})
+
+    @staticmethod
+    def entry(key: tuple, row: tuple[str, int]) -> str:
+        """A filter's match of a removed row as `matches` holds it."""
+        return json.dumps([list(key), *row])
 
 
 # ==== The supervisor ====

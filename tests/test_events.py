@@ -664,6 +664,30 @@ def test_a_removal_never_fails_for_the_filters_file_the_workers_share(server, st
     assert [(e["kind"], e["row_id"]) for e in changes(stream, 1)] == [("delete", mug.body["id"])]
 
 
+def test_a_filtered_streams_removals_read_the_workers_matches_once_a_batch(server, streams, tmp_path, monkeypatch):
+    """--workers: a removal this worker has no match for is looked up among every worker's (the filters file),
+    read once for a batch of events, not once per removal and stream: 1,000 short rows expiring together under
+    10 filtered streams read it 10,000 times on the hub's one thread."""
+    hub = server.server.memory.events
+    hub.seats = solos_workers.Seats(str(tmp_path / "seats"), 0)
+    reads: list[int] = []
+    real = hub.seats.filters.looked
+    monkeypatch.setattr(hub.seats.filters, "looked", lambda work: reads.append(1) or real(work))
+    word = f"zq{time.monotonic_ns()}"
+    filtered = [subscribed(streams(server, {"agent": "nova", "q": f"{word}{n}", "tiers": "short"})) for n in range(3)]
+    everything = subscribed(streams(server, {"agent": "nova", "tiers": "short"}))
+    reads.clear()  # each filter was registered in the file as its stream opened
+    keys = [f"{word}-{n}" for n in range(30)]
+    for key in keys:
+        assert server.post("/v1/short", {"agent": "sol", "key": key, "value": "an unrelated note"}).status == 201
+    changes(everything, len(keys))
+    with server.db() as conn:  # deleted in one commit, as a sweep or the fleet may: one batch of removals
+        conn.execute(f"DELETE FROM memory_short WHERE key IN ({','.join('?' * len(keys))})", keys)
+    assert [e["kind"] for e in changes(everything, len(keys))] == ["delete"] * len(keys)
+    assert all(stream.quiet(0.2) == [] for stream in filtered)
+    assert 1 <= len(reads) <= 3, len(reads)  # a batch or two; was one per removal and stream (90)
+
+
 def test_a_stream_catching_up_is_sent_the_row_as_it_is_now_not_as_another_stream_was(server, streams):
     """Encoded events were kept by (id, foreign) for every stream: one catching up after the fleet rewrote the
     row (a secret taken out) rendered it as it is now, logged that as delivered, and was sent the bytes encoded
