@@ -518,7 +518,8 @@ def test_one_worker_is_the_default_and_nothing_changes(server):
 
 
 def test_workers_over_postgresql_share_writes_forgets_and_the_stream_caps(pg_url):
-    """On PostgreSQL the workers are copies on one host: the same properties, and the caps still the service's."""
+    """On PostgreSQL the workers are copies on one host: the same properties (a read logged once, a filtered
+    stream told of another worker's forget), and the caps still the service's."""
     argv = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", pg_url, "--port", "0",
             "--workers", str(WORKERS), "--register", AGENTS, "--no-request-log", "--model-dir", "off"]  # fmt: skip
     with service(argv) as (port, _):
@@ -526,9 +527,18 @@ def test_workers_over_postgresql_share_writes_forgets_and_the_stream_caps(pg_url
         status, written = on(port, 1, "POST", "/v1/long", {"agent": "atlas", "fact": f"the {word} pump hums"})
         assert status == 201
         assert ids(on(port, 2, "GET", recall_path("sol", word))[1]) == [written["id"]]
+        assert ids(on(port, 1, "GET", recall_path("sol", word))[1]) == [written["id"]]
+        listed = on(port, 1, "GET", "/v1/deliveries?" + urlencode({"agent": "atlas"}))[1]["deliveries"]
+        assert [(d["reader"], d["row_id"]) for d in listed] == [("sol", written["id"])]  # once, read on both
+        # sol, having recalled the row, follows it on worker 1; worker 2 forgets it: the stream is told
+        again, _ = pinned_stream(port, 1, {"agent": "sol", "writers": "atlas", "q": word})
+        subscribed(again)
         forget = {"agent": "atlas", "tier": "long", "id": written["id"]}
         assert on(port, 2, "DELETE", "/v1/memory?" + urlencode(forget))[0] == 200
         assert ids(on(port, 1, "GET", recall_path("sol", word))[1]) == []
+        sent = [(m["data"]["kind"], m["data"]["row_id"]) for m in again.quiet(1.0) if "event" not in m]
+        assert ("forget", written["id"]) in sent, sent
+        again.close()
         held = []
         for n in range(solos_events.STREAMS_PER_AGENT):
             stream, _ = pinned_stream(port, 1 + n % WORKERS, {"agent": "nova"})
