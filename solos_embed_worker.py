@@ -30,9 +30,11 @@ def embed_missing(
     batch: int = EMBED_BATCH,
     progress: Callable[[int], None] | None = None,
     passed_over: dict[tuple[str, int], str] | None = None,
+    only: set[tuple[str, int]] | None = None,
 ) -> int:
     """Embed every row that lacks a vector from this model, batch by batch (each its own short write transaction:
-    idempotent and resumable, it only ever picks rows without a vector); return how many.
+    idempotent and resumable, it only ever picks rows without a vector); return how many. Every row: this
+    process's share of them with workers (Store.embed_share); `only`: these (tier, id), whosever share.
 
     A pass goes through them in id order, once: a row whose vector was not saved (it changed under us, or its text
     cannot be read back as written) is left to the next pass, and never holds up the rows after it. Nor does a row
@@ -44,8 +46,10 @@ def embed_missing(
     (solos_copies.CLAIM_S): the copies' shared backoff, so no copy retries it at each pass."""
     done, skip, met = 0, passed_over if passed_over is not None else {}, None
     for tier in (tier.name for tier in EMBEDDED_TIERS):
-        after = 0
-        while rows := store.rows_missing_vectors(tier, embedder.model_id, batch, after=after):
+        after, ids = 0, None if only is None else sorted(row_id for named, row_id in only if named == tier)
+        if ids == []:
+            continue
+        while rows := store.rows_missing_vectors(tier, embedder.model_id, batch, ids, after):
             after = rows[-1]["id"]
             met = next((skip[(tier, row["id"])] for row in rows if (tier, row["id"]) in skip), met)
             rows = [row for row in rows if (tier, row["id"]) not in skip]
@@ -201,20 +205,33 @@ class EmbedWorker(threading.Thread):
             with self.lock:  # the count includes the queued rows
                 self.counted, self.queued, self.folded = missing, set(), set()
             self.passed_over = {}  # a timed sweep tries them again
+            own: set[tuple[str, int]] = set()
         else:
             with self.lock:
+                own = self.queued
                 self.counted, self.folded = self.counted + len(self.queued), self.folded | self.queued
                 self.queued = set()
+        try:
+            if own and self.store.embed_share is not None:
+                # Workers: the pass below embeds this worker's share of the ids, but the rows its own writes could
+                # not embed are its own, whatever their ids: the worker whose share one is finds it at its timed
+                # sweep, up to SWEEP_INTERVAL_S later, and this one had counted it off its backlog meanwhile.
+                embed_missing(self.store, self.embedder, EMBED_BATCH, self.counting(), self.passed_over, own)
+        finally:  # rows the embedder fails on alone among its own do not hold up its share
+            embed_missing(self.store, self.embedder, progress=self.counting(), passed_over=self.passed_over)
+        with self.lock:
+            if not self.queued:  # nothing was queued meanwhile: nothing is left but the rows passed over
+                self.counted, self.folded = len(self.passed_over), set()
+
+    def counting(self) -> Callable[[int], None]:
+        """A pass's progress (rows embedded so far in it), counted off the backlog."""
         counted = [0]
 
         def progress(done: int) -> None:
             with self.lock:
                 self.counted, counted[0] = max(0, self.counted - (done - counted[0])), done
 
-        embed_missing(self.store, self.embedder, progress=progress, passed_over=self.passed_over)
-        with self.lock:
-            if not self.queued:  # nothing was queued meanwhile: nothing is left but the rows passed over
-                self.counted, self.folded = len(self.passed_over), set()
+        return progress
 
     def stop(self) -> None:
         """Stop and wait for a sweep in progress, so nothing writes after the service has closed."""

@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 import time
+from datetime import datetime
 from http import HTTPStatus
 from typing import Any
 
@@ -44,6 +45,11 @@ def utc_now() -> str:
 def stamp(unix: float) -> str:
     """A Unix time as the schema's timestamps read (UTC, milliseconds, 'Z')."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1000):03d}Z"
+
+
+def stamp_seconds(timestamp: str) -> float:
+    """A schema timestamp ('2026-11-30T06:00:00.000Z') as a Unix time: stamp's inverse."""
+    return datetime.fromisoformat(timestamp).timestamp()
 
 
 # ==== Errors ====

@@ -59,6 +59,7 @@ BATCH = 500  # events read per query
 # or when the service removed it: decided while the text exists, kept in memory as row ids only. Up to this many
 # distinct filters (streams' and read_events callers', most recent kept) and rows each.
 REMEMBERED_FILTERS = 256
+SHARED_MATCHES = ("removals matched on other workers",)  # its place in a batch's renderings (visible's `shared`)
 REMEMBERED_MATCHES = 10_000
 WIRE_CACHE_BYTES = 8 << 20  # encoded events kept for the streams still to send them: 8 MiB, 4,000 small ones
 SCAN_LIMIT = 5000  # events one read_events call examines at most (next_since says where it stopped)
@@ -532,7 +533,7 @@ class EventHub:
             if event["kind"] in solos_store.REMOVALS:
                 if not seen.shared_at(tier, agent, event["ts"]):  # removed while its author did not share
                     continue
-                if content is not None and not self.had_matched(content, (tier, event["row_id"])):
+                if content is not None and not self.had_matched(content, (tier, event["row_id"]), shared):
                     continue
             else:
                 row = rows.get((tier, event["row_id"]))
@@ -584,10 +585,13 @@ class EventHub:
             return None
         key = (pattern.tags, pattern.q, pattern.match)
         with self.lock:
-            if key not in self.matched:
+            new = key not in self.matched
+            if new:
                 if len(self.matched) >= REMEMBERED_FILTERS:
                     del self.matched[next(iter(self.matched))]
                 self.matched[key] = {}
+        if new and self.seats is not None:  # workers: the others match their removals against it too
+            self.seats.filters.register(key)
         return key
 
     def remember(self, content: tuple, keys: Iterable[tuple[str, int]]) -> None:
@@ -599,25 +603,44 @@ class EventHub:
             while len(rows) > REMEMBERED_MATCHES:
                 del rows[next(iter(rows))]
 
-    def had_matched(self, content: tuple, key: tuple[str, int]) -> bool:
+    def had_matched(self, content: tuple, key: tuple[str, int], batch: dict | None = None) -> bool:
+        """Whether the row matched the filter when it was shown or removed; workers: by any worker, whose matches
+        are read once per `batch` (its removals committed, and so left their matches, before it was read)."""
         with self.lock:
-            return key in self.matched.get(content, {})
+            if key in self.matched.get(content, {}):
+                return True
+        if self.seats is None:
+            return False
+        batch = {} if batch is None else batch
+        if SHARED_MATCHES not in batch:
+            batch[SHARED_MATCHES] = self.seats.filters.matches()
+        return self.seats.filters.entry(content, key) in batch[SHARED_MATCHES]
 
     def note_removal(self, conn: sqlite3.Connection, tier: str, ids: list[int]) -> None:
         """Rows the service is about to remove (forget, delete, expiry), inside that transaction: which known
-        filters they match, by their tags and words as they are now."""
+        filters they match, by their tags and words as they are now. Workers: every worker's filters, and what
+        matched is written for the others before the removal commits (solos_workers.Filters)."""
+        if not ids or tier not in solos_store.RETRACTABLE:
+            return
         with self.lock:
-            filters = list(self.matched)
-        if not ids or not filters or tier not in solos_store.RETRACTABLE:
+            own = list(self.matched)
+        shared = self.seats.filters if self.seats is not None else None
+        filters = own + [key for key in shared.registered() if key not in own] if shared is not None else own
+        if not filters:
             return
         tags = self.store.queries.tags_of(conn, tier, ids)
+        published: list[tuple[tuple, str, int]] = []
         for content in filters:
             wanted, q, match = content
             hits = [i for i in ids if not wanted or set(wanted) & tags.get(i, set())]
             if q and hits:
                 words = self.store.queries.text_matches(conn, match, {tier: hits}) if match else set()
                 hits = [i for i in hits if (tier, i) in words]
-            self.remember(content, [(tier, i) for i in hits])
+            if content in own:
+                self.remember(content, [(tier, i) for i in hits])
+            published.extend((content, tier, i) for i in hits)
+        if shared is not None:
+            shared.matched(published)
 
     def text_filter(self, conn: sqlite3.Connection, pattern: Pattern, kept: list) -> list:
         """Writes whose row matches the text query; removals carry no text and pass."""
@@ -782,6 +805,9 @@ class EventHub:
         holding the most streams gives up its oldest if it holds more than the newcomer's agent would.
         """
         decide = functools.partial(choose_victim, per_agent=self.streams_per_agent, cap=self.max_subscribers)
+        # Its tags and q are matched against every removal from now on (note_removal), not from the first batch of
+        # events that reaches it: a row written before it opened and removed before another event came was missed.
+        self.content_filter(pattern)
         head = self.store.read(self.store.queries.head_event)  # before a seat is taken: a failed read takes none
         with self.lock:
             seat = None

@@ -30,7 +30,6 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -38,6 +37,7 @@ import solos_store
 from solos_store import (
     JOBS_WATCHED_SINCE as WATCHED_SINCE,  # when this database began expecting the jobs
     stamp as stamp,  # the schema's timestamps (solos_provenance's too)
+    stamp_seconds as seconds,  # and back
 )
 
 # The units' timers (systemd/*.timer) start every job daily.
@@ -294,8 +294,3 @@ def metrics_lines(jobs: dict[str, dict]) -> list[str]:
     )
     lines.extend(f'solos_memory_job_problem{{job="{job}"}} {int(state["problem"])}' for job, state in jobs.items())
     return lines
-
-
-def seconds(timestamp: str) -> float:
-    """A schema timestamp ('2026-11-30T06:00:00.000Z') as a Unix time."""
-    return datetime.fromisoformat(timestamp).timestamp()

@@ -76,8 +76,8 @@ NEAR_CANDIDATES = 20  # the first that match, unranked: ranking them doubled the
 KEPT_CLUSTERS = 4096  # long results whose near-duplicate clusters are kept between recalls (ids and times, no text)
 NEGATIONS = frozenset({"not", "no", "never", "none", "cannot", "without", "nobody", "nothing", "t"})
 NUMBER = re.compile(r"\d+(?:[.:,]\d+)*")
-# As-of reads versions without an index (bench/as_of_memory.py): at most AS_OF_CALLS at once per service, a
-# newcomer waits AS_OF_WAIT_S for a place, then gets 503 with Retry-After.
+# As-of reads versions without an index (bench/as_of_memory.py): at most AS_OF_CALLS at once per process (a
+# worker, a copy), a newcomer waits AS_OF_WAIT_S for a place, then gets 503 with Retry-After.
 AS_OF_CALLS = 4
 AS_OF_WAIT_S = 2.0
 AS_OF_SLOTS = threading.BoundedSemaphore(AS_OF_CALLS)
@@ -175,17 +175,20 @@ class DeliveryLog:
         start = 0
         try:
             for start in range(0, len(entries), CHUNK_ROWS):
-                self.store.write(
-                    functools.partial(self.store.queries.record_deliveries, rows=entries[start : start + CHUNK_ROWS])
-                )
-                self.logged(len(entries[start : start + CHUNK_ROWS]))
+                chunk = entries[start : start + CHUNK_ROWS]
+                # Another worker (or copy) may have logged some this window: the database says, not this process.
+                write = functools.partial(self.store.queries.record_deliveries, rows=chunk, window_s=WINDOW_S)
+                self.logged(self.store.write(write), len(chunk))
         except solos_store.ServiceError as error:  # the answer still goes; the thread retries
             self.defer(entries[start:], error)
 
-    def logged(self, count: int) -> None:
+    def logged(self, count: int, handed: int) -> None:
+        """`count` rows logged of the `handed` (the rest another process logged this window, or a retry's first
+        write had)."""
         minute = int(time.time() // 60)
         with self.lock:
             self.counters["logged"] += count
+            self.counters["repeats_skipped"] += max(0, handed - count)
             if self.per_minute and self.per_minute[-1][0] == minute:
                 self.per_minute[-1][1] += count
             else:
@@ -219,11 +222,12 @@ class DeliveryLog:
                 if not batch:
                     return written
                 # again: the batch's first write may have committed before it raised (its answer lost)
-                self.store.write(functools.partial(self.store.queries.record_deliveries, rows=batch, again=True))
+                record = self.store.queries.record_deliveries
+                count = self.store.write(functools.partial(record, rows=batch, again=True, window_s=WINDOW_S))
                 with self.lock:
                     self.in_flight = []
-                self.logged(len(batch))
-                written += len(batch)
+                self.logged(count, len(batch))
+                written += count
 
     def forget_replaced(self) -> None:
         """Rows the fleet replaced since the last look: their next delivery is logged whatever its text."""

@@ -87,6 +87,7 @@ from solos_errors import (  # the service's errors and log lines, raised and wri
     error_body as error_body,
     log_event as log_event,
     stamp as stamp,
+    stamp_seconds as stamp_seconds,
     utc_now as utc_now,
 )
 
@@ -2151,27 +2152,39 @@ class Queries:
     # ==== Provenance: deliveries, versions, notices (solos_provenance) ====
 
     def record_deliveries(
-        self, conn: sqlite3.Connection, rows: Sequence[tuple[str, str, int, str, str]], again: bool = False
+        self,
+        conn: sqlite3.Connection,
+        rows: Sequence[tuple[str, str, int, str, str]],
+        again: bool = False,
+        window_s: int | None = None,
     ) -> int:
         """Log (reader, tier, row_id, writer, delivered_at) rows; notices for any already forgotten or replaced since.
+        Returns how many were logged.
 
         The log is written after the fact, in batches: a row forgotten or updated between its delivery and this
         write gets its notice here (the forget's and the update trigger's notices saw the log without it).
         `again`: a retry of a write that raised, which may have committed (its answer lost): a row already logged
-        with its very stamp is not logged twice.
+        with its very stamp is not logged twice. `window_s`: nor one its reader was handed in the same window
+        (of that many seconds since the epoch) by another process, unchanged since (no version of it ended after
+        that delivery): workers and copies each keep only their own deliveries in memory.
         """
         after = conn.execute("SELECT coalesce(max(id), 0) FROM memory_delivery").fetchone()[0]
-        if again:
-            conn.executemany(
+        if again or window_s:
+            never = "~"  # sorts after every timestamp: no delivery is in its window
+            since = (lambda at: stamp(stamp_seconds(at) // window_s * window_s)) if window_s else lambda at: never
+            cursor = conn.executemany(
                 "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) "
-                "SELECT ?, ?, CAST(? AS BIGINT), ?, ? WHERE NOT EXISTS (SELECT 1 FROM memory_delivery "
-                "WHERE tier = ? AND row_id = CAST(? AS BIGINT) AND delivered_at = ? AND reader = ?)",
-                [(*row, row[1], row[2], row[4], row[0]) for row in rows],
+                "SELECT ?, ?, CAST(? AS BIGINT), ?, ? WHERE NOT EXISTS (SELECT 1 FROM memory_delivery d "
+                "WHERE d.tier = ? AND d.row_id = CAST(? AS BIGINT) AND d.reader = ? AND (d.delivered_at = ? "
+                "OR d.delivered_at >= ? AND NOT EXISTS (SELECT 1 FROM memory_version v "
+                "WHERE v.tier = d.tier AND v.row_id = d.row_id AND v.valid_to > d.delivered_at)))",
+                [(*row, row[1], row[2], row[0], row[4] if again else never, since(row[4])) for row in rows],
             )
         else:
-            conn.executemany(
+            cursor = conn.executemany(
                 "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) VALUES (?, ?, ?, ?, ?)", rows
             )
+        logged = cursor.rowcount
         conn.execute(
             "INSERT INTO memory_notice (agent, tier, row_id, writer, kind, new_id, version_id, at) "
             "SELECT DISTINCT d.reader, v.tier, v.row_id, v.agent, 'superseded', v.row_id, v.id, v.valid_to "
@@ -2187,7 +2200,7 @@ class Queries:
             "WHERE d.id > ? AND d.reader <> s.agent ON CONFLICT DO NOTHING",
             (after,),
         )
-        return len(rows)
+        return len(rows) if logged is None or logged < 0 else logged
 
     def replaced_since(self, conn: sqlite3.Connection, after: int | None) -> tuple[int, list[tuple[str, int]], str]:
         """The newest version's id, the rows an update replaced after version `after` (None: none, just the id),

@@ -10,8 +10,10 @@ machinery (solos_copies, the store's `shared_by_copies`): the event hub reads wh
 texts and encoded events before its next recall answers (`EventHub.retracted_since`), and the vector index
 reads the vectors other workers committed since its snapshot before it searches (`VectorIndex.catch_up`).
 What only a host has, the supervisor provides: the file of stream seats every worker holds (`Seats`: the
-per-agent cap and the total are the service's, not each worker's). Each worker reads the tokens file again
-when it changes (solos_tokens), and embeds its share of the fleet's direct writes (`Store.embed_share`).
+per-agent cap and the total are the service's, not each worker's), and beside it every worker's stream filters
+and the removed rows that matched them (`Filters`: a filtered stream hears of a removal any worker made). Each
+worker reads the tokens file again when it changes (solos_tokens), and embeds its share of the fleet's direct
+writes (`Store.embed_share`), and the rows its own writes could not embed in time.
 
 Two ways to share the port, `--worker-socket`: `shared` (one listening socket, inherited: the worker holding
 the fewest connections takes the next, counted in memory the supervisor shares with its workers; the default,
@@ -294,8 +296,9 @@ class Worker:
     def orphaned(self) -> None:
         """The supervisor died without its clean-up (SIGKILL): the workers, stopping with it, remove the seats
         file and its folder, the last to stop succeeding (under systemd, PrivateTmp= removes them anyway)."""
-        with contextlib.suppress(OSError):
-            os.remove(self.seats_path)
+        for path in (self.seats_path, filters_path(self.seats_path)):
+            with contextlib.suppress(OSError):
+                os.remove(path)
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(self.seats_path))
 
@@ -393,28 +396,13 @@ class Seats:
     def __init__(self, path: str, worker: int):
         self.path, self.worker = path, worker
         self.changed: tuple[int, int] | None = None  # the file's (mtime_ns, size) when cut_for last read it
+        self.filters = Filters(filters_path(path))
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[dict]:
         """The file's content, written back after the block if it changed; under an exclusive lock."""
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-            raw = b""
-            while chunk := os.read(descriptor, 1 << 16):
-                raw += chunk
-            state = json.loads(raw) if raw.strip() else {}
-            state.setdefault("open", [])
-            state.setdefault("cut", [])
-            state.setdefault("serial", 0)
+        with locked_json(self.path, {"open": [], "cut": [], "serial": 0}) as state:
             yield state
-            data = json.dumps(state).encode()
-            if data != raw:  # unchanged, untouched: the other workers' cut_for need not read it again
-                os.lseek(descriptor, 0, os.SEEK_SET)
-                os.ftruncate(descriptor, 0)
-                os.write(descriptor, data)
-        finally:
-            os.close(descriptor)  # and the lock with it
 
     def take(self, agent: str, decide: Callable[[list[tuple[str, float, Any]], str], Any]) -> tuple[Any, Any]:
         """A seat for a newcomer stream of `agent`: (its seat id, or None if refused; the seat it replaced, if
@@ -462,6 +450,91 @@ class Seats:
         with self.locked() as state:
             state["open"] = [s for s in state["open"] if s["worker"] != worker]
             state["cut"] = [cut for cut in state["cut"] if cut[0] != worker]
+
+
+def filters_path(seats_path: str) -> str:
+    return os.path.join(os.path.dirname(seats_path), "filters.json")
+
+
+@contextlib.contextmanager
+def locked_json(path: str, empty: dict) -> Iterator[dict]:
+    """A JSON file's content (`empty`'s keys at least), written back after the block if it changed; under an
+    exclusive lock."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        raw = b""
+        while chunk := os.read(descriptor, 1 << 16):
+            raw += chunk
+        state = json.loads(raw) if raw.strip() else {}
+        for name, value in empty.items():
+            state.setdefault(name, value)
+        yield state
+        data = json.dumps(state).encode()
+        if data != raw:  # unchanged, untouched: its mtime stays (Seats.cut_for need not read it again)
+            os.lseek(descriptor, 0, os.SEEK_SET)
+            os.ftruncate(descriptor, 0)
+            os.write(descriptor, data)
+    finally:
+        os.close(descriptor)  # and the lock with it
+
+
+class Filters:
+    """Every worker's stream filters (tags and q) and the removed rows that matched them, in one locked file.
+
+    A removal carries no text, so a filtered stream is sent one only for a row known to match (solos_events
+    `note_removal`, matched while the row's text exists, in the removing transaction). The worker removing a row
+    is often not the one whose stream decides: it matches the row against every worker's filters and writes
+    what matched here before its transaction commits, so the deciding worker finds it when the event comes.
+    Kept: the newest FILTERS_KEPT filters and MATCHES_KEPT matches (a stream further behind than that misses
+    the removal, as one process forgets past its own bounds).
+    """
+
+    FILTERS_KEPT = 256
+    MATCHES_KEPT = 2_000
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def looked(self, work: Callable[[dict], Any]) -> Any:
+        """work(the file's content), under its lock; what work changes is written back. A removal never fails for
+        it: a file that cannot be read or written (a worker killed while writing it, the folder gone with the
+        supervisor) is logged, and work sees none."""
+        try:
+            with locked_json(self.path, {"filters": [], "matches": []}) as state:
+                return work(state)
+        except (OSError, ValueError, TypeError) as error:
+            log_event("warning", message=f"stream filters shared by the workers: {self.path}: {error}")
+            return work({"filters": [], "matches": []})
+
+    def register(self, key: tuple) -> None:
+        """A filter this worker matches removals against from now on."""
+        found = json.loads(json.dumps(list(key)))
+
+        def add(state: dict) -> None:
+            if found not in state["filters"]:
+                state["filters"] = [*state["filters"], found][-self.FILTERS_KEPT :]
+
+        self.looked(add)
+
+    def registered(self) -> list[tuple]:
+        """Every worker's filters."""
+        return self.looked(lambda state: [(tuple(tags), q, match) for tags, q, match in state["filters"]])
+
+    def matched(self, hits: list[tuple[tuple, str, int]]) -> None:
+        """Removed rows that matched these filters: (filter, tier, row id)."""
+        kept = json.loads(json.dumps([[list(key), tier, row_id] for key, tier, row_id in hits]))
+        if kept:
+            self.looked(lambda state: state.update(matches=[*state["matches"], *kept][-self.MATCHES_KEPT :]))
+
+    def matches(self) -> set[str]:
+        """Every match kept, each as `entry` names it: read once for a batch of events."""
+        return self.looked(lambda state: {json.dumps(match) for match in state["matches"]})
+
+    @staticmethod
+    def entry(key: tuple, row: tuple[str, int]) -> str:
+        """A filter's match of a removed row as `matches` holds it."""
+        return json.dumps([list(key), *row])
 
 
 # ==== The supervisor ====
@@ -570,8 +643,10 @@ class Supervisor:
             notify("STOPPING=1")
             killed = self.stop_all()
             self.sock.close()
+            for path in (self.seats_path, filters_path(self.seats_path)):
+                with contextlib.suppress(OSError):
+                    os.remove(path)
             with contextlib.suppress(OSError):
-                os.remove(self.seats_path)
                 os.rmdir(folder)
             said = {"failed": self.gave_up} if self.gave_up else {}
             log_event("stopped", port=self.port, workers=self.count, **said, **({"killed": killed} if killed else {}))

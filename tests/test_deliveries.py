@@ -75,6 +75,31 @@ def test_a_reader_paging_the_same_rows_adds_one_log_row_per_row_and_version(serv
     assert 'delivery log rows</th><td class="n">6<' in page
 
 
+def test_a_row_another_worker_logged_this_hour_is_not_logged_again_until_it_changes(served, store_url, monkeypatch):
+    """Workers (serve --workers) and copies over PostgreSQL each keep which deliveries they logged in memory: a
+    reader handed one row by two of them was logged twice in the hour, and /v1/deliveries listed it twice. The
+    log now looks in the database before a key its process has not logged. Clearing the kept keys stands for
+    the other worker."""
+    monkeypatch.setattr(solos_provenance, "WINDOW_S", 10**9)  # no clock hour turns over (the database's neither)
+    log = served.server.memory.deliveries
+    word = marker()
+    row = ok(served.post("/v1/long", {"agent": "atlas", "fact": f"{word} the pump runs hot"}), 201)["id"]
+    for _ in range(2):
+        log.logged_keys.clear()
+        assert [r["id"] for r in ok(served.recall("sol", word))["results"]] == [row]
+    assert deliveries(store_url, "sol") == [("long", row)]
+    listed = ok(served.get("/v1/deliveries", agent="atlas"))["deliveries"]
+    assert [(d["reader"], d["row_id"]) for d in listed] == [("sol", row)]
+    # a new version of the row is a new delivery wherever it is handed over (its notice needs it)
+    direct(store_url, "UPDATE memory_longterm SET fact = ? WHERE id = ?", (f"{word} the pump runs cool", row))
+    log.logged_keys.clear()
+    ok(served.recall("sol", word))
+    assert deliveries(store_url, "sol") == [("long", row), ("long", row)]
+    log.logged_keys.clear()
+    ok(served.recall("sol", word))
+    assert deliveries(store_url, "sol") == [("long", row), ("long", row)]
+
+
 def test_a_text_that_returns_to_an_earlier_one_is_logged_again_once_the_thread_reads_the_update(served, store_url):
     """A -> B -> A within the window, the reader shown only the first and the last: the last is a new version,
     so it is logged (its replacement must notify the reader)."""

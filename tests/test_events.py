@@ -414,6 +414,21 @@ def test_removals_reach_only_the_streams_whose_filters_the_row_matched(server):
     ]
 
 
+def test_a_filtered_stream_hears_of_the_removal_of_a_row_written_before_it_opened(server):
+    """A removal reaches a filtered stream if the row matched the filter when the service removed it. The filter
+    was registered only when a batch of events first reached the stream: a row written before it opened (its
+    client had recalled it) and deleted before any other event came was not matched, and the stream never heard
+    of the delete."""
+    word = f"zq{time.monotonic_ns()}"
+    mug = server.post("/v1/short", {"agent": "sol", "key": word, "value": f"the {word} espresso mug"})
+    stream = subscribed(Stream(server, {"agent": "nova", "q": word, "tiers": "short"}))
+    try:
+        assert server.request("DELETE", "/v1/short", query={"agent": "sol", "key": word}).status == 200
+        assert [(e["kind"], e["row_id"]) for e in changes(stream, 1)] == [("delete", mug.body["id"])]
+    finally:
+        stream.close()
+
+
 class CountingEvent(threading.Event):
     """An Event that counts its set() calls: who woke the hub's thread."""
 
@@ -632,6 +647,45 @@ def test_a_stream_that_fails_to_start_gives_its_worker_seat_back(server, streams
     assert hub.seats.count() == {"open_all_workers": 0}
     subscribed(streams(server, {"agent": "sol"}))
     assert hub.seats.count() == {"open_all_workers": 1}
+
+
+def test_a_removal_never_fails_for_the_filters_file_the_workers_share(server, streams, tmp_path):
+    """--workers: a removal is matched against every worker's stream filters, read from a file beside the seats,
+    in the removal's own transaction (solos_workers.Filters). A file cut short (a worker killed while writing
+    it) must fail neither the delete nor the stream, which still hears of its own match."""
+    hub = server.server.memory.events
+    hub.seats = solos_workers.Seats(str(tmp_path / "seats"), 0)
+    (tmp_path / "filters.json").write_text('{"filters": [[["ops"], "pump", ')
+    word = f"zq{time.monotonic_ns()}"
+    stream = subscribed(streams(server, {"agent": "nova", "q": word, "tiers": "short"}))
+    mug = server.post("/v1/short", {"agent": "sol", "key": word, "value": f"the {word} espresso mug"})
+    assert mug.status == 201 and [e["kind"] for e in changes(stream, 1)] == ["write"]
+    assert server.request("DELETE", "/v1/short", query={"agent": "sol", "key": word}).status == 200
+    assert [(e["kind"], e["row_id"]) for e in changes(stream, 1)] == [("delete", mug.body["id"])]
+
+
+def test_a_filtered_streams_removals_read_the_workers_matches_once_a_batch(server, streams, tmp_path, monkeypatch):
+    """--workers: a removal this worker has no match for is looked up among every worker's (the filters file),
+    read once for a batch of events, not once per removal and stream: 1,000 short rows expiring together under
+    10 filtered streams read it 10,000 times on the hub's one thread."""
+    hub = server.server.memory.events
+    hub.seats = solos_workers.Seats(str(tmp_path / "seats"), 0)
+    reads: list[int] = []
+    real = hub.seats.filters.looked
+    monkeypatch.setattr(hub.seats.filters, "looked", lambda work: reads.append(1) or real(work))
+    word = f"zq{time.monotonic_ns()}"
+    filtered = [subscribed(streams(server, {"agent": "nova", "q": f"{word}{n}", "tiers": "short"})) for n in range(3)]
+    everything = subscribed(streams(server, {"agent": "nova", "tiers": "short"}))
+    reads.clear()  # each filter was registered in the file as its stream opened
+    keys = [f"{word}-{n}" for n in range(30)]
+    for key in keys:
+        assert server.post("/v1/short", {"agent": "sol", "key": key, "value": "an unrelated note"}).status == 201
+    changes(everything, len(keys))
+    with server.db() as conn:  # deleted in one commit, as a sweep or the fleet may: one batch of removals
+        conn.execute(f"DELETE FROM memory_short WHERE key IN ({','.join('?' * len(keys))})", keys)
+    assert [e["kind"] for e in changes(everything, len(keys))] == ["delete"] * len(keys)
+    assert all(stream.quiet(0.2) == [] for stream in filtered)
+    assert 1 <= len(reads) <= 3, len(reads)  # a batch or two; was one per removal and stream (90)
 
 
 def test_a_stream_catching_up_is_sent_the_row_as_it_is_now_not_as_another_stream_was(server, streams):

@@ -110,6 +110,28 @@ def test_a_write_never_fails_because_the_embedder_does(embedded_server):
     assert server.recall("sol", "broken").body["count"] == 1
 
 
+def test_a_workers_own_write_it_could_not_embed_is_embedded_whatever_its_share(embedded_server, monkeypatch):
+    """serve --workers: each worker's background pass embeds its share of the rows without a vector (Store.embed_share:
+    the fleet's direct writes, once each). A row this worker wrote and could not embed in time is its own, whatever
+    its id: left to the worker whose share it is, it waited for that one's 30 s sweep, while this one counted it
+    off its backlog (`ready`, 0) without embedding it."""
+    slow = WordHashEmbedder()
+    server = embedded_server(slow)
+    server.server.memory.store.embed_share = (0, 2)  # worker 1 of 2: ids 2, 4, ...; row 1 is worker 2's share
+    monkeypatch.setattr(solos_embed_worker, "WRITE_EMBED_TIMEOUT_S", 0.05)
+    slow.delay_s = 0.3  # the write's own embedding times out: the row is left to the background pass
+    reply = server.post("/v1/long", {"agent": "atlas", "fact": "written while the embedder lagged"})
+    assert reply.status == 201 and reply.body["id"] == 1
+    slow.delay_s = 0.0
+
+    def embedded() -> bool:
+        with server.db() as conn:
+            return conn.execute("SELECT count(*) FROM memory_vector WHERE row_id = 1").fetchone()[0] == 1
+
+    wait_until(embedded, "the row's vector, from the worker that wrote it", timeout_s=5)
+    wait_until(lambda: server.get("/v1/stats").body["embed_backlog"] == 0, "the backlog counted down")
+
+
 class QueriesOnly(WordHashEmbedder):
     """Embeds queries, never rows (the background worker's and the write path's calls fail)."""
 

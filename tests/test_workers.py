@@ -213,6 +213,20 @@ def test_a_write_on_one_worker_is_in_the_next_recall_on_every_other(keyword_serv
         assert status == 200 and ids(found) == [written["id"]], (writer, reader, found)
 
 
+def test_a_row_handed_over_by_every_worker_is_one_delivery_in_the_hour(keyword_service):
+    """Each worker kept only its own deliveries in memory: a reader shown one row by both was logged twice, and
+    the author's /v1/deliveries listed the read twice."""
+    port, _ = keyword_service
+    word = f"zd{uuid.uuid4().hex[:10]}"
+    status, written = on(port, 1, "POST", "/v1/long", {"agent": "rhea", "fact": f"the {word} gauge reads low"})
+    assert status == 201
+    for worker in (1, 2, 1, 2):
+        status, found = on(port, worker, "GET", recall_path("vega", word))
+        assert status == 200 and ids(found) == [written["id"]], found
+    status, listed = on(port, 2, "GET", "/v1/deliveries?" + urlencode({"agent": "rhea", "id": written["id"]}))
+    assert status == 200 and [(d["reader"], d["row_id"]) for d in listed["deliveries"]] == [("vega", written["id"])]
+
+
 def test_the_vector_leg_of_another_worker_sees_a_write_before_it_answers(hybrid_service):
     """The reader's vector index holds a snapshot (loaded by an earlier recall); a row another worker writes
     then must rank in the reader's very next vector-only recall: its index catches up before it searches."""
@@ -292,6 +306,34 @@ def test_a_stream_resumed_on_another_worker_misses_nothing_and_repeats_nothing(k
     assert [e["row_id"] for e in resumed] == written[5:], resumed
     assert [e["id"] for e in resumed] == sorted({e["id"] for e in resumed}) and resumed[0]["id"] > seen[-1]["id"]
     assert again.quiet(0.5) == []
+    again.close()
+
+
+@pytest.mark.parametrize("remover", [1, 2])
+def test_a_filtered_stream_resumed_on_another_worker_gets_the_forget_of_a_row_it_was_shown(keyword_service, remover):
+    """A stream with `q` is sent a removal only of rows known to match it: shown written to it, or matched while
+    the service removed the row (its text gone after). Each worker knew only its own filters and matches, so a
+    stream resumed on worker 2 was never sent the forget of a row worker 1 had shown it, forgotten on worker 1
+    (nor, its filter registered at its first batch, on worker 2): the client kept the row (only a `notice`,
+    which a deleted or expired short row does not get, told it)."""
+    port, _ = keyword_service
+    word = f"zr{uuid.uuid4().hex[:8]}"
+    query = {"agent": "lyra", "writers": "orion", "q": word}
+    first, _ = pinned_stream(port, 1, query)
+    subscribed(first)
+    status, written = on(port, 2, "POST", "/v1/long", {"agent": "orion", "fact": f"the {word} hatch sticks"})
+    assert status == 201
+    (shown,) = first.events(1)
+    assert shown["row_id"] == written["id"] and shown["kind"] == "write"
+    first.close()
+    again, worker = pinned_stream(port, 2, query, {"Last-Event-ID": str(shown["id"])})
+    subscribed(again)
+    assert worker == 2
+    forget = {"agent": "orion", "tier": "long", "id": written["id"]}
+    status, gone = on(port, remover, "DELETE", "/v1/memory?" + urlencode(forget))
+    assert status == 200 and gone["status"] == "forgotten", gone
+    sent = [(m["data"]["kind"], m["data"]["row_id"]) for m in again.quiet(1.0) if "event" not in m]
+    assert ("forget", written["id"]) in sent, sent
     again.close()
 
 
@@ -476,7 +518,8 @@ def test_one_worker_is_the_default_and_nothing_changes(server):
 
 
 def test_workers_over_postgresql_share_writes_forgets_and_the_stream_caps(pg_url):
-    """On PostgreSQL the workers are copies on one host: the same properties, and the caps still the service's."""
+    """On PostgreSQL the workers are copies on one host: the same properties (a read logged once, a filtered
+    stream told of another worker's forget), and the caps still the service's."""
     argv = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", pg_url, "--port", "0",
             "--workers", str(WORKERS), "--register", AGENTS, "--no-request-log", "--model-dir", "off"]  # fmt: skip
     with service(argv) as (port, _):
@@ -484,9 +527,18 @@ def test_workers_over_postgresql_share_writes_forgets_and_the_stream_caps(pg_url
         status, written = on(port, 1, "POST", "/v1/long", {"agent": "atlas", "fact": f"the {word} pump hums"})
         assert status == 201
         assert ids(on(port, 2, "GET", recall_path("sol", word))[1]) == [written["id"]]
+        assert ids(on(port, 1, "GET", recall_path("sol", word))[1]) == [written["id"]]
+        listed = on(port, 1, "GET", "/v1/deliveries?" + urlencode({"agent": "atlas"}))[1]["deliveries"]
+        assert [(d["reader"], d["row_id"]) for d in listed] == [("sol", written["id"])]  # once, read on both
+        # sol, having recalled the row, follows it on worker 1; worker 2 forgets it: the stream is told
+        again, _ = pinned_stream(port, 1, {"agent": "sol", "writers": "atlas", "q": word})
+        subscribed(again)
         forget = {"agent": "atlas", "tier": "long", "id": written["id"]}
         assert on(port, 2, "DELETE", "/v1/memory?" + urlencode(forget))[0] == 200
         assert ids(on(port, 1, "GET", recall_path("sol", word))[1]) == []
+        sent = [(m["data"]["kind"], m["data"]["row_id"]) for m in again.quiet(1.0) if "event" not in m]
+        assert ("forget", written["id"]) in sent, sent
+        again.close()
         held = []
         for n in range(solos_events.STREAMS_PER_AGENT):
             stream, _ = pinned_stream(port, 1 + n % WORKERS, {"agent": "nova"})
