@@ -626,6 +626,7 @@ class Store:
 
     BEGIN_READ, BEGIN_WRITE = "BEGIN", "BEGIN IMMEDIATE"  # a read snapshot; a write that takes the lock up front
     shared_by_copies = False  # one service per SQLite file; PostgreSQL's store may have copies on other hosts
+    host_clock = True  # the database stamps rows by this host's clock (SQLite's strftime); PostgreSQL's by its own
     # Workers (solos_workers): (this one's remainder, count): its background pass embeds the rows whose id leaves
     # that remainder, so no two workers embed one row (PostgreSQL's store claims rows instead).
     embed_share: tuple[int, int] | None = None

@@ -225,6 +225,7 @@ class PgStore(solos_store.Store):
 
     BEGIN_READ, BEGIN_WRITE = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "BEGIN"
     shared_by_copies = True
+    host_clock = False
 
     def __init__(self, url: str, busy_timeout_ms: int = 5000, admin: bool = False):
         super().__init__(url, busy_timeout_ms, admin)

@@ -141,6 +141,37 @@ def test_a_copy_whose_clock_runs_ahead_logs_deliveries_by_the_databases_clock(pg
         stop_server(running)
 
 
+def test_on_sqlite_a_delivery_is_stamped_by_this_hosts_clock_however_slow_the_read_of_versions(tmp_path, monkeypatch):
+    # SQLite stamps versions by this host's clock, yet the log estimated an offset from a read's midpoint: a read
+    # of the versions slowed 0.4 s by load put every delivery up to 0.2 s out, and a fact written just after it
+    # was read (an echo) counted as independent (test_stores' witnesses test failed so under load).
+    running = start_server(str(tmp_path / "solos.db"), rerank=False)
+    try:
+        store = running.server.memory.store
+        real = store.read_alone
+
+        def slow_after(work):
+            answer = real(work)  # the database's clock is read in here
+            time.sleep(0.4)
+            return answer
+
+        monkeypatch.setattr(store, "read_alone", slow_after)
+        log = running.server.memory.deliveries
+        log.forget_replaced()
+        word = marker()
+        row = ok(running.post("/v1/long", {"agent": "atlas", "fact": f"{word} the gate code is 1234"}), 201)["id"]
+        before = solos_jobs.stamp(time.time())
+        assert [r["id"] for r in ok(running.recall("sol", word))["results"]] == [row]
+        after = solos_jobs.stamp(time.time())
+        log.flush()
+        ((delivered,),) = [
+            tuple(r.values()) for r in direct(str(tmp_path / "solos.db"), "SELECT delivered_at FROM memory_delivery")
+        ]
+        assert before <= delivered <= after, (before, delivered, after)
+    finally:
+        stop_server(running)
+
+
 def test_a_delivery_written_again_after_its_commit_answer_was_lost_is_listed_once(served, store_url, monkeypatch):
     # PostgreSQL committed the log's write and the connection dropped before its answer: the write raised, the
     # thread wrote the same deliveries again, and the author's /v1/deliveries listed each read twice.
