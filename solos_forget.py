@@ -78,7 +78,8 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
     """Forget one of the calling agent's own rows (short, long or episodic) by id: only its author may.
 
     A row already deleted is found by the versions as-of recall keeps, and those go (a short value's are kept
-    only until the daily purge after its expiry); forgetting a short row also erases every kept version of its key.
+    only until the daily purge after its expiry); forgetting a short row also erases the versions of the earlier
+    rows of its key (deleted, then written again), never a later row's.
 
     The row, its index entries, vector and the copies neighbours carry as context go in one transaction, then
     the index is merged and the WAL checkpointed so the text leaves the database file. A retraction is kept
@@ -92,7 +93,8 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
 
     def work(conn: sqlite3.Connection) -> dict:
         solos_store.Store.require_agent(conn, agent)
-        # A row deleted, or purged after its expiry, lives on in its versions (as-of recall): forget finds those.
+        # A deleted row lives on in its versions (as-of recall): forget finds those. A short value's go at the
+        # daily purge after its expiry (Queries.purge_expired_short), and a forget of it is then a 404.
         found = queries.find_row(conn, tier, row_id) or queries.gone_row(conn, tier, row_id)
         if found is not None and found[1]["agent"] != agent:
             if solos_store.Visibility.read(conn, agent, "shared").hides(tier, found[1], live=found[0] != ""):
@@ -183,7 +185,7 @@ class Scrubber:
     def __init__(self, store: solos_store.Store):
         self.store = store
         self.checkpoint_pending = False
-        self.due = True  # the first round finishes any scrub a service that died left queued
+        self.due = True  # until the hub's first round, which finishes any scrub a service that died left queued
         self.retry_s = RETRY_CHECKPOINT_S
 
     def scrub(self, tier: str, row_id: int) -> dict:
