@@ -218,15 +218,19 @@ class Scrubber:
         """Finish the scrubs still queued (the service died mid-scrub, or a reader held the WAL): merge, checkpoint.
 
         Their queue entries go only once the checkpoint has emptied the WAL,
-        so a crash at any point leaves them queued for the next start.
+        so a crash at any point leaves them queued for the next start. A busy database leaves them queued too:
+        the daily purge's rows are gone by then (its run succeeded), and the hub's round goes on to its events.
         """
-        queued = self.store.read(lambda conn: self.store.queries.queued_scrubs(conn))
-        if queued or self.checkpoint_pending:
-            for tier in queued:
-                for fts in solos_store.KEYWORD_INDEX[tier]:
-                    self.merge(fts)
-            if self.checkpoint() and queued:
-                self.store.write(lambda conn: self.store.queries.scrubs_done(conn, queued))
+        try:
+            queued = self.store.read(lambda conn: self.store.queries.queued_scrubs(conn))
+            if queued or self.checkpoint_pending:
+                for tier in queued:
+                    for fts in solos_store.KEYWORD_INDEX[tier]:
+                        self.merge(fts)
+                if self.checkpoint() and queued:
+                    self.store.write(lambda conn: self.store.queries.scrubs_done(conn, queued))
+        except solos_store.Busy as error:
+            log.warning("queued scrubs postponed: %s", error)
         self.due = False
 
     def merge(self, fts: str) -> None:

@@ -553,3 +553,26 @@ def test_a_purge_whose_checkpoint_a_reader_holds_up_is_finished_by_the_running_s
     wait_until(lambda: files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}, "the service to finish the scrub")
     with server.db() as conn:
         wait_until(lambda: not conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0], "its entry")
+
+
+def test_a_purge_whose_scrub_meets_a_busy_database_succeeds_and_leaves_the_scrub_queued(server, monkeypatch):
+    """The purge's deletes had committed, but its index merge met the write lock held past the busy timeout: the
+    run was recorded failed (exit 1, the alert unit started), the day's archive never ran, though the service
+    finishes the queued scrub within seconds. A busy scrub is left queued, as a forget's is."""
+    import solos_forget
+    import solos_memory
+
+    word = marker()
+    assert server.post("/v1/short", {"agent": "atlas", "key": "t", "value": f"t {word}", "ttl_s": 0.3}).status == 201
+    time.sleep(0.35)
+
+    def busy(*_):
+        raise solos_store.Busy("database is locked")
+
+    monkeypatch.setattr(solos_forget.Scrubber, "merge", busy)
+    assert solos_memory.main(["purge", "--db", str(server.db_path)]) == 0
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_short WHERE key = 't'").fetchone()[0] == 0
+        assert "short" in dict(conn.execute("SELECT tier, retraction_id FROM memory_scrub_pending").fetchall())
+        runs = dict(conn.execute("SELECT job, result FROM memory_job_run ORDER BY id").fetchall())
+    assert runs == {"purge": "ok", "archive": "ok"}, runs
