@@ -576,3 +576,27 @@ def test_a_purge_whose_scrub_meets_a_busy_database_succeeds_and_leaves_the_scrub
         assert "short" in dict(conn.execute("SELECT tier, retraction_id FROM memory_scrub_pending").fetchall())
         runs = dict(conn.execute("SELECT job, result FROM memory_job_run ORDER BY id").fetchall())
     assert runs == {"purge": "ok", "archive": "ok"}, runs
+
+
+def test_a_forget_queued_while_a_scrub_of_the_purges_runs_stays_queued(server, monkeypatch):
+    """The purge numbers its scrub past the latest retraction: the next forget's own number. A scrub under way that
+    had read the purge's entry then cleared the forget's too, though its merge ran before the forget's delete; when
+    the forget's own scrub met a busy database, nothing merged its words out (they stayed in the index segments).
+    Each queueing now raises the entry's number past what any scrub under way read."""
+    import solos_forget
+
+    def busy(*_):
+        raise solos_store.Busy("database is locked")
+
+    monkeypatch.setattr(solos_forget.Scrubber, "merge", busy)  # no scrub finishes in this test but the one below
+    store = server.server.memory.store
+    assert server.post("/v1/short", {"agent": "atlas", "key": "t", "value": "expiring", "ttl_s": 0.3}).status == 201
+    row_id = server.post("/v1/short", {"agent": "atlas", "key": "k", "value": f"kept {marker()}"}).body["id"]
+    time.sleep(0.35)
+    assert store.purge_expired() == 1
+    read = store.read(store.queries.queued_scrubs)  # a scrub of the purge's starts: it read this, merges next
+    assert "short" in read
+    ok, answer = forget(server, "atlas", "short", row_id)
+    assert ok and answer["wal_checkpoint"] == "pending", answer
+    store.write(lambda conn: store.queries.scrubs_done(conn, read))  # that scrub ends: it clears what it read
+    assert "short" in store.read(store.queries.queued_scrubs)  # the forget's scrub still waits
