@@ -363,9 +363,13 @@ class McpBridge:
 
 
 def foreign_caller(
-    headers: Mapping[str, str], allowed_hosts: Collection[str], allowed_origins: Collection[str]
+    headers: Mapping[str, str],
+    allowed_hosts: Collection[str],
+    allowed_origins: Collection[str],
+    navigable: bool = False,
 ) -> str | None:
-    """Why a request must get 403 (DNS rebinding, cross-site pages), or None; the sets are lower-case.
+    """Why a request must get 403 (DNS rebinding, cross-site pages), or None; the sets are lower-case. `navigable`:
+    the route is one a link from another site may lead to (a page or document that acts for no one).
 
     A page that rebinds its own name to 127.0.0.1 still sends that name as Host. An absent Origin is
     fine: non-browser clients (Hermes, the mcp SDK, curl) send none, nor Sec-Fetch-Site. The service applies
@@ -379,9 +383,11 @@ def foreign_caller(
         return f"Origin {origin!r} is not allowed (cross-site protection: see --allowed-origin)"
     # A browser sends no Origin for a page's <img>, <script> or <iframe> GET, but says where it comes from: another
     # site's page must not make the operator's browser call as an agent (a recall's audit and deliveries, forged).
-    # A link the operator follows (a top-level navigation: the status page from a dashboard) is theirs.
+    # A link the operator follows (a top-level navigation: the status page from a dashboard) is theirs, to a page
+    # only: another site's script navigates the browser as freely (`location = ".../v1/recall?agent=sol"`).
     site, mode, dest = (headers.get(f"Sec-Fetch-{name}", "").lower() for name in ("Site", "Mode", "Dest"))
-    if origin is None and site not in ("", "same-origin", "none") and (mode, dest) != ("navigate", "document"):
+    followed = navigable and (mode, dest) == ("navigate", "document")
+    if origin is None and site not in ("", "same-origin", "none") and not followed:
         return f"Sec-Fetch-Site {site!r}: a page of another site, without an allowed Origin (cross-site protection)"
     return None
 

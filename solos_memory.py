@@ -710,8 +710,8 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
         try:
             check_head(self.headers)
             if url.path != "/mcp":  # the bridge applies the same rule and answers in JSON-RPC
-                headers = cast(Mapping[str, str], self.headers)
-                refusal = mcp_bridge.foreign_caller(headers, self.server.allowed_hosts, self.server.origins)
+                asked, server = cast(Mapping[str, str], self.headers), self.server  # SERVED: pages, documents
+                refusal = mcp_bridge.foreign_caller(asked, server.allowed_hosts, server.origins, url.path in SERVED)
                 if refusal is not None:
                     raise Forbidden(refusal, "Host" if refusal.startswith("Host") else "Origin")
             body = self.read_body()
