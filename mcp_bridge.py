@@ -222,11 +222,14 @@ class McpBridge:
             return 202, response_headers, b""
         return 200, {**response_headers, "Content-Type": "application/json"}, b"[" + b",".join(answered) + b"]"
 
-    def admission(self, body: bytes) -> tuple[bool, bool]:
+    def admission(self, body: bytes, headers: Mapping[str, str]) -> tuple[bool, bool]:
         """(unqueued, writes): how the service admits this request. A tools/call of a tool that may write takes the
         writes' lane (it waits for the write lock and batches in group commit as a REST write does); a request that
         calls no tool (initialize, ping, tools/list, a notification, a body handle() refuses) touches no database
-        and is answered at once, as /health is; a batch by its calls."""
+        and is answered at once, as /health is; a batch by its calls. One the Host/Origin rule refuses is answered
+        (403) at once too, as REST answers it before any queue: never busy, and holding no place."""
+        if not self.admits(headers):
+            return True, False
         try:
             message = json.loads(body)
         except (ValueError, RecursionError):

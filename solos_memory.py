@@ -721,7 +721,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
             else:
                 exempt, writes = url.path in UNQUEUED, (self.command, url.path) in WRITES
                 if url.path == "/mcp":  # by what it calls: no tool, at once; a writing tool, the writes' lane
-                    exempt, writes = self.server.bridge.admission(body)
+                    exempt, writes = self.server.bridge.admission(body, cast(Mapping[str, str], self.headers))
                 with self.server.admitted(exempt=exempt, writes=writes):
                     SERVED.get(url.path, MemoryHandler.call_operation)(self, url, body)
         except ServiceError as error:
