@@ -222,11 +222,14 @@ class McpBridge:
             return 202, response_headers, b""
         return 200, {**response_headers, "Content-Type": "application/json"}, b"[" + b",".join(answered) + b"]"
 
-    def admission(self, body: bytes) -> tuple[bool, bool]:
+    def admission(self, body: bytes, headers: Mapping[str, str]) -> tuple[bool, bool]:
         """(unqueued, writes): how the service admits this request. A tools/call of a tool that may write takes the
         writes' lane (it waits for the write lock and batches in group commit as a REST write does); a request that
         calls no tool (initialize, ping, tools/list, a notification, a body handle() refuses) touches no database
-        and is answered at once, as /health is; a batch by its calls."""
+        and is answered at once, as /health is; a batch by its calls. One the Host/Origin rule refuses is answered
+        (403) at once too, as REST answers it before any queue: never busy, and holding no place."""
+        if not self.admits(headers):
+            return True, False
         try:
             message = json.loads(body)
         except (ValueError, RecursionError):
@@ -363,9 +366,13 @@ class McpBridge:
 
 
 def foreign_caller(
-    headers: Mapping[str, str], allowed_hosts: Collection[str], allowed_origins: Collection[str]
+    headers: Mapping[str, str],
+    allowed_hosts: Collection[str],
+    allowed_origins: Collection[str],
+    navigable: bool = False,
 ) -> str | None:
-    """Why a request must get 403 (DNS rebinding, cross-site pages), or None; the sets are lower-case.
+    """Why a request must get 403 (DNS rebinding, cross-site pages), or None; the sets are lower-case. `navigable`:
+    the route is one a link from another site may lead to (a page or document that acts for no one).
 
     A page that rebinds its own name to 127.0.0.1 still sends that name as Host. An absent Origin is
     fine: non-browser clients (Hermes, the mcp SDK, curl) send none, nor Sec-Fetch-Site. The service applies
@@ -379,9 +386,11 @@ def foreign_caller(
         return f"Origin {origin!r} is not allowed (cross-site protection: see --allowed-origin)"
     # A browser sends no Origin for a page's <img>, <script> or <iframe> GET, but says where it comes from: another
     # site's page must not make the operator's browser call as an agent (a recall's audit and deliveries, forged).
-    # A link the operator follows (a top-level navigation: the status page from a dashboard) is theirs.
+    # A link the operator follows (a top-level navigation: the status page from a dashboard) is theirs, to a page
+    # only: another site's script navigates the browser as freely (`location = ".../v1/recall?agent=sol"`).
     site, mode, dest = (headers.get(f"Sec-Fetch-{name}", "").lower() for name in ("Site", "Mode", "Dest"))
-    if origin is None and site not in ("", "same-origin", "none") and (mode, dest) != ("navigate", "document"):
+    followed = navigable and (mode, dest) == ("navigate", "document")
+    if origin is None and site not in ("", "same-origin", "none") and not followed:
         return f"Sec-Fetch-Site {site!r}: a page of another site, without an allowed Origin (cross-site protection)"
     return None
 

@@ -78,7 +78,8 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
     """Forget one of the calling agent's own rows (short, long or episodic) by id: only its author may.
 
     A row already deleted is found by the versions as-of recall keeps, and those go (a short value's are kept
-    only until the daily purge after its expiry); forgetting a short row also erases every kept version of its key.
+    only until the daily purge after its expiry); forgetting a short row also erases the versions of the earlier
+    rows of its key (deleted, then written again), never a later row's.
 
     The row, its index entries, vector and the copies neighbours carry as context go in one transaction, then
     the index is merged and the WAL checkpointed so the text leaves the database file. A retraction is kept
@@ -92,7 +93,8 @@ def op_forget_memory(memory: Any, args: dict) -> dict:
 
     def work(conn: sqlite3.Connection) -> dict:
         solos_store.Store.require_agent(conn, agent)
-        # A row deleted, or purged after its expiry, lives on in its versions (as-of recall): forget finds those.
+        # A deleted row lives on in its versions (as-of recall): forget finds those. A short value's go at the
+        # daily purge after its expiry (Queries.purge_expired_short), and a forget of it is then a 404.
         found = queries.find_row(conn, tier, row_id) or queries.gone_row(conn, tier, row_id)
         if found is not None and found[1]["agent"] != agent:
             if solos_store.Visibility.read(conn, agent, "shared").hides(tier, found[1], live=found[0] != ""):
@@ -183,7 +185,7 @@ class Scrubber:
     def __init__(self, store: solos_store.Store):
         self.store = store
         self.checkpoint_pending = False
-        self.due = True  # the first round finishes any scrub a service that died left queued
+        self.due = True  # until the hub's first round, which finishes any scrub a service that died left queued
         self.retry_s = RETRY_CHECKPOINT_S
 
     def scrub(self, tier: str, row_id: int) -> dict:
@@ -216,15 +218,19 @@ class Scrubber:
         """Finish the scrubs still queued (the service died mid-scrub, or a reader held the WAL): merge, checkpoint.
 
         Their queue entries go only once the checkpoint has emptied the WAL,
-        so a crash at any point leaves them queued for the next start.
+        so a crash at any point leaves them queued for the next start. A busy database leaves them queued too:
+        the daily purge's rows are gone by then (its run succeeded), and the hub's round goes on to its events.
         """
-        queued = self.store.read(lambda conn: self.store.queries.queued_scrubs(conn))
-        if queued or self.checkpoint_pending:
-            for tier in queued:
-                for fts in solos_store.KEYWORD_INDEX[tier]:
-                    self.merge(fts)
-            if self.checkpoint() and queued:
-                self.store.write(lambda conn: self.store.queries.scrubs_done(conn, queued))
+        try:
+            queued = self.store.read(lambda conn: self.store.queries.queued_scrubs(conn))
+            if queued or self.checkpoint_pending:
+                for tier in queued:
+                    for fts in solos_store.KEYWORD_INDEX[tier]:
+                        self.merge(fts)
+                if self.checkpoint() and queued:
+                    self.store.write(lambda conn: self.store.queries.scrubs_done(conn, queued))
+        except solos_store.Busy as error:
+            log.warning("queued scrubs postponed: %s", error)
         self.due = False
 
     def merge(self, fts: str) -> None:

@@ -710,8 +710,8 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
         try:
             check_head(self.headers)
             if url.path != "/mcp":  # the bridge applies the same rule and answers in JSON-RPC
-                headers = cast(Mapping[str, str], self.headers)
-                refusal = mcp_bridge.foreign_caller(headers, self.server.allowed_hosts, self.server.origins)
+                asked, server = cast(Mapping[str, str], self.headers), self.server  # SERVED: pages, documents
+                refusal = mcp_bridge.foreign_caller(asked, server.allowed_hosts, server.origins, url.path in SERVED)
                 if refusal is not None:
                     raise Forbidden(refusal, "Host" if refusal.startswith("Host") else "Origin")
             body = self.read_body()
@@ -721,7 +721,7 @@ class MemoryHandler(solos_connections.BoundedHead, BaseHTTPRequestHandler):
             else:
                 exempt, writes = url.path in UNQUEUED, (self.command, url.path) in WRITES
                 if url.path == "/mcp":  # by what it calls: no tool, at once; a writing tool, the writes' lane
-                    exempt, writes = self.server.bridge.admission(body)
+                    exempt, writes = self.server.bridge.admission(body, cast(Mapping[str, str], self.headers))
                 with self.server.admitted(exempt=exempt, writes=writes):
                     SERVED.get(url.path, MemoryHandler.call_operation)(self, url, body)
         except ServiceError as error:

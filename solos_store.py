@@ -1717,7 +1717,7 @@ class Queries:
         facts that carried it as context are re-indexed without it (an update of
         `tags` to itself re-runs the index trigger, and nothing else); the event
         log says `forget`. The index's old segments and the WAL still hold the
-        words until Dataspace.scrub runs.
+        words until Scrubber.scrub runs.
         """
         self.zero_freed(conn)
         found = self.find_row(conn, tier, row_id) or self.gone_row(conn, tier, row_id)
@@ -1780,12 +1780,15 @@ class Queries:
     def queue_scrub(self, conn: sqlite3.Connection, tier: str, retraction_id: int) -> None:
         """Record, in the forget's own transaction, that the tier's index segments and the WAL still hold its text.
 
-        Dataspace.scrub clears it once they no longer do; a service that died
-        first finishes it when it starts again (Dataspace.finish_scrubs).
+        Scrubber.scrub clears it once they no longer do; a service that died
+        first finishes it when it starts again (Scrubber.finish). Queued over
+        an entry, the number rises past it, even where the two are equal (the
+        purge's is the next forget's): a scrub under way clears only what it
+        read (scrubs_done), so this queueing waits for a scrub after it.
         """
         conn.execute(
             "INSERT INTO memory_scrub_pending (tier, retraction_id) VALUES (?, ?) ON CONFLICT (tier) DO UPDATE "
-            f"SET retraction_id = {self.GREATEST}(memory_scrub_pending.retraction_id, excluded.retraction_id)",
+            f"SET retraction_id = {self.GREATEST}(memory_scrub_pending.retraction_id + 1, excluded.retraction_id)",
             (tier, retraction_id),
         )
 
@@ -1812,7 +1815,8 @@ class Queries:
         return removed, versions
 
     def queued_scrubs(self, conn: sqlite3.Connection) -> dict[str, int]:
-        """Tiers whose scrub is still to finish, with the latest retraction each one covers."""
+        """Tiers whose scrub is still to finish, each with its number (at least the latest retraction it covers,
+        raised by every queueing: queue_scrub), which scrubs_done is given back."""
         return dict(conn.execute("SELECT tier, retraction_id FROM memory_scrub_pending").fetchall())
 
     def scrubs_done(self, conn: sqlite3.Connection, done: dict[str, int]) -> None:

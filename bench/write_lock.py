@@ -49,7 +49,6 @@ import solos_events  # noqa: E402
 import solos_forget  # noqa: E402
 import solos_jobs  # noqa: E402
 import solos_lifecycle  # noqa: E402
-import solos_provenance  # noqa: E402
 import solos_snapshot  # noqa: E402
 import solos_store  # noqa: E402
 
@@ -205,7 +204,7 @@ def make_paths(path: Path, store_box: list, folder: Path, backfill_s: float) -> 
         return store().write(lambda conn: store().queries.sweep_expired(conn, lambda *_: None))
 
     def purge() -> int:
-        return solos_jobs.recorded(db, "purge", lambda: store().purge_expired() + solos_provenance.purge(store()))
+        return solos_jobs.recorded(db, "purge", lambda: solos_forget.purge(store()))  # the job as `purge` runs it
 
     def old_logs_setup() -> None:
         conn = setup_conn(path)

@@ -553,3 +553,50 @@ def test_a_purge_whose_checkpoint_a_reader_holds_up_is_finished_by_the_running_s
     wait_until(lambda: files_holding(server, word[-16:]) == {"db": 0, "-wal": 0}, "the service to finish the scrub")
     with server.db() as conn:
         wait_until(lambda: not conn.execute("SELECT count(*) FROM memory_scrub_pending").fetchone()[0], "its entry")
+
+
+def test_a_purge_whose_scrub_meets_a_busy_database_succeeds_and_leaves_the_scrub_queued(server, monkeypatch):
+    """The purge's deletes had committed, but its index merge met the write lock held past the busy timeout: the
+    run was recorded failed (exit 1, the alert unit started), the day's archive never ran, though the service
+    finishes the queued scrub within seconds. A busy scrub is left queued, as a forget's is."""
+    import solos_forget
+    import solos_memory
+
+    word = marker()
+    assert server.post("/v1/short", {"agent": "atlas", "key": "t", "value": f"t {word}", "ttl_s": 0.3}).status == 201
+    time.sleep(0.35)
+
+    def busy(*_):
+        raise solos_store.Busy("database is locked")
+
+    monkeypatch.setattr(solos_forget.Scrubber, "merge", busy)
+    assert solos_memory.main(["purge", "--db", str(server.db_path)]) == 0
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM memory_short WHERE key = 't'").fetchone()[0] == 0
+        assert "short" in dict(conn.execute("SELECT tier, retraction_id FROM memory_scrub_pending").fetchall())
+        runs = dict(conn.execute("SELECT job, result FROM memory_job_run ORDER BY id").fetchall())
+    assert runs == {"purge": "ok", "archive": "ok"}, runs
+
+
+def test_a_forget_queued_while_a_scrub_of_the_purges_runs_stays_queued(server, monkeypatch):
+    """The purge numbers its scrub past the latest retraction: the next forget's own number. A scrub under way that
+    had read the purge's entry then cleared the forget's too, though its merge ran before the forget's delete; when
+    the forget's own scrub met a busy database, nothing merged its words out (they stayed in the index segments).
+    Each queueing now raises the entry's number past what any scrub under way read."""
+    import solos_forget
+
+    def busy(*_):
+        raise solos_store.Busy("database is locked")
+
+    monkeypatch.setattr(solos_forget.Scrubber, "merge", busy)  # no scrub finishes in this test but the one below
+    store = server.server.memory.store
+    assert server.post("/v1/short", {"agent": "atlas", "key": "t", "value": "expiring", "ttl_s": 0.3}).status == 201
+    row_id = server.post("/v1/short", {"agent": "atlas", "key": "k", "value": f"kept {marker()}"}).body["id"]
+    time.sleep(0.35)
+    assert store.purge_expired() == 1
+    read = store.read(store.queries.queued_scrubs)  # a scrub of the purge's starts: it read this, merges next
+    assert "short" in read
+    ok, answer = forget(server, "atlas", "short", row_id)
+    assert ok and answer["wal_checkpoint"] == "pending", answer
+    store.write(lambda conn: store.queries.scrubs_done(conn, read))  # that scrub ends: it clears what it read
+    assert "short" in store.read(store.queries.queued_scrubs)  # the forget's scrub still waits

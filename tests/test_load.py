@@ -274,3 +274,24 @@ def test_a_client_that_reads_no_answer_holds_no_place_another_needs(make_server)
     # Before: the stuck write kept the one place for up to 30 s, and this recall was 503 busy after 2 s.
     assert recalled.status == 200, recalled.body
     assert load["running"] == 0 and load["busy_queue_wait"] == 0
+
+
+@pytest.mark.parametrize("tool", ["recall", "write_long"])
+def test_an_mcp_call_from_a_rebound_name_is_403_however_busy(one_place_held, tool):
+    """SECURITY.md: every route answers 403 to a rebound Host, and REST does before any queue. /mcp took its
+    admission place first: with the places taken a rebound page was told busy (503, or 200 with a JSON-RPC error
+    in the handshake era), and a rebound writing call held a place of the writes' lane until its 403."""
+    server, _, _ = one_place_held(queue_most=0)  # full: a read that would queue is refused at once
+    writes = server.server.write_admission
+    writes.queue_most = 0
+    arguments = {"recall": {"agent": "atlas", "q": "x"}, "write_long": {"agent": "atlas", "fact": "rebound"}}[tool]
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+    headers = {"Host": f"evil.example:{server.port}", "MCP-Protocol-Version": "2025-11-25"}
+    for _ in range(writes.most):  # every place of the writes' lane taken too
+        writes.enter()
+    try:
+        reply = server.post("/mcp", message, headers=headers)
+    finally:
+        for _ in range(writes.most):
+            writes.leave()
+    assert reply.status == 403 and "DNS rebinding" in reply.raw.decode(), (reply.status, reply.raw[:300])

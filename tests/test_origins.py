@@ -101,3 +101,23 @@ def test_a_page_of_another_site_cannot_make_the_browser_read_as_an_agent(server,
     assert server.request("GET", query, headers=framed).status == 403
     followed = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
     assert server.request("GET", "/", headers=followed).status == 200  # the status page, linked from a dashboard
+
+
+@pytest.mark.parametrize("user", [{}, {"Sec-Fetch-User": "?1"}], ids=["script", "click"])
+def test_a_page_of_another_site_cannot_navigate_the_browser_into_a_read_as_an_agent(server, user):
+    """A navigation carries no Origin either: another site's script (`location = ".../v1/recall?agent=sol&..."`),
+    or a link on it, ran the recall as sol under loopback trust, audited and logged as sol's, as the <img> did. A
+    navigation from another site reaches only what an operator follows a link to: the status page and the
+    service's documents, which do nothing on an agent's behalf."""
+    server.request("PUT", "/v1/sharing", body={"agent": "atlas", "episodic": True})
+    episode(server, "atlas", "atlas rotated the backup keys")
+    navigation = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document", **user}
+    query = "/v1/recall?agent=sol&q=backup+keys&scope=shared&tiers=episodic"
+    refused = server.request("GET", query, headers=navigation)
+    assert refused.status == 403 and "Sec-Fetch-Site" in refused.body["error"]["message"], refused.body
+    with server.db() as conn:
+        assert conn.execute("SELECT count(*) FROM episodic_read_audit").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM memory_delivery").fetchone()[0] == 0
+    for page in ("/", "/status", "/health", "/metrics", "/openapi.json"):
+        assert server.request("GET", page, headers=navigation).status == 200, page
+    assert server.request("GET", query, headers={**navigation, "Sec-Fetch-Site": "none"}).status == 200  # typed
