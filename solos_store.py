@@ -1531,7 +1531,7 @@ def parse_tags(raw: Any) -> list[str]:
         return []
     try:
         tags = json.loads(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         return [part.strip() for part in str(raw).split(",") if part.strip()]
     return [str(tag) for tag in tags] if isinstance(tags, list) else [str(tags)]
 

@@ -3,6 +3,7 @@ read skips them or shows them as they are, and the rest of every answer stays wh
 
 from __future__ import annotations
 
+import pytest
 from conftest import subscribed
 
 STREAM_WAIT_S = 5.0
@@ -28,3 +29,24 @@ def test_a_stream_hands_out_a_row_stored_as_invalid_utf8_and_the_writes_after_it
     assert [(e["row_id"], e["agent"]) for e in got] == [(odd, "atlas"), (after, "atlas")]
     assert got[0]["row"]["text"].startswith("marker \ufffd bytes")
     assert got[1]["row"]["text"] == "written after the odd row"
+
+
+@pytest.mark.parametrize(
+    "tags,shown",
+    [("[" * 5000 + "]" * 5000, None), ("not json", ["not json"]), ('{"a": 1}', None), ("[1, 2]", ["1", "2"])],
+    ids=["nested 5000 deep", "not json", "an object", "numbers"],
+)
+def test_tags_that_are_not_the_services_json_never_fail_a_recall_or_an_events_page(server, tags, shown):
+    odd = insert_long(server, "marker fact with odd tags", tags=tags)
+    server.post("/v1/long", {"agent": "atlas", "fact": "marker fact written after"})
+    for caller in ("sol", "atlas"):
+        reply = server.recall(caller, "marker")
+        assert reply.status == 200, reply.raw[:300]
+        assert sorted(row["text"] for row in reply.body["results"]) == [
+            "marker fact with odd tags",
+            "marker fact written after",
+        ]
+        row = next(row for row in reply.body["results"] if row["id"] == odd)
+        assert shown is None or row["tags"] == shown
+        page = server.get("/v1/events", agent=caller, since=0)
+        assert page.status == 200 and [e["row_id"] for e in page.body["events"]][:1] == [odd], page.raw[:300]
