@@ -166,7 +166,30 @@ def labelled_text(agent: str, label: str | None, text: str) -> str:
     return f"{agent} ({label}): {text}" if label else f"{agent}: {text}"
 
 
-EPISODE_COLUMNS = "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts"
+def read_as(kind: str, *columns: str) -> str:
+    """SELECT items reading each column of t (`name` or `name AS alias`) as `kind`, whatever a fleet writer stored:
+    text, a BLOB as the text its bytes spell (invalid UTF-8 as U+FFFD); a number, NULL for anything else. A BLOB
+    read as it is failed every recall, events page and embedding pass that met the row (bytes are not text)."""
+    items = []
+    for column in columns:
+        name, _, alias = column.partition(" AS ")
+        if kind == "text":
+            items.append(f"CAST(t.{name} AS TEXT) AS {alias or name}")
+        else:  # the same on both stores: DOUBLE PRECISION is PostgreSQL's float8 and SQLite's REAL
+            items.append(
+                f"CASE WHEN t.{name} = CAST(t.{name} AS DOUBLE PRECISION) THEN t.{name} END AS {alias or name}"
+            )
+    return ", ".join(items)
+
+
+EPISODE_COLUMNS = ", ".join(
+    (
+        "t.id",
+        read_as("text", "agent", "event_type", "summary", "details", "outcome"),
+        read_as("number", "duration_s"),
+        read_as("text", "timestamp AS ts"),
+    )
+)
 EPISODE_RESULT = ("event_type", "summary", "details", "outcome", "duration_s")  # also what a write gives
 EPISODE_CONTENT = ("event_type", "summary", "details", "outcome")
 ARCHIVE_TIER = "episodic_archive"  # recall's internal name for the archived rows; results say "episodic"
@@ -178,7 +201,14 @@ TIER_TABLE = {
             "long",
             "memory_longterm",
             "memory_longterm_fts",
-            "t.id, t.agent, t.topic, t.fact, t.source, t.confidence, t.tags, t.created_at, t.updated_at AS ts",
+            ", ".join(
+                (
+                    "t.id",
+                    read_as("text", "agent", "topic", "fact", "source"),
+                    read_as("number", "confidence"),
+                    read_as("text", "tags", "created_at", "updated_at AS ts"),
+                )
+            ),
             "updated_at",
             "1.0, 1.0, 0.5, 0.5, 0.3",
             "fact",
@@ -227,7 +257,7 @@ TIER_TABLE = {
             "short",
             "memory_short",
             "memory_short_fts",
-            "t.id, t.agent, t.key, t.value, t.tags, t.expires_at, t.created_at AS ts",
+            "t.id, " + read_as("text", "agent", "key", "value", "tags", "expires_at", "created_at AS ts"),
             "created_at",
             "1.0, 1.0, 0.5, 0.5",
             "value",
@@ -1211,7 +1241,8 @@ class Store:
         93 ms of CPU at 111k events a day (now 11 ms)."""
         day = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 day')"
         counted = (
-            "SELECT agent, ifnull(CAST(strftime('%s', ts) AS INTEGER), CAST(strftime('%s', 'now') AS INTEGER)) / 60, "
+            "SELECT CAST(agent AS TEXT), "
+            "ifnull(CAST(strftime('%s', ts) AS INTEGER), CAST(strftime('%s', 'now') AS INTEGER)) / 60, "
             "count(*) FROM memory_event WHERE id > {since} AND id <= ? "
             f"AND ts >= {day} AND kind IN ('write', 'update') AND tier IN {WRITTEN_TIERS} GROUP BY 1, 2"
         )
@@ -1557,6 +1588,8 @@ VERSIONED = {
 
 
 VERSION_FIELDS = "id, agent, label, text, tags, expires_at, valid_from, valid_to"
+# What as-of reads return of a version: its fields, text as text (read_as).
+VERSION_READ = "t.id, " + read_as("text", *VERSION_FIELDS.split(", ")[1:])
 
 
 def short_gaps(lives: Sequence[tuple[str, str, str | None]]) -> list[tuple[str, str]]:
@@ -2346,7 +2379,8 @@ class Queries:
             where.append("(" + " OR ".join([like] * len(contains)) + ")")
             params.extend("%" + re.sub(r"([\\%_])", r"\\\1", fragment) + "%" for fragment in contains)
         sql = (
-            f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, self.GREATEST)}) SELECT * FROM t WHERE t.valid_from <= ? "
+            f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, self.GREATEST)}) SELECT {VERSION_READ} FROM t "
+            "WHERE t.valid_from <= ? "
             "AND (t.valid_to IS NULL OR t.valid_to > ?)"
             + "".join(" AND " + w for w in where)
             + (" ORDER BY t.valid_from DESC, t.id DESC LIMIT ?" if limit else "")
@@ -2359,7 +2393,8 @@ class Queries:
         a row (deleted_sql looks through the row's versions; asked of each, a row rewritten V times cost V²)."""
         sql = (
             f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, self.GREATEST)}) "
-            f"SELECT t.*, t.id IN ({deleted_rows_sql(tier, self.IDS_IN)}) AS deleted FROM t WHERE t.id {self.IDS_IN}"
+            f"SELECT {VERSION_READ}, t.id IN ({deleted_rows_sql(tier, self.IDS_IN)}) AS deleted FROM t "
+            f"WHERE t.id {self.IDS_IN}"
         )
         chosen = self.id_list(ids)
         return [dict(row) for row in conn.execute(sql, (chosen, chosen))]

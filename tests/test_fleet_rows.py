@@ -50,3 +50,37 @@ def test_tags_that_are_not_the_services_json_never_fail_a_recall_or_an_events_pa
         assert shown is None or row["tags"] == shown
         page = server.get("/v1/events", agent=caller, since=0)
         assert page.status == 200 and [e["row_id"] for e in page.body["events"]][:1] == [odd], page.raw[:300]
+
+
+@pytest.mark.parametrize(
+    "column,value",
+    [("fact", b"marker blob fact"), ("agent", b"atlas"), ("topic", b"\xff\xfe"), ("confidence", b"\x01")],
+    ids=["fact", "agent", "topic", "confidence"],
+)
+def test_a_blob_where_text_belongs_is_read_as_text_by_every_read(server, column, value):
+    """A number in a TEXT column is stored as text (SQLite's affinity), but a blob stays a blob; one in a REAL
+    column reads as no number."""
+    row = {"agent": "atlas", "topic": "t", "fact": "marker odd row", "confidence": 0.5} | {column: value}
+    with server.db() as conn:
+        odd = conn.execute(
+            "INSERT INTO memory_longterm (agent, topic, fact, confidence) VALUES (?, ?, ?, ?) RETURNING id",
+            (row["agent"], row["topic"], row["fact"], row["confidence"]),
+        ).fetchone()[0]
+    good = server.post("/v1/long", {"agent": "atlas", "fact": "marker fact written after"}).body["id"]
+    for caller in ("sol", "atlas"):
+        for q in ("marker", ""):
+            reply = server.recall(caller, q, k=10)
+            assert reply.status == 200, reply.raw[:300]
+            rows = {row["id"]: row for row in reply.body["results"]}
+            assert good in rows and all(isinstance(row[f], str) for row in rows.values() for f in ("agent", "text"))
+        page = server.get("/v1/events", agent=caller, since=0)
+        assert page.status == 200 and good in [e["row_id"] for e in page.body["events"]], page.raw[:300]
+        assert all(isinstance(e["agent"], str) for e in page.body["events"])
+        past = server.get("/v1/recall/as_of", agent=caller, q="marker", as_of="2099-01-01T00:00:00.000Z")
+        assert past.status in (200, 400), past.raw[:300]
+    assert odd in rows  # sol's recall in scope shared: shown, as the text its bytes say
+    assert rows[odd]["confidence"] == (None if column == "confidence" else 0.5)
+    stats = server.get("/v1/stats")
+    assert stats.status == 200, stats.raw[:300]
+    assert server.get("/").status == 200
+    assert server.mcp_tool("recall", {"agent": "sol", "q": "marker"}).body["result"]["isError"] is False
