@@ -1403,7 +1403,8 @@ class Store:
         table, fields = TIER_TABLE[tier].table, TIER_TABLE[tier].embedded
 
         def work(conn: sqlite3.Connection) -> tuple[list[int], int]:
-            same_text = " AND ".join(f"{name} {self.queries.SAME} ?" for name in fields)
+            # As the row was read (read_as): a fleet writer's BLOB compares as its text, so its vector is kept.
+            same_text = " AND ".join(f"CAST({name} AS TEXT) {self.queries.SAME} ?" for name in fields)
             saved = []
             for row, vector in embedded:
                 current = (row["id"], *(row[name] for name in fields))

@@ -4,7 +4,7 @@ read skips them or shows them as they are, and the rest of every answer stays wh
 from __future__ import annotations
 
 import pytest
-from conftest import subscribed
+from conftest import WordHashEmbedder, subscribed, wait_for_vectors
 
 STREAM_WAIT_S = 5.0
 
@@ -84,3 +84,14 @@ def test_a_blob_where_text_belongs_is_read_as_text_by_every_read(server, column,
     assert stats.status == 200, stats.raw[:300]
     assert server.get("/").status == 200
     assert server.mcp_tool("recall", {"agent": "sol", "q": "marker"}).body["result"]["isError"] is False
+
+
+def test_a_blob_fact_gets_its_vector_once_from_the_text_its_bytes_spell(embedded_server):
+    embedder = WordHashEmbedder()
+    server = embedded_server(embedder)
+    odd = insert_long(server, b"marker blob fact")
+    server.server.memory.worker.wake.set()
+    wait_for_vectors(server, 1)
+    with server.db() as conn:
+        stored = conn.execute("SELECT embedding FROM memory_longterm WHERE id = ?", (odd,)).fetchone()[0]
+    assert stored == embedder.vector("atlas (t): marker blob fact").astype("<f4").tobytes()
