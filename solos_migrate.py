@@ -291,6 +291,10 @@ def copy_table(src: sqlite3.Connection, dst: Any, table: Table) -> Copied:
                 dst.execute(f'ALTER TABLE {table.name} {enable} "{name}"')
             if "id" in types:
                 advance_identity(src, dst, table)
+    except sqlite3.OperationalError as error:
+        if "Could not decode to UTF-8" not in str(error):
+            raise
+        raise MigrateError(not_utf8(src, table, columns) or str(error)) from None
     except Exception as error:
         if type(error).__module__.split(".")[0] != "psycopg":
             raise
@@ -346,6 +350,31 @@ def refuse_nul(table: Table, columns: list[str], row: Sequence[Any]) -> None:
                 "nothing of this table was copied. Remove the NUL from that row in the SQLite file (or forget the "
                 "row), then run migrate again"
             )
+
+
+def not_utf8(src: sqlite3.Connection, table: Table, columns: list[str]) -> str | None:
+    """Which row holds text that is not UTF-8 (a direct writer's bytes, kept by SQLite), named as refuse_nul names
+    one: PostgreSQL's text refuses it, and sqlite3's own error names neither the table nor the row."""
+    src.text_factory = lambda raw: raw.decode("utf-8", "replace")  # a text key may be such bytes itself
+    try:
+        for name in columns:
+            rows = src.execute(
+                f'SELECT {quoted(table.key)}, CAST("{name}" AS BLOB) FROM {table.name} '
+                f"WHERE typeof(\"{name}\") = 'text' ORDER BY {quoted(table.key)}"
+            )
+            for *key, raw in rows:
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    named = ", ".join(f"{part} {value!r}" for part, value in zip(table.key, key))
+                    return (
+                        f"{table.name} {named}: its {name} is not UTF-8 text, which PostgreSQL's text refuses; "
+                        "nothing of this table was copied. Mend that row in the SQLite file (or forget the row), "
+                        "then run migrate again"
+                    )
+    finally:
+        src.text_factory = str
+    return None
 
 
 def copy_meta(src: sqlite3.Connection, dst: Any, digest: Any) -> tuple[int, int]:

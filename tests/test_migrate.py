@@ -366,24 +366,30 @@ def test_a_target_holding_another_sources_migration_is_refused_before_anything_i
 
 
 @pytest.mark.slow
-def test_a_row_holding_a_nul_is_named_so_the_operator_can_mend_it_and_run_again(source, pg_url, tmp_path):
-    # The API refuses NUL, the fleet's direct writers need not, and PostgreSQL's text refuses it. The line said
-    # only "memory_longterm: PostgreSQL text fields cannot contain NUL (0x00) bytes": which of its rows, and
-    # which column, was the operator's to hunt for, and every run stopped there.
+@pytest.mark.parametrize(
+    "fact,said",
+    [("'a' || char(0) || 'b'", "holds a NUL"), ("CAST(X'61ff62' AS TEXT)", "is not UTF-8")],
+    ids=["nul", "not utf-8"],
+)
+def test_a_row_holding_a_nul_is_named_so_the_operator_can_mend_it_and_run_again(source, pg_url, tmp_path, fact, said):
+    # The API refuses NUL and bytes that are not UTF-8, the fleet's direct writers need not, and PostgreSQL's text
+    # refuses both. The line said only "memory_longterm: PostgreSQL text fields cannot contain NUL (0x00) bytes",
+    # or sqlite3's "Could not decode to UTF-8 column 'fact'": which of its rows, and which column, was the
+    # operator's to hunt for, and every run stopped there.
     odd = copied_source(source, tmp_path / "odd.db")
     with sqlite3.connect(odd) as conn:
         row = conn.execute(
-            "INSERT INTO memory_longterm (agent, topic, fact) VALUES ('nova', 'ops', ?) RETURNING id", ("a\x00b",)
+            f"INSERT INTO memory_longterm (agent, topic, fact) VALUES ('nova', 'ops', {fact}) RETURNING id"
         ).fetchone()[0]
     status, lines, err = migrate(odd, pg_url)
     assert status == 1 and lines == [] and len(err.splitlines()) == 1, err
     reason = json.loads(err)["reason"]
-    assert f"memory_longterm id {row}" in reason and "fact" in reason and "NUL" in reason, reason
+    assert f"memory_longterm id {row}: its fact {said}" in reason, reason
     with sqlite3.connect(odd) as conn:
         conn.execute("UPDATE memory_longterm SET fact = 'ab' WHERE id = ?", (row,))  # mended by hand
     status, lines, err = migrate(odd, pg_url)
     reason = json.loads(err)["reason"]  # the update kept the old text as a version: named in turn
-    assert status == 1 and "memory_version id " in reason and "its text holds a NUL" in reason, reason
+    assert status == 1 and "memory_version id " in reason and f"its text {said}" in reason, reason
     with sqlite3.connect(odd) as conn:
         conn.execute("UPDATE memory_version SET text = 'ab' WHERE tier = 'long' AND row_id = ?", (row,))
     status, lines, err = migrate(odd, pg_url)
