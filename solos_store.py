@@ -2032,13 +2032,14 @@ class Queries:
         return {row[0]: set(parse_tags(row[1])) for row in found}
 
     def sharing_agents(self, conn: sqlite3.Connection) -> set[str]:
-        return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
+        """Who opted in; an opt-in a fleet writer stored under a BLOB names no agent, so it shares nothing."""
+        rows = conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")
+        return {row[0] for row in rows if isinstance(row[0], str)}
 
     def sharing_spans(self, conn: sqlite3.Connection) -> list[tuple[str, str, str | None]]:
         """When each author was sharing its episodes: (agent, from, until or None), for Visibility."""
-        return [
-            tuple(row) for row in conn.execute("SELECT agent, shared_from, shared_until FROM episodic_sharing_span")
-        ]
+        rows = conn.execute("SELECT agent, shared_from, shared_until FROM episodic_sharing_span")
+        return [tuple(row) for row in rows if isinstance(row[0], str)]
 
     def text_matches(
         self, conn: sqlite3.Connection, match: str, candidates: dict[str, list[int]]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import WordHashEmbedder, subscribed, wait_for_vectors
 
+import solos_store
+
 STREAM_WAIT_S = 5.0
 
 
@@ -95,3 +97,18 @@ def test_a_blob_fact_gets_its_vector_once_from_the_text_its_bytes_spell(embedded
     with server.db() as conn:
         stored = conn.execute("SELECT embedding FROM memory_longterm WHERE id = ?", (odd,)).fetchone()[0]
     assert stored == embedder.vector("atlas (t): marker blob fact").astype("<f4").tobytes()
+
+
+def test_an_opt_in_whose_writer_is_a_blob_shares_nothing_and_fails_no_recall(server):
+    atlas = server.post("/v1/episodic", {"agent": "atlas", "event_type": "e", "summary": "marker private"}).body
+    own = server.post("/v1/episodic", {"agent": "sol", "event_type": "e", "summary": "marker own"}).body
+    with server.db() as conn:
+        conn.execute("INSERT INTO episodic_sharing (agent, shared) VALUES (?, 1)", (b"atlas",))
+    for archive in ("false", "true"):
+        reply = server.recall("sol", "marker", tiers="episodic", archive=archive)
+        assert reply.status == 200, reply.raw[:300]
+        assert [row["id"] for row in reply.body["results"]] == [own["id"]]
+    past = server.get("/v1/recall/as_of", agent="sol", q="marker", tiers="episodic", as_of=solos_store.utc_now())
+    assert past.status == 200 and atlas["id"] not in [row["id"] for row in past.body["results"]], past.raw[:300]
+    page = server.get("/v1/events", agent="sol", since=0, tiers="episodic")
+    assert page.status == 200 and [e["row_id"] for e in page.body["events"]] == [own["id"]], page.raw[:300]
