@@ -406,6 +406,9 @@ def leniently(conn: Any, begin: str, work: Callable[[Any], Any]) -> Any:
     except sqlite3.OperationalError as error:
         if "Could not decode to UTF-8" not in str(error) or conn.text_factory is not str:
             raise
+        # Once per connection (it reads leniently from now on): the column, never the text. migrate names the row.
+        column = re.search(r"column '([^']*)'", str(error))
+        log_event("text_not_utf8", column=column and column[1], read_as="U+FFFD for each byte that is not UTF-8")
         conn.execute("ROLLBACK")
         conn.text_factory = decode_text
         conn.execute(begin)

@@ -112,3 +112,17 @@ def test_an_opt_in_whose_writer_is_a_blob_shares_nothing_and_fails_no_recall(ser
     assert past.status == 200 and atlas["id"] not in [row["id"] for row in past.body["results"]], past.raw[:300]
     page = server.get("/v1/events", agent="sol", since=0, tiers="episodic")
     assert page.status == 200 and [e["row_id"] for e in page.body["events"]] == [own["id"]], page.raw[:300]
+
+
+def test_text_that_is_not_utf8_is_logged_for_the_operator_once_per_connection_not_per_read(server, capsys):
+    with server.db() as conn:
+        conn.execute(
+            "INSERT INTO memory_longterm (agent, topic, fact) VALUES ('atlas', 't', CAST(X'6d61726b657220ff' AS TEXT))"
+        )
+    said = []
+    for _ in range(3):
+        for _ in range(10):
+            assert server.recall("sol", "marker").status == 200
+        said.append([line for line in capsys.readouterr().err.splitlines() if '"text_not_utf8"' in line])
+    assert said[0] and said[1:] == [[], []], said
+    assert all('"column": "fact"' in line and "\\ufffd" not in line for line in said[0])
