@@ -182,6 +182,7 @@ def read_as(kind: str, *columns: str) -> str:
     return ", ".join(items)
 
 
+PERSONA_COLUMNS = "t.id, " + read_as("text", "key", "value", "updated_at")  # the fleet's persona records
 EPISODE_COLUMNS = ", ".join(
     (
         "t.id",
@@ -1543,7 +1544,7 @@ class Store:
 
     def persona(self, conn: sqlite3.Connection, agent: str) -> sqlite3.Row | None:
         return conn.execute(
-            "SELECT id, key, value, updated_at FROM memory_durable WHERE key = ?", ("persona/" + agent,)
+            f"SELECT {PERSONA_COLUMNS} FROM memory_durable t WHERE t.key = ?", ("persona/" + agent,)
         ).fetchone()
 
 
@@ -2013,7 +2014,7 @@ class Queries:
         found = {}
         for tier, ids in wanted.items():
             if tier == "durable":
-                sql = f"SELECT id, key, value, updated_at FROM memory_durable t WHERE t.id {self.IDS_IN}"
+                sql = f"SELECT {PERSONA_COLUMNS} FROM memory_durable t WHERE t.id {self.IDS_IN}"
             elif tier == "notice":
                 sql = f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE id {self.IDS_IN}"
             else:

@@ -126,3 +126,13 @@ def test_text_that_is_not_utf8_is_logged_for_the_operator_once_per_connection_no
         said.append([line for line in capsys.readouterr().err.splitlines() if '"text_not_utf8"' in line])
     assert said[0] and said[1:] == [[], []], said
     assert all('"column": "fact"' in line and "\\ufffd" not in line for line in said[0])
+
+
+def test_a_persona_whose_value_is_a_blob_is_read_as_its_text(server):
+    with server.db() as conn:
+        conn.execute("INSERT INTO memory_durable (key, value) VALUES ('persona/atlas', ?)", (b"marker persona",))
+    reply = server.recall("atlas", "marker", tiers="durable")
+    assert reply.status == 200, reply.raw[:300]
+    assert [row["text"] for row in reply.body["results"]] == ["marker persona"]
+    page = server.get("/v1/events", agent="atlas", since=0, tiers="durable")
+    assert page.status == 200 and [e["row"]["text"] for e in page.body["events"]] == ["marker persona"], page.raw
