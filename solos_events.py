@@ -392,9 +392,10 @@ class EventHub:
                 self.own = self.store.connect()
             if alone:
                 return work(self.own)
-            self.own.execute(self.store.BEGIN_WRITE if write else self.store.BEGIN_READ)
+            begin = self.store.BEGIN_WRITE if write else self.store.BEGIN_READ
+            self.own.execute(begin)
             try:
-                result = work(self.own)
+                result = solos_store.leniently(self.own, begin, work)
             except BaseException:
                 if not getattr(self.own, "broken", False):
                     self.own.execute("ROLLBACK")

@@ -286,11 +286,15 @@ def copy_table(src: sqlite3.Connection, dst: Any, table: Table) -> Copied:
                 if table.name == "memory_event":
                     check_event_ids(src, dst)
                 select = f"SELECT {quoted(columns)} FROM {table.name} ORDER BY {quoted(table.key)}"
-                done.rows, done.copied = copy_rows(src.execute(select), dst, table, columns, digest)
+                done.rows, done.copied = copy_rows(src.execute(select), dst, table, columns, types, digest)
             for name, enable in quieted:
                 dst.execute(f'ALTER TABLE {table.name} {enable} "{name}"')
             if "id" in types:
                 advance_identity(src, dst, table)
+    except sqlite3.OperationalError as error:
+        if "Could not decode to UTF-8" not in str(error):
+            raise
+        raise MigrateError(not_utf8(src, table, columns) or str(error)) from None
     except Exception as error:
         if type(error).__module__.split(".")[0] != "psycopg":
             raise
@@ -313,7 +317,9 @@ def quiet_triggers(dst: Any, table: str) -> list[tuple[str, str]]:
     return [(name, enable[str(mode)]) for name, mode in triggers]
 
 
-def copy_rows(rows: sqlite3.Cursor, dst: Any, table: Table, columns: list[str], digest: Any) -> tuple[int, int]:
+def copy_rows(
+    rows: sqlite3.Cursor, dst: Any, table: Table, columns: list[str], types: dict[str, str], digest: Any
+) -> tuple[int, int]:
     """Stream rows into a temporary table by COPY, BATCH_ROWS at a time, then into the table in key order;
     rows whose key (or another unique column) is there already are left as they are. (rows read, copied)."""
     names, key = quoted(columns), quoted(table.key)
@@ -323,7 +329,7 @@ def copy_rows(rows: sqlite3.Cursor, dst: Any, table: Table, columns: list[str], 
     while batch := rows.fetchmany(BATCH_ROWS):
         with dst.cursor().copy(f"COPY migrate_stage ({names}) FROM STDIN") as copy:
             for row in batch:
-                refuse_nul(table, columns, row)
+                refuse_unstorable(table, columns, types, row)
                 copy.write_row(row)
                 digest.update(row_bytes(row))
         copied += dst.execute(  # rows already there skip the insert triggers' work too (a re-run)
@@ -335,17 +341,60 @@ def copy_rows(rows: sqlite3.Cursor, dst: Any, table: Table, columns: list[str], 
     return read, copied
 
 
-def refuse_nul(table: Table, columns: list[str], row: Sequence[Any]) -> None:
-    """Stop at a text holding NUL, naming its row and column: PostgreSQL's text refuses it (the API does too, the
-    fleet's direct writers need not), and the COPY's own error names neither."""
+def refuse_unstorable(table: Table, columns: list[str], types: dict[str, str], row: Sequence[Any]) -> None:
+    """Stop at a value PostgreSQL's column refuses, naming its row and column: a text holding NUL, a BLOB in a
+    column that is not bytea, text in a number column (the API refuses each, the fleet's direct writers need not,
+    and SQLite keeps them). The COPY's own error names neither, and a BLOB went in as other text."""
     for name, value in zip(columns, row):
         if isinstance(value, str) and "\x00" in value:
-            key = ", ".join(f"{part} {row[columns.index(part)]!r}" for part in table.key)
-            raise MigrateError(
-                f"{table.name} {key}: its {name} holds a NUL character (0x00), which PostgreSQL's text refuses; "
-                "nothing of this table was copied. Remove the NUL from that row in the SQLite file (or forget the "
-                "row), then run migrate again"
+            wrong = "holds a NUL character (0x00), which PostgreSQL's text refuses"
+        elif isinstance(value, bytes) and types[name] != "bytea":
+            wrong = f"is a BLOB, which PostgreSQL's {types[name]} column refuses"
+        elif isinstance(value, str) and types[name] in NUMBER_TYPES and not number(value):
+            wrong = f"is not a number ({value[:40]!r}), which PostgreSQL's {types[name]} column refuses"
+        else:
+            continue
+        key = ", ".join(f"{part} {row[columns.index(part)]!r}" for part in table.key)
+        raise MigrateError(
+            f"{table.name} {key}: its {name} {wrong}; nothing of this table was copied. Mend that row in the "
+            "SQLite file (or forget the row), then run migrate again"
+        )
+
+
+NUMBER_TYPES = ("bigint", "integer", "smallint", "double precision", "real", "numeric")
+
+
+def number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def not_utf8(src: sqlite3.Connection, table: Table, columns: list[str]) -> str | None:
+    """Which row holds text that is not UTF-8 (a direct writer's bytes, kept by SQLite), named as
+    refuse_unstorable names one: PostgreSQL's text refuses it, and sqlite3's error names neither table nor row."""
+    src.text_factory = lambda raw: raw.decode("utf-8", "replace")  # a text key may be such bytes itself
+    try:
+        for name in columns:
+            rows = src.execute(
+                f'SELECT {quoted(table.key)}, CAST("{name}" AS BLOB) FROM {table.name} '
+                f"WHERE typeof(\"{name}\") = 'text' ORDER BY {quoted(table.key)}"
             )
+            for *key, raw in rows:
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    named = ", ".join(f"{part} {value!r}" for part, value in zip(table.key, key))
+                    return (
+                        f"{table.name} {named}: its {name} is not UTF-8 text, which PostgreSQL's text refuses; "
+                        "nothing of this table was copied. Mend that row in the SQLite file (or forget the row), "
+                        "then run migrate again"
+                    )
+    finally:
+        src.text_factory = str
+    return None
 
 
 def copy_meta(src: sqlite3.Connection, dst: Any, digest: Any) -> tuple[int, int]:

@@ -167,7 +167,31 @@ def labelled_text(agent: str, label: str | None, text: str) -> str:
     return f"{agent} ({label}): {text}" if label else f"{agent}: {text}"
 
 
-EPISODE_COLUMNS = "t.id, t.agent, t.event_type, t.summary, t.details, t.outcome, t.duration_s, t.timestamp AS ts"
+def read_as(kind: str, *columns: str) -> str:
+    """SELECT items reading each column of t (`name` or `name AS alias`) as `kind`, whatever a fleet writer stored:
+    text, a BLOB as the text its bytes spell (invalid UTF-8 as U+FFFD); a number, NULL for anything else. A BLOB
+    read as it is failed every recall, events page and embedding pass that met the row (bytes are not text)."""
+    items = []
+    for column in columns:
+        name, _, alias = column.partition(" AS ")
+        if kind == "text":
+            items.append(f"CAST(t.{name} AS TEXT) AS {alias or name}")
+        else:  # the same on both stores: DOUBLE PRECISION is PostgreSQL's float8 and SQLite's REAL
+            items.append(
+                f"CASE WHEN t.{name} = CAST(t.{name} AS DOUBLE PRECISION) THEN t.{name} END AS {alias or name}"
+            )
+    return ", ".join(items)
+
+
+PERSONA_COLUMNS = "t.id, " + read_as("text", "key", "value", "updated_at")  # the fleet's persona records
+EPISODE_COLUMNS = ", ".join(
+    (
+        "t.id",
+        read_as("text", "agent", "event_type", "summary", "details", "outcome"),
+        read_as("number", "duration_s"),
+        read_as("text", "timestamp AS ts"),
+    )
+)
 EPISODE_RESULT = ("event_type", "summary", "details", "outcome", "duration_s")  # also what a write gives
 EPISODE_CONTENT = ("event_type", "summary", "details", "outcome")
 ARCHIVE_TIER = "episodic_archive"  # recall's internal name for the archived rows; results say "episodic"
@@ -179,7 +203,14 @@ TIER_TABLE = {
             "long",
             "memory_longterm",
             "memory_longterm_fts",
-            "t.id, t.agent, t.topic, t.fact, t.source, t.confidence, t.tags, t.created_at, t.updated_at AS ts",
+            ", ".join(
+                (
+                    "t.id",
+                    read_as("text", "agent", "topic", "fact", "source"),
+                    read_as("number", "confidence"),
+                    read_as("text", "tags", "created_at", "updated_at AS ts"),
+                )
+            ),
             "updated_at",
             "1.0, 1.0, 0.5, 0.5, 0.3",
             "fact",
@@ -228,7 +259,7 @@ TIER_TABLE = {
             "short",
             "memory_short",
             "memory_short_fts",
-            "t.id, t.agent, t.key, t.value, t.tags, t.expires_at, t.created_at AS ts",
+            "t.id, " + read_as("text", "agent", "key", "value", "tags", "expires_at", "created_at AS ts"),
             "created_at",
             "1.0, 1.0, 0.5, 0.5",
             "value",
@@ -366,6 +397,24 @@ def read_varint(blob: bytes) -> int:
 
 def decode_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
+
+
+def leniently(conn: Any, begin: str, work: Callable[[Any], Any]) -> Any:
+    """work(conn) inside the transaction `begin` opened; text another writer stored as invalid UTF-8 is read
+    with U+FFFD rather than failing every call (and every round of a background thread) that meets the row.
+    Only then, and from scratch: the C decoder is 0.1 ms per recall faster."""
+    try:
+        return work(conn)
+    except sqlite3.OperationalError as error:
+        if "Could not decode to UTF-8" not in str(error) or conn.text_factory is not str:
+            raise
+        # Once per connection (it reads leniently from now on): the column, never the text. migrate names the row.
+        column = re.search(r"column '([^']*)'", str(error))
+        log_event("text_not_utf8", column=column and column[1], read_as="U+FFFD for each byte that is not UTF-8")
+        conn.execute("ROLLBACK")
+        conn.text_factory = decode_text
+        conn.execute(begin)
+        return work(conn)
 
 
 def unregistered(agent: str) -> UnknownAgent:
@@ -786,17 +835,7 @@ class Store:
                 # Reads get one snapshot (cheap under WAL); writes take the lock up front, briefly.
                 begin = "BEGIN IMMEDIATE" if write else "BEGIN"
                 conn.execute(begin)
-                try:
-                    result = work(conn)
-                except sqlite3.OperationalError as error:
-                    if "Could not decode to UTF-8" not in str(error) or conn.text_factory is not str:
-                        raise
-                    # Text another writer stored as invalid UTF-8: read it with U+FFFD rather than fail every
-                    # call that meets the row. Only then, and from scratch: the C decoder is 0.1 ms per recall faster.
-                    conn.execute("ROLLBACK")
-                    conn.text_factory = decode_text
-                    conn.execute(begin)
-                    result = work(conn)
+                result = leniently(conn, begin, work)
                 conn.execute("COMMIT")
                 return result
             except sqlite3.Error as error:
@@ -1206,7 +1245,8 @@ class Store:
         93 ms of CPU at 111k events a day (now 11 ms)."""
         day = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 day')"
         counted = (
-            "SELECT agent, ifnull(CAST(strftime('%s', ts) AS INTEGER), CAST(strftime('%s', 'now') AS INTEGER)) / 60, "
+            "SELECT CAST(agent AS TEXT), "
+            "ifnull(CAST(strftime('%s', ts) AS INTEGER), CAST(strftime('%s', 'now') AS INTEGER)) / 60, "
             "count(*) FROM memory_event WHERE id > {since} AND id <= ? "
             f"AND ts >= {day} AND kind IN ('write', 'update') AND tier IN {WRITTEN_TIERS} GROUP BY 1, 2"
         )
@@ -1367,7 +1407,8 @@ class Store:
         table, fields = TIER_TABLE[tier].table, TIER_TABLE[tier].embedded
 
         def work(conn: sqlite3.Connection) -> tuple[list[int], int]:
-            same_text = " AND ".join(f"{name} {self.queries.SAME} ?" for name in fields)
+            # As the row was read (read_as): a fleet writer's BLOB compares as its text, so its vector is kept.
+            same_text = " AND ".join(f"CAST({name} AS TEXT) {self.queries.SAME} ?" for name in fields)
             saved = []
             for row, vector in embedded:
                 current = (row["id"], *(row[name] for name in fields))
@@ -1503,7 +1544,7 @@ class Store:
 
     def persona(self, conn: sqlite3.Connection, agent: str) -> sqlite3.Row | None:
         return conn.execute(
-            "SELECT id, key, value, updated_at FROM memory_durable WHERE key = ?", ("persona/" + agent,)
+            f"SELECT {PERSONA_COLUMNS} FROM memory_durable t WHERE t.key = ?", ("persona/" + agent,)
         ).fetchone()
 
 
@@ -1526,7 +1567,7 @@ def parse_tags(raw: Any) -> list[str]:
         return []
     try:
         tags = json.loads(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         return [part.strip() for part in str(raw).split(",") if part.strip()]
     return [str(tag) for tag in tags] if isinstance(tags, list) else [str(tags)]
 
@@ -1552,6 +1593,8 @@ VERSIONED = {
 
 
 VERSION_FIELDS = "id, agent, label, text, tags, expires_at, valid_from, valid_to"
+# What as-of reads return of a version: its fields, text as text (read_as).
+VERSION_READ = "t.id, " + read_as("text", *VERSION_FIELDS.split(", ")[1:])
 
 
 def short_gaps(lives: Sequence[tuple[str, str, str | None]]) -> list[tuple[str, str]]:
@@ -1997,7 +2040,7 @@ class Queries:
         found = {}
         for tier, ids in wanted.items():
             if tier == "durable":
-                sql = f"SELECT id, key, value, updated_at FROM memory_durable t WHERE t.id {self.IDS_IN}"
+                sql = f"SELECT {PERSONA_COLUMNS} FROM memory_durable t WHERE t.id {self.IDS_IN}"
             elif tier == "notice":
                 sql = f"SELECT {NOTICE_COLUMNS} FROM memory_notice WHERE id {self.IDS_IN}"
             else:
@@ -2019,13 +2062,14 @@ class Queries:
         return {row[0]: set(parse_tags(row[1])) for row in found}
 
     def sharing_agents(self, conn: sqlite3.Connection) -> set[str]:
-        return {row[0] for row in conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")}
+        """Who opted in; an opt-in a fleet writer stored under a BLOB names no agent, so it shares nothing."""
+        rows = conn.execute("SELECT agent FROM episodic_sharing WHERE shared = 1")
+        return {row[0] for row in rows if isinstance(row[0], str)}
 
     def sharing_spans(self, conn: sqlite3.Connection) -> list[tuple[str, str, str | None]]:
         """When each author was sharing its episodes: (agent, from, until or None), for Visibility."""
-        return [
-            tuple(row) for row in conn.execute("SELECT agent, shared_from, shared_until FROM episodic_sharing_span")
-        ]
+        rows = conn.execute("SELECT agent, shared_from, shared_until FROM episodic_sharing_span")
+        return [tuple(row) for row in rows if isinstance(row[0], str)]
 
     def text_matches(
         self, conn: sqlite3.Connection, match: str, candidates: dict[str, list[int]]
@@ -2379,7 +2423,8 @@ class Queries:
             where.append("(" + " OR ".join([like] * len(contains)) + ")")
             params.extend("%" + re.sub(r"([\\%_])", r"\\\1", fragment) + "%" for fragment in contains)
         sql = (
-            f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, self.GREATEST)}) SELECT * FROM t WHERE t.valid_from <= ? "
+            f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, self.GREATEST)}) SELECT {VERSION_READ} FROM t "
+            "WHERE t.valid_from <= ? "
             "AND (t.valid_to IS NULL OR t.valid_to > ?)"
             + "".join(" AND " + w for w in where)
             + (" ORDER BY t.valid_from DESC, t.id DESC LIMIT ?" if limit else "")
@@ -2392,7 +2437,8 @@ class Queries:
         a row (deleted_sql looks through the row's versions; asked of each, a row rewritten V times cost V²)."""
         sql = (
             f"WITH t ({VERSION_FIELDS}) AS ({lives_sql(tier, self.GREATEST)}) "
-            f"SELECT t.*, t.id IN ({deleted_rows_sql(tier, self.IDS_IN)}) AS deleted FROM t WHERE t.id {self.IDS_IN}"
+            f"SELECT {VERSION_READ}, t.id IN ({deleted_rows_sql(tier, self.IDS_IN)}) AS deleted FROM t "
+            f"WHERE t.id {self.IDS_IN}"
         )
         chosen = self.id_list(ids)
         return [dict(row) for row in conn.execute(sql, (chosen, chosen))]

@@ -366,26 +366,43 @@ def test_a_target_holding_another_sources_migration_is_refused_before_anything_i
 
 
 @pytest.mark.slow
-def test_a_row_holding_a_nul_is_named_so_the_operator_can_mend_it_and_run_again(source, pg_url, tmp_path):
-    # The API refuses NUL, the fleet's direct writers need not, and PostgreSQL's text refuses it. The line said
-    # only "memory_longterm: PostgreSQL text fields cannot contain NUL (0x00) bytes": which of its rows, and
-    # which column, was the operator's to hunt for, and every run stopped there.
+@pytest.mark.parametrize(
+    "column,value,said",
+    [
+        ("fact", "'a' || char(0) || 'b'", "holds a NUL"),
+        ("fact", "CAST(X'61ff62' AS TEXT)", "is not UTF-8"),
+        ("fact", "X'6162'", "is a BLOB"),
+        ("confidence", "'high'", "is not a number"),
+    ],
+    ids=["nul", "not utf-8", "blob", "text for a number"],
+)
+def test_a_row_postgresql_cannot_hold_is_named_so_the_operator_can_mend_it_and_run_again(
+    source, pg_url, tmp_path, column, value, said
+):
+    # The API refuses NUL, bytes that are not UTF-8, a BLOB for text and text for a number; the fleet's direct
+    # writers need not, SQLite keeps them and PostgreSQL refuses each. The line said only "memory_longterm:
+    # PostgreSQL text fields cannot contain NUL (0x00) bytes", sqlite3's "Could not decode to UTF-8 column
+    # 'fact'" or "invalid input syntax for type double precision", and a BLOB was copied as other text, which
+    # verification then blamed on a hand edit: which row, and which column, was the operator's to hunt for.
     odd = copied_source(source, tmp_path / "odd.db")
     with sqlite3.connect(odd) as conn:
         row = conn.execute(
-            "INSERT INTO memory_longterm (agent, topic, fact) VALUES ('nova', 'ops', ?) RETURNING id", ("a\x00b",)
+            "INSERT INTO memory_longterm (agent, topic, fact) VALUES ('nova', 'ops', 'f') RETURNING id"
         ).fetchone()[0]
+        conn.execute(f"UPDATE memory_longterm SET {column} = {value} WHERE id = ?", (row,))
     status, lines, err = migrate(odd, pg_url)
     assert status == 1 and lines == [] and len(err.splitlines()) == 1, err
     reason = json.loads(err)["reason"]
-    assert f"memory_longterm id {row}" in reason and "fact" in reason and "NUL" in reason, reason
+    assert f"memory_longterm id {row}: its {column} {said}" in reason, reason
     with sqlite3.connect(odd) as conn:
-        conn.execute("UPDATE memory_longterm SET fact = 'ab' WHERE id = ?", (row,))  # mended by hand
-    status, lines, err = migrate(odd, pg_url)
-    reason = json.loads(err)["reason"]  # the update kept the old text as a version: named in turn
-    assert status == 1 and "memory_version id " in reason and "its text holds a NUL" in reason, reason
-    with sqlite3.connect(odd) as conn:
-        conn.execute("UPDATE memory_version SET text = 'ab' WHERE tier = 'long' AND row_id = ?", (row,))
+        mended = "ab" if column == "fact" else 0.5
+        conn.execute(f"UPDATE memory_longterm SET {column} = ? WHERE id = ?", (mended, row))  # mended by hand
+    if column == "fact":
+        status, lines, err = migrate(odd, pg_url)
+        reason = json.loads(err)["reason"]  # the update kept the old text as a version: named in turn
+        assert status == 1 and "memory_version id " in reason and f"its text {said}" in reason, reason
+        with sqlite3.connect(odd) as conn:
+            conn.execute("UPDATE memory_version SET text = 'ab' WHERE tier = 'long' AND row_id = ?", (row,))
     status, lines, err = migrate(odd, pg_url)
     assert status == 0 and lines[-1]["migrated"] is True, err
 
