@@ -430,6 +430,20 @@ BEGIN
     RETURN new;
 END $$;
 
+-- expires_at is compared as text (schema.sql's memory_short_expiry_spelled_in says why): a date spelt other than
+-- as the service writes it, before 2100, is refused, naming the column; a later one or no date ("never") is kept.
+-- A trigger of its own, not the keyword index's: migrate copies the SQLite file's rows as they are.
+CREATE OR REPLACE FUNCTION solos_short_expiry_spelled() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF (TG_OP = 'INSERT' OR old.expires_at IS DISTINCT FROM new.expires_at) AND new.expires_at < '2100'
+        AND new.expires_at ~ '^\d{4}-\d{2}-\d{2}'
+        AND new.expires_at !~ '^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$' THEN
+        RAISE EXCEPTION 'memory_short.expires_at must be UTC written as 2026-12-07T09:17:34.000Z, not %: another spelling compares wrong and the row would expire early',
+            new.expires_at USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN new;
+END $$;
+
 CREATE OR REPLACE FUNCTION solos_fts_short() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     new.fts := setweight(solos_tsvector(new.key || ' ' || new.value), 'A')
@@ -803,6 +817,8 @@ DECLARE
         ['memory_episodic_archive_fts', 'memory_episodic_archive', 'BEFORE INSERT OR UPDATE', 'ROW',
          'solos_fts_episodic'],
         ['memory_short_fts', 'memory_short', 'BEFORE INSERT OR UPDATE', 'ROW', 'solos_fts_short'],
+        ['memory_short_expiry_spelled', 'memory_short', 'BEFORE INSERT OR UPDATE OF expires_at', 'ROW',
+         'solos_short_expiry_spelled'],
         ['memory_longterm_changed', 'memory_longterm', 'AFTER INSERT OR UPDATE OR DELETE', 'ROW',
          'solos_longterm_changed'],
         ['memory_episodic_changed', 'memory_episodic', 'AFTER INSERT OR UPDATE OR DELETE', 'ROW',

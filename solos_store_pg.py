@@ -63,7 +63,7 @@ SERVICE_ROLE = "solos_memory_service"
 MIGRATION_LOCK = 8437  # pg_advisory_xact_lock key: copies starting together create the schema one at a time
 # schema_pg.sql's revision, raised with every change to it (tests/test_release.py pins the file's sha256 to it) and
 # recorded in solos_memory_meta: a copy of an earlier release does not apply its older functions over a later one's.
-SCHEMA_PG_REVISION = 3
+SCHEMA_PG_REVISION = 4
 # How long a start applying a changed schema waits for a table another transaction holds: its locks stop the other
 # copies' writes to the tables it locked already, so it gives up (and says so) rather than wait with no bound.
 SCHEMA_LOCK_TIMEOUT_MS = 5000

@@ -407,6 +407,26 @@ def test_a_row_postgresql_cannot_hold_is_named_so_the_operator_can_mend_it_and_r
     assert status == 0 and lines[-1]["migrated"] is True, err
 
 
+@pytest.mark.slow
+def test_a_short_expiry_an_older_release_let_the_fleet_spell_otherwise_is_copied_as_it_is(source, pg_url, tmp_path):
+    # Both stores now refuse a short expiry spelt other than as the service writes it; a file an older release
+    # kept may hold one. migrate copies the file as it is (the refusal is a trigger of its own, off while it copies,
+    # as the events' are), so the operator is not stopped at a row the fleet wrote long ago.
+    odd = copied_source(source, tmp_path / "spelt.db")
+    with sqlite3.connect(odd) as conn:
+        conn.execute("DROP TRIGGER memory_short_expiry_spelled_in")  # as an older release's file: no such trigger
+        conn.execute(
+            "INSERT INTO memory_short (agent, key, value, expires_at) VALUES ('nova', 'spelt', 'v', ?)",
+            ("2026-12-07 09:17:34",),
+        )
+    status, lines, err = migrate(odd, pg_url)
+    assert status == 0 and lines[-1]["migrated"] is True, err
+    with pytest.importorskip("psycopg").connect(pg_url) as conn:
+        assert conn.execute("SELECT expires_at FROM memory_short WHERE key = 'spelt'").fetchall() == [
+            ("2026-12-07 09:17:34",)
+        ]
+
+
 def test_the_summary_counts_forgotten_private_points_whose_delete_only_the_mirror_sends(source, pg_url, tmp_path):
     # Forgetting an episode import-qdrant made of a private point queues the point's delete in qdrant_import
     # (reason forget_pending), which only the SQLite mirror sends. qdrant_import is copied, and on PostgreSQL no

@@ -1005,6 +1005,33 @@ def test_purge_removes_expired_rows_once_with_one_expire_event(served, store_url
     ]
 
 
+@pytest.mark.parametrize(
+    "spelt", ["2026-12-07 09:17:34", "2026-12-07T09:17:34Z", "2026-12-07T11:17:34.000+02:00", "2027-01-01"]
+)
+def test_a_short_expiry_the_fleet_spells_otherwise_is_refused_naming_the_column(served, store_url, spelt):
+    """expires_at is compared as text: '2026-12-07 09:17:34' (str(datetime)) sorts before every canonical stamp of
+    its day, so the row was hidden from recall and purged up to a day early, and an offset put it hours out, with
+    no word to anyone. Such a write is refused, naming the column; the canonical spelling and a value that is no
+    date or one from 2100 on ("never") are taken as ever, and an update of another column leaves an old row alone."""
+    insert = "INSERT INTO memory_short (agent, key, value, expires_at) VALUES ('atlas', ?, 'kettle', ?) RETURNING id"
+    before = direct(store_url, "SELECT count(*) AS n FROM memory_short")[0]["n"]
+    refusal = pytest.importorskip("psycopg").errors.CheckViolation if is_postgres(store_url) else sqlite3.IntegrityError
+    with pytest.raises(refusal) as refused:
+        direct(store_url, insert, ("spelt", spelt))
+    assert "memory_short.expires_at must be UTC written as 2026-12-07T09:17:34.000Z" in str(refused.value)
+    assert direct(store_url, "SELECT count(*) AS n FROM memory_short")[0]["n"] == before
+    kept = direct(store_url, insert, ("kept", "2999-01-01T00:00:00.000Z"))[0]["id"]
+    with pytest.raises(refusal):
+        direct(store_url, "UPDATE memory_short SET expires_at = ? WHERE id = ?", (spelt, kept))
+    assert direct(store_url, "SELECT expires_at FROM memory_short WHERE id = ?", (kept,)) == [
+        {"expires_at": "2999-01-01T00:00:00.000Z"}
+    ]
+    never = [direct(store_url, insert, (f"never {n}", v))[0]["id"] for n, v in enumerate(("2999", "9999-12-31"))]
+    for n, row_id in enumerate(never):  # distinct texts: recall collapses identical ones
+        direct(store_url, "UPDATE memory_short SET value = ? WHERE id = ?", (f"kettle {'on' * (n + 1)}", row_id))
+    assert sorted(r["id"] for r in ok(served.recall("atlas", "kettle", tiers="short"))["results"]) == [kept, *never]
+
+
 def test_short_rows_the_fleet_writes_already_expired_get_one_expire_event_each(served, store_url):
     """The sweep logs the expiries in the window since its last run; a row the fleet writes with, or moves to, an
     expiry before that window (back-dated, or a TTL shortened to the past) is reported once too, so an event reader
