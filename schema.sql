@@ -422,15 +422,18 @@ END;
 -- expires_at is compared as text, so the service writes it one way: UTC as 2026-12-07T09:17:34.000Z. A fleet
 -- script's other spelling of a date ('2026-12-07 09:17:34', no milliseconds, an offset) compares wrong: its
 -- row is hidden and purged up to a day early (an offset: hours off), and nobody is told. Such a write is
--- refused, naming the column. A date from 2100 on ('2999-01-01', '9999-12-31': "never") cannot expire early in
--- any spelling, and a value that is no date ('2999', 'z') was never compared as one: both are taken as written.
+-- refused, naming the column. Only a date from yesterday on is judged so: an older one ('2000-01-01': "expire it")
+-- or one from 2100 on ('9999-12-31': "never") is on the same side of now in any spelling, and a value that is no
+-- date ('2999', 'z') was never compared as one: each is taken as written.
 CREATE TRIGGER IF NOT EXISTS memory_short_expiry_spelled_in BEFORE INSERT ON memory_short
-WHEN new.expires_at < '2100' AND new.expires_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*' AND NOT new.expires_at
+WHEN new.expires_at < '2100' AND new.expires_at >= strftime('%Y-%m-%d', 'now', '-1 day')
+    AND new.expires_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*' AND NOT new.expires_at
     GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9]Z' BEGIN
     SELECT RAISE(ABORT, 'memory_short.expires_at must be UTC written as 2026-12-07T09:17:34.000Z (strftime(''%Y-%m-%dT%H:%M:%fZ'', ...)): another spelling compares wrong and the row would expire early');
 END;
 CREATE TRIGGER IF NOT EXISTS memory_short_expiry_spelled_up BEFORE UPDATE OF expires_at ON memory_short
 WHEN new.expires_at IS NOT old.expires_at AND new.expires_at < '2100'
+    AND new.expires_at >= strftime('%Y-%m-%d', 'now', '-1 day')
     AND new.expires_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*'
     AND NOT new.expires_at
     GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9]Z' BEGIN

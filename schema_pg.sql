@@ -431,11 +431,12 @@ BEGIN
 END $$;
 
 -- expires_at is compared as text (schema.sql's memory_short_expiry_spelled_in says why): a date spelt other than
--- as the service writes it, before 2100, is refused, naming the column; a later one or no date ("never") is kept.
+-- as the service writes it, from yesterday to 2100, is refused, naming the column; any other value is kept.
 -- A trigger of its own, not the keyword index's: migrate copies the SQLite file's rows as they are.
 CREATE OR REPLACE FUNCTION solos_short_expiry_spelled() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF (TG_OP = 'INSERT' OR old.expires_at IS DISTINCT FROM new.expires_at) AND new.expires_at < '2100'
+        AND new.expires_at >= to_char(now() AT TIME ZONE 'UTC' - interval '1 day', 'YYYY-MM-DD')
         AND new.expires_at ~ '^\d{4}-\d{2}-\d{2}'
         AND new.expires_at !~ '^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$' THEN
         RAISE EXCEPTION 'memory_short.expires_at must be UTC written as 2026-12-07T09:17:34.000Z, not %: another spelling compares wrong and the row would expire early',

@@ -1006,13 +1006,15 @@ def test_purge_removes_expired_rows_once_with_one_expire_event(served, store_url
 
 
 @pytest.mark.parametrize(
-    "spelt", ["2026-12-07 09:17:34", "2026-12-07T09:17:34Z", "2026-12-07T11:17:34.000+02:00", "2027-01-01"]
+    "spelling", ["%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S.000+00:00", "%Y-%m-%d"]
 )
-def test_a_short_expiry_the_fleet_spells_otherwise_is_refused_naming_the_column(served, store_url, spelt):
+def test_a_short_expiry_the_fleet_spells_otherwise_is_refused_naming_the_column(served, store_url, spelling):
     """expires_at is compared as text: '2026-12-07 09:17:34' (str(datetime)) sorts before every canonical stamp of
     its day, so the row was hidden from recall and purged up to a day early, and an offset put it hours out, with
     no word to anyone. Such a write is refused, naming the column; the canonical spelling and a value that is no
-    date or one from 2100 on ("never") are taken as ever, and an update of another column leaves an old row alone."""
+    date, one before yesterday ("expire it") or one from 2100 on ("never") are taken as ever, and an update of
+    another column leaves an old row alone."""
+    spelt = time.strftime(spelling, time.gmtime(time.time() + 3600))  # an hour from now, as a script spells it
     insert = "INSERT INTO memory_short (agent, key, value, expires_at) VALUES ('atlas', ?, 'kettle', ?) RETURNING id"
     before = direct(store_url, "SELECT count(*) AS n FROM memory_short")[0]["n"]
     refusal = pytest.importorskip("psycopg").errors.CheckViolation if is_postgres(store_url) else sqlite3.IntegrityError
@@ -1026,7 +1028,9 @@ def test_a_short_expiry_the_fleet_spells_otherwise_is_refused_naming_the_column(
     assert direct(store_url, "SELECT expires_at FROM memory_short WHERE id = ?", (kept,)) == [
         {"expires_at": "2999-01-01T00:00:00.000Z"}
     ]
-    never = [direct(store_url, insert, (f"never {n}", v))[0]["id"] for n, v in enumerate(("2999", "9999-12-31"))]
+    taken = ("2999", "9999-12-31", "2000-01-01T00:00:00Z")  # never, never, long expired
+    never = [direct(store_url, insert, (f"never {n}", v))[0]["id"] for n, v in enumerate(taken[:2])]
+    direct(store_url, insert, ("expired", taken[2]))
     for n, row_id in enumerate(never):  # distinct texts: recall collapses identical ones
         direct(store_url, "UPDATE memory_short SET value = ? WHERE id = ?", (f"kettle {'on' * (n + 1)}", row_id))
     assert sorted(r["id"] for r in ok(served.recall("atlas", "kettle", tiers="short"))["results"]) == [kept, *never]
