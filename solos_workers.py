@@ -459,14 +459,21 @@ def filters_path(seats_path: str) -> str:
 @contextlib.contextmanager
 def locked_json(path: str, empty: dict) -> Iterator[dict]:
     """A JSON file's content (`empty`'s keys at least), written back after the block if it changed; under an
-    exclusive lock."""
+    exclusive lock. A file cut short (its writer killed mid-write, a full disk) is started afresh, said once:
+    left as it was, every later use failed on it."""
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         raw = b""
         while chunk := os.read(descriptor, 1 << 16):
             raw += chunk
-        state = json.loads(raw) if raw.strip() else {}
+        try:
+            state = json.loads(raw) if raw.strip() else {}
+        except ValueError as error:
+            state = None
+            log_event("warning", message=f"{path} cannot be read, started afresh: {error}")
+        if not isinstance(state, dict):
+            state = {}
         for name, value in empty.items():
             state.setdefault(name, value)
         yield state
@@ -474,7 +481,9 @@ def locked_json(path: str, empty: dict) -> Iterator[dict]:
         if data != raw:  # unchanged, untouched: its mtime stays (Seats.cut_for need not read it again)
             os.lseek(descriptor, 0, os.SEEK_SET)
             os.ftruncate(descriptor, 0)
-            os.write(descriptor, data)
+            written = memoryview(data)
+            while written:  # a write may take only part of it
+                written = written[os.write(descriptor, written) :]
     finally:
         os.close(descriptor)  # and the lock with it
 

@@ -342,6 +342,20 @@ def cut(stream: Stream, within_s: float = 5.0) -> bool:
     return stream.closed.wait(within_s)
 
 
+def test_a_filters_file_cut_short_is_started_afresh_not_left_broken(tmp_path):
+    """A worker killed while writing the shared filters file (or a full disk) leaves it cut short. Every later
+    read then failed: each removal and each batch of events logged a warning, and no filter registered after
+    it reached the file, so no other worker matched its removals against a stream opened since."""
+    filters = solos_workers.Filters(str(tmp_path / "filters.json"))
+    Path(filters.path).write_text('{"filters": [[["ops"], "pump", ')
+    key = (("ops",), "valve", '"valve"')
+    filters.register(key)
+    filters.matched([(key, "long", 7)])
+    assert filters.registered() == [key]
+    assert filters.entry(key, ("long", 7)) in filters.matches()
+    assert json.loads(Path(filters.path).read_text())["filters"] == [[["ops"], "valve", '"valve"']]
+
+
 def test_the_per_agent_stream_cap_holds_across_workers(keyword_service):
     """Four streams of one agent, two on each worker: a fifth (on either) replaces the oldest, wherever it is,
     and the service then holds four of that agent's streams in all, not four per worker."""
