@@ -495,12 +495,15 @@ class Filters:
     `note_removal`, matched while the row's text exists, in the removing transaction). The worker removing a row
     is often not the one whose stream decides: it matches the row against every worker's filters and writes
     what matched here before its transaction commits, so the deciding worker finds it when the event comes.
-    Kept: the newest FILTERS_KEPT filters and MATCHES_KEPT matches (a stream further behind than that misses
-    the removal, as one process forgets past its own bounds).
+    Kept: the newest FILTERS_KEPT filters, and the newest MATCHES_KEPT matches or all written in the last
+    MATCHES_FRESH_S, whichever are more (a sweep removing 10,000 rows at once keeps every match while the workers
+    read its events; a stream further behind than both misses the removal, as one process forgets past its own
+    bounds).
     """
 
     FILTERS_KEPT = 256
     MATCHES_KEPT = 2_000
+    MATCHES_FRESH_S = 120.0
 
     def __init__(self, path: str):
         self.path = path
@@ -532,13 +535,20 @@ class Filters:
 
     def matched(self, hits: list[tuple[tuple, str, int]]) -> None:
         """Removed rows that matched these filters: (filter, tier, row id)."""
-        kept = json.loads(json.dumps([[list(key), tier, row_id] for key, tier, row_id in hits]))
+        now = time.time()
+        kept = json.loads(json.dumps([[list(key), tier, row_id, now] for key, tier, row_id in hits]))
+
+        def add(state: dict) -> None:
+            matches = [*state["matches"], *kept]
+            stale = next((n for n, match in enumerate(matches) if match[3] >= now - self.MATCHES_FRESH_S), len(matches))
+            state["matches"] = matches[min(stale, max(0, len(matches) - self.MATCHES_KEPT)) :]
+
         if kept:
-            self.looked(lambda state: state.update(matches=[*state["matches"], *kept][-self.MATCHES_KEPT :]))
+            self.looked(add)
 
     def matches(self) -> set[str]:
         """Every match kept, each as `entry` names it: read once for a batch of events."""
-        return self.looked(lambda state: {json.dumps(match) for match in state["matches"]})
+        return self.looked(lambda state: {json.dumps(match[:3]) for match in state["matches"]})
 
     @staticmethod
     def entry(key: tuple, row: tuple[str, int]) -> str:

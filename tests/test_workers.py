@@ -356,6 +356,26 @@ def test_a_filters_file_cut_short_is_started_afresh_not_left_broken(tmp_path):
     assert json.loads(Path(filters.path).read_text())["filters"] == [[["ops"], "valve", '"valve"']]
 
 
+def test_a_bulk_removal_keeps_every_match_for_the_other_workers_streams(tmp_path, monkeypatch):
+    """Removed rows that matched a filter were kept as the newest 2,000 in the shared file: an expiry sweep (or
+    a forget of a thread) removing more rows at once than that kept only the last, so a filtered stream on any
+    other worker was never told of the rest (one on the removing worker, matched in memory, was)."""
+    filters = solos_workers.Filters(str(tmp_path / "filters.json"))
+    key = (("ops",), None, None)
+    filters.register(key)
+    removed = solos_workers.Filters.MATCHES_KEPT * 2 + 500
+    filters.matched([(key, "short", row_id) for row_id in range(1, removed + 1)])
+    kept = filters.matches()
+    assert all(filters.entry(key, ("short", row_id)) in kept for row_id in range(1, removed + 1))
+    filters.matched([(key, "short", removed + 1)])  # the next removal keeps them while streams may still ask
+    assert filters.entry(key, ("short", 1)) in filters.matches()
+    later = time.time() + solos_workers.Filters.MATCHES_FRESH_S + 1
+    monkeypatch.setattr(solos_workers.time, "time", lambda: later)
+    filters.matched([(key, "short", removed + 2)])  # past that, the file shrinks back to its bound
+    kept = filters.matches()
+    assert len(kept) == solos_workers.Filters.MATCHES_KEPT and filters.entry(key, ("short", removed + 2)) in kept
+
+
 def test_the_per_agent_stream_cap_holds_across_workers(keyword_service):
     """Four streams of one agent, two on each worker: a fifth (on either) replaces the oldest, wherever it is,
     and the service then holds four of that agent's streams in all, not four per worker."""
