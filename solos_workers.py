@@ -396,7 +396,7 @@ class Seats:
     def __init__(self, path: str, worker: int):
         self.path, self.worker = path, worker
         self.changed: tuple[int, int] | None = None  # the file's (mtime_ns, size) when cut_for last read it
-        self.filters = Filters(filters_path(path))
+        self.filters = Filters(filters_path(path), worker)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[dict]:
@@ -450,6 +450,7 @@ class Seats:
         with self.locked() as state:
             state["open"] = [s for s in state["open"] if s["worker"] != worker]
             state["cut"] = [cut for cut in state["cut"] if cut[0] != worker]
+        Filters(filters_path(self.path), worker).vacate()
 
 
 def filters_path(seats_path: str) -> str:
@@ -495,43 +496,52 @@ class Filters:
     `note_removal`, matched while the row's text exists, in the removing transaction). The worker removing a row
     is often not the one whose stream decides: it matches the row against every worker's filters and writes
     what matched here before its transaction commits, so the deciding worker finds it when the event comes.
-    Kept: the newest FILTERS_KEPT filters, and the newest MATCHES_KEPT matches or all written in the last
-    MATCHES_FRESH_S, whichever are more (a sweep removing 10,000 rows at once keeps every match while the workers
-    read its events; a stream further behind than both misses the removal, as one process forgets past its own
-    bounds).
+    Kept: each worker's newest FILTERS_KEPT filters (as many as its hub remembers, so no other worker's push out
+    a filter its streams still use; a dead worker's go with it), and the newest MATCHES_KEPT matches or all
+    written in the last MATCHES_FRESH_S, whichever are more (a sweep removing 10,000 rows at once keeps every
+    match while the workers read its events; a stream further behind than both misses the removal, as one
+    process forgets past its own bounds).
     """
 
     FILTERS_KEPT = 256
     MATCHES_KEPT = 2_000
     MATCHES_FRESH_S = 120.0
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, worker: int):
+        self.path, self.worker = path, str(worker)  # its filters' key in the file (JSON's keys are strings)
 
     def looked(self, work: Callable[[dict], Any]) -> Any:
         """work(the file's content), under its lock; what work changes is written back. A removal never fails for
         it: a file that cannot be read or written (a worker killed while writing it, the folder gone with the
         supervisor) is logged, and work sees none."""
         try:
-            with locked_json(self.path, {"filters": [], "matches": []}) as state:
+            with locked_json(self.path, {"filters": {}, "matches": []}) as state:
                 return work(state)
-        except (OSError, ValueError, TypeError) as error:
+        except (OSError, ValueError, TypeError, AttributeError) as error:
             log_event("warning", message=f"stream filters shared by the workers: {self.path}: {error}")
-            return work({"filters": [], "matches": []})
+            return work({"filters": {}, "matches": []})
 
-    def register(self, key: tuple) -> None:
-        """A filter this worker matches removals against from now on."""
-        found = json.loads(json.dumps(list(key)))
+    def register(self, key: tuple, dropped: tuple | None = None) -> None:
+        """A filter this worker matches removals against from now on (`dropped`: one its hub no longer does)."""
+        found, gone = json.loads(json.dumps([list(key), list(dropped or ())]))
 
         def add(state: dict) -> None:
-            if found not in state["filters"]:
-                state["filters"] = [*state["filters"], found][-self.FILTERS_KEPT :]
+            mine = [kept for kept in state["filters"].get(self.worker, []) if kept not in (found, gone)]
+            state["filters"][self.worker] = [*mine, found][-self.FILTERS_KEPT :]
 
         self.looked(add)
 
     def registered(self) -> list[tuple]:
         """Every worker's filters."""
-        return self.looked(lambda state: [(tuple(tags), q, match) for tags, q, match in state["filters"]])
+        return self.looked(
+            lambda state: list(
+                dict.fromkeys((tuple(tags), q, match) for kept in state["filters"].values() for tags, q, match in kept)
+            )
+        )
+
+    def vacate(self) -> None:
+        """The supervisor: a dead worker's filters are no one's (its replacement registers its own)."""
+        self.looked(lambda state: state["filters"].pop(self.worker, None))
 
     def matched(self, hits: list[tuple[tuple, str, int]]) -> None:
         """Removed rows that matched these filters: (filter, tier, row id)."""
