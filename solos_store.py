@@ -2165,9 +2165,10 @@ class Queries:
         The log is written after the fact, in batches: a row forgotten or updated between its delivery and this
         write gets its notice here (the forget's and the update trigger's notices saw the log without it).
         `again`: a retry of a write that raised, which may have committed (its answer lost): a row already logged
-        with its very stamp is not logged twice. `window_s`: nor one its reader was handed in the same window
-        (of that many seconds since the epoch) by another process, unchanged since (no version of it ended after
-        that delivery): workers and copies each keep only their own deliveries in memory.
+        with its very stamp is not logged twice. `window_s`: nor one its reader was handed earlier in the same
+        window (of that many seconds since the epoch) by another process, unchanged since (no version of it ended
+        after that delivery): workers and copies each keep only their own deliveries in memory. A later one logged
+        first stands for none: the earliest says when the reader first saw the row (an echo's witness).
         """
         after = conn.execute("SELECT coalesce(max(id), 0) FROM memory_delivery").fetchone()[0]
         if again or window_s:
@@ -2177,9 +2178,9 @@ class Queries:
                 "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) "
                 "SELECT ?, ?, CAST(? AS BIGINT), ?, ? WHERE NOT EXISTS (SELECT 1 FROM memory_delivery d "
                 "WHERE d.tier = ? AND d.row_id = CAST(? AS BIGINT) AND d.reader = ? AND (d.delivered_at = ? "
-                "OR d.delivered_at >= ? AND NOT EXISTS (SELECT 1 FROM memory_version v "
+                "OR d.delivered_at >= ? AND d.delivered_at <= ? AND NOT EXISTS (SELECT 1 FROM memory_version v "
                 "WHERE v.tier = d.tier AND v.row_id = d.row_id AND v.valid_to > d.delivered_at)))",
-                [(*row, row[1], row[2], row[0], row[4] if again else never, since(row[4])) for row in rows],
+                [(*row, row[1], row[2], row[0], row[4] if again else never, since(row[4]), row[4]) for row in rows],
             )
         else:
             cursor = conn.executemany(
