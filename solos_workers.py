@@ -296,7 +296,7 @@ class Worker:
     def orphaned(self) -> None:
         """The supervisor died without its clean-up (SIGKILL): the workers, stopping with it, remove the seats
         file and its folder, the last to stop succeeding (under systemd, PrivateTmp= removes them anyway)."""
-        for path in (self.seats_path, filters_path(self.seats_path)):
+        for path in (self.seats_path, *Filters.files(filters_path(self.seats_path))):
             with contextlib.suppress(OSError):
                 os.remove(path)
         with contextlib.suppress(OSError):
@@ -496,11 +496,14 @@ class Filters:
     `note_removal`, matched while the row's text exists, in the removing transaction). The worker removing a row
     is often not the one whose stream decides: it matches the row against every worker's filters and writes
     what matched here before its transaction commits, so the deciding worker finds it when the event comes.
+    The matches are appended to a file of their own (a line each, read once a batch of events), so a removal
+    does not read and rewrite every match kept (one after a sweep of 10,000 took 170 ms so, in its transaction).
     Kept: each worker's newest FILTERS_KEPT filters (as many as its hub remembers, so no other worker's push out
     a filter its streams still use; a dead worker's go with it), and the newest MATCHES_KEPT matches or all
     written in the last MATCHES_FRESH_S, whichever are more (a sweep removing 10,000 rows at once keeps every
     match while the workers read its events; a stream further behind than both misses the removal, as one
-    process forgets past its own bounds).
+    process forgets past its own bounds). The matches file is cut down to that when it doubles, or once
+    MATCHES_FRESH_S after its last cut.
     """
 
     FILTERS_KEPT = 256
@@ -509,17 +512,23 @@ class Filters:
 
     def __init__(self, path: str, worker: int):
         self.path, self.worker = path, str(worker)  # its filters' key in the file (JSON's keys are strings)
+        self.matches_path = self.files(path)[1]
+
+    @staticmethod
+    def files(path: str) -> tuple[str, str]:
+        """The filters file and its matches' (under the filters file's lock)."""
+        return path, path.removesuffix(".json") + "_matched.jsonl"
 
     def looked(self, work: Callable[[dict], Any]) -> Any:
         """work(the file's content), under its lock; what work changes is written back. A removal never fails for
         it: a file that cannot be read or written (a worker killed while writing it, the folder gone with the
         supervisor) is logged, and work sees none."""
         try:
-            with locked_json(self.path, {"filters": {}, "matches": []}) as state:
+            with locked_json(self.path, {"filters": {}, "matched": [0, 0, 0.0]}) as state:
                 return work(state)
         except (OSError, ValueError, TypeError, AttributeError) as error:
             log_event("warning", message=f"stream filters shared by the workers: {self.path}: {error}")
-            return work({"filters": {}, "matches": []})
+            return work({"filters": {}, "matched": [0, 0, 0.0], "unreadable": True})
 
     def register(self, key: tuple, dropped: tuple | None = None) -> None:
         """A filter this worker matches removals against from now on (`dropped`: one its hub no longer does)."""
@@ -546,19 +555,53 @@ class Filters:
     def matched(self, hits: list[tuple[tuple, str, int]]) -> None:
         """Removed rows that matched these filters: (filter, tier, row id)."""
         now = time.time()
-        kept = json.loads(json.dumps([[list(key), tier, row_id, now] for key, tier, row_id in hits]))
+        lines = "".join(json.dumps([now, list(key), tier, row_id]) + "\n" for key, tier, row_id in hits).encode()
 
         def add(state: dict) -> None:
-            matches = [*state["matches"], *kept]
-            stale = next((n for n, match in enumerate(matches) if match[3] >= now - self.MATCHES_FRESH_S), len(matches))
-            state["matches"] = matches[min(stale, max(0, len(matches) - self.MATCHES_KEPT)) :]
+            if state.get("unreadable"):
+                return
+            count, cut_count, cut_at = state["matched"]  # lines in the file; how many and when at its last cut
+            descriptor = os.open(self.matches_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            with open(descriptor, "a+b") as file:  # every write appends; the filters' words are the fleet's
+                end = file.seek(0, os.SEEK_END)
+                if end and (file.seek(end - 1) or file.read(1)) != b"\n":
+                    file.write(b"\n")  # the line of a writer killed while writing it ends here, read as none
+                file.write(lines)
+                count += len(hits)
+                doubled = count > 2 * max(self.MATCHES_KEPT, cut_count)
+                if doubled or (count > self.MATCHES_KEPT and now - cut_at > self.MATCHES_FRESH_S):
+                    file.seek(0)
+                    read = [(line, self.read_line(line)) for line in file.read().splitlines(keepends=True)]
+                    kept = [line for line, found in read if found]
+                    times = [found[0] for _, found in read if found]
+                    fresh = next((n for n, at in enumerate(times) if at >= now - self.MATCHES_FRESH_S), len(kept))
+                    kept = kept[min(fresh, max(0, len(kept) - self.MATCHES_KEPT)) :]
+                    file.truncate(0)
+                    file.write(b"".join(kept))
+                    count, cut_count, cut_at = len(kept), len(kept), now
+            state["matched"] = [count, cut_count, cut_at]
 
-        if kept:
+        if hits:
             self.looked(add)
 
     def matches(self) -> set[str]:
         """Every match kept, each as `entry` names it: read once for a batch of events."""
-        return self.looked(lambda state: {json.dumps(match[:3]) for match in state["matches"]})
+
+        def read(state: dict) -> set[str]:
+            with contextlib.suppress(FileNotFoundError), open(self.matches_path, "rb") as file:
+                return {json.dumps(line[1:]) for line in map(self.read_line, file) if line}
+            return set()
+
+        return self.looked(read)
+
+    @staticmethod
+    def read_line(line: bytes) -> list | None:
+        """A line of the matches file, [time, filter, tier, row id]; None for one cut short."""
+        try:
+            found = json.loads(line)
+        except ValueError:
+            return None
+        return found if isinstance(found, list) and len(found) == 4 else None
 
     @staticmethod
     def entry(key: tuple, row: tuple[str, int]) -> str:
@@ -672,7 +715,7 @@ class Supervisor:
             notify("STOPPING=1")
             killed = self.stop_all()
             self.sock.close()
-            for path in (self.seats_path, filters_path(self.seats_path)):
+            for path in (self.seats_path, *Filters.files(filters_path(self.seats_path))):
                 with contextlib.suppress(OSError):
                     os.remove(path)
             with contextlib.suppress(OSError):
