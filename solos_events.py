@@ -586,13 +586,14 @@ class EventHub:
             return None
         key = (pattern.tags, pattern.q, pattern.match)
         with self.lock:
-            new = key not in self.matched
+            new, dropped = key not in self.matched, None
             if new:
                 if len(self.matched) >= REMEMBERED_FILTERS:
-                    del self.matched[next(iter(self.matched))]
+                    dropped = next(iter(self.matched))
+                    del self.matched[dropped]
                 self.matched[key] = {}
         if new and self.seats is not None:  # workers: the others match their removals against it too
-            self.seats.filters.register(key)
+            self.seats.filters.register(key, dropped)
         return key
 
     def remember(self, content: tuple, keys: Iterable[tuple[str, int]]) -> None:

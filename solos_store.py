@@ -2071,15 +2071,22 @@ class Queries:
         rows = conn.execute("SELECT agent, shared_from, shared_until FROM episodic_sharing_span")
         return [tuple(row) for row in rows if isinstance(row[0], str)]
 
+    TEXT_MATCH_IDS = 200
+
     def text_matches(
         self, conn: sqlite3.Connection, match: str, candidates: dict[str, list[int]]
     ) -> set[tuple[str, int]]:
-        """Which candidate rows the FTS5 query matches, per tier, on the rows' own columns."""
+        """Which candidate rows the FTS5 query matches, per tier, on the rows' own columns. FTS5 looks up a list of
+        rowids one by one, matching each (0.1 s for an expiry sweep's 10,000, per filter, in the sweep's write
+        transaction): past TEXT_MATCH_IDS candidates, the query's rows are read once and the candidates kept."""
         found: set[tuple[str, int]] = set()
         for tier, ids in candidates.items():
             fts = KEYWORD_INDEX[tier][0]
+            few = len(ids) <= self.TEXT_MATCH_IDS
             rows = conn.execute(
-                f"SELECT rowid FROM {fts} WHERE {fts} MATCH ? AND rowid IN (SELECT value FROM json_each(?))",
+                f"SELECT rowid FROM {fts} WHERE {fts} MATCH ? AND rowid IN (SELECT value FROM json_each(?))"
+                if few
+                else f"SELECT value FROM json_each(?2) WHERE value IN (SELECT rowid FROM {fts} WHERE {fts} MATCH ?1)",
                 (f"{OWN_COLUMNS[tier]}({match})", json.dumps(ids)),
             )
             found.update((tier, row[0]) for row in rows)
@@ -2213,9 +2220,10 @@ class Queries:
         The log is written after the fact, in batches: a row forgotten or updated between its delivery and this
         write gets its notice here (the forget's and the update trigger's notices saw the log without it).
         `again`: a retry of a write that raised, which may have committed (its answer lost): a row already logged
-        with its very stamp is not logged twice. `window_s`: nor one its reader was handed in the same window
-        (of that many seconds since the epoch) by another process, unchanged since (no version of it ended after
-        that delivery): workers and copies each keep only their own deliveries in memory.
+        with its very stamp is not logged twice. `window_s`: nor one its reader was handed earlier in the same
+        window (of that many seconds since the epoch) by another process, unchanged since (no version of it ended
+        after that delivery): workers and copies each keep only their own deliveries in memory. A later one logged
+        first stands for none: the earliest says when the reader first saw the row (an echo's witness).
         """
         after = conn.execute("SELECT coalesce(max(id), 0) FROM memory_delivery").fetchone()[0]
         if again or window_s:
@@ -2225,9 +2233,9 @@ class Queries:
                 "INSERT INTO memory_delivery (reader, tier, row_id, writer, delivered_at) "
                 "SELECT ?, ?, CAST(? AS BIGINT), ?, ? WHERE NOT EXISTS (SELECT 1 FROM memory_delivery d "
                 "WHERE d.tier = ? AND d.row_id = CAST(? AS BIGINT) AND d.reader = ? AND (d.delivered_at = ? "
-                "OR d.delivered_at >= ? AND NOT EXISTS (SELECT 1 FROM memory_version v "
+                "OR d.delivered_at >= ? AND d.delivered_at <= ? AND NOT EXISTS (SELECT 1 FROM memory_version v "
                 "WHERE v.tier = d.tier AND v.row_id = d.row_id AND v.valid_to > d.delivered_at)))",
-                [(*row, row[1], row[2], row[0], row[4] if again else never, since(row[4])) for row in rows],
+                [(*row, row[1], row[2], row[0], row[4] if again else never, since(row[4]), row[4]) for row in rows],
             )
         else:
             cursor = conn.executemany(

@@ -296,7 +296,7 @@ class Worker:
     def orphaned(self) -> None:
         """The supervisor died without its clean-up (SIGKILL): the workers, stopping with it, remove the seats
         file and its folder, the last to stop succeeding (under systemd, PrivateTmp= removes them anyway)."""
-        for path in (self.seats_path, filters_path(self.seats_path)):
+        for path in (self.seats_path, *Filters.files(filters_path(self.seats_path))):
             with contextlib.suppress(OSError):
                 os.remove(path)
         with contextlib.suppress(OSError):
@@ -396,7 +396,7 @@ class Seats:
     def __init__(self, path: str, worker: int):
         self.path, self.worker = path, worker
         self.changed: tuple[int, int] | None = None  # the file's (mtime_ns, size) when cut_for last read it
-        self.filters = Filters(filters_path(path))
+        self.filters = Filters(filters_path(path), worker)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[dict]:
@@ -450,6 +450,7 @@ class Seats:
         with self.locked() as state:
             state["open"] = [s for s in state["open"] if s["worker"] != worker]
             state["cut"] = [cut for cut in state["cut"] if cut[0] != worker]
+        Filters(filters_path(self.path), worker).vacate()
 
 
 def filters_path(seats_path: str) -> str:
@@ -459,14 +460,21 @@ def filters_path(seats_path: str) -> str:
 @contextlib.contextmanager
 def locked_json(path: str, empty: dict) -> Iterator[dict]:
     """A JSON file's content (`empty`'s keys at least), written back after the block if it changed; under an
-    exclusive lock."""
+    exclusive lock. A file cut short (its writer killed mid-write, a full disk) is started afresh, said once:
+    left as it was, every later use failed on it."""
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         raw = b""
         while chunk := os.read(descriptor, 1 << 16):
             raw += chunk
-        state = json.loads(raw) if raw.strip() else {}
+        try:
+            state = json.loads(raw) if raw.strip() else {}
+        except ValueError as error:
+            state = None
+            log_event("warning", message=f"{path} cannot be read, started afresh: {error}")
+        if not isinstance(state, dict):
+            state = {}
         for name, value in empty.items():
             state.setdefault(name, value)
         yield state
@@ -474,7 +482,9 @@ def locked_json(path: str, empty: dict) -> Iterator[dict]:
         if data != raw:  # unchanged, untouched: its mtime stays (Seats.cut_for need not read it again)
             os.lseek(descriptor, 0, os.SEEK_SET)
             os.ftruncate(descriptor, 0)
-            os.write(descriptor, data)
+            written = memoryview(data)
+            while written:  # a write may take only part of it
+                written = written[os.write(descriptor, written) :]
     finally:
         os.close(descriptor)  # and the lock with it
 
@@ -486,50 +496,112 @@ class Filters:
     `note_removal`, matched while the row's text exists, in the removing transaction). The worker removing a row
     is often not the one whose stream decides: it matches the row against every worker's filters and writes
     what matched here before its transaction commits, so the deciding worker finds it when the event comes.
-    Kept: the newest FILTERS_KEPT filters and MATCHES_KEPT matches (a stream further behind than that misses
-    the removal, as one process forgets past its own bounds).
+    The matches are appended to a file of their own (a line each, read once a batch of events), so a removal
+    does not read and rewrite every match kept (one after a sweep of 10,000 took 170 ms so, in its transaction).
+    Kept: each worker's newest FILTERS_KEPT filters (as many as its hub remembers, so no other worker's push out
+    a filter its streams still use; a dead worker's go with it), and the newest MATCHES_KEPT matches or all
+    written in the last MATCHES_FRESH_S, whichever are more (a sweep removing 10,000 rows at once keeps every
+    match while the workers read its events; a stream further behind than both misses the removal, as one
+    process forgets past its own bounds). The matches file is cut down to that when it doubles, or once
+    MATCHES_FRESH_S after its last cut.
     """
 
     FILTERS_KEPT = 256
     MATCHES_KEPT = 2_000
+    MATCHES_FRESH_S = 120.0
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, worker: int):
+        self.path, self.worker = path, str(worker)  # its filters' key in the file (JSON's keys are strings)
+        self.matches_path = self.files(path)[1]
+
+    @staticmethod
+    def files(path: str) -> tuple[str, str]:
+        """The filters file and its matches' (under the filters file's lock)."""
+        return path, path.removesuffix(".json") + "_matched.jsonl"
 
     def looked(self, work: Callable[[dict], Any]) -> Any:
         """work(the file's content), under its lock; what work changes is written back. A removal never fails for
         it: a file that cannot be read or written (a worker killed while writing it, the folder gone with the
         supervisor) is logged, and work sees none."""
         try:
-            with locked_json(self.path, {"filters": [], "matches": []}) as state:
+            with locked_json(self.path, {"filters": {}, "matched": [0, 0, 0.0]}) as state:
                 return work(state)
-        except (OSError, ValueError, TypeError) as error:
+        except (OSError, ValueError, TypeError, AttributeError) as error:
             log_event("warning", message=f"stream filters shared by the workers: {self.path}: {error}")
-            return work({"filters": [], "matches": []})
+            return work({"filters": {}, "matched": [0, 0, 0.0], "unreadable": True})
 
-    def register(self, key: tuple) -> None:
-        """A filter this worker matches removals against from now on."""
-        found = json.loads(json.dumps(list(key)))
+    def register(self, key: tuple, dropped: tuple | None = None) -> None:
+        """A filter this worker matches removals against from now on (`dropped`: one its hub no longer does)."""
+        found, gone = json.loads(json.dumps([list(key), list(dropped or ())]))
 
         def add(state: dict) -> None:
-            if found not in state["filters"]:
-                state["filters"] = [*state["filters"], found][-self.FILTERS_KEPT :]
+            mine = [kept for kept in state["filters"].get(self.worker, []) if kept not in (found, gone)]
+            state["filters"][self.worker] = [*mine, found][-self.FILTERS_KEPT :]
 
         self.looked(add)
 
     def registered(self) -> list[tuple]:
         """Every worker's filters."""
-        return self.looked(lambda state: [(tuple(tags), q, match) for tags, q, match in state["filters"]])
+        return self.looked(
+            lambda state: list(
+                dict.fromkeys((tuple(tags), q, match) for kept in state["filters"].values() for tags, q, match in kept)
+            )
+        )
+
+    def vacate(self) -> None:
+        """The supervisor: a dead worker's filters are no one's (its replacement registers its own)."""
+        self.looked(lambda state: state["filters"].pop(self.worker, None))
 
     def matched(self, hits: list[tuple[tuple, str, int]]) -> None:
         """Removed rows that matched these filters: (filter, tier, row id)."""
-        kept = json.loads(json.dumps([[list(key), tier, row_id] for key, tier, row_id in hits]))
-        if kept:
-            self.looked(lambda state: state.update(matches=[*state["matches"], *kept][-self.MATCHES_KEPT :]))
+        now = time.time()
+        lines = "".join(json.dumps([now, list(key), tier, row_id]) + "\n" for key, tier, row_id in hits).encode()
+
+        def add(state: dict) -> None:
+            if state.get("unreadable"):
+                return
+            count, cut_count, cut_at = state["matched"]  # lines in the file; how many and when at its last cut
+            descriptor = os.open(self.matches_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            with open(descriptor, "a+b") as file:  # every write appends; the filters' words are the fleet's
+                end = file.seek(0, os.SEEK_END)
+                if end and (file.seek(end - 1) or file.read(1)) != b"\n":
+                    file.write(b"\n")  # the line of a writer killed while writing it ends here, read as none
+                file.write(lines)
+                count += len(hits)
+                doubled = count > 2 * max(self.MATCHES_KEPT, cut_count)
+                if doubled or (count > self.MATCHES_KEPT and now - cut_at > self.MATCHES_FRESH_S):
+                    file.seek(0)
+                    read = [(line, self.read_line(line)) for line in file.read().splitlines(keepends=True)]
+                    kept = [line for line, found in read if found]
+                    times = [found[0] for _, found in read if found]
+                    fresh = next((n for n, at in enumerate(times) if at >= now - self.MATCHES_FRESH_S), len(kept))
+                    kept = kept[min(fresh, max(0, len(kept) - self.MATCHES_KEPT)) :]
+                    file.truncate(0)
+                    file.write(b"".join(kept))
+                    count, cut_count, cut_at = len(kept), len(kept), now
+            state["matched"] = [count, cut_count, cut_at]
+
+        if hits:
+            self.looked(add)
 
     def matches(self) -> set[str]:
         """Every match kept, each as `entry` names it: read once for a batch of events."""
-        return self.looked(lambda state: {json.dumps(match) for match in state["matches"]})
+
+        def read(state: dict) -> set[str]:
+            with contextlib.suppress(FileNotFoundError), open(self.matches_path, "rb") as file:
+                return {json.dumps(line[1:]) for line in map(self.read_line, file) if line}
+            return set()
+
+        return self.looked(read)
+
+    @staticmethod
+    def read_line(line: bytes) -> list | None:
+        """A line of the matches file, [time, filter, tier, row id]; None for one cut short."""
+        try:
+            found = json.loads(line)
+        except ValueError:
+            return None
+        return found if isinstance(found, list) and len(found) == 4 else None
 
     @staticmethod
     def entry(key: tuple, row: tuple[str, int]) -> str:
@@ -643,7 +715,7 @@ class Supervisor:
             notify("STOPPING=1")
             killed = self.stop_all()
             self.sock.close()
-            for path in (self.seats_path, filters_path(self.seats_path)):
+            for path in (self.seats_path, *Filters.files(filters_path(self.seats_path))):
                 with contextlib.suppress(OSError):
                     os.remove(path)
             with contextlib.suppress(OSError):

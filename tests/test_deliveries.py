@@ -100,6 +100,26 @@ def test_a_row_another_worker_logged_this_hour_is_not_logged_again_until_it_chan
     assert deliveries(store_url, "sol") == [("long", row), ("long", row)]
 
 
+def test_an_earlier_delivery_logged_after_another_workers_later_one_keeps_its_time(served, store_url):
+    """Each worker logs its deliveries after the fact, in batches: worker 1 shows a row at 10:10, worker 2 shows
+    it again at 10:30 and logs first. Worker 1's delivery was skipped as one already logged this hour, so the
+    log said the reader first saw the row at 10:30, and a fact the reader wrote at 10:20 repeating it (an echo)
+    counted as independent. A later delivery does not stand for an earlier one."""
+    store = served.server.memory.store
+    word = marker()
+    row = ok(served.post("/v1/long", {"agent": "atlas", "fact": f"{word} the pump runs hot"}), 201)["id"]
+    now = time.time()
+    early, late = solos_store.stamp(now + 1), solos_store.stamp(now + 2)
+    for at in (late, early):  # worker 2's batch, then worker 1's
+        entry = ("sol", "long", row, "atlas", at)
+        store.write(lambda conn, entry=entry: store.queries.record_deliveries(conn, [entry], window_s=10**9))
+    stamps = direct(store_url, "SELECT delivered_at FROM memory_delivery WHERE reader = ? AND row_id = ?", ("sol", row))
+    assert early in [r["delivered_at"] for r in stamps], stamps
+    again = ("sol", "long", row, "atlas", solos_store.stamp(now + 3))  # a later one is still not logged again
+    store.write(lambda conn: store.queries.record_deliveries(conn, [again], window_s=10**9))
+    assert len(direct(store_url, "SELECT id FROM memory_delivery WHERE reader = ? AND row_id = ?", ("sol", row))) == 2
+
+
 def test_a_text_that_returns_to_an_earlier_one_is_logged_again_once_the_thread_reads_the_update(served, store_url):
     """A -> B -> A within the window, the reader shown only the first and the last: the last is a new version,
     so it is logged (its replacement must notify the reader)."""

@@ -342,6 +342,90 @@ def cut(stream: Stream, within_s: float = 5.0) -> bool:
     return stream.closed.wait(within_s)
 
 
+def test_a_filters_file_cut_short_is_started_afresh_not_left_broken(tmp_path):
+    """A worker killed while writing the shared filters file (or a full disk) leaves it cut short. Every later
+    read then failed: each removal and each batch of events logged a warning, and no filter registered after
+    it reached the file, so no other worker matched its removals against a stream opened since."""
+    filters = solos_workers.Filters(str(tmp_path / "filters.json"), 0)
+    Path(filters.path).write_text('{"filters": [[["ops"], "pump", ')
+    key = (("ops",), "valve", '"valve"')
+    filters.register(key)
+    filters.matched([(key, "long", 7)])
+    assert filters.registered() == [key]
+    assert filters.entry(key, ("long", 7)) in filters.matches()
+    assert json.loads(Path(filters.path).read_text())["filters"] == {"0": [[["ops"], "valve", '"valve"']]}
+
+
+def test_a_bulk_removal_keeps_every_match_for_the_other_workers_streams(tmp_path, monkeypatch):
+    """Removed rows that matched a filter were kept as the newest 2,000 in the shared file: an expiry sweep (or
+    a forget of a thread) removing more rows at once than that kept only the last, so a filtered stream on any
+    other worker was never told of the rest (one on the removing worker, matched in memory, was)."""
+    filters = solos_workers.Filters(str(tmp_path / "filters.json"), 0)
+    key = (("ops",), None, None)
+    filters.register(key)
+    removed = solos_workers.Filters.MATCHES_KEPT * 2 + 500
+    filters.matched([(key, "short", row_id) for row_id in range(1, removed + 1)])
+    kept = filters.matches()
+    assert all(filters.entry(key, ("short", row_id)) in kept for row_id in range(1, removed + 1))
+    filters.matched([(key, "short", removed + 1)])  # the next removal keeps them while streams may still ask
+    assert filters.entry(key, ("short", 1)) in filters.matches()
+    later = time.time() + solos_workers.Filters.MATCHES_FRESH_S + 1
+    monkeypatch.setattr(solos_workers.time, "time", lambda: later)
+    filters.matched([(key, "short", removed + 2)])  # past that, the file shrinks back to its bound
+    kept = filters.matches()
+    assert len(kept) == solos_workers.Filters.MATCHES_KEPT and filters.entry(key, ("short", removed + 2)) in kept
+
+
+def test_a_long_open_streams_filter_is_not_pushed_out_by_other_workers_filters(keyword_service):
+    """The shared file kept the newest 256 filters of all workers together, and a worker registered a filter
+    only when it first met it: 256 other filters met on another worker (read_events callers' `q`, streams since
+    closed) pushed a stream's still open filter out for good, and a row deleted on that worker was never
+    announced to the stream, though it matched."""
+    port, _ = keyword_service
+    word = f"zp{uuid.uuid4().hex[:8]}"
+    status, written = on(port, 2, "POST", "/v1/short", {"agent": "orion", "key": word, "value": f"the {word} vent"})
+    assert status == 201
+    stream, worker = pinned_stream(port, 1, {"agent": "lyra", "writers": "orion", "q": word, "tiers": "short"})
+    subscribed(stream)
+    assert worker == 1
+    for n in range(solos_workers.Filters.FILTERS_KEPT):
+        query = {"agent": "lyra", "q": f"{word}x{n}", "since": 0, "tiers": "short"}
+        assert on(port, 2, "GET", "/v1/events?" + urlencode(query))[0] == 200
+    status, _ = on(port, 2, "DELETE", "/v1/short?" + urlencode({"agent": "orion", "key": word}))
+    assert status == 200
+    sent = [(m["data"]["kind"], m["data"]["row_id"]) for m in stream.quiet(1.0) if "event" not in m]
+    assert ("delete", written["id"]) in sent, sent
+    stream.close()
+
+
+def test_a_removal_after_a_sweep_appends_its_match_and_rewrites_none(tmp_path):
+    """Every removal reads the filters (registered) and writes its matches, inside its own transaction. Kept in
+    the one file, 10,000 matches of a sweep were read and rewritten at each removal for the next 2 minutes: 170 ms
+    a delete, the database's write lock held through it. A match is a line appended; the filters stay small."""
+    filters = solos_workers.Filters(str(tmp_path / "filters.json"), 0)
+    key = (("ops",), "valve", '"valve"')
+    filters.register(key)
+    filters.matched([(key, "short", row_id) for row_id in range(10_000)])
+    assert os.path.getsize(filters.path) < 1024  # what every removal reads first
+    lines = Path(filters.matches_path).read_bytes().splitlines()
+    with open(filters.matches_path, "ab") as file:  # a worker killed while appending its line
+        file.write(b'[1.5, [["ops"], "val')
+    filters.matched([(key, "short", 10_000)])
+    after = Path(filters.matches_path).read_bytes().splitlines()
+    assert after[: len(lines)] == lines and len(after) == len(lines) + 2  # appended: the torn line, then its own
+    assert filters.entry(key, ("short", 10_000)) in filters.matches()
+
+
+def test_a_dead_workers_filters_are_vacated_with_its_seats(tmp_path):
+    """Every removal is matched against every worker's filters: a dead worker's stay no one's to match for."""
+    seats = str(tmp_path / "seats")
+    key = (("ops",), "valve", '"valve"')
+    solos_workers.Seats(seats, 1).filters.register(key)
+    solos_workers.Seats(seats, 2).filters.register((("ops",), None, None))
+    solos_workers.Seats(seats, 0).vacate(1)
+    assert solos_workers.Seats(seats, 0).filters.registered() == [(("ops",), None, None)]
+
+
 def test_the_per_agent_stream_cap_holds_across_workers(keyword_service):
     """Four streams of one agent, two on each worker: a fifth (on either) replaces the oldest, wherever it is,
     and the service then holds four of that agent's streams in all, not four per worker."""
