@@ -1161,7 +1161,7 @@ def add_database_options(parser: argparse.ArgumentParser, db_help: str, nested: 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    creates = "SQLite database, created from schema.sql if missing (default: %(default)s)"
+    creates, existing = solos_jobs.CREATES_HELP, solos_jobs.EXISTING_HELP  # which commands make a new database
     parser = argparse.ArgumentParser(prog="solos-memory", description="Shared, attributed memory for an agent fleet.")
     parser.add_argument("--version", action="version", version=f"solos-memory {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -1236,21 +1236,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add = agent_commands.add_parser("add", help="register agents")
     add_database_options(add, creates, nested=True)
     add.add_argument("names", nargs="+", help="agent names")
-    add_database_options(agent_commands.add_parser("list", help="list registered agents"), creates, nested=True)
+    add_database_options(agent_commands.add_parser("list", help="list registered agents"), existing, nested=True)
 
     purge = commands.add_parser("purge", help="delete expired short-term rows, archive old episodes; exit 1 on failure")
-    add_database_options(purge, creates)
+    add_database_options(purge, existing)
     purge.add_argument(
         "--archive-after-days",
         type=solos_validation.number_in(0, None, "SOLOS_MEMORY_ARCHIVE_AFTER_DAYS", whole=False),
         default=env_default("ARCHIVE_AFTER_DAYS", "30"),
         help="move episodic rows older than this to the archive, 0 never (default: %(default)s)",
     )
-    add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
+    add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), existing)
     solos_snapshot.add_commands(commands, add_database_options)
     solos_migrate.add_parser(commands)
     for qdrant_command in solos_qdrant.add_commands(commands, env_default):
-        add_database_options(qdrant_command, creates)
+        add_database_options(qdrant_command, creates if qdrant_command.prog.endswith(solos_jobs.CREATES) else existing)
 
     check = commands.add_parser("check", help="rollout checks against a running instance; --cleanup removes their rows")
     add_database_options(check, "the service's database, for --cleanup; must exist (default: %(default)s)")
@@ -1260,7 +1260,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     backfill = commands.add_parser(
         "backfill", help="embed every row that lacks a vector; resumable, safe while the service runs"
     )
-    add_database_options(backfill, creates)
+    add_database_options(backfill, existing)
     backfill.add_argument(
         "--model-dir",
         type=solos_validation.folder_or_off,
@@ -1366,8 +1366,7 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         added = register_agents(config, args.names)
         print(f"registered {len(added)} new of {len(args.names)}: {', '.join(added) or '-'}")
         return 0
-    jobs = ("purge", "archive") if args.command == "purge" else ()  # recorded failed if the store cannot open
-    store = solos_jobs.opened(config.db, jobs, lambda: open_store(config), config.busy_timeout_ms)
+    store = solos_jobs.opened(config.db, args.command, lambda: open_store(config), config.busy_timeout_ms)
     try:
         if args.command == "agents":
             print("\n".join(store.list_agents()))

@@ -239,6 +239,7 @@ def test_one_config_carries_every_flag_to_the_command(monkeypatch, tmp_path):
     monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: seen.append(config) or (None, "-"))
     monkeypatch.setattr(solos_memory.solos_embed_worker, "backfill", lambda store, loaded, batch: 0)
     db = str(tmp_path / "solos.db")
+    assert solos_memory.main(["agents", "add", "--db", db, "atlas"]) == 0  # backfill needs one there
     argv = ["backfill", "--db", db, "--busy-timeout-ms", "1234", "--model-dir", "off"]
     assert solos_memory.main(argv) == 0
     assert seen == [solos_memory.Config(db=db, busy_timeout_ms=1234, model_dir="off")]
