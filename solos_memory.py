@@ -1111,7 +1111,7 @@ def open_server(config: Config, register: Sequence[str], worker: solos_workers.W
 
 def open_database(config: Config, register: Sequence[str]) -> Store:
     """Refuse a remote address without --allow-remote; register agents; open (or create) the database."""
-    if config.host not in LOOPBACK_HOSTS and not config.allow_remote:
+    if not solos_validation.is_loopback(config.host) and not config.allow_remote:
         raise SystemExit(
             f"refusing to bind {config.host}: not a loopback address. Anyone who can reach it could read and "
             f"write every agent's memory; pass --allow-remote (and use --tokens-file) if that is intended."

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import ipaddress
 import json
 import math
 import os
@@ -328,6 +329,14 @@ def folder_or_off(text: str) -> str:
         state = "is no folder" if os.path.exists(text) else "does not exist"
         raise argparse.ArgumentTypeError(f"must be a folder or off, got {text!r}, which {state}")
     return text
+
+
+def is_loopback(host: str) -> bool:
+    """localhost, or any address of 127.0.0.0/8 or ::1: only this host can reach it (SECURITY.md)."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def database_name(text: str) -> str:

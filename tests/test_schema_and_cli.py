@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -604,3 +605,15 @@ def test_a_second_ctrl_c_during_the_stop_ends_it_at_once_without_a_traceback(tmp
         locker.close()
         if process.poll() is None:
             process.kill()
+
+
+def test_serve_binds_any_loopback_address_and_still_refuses_others(make_server):
+    """127.0.0.0/8 is loopback (SECURITY.md: only a non-loopback address needs --allow-remote); 127.0.0.2 was
+    refused as "not a loopback address"."""
+    running = make_server(host="127.0.0.2")
+    conn = http.client.HTTPConnection("127.0.0.2", running.port, timeout=10)
+    conn.request("GET", "/health", headers={"Host": f"127.0.0.2:{running.port}"})
+    assert conn.getresponse().status == 200
+    for host in ("0.0.0.0", "10.1.2.3", "::", "127.example"):
+        with pytest.raises(SystemExit, match=f"refusing to bind {re.escape(host)}: not a loopback address"):
+            make_server(name="other.db", host=host)
