@@ -1220,6 +1220,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument(
         "--copy-name",
+        type=solos_validation.copy_name,
         default=env_default("COPY_NAME", None),
         help="which copy of the service this is, in /health, /v1/stats, /metrics and the page (default: hostname:port)",
     )

@@ -339,6 +339,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def copy_name(text: str) -> str:
+    """--copy-name: "" keeps the default (host:port); blanks or a control character would be an unreadable copy in
+    /health, /metrics and the page."""
+    if text and (not text.strip() or not text.isprintable()):
+        raise argparse.ArgumentTypeError(f"must be a readable name, or unset for host:port, got {text!r}")
+    return text
+
+
 def database_name(text: str) -> str:
     """--db: a file path or a postgresql:// URL. "" (an empty SOLOS_MEMORY_DB= line) was a traceback in serve,
     and it and :memory: were told "WAL could not be enabled (is the folder writable?)" by the admin commands."""

@@ -617,3 +617,15 @@ def test_serve_binds_any_loopback_address_and_still_refuses_others(make_server):
     for host in ("0.0.0.0", "10.1.2.3", "::", "127.example"):
         with pytest.raises(SystemExit, match=f"refusing to bind {re.escape(host)}: not a loopback address"):
             make_server(name="other.db", host=host)
+
+
+@pytest.mark.parametrize("given", ["  ", "a\nb", "\t"])
+def test_serve_refuses_a_copy_name_of_blanks_naming_the_flag(tmp_path, capsys, given):
+    """--copy-name "  " served "  " as the copy in /health, /metrics and the page: no one could read which
+    copy answered. An empty one keeps the default (host:port), as an empty SOLOS_MEMORY_COPY_NAME= line."""
+    with pytest.raises(SystemExit) as stopped:
+        solos_memory.main(["serve", "--db", str(tmp_path / "x.db"), "--port", "0", "--copy-name", given])
+    assert stopped.value.code == 2 and "--copy-name" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    args = solos_memory.parse_args(["serve", "--copy-name", ""])
+    assert solos_memory.config_from(args).copy_name == ""
