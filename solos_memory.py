@@ -24,6 +24,11 @@ imports this one (tests/test_shape.py).
 
 from __future__ import annotations
 
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C as the modules below load, or before serving: one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: sys.exit("solos-memory: interrupted"))
 import argparse
 import concurrent.futures
 import dataclasses
@@ -34,7 +39,6 @@ import os
 import re
 import socket
 import sqlite3
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -163,9 +167,7 @@ class Memory:
     """What operations work on: the store, the optional embedder and its vectors, the counters."""
 
     def __init__(self, store: Store, embedder: Any = None, embedder_error: str | None = None, rerank: bool = True):
-        self.store = store
-        self.rerank = rerank
-        self.embedder = embedder
+        self.store, self.rerank, self.embedder = store, rerank, embedder
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
         self.stats = solos_telemetry.Stats()
         self.copy = socket.gethostname()  # which copy this is (MemoryServer adds the port, or --copy-name)
@@ -1316,10 +1318,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "token":
         keep = lambda: open_store(Config(db=args.db), admin=True)  # noqa: E731
         return solos_tokens.issue_token(args.agent, args.tokens_file, args.db, keep)
-    if args.command == "check":
-        return solos_check.run(args)
-    if args.command == "migrate":
-        return solos_migrate.run(args)
+    if args.command in ("check", "migrate"):  # each its own module's command line
+        return solos_check.run(args) if args.command == "check" else solos_migrate.run(args)
     config = config_from(args)
     if args.command == "serve":
         return serve(config, args.register)

@@ -629,3 +629,20 @@ def test_serve_refuses_a_copy_name_of_blanks_naming_the_flag(tmp_path, capsys, g
     assert list(tmp_path.iterdir()) == []
     args = solos_memory.parse_args(["serve", "--copy-name", ""])
     assert solos_memory.config_from(args).copy_name == ""
+
+
+@pytest.mark.parametrize("after_s", [0.1, 0.15, 0.25])
+def test_ctrl_c_while_serve_starts_is_one_line_not_a_traceback(tmp_path, after_s):
+    """Ctrl-C in serve's first ~0.1 s (its modules loading, the database opening) printed a KeyboardInterrupt
+    traceback through whatever import it fell in; once listening it stops as it always did."""
+    import signal
+
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "s.db"), "--port", "0"]
+    process = subprocess.Popen([*command, "--model-dir", "off"], stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert "Traceback" not in stderr, stderr
+    if stderr and '"event": "listening"' not in stderr:  # interrupted before serving: one line, a failed exit
+        assert stderr.strip().splitlines() == ["solos-memory: interrupted"], stderr
+        assert process.returncode == 1
