@@ -274,6 +274,21 @@ def build_main(argv: list[str]) -> int:
     return 0
 
 
+def clear_dead_builds(folder: Path) -> None:
+    """Remove the temp files of builds whose process is gone: a service stopped (SIGTERM) while it built left its
+    `.<model>.<pid>.tmp` (22 MB) for good, since only the process that started a build renames or removes it."""
+    for temp in folder.glob(f".{MODEL_FILE}.*.tmp"):
+        pid = temp.name[len(MODEL_FILE) + 2 : -len(".tmp")]
+        if not pid.isdigit() or pid == "0":  # os.kill would ask about a process group
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            temp.unlink(missing_ok=True)
+        except (ValueError, OSError):  # not a pid of ours, or another user's live process: left as it is
+            continue
+
+
 def build_model(source: Path, dirs: list[Path]) -> Path:
     """Build the model from source into the first folder of dirs that takes it, in a child process; check its sha256.
 
@@ -290,6 +305,7 @@ def build_model(source: Path, dirs: list[Path]) -> Path:
         except OSError as error:
             tried.append(f"{folder} ({error.strerror or error})")
             continue
+        clear_dead_builds(folder)
         final = folder / MODEL_FILE
         temp = folder / f".{MODEL_FILE}.{os.getpid()}.tmp"
         # The child imports this module from where it was imported (a folder or the .pyz), ahead of its cwd.
