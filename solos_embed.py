@@ -48,6 +48,11 @@ MODEL_FILE = f"all-MiniLM-L6-v2-dynint8-{MODEL_SHA256[:12]}.onnx"
 # Relative to this module; inside the .pyz it is a folder of the zip, read through __loader__.
 CARRIED_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "all-MiniLM-L6-v2")
 TOKENIZER_FILES = ("config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json")
+# The files the tokenizer is made from, pinned as the model is (a changed one changes every vector): the carried ones.
+TOKENIZER_SHA256 = {
+    "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+    "tokenizer_config.json": "9b7adb18269379d18e23f576caaaca5b7fef2acb3caef75e73f8bdf208640059",
+}
 DIM = 384
 # On 2 cores and a LoCoMo conversation, the build took 2.7 s; this allows for a host busy with other work.
 BUILD_TIMEOUT_S = 300
@@ -222,6 +227,11 @@ def read_tokenizer_files(folder: str) -> dict[str, bytes]:
             missing.append(name)
     if missing:
         raise EmbeddingsUnavailable(f"model dir {folder} lacks {', '.join(missing)}")
+    for name, pinned in TOKENIZER_SHA256.items():
+        if (digest := hashlib.sha256(files[name]).hexdigest()) != pinned:
+            raise EmbeddingsUnavailable(
+                f"model dir {folder}: {name} sha256 {digest[:12]}… is not the pinned {pinned[:12]}…"
+            )
     return files
 
 
