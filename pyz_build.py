@@ -98,6 +98,10 @@ if sys.version_info < (3, 11):
 if sys.path and sys.path[0] == os.path.dirname(__file__):
     sys.path[0] = os.path.realpath(sys.path[0])
 
+import signal
+
+signal.signal(signal.SIGINT, lambda *_: sys.exit("solos-memory: interrupted"))  # as solos_memory.py's own start does
+
 import solos_memory
 
 sys.exit(solos_memory.main())

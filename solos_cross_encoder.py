@@ -393,6 +393,12 @@ class Runner:
             raw, _, self.failure = read_pinned(self.path, self.sha256, "cross-encoder file")
             if raw is None:
                 return
+            import solos_embed  # its tokenizer, pinned there: a changed one changes every pair the model reads
+
+            pinned = solos_embed.TOKENIZER_SHA256[TOKENIZER_PATH.name]
+            self.failure = read_pinned(TOKENIZER_PATH, pinned, "cross-encoder tokenizer")[2]
+            if self.failure is not None:
+                return
             # A file onnxruntime reads itself, once its hash is checked (as solos_embed loads its built model):
             # from bytes it kept about 20 MiB more resident. Bytes only from inside the .pyz.
             model: bytes | str = str(self.path) if self.path.is_file() else raw

@@ -48,6 +48,11 @@ MODEL_FILE = f"all-MiniLM-L6-v2-dynint8-{MODEL_SHA256[:12]}.onnx"
 # Relative to this module; inside the .pyz it is a folder of the zip, read through __loader__.
 CARRIED_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "all-MiniLM-L6-v2")
 TOKENIZER_FILES = ("config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json")
+# The files the tokenizer is made from, pinned as the model is (a changed one changes every vector): the carried ones.
+TOKENIZER_SHA256 = {
+    "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+    "tokenizer_config.json": "9b7adb18269379d18e23f576caaaca5b7fef2acb3caef75e73f8bdf208640059",
+}
 DIM = 384
 # On 2 cores and a LoCoMo conversation, the build took 2.7 s; this allows for a host busy with other work.
 BUILD_TIMEOUT_S = 300
@@ -222,6 +227,11 @@ def read_tokenizer_files(folder: str) -> dict[str, bytes]:
             missing.append(name)
     if missing:
         raise EmbeddingsUnavailable(f"model dir {folder} lacks {', '.join(missing)}")
+    for name, pinned in TOKENIZER_SHA256.items():
+        if (digest := hashlib.sha256(files[name]).hexdigest()) != pinned:
+            raise EmbeddingsUnavailable(
+                f"model dir {folder}: {name} sha256 {digest[:12]}… is not the pinned {pinned[:12]}…"
+            )
     return files
 
 
@@ -274,6 +284,21 @@ def build_main(argv: list[str]) -> int:
     return 0
 
 
+def clear_dead_builds(folder: Path) -> None:
+    """Remove the temp files of builds whose process is gone: a service stopped (SIGTERM) while it built left its
+    `.<model>.<pid>.tmp` (22 MB) for good, since only the process that started a build renames or removes it."""
+    for temp in folder.glob(f".{MODEL_FILE}.*.tmp"):
+        pid = temp.name[len(MODEL_FILE) + 2 : -len(".tmp")]
+        if not pid.isdigit() or pid == "0":  # os.kill would ask about a process group
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            temp.unlink(missing_ok=True)
+        except (ValueError, OSError):  # not a pid of ours, or another user's live process: left as it is
+            continue
+
+
 def build_model(source: Path, dirs: list[Path]) -> Path:
     """Build the model from source into the first folder of dirs that takes it, in a child process; check its sha256.
 
@@ -290,6 +315,7 @@ def build_model(source: Path, dirs: list[Path]) -> Path:
         except OSError as error:
             tried.append(f"{folder} ({error.strerror or error})")
             continue
+        clear_dead_builds(folder)
         final = folder / MODEL_FILE
         temp = folder / f".{MODEL_FILE}.{os.getpid()}.tmp"
         # The child imports this module from where it was imported (a folder or the .pyz), ahead of its cwd.

@@ -121,9 +121,21 @@ def run(
     return result
 
 
-def opened(db: str, jobs: tuple[str, ...], open_store: Callable[[], Result], busy_timeout_ms: int) -> Result:
-    """open_store(), for a command that runs `jobs`: if it fails (a writer holds the lock the migration needs),
-    each job is recorded as a failed run before the error goes on, so stats do not read "no run yet"."""
+CREATES = ("import-qdrant",)  # admin commands that may fill a new database; `agents add` registers before
+CREATES_HELP = "SQLite database, created from schema.sql if missing (default: %(default)s)"
+EXISTING_HELP = "SQLite database; it must exist, a mistyped path is an error (default: %(default)s)"
+
+
+def opened(db: str, command: str, open_store: Callable[[], Result], busy_timeout_ms: int) -> Result:
+    """open_store(), for an admin command: if it fails (a writer holds the lock the migration needs), each job
+    the command runs is recorded as a failed run before the error goes on, so stats do not read "no run yet".
+    A SQLite file that is not there is an error (FileNotFoundError naming it), not a new empty database that
+    the command then reports success on, unless the command is one that fills a new one (CREATES)."""
+    if command not in CREATES and not solos_store.is_postgres(db) and not Path(db).exists():
+        folder = Path(db).absolute().parent
+        where = "a mistyped --db?" if folder.is_dir() else f"its folder {folder} does not exist;"
+        raise FileNotFoundError(f"{db}: no such database ({where} `serve` or `agents add` creates one)")
+    jobs = ("purge", "archive") if command == "purge" else ()
     try:
         return open_store()
     except Exception as error:

@@ -24,6 +24,11 @@ imports this one (tests/test_shape.py).
 
 from __future__ import annotations
 
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C as the modules below load, or before serving: one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: sys.exit("solos-memory: interrupted"))
 import argparse
 import concurrent.futures
 import dataclasses
@@ -34,7 +39,6 @@ import os
 import re
 import socket
 import sqlite3
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -163,9 +167,7 @@ class Memory:
     """What operations work on: the store, the optional embedder and its vectors, the counters."""
 
     def __init__(self, store: Store, embedder: Any = None, embedder_error: str | None = None, rerank: bool = True):
-        self.store = store
-        self.rerank = rerank
-        self.embedder = embedder
+        self.store, self.rerank, self.embedder = store, rerank, embedder
         self.embedder_error = embedder_error or (None if embedder else KEYWORD_ONLY_REASON)
         self.stats = solos_telemetry.Stats()
         self.copy = socket.gethostname()  # which copy this is (MemoryServer adds the port, or --copy-name)
@@ -1111,7 +1113,7 @@ def open_server(config: Config, register: Sequence[str], worker: solos_workers.W
 
 def open_database(config: Config, register: Sequence[str]) -> Store:
     """Refuse a remote address without --allow-remote; register agents; open (or create) the database."""
-    if config.host not in LOOPBACK_HOSTS and not config.allow_remote:
+    if not solos_validation.is_loopback(config.host) and not config.allow_remote:
         raise SystemExit(
             f"refusing to bind {config.host}: not a loopback address. Anyone who can reach it could read and "
             f"write every agent's memory; pass --allow-remote (and use --tokens-file) if that is intended."
@@ -1161,7 +1163,7 @@ def add_database_options(parser: argparse.ArgumentParser, db_help: str, nested: 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    creates = "SQLite database, created from schema.sql if missing (default: %(default)s)"
+    creates, existing = solos_jobs.CREATES_HELP, solos_jobs.EXISTING_HELP  # which commands make a new database
     parser = argparse.ArgumentParser(prog="solos-memory", description="Shared, attributed memory for an agent fleet.")
     parser.add_argument("--version", action="version", version=f"solos-memory {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -1220,6 +1222,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument(
         "--copy-name",
+        type=solos_validation.copy_name,
         default=env_default("COPY_NAME", None),
         help="which copy of the service this is, in /health, /v1/stats, /metrics and the page (default: hostname:port)",
     )
@@ -1236,21 +1239,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add = agent_commands.add_parser("add", help="register agents")
     add_database_options(add, creates, nested=True)
     add.add_argument("names", nargs="+", help="agent names")
-    add_database_options(agent_commands.add_parser("list", help="list registered agents"), creates, nested=True)
+    add_database_options(agent_commands.add_parser("list", help="list registered agents"), existing, nested=True)
 
     purge = commands.add_parser("purge", help="delete expired short-term rows, archive old episodes; exit 1 on failure")
-    add_database_options(purge, creates)
+    add_database_options(purge, existing)
     purge.add_argument(
         "--archive-after-days",
         type=solos_validation.number_in(0, None, "SOLOS_MEMORY_ARCHIVE_AFTER_DAYS", whole=False),
         default=env_default("ARCHIVE_AFTER_DAYS", "30"),
         help="move episodic rows older than this to the archive, 0 never (default: %(default)s)",
     )
-    add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), creates)
+    add_database_options(commands.add_parser("reindex", help="rebuild the keyword indexes from the tables"), existing)
     solos_snapshot.add_commands(commands, add_database_options)
     solos_migrate.add_parser(commands)
     for qdrant_command in solos_qdrant.add_commands(commands, env_default):
-        add_database_options(qdrant_command, creates)
+        add_database_options(qdrant_command, creates if qdrant_command.prog.endswith(solos_jobs.CREATES) else existing)
 
     check = commands.add_parser("check", help="rollout checks against a running instance; --cleanup removes their rows")
     add_database_options(check, "the service's database, for --cleanup; must exist (default: %(default)s)")
@@ -1260,7 +1263,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     backfill = commands.add_parser(
         "backfill", help="embed every row that lacks a vector; resumable, safe while the service runs"
     )
-    add_database_options(backfill, creates)
+    add_database_options(backfill, existing)
     backfill.add_argument(
         "--model-dir",
         type=solos_validation.folder_or_off,
@@ -1315,10 +1318,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "token":
         keep = lambda: open_store(Config(db=args.db), admin=True)  # noqa: E731
         return solos_tokens.issue_token(args.agent, args.tokens_file, args.db, keep)
-    if args.command == "check":
-        return solos_check.run(args)
-    if args.command == "migrate":
-        return solos_migrate.run(args)
+    if args.command in ("check", "migrate"):  # each its own module's command line
+        return solos_check.run(args) if args.command == "check" else solos_migrate.run(args)
     config = config_from(args)
     if args.command == "serve":
         return serve(config, args.register)
@@ -1366,8 +1367,7 @@ def run_admin_command(args: argparse.Namespace, config: Config) -> int:
         added = register_agents(config, args.names)
         print(f"registered {len(added)} new of {len(args.names)}: {', '.join(added) or '-'}")
         return 0
-    jobs = ("purge", "archive") if args.command == "purge" else ()  # recorded failed if the store cannot open
-    store = solos_jobs.opened(config.db, jobs, lambda: open_store(config), config.busy_timeout_ms)
+    store = solos_jobs.opened(config.db, args.command, lambda: open_store(config), config.busy_timeout_ms)
     try:
         if args.command == "agents":
             print("\n".join(store.list_agents()))

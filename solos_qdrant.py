@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import ipaddress
 import json
 import struct
 import sys
@@ -55,6 +54,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import solos_store
+from solos_validation import is_loopback
 
 COLLECTION = "long_term"
 BATCH = 256  # points per scroll page and per import or drain transaction
@@ -141,13 +141,6 @@ def connect(target: Target) -> Any:
 
 def unavailable(target: Target, error: Exception) -> QdrantUnavailable:
     return QdrantUnavailable(f"{target.describe()}: {type(error).__name__}: {error}")
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # ==== Reading: attribution and import ====

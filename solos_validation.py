@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import ipaddress
 import json
 import math
 import os
@@ -327,6 +328,22 @@ def folder_or_off(text: str) -> str:
     if text != "off" and not os.path.isdir(text):
         state = "is no folder" if os.path.exists(text) else "does not exist"
         raise argparse.ArgumentTypeError(f"must be a folder or off, got {text!r}, which {state}")
+    return text
+
+
+def is_loopback(host: str) -> bool:
+    """localhost, or any address of 127.0.0.0/8 or ::1: only this host can reach it (SECURITY.md)."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def copy_name(text: str) -> str:
+    """--copy-name: "" keeps the default (host:port); blanks or a control character would be an unreadable copy in
+    /health, /metrics and the page."""
+    if text and (not text.strip() or not text.isprintable()):
+        raise argparse.ArgumentTypeError(f"must be a readable name, or unset for host:port, got {text!r}")
     return text
 
 

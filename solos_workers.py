@@ -157,6 +157,7 @@ def places(config: Any, worker: Worker | None = None) -> int:
 
 def run(server: Any, config: Any, worker: Worker | None = None) -> int:
     """Serve until SIGTERM (systemd's stop) or Ctrl-C, then close the database; say so in the log."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # serving now: Ctrl-C drains (not the start's exit)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     fields = {
         "host": config.host,

@@ -551,3 +551,16 @@ def test_a_stopped_run_is_still_a_200_with_the_features_judge_and_why(embedded_s
     assert receipt["judge"].startswith("features-hybrid@")
     assert receipt["judge_reason"] == "cross-encoder took over 0.001 s (stopped)"
     assert all(0.0 < r["relevance"] <= 1.0 for r in reply.body["results"])
+
+
+def test_a_changed_tokenizer_is_never_loaded(tmp_path, monkeypatch):
+    """The cross-encoder's model and meta are sha-pinned, its tokenizer was not: a changed tokenizer.json changed
+    every pair the model read. It is refused as a changed model is: the features judge's probabilities, and why."""
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_bytes(b" " + solos_cross_encoder.TOKENIZER_PATH.read_bytes())
+    monkeypatch.setattr(solos_cross_encoder, "TOKENIZER_PATH", tokenizer)
+    model = solos_cross_encoder.META_PATH.parent / SHIPPED.meta.model
+    judge = solos_judge.load(cross=copied(tmp_path, model.read_bytes()))
+    verdict = judge.judge(QUESTION, UNSURE, "hybrid")
+    assert verdict.name.startswith("features-hybrid@")
+    assert "tokenizer tokenizer.json sha256" in verdict.reason and "is not the expected" in verdict.reason, verdict

@@ -190,3 +190,18 @@ def test_the_build_child_refuses_sockets():
     root = os.path.dirname(os.path.abspath(solos_embed.__file__))
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False, cwd=root)
     assert done.returncode != 0 and "makes no network calls" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_a_changed_tokenizer_file_is_refused_with_its_reason(tmp_path, name):
+    """The model files are sha-pinned; the tokenizer files were not, so a changed tokenizer.json (or its
+    model_max_length) silently changed every vector and so every recall's relevance."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(solos_embed.CARRIED_MODEL_DIR, folder)
+    changed = folder / name
+    changed.write_bytes(changed.read_bytes().replace(b'"', b' "', 1))  # still valid JSON, other bytes
+    with pytest.raises(EmbeddingsUnavailable, match=f"{name} sha256 [0-9a-f]{{12}}… is not the pinned"):
+        load_embedder(str(folder), cache_dir=str(tmp_path / "cache"))
+    assert not (tmp_path / "cache").exists()  # refused before any build

@@ -6,6 +6,7 @@ No real build: the build child is a stand-in that writes known bytes, whose sha2
 """
 
 import hashlib
+import os
 import subprocess
 
 import pytest
@@ -53,3 +54,16 @@ def test_weights_it_cannot_read_are_unavailable_with_the_reason(monkeypatch, tmp
     monkeypatch.setattr(solos_embed, "sha256_file", unreadable)  # as chmod 000 does to a service that is not root
     with pytest.raises(EmbeddingsUnavailable, match="weights file .*model.onnx unreadable: Permission denied"):
         solos_embed.check_weights(weights)
+
+
+def test_a_build_cleans_up_the_temp_file_of_a_build_whose_process_died(fake_build, tmp_path):
+    """A service stopped (SIGTERM) during its first start's build left `.<model>.<pid>.tmp` (22 MB) in the
+    cache for good: the next build removes a dead process's temp file, and leaves a live one's alone."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid is free (a reused one only keeps the file until a later build)
+    stale = tmp_path / f".{solos_embed.MODEL_FILE}.{dead.pid}.tmp"
+    building = tmp_path / f".{solos_embed.MODEL_FILE}.{os.getppid()}.tmp"  # a live process, still writing
+    stale.write_bytes(b"half a model")
+    building.write_bytes(b"half a model")
+    assert solos_embed.build_model(tmp_path / "weights.onnx", [tmp_path]).read_bytes() == BUILT
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([building.name, solos_embed.MODEL_FILE])

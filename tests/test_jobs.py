@@ -271,3 +271,18 @@ def test_a_runs_end_is_recorded_after_a_lock_held_past_the_busy_timeout(tmp_path
         solos_jobs.recorded(str(db), "purge", fails_under_a_held_lock, busy_timeout_ms=100)
     holders[0].join()
     assert job_runs(db) == [("purge", "failed", "Busy: the database stayed locked", True)]
+
+
+@pytest.mark.parametrize("command", [["purge"], ["reindex"], ["agents", "list"], ["backfill"], ["qdrant-verify"]])
+def test_an_admin_command_on_a_mistyped_path_says_so_and_creates_nothing(tmp_path, capsys, command):
+    """A typo in --db was a new empty database and a report of success (purge: 0 rows): exit 1 naming it."""
+    missing = tmp_path / "solos.dbb"
+    assert solos_memory.main([*command, "--db", str(missing)]) == 1
+    assert f"{missing}: no such database" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_agents_add_still_creates_the_database(tmp_path):
+    db = tmp_path / "new.db"
+    assert solos_memory.main(["agents", "add", "--db", str(db), "atlas"]) == 0
+    assert solos_memory.main(["agents", "list", "--db", str(db)]) == 0

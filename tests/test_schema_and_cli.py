@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -239,6 +240,7 @@ def test_one_config_carries_every_flag_to_the_command(monkeypatch, tmp_path):
     monkeypatch.setattr(solos_memory, "load_embedder", lambda config, threads=1: seen.append(config) or (None, "-"))
     monkeypatch.setattr(solos_memory.solos_embed_worker, "backfill", lambda store, loaded, batch: 0)
     db = str(tmp_path / "solos.db")
+    assert solos_memory.main(["agents", "add", "--db", db, "atlas"]) == 0  # backfill needs one there
     argv = ["backfill", "--db", db, "--busy-timeout-ms", "1234", "--model-dir", "off"]
     assert solos_memory.main(argv) == 0
     assert seen == [solos_memory.Config(db=db, busy_timeout_ms=1234, model_dir="off")]
@@ -603,3 +605,44 @@ def test_a_second_ctrl_c_during_the_stop_ends_it_at_once_without_a_traceback(tmp
         locker.close()
         if process.poll() is None:
             process.kill()
+
+
+def test_serve_binds_any_loopback_address_and_still_refuses_others(make_server):
+    """127.0.0.0/8 is loopback (SECURITY.md: only a non-loopback address needs --allow-remote); 127.0.0.2 was
+    refused as "not a loopback address"."""
+    running = make_server(host="127.0.0.2")
+    conn = http.client.HTTPConnection("127.0.0.2", running.port, timeout=10)
+    conn.request("GET", "/health", headers={"Host": f"127.0.0.2:{running.port}"})
+    assert conn.getresponse().status == 200
+    for host in ("0.0.0.0", "10.1.2.3", "::", "127.example"):
+        with pytest.raises(SystemExit, match=f"refusing to bind {re.escape(host)}: not a loopback address"):
+            make_server(name="other.db", host=host)
+
+
+@pytest.mark.parametrize("given", ["  ", "a\nb", "\t"])
+def test_serve_refuses_a_copy_name_of_blanks_naming_the_flag(tmp_path, capsys, given):
+    """--copy-name "  " served "  " as the copy in /health, /metrics and the page: no one could read which
+    copy answered. An empty one keeps the default (host:port), as an empty SOLOS_MEMORY_COPY_NAME= line."""
+    with pytest.raises(SystemExit) as stopped:
+        solos_memory.main(["serve", "--db", str(tmp_path / "x.db"), "--port", "0", "--copy-name", given])
+    assert stopped.value.code == 2 and "--copy-name" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    args = solos_memory.parse_args(["serve", "--copy-name", ""])
+    assert solos_memory.config_from(args).copy_name == ""
+
+
+@pytest.mark.parametrize("after_s", [0.1, 0.15, 0.25])
+def test_ctrl_c_while_serve_starts_is_one_line_not_a_traceback(tmp_path, after_s):
+    """Ctrl-C in serve's first ~0.1 s (its modules loading, the database opening) printed a KeyboardInterrupt
+    traceback through whatever import it fell in; once listening it stops as it always did."""
+    import signal
+
+    command = [sys.executable, str(ROOT / "solos_memory.py"), "serve", "--db", str(tmp_path / "s.db"), "--port", "0"]
+    process = subprocess.Popen([*command, "--model-dir", "off"], stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert "Traceback" not in stderr, stderr
+    if stderr and '"event": "listening"' not in stderr:  # interrupted before serving: one line, a failed exit
+        assert stderr.strip().splitlines() == ["solos-memory: interrupted"], stderr
+        assert process.returncode == 1
