@@ -297,11 +297,7 @@ class Worker:
     def orphaned(self) -> None:
         """The supervisor died without its clean-up (SIGKILL): the workers, stopping with it, remove the seats
         file and its folder, the last to stop succeeding (under systemd, PrivateTmp= removes them anyway)."""
-        for path in (self.seats_path, *Filters.files(filters_path(self.seats_path))):
-            with contextlib.suppress(OSError):
-                os.remove(path)
-        with contextlib.suppress(OSError):
-            os.rmdir(os.path.dirname(self.seats_path))
+        remove_shared_files(self.seats_path)
 
     def describe(self) -> dict:
         """For /health and /v1/stats: how many workers, and which one answered."""
@@ -456,6 +452,15 @@ class Seats:
 
 def filters_path(seats_path: str) -> str:
     return os.path.join(os.path.dirname(seats_path), "filters.json")
+
+
+def remove_shared_files(seats_path: str) -> None:
+    """The seats file, the filters' files and their folder, each if still there (a worker may have gone first)."""
+    for path in (seats_path, *Filters.files(filters_path(seats_path))):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(seats_path))
 
 
 @contextlib.contextmanager
@@ -716,11 +721,7 @@ class Supervisor:
             notify("STOPPING=1")
             killed = self.stop_all()
             self.sock.close()
-            for path in (self.seats_path, *Filters.files(filters_path(self.seats_path))):
-                with contextlib.suppress(OSError):
-                    os.remove(path)
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+            remove_shared_files(self.seats_path)
             said = {"failed": self.gave_up} if self.gave_up else {}
             log_event("stopped", port=self.port, workers=self.count, **said, **({"killed": killed} if killed else {}))
         return 1 if self.gave_up else 0
